@@ -1,0 +1,57 @@
+# Two commands do the set-up: `make lab` opens the course, `make test` runs every test.
+# Both create .venv on first use and reinstall only when pyproject.toml or
+# constraints.txt change, so a second run starts in seconds.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST := $(PY) -m pytest -q
+# A root shell (containers, CI) needs JupyterLab's --allow-root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+.PHONY: lab test lint unit notebooks exercises outputs check-exercises lock clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch==2.13.0 is pinned in constraints.txt: the CPU build here, never the CUDA wheels.
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. notebooks/00_setup.ipynb
+
+test: $(STAMP) lint unit notebooks
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check course_lib tests benchmarks notebooks solutions
+
+unit: $(STAMP)
+	$(PYTEST) tests
+
+# Lectures and solutions: deterministic outputs compared against the committed ones.
+# Exercises: run (lax), since they are committed without outputs.
+notebooks: $(STAMP)
+	$(PYTEST) -n 2 --dist loadscope --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks solutions
+	$(PYTEST) -n 2 --dist loadscope --nbval-lax --nbval-current-env exercises
+
+exercises: $(STAMP)
+	$(PY) -m course_lib.authoring exercises $(if $(FORCE),--force,)
+
+check-exercises: $(STAMP)
+	$(PY) -m course_lib.authoring check
+
+outputs: $(STAMP)
+	$(PY) -m course_lib.authoring outputs $(NB)
+
+lock: $(STAMP)
+	$(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' > constraints.txt.new
+	{ echo "# Exact versions for the course's own install (make lab / make test / CI)."; \
+	  echo "# Regenerate with: make lock"; cat constraints.txt.new; } > constraints.txt
+	rm constraints.txt.new
+
+clean:
+	rm -rf $(VENV)

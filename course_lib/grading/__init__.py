@@ -1,0 +1,101 @@
+"""Checks for the graded exercises.
+
+A check takes what the learner wrote (always a function: the exercise cells
+define functions, so an unfinished one still defines its name), tries it on
+cases whose answers are derived independently, and prints one line:
+
+* ``✓ tensor_bytes: passed``
+* ``✗ tensor_bytes: <what went wrong>. Hint: <what to look at>``
+* ``… tensor_bytes: not done yet (replace the `raise NotImplementedError` ...)``
+
+It returns ``True`` or ``False`` and never raises into the notebook, whatever the
+learner's code does. Each lecture has a module here (``lecture00`` ...); its
+``check_*`` functions are re-exported so that a notebook only needs
+``from course_lib import grading`` and ``grading.check_tensor_bytes(tensor_bytes)``.
+
+Writing a check::
+
+    @grader
+    def check_tensor_bytes(fn):
+        expect(fn((2, 3), torch.float32) == 24, "a (2, 3) fp32 tensor has 24 bytes",
+               hint="multiply the element count by the bytes per element")
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+import traceback
+from collections.abc import Callable
+
+#: Every registered check, by name (``check_tensor_bytes`` -> function).
+CHECKS: dict[str, Callable[..., bool]] = {}
+
+PASS, FAIL, TODO = "✓", "✗", "…"
+
+
+class CheckFailed(Exception):
+    """Raised inside a check body; the wrapper turns it into a printed ✗ line."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+def expect(condition: bool, message: str, *, hint: str | None = None) -> None:
+    """Fail the check with ``message`` (and ``hint``) unless ``condition`` holds."""
+    if not condition:
+        raise CheckFailed(message, hint)
+
+
+def _is_todo(exc: BaseException) -> bool:
+    # The generated stubs raise NotImplementedError; a learner's helper that
+    # forgot a return is a different failure and gets a different message.
+    return isinstance(exc, NotImplementedError)
+
+
+def grader(body: Callable[..., None]) -> Callable[..., bool]:
+    """Turn a check body that raises :class:`CheckFailed` into a check that prints and returns a bool."""
+    name = body.__name__.removeprefix("check_")
+
+    @functools.wraps(body)
+    def check(*args, quiet: bool = False, **kwargs) -> bool:
+        def say(line: str) -> None:
+            if not quiet:
+                print(line)
+
+        try:
+            body(*args, **kwargs)
+        except CheckFailed as exc:
+            hint = f" Hint: {exc.hint}" if exc.hint else ""
+            say(f"{FAIL} {name}: {exc.message}.{hint}")
+            return False
+        except Exception as exc:  # the learner's code may raise anything
+            if _is_todo(exc):
+                say(f"{TODO} {name}: not done yet (replace the `raise NotImplementedError` "
+                    "in the exercise cell with your code, run it, then run this cell).")
+                return False
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            say(f"{FAIL} {name}: your code raised {type(exc).__name__}: {exc} "
+                f"(line {where.lineno} of {where.name}).")
+            return False
+        say(f"{PASS} {name}: passed.")
+        return True
+
+    check.is_check = True
+    CHECKS[body.__name__] = check
+    return check
+
+
+def _load_lecture_checks() -> None:
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("lecture"):
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            for attr in dir(module):
+                if attr.startswith("check_"):
+                    globals()[attr] = getattr(module, attr)
+
+
+_load_lecture_checks()

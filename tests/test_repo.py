@@ -1,0 +1,93 @@
+"""The repository's promises: one package set, badges that point home, committed outputs,
+a Colab bootstrap that installs the course and nothing else."""
+
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+from notebook_tools import EXERCISES, LECTURES, ROOT, SOLUTIONS, read
+
+from course_lib import COURSE_REPO, authoring
+
+ALL_NOTEBOOKS = LECTURES + SOLUTIONS + EXERCISES
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[ ;]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_environment_yml_and_pyproject_name_the_same_packages():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {_name(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    env, section = set(), None
+    for line in (ROOT / "environment.yml").read_text().splitlines():
+        item = line.strip()
+        if not line.startswith(" "):
+            section = line.split(":")[0]
+        if section == "dependencies" and item.startswith("- ") and not item.endswith(":"):
+            name = _name(item[2:])
+            if name not in ("python", "pip", "-e"):
+                env.add(name)
+    assert env == declared
+
+
+def test_install_path_pins_the_cpu_torch():
+    pins = (ROOT / "constraints.txt").read_text().splitlines()
+    assert "torch==2.13.0" in pins
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "torch>=2.4" in project["dependencies"]
+    assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in readme and "make lab" in readme
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_notebook_has_its_own_colab_badge_and_the_bootstrap_cell(path):
+    nb = read(path)
+    relpath = f"{path.parent.name}/{path.name}"
+    assert authoring.colab_url(relpath) in nb.cells[0].source
+    first_code = next(c for c in nb.cells if c.cell_type == "code")
+    assert first_code.source == authoring.bootstrap_source()
+
+
+@pytest.mark.parametrize("path", LECTURES + SOLUTIONS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_lectures_and_solutions_are_committed_executed(path):
+    code = [c for c in read(path).cells if c.cell_type == "code"]
+    assert all(c.execution_count for c in code), f"run `make outputs NB={path.relative_to(ROOT)}`"
+    assert not any(o.get("output_type") == "error" for c in code for o in c.outputs)
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.name)
+def test_exercises_are_committed_without_outputs(path):
+    assert all(not c.get("outputs") for c in read(path).cells if c.cell_type == "code")
+
+
+def _run_bootstrap(monkeypatch, colab: bool):
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append((a, k)))
+    if colab:
+        monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    else:
+        monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    exec(authoring.bootstrap_source(), {})
+    return calls
+
+
+def test_bootstrap_is_a_no_op_outside_colab(monkeypatch):
+    assert _run_bootstrap(monkeypatch, colab=False) == []
+
+
+def test_bootstrap_installs_only_the_course_on_colab(monkeypatch):
+    calls = _run_bootstrap(monkeypatch, colab=True)
+    assert len(calls) == 1
+    (argv,), kwargs = calls[0]
+    assert argv[:4] == [sys.executable, "-m", "pip", "install"]
+    assert [a for a in argv[4:] if not a.startswith("-")] == [f"git+https://github.com/{COURSE_REPO}"]
+    assert kwargs == {"check": True}

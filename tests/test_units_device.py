@@ -1,0 +1,87 @@
+import pytest
+import torch
+
+from course_lib import device, units
+
+
+@pytest.mark.parametrize("dtype,size", [(torch.float32, 4), ("bf16", 2), ("fp16", 2),
+                                       (torch.float64, 8), ("int8", 1)])
+def test_dtype_bytes_matches_torch(dtype, size):
+    assert units.dtype_bytes(dtype) == size
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 4), torch.float32), ((1024, 7), torch.bfloat16),
+                                         ((0,), torch.float16), ((2, 3, 5), torch.int8)])
+def test_tensor_bytes_matches_allocated_storage(shape, dtype):
+    assert units.tensor_bytes(shape, dtype) == torch.empty(shape, dtype=dtype).untyped_storage().nbytes()
+
+
+@pytest.mark.parametrize("bad", ["fp8", "float", 4, None])
+def test_bad_dtype_names_the_allowed_values(bad):
+    with pytest.raises(ValueError, match="dtype must be"):
+        units.tensor_bytes((2,), bad)
+
+
+def test_bad_shape():
+    with pytest.raises(ValueError, match="shape"):
+        units.tensor_bytes((2, -1))
+    with pytest.raises(ValueError, match="shape"):
+        units.tensor_bytes(3)
+
+
+@pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1536, "1.50 KiB"),
+                                    (3 * 2**20, "3.00 MiB"), (80 * 10**9, "74.51 GiB"),
+                                    (-2048, "-2.00 KiB")])
+def test_format_bytes_uses_binary_units(n, text):
+    assert units.format_bytes(n) == text
+
+
+def test_pick_device_prefers_available_and_rejects_unknown():
+    expected = "cuda" if torch.cuda.is_available() else (
+        "mps" if device._mps_available() else "cpu")
+    assert device.pick_device().type == expected
+    assert device.pick_device("cpu").type == "cpu"
+    with pytest.raises(ValueError, match="prefer must be one of"):
+        device.pick_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no cuda device"):
+            device.pick_device("cuda")
+
+
+def test_pick_dtype_rules(monkeypatch):
+    assert device.pick_dtype("cpu") == torch.float32
+    monkeypatch.setattr(device, "cuda_has_native_bf16", lambda d="cuda": True)
+    assert device.pick_dtype("cuda") == torch.bfloat16
+    monkeypatch.setattr(device, "cuda_has_native_bf16", lambda d="cuda": False)
+    assert device.pick_dtype("cuda") == torch.float16  # a T4
+    assert device.needs_grad_scaler(torch.float16)
+    assert not device.needs_grad_scaler(torch.bfloat16)
+    with pytest.raises(ValueError, match="device must be"):
+        device.pick_dtype("meta")
+
+
+def test_t4_capability_has_no_native_bf16(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))
+    assert not device.cuda_has_native_bf16()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    assert device.cuda_has_native_bf16()
+
+
+def test_colab_detection_and_summary(monkeypatch):
+    import sys
+    import types
+
+    assert not device.in_colab()
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    assert device.in_colab()
+    text = device.describe("cpu").summary()
+    for field in ("device", "training dtype", "float32", torch.__version__, "Google Colab"):
+        assert field in text
+
+
+@pytest.mark.gpu
+def test_cuda_summary_reports_allocator_memory():
+    info = device.describe("cuda")
+    assert info.total_memory == torch.cuda.get_device_properties(0).total_memory
+    assert info.dtype in (torch.bfloat16, torch.float16)

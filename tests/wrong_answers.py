@@ -1,0 +1,41 @@
+"""Typical wrong answers to each exercise: every check must reject every one of them.
+
+Keyed by check name. Each entry is ``(what the mistake is, {argument name: wrong function})``;
+arguments not named keep the solution's function (for checks that take several).
+"""
+
+import torch
+
+
+def _always_four_bytes(shape, dtype):
+    n = 1
+    for s in shape:
+        n *= s
+    return 4 * n
+
+
+def _numel_only(shape, dtype):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _bf16_everywhere(device_type, has_native_bf16):
+    return torch.bfloat16
+
+
+def _fp16_on_cpu(device_type, has_native_bf16):
+    return torch.float32 if device_type == "cuda" and has_native_bf16 else torch.float16
+
+
+WRONG = {
+    "check_tensor_nbytes": [
+        ("assumes 4 bytes per element whatever the dtype", {"tensor_nbytes": _always_four_bytes}),
+        ("counts elements, not bytes", {"tensor_nbytes": _numel_only}),
+    ],
+    "check_pick_training_dtype": [
+        ("bf16 even on a T4 and on the CPU", {"pick_training_dtype": _bf16_everywhere}),
+        ("half precision on the CPU", {"pick_training_dtype": _fp16_on_cpu}),
+    ],
+}
