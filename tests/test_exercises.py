@@ -33,7 +33,7 @@ def test_check_accepts_solution_and_rejects_stub(notebook, check, args):
 
 @pytest.mark.parametrize("notebook,check,args", CALLS, ids=[f"{n}:{c}" for n, c, _ in CALLS])
 def test_check_rejects_typical_wrong_answers(notebook, check, args):
-    assert WRONG.get(check), f"tests/wrong_answers.py lists no wrong answer for {check}"
+    assert WRONG.get(check), f"tests/wrong_answers/ lists no wrong answer for {check}"
     solution = definitions(authoring.ROOT / "solutions" / notebook)
     for mistake, replaced in WRONG[check]:
         values = [replaced.get(a, solution[a]) for a in args]

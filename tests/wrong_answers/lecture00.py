@@ -1,4 +1,4 @@
-"""Typical wrong answers to each exercise: every check must reject every one of them.
+"""Typical wrong answers to the exercises of lecture 00 (see tests/wrong_answers/__init__.py).
 
 Keyed by check name. Each entry is ``(what the mistake is, {argument name: wrong function})``;
 arguments not named keep the solution's function (for checks that take several).
