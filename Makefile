@@ -27,7 +27,7 @@ lab: $(STAMP)
 test: $(STAMP) lint unit notebooks
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check course_lib tests benchmarks notebooks solutions
+	$(VENV)/bin/ruff check .
 
 unit: $(STAMP)
 	$(PYTEST) tests

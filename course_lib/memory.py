@@ -1,0 +1,220 @@
+"""Memory of training, in bytes: model states (analytic and measured) and transformer activations.
+
+Model states are what training keeps for every parameter between steps
+(Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+Parameter Models", section 3.1):
+
+=================  ======  ==============  ==========  ============================
+precision          params  grads           master      each optimizer state tensor
+=================  ======  ==============  ==========  ============================
+``"fp32"``         4       4               0           4
+``"fp16-mixed"``   2       2 (+4 buffer)   4 (fp32)    4 (fp32)
+``"bf16-mixed"``   2       2 (+4 buffer)   4 (fp32)    4 (fp32)
+``"bf16"``         2       2 (+4 buffer)   0           2
+=================  ======  ==============  ==========  ============================
+
+SGD keeps no state tensor, SGD with momentum one (the momentum buffer), Adam
+and AdamW two (``m`` and ``v``). Mixed-precision Adam is therefore
+``2 + 2 + 4 + 4 + 4 = 16`` bytes per parameter, the paper's ``K = 12`` bytes of
+optimizer state (master weights, m, v) on top of 16-bit weights and gradients;
+20 with an fp32 gradient-accumulation buffer (Megatron-LM's ``main_grad``).
+fp32 Adam is also 16 (``4 + 4 + 8``), SGD 8, SGD with momentum 12.
+
+``"mixed"`` here is the recipe of Megatron-LM and DeepSpeed: a 16-bit model plus
+an fp32 master copy. ``torch.autocast`` is different: it keeps the parameters in
+fp32 and casts them per op, so its model states are those of ``"fp32"``.
+
+ZeRO data parallelism over ``N`` ranks shards, per stage, the optimizer states
+and master weights (stage 1), also the gradients (stage 2), also the parameters
+(stage 3). Per device, mixed-precision Adam: stage 1 ``4P + 12P/N``, stage 2
+``2P + 14P/N``, stage 3 ``16P/N`` bytes. A sharded tensor of ``P`` elements holds
+``ceil(P/N)`` elements per rank (the flat buffer is padded to a multiple of N, as
+DeepSpeed and FSDP do), so the figures are exact integers.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
+ZERO_STAGES = (0, 1, 2, 3)
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+#: State tensors per parameter tensor that each optimizer keeps (momentum buffer; Adam's m, v).
+STATE_TENSORS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
+
+#: Bytes per element: (params, grads, master weights, each optimizer state tensor).
+_BYTES = {
+    "fp32": (4, 4, 0, 4),
+    "fp16-mixed": (2, 2, 4, 4),
+    "bf16-mixed": (2, 2, 4, 4),
+    "bf16": (2, 2, 0, 2),
+}
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """Bytes of model states on one device; ``total`` is the sum of the four parts.
+
+    ``grads`` includes the fp32 gradient-accumulation buffer when there is one.
+    """
+
+    params: int
+    grads: int
+    optimizer_states: int
+    master_weights: int
+    total: int = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "total", self.params + self.grads + self.optimizer_states
+                           + self.master_weights)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _count(name: str, value) -> int:
+    """A positive int; whole floats such as ``7e9`` are accepted and converted."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _choice(name: str, value, allowed: tuple):
+    if isinstance(value, bool | float) or value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str = "fp32",
+                    zero_stage: int = 0, world_size: int = 1,
+                    fp32_grad_buffer: bool = False) -> TrainingMemory:
+    """Bytes per device of parameters, gradients, optimizer states and master weights.
+
+    ``n_params`` parameters (an int, or a whole float such as ``7e9``); ``optimizer``
+    one of :data:`OPTIMIZERS`; ``precision`` one of :data:`PRECISIONS` (see the
+    module table); ``zero_stage`` 0-3 over ``world_size`` data-parallel ranks
+    (ZeRO paper, section 5: stage 1 shards optimizer states and master weights,
+    stage 2 also gradients, stage 3 also parameters; stage 0 replicates all).
+    ``fp32_grad_buffer`` adds an fp32 gradient buffer (4 bytes/param, counted in
+    ``grads``) to the 16-bit precisions, as Megatron-LM accumulates in; with
+    ``"fp32"`` the gradients already are that buffer and nothing is added.
+
+    Mixed-precision AdamW: ``training_memory(P, precision="bf16-mixed").total == 16 * P``.
+    Activations, temporaries and allocator overhead are not model states and are
+    not counted (see :func:`transformer_activation_bytes` for activations).
+    """
+    P = _count("n_params", n_params)
+    _choice("optimizer", optimizer, OPTIMIZERS)
+    _choice("precision", precision, PRECISIONS)
+    stage = _choice("zero_stage", zero_stage, ZERO_STAGES)
+    N = _count("world_size", world_size)
+    if not isinstance(fp32_grad_buffer, bool):
+        raise ValueError(f"fp32_grad_buffer must be True or False, got {fp32_grad_buffer!r}")
+    param_b, grad_b, master_b, state_b = _BYTES[precision]
+    if fp32_grad_buffer and precision != "fp32":
+        grad_b += 4
+    shard = math.ceil(P / N) if stage else P
+
+    def elements(sharded_from: int) -> int:
+        return shard if stage >= sharded_from else P
+
+    return TrainingMemory(
+        params=param_b * elements(3),
+        grads=grad_b * elements(2),
+        optimizer_states=STATE_TENSORS[optimizer] * state_b * elements(1),
+        master_weights=master_b * elements(1),
+    )
+
+
+def bytes_per_param(optimizer: str = "adamw", precision: str = "fp32", *,
+                    fp32_grad_buffer: bool = False) -> int:
+    """Bytes of model states per parameter without sharding (mixed-precision Adam: 16)."""
+    return training_memory(1, optimizer=optimizer, precision=precision,
+                           fp32_grad_buffer=fp32_grad_buffer).total
+
+
+def _storage_bytes(tensors) -> int:
+    """Sum of ``untyped_storage().nbytes()`` over distinct storages (views count once)."""
+    seen = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[storage._cdata] = storage.nbytes()  # _cdata identifies a storage, also on meta
+    return sum(seen.values())
+
+
+def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                      master_params=(), include_step: bool = True) -> TrainingMemory:
+    """Measured model states: the storage bytes of what a training step keeps alive.
+
+    * ``params``: the model's parameters (a tied weight counts once);
+    * ``grads``: their ``.grad`` tensors, and those of ``master_params`` if set;
+    * ``master_weights``: ``master_params``, an fp32 copy the optimizer updates
+      (mixed precision done by hand, as Megatron-LM and DeepSpeed do);
+    * ``optimizer_states``: every tensor in ``optimizer.state``. AdamW also keeps a
+      scalar ``step`` tensor per parameter tensor (4 bytes each, a counter, not a
+      per-element state); ``include_step=False`` leaves those out.
+
+    Works on real tensors and on the ``meta`` device (storages there have a size
+    but no memory), so a 70B optimizer step can be "measured" without allocating.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer or None, "
+                         f"got {type(optimizer).__name__}")
+    params, master = list(model.parameters()), list(master_params)
+    if not all(isinstance(t, torch.Tensor) for t in master):
+        raise ValueError("master_params must be an iterable of tensors")
+    states = [] if optimizer is None else [
+        value for state in optimizer.state.values() for key, value in state.items()
+        if isinstance(value, torch.Tensor) and (include_step or key != "step")]
+    return TrainingMemory(
+        params=_storage_bytes(params),
+        grads=_storage_bytes(p.grad for p in params + master if p.grad is not None),
+        optimizer_states=_storage_bytes(states),
+        master_weights=_storage_bytes(master),
+    )
+
+
+def _positive_int(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def transformer_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_heads: int,
+                                 n_layers: int = 1, recompute: str = "none") -> int:
+    """Activation bytes a GPT-style transformer keeps for backward (Korthikanti et al. 2022).
+
+    Per layer, with 16-bit activations, 1-byte dropout masks and a 4h GELU MLP
+    ("Reducing Activation Recomputation in Large Transformer Models", eqs. 1-2, no
+    tensor or sequence parallelism), ``s`` = seq_len, ``b`` = batch_size,
+    ``h`` = d_model, ``a`` = n_heads:
+
+    * ``recompute="none"``: ``s*b*h*(34 + 5*a*s/h)`` bytes, of which ``5*a*s*s*b``
+      are the attention scores, softmax output and its dropout mask;
+    * ``recompute="selective"`` (recompute the attention core): ``34*s*b*h``;
+    * ``recompute="full"`` (keep only each layer's input): ``2*s*b*h``.
+
+    Returns the per-layer figure times ``n_layers``, an int.
+    """
+    s, b, h, a, L = (_positive_int(n, v) for n, v in (
+        ("seq_len", seq_len), ("batch_size", batch_size), ("d_model", d_model),
+        ("n_heads", n_heads), ("n_layers", n_layers)))
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    if recompute == "full":
+        per_layer = 2 * s * b * h
+    elif recompute == "selective":
+        per_layer = 34 * s * b * h
+    else:
+        per_layer = 34 * s * b * h + 5 * a * s * s * b
+    return per_layer * L
