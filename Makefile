@@ -10,7 +10,7 @@ PYTEST := $(PY) -m pytest -q
 # A root shell (containers, CI) needs JupyterLab's --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test lint unit notebooks exercises outputs check-exercises lock clean
+.PHONY: lab test lint unit notebooks exercises outputs check-exercises slides lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ check-exercises: $(STAMP)
 
 outputs: $(STAMP)
 	$(PY) -m course_lib.authoring outputs $(NB)
+
+# Reveal.js slides of every lecture in build/slides/ (one slide per ## section).
+slides: $(STAMP)
+	$(VENV)/bin/jupyter nbconvert --to slides --output-dir build/slides notebooks/*.ipynb
 
 lock: $(STAMP)
 	$(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' > constraints.txt.new

@@ -89,10 +89,25 @@ def new_notebook(relpath: str, title: str, cells: list[tuple]) -> nbformat.Noteb
         nb.cells.append(cell)
     for index, cell in enumerate(nb.cells):
         cell.id = f"c{index:03d}"  # stable ids keep diffs small
+    stamp_slides(nb)
     path = ROOT / relpath
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(_dumps(nb))
     return nb
+
+
+def stamp_slides(nb) -> None:
+    """Slideshow metadata for ``jupyter nbconvert --to slides``: a new slide at each ``#``/``##``
+    heading, a sub-slide at each ``###`` heading, everything else continues its slide."""
+    for cell in nb.cells:
+        first = cell.source.lstrip().split("\n", 1)[0] if cell.cell_type == "markdown" else ""
+        if first.startswith(("# ", "## ")):
+            kind = "slide"
+        elif first.startswith("### "):
+            kind = "subslide"
+        else:
+            kind = "-"
+        cell.metadata["slideshow"] = {"slide_type": kind}
 
 
 class AuthoringError(ValueError):
@@ -241,6 +256,7 @@ def execute_in_place(path: Path, timeout: int = 900) -> None:
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+    stamp_slides(nb)
     path.write_text(_dumps(nb))
 
 

@@ -117,3 +117,13 @@ def test_new_notebook_has_badge_and_bootstrap(tmp_path, monkeypatch):
     assert nb.cells[3].metadata["tags"] == ["t"]
     with pytest.raises(ValueError, match="cell kind"):
         authoring.new_notebook("notebooks/98.ipynb", "T", [("raw", "x")])
+
+
+def test_slides_start_at_section_headings():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_markdown_cell("## 1. Part\ntext"),
+                nbformat.v4.new_markdown_cell("### detail"), nbformat.v4.new_markdown_cell("prose")]
+    authoring.stamp_slides(nb)
+    kinds = [c.metadata["slideshow"]["slide_type"] for c in nb.cells]
+    assert kinds == ["slide", "-", "slide", "subslide", "-"]

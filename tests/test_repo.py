@@ -91,3 +91,14 @@ def test_bootstrap_installs_only_the_course_on_colab(monkeypatch):
     assert argv[:4] == [sys.executable, "-m", "pip", "install"]
     assert [a for a in argv[4:] if not a.startswith("-")] == [f"git+https://github.com/{COURSE_REPO}"]
     assert kwargs == {"check": True}
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.name)
+def test_lectures_export_to_slides(path, tmp_path):
+    nb = read(path)
+    slides = [c for c in nb.cells if c.metadata.get("slideshow", {}).get("slide_type") == "slide"]
+    assert len(slides) >= 2, "run `make outputs` to stamp slideshow metadata"
+    from nbconvert import SlidesExporter
+
+    html, _ = SlidesExporter().from_notebook_node(nb)
+    assert html.count("<section") >= len(slides)
