@@ -34,7 +34,6 @@ DeepSpeed and FSDP do), so the figures are exact integers.
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import asdict, dataclass, field
 
@@ -78,13 +77,17 @@ class TrainingMemory:
         return asdict(self)
 
 
+def _positive_int(name: str, value) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
 def _count(name: str, value) -> int:
     """A positive int; whole floats such as ``7e9`` are accepted and converted."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
+    return _positive_int(name, value)
 
 
 def _choice(name: str, value, allowed: tuple):
@@ -121,7 +124,7 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
     param_b, grad_b, master_b, state_b = _BYTES[precision]
     if fp32_grad_buffer and precision != "fp32":
         grad_b += 4
-    shard = math.ceil(P / N) if stage else P
+    shard = -(-P // N) if stage else P  # ceil(P / N) in exact integers
 
     def elements(sharded_from: int) -> int:
         return shard if stage >= sharded_from else P
@@ -182,12 +185,6 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
         optimizer_states=_storage_bytes(states),
         master_weights=_storage_bytes(master),
     )
-
-
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def transformer_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_heads: int,

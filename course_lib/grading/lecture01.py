@@ -1,0 +1,139 @@
+"""Checks for exercises/01_where_the_memory_goes.ipynb.
+
+The expected answers are derived here, independently of ``course_lib.memory``:
+a table of bytes per parameter read off the ZeRO paper's accounting
+(Rajbhandari et al. 2020, section 3.1) and its per-stage formulas in exact
+integer arithmetic.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from ..memory import training_memory
+from . import expect, grader
+
+GB = 10**9
+
+#: Bytes per parameter: 16-bit or fp32 weights and gradients, an fp32 master copy
+#: in the mixed recipes, and the optimizer's state tensors (0, 1 or 2) in the
+#: dtype the recipe keeps them in.
+_TABLE = {
+    # precision:      sgd, sgd-momentum, adam, adamw
+    "fp32":          (8, 12, 16, 16),        # 4 + 4 + 4 * states
+    "fp16-mixed":    (8, 12, 16, 16),        # 2 + 2 + 4 master + 4 * states
+    "bf16-mixed":    (8, 12, 16, 16),
+    "bf16":          (4, 6, 8, 8),           # 2 + 2 + 2 * states
+}
+_OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+
+#: ZeRO with mixed-precision Adam (K = 12): per-device bytes per parameter = a + b / N.
+_ZERO = {0: (16, 0), 1: (4, 12), 2: (2, 14), 3: (0, 16)}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _int_answer(name: str, got, args: str) -> None:
+    expect(_is_int(got), f"{name}({args}) returned {got!r} of type {type(got).__name__}, "
+           "not an int", hint="memory is a whole number of bytes, and a model a whole number of "
+           "parameters: use integer arithmetic (// rounds down)")
+
+
+@grader
+def check_bytes_per_param(fn):
+    """``fn(optimizer, precision)``: bytes of model states per parameter, unsharded."""
+    for precision, row in _TABLE.items():
+        for optimizer, truth in zip(_OPTIMIZERS, row):
+            got = fn(optimizer, precision)
+            args = f"{optimizer!r}, {precision!r}"
+            _int_answer("bytes_per_param", got, args)
+            hint = ("the mixed recipes keep 16-bit weights and gradients (2 + 2), an fp32 master "
+                    "copy (4) and fp32 optimizer state (4 per state tensor)"
+                    if precision.endswith("mixed") else
+                    "pure bf16 keeps everything in 2 bytes and has no master copy"
+                    if precision == "bf16" else "fp32 keeps everything in 4 bytes")
+            expect(got == truth, f"bytes_per_param({args}) returned {got}, expected {truth}",
+                   hint=hint + "; SGD keeps no state, SGD with momentum one buffer, Adam two (m, v)")
+
+
+@grader
+def check_zero_bytes_per_device(fn):
+    """``fn(n_params, zero_stage, world_size)``: mixed-precision Adam, ZeRO paper formulas."""
+    cases = [(7_500_000_000, stage, 64) for stage in range(4)]  # the paper's example
+    cases += [(1_000_000_000, stage, n) for stage in range(4) for n in (1, 8)]
+    cases += [(6_000_000, stage, 3) for stage in (0, 1, 2, 3)]
+    for P, stage, N in cases:
+        a, b = _ZERO[stage]
+        truth = a * P + b * P // N
+        got = fn(P, stage, N)
+        args = f"{P}, zero_stage={stage}, world_size={N}"
+        _int_answer("zero_bytes_per_device", got, args)
+        expect(got == truth, f"zero_bytes_per_device({args}) returned {got}, expected {truth} "
+               f"(= {truth / GB:g} GB)",
+               hint="16 bytes/param = 2 (16-bit weights) + 2 (16-bit grads) + K = 12 (fp32 master, "
+                    "m, v); stage 1 shards the K bytes, stage 2 also the grads, stage 3 also the "
+                    "weights; stage 0 shards nothing")
+
+
+def _fits(n: int, capacity: int, optimizer: str, precision: str) -> bool:
+    return training_memory(n, optimizer=optimizer, precision=precision).total <= capacity
+
+
+@grader
+def check_largest_model(fn):
+    """``fn(capacity_bytes, optimizer, precision)``: the most parameters whose states fit."""
+    cases = [(16 * GB, "adamw", "bf16-mixed"), (80 * GB, "adamw", "bf16-mixed"),
+             (80 * GB + 7, "adamw", "fp32"), (40 * GB + 9, "sgd-momentum", "fp16-mixed"),
+             (141 * GB + 3, "adam", "bf16"), (24 * GB + 5, "sgd", "bf16"),
+             (40 * GB + 5, "sgd", "fp32")]
+    for capacity, optimizer, precision in cases:
+        got = fn(capacity, optimizer, precision)
+        args = f"{capacity}, {optimizer!r}, {precision!r}"
+        _int_answer("largest_model", got, args)
+        expect(got >= 1 and _fits(got, capacity, optimizer, precision),
+               f"largest_model({args}) returned {got:,}, but the model states of that many "
+               f"parameters do not fit in {capacity:,} bytes",
+               hint="round the number of parameters down, and count every byte per parameter "
+                    "(weights, gradients, optimizer state, master weights)")
+        expect(not _fits(got + 1, capacity, optimizer, precision),
+               f"largest_model({args}) returned {got:,}, but {got + 1:,} parameters still fit",
+               hint="find the largest count: capacity // bytes per parameter")
+
+
+def _fewest_gpus(P: int, capacity: int, stage: int) -> int | None:
+    """Smallest N with a*P + b*P/N <= capacity (exact integers); None if no N is enough."""
+    a, b = _ZERO[stage]
+    if b == 0:
+        return 1 if a * P <= capacity else None
+    if a * P >= capacity:  # the unsharded part alone fills the GPU
+        return None
+    return max(1, -(-b * P // (capacity - a * P)))
+
+
+@grader
+def check_gpus_needed(fn):
+    """``fn(n_params, capacity_bytes, zero_stage)``: fewest ranks whose per-device states fit."""
+    cases = [(68_976_648_192, 80 * GB, s) for s in range(4)]      # Llama 2 70B on 80 GB GPUs
+    cases += [(6_738_415_616, 40 * GB, s) for s in range(4)]      # Llama 2 7B on 40 GB GPUs
+    cases += [(1_235_814_400, 16 * GB, s) for s in range(4)]      # Llama 3.2 1B on a T4
+    cases += [(1_000_000_000, 80 * GB, s) for s in range(4)]      # fits on one GPU
+    cases += [(7_500_000_000, 31_406_250_000, 1), (7_500_000_000, 31_406_249_999, 1),
+              (7_500_000_000, 1_875_000_000, 3)]                  # exactly at the ZeRO paper's figures
+    for P, capacity, stage in cases:
+        truth = _fewest_gpus(P, capacity, stage)
+        got = fn(P, capacity, stage)
+        args = f"{P:,}, {capacity:,}, zero_stage={stage}"
+        if truth is None:
+            expect(got is None, f"gpus_needed({args}) returned {got!r}, expected None: the part "
+                   "that this stage does not shard alone exceeds the capacity",
+                   hint="stage 0 shards nothing, stage 1 keeps 4 bytes/param on every GPU, stage "
+                        "2 keeps 2; no number of GPUs makes those smaller")
+            continue
+        expect(_is_int(got), f"gpus_needed({args}) returned {got!r}, expected the int {truth}",
+               hint="return a whole number of GPUs, or None when no number is enough")
+        expect(got == truth, f"gpus_needed({args}) returned {got}, expected {truth}",
+               hint="the smallest N with a*P + b*P/N <= capacity: round up, and a model that "
+                    "fits exactly fits; per device: stage 0 16P, stage 1 4P + 12P/N, "
+                    "stage 2 2P + 14P/N, stage 3 16P/N")

@@ -1,0 +1,223 @@
+"""Real model shapes to count, and the GPUs they are meant to fit on.
+
+* :class:`Llama`, a Llama-style decoder (Touvron et al. 2023, "Llama 2: Open
+  Foundation and Fine-Tuned Chat Models"; Meta 2024, "The Llama 3 Herd of
+  Models"): RMSNorm, rotary position embeddings, grouped-query attention and a
+  SwiGLU MLP, no biases. It is small and readable; its job in the course is to
+  have exactly the parameter shapes of the published models.
+* :data:`PRESETS`: GPT-2 (as the course :class:`~course_lib.models.GPT`) and Llama
+  configurations with the parameter counts their publishers report.
+* :func:`build_model` builds any of them on the ``meta`` device: shapes and dtypes
+  without storage, so that a 405B model is counted in a second on a laptop.
+* :data:`GPU_MEMORY`: the memory of common GPUs in bytes, as their vendors quote
+  it (decimal gigabytes: an "80 GB" H100 is ``80 * 10**9`` bytes here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .models import GPT, GPTConfig, gpt_param_count
+from .units import GB
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Shape of a Llama-style model; every field is validated (``ValueError`` names it).
+
+    ``d_ff`` is the SwiGLU hidden size (Llama 2 7B: 11008); ``n_kv_heads`` below
+    ``n_heads`` is grouped-query attention; ``tie_embeddings`` shares the token
+    embedding with the output head (Llama 3.2 1B and 3B do).
+    """
+
+    vocab_size: int = 256
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    d_ff: int = 172
+    tie_embeddings: bool = False
+    seq_len: int = 64
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                     "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"d_model must be n_heads times an even head size, got "
+                             f"d_model={self.d_model}, n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads must divide n_heads, got n_kv_heads={self.n_kv_heads}, "
+                             f"n_heads={self.n_heads}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary position embedding of ``(B, heads, T, d_head)`` (Su et al. 2021), Llama's layout."""
+    T, d = x.shape[-2], x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), inv_freq)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    """``x + attn(norm(x))``, ``x + mlp(norm(x))`` with GQA attention and a SwiGLU MLP."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        h, kv = config.d_model, config.n_kv_heads * config.d_head
+        self.attn_norm = nn.RMSNorm(h, eps=1e-5)
+        self.q, self.k, self.v = (nn.Linear(h, n, bias=False) for n in (h, kv, kv))
+        self.o = nn.Linear(h, h, bias=False)
+        self.mlp_norm = nn.RMSNorm(h, eps=1e-5)
+        self.gate, self.up = (nn.Linear(h, config.d_ff, bias=False) for _ in range(2))
+        self.down = nn.Linear(config.d_ff, h, bias=False)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        c, (B, T, _) = self.config, x.shape
+        q, k, v = (proj(x).view(B, T, -1, c.d_head).transpose(1, 2)
+                   for proj in (self.q, self.k, self.v))
+        q, k = rotate(q, c.rope_base), rotate(k, c.rope_base)
+        group = c.n_heads // c.n_kv_heads  # each key/value head serves `group` query heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attn_norm(x))
+        h = self.mlp_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    """``model(idx)`` -> logits; ``model(idx, targets)`` -> ``(logits, loss)``, as the course GPT."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layers))
+        self.norm = nn.RMSNorm(config.d_model, eps=1e-5)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        if idx.size(1) > self.config.seq_len:
+            raise ValueError(f"sequence length {idx.size(1)} exceeds config.seq_len="
+                             f"{self.config.seq_len}")
+        x = self.tok_emb(idx)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        return logits, loss
+
+
+def llama_param_count(config: LlamaConfig) -> int:
+    """Closed form for :class:`Llama`: ``V*h*(1 or 2) + L*(2h^2 + 2h*kv + 3h*f + 2h) + h``.
+
+    ``h`` = d_model, ``kv`` = n_kv_heads * d_head (the width of K and V), ``f`` =
+    d_ff. Per layer: Q and O ``h^2`` each, K and V ``h*kv`` each, gate, up and down
+    ``h*f`` each, two RMSNorm weights ``h`` each; the final RMSNorm adds ``h``, and
+    the head adds ``V*h`` unless it is tied to the embedding.
+    """
+    if not isinstance(config, LlamaConfig):
+        raise ValueError(f"config must be a LlamaConfig, got {config!r}")
+    h, kv, f = config.d_model, config.n_kv_heads * config.d_head, config.d_ff
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+    embeddings = config.vocab_size * h * (1 if config.tie_embeddings else 2)
+    return embeddings + config.n_layers * per_layer + h
+
+
+def param_count(config: GPTConfig | LlamaConfig) -> int:
+    """Parameters of a course GPT or Llama config, by closed form (no model is built)."""
+    if isinstance(config, GPTConfig):
+        return gpt_param_count(config)
+    if isinstance(config, LlamaConfig):
+        return llama_param_count(config)
+    raise ValueError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
+
+
+def build_model(config: GPTConfig | LlamaConfig, *, device: str | torch.device = "meta",
+                dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The model of ``config`` (a course :class:`GPT` or a :class:`Llama`) on ``device``.
+
+    On ``"meta"`` (the default) parameters have shapes and dtypes but no storage:
+    nothing is allocated and initialisation costs nothing, so 405B parameters are
+    counted in about a second. ``dtype`` is the parameters' dtype.
+    """
+    if not isinstance(config, GPTConfig | LlamaConfig):
+        raise ValueError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    with torch.device(device):
+        model = GPT(config) if isinstance(config, GPTConfig) else Llama(config)
+    return model.to(dtype)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A published model: its shape, its parameter count and where the count comes from."""
+
+    name: str
+    config: GPTConfig | LlamaConfig
+    published_params: int
+    source: str
+
+
+def _gpt2(d_model: int, n_layers: int, n_heads: int) -> GPTConfig:
+    return GPTConfig(vocab_size=50257, seq_len=1024, d_model=d_model, n_heads=n_heads,
+                     n_layers=n_layers)
+
+
+def _llama(vocab, d_model, n_layers, n_heads, n_kv_heads, d_ff, tie=False) -> LlamaConfig:
+    return LlamaConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                       n_kv_heads=n_kv_heads, d_ff=d_ff, tie_embeddings=tie, seq_len=4096)
+
+
+_HF = "num_parameters() of the Hugging Face checkpoint"
+#: Published models by name, with the exact parameter counts of their checkpoints.
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("GPT-2 124M", _gpt2(768, 12, 12), 124_439_808, f"{_HF} openai-community/gpt2"),
+    Preset("GPT-2 1.5B", _gpt2(1600, 48, 25), 1_557_611_200, f"{_HF} openai-community/gpt2-xl"),
+    Preset("Llama 3.2 1B", _llama(128256, 2048, 16, 32, 8, 8192, tie=True), 1_235_814_400,
+           f"{_HF} meta-llama/Llama-3.2-1B"),
+    Preset("Llama 2 7B", _llama(32000, 4096, 32, 32, 32, 11008), 6_738_415_616,
+           f"{_HF} meta-llama/Llama-2-7b-hf"),
+    Preset("Llama 3.1 8B", _llama(128256, 4096, 32, 32, 8, 14336), 8_030_261_248,
+           f"{_HF} meta-llama/Llama-3.1-8B"),
+    Preset("Llama 2 70B", _llama(32000, 8192, 80, 64, 8, 28672), 68_976_648_192,
+           f"{_HF} meta-llama/Llama-2-70b-hf"),
+    Preset("Llama 3.1 70B", _llama(128256, 8192, 80, 64, 8, 28672), 70_553_706_496,
+           f"{_HF} meta-llama/Llama-3.1-70B"),
+    Preset("Llama 3.1 405B", _llama(128256, 16384, 126, 128, 8, 53248), 405_853_388_800,
+           f"{_HF} meta-llama/Llama-3.1-405B"),
+)}
+
+#: GPU memory in bytes, as the vendor quotes it (decimal GB). The driver reports a little
+#: less usable memory (ECC, the CUDA context), so these are upper bounds on what fits.
+GPU_MEMORY: dict[str, int] = {
+    "T4 16 GB": 16 * GB,
+    "A100 40 GB": 40 * GB,
+    "A100 80 GB": 80 * GB,
+    "H100 80 GB": 80 * GB,
+    "H200 141 GB": 141 * GB,
+}

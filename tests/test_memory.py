@@ -1,0 +1,281 @@
+"""course_lib.memory against published figures, independent derivations and real optimizer steps."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib.memory import (
+    OPTIMIZERS,
+    PRECISIONS,
+    ZERO_STAGES,
+    TrainingMemory,
+    bytes_per_param,
+    model_state_bytes,
+    training_memory,
+    transformer_activation_bytes,
+)
+from course_lib.model_zoo import PRESETS, build_model
+from course_lib.models import GPT, GPTConfig, count_parameters, random_tokens
+
+GB = 10**9
+SMALL = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_layers=2)
+
+
+# --- published figures ------------------------------------------------------------------
+
+@pytest.mark.parametrize("optimizer,precision,extra,expected", [
+    ("adam", "fp16-mixed", False, 16),   # ZeRO paper: 2 + 2 + K, K = 12
+    ("adamw", "bf16-mixed", False, 16),
+    ("adamw", "bf16-mixed", True, 20),   # with an fp32 gradient-accumulation buffer
+    ("adam", "fp32", False, 16),         # 4 + 4 + 8
+    ("sgd", "fp32", False, 8),
+    ("sgd-momentum", "fp32", False, 12),
+    ("adamw", "bf16", False, 8),         # 2 + 2 + 2 + 2
+    ("sgd", "fp32", True, 8),            # fp32 gradients are their own buffer
+])
+def test_bytes_per_param_published(optimizer, precision, extra, expected):
+    assert bytes_per_param(optimizer, precision, fp32_grad_buffer=extra) == expected
+
+
+def test_mixed_adam_breakdown_is_2_2_4_4_4():
+    m = training_memory(1000, optimizer="adam", precision="bf16-mixed")
+    assert (m.params, m.grads, m.master_weights, m.optimizer_states) == (2000, 2000, 4000, 8000)
+    assert m.total == 16_000
+
+
+@pytest.mark.parametrize("stage,gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_75b_on_64_gpus(stage, gb):
+    """ZeRO paper, Figure 1 / section 5: Psi = 7.5B, N_d = 64, K = 12."""
+    m = training_memory(7_500_000_000, optimizer="adam", precision="fp16-mixed",
+                        zero_stage=stage, world_size=64)
+    assert round(m.total / GB, 1) == gb
+
+
+@pytest.mark.parametrize("P", [7_500_000_000, 6_738_415_616, 1_048_576])
+@pytest.mark.parametrize("N", [1, 2, 8, 64, 1024])
+def test_zero_formulas(P, N):
+    """Stage 1: 4P + KP/N, stage 2: 2P + (2+K)P/N, stage 3: (2+2+K)P/N, K = 12 (P divisible by N)."""
+    P -= P % N
+    K = 12
+    expected = {0: 16 * P, 1: 4 * P + K * P // N, 2: 2 * P + (2 + K) * P // N,
+                3: (2 + 2 + K) * P // N}
+    for stage, value in expected.items():
+        got = training_memory(P, optimizer="adamw", precision="bf16-mixed", zero_stage=stage,
+                              world_size=N)
+        assert got.total == value
+
+
+def test_zero_pads_shards_to_whole_elements():
+    # 10 parameters over 4 ranks: 3 elements each (2 of padding in all), as DeepSpeed and FSDP pad.
+    m = training_memory(10, precision="bf16-mixed", zero_stage=3, world_size=4)
+    assert m.as_dict() == {"params": 6, "grads": 6, "optimizer_states": 24, "master_weights": 12,
+                           "total": 48}
+
+
+def test_seven_b_claim_forgets_master_weights():
+    m = training_memory(7e9, optimizer="adamw", precision="bf16-mixed")
+    claimed = 14 * GB + 14 * GB + 56 * GB
+    assert (m.params, m.grads, m.optimizer_states) == (14 * GB, 14 * GB, 56 * GB)
+    assert m.total - claimed == m.master_weights == 28 * GB
+    assert m.total == 112 * GB
+
+
+# --- measured against analytic ---------------------------------------------------------
+
+def _step(model, optimizer):
+    x, y = random_tokens(model.config, 2)
+    model(x, y)[1].backward()
+    optimizer.step()
+
+
+@pytest.mark.parametrize("name,make", [
+    ("sgd", lambda p: torch.optim.SGD(p, lr=0.1)),
+    ("sgd-momentum", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
+    ("adam", lambda p: torch.optim.Adam(p)),
+    ("adamw", lambda p: torch.optim.AdamW(p)),
+])
+@pytest.mark.parametrize("dtype,precision", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
+def test_measured_step_equals_analytic(name, make, dtype, precision):
+    model = GPT(SMALL).to(dtype)
+    optimizer = make(model.parameters())
+    _step(model, optimizer)
+    P = count_parameters(model)
+    assert model_state_bytes(model, optimizer, include_step=False) == training_memory(
+        P, optimizer=name, precision=precision)
+    # Adam's step counters: one 4-byte fp32 scalar per parameter tensor.
+    extra = model_state_bytes(model, optimizer).total - training_memory(
+        P, optimizer=name, precision=precision).total
+    assert extra == (4 * len(list(model.parameters())) if name.startswith("adam") else 0)
+
+
+@pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "bf16-mixed"),
+                                             (torch.float16, "fp16-mixed")])
+@pytest.mark.parametrize("keep_fp32_grads", [False, True])
+def test_master_weight_recipe_measured(dtype, precision, keep_fp32_grads):
+    model16 = GPT(SMALL).to(dtype)
+    master = [p.detach().float().requires_grad_() for p in model16.parameters()]
+    optimizer = torch.optim.AdamW(master)
+    x, y = random_tokens(SMALL, 2)
+    model16(x, y)[1].backward()
+    for p16, p32 in zip(model16.parameters(), master):
+        p32.grad = p16.grad.float()
+    optimizer.step()
+    if not keep_fp32_grads:
+        for p32 in master:
+            p32.grad = None
+    measured = model_state_bytes(model16, optimizer, master_params=master, include_step=False)
+    assert measured == training_memory(count_parameters(model16), precision=precision,
+                                       fp32_grad_buffer=keep_fp32_grads)
+
+
+def test_autocast_keeps_fp32_model_states():
+    model = GPT(SMALL)
+    optimizer = torch.optim.AdamW(model.parameters())
+    x, y = random_tokens(SMALL, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(x, y)[1]
+    loss.backward()
+    optimizer.step()
+    assert model_state_bytes(model, optimizer, include_step=False) == training_memory(
+        count_parameters(model), precision="fp32")
+
+
+def test_meta_device_step_measures_a_billion_parameter_model():
+    preset = PRESETS["Llama 3.2 1B"]
+    model = build_model(preset.config, dtype=torch.bfloat16)
+    master = [p.detach().float().requires_grad_() for p in model.parameters()]
+    for p16, p32 in zip(model.parameters(), master):
+        p16.grad = torch.empty_like(p16)
+        p32.grad = p16.grad.float()
+    optimizer = torch.optim.AdamW(master)
+    optimizer.step()
+    for p32 in master:
+        p32.grad = None
+    measured = model_state_bytes(model, optimizer, master_params=master, include_step=False)
+    assert measured == training_memory(preset.published_params, precision="bf16-mixed")
+    assert measured.total == 16 * 1_235_814_400
+
+
+def test_tied_weights_and_views_count_once():
+    model = GPT(SMALL)  # lm_head is tied to the token embedding
+    assert model_state_bytes(model).params == 4 * count_parameters(model)
+    base = torch.zeros(100)
+    layer = torch.nn.Linear(1, 1)
+    layer.weight = torch.nn.Parameter(base[:10].view(10, 1))  # a view of a bigger storage
+    assert model_state_bytes(layer).params == 400 + 4  # the whole storage, plus the bias
+
+
+@pytest.mark.gpu
+def test_cuda_allocator_holds_at_least_the_analytic_bytes():
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    model = GPT(SMALL).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    x, y = random_tokens(SMALL, 2, device="cuda")
+    model(x, y)[1].backward()
+    optimizer.step()
+    del x, y
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before
+    analytic = training_memory(count_parameters(model), precision="fp32").total
+    assert model_state_bytes(model, optimizer, include_step=False).total == analytic
+    assert held >= analytic
+
+
+# --- properties ------------------------------------------------------------------------
+
+recipes = st.fixed_dictionaries({
+    "optimizer": st.sampled_from(OPTIMIZERS),
+    "precision": st.sampled_from(PRECISIONS),
+    "zero_stage": st.sampled_from(ZERO_STAGES),
+    "world_size": st.integers(1, 4096),
+    "fp32_grad_buffer": st.booleans(),
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 10**13), recipe=recipes)
+def test_never_negative_and_non_decreasing_in_size(n, recipe):
+    a, b = training_memory(n, **recipe), training_memory(n + 1, **recipe)
+    for part in ("params", "grads", "optimizer_states", "master_weights", "total"):
+        assert 0 <= getattr(a, part) <= getattr(b, part)
+    assert isinstance(a.total, int)
+    assert a.total == a.params + a.grads + a.optimizer_states + a.master_weights
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 10**13), recipe=recipes)
+def test_sharding_never_adds_memory(n, recipe):
+    m = training_memory(n, **recipe)
+    unsharded = training_memory(n, **{**recipe, "zero_stage": 0})
+    more_ranks = training_memory(n, **{**recipe, "world_size": recipe["world_size"] + 1})
+    assert m.total <= unsharded.total
+    assert more_ranks.total <= m.total
+    if recipe["zero_stage"] < 3:
+        higher = training_memory(n, **{**recipe, "zero_stage": recipe["zero_stage"] + 1})
+        assert higher.total <= m.total
+    else:  # everything sharded: N shards hold at least the whole (padding adds, never loses)
+        assert m.total * recipe["world_size"] >= unsharded.total
+
+
+# --- bad inputs ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"n_params": 0}, "n_params must be a positive int"),
+    ({"n_params": -5}, "n_params must be a positive int"),
+    ({"n_params": 1.5}, "n_params must be a positive int"),
+    ({"n_params": "7B"}, "n_params must be a positive int"),
+    ({"n_params": True}, "n_params must be a positive int"),
+    ({"n_params": float("nan")}, "n_params must be a positive int"),
+    ({"optimizer": "lion"}, r"optimizer must be one of \('sgd', 'sgd-momentum', 'adam', 'adamw'\)"),
+    ({"optimizer": "Adam"}, "optimizer must be one of"),
+    ({"precision": "fp16"}, r"precision must be one of \('fp32', 'fp16-mixed', 'bf16-mixed', "
+                            r"'bf16'\)"),
+    ({"precision": torch.bfloat16}, "precision must be one of"),
+    ({"zero_stage": 4}, r"zero_stage must be one of \(0, 1, 2, 3\)"),
+    ({"zero_stage": "1"}, "zero_stage must be one of"),
+    ({"zero_stage": 1.0}, "zero_stage must be one of"),
+    ({"zero_stage": True}, "zero_stage must be one of"),
+    ({"world_size": 0}, "world_size must be a positive int"),
+    ({"world_size": 2.5}, "world_size must be a positive int"),
+    ({"fp32_grad_buffer": "yes"}, "fp32_grad_buffer must be True or False"),
+])
+def test_bad_inputs_name_the_parameter(kwargs, match):
+    args = {"n_params": 1000, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        training_memory(args.pop("n_params"), **args)
+
+
+def test_whole_floats_and_numpy_ints_are_accepted():
+    np = pytest.importorskip("numpy")
+    assert training_memory(7e9) == training_memory(7_000_000_000)
+    assert training_memory(np.int64(1000), world_size=np.int64(4), zero_stage=3) == \
+        training_memory(1000, world_size=4, zero_stage=3)
+
+
+def test_model_state_bytes_rejects_bad_inputs():
+    with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
+        model_state_bytes(torch.zeros(3))
+    with pytest.raises(ValueError, match="optimizer must be a torch.optim.Optimizer"):
+        model_state_bytes(GPT(SMALL), optimizer="adamw")
+    with pytest.raises(ValueError, match="master_params must be an iterable of tensors"):
+        model_state_bytes(GPT(SMALL), master_params=[1, 2])
+
+
+def test_training_memory_is_a_frozen_record():
+    m = training_memory(10)
+    assert isinstance(m, TrainingMemory)
+    with pytest.raises(AttributeError):
+        m.total = 0
+
+
+# --- activations (Korthikanti et al. 2022), kept for lecture 02 -------------------------
+
+def test_transformer_activation_bytes_formula():
+    s, b, h, a, L = 2048, 1, 12288, 96, 96  # GPT-3 175B, one sequence
+    assert transformer_activation_bytes(s, b, h, a, L) == L * s * b * h * (34 + 5 * a * s // h)
+    assert transformer_activation_bytes(s, b, h, a, L, recompute="selective") == L * 34 * s * b * h
+    assert transformer_activation_bytes(s, b, h, a, L, recompute="full") == L * 2 * s * b * h
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        transformer_activation_bytes(s, b, h, a, recompute="some")
