@@ -6,6 +6,7 @@ One module per idea, in lecture order:
 ``device``             00: which device and training dtype this kernel uses
 ``units``              byte counts and their human-readable form
 ``memory``             01: analytic bytes of params, grads, optimizer, activations
+``model_zoo``          01: GPT-2 and Llama presets, counted on the ``meta`` device
 ``models``             01-06: the course GPT (nanoGPT-style) and small MLPs
 ``measure``            02: peak memory, saved tensors, categorised breakdowns
 ``accumulation``       03: gradient accumulation and its bugs
