@@ -1,4 +1,4 @@
-"""Measured memory: peak bytes of a piece of work, and what autograd saves for backward.
+"""Measured memory: peak bytes of a piece of work, what autograd saves, and where a step's bytes go.
 
 Two sources of truth, one interface:
 
@@ -11,18 +11,36 @@ Two sources of truth, one interface:
   the storage fires). It is exact to the byte for tensor storage and counts
   nothing else (no allocator rounding, no workspaces). PyTorch's own
   ``torch.distributed._tools.mem_tracker.MemTracker`` uses the same technique.
+
+On top of the tracker, :func:`step_breakdown` runs one training step and sorts
+every byte into parameters, gradients, optimizer state, activations (what
+autograd saved) and temporaries, over time and at the peak.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
+
+# Ops whose tensor argument is a storage made outside the dispatcher (``torch.tensor([...])``
+# builds it in C++ then "lifts" it): their output is a new allocation, not a foreign tensor.
+_LIFT_OPS = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
+
+
+class _Storage:
+    """What the tracker knows about one storage it counted."""
+
+    __slots__ = ("index", "nbytes", "born", "died", "phase", "died_phase")
+
+    def __init__(self, index: int, nbytes: int, born: int, phase: str):
+        self.index, self.nbytes, self.born, self.phase = index, nbytes, born, phase
+        self.died, self.died_phase = None, None
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -30,35 +48,72 @@ class LiveTensorTracker(TorchDispatchMode):
 
     ``with LiveTensorTracker() as t: work()`` then ``t.peak`` (bytes) and
     ``t.live`` (bytes still alive, e.g. gradients). Storages created before the
-    ``with`` are not counted, and freeing them does not lower the count: the
-    figures are "above what was live when it started", the allocations of the
-    work itself. Views share their base's storage and are counted once.
+    ``with`` are "foreign": they are not counted, nor are views of them or the
+    results of in-place ops on them (``param.mul_(0.9)`` allocates nothing), and
+    freeing them does not lower the count. The figures are therefore the
+    allocations of the work itself, "above what was live when it started".
+    Views share their base's storage and are counted once; a storage that an op
+    resizes (``out=`` arguments, ``resize_``) is recounted at its new size.
+
+    Every allocation and free is also an event numbered in order (``t.clock``);
+    ``t.storages`` keeps, per counted storage, its size, birth and death, and the
+    ``t.phase`` label current at each (for timelines).
     """
 
     def __init__(self):
         super().__init__()
         self.live = 0
         self.peak = 0
-        self._storages = WeakIdKeyDictionary()
+        self.clock = 0
+        self.phase = ""
+        self.storages: list[_Storage] = []
+        self._ours = WeakIdKeyDictionary()     # storage -> _Storage
+        self._foreign = WeakIdKeyDictionary()  # storage -> True
         self._refs: list = []
 
-    def _free(self, nbytes: int) -> None:
-        self.live -= nbytes
+    def _tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def _free(self, record: _Storage) -> None:
+        self.live -= record.nbytes
+        record.died, record.died_phase = self._tick(), self.phase
+
+    def _see_input(self, tensor: torch.Tensor) -> None:
+        storage = _storage_of(tensor)
+        if storage is not None and storage not in self._ours:
+            self._foreign[storage] = True
 
     def _track(self, tensor: torch.Tensor) -> None:
-        if tensor.device.type == "meta":
-            return
-        storage = tensor.untyped_storage()
-        if storage in self._storages:
+        storage = _storage_of(tensor)
+        if storage is None or storage in self._foreign:
             return
         nbytes = storage.nbytes()
-        self._storages[storage] = nbytes
-        self._refs.append(weakref.finalize(storage, self._free, nbytes))
-        self.live += nbytes
+        record = self._ours.get(storage)
+        if record is None:
+            record = _Storage(len(self.storages), nbytes, self._tick(), self.phase)
+            self.storages.append(record)
+            self._ours[storage] = record
+            self._refs.append(weakref.finalize(storage, self._free, record))
+            self.live += nbytes
+        elif record.nbytes != nbytes:  # resized in place
+            self.live += nbytes - record.nbytes
+            record.nbytes = nbytes
+            self._tick()
         self.peak = max(self.peak, self.live)
 
+    def record_of(self, tensor: torch.Tensor) -> _Storage | None:
+        """The record of the storage ``tensor`` lives in, if this tracker counted it."""
+        storage = _storage_of(tensor)
+        return None if storage is None else self._ours.get(storage)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if func not in _LIFT_OPS:
+            for item in tree_flatten((args, kwargs))[0]:
+                if isinstance(item, torch.Tensor):
+                    self._see_input(item)
+        out = func(*args, **kwargs)
         for item in tree_flatten(out)[0]:
             if isinstance(item, torch.Tensor):
                 self._track(item)
@@ -72,8 +127,25 @@ class LiveTensorTracker(TorchDispatchMode):
         return super().__exit__(*exc)
 
 
-def _cuda_in_use() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
+def _storage_of(tensor: torch.Tensor):
+    if tensor.device.type == "meta":
+        return None
+    try:
+        return tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return None
+
+
+def _device_kind(device) -> str | None:
+    if device is None:
+        return None
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        kind = None
+    if kind not in ("cuda", "cpu", "mps"):
+        raise ValueError(f"device must be 'cuda', 'cpu', 'mps' or None, got {device!r}")
+    return kind
 
 
 def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None = None) -> int:
@@ -83,13 +155,14 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
     :class:`LiveTensorTracker`; None (default) reads the allocator if the work
     allocated anything on CUDA, else the tracker. The tracker and the allocator
     agree on tensor bytes; the allocator adds its 512-byte block rounding and any
-    library workspaces (cuBLAS), which are real memory on the GPU.
+    library workspaces (cuBLAS), which are real memory on the GPU. One difference
+    of definition: the allocator's figure drops when ``fn`` frees memory that was
+    live before it started; the tracker ignores such frees (it counts the work's
+    own allocations), so for work that frees old tensors it reads higher.
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable with no arguments, got {fn!r}")
-    kind = None if device is None else torch.device(device).type
-    if kind not in (None, "cuda", "cpu", "mps"):
-        raise ValueError(f"device must be 'cuda', 'cpu', 'mps' or None, got {device!r}")
+    kind = _device_kind(device)
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but this machine has no CUDA device")
     use_cuda = kind == "cuda" or (kind is None and torch.cuda.is_available())
@@ -97,11 +170,11 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
-    tracker = LiveTensorTracker()
-    if use_cuda and kind == "cuda":
+    if kind == "cuda":
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - start
+    tracker = LiveTensorTracker()
     with tracker:
         fn()
     if use_cuda:
@@ -111,6 +184,8 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
             return cuda_peak
     return tracker.peak
 
+
+# --------------------------------------------------------------------------- saved tensors
 
 @dataclass(frozen=True)
 class SavedTensor:
@@ -130,16 +205,33 @@ class SavedTensor:
         return self.node.removesuffix("0").removesuffix("Backward").lower()
 
 
+def _saved_values(node):
+    """``(name, value)`` of what ``node`` saved: ``_saved_*`` of built-in nodes, ``saved_tensors``
+    of custom ``autograd.Function`` s (e.g. reentrant checkpointing)."""
+    for attr in sorted(dir(node)):
+        if attr.startswith("_saved_"):
+            try:
+                yield attr.removeprefix("_saved_"), getattr(node, attr)
+            except RuntimeError:  # already freed by a backward pass
+                continue
+    if isinstance(node, torch.autograd.function.BackwardCFunction):
+        try:
+            yield "saved_tensors", node.saved_tensors
+        except RuntimeError:
+            pass
+
+
 def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
     """What autograd keeps alive for ``output.backward()``: one row per saved tensor.
 
     Walks the graph from ``output.grad_fn`` and reads each node's ``_saved_*``
-    attributes (PyTorch exposes them for introspection). ``params`` (e.g.
-    ``model.parameters()``) marks saved tensors that are parameters: those cost
-    no extra memory. Tensors shared by several nodes appear once per node; sum
-    unique ``storage_id`` s (:func:`saved_bytes`) for the memory.
-    Tensors saved inside a non-reentrant checkpoint region are not listed: the
-    region keeps its inputs and recomputes the rest.
+    attributes (PyTorch exposes them for introspection; custom functions expose
+    ``saved_tensors``). ``params`` (e.g. ``model.parameters()``) marks saved
+    tensors that are parameters: those cost no extra memory. Tensors shared by
+    several nodes appear once per node; sum unique ``storage_id`` s
+    (:func:`saved_bytes`) for the memory. Tensors saved inside a non-reentrant
+    checkpoint region are not listed: the region keeps its inputs and recomputes
+    the rest. After ``backward()`` the graph has let go of them and nothing is listed.
     """
     if not isinstance(output, torch.Tensor) or output.grad_fn is None:
         raise ValueError("output must be a tensor that requires grad (has a grad_fn)")
@@ -150,18 +242,12 @@ def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
         if node is None or node in seen_nodes:
             continue
         seen_nodes.add(node)
-        for attr in sorted(dir(node)):
-            if not attr.startswith("_saved_"):
-                continue
-            try:
-                value = getattr(node, attr)
-            except RuntimeError:  # already freed by a backward pass
-                continue
+        for name, value in _saved_values(node):
             for item in value if isinstance(value, tuple | list) else (value,):
                 if isinstance(item, torch.Tensor) and item.device.type != "meta":
                     storage = item.untyped_storage()
                     rows.append(SavedTensor(
-                        node=type(node).__name__, name=attr.removeprefix("_saved_"),
+                        node=type(node).__name__, name=name,
                         shape=tuple(item.shape), dtype=item.dtype, nbytes=storage.nbytes(),
                         is_parameter=storage.data_ptr() in param_storages,
                         storage_id=storage.data_ptr()))
@@ -170,9 +256,181 @@ def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
 
 
 def saved_bytes(output: torch.Tensor, params=(), *, include_parameters: bool = False) -> int:
-    """Bytes of the distinct storages autograd saves for ``output`` (parameters excluded by default)."""
+    """Bytes of the distinct storages autograd saves for ``output`` (parameters excluded by default).
+
+    A storage shared by several saved tensors (views, or one tensor saved by two
+    nodes) counts once, at its full ``nbytes``: that is the memory it holds.
+    """
     unique = {}
     for row in saved_tensors(output, params):
         if include_parameters or not row.is_parameter:
             unique[row.storage_id] = row.nbytes
     return sum(unique.values())
+
+
+# --------------------------------------------------------------------------- one training step
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+PHASES = ("forward", "backward", "optimizer")
+
+
+def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  inputs: torch.Tensor, targets: torch.Tensor, *,
+                  on_phase: Callable[[str, torch.Tensor | None], None] | None = None) -> float:
+    """The course's canonical step: forward to the loss, backward, ``optimizer.step()``,
+    ``zero_grad(set_to_none=True)``. Keeps only the loss (a model may return
+    ``(logits, loss)``, as the course GPT does); returns its value.
+
+    ``on_phase(name, loss)``, if given, is called as each of :data:`PHASES` begins
+    (``loss`` is None before the forward pass) and with ``"zero_grad"`` after the
+    optimizer step: :func:`step_breakdown` uses it to label its timeline.
+    """
+    hook = on_phase or (lambda name, loss: None)
+    hook("forward", None)
+    out = model(inputs, targets)
+    loss = out[1] if isinstance(out, tuple) else out
+    del out
+    hook("backward", loss)
+    loss.backward()
+    hook("optimizer", loss)
+    optimizer.step()
+    hook("zero_grad", loss)
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    storages = {}
+    for t in tensors:
+        storage = _storage_of(t)
+        if storage is not None:
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in optimizer.state.values() for v in state.values()
+            if isinstance(v, torch.Tensor)]
+
+
+@dataclass
+class StepBreakdown:
+    """Where the bytes of one training step went, from :func:`step_breakdown` (all in bytes).
+
+    ``at_peak`` maps each of :data:`CATEGORIES` to its live bytes at the step's
+    peak moment (``total`` is their sum); ``baseline`` is what was live before the
+    step (parameters, and existing gradients or optimizer state, filed under
+    their categories); ``peak`` is the peak above the baseline, the figure
+    :func:`peak_memory` reports for the same step; ``peak_phase`` the phase it
+    fell in; ``phase_peaks`` the highest total per phase. ``events`` and
+    ``series`` are the timeline: live bytes per category after each allocation
+    or free (``series[category][i]``), and the phase of each event.
+    """
+
+    at_peak: dict
+    baseline: dict
+    peak: int
+    peak_phase: str
+    phase_peaks: dict
+    events: list = field(repr=False)
+    series: dict = field(repr=False)
+
+    @property
+    def total(self) -> int:
+        return sum(self.at_peak.values())
+
+    def table(self) -> str:
+        """The breakdown at the peak as aligned text lines (bytes and share)."""
+        from .units import format_bytes
+
+        lines = [f"{'category':16s} {'bytes at peak':>14s} {'':>11s} share"]
+        for name in CATEGORIES:
+            value = self.at_peak[name]
+            lines.append(f"{name:16s} {value:14,d} {format_bytes(value):>11s} "
+                         f"{value / self.total:6.1%}")
+        lines.append(f"{'total':16s} {self.total:14,d} {format_bytes(self.total):>11s} "
+                     f"(peak in the {self.peak_phase} phase)")
+        return "\n".join(lines)
+
+
+def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   inputs: torch.Tensor, targets: torch.Tensor) -> StepBreakdown:
+    """Run :func:`training_step` once under a :class:`LiveTensorTracker` and sort its bytes.
+
+    Each storage the step allocates gets one category, decided by what it turned
+    out to be: saved by autograd in the forward pass (read off the graph with
+    :func:`saved_tensors` before backward) -> "activations"; ending up as a
+    parameter's ``.grad`` -> "gradients"; held in ``optimizer.state`` after the
+    step -> "optimizer_state"; anything else (logits, the gradients flowing
+    between layers, an optimizer's scratch tensors) -> "temporaries". What was live
+    before the step is the baseline. Same idea as PyTorch's ``MemTracker``
+    (``torch.distributed._tools.mem_tracker``), which sorts by module and role;
+    here every byte is attributed exactly and the whole timeline is kept.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    params = list(model.parameters())
+    baseline = dict.fromkeys(CATEGORIES, 0)
+    baseline["parameters"] = _unique_bytes(params)
+    baseline["gradients"] = _unique_bytes(p.grad for p in params if p.grad is not None)
+    baseline["optimizer_state"] = _unique_bytes(_optimizer_tensors(optimizer))
+
+    tracker = LiveTensorTracker()
+    category: dict[int, str] = {}
+
+    def mark(tensors, name):
+        for t in tensors:
+            record = tracker.record_of(t)
+            if record is not None and record.index not in category:
+                category[record.index] = name
+
+    def on_phase(name, loss):
+        if name == "backward":  # forward done: what the graph saved is the activations
+            ptrs = {row.storage_id for row in saved_tensors(loss, params) if not row.is_parameter}
+            for record, ptr in _live_records(tracker):
+                if ptr in ptrs:
+                    category.setdefault(record.index, "activations")
+        elif name == "optimizer":
+            mark((p.grad for p in params if p.grad is not None), "gradients")
+        elif name == "zero_grad":
+            mark(_optimizer_tensors(optimizer), "optimizer_state")
+        tracker.phase = "optimizer" if name == "zero_grad" else name
+
+    with tracker:
+        training_step(model, optimizer, inputs, targets, on_phase=on_phase)
+    return _summarise(tracker, category, baseline)
+
+
+def _live_records(tracker: LiveTensorTracker):
+    """``(record, data_ptr)`` for every storage the tracker counted that is still alive."""
+    for storage, record in list(tracker._ours.items()):
+        yield record, storage.data_ptr()
+
+
+def _summarise(tracker: LiveTensorTracker, category: dict, baseline: dict) -> StepBreakdown:
+    events = []  # (clock, delta, category, phase)
+    for record in tracker.storages:
+        name = category.get(record.index, "temporaries")
+        events.append((record.born, record.nbytes, name, record.phase))
+        if record.died is not None:
+            events.append((record.died, -record.nbytes, name, record.died_phase))
+    events.sort(key=lambda e: e[0])
+    live = dict(baseline)
+    series = {name: [] for name in CATEGORIES}
+    phases, best, at_peak, peak_phase = [], -1, dict(baseline), PHASES[0]
+    phase_peaks = dict.fromkeys(PHASES, sum(baseline.values()))
+    for _, delta, name, phase in events:
+        live[name] += delta
+        for key in CATEGORIES:
+            series[key].append(live[key])
+        phases.append(phase)
+        total = sum(live.values())
+        if phase in phase_peaks:
+            phase_peaks[phase] = max(phase_peaks[phase], total)
+        if total > best:
+            best, at_peak, peak_phase = total, dict(live), phase
+    return StepBreakdown(at_peak=at_peak, baseline=baseline,
+                         peak=tracker.peak, peak_phase=peak_phase, phase_peaks=phase_peaks,
+                         events=phases, series=series)

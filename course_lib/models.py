@@ -194,4 +194,6 @@ def random_tokens(config: GPTConfig, batch_size: int, seq_len: int | None = None
     T = config.seq_len if seq_len is None else seq_len
     g = torch.Generator().manual_seed(seed)
     data = torch.randint(0, config.vocab_size, (batch_size, T + 1), generator=g)
-    return data[:, :-1].contiguous().to(device), data[:, 1:].contiguous().to(device)
+    # clone(): with one row, contiguous() would return views of one shared storage,
+    # and memory measurements would count inputs and targets as one tensor.
+    return data[:, :-1].clone().to(device), data[:, 1:].clone().to(device)

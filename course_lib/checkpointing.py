@@ -1,0 +1,448 @@
+"""Activation checkpointing of the course GPT: which activations to keep, which to recompute.
+
+A checkpointed region keeps only its inputs during the forward pass and runs
+its forward again during the backward pass to rebuild what the backward needs
+(Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"). The
+course uses PyTorch's own machinery, ``torch.utils.checkpoint`` with
+``use_reentrant=False``; :func:`enable_checkpointing` switches a GPT between
+five modes:
+
+==============  ===========================================================  ==================
+mode            what is checkpointed                                         stored per layer
+==============  ===========================================================  ==================
+``none``        nothing                                                      all its activations
+``blocks``      every ``every``-th transformer block (``every=1``: all)      its input
+``sqrt``        ``checkpoint_sequential`` with about sqrt(n) segments        O(sqrt(n)) in total
+``selective``   every ``every``-th block under an op-level policy            input + matmul outputs
+``attention``   the attention core of every ``every``-th block (Megatron)    all but the core's
+==============  ===========================================================  ==================
+
+``selective`` uses ``torch.utils.checkpoint.create_selective_checkpoint_contexts``
+with the outputs of the matmul ops (:data:`SAVE_MATMULS`) saved and everything
+else (LayerNorm, GELU, softmax, dropout, ...) recomputed. ``attention`` is the
+"selective activation recomputation" of Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models"): only the attention core
+``softmax(QK^T) V``, whose ``a*s*s`` intermediates dominate at long sequences,
+is recomputed.
+
+Checkpointing does not change the numbers: ``torch.utils.checkpoint`` saves the
+RNG state and restores it for the recomputation, so dropout draws the same mask
+twice and gradients match those of the model without checkpointing (bitwise on
+the CPU, where the same kernels run again on the same inputs).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import (
+    checkpoint,
+    checkpoint_sequential,
+    create_selective_checkpoint_contexts,
+    noop_context_fn,
+)
+
+from . import activations as act
+from .measure import LiveTensorTracker
+from .models import GPTConfig
+from .units import as_dtype, dtype_bytes
+
+MODES = ("none", "blocks", "sqrt", "selective", "attention")
+
+_aten = torch.ops.aten
+#: The ops whose outputs ``selective`` mode keeps: the matmuls. ``nn.Linear`` with a bias
+#: dispatches ``addmm`` (not ``mm``), and batched ``q @ k^T`` dispatches ``bmm``.
+SAVE_MATMULS = (_aten.mm.default, _aten.addmm.default, _aten.bmm.default)
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """What :func:`enable_checkpointing` installed on a model (``model.checkpointing``)."""
+
+    mode: str = "none"
+    every: int = 1
+    segments: int | None = None  # sqrt mode only
+    policy: tuple | Callable | None = None  # selective mode only
+
+
+def sqrt_segments(n_layers: int) -> int:
+    """The segment count of ``sqrt`` mode: ``round(sqrt(n_layers))``, at least 1 (Chen et al. 2016)."""
+    _check_positive_int("n_layers", n_layers)
+    return max(1, round(math.sqrt(n_layers)))
+
+
+def checkpointed_blocks(n_layers: int, every: int = 1) -> list[int]:
+    """Indices of the blocks that ``blocks``/``selective``/``attention`` mode wrap: 0, every, 2*every, ...
+
+    ``every=1`` wraps all ``n_layers`` blocks; ``every=k`` wraps ``ceil(n_layers / k)`` of them.
+    """
+    _check_positive_int("n_layers", n_layers)
+    _check_positive_int("every", every)
+    return list(range(0, n_layers, every))
+
+
+def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
+    """The blocks of each segment as ``torch.utils.checkpoint.checkpoint_sequential`` cuts them.
+
+    It makes ``segments - 1`` segments of ``n_layers // segments`` blocks, checkpointed, and
+    runs the rest (the last segment, which may be longer) *without* checkpointing: its
+    activations are needed first in the backward pass anyway.
+    """
+    _check_positive_int("n_layers", n_layers)
+    _check_positive_int("segments", segments)
+    if segments > n_layers:
+        raise ValueError(f"segments must be at most n_layers={n_layers}, got {segments}")
+    size = n_layers // segments
+    cuts = [list(range(start, start + size)) for start in range(0, size * (segments - 1), size)]
+    return [*cuts, list(range(size * (segments - 1), n_layers))]
+
+
+def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1, *,
+                         segments: int | None = None,
+                         policy: Sequence | Callable | None = None) -> nn.Module:
+    """Switch the course GPT ``model`` to checkpointing ``mode`` (see the module doc); returns it.
+
+    ``every``: in ``blocks``, ``selective`` and ``attention`` modes, wrap blocks
+    0, every, 2*every, ... (:func:`checkpointed_blocks`). ``segments``: in
+    ``sqrt`` mode, the number of segments (default :func:`sqrt_segments`).
+    ``policy``: in ``selective`` mode, what to save: a list of ``OpOverload``
+    such as ``torch.ops.aten.mm.default`` (default :data:`SAVE_MATMULS`), or a
+    policy function ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``.
+
+    The change is per instance (``model.run_blocks`` and each block's
+    ``attn.core`` are replaced), idempotent, and reversible: a later call
+    replaces the previous mode, ``mode="none"`` restores the plain model.
+    ``model.checkpointing`` holds the :class:`CheckpointSettings` in force.
+    """
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
+        raise ValueError(f"model must be a course GPT (with a .blocks ModuleList), got {type(model)}")
+    segments = _check_mode(mode, every, segments, len(blocks))
+    if policy is not None and mode != "selective":
+        raise ValueError(f"policy applies to mode='selective' only, got mode={mode!r}")
+    if mode == "selective":
+        policy = _validate_policy(SAVE_MATMULS if policy is None else policy)
+
+    # Undo whatever an earlier call installed: the class's methods show through again.
+    model.__dict__.pop("run_blocks", None)
+    for block in blocks:
+        block.attn.__dict__.pop("core", None)
+    model.checkpointing = CheckpointSettings(mode, every, segments, policy)
+    if mode == "attention":
+        for i in checkpointed_blocks(len(blocks), every):
+            attn = blocks[i].attn
+            attn.core = types.MethodType(_checkpointed_core, attn)
+    elif mode != "none":
+        # A bound method (not a closure) so that copy.deepcopy(model) binds the copy's blocks.
+        model.run_blocks = types.MethodType(_checkpointed_run_blocks, model)
+    return model
+
+
+def _check_positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _validate_policy(policy):
+    if callable(policy):
+        return policy
+    if isinstance(policy, str) or not isinstance(policy, Sequence):
+        raise ValueError(f"policy must be a list of OpOverloads or a policy function, got {policy!r}")
+    for op in policy:
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            raise ValueError(f"policy entries must be OpOverloads: write {op}.default, not {op}")
+        if not isinstance(op, torch._ops.OpOverload):
+            raise ValueError(f"policy entries must be OpOverloads like torch.ops.aten.mm.default, "
+                             f"got {op!r}")
+    return tuple(policy)
+
+
+def _checkpointed_run_blocks(self, x: torch.Tensor) -> torch.Tensor:
+    settings = self.checkpointing
+    if not torch.is_grad_enabled():  # nothing is saved for a backward pass: run plainly
+        return type(self).run_blocks(self, x)
+    if settings.mode == "sqrt":
+        return checkpoint_sequential(list(self.blocks), settings.segments, x, use_reentrant=False)
+    context_fn = noop_context_fn
+    if settings.mode == "selective":
+        policy = settings.policy if callable(settings.policy) else list(settings.policy)
+        context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+    for i, block in enumerate(self.blocks):
+        if i % settings.every == 0:
+            x = checkpoint(block, x, use_reentrant=False, context_fn=context_fn)
+        else:
+            x = block(x)
+    return x
+
+
+def _checkpointed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    core = type(self).core
+    if not torch.is_grad_enabled():
+        return core(self, q, k, v)
+    return checkpoint(core, self, q, k, v, use_reentrant=False)
+
+
+# --------------------------------------------------------------------------- predictions
+
+def _check_config(config) -> None:
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
+
+
+def _check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> int | None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    _check_positive_int("every", every)
+    if segments is not None and mode != "sqrt":
+        raise ValueError(f"segments applies to mode='sqrt' only, got mode={mode!r}")
+    if mode == "sqrt":
+        segments = sqrt_segments(n_layers) if segments is None else segments
+        sequential_segments(n_layers, segments)
+    return segments
+
+
+def _regions(n_layers: int, mode: str, every: int, segments: int | None) -> list[list[int]]:
+    """The checkpointed regions, as lists of block indices (attention mode: the blocks whose core)."""
+    if mode == "none":
+        return []
+    if mode == "sqrt":
+        return sequential_segments(n_layers, segments)[:-1]
+    return [[i] for i in checkpointed_blocks(n_layers, every)]
+
+
+def _matmul_outputs(config: GPTConfig, b: int, s: int, dtype, device: str) -> list:
+    """What ``selective`` mode keeps inside one block: the outputs of its matmul ops."""
+    h, a = config.d_model, config.n_heads
+    items = [act.Saved("qkv (addmm)", "output", (b, s, 3 * h), dtype)]
+    kernel = _attention_kernel(config, dtype, device)
+    if kernel in ("explicit", "math"):  # attention written with bmm: both outputs are kept
+        inner = torch.float32 if kernel == "math" and dtype_bytes(dtype) == 2 else dtype
+        items += [act.Saved("q @ k^T (bmm)", "scores", (b, a, s, s), inner),
+                  act.Saved("probs @ v (bmm)", "output", (b, s, h), inner)]
+    items += [act.Saved("attn proj (addmm)", "output", (b, s, h), dtype),
+              act.Saved("mlp fc (addmm)", "output", (b, s, 4 * h), dtype),
+              act.Saved("mlp proj (addmm)", "output", (b, s, h), dtype)]
+    return items
+
+
+def _attention_recomputed_block(config: GPTConfig, b: int, s: int, dtype, device: str) -> list:
+    """One block with its attention core checkpointed: the core keeps only its inputs q, k, v
+    (views of the one QKV output) and, for fused kernels, its output (the out-projection's input)."""
+    core = act.attention_core_saved(config, b, s, dtype, device)
+    kept = [item for item in act.block_saved(config, b, s, dtype, device) if item not in core]
+    kept.append(act.Saved("checkpoint", "core inputs q, k, v: the QKV output",
+                          (b, s, 3 * config.d_model), dtype))
+    kept += [item for item in core if item.op == "sdpa" and item.what.startswith("output")]
+    return kept
+
+
+def _layout(config: GPTConfig, batch_size: int, mode: str, every: int, segments: int | None,
+            seq_len: int | None, dtype, device: str):
+    """``(embed, per_block, head, regions, full_block)``: the items kept by the embeddings, by each
+    block (a list per block; blocks inside a ``sqrt`` segment but its first keep nothing), by the
+    head; the checkpointed regions; and the items of one block without checkpointing."""
+    _check_config(config)
+    seq_len = config.seq_len if seq_len is None else seq_len
+    args = (config, batch_size, seq_len, dtype, device)
+    embed, head, block = act.embedding_saved(*args), act.head_saved(*args), act.block_saved(*args)
+    L = config.n_layers
+    segments = _check_mode(mode, every, segments, L)
+    b, s, dtype = batch_size, seq_len, as_dtype(dtype)
+    block_input = [act.Saved("checkpoint", "block input", (b, s, config.d_model), dtype)]
+    regions = _regions(L, mode, every, segments)
+    if mode == "selective":
+        wrapped = block_input + _matmul_outputs(config, b, s, dtype, device)
+    elif mode == "attention":
+        wrapped = _attention_recomputed_block(config, b, s, dtype, device)
+    else:
+        wrapped = block_input
+    per_block = [block] * L
+    for region in regions:
+        per_block[region[0]] = wrapped
+        for i in region[1:]:
+            per_block[i] = []
+    return embed, per_block, head, regions, block
+
+
+def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
+                  segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
+                  device: str = "cpu") -> list[list]:
+    """What each transformer block keeps under ``mode``: one list of storages per block.
+
+    Built from :mod:`course_lib.activations` (one :class:`~course_lib.activations.Saved`
+    per storage). A checkpointed block keeps its input ``(b, s, h)`` only; a
+    ``sqrt`` segment keeps its first block's input (its other blocks nothing), the
+    last segment everything; ``selective`` keeps the input and the matmul outputs
+    (:data:`SAVE_MATMULS`); ``attention`` keeps everything but the attention core's own tensors.
+    """
+    return _layout(config, batch_size, mode, every, segments, seq_len, dtype, device)[1]
+
+
+def kept_items(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
+               segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
+               device: str = "cpu") -> list:
+    """The storages that ``GPT(config)`` under checkpointing ``mode`` keeps from forward to backward:
+    the embeddings', each block's (:func:`kept_by_block`), and the LM head's and loss's, which
+    are never checkpointed."""
+    embed, per_block, head, _, _ = _layout(config, batch_size, mode, every, segments, seq_len,
+                                           dtype, device)
+    return [*embed, *(item for items in per_block for item in items), *head]
+
+
+def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1,
+                       **kwargs) -> int:
+    """Bytes held between forward and backward under ``mode`` (token ids, targets, logits excluded).
+
+    The sum of :func:`kept_items`; ``kwargs``: ``segments``, ``seq_len``,
+    ``dtype``, ``device`` as there. Per-block checkpointing of ``L`` blocks keeps
+    ``L * b*s*h`` elements instead of ``L`` times :func:`course_lib.activations.block_saved_bytes`;
+    ``sqrt`` with ``k`` segments keeps ``(k - 1)`` inputs plus the last
+    ``L - (k-1)*(L//k)`` blocks whole (Chen et al. 2016, section 4).
+    """
+    return _activation_bytes(kept_items(config, batch_size, mode, every, **kwargs))
+
+
+def _activation_bytes(items) -> int:
+    # Token ids and targets existed before the step; 0-d Python-number scalars live on the host.
+    return act.total_bytes(items, kinds=("activation",))
+
+
+def predict_activation_peak(config: GPTConfig, batch_size: int, mode: str = "none",
+                            every: int = 1, *, segments: int | None = None,
+                            seq_len: int | None = None, dtype=torch.float32,
+                            device: str = "cpu") -> int:
+    """Activation bytes at the worst moment of the backward pass (Chen et al. 2016, section 4.1).
+
+    ``max(kept, max over regions r of [embeddings + what blocks below r keep + r rebuilt])``:
+    when the backward pass reaches a checkpointed region, the head and the blocks
+    above it have been freed, the blocks below still hold what they keep, and the
+    region's forward runs again and holds all its activations (for ``selective``
+    the block's, for ``attention`` the core's on top of what the block keeps).
+    Gradients flowing between ops are not counted: the measured peak is within a
+    dozen ``b*s*h`` tensors of this estimate (above it, or below it in ``attention``
+    mode, where the block's MLP tensors are already freed when its core is rebuilt).
+    """
+    embed, per_block, head, regions, block = _layout(config, batch_size, mode, every, segments,
+                                                     seq_len, dtype, device)
+    kept = [_activation_bytes(items) for items in per_block]
+    base = _activation_bytes(embed)
+    peak = base + sum(kept) + _activation_bytes(head)
+    full = _activation_bytes(block)
+    for region in regions:
+        below = base + sum(kept[:region[0]])
+        if mode == "attention":
+            core = act.attention_core_saved(config, batch_size, seq_len or config.seq_len, dtype,
+                                            device)
+            rebuilt = kept[region[0]] + _activation_bytes(core)
+        else:
+            rebuilt = len(region) * full
+        peak = max(peak, below + rebuilt)
+    return peak
+
+
+@dataclass(frozen=True)
+class CheckpointCost:
+    """Predicted cost of one forward+backward of the GPT under a checkpointing mode.
+
+    ``kept_bytes``: activations held from forward to backward (:func:`predict_kept_bytes`);
+    ``activation_peak``: activations at the worst moment (:func:`predict_activation_peak`);
+    ``flops``: FLOPs of forward, backward and recomputation (:func:`step_flops`);
+    ``flops_plain``: the same without checkpointing. All in bytes or FLOPs.
+    """
+
+    mode: str
+    kept_bytes: int
+    activation_peak: int
+    flops: int
+    flops_plain: int
+
+    @property
+    def time_ratio(self) -> float:
+        """``flops / flops_plain``: the step's compute against no checkpointing (1.33 = one more forward)."""
+        return self.flops / self.flops_plain
+
+
+def _attention_kernel(config: GPTConfig, dtype, device: str) -> str:
+    return "explicit" if config.attention == "explicit" else act.sdpa_kernel(config, dtype, device)
+
+
+def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
+               segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
+               device: str = "cpu") -> tuple[int, int]:
+    """``(flops, recomputed)``: FLOPs of forward + backward + recomputation, and the recomputation's.
+
+    Counted as ``torch.utils.flop_counter.FlopCounterMode`` counts them (2 per
+    multiply-add, matmuls and attention kernels only). Forward: each block's
+    linears ``24*b*s*h^2`` and its attention core ``4*b*s^2*h`` (the full
+    ``s x s`` square although it is causal), the LM head ``2*b*s*h*V``; the
+    backward pass costs twice the forward, except a fused attention kernel,
+    counted at 2.5x (it recomputes the scores). ``FlopCounterMode`` has no formula
+    for the CPU flash kernel (``sdpa``, ``device="cpu"``, no dropout): 0 there.
+
+    Recomputation: a region reruns its forward only up to the last tensor its
+    backward needs (``torch.utils.checkpoint`` stops early): without dropout the
+    last linear of a checkpointed region (the MLP's output projection,
+    ``8*b*s*h^2``) is not rerun; ``attention`` reruns ``Q K^T`` (``P V``'s output is
+    not saved) or the whole fused kernel; ``selective`` reruns no matmul (their
+    outputs are kept) but a fused kernel runs again.
+    """
+    _check_config(config)
+    L = config.n_layers
+    segments = _check_mode(mode, every, segments, L)
+    seq_len = config.seq_len if seq_len is None else seq_len
+    act.embedding_saved(config, batch_size, seq_len, dtype, device)  # validates the arguments
+    b, s, h = batch_size, seq_len, config.d_model
+    kernel = _attention_kernel(config, dtype, device)
+    linears, core, head = 24 * b * s * h * h, 4 * b * s * s * h, 2 * b * s * h * config.vocab_size
+    core_backward = 2 * core if kernel in ("explicit", "math") else 5 * core // 2
+    if device == "cpu" and kernel == "flash":
+        core = core_backward = 0
+    plain = L * (3 * linears + core + core_backward) + 3 * head
+    regions = _regions(L, mode, every, segments)
+    if mode in ("blocks", "sqrt"):
+        tail = 0 if config.dropout > 0 else 8 * b * s * h * h
+        extra = sum(len(r) * (linears + core) - tail for r in regions)
+    elif mode == "attention":
+        extra = len(regions) * (core // 2 if kernel in ("explicit", "math") else core)
+    elif mode == "selective":
+        extra = len(regions) * (0 if kernel in ("explicit", "math") else core)
+    else:
+        extra = 0
+    return plain + extra, extra
+
+
+def checkpoint_cost(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1,
+                    **kwargs) -> CheckpointCost:
+    """Predicted memory and compute of ``mode`` for ``GPT(config)``: a :class:`CheckpointCost`.
+
+    ``kwargs``: ``segments``, ``seq_len``, ``dtype``, ``device`` as :func:`kept_items`.
+    """
+    flops, extra = step_flops(config, batch_size, mode, every, **kwargs)
+    return CheckpointCost(mode, predict_kept_bytes(config, batch_size, mode, every, **kwargs),
+                          predict_activation_peak(config, batch_size, mode, every, **kwargs),
+                          flops, flops - extra)
+
+
+# --------------------------------------------------------------------------- measurement
+
+def measure_kept_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    """Measured bytes the step holds between forward and backward, logits and loss excluded.
+
+    Runs ``model(inputs, targets)`` under :class:`course_lib.measure.LiveTensorTracker`
+    (exact tensor bytes on every device) and subtracts the outputs; the graph is
+    then dropped without a backward. Compare with :func:`predict_kept_bytes`.
+    (``measure.saved_bytes`` cannot do this under checkpointing: reading a saved
+    tensor of a checkpointed region through ``grad_fn._saved_*`` recomputes it.)
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    with LiveTensorTracker() as tracker:
+        logits, loss = model(inputs, targets)
+    outputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (logits, loss)}
+    return tracker.live - sum(outputs.values())

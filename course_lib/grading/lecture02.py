@@ -1,0 +1,116 @@
+"""Checks for exercises/02_activations_vs_gradients.ipynb.
+
+Each truth is measured or searched here, independently of the learner's formula:
+the MLP's saved bytes with :func:`course_lib.measure.saved_bytes` on a real
+module, the distinct saved storages with autograd's own ``saved_tensors_hooks``,
+the largest batch by trying every batch size against :func:`memory_budget`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..activations import memory_budget
+from ..measure import saved_bytes
+from ..models import GPT, MLP, GPTConfig, random_tokens
+from . import expect, grader
+
+
+@grader
+def check_mlp_saved_bytes(fn):
+    """``fn(batch, seq, d_model, dtype, dropout)``: bytes the course MLP saves for backward on the CPU."""
+    cases = [(2, 8, 16, torch.float32, 0.0), (3, 5, 32, torch.float32, 0.1),
+             (1, 7, 24, torch.bfloat16, 0.2), (4, 3, 8, torch.bfloat16, 0.0)]
+    for b, s, h, dtype, p in cases:
+        torch.manual_seed(0)
+        mlp = MLP(GPTConfig(d_model=h, n_heads=1, dropout=p)).to(dtype).train()
+        x = torch.randn(b, s, h, dtype=dtype, requires_grad=True)
+        truth = saved_bytes(mlp(x), mlp.parameters())
+        got = fn(b, s, h, dtype, p)
+        expect(got == truth, f"mlp_saved_bytes({b}, {s}, {h}, {dtype}, dropout={p}) returned "
+               f"{got!r}, measured {truth}",
+               hint="list what each op keeps: fc keeps its input (b*s*h), GELU its input "
+                    "(b*s*4h), proj its input (GELU's output, b*s*4h), and dropout with p > 0 its "
+                    "mask, which on the CPU has the activation's dtype")
+
+
+def _hook_truth(build):
+    """Run ``build()`` -> (output, params) under saved-tensor hooks; distinct non-parameter bytes."""
+    seen = []
+
+    def pack(t):
+        seen.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out, params = build()
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in seen}
+    return out, params, sum(n for ptr, n in storages.items() if ptr not in param_ptrs)
+
+
+def _sequential():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(),
+                          nn.Linear(24, 6))
+    x = torch.randn(5, 12, requires_grad=True)
+    return model(x), list(model.parameters())
+
+
+def _mlp_with_dropout():
+    torch.manual_seed(0)
+    mlp = MLP(GPTConfig(d_model=16, n_heads=1, dropout=0.1)).train()
+    x = torch.randn(3, 4, 16, requires_grad=True)
+    return mlp(x), list(mlp.parameters())
+
+
+def _gpt_sdpa():
+    # (Explicit attention would also keep a 0-d float64 for 1/sqrt(d), which hooks never see.)
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=30, seq_len=8, d_model=16, n_heads=2, n_layers=1, attention="sdpa")
+    model = GPT(cfg).to(torch.bfloat16)
+    x, y = (t.clone() for t in random_tokens(cfg, 2))
+    return model(x, y)[1], list(model.parameters())
+
+
+@grader
+def check_distinct_saved_bytes(fn):
+    """``fn(output, params)``: bytes of the distinct non-parameter storages autograd keeps."""
+    for name, build in [("nn.Sequential(Linear, ReLU, Linear, Tanh, Linear)", _sequential),
+                        ("the course MLP with dropout", _mlp_with_dropout),
+                        ("a bf16 GPT with sdpa attention", _gpt_sdpa)]:
+        out, params, truth = _hook_truth(build)
+        got = fn(out, params)
+        expect(got == truth, f"for {name} you returned {got!r}, autograd keeps {truth} bytes",
+               hint="one row per (node, saved tensor), but several rows can share one storage "
+                    "(ReLU's output is also the next Linear's input; sdpa keeps q, k, v as views "
+                    "of one tensor): count each storage_id once, at its nbytes, and skip "
+                    "parameters")
+
+
+@grader
+def check_largest_batch(fn):
+    """``fn(config, seq_len, capacity, precision)``: the largest batch whose budget fits, 0 if none."""
+    gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12,
+                     dropout=0.1, attention="sdpa")
+    wide = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8,
+                     dropout=0.0, attention="explicit")
+
+    def need(cfg, b, s, precision):
+        return sum(memory_budget(cfg, b, s, precision=precision).values())
+
+    cases = [(gpt2, 1024, 16 * 10**9, "bf16-mixed"), (gpt2, 512, 40 * 10**9, "fp32"),
+             (wide, 2048, 80 * 10**9, "bf16-mixed"), (wide, 256, 10**9, "bf16-mixed"),
+             (gpt2, 256, need(gpt2, 7, 256, "bf16-mixed"), "bf16-mixed")]
+    for cfg, s, capacity, precision in cases:
+        truth = 0
+        while need(cfg, truth + 1, s, precision) <= capacity:
+            truth += 1
+        got = fn(cfg, s, capacity, precision)
+        expect(got == truth, f"largest_batch(d_model={cfg.d_model}, n_layers={cfg.n_layers}, "
+               f"seq_len={s}, capacity={capacity:,}, {precision!r}) returned {got!r}, expected "
+               f"{truth}",
+               hint="add up all three parts of memory_budget (model states do not shrink with "
+                    "the batch); return the last batch whose total is <= capacity, and 0 when "
+                    "even batch 1 does not fit")

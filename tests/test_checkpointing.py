@@ -1,0 +1,240 @@
+"""course_lib.checkpointing and course_lib.memory_timeline: modes, equivalence, predictions."""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint_sequential
+from torch.utils.flop_counter import FlopCounterMode
+
+from course_lib import activations as act
+from course_lib import checkpointing as ckpt
+from course_lib.measure import peak_memory
+from course_lib.memory_timeline import record_timeline, timeline_from_snapshot, track_timeline
+from course_lib.models import GPT, GPTConfig, random_tokens
+
+SMALL = dict(vocab_size=50, seq_len=16, d_model=32, n_heads=4, n_layers=5)
+MODE_ARGS = [("none", 1), ("blocks", 1), ("blocks", 2), ("sqrt", 1), ("selective", 2),
+             ("attention", 2)]
+KINDS = [("explicit", 0.0), ("explicit", 0.1), ("sdpa", 0.0), ("sdpa", 0.1)]
+
+
+def _grads(model, x, y, seed=1):
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    _, loss = model(x, y)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("attention,dropout", KINDS)
+@pytest.mark.parametrize("mode,every", MODE_ARGS)
+def test_mode_keeps_gradients_and_matches_predicted_bytes_and_flops(mode, every, attention, dropout):
+    config = GPTConfig(**SMALL, dropout=dropout, attention=attention)
+    base = GPT(config)
+    x, y = random_tokens(config, 2)
+    loss0, g0 = _grads(base, x, y)
+    model = ckpt.enable_checkpointing(copy.deepcopy(base), mode, every)
+    loss1, g1 = _grads(model, x, y)
+    assert torch.equal(loss0, loss1)
+    # The RNG state is restored for the recomputation, so the same kernels see the same inputs.
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for batch in (1, 3):
+        x, y = random_tokens(config, batch)
+        assert ckpt.measure_kept_bytes(model, x, y) == ckpt.predict_kept_bytes(
+            config, batch, mode, every)
+    with FlopCounterMode(display=False) as counter:
+        model(x, y)[1].backward()
+    assert counter.get_total_flops() == ckpt.step_flops(config, 3, mode, every)[0]
+
+
+def test_per_block_checkpointing_keeps_one_input_per_block():
+    # Independent count: a checkpointed block keeps its (b, s, h) fp32 input instead of all it saves.
+    config = GPTConfig(**SMALL)
+    b, s, h, L = 3, 16, 32, 5
+    block = act.total_bytes(act.block_saved(config, b), kinds=("activation",))
+    none = ckpt.predict_kept_bytes(config, b, "none")
+    assert none - ckpt.predict_kept_bytes(config, b, "blocks") == L * (block - b * s * h * 4)
+    every2 = ckpt.predict_kept_bytes(config, b, "blocks", 2)  # blocks 0, 2, 4 wrapped
+    assert none - every2 == 3 * (block - b * s * h * 4)
+
+
+def test_sqrt_segments_follow_checkpoint_sequential():
+    assert [ckpt.sqrt_segments(n) for n in (1, 4, 9, 10, 16, 64)] == [1, 2, 3, 3, 4, 8]
+    assert ckpt.sequential_segments(10, 3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    # Count block calls: checkpointed segments run twice, the last segment once.
+    config = GPTConfig(**{**SMALL, "n_layers": 10})
+    model = GPT(config)
+    calls = [0] * 10
+    for i, block in enumerate(model.blocks):  # a pre-hook: the recomputation may stop mid-block
+        block.register_forward_pre_hook(lambda *a, i=i: calls.__setitem__(i, calls[i] + 1))
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    checkpoint_sequential(list(model.blocks), 3, x, use_reentrant=False).sum().backward()
+    assert calls == [2] * 6 + [1] * 4
+
+
+def test_sqrt_memory_grows_as_sqrt_of_depth():
+    kept = {}
+    for L in (16, 64, 256):
+        config = GPTConfig(**{**SMALL, "n_layers": L, "vocab_size": 8})
+        kept[L] = (ckpt.predict_kept_bytes(config, 2, "none"),
+                   ckpt.predict_kept_bytes(config, 2, "sqrt"))
+    slope = [math.log(kept[256][i] / kept[16][i]) / math.log(16) for i in (0, 1)]
+    assert 0.97 < slope[0] <= 1.0 and 0.45 < slope[1] < 0.55
+
+
+def test_enable_is_idempotent_and_reversible():
+    config = GPTConfig(**SMALL)
+    model = GPT(config)
+    for mode in ("blocks", "blocks", "attention", "sqrt", "selective"):
+        ckpt.enable_checkpointing(model, mode)
+        assert model.checkpointing.mode == mode
+        wrapped_cores = sum("core" in b.attn.__dict__ for b in model.blocks)
+        assert wrapped_cores == (5 if mode == "attention" else 0)
+        assert ("run_blocks" in model.__dict__) == (mode != "attention")
+    ckpt.enable_checkpointing(model, "none")
+    assert "run_blocks" not in model.__dict__
+    assert not any("core" in b.attn.__dict__ for b in model.blocks)
+    x, y = random_tokens(config, 2)
+    assert ckpt.measure_kept_bytes(model, x, y) == ckpt.predict_kept_bytes(config, 2, "none")
+
+
+def test_deepcopy_of_a_checkpointed_model_uses_its_own_blocks():
+    config = GPTConfig(**SMALL)
+    model = ckpt.enable_checkpointing(GPT(config), "blocks")
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.blocks.parameters():
+            p.add_(0.1)
+    x, _ = random_tokens(config, 2)
+    assert not torch.allclose(model(x), twin(x))
+    twin(x).sum().backward()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_selective_policy_validation_and_the_mm_pitfall():
+    config = GPTConfig(**SMALL)
+    model = GPT(config)
+    with pytest.raises(ValueError, match="policy.*default"):
+        ckpt.enable_checkpointing(model, "selective", policy=[torch.ops.aten.mm])
+    with pytest.raises(ValueError, match="policy"):
+        ckpt.enable_checkpointing(model, "selective", policy=["mm"])
+    # nn.Linear with a bias dispatches addmm: saving only mm keeps no more than full checkpointing.
+    x, y = random_tokens(config, 2)
+    only_mm = ckpt.enable_checkpointing(model, "selective", policy=[torch.ops.aten.mm.default])
+    assert ckpt.measure_kept_bytes(only_mm, x, y) == ckpt.predict_kept_bytes(config, 2, "blocks")
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(mode="full"), "mode"), (dict(mode=None), "mode"), (dict(every=0), "every"),
+    (dict(every=1.5), "every"), (dict(every=True), "every"),
+    (dict(mode="sqrt", segments=0), "segments"), (dict(mode="sqrt", segments=6), "segments"),
+    (dict(mode="blocks", segments=2), "segments"), (dict(mode="blocks", policy=[]), "policy"),
+])
+def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
+    model = GPT(GPTConfig(**SMALL))
+    with pytest.raises(ValueError, match=name):
+        ckpt.enable_checkpointing(model, **kwargs)
+    if "policy" not in kwargs:
+        args = {"mode": "blocks", **kwargs}
+        with pytest.raises(ValueError, match=name):
+            ckpt.predict_kept_bytes(model.config, 2, args.pop("mode"), **args)
+
+
+def test_other_bad_inputs():
+    with pytest.raises(ValueError, match="model"):
+        ckpt.enable_checkpointing(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="n_layers"):
+        ckpt.sqrt_segments(0)
+    with pytest.raises(ValueError, match="batch_size"):
+        ckpt.checkpoint_cost(GPTConfig(**SMALL), 0, "blocks")
+    with pytest.raises(ValueError, match="config"):
+        ckpt.step_flops({"n_layers": 2}, 2)
+    with pytest.raises(ValueError, match="model"):
+        ckpt.measure_kept_bytes("gpt", None, None)
+
+
+def test_full_checkpointing_costs_about_one_extra_forward():
+    # Closed form for explicit attention with dropout (no early stop): forward F, backward 2F.
+    config = GPTConfig(vocab_size=64, seq_len=128, d_model=256, n_heads=4, n_layers=24,
+                       dropout=0.1, attention="explicit")
+    b, s, h, V, L = 2, 128, 256, 64, 24
+    block = 24 * b * s * h * h + 4 * b * s * s * h
+    F = L * block + 2 * b * s * h * V
+    cost = ckpt.checkpoint_cost(config, b, "blocks")
+    assert cost.flops_plain == 3 * F and cost.flops == 3 * F + L * block
+    assert 1.3 < cost.time_ratio < 4 / 3
+    assert ckpt.checkpoint_cost(config, b, "selective").time_ratio == 1.0
+    assert cost.activation_peak < ckpt.checkpoint_cost(config, b, "none").activation_peak / 4
+
+
+@pytest.mark.parametrize("mode", ["none", "blocks", "sqrt", "selective", "attention"])
+def test_predicted_activation_peak_is_near_the_measured_peak(mode):
+    config = GPTConfig(**{**SMALL, "n_layers": 9})
+    model = ckpt.enable_checkpointing(GPT(config), mode)
+    x, y = random_tokens(config, 2)
+    model(x, y)[1].backward()  # .grad exists: the step below accumulates in place, allocates none
+
+    def step():
+        model(x, y)[1].backward()
+
+    measured, predicted = peak_memory(step), ckpt.predict_activation_peak(config, 2, mode)
+    timeline = track_timeline(step)
+    assert timeline.peak == measured and timeline.allocated[0] > 0 and timeline.unit == "event"
+    x_bytes = 2 * 16 * 32 * 4
+    # The prediction leaves out the gradients in flight between ops (a few (b, s, h) tensors).
+    assert abs(measured - predicted) <= 12 * x_bytes
+
+
+def test_timeline_from_a_synthetic_snapshot():
+    trace = [{"action": "segment_alloc", "size": 2 << 20, "time_us": 1},
+             {"action": "alloc", "size": 512, "time_us": 2},
+             {"action": "alloc", "size": 1024, "time_us": 3},
+             {"action": "free_requested", "size": 512, "time_us": 4},
+             {"action": "free_completed", "size": 512, "time_us": 5}]
+    timeline = timeline_from_snapshot({"device_traces": [trace]}, baseline=100)
+    assert timeline.clock == [2, 3, 5] and timeline.unit == "µs"
+    assert timeline.allocated == [612, 1636, 1124] and timeline.peak == 1636
+    with pytest.raises(ValueError, match="snapshot"):
+        timeline_from_snapshot({"segments": []})
+    with pytest.raises(ValueError, match="device"):
+        timeline_from_snapshot({"device_traces": [trace]}, device=1)
+    with pytest.raises(ValueError, match="baseline"):
+        timeline_from_snapshot({"device_traces": [trace]}, baseline=-1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
+def test_record_timeline_needs_cuda():
+    with pytest.raises(ValueError, match="CUDA"):
+        record_timeline(lambda: None)
+
+
+@pytest.mark.gpu
+def test_cuda_gradients_unchanged_and_memory_lower():
+    config = GPTConfig(vocab_size=256, seq_len=256, d_model=256, n_heads=4, n_layers=8,
+                       dropout=0.1)
+    base = GPT(config).cuda()
+    x, y = random_tokens(config, 8, device="cuda")
+    loss0, g0 = _grads(base, x, y)
+    model = ckpt.enable_checkpointing(copy.deepcopy(base), "blocks")
+    loss1, g1 = _grads(model, x, y)
+    assert torch.equal(loss0, loss1)
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(a, b)
+    kept = {m: ckpt.measure_kept_bytes(ckpt.enable_checkpointing(model, m), x, y)
+            for m in ("none", "blocks")}
+    assert kept["blocks"] < kept["none"] / 4
+
+
+@pytest.mark.gpu
+def test_cuda_timeline_peak_is_the_allocator_peak():
+    config = GPTConfig(vocab_size=256, seq_len=256, d_model=256, n_heads=4, n_layers=4)
+    model = GPT(config).cuda()
+    x, y = random_tokens(config, 8, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    timeline = record_timeline(lambda: model(x, y)[1].backward())
+    assert timeline.peak == torch.cuda.max_memory_allocated()
+    assert timeline.clock[0] == 0 and len(timeline.allocated) > 10
