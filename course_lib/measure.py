@@ -205,13 +205,26 @@ class SavedTensor:
         return self.node.removesuffix("0").removesuffix("Backward").lower()
 
 
+def _packed_by_hooks(raw) -> bool:
+    """True if a saved tensor was packed by ``saved_tensors_hooks`` into something that is not a
+    tensor (a placeholder of a non-reentrant checkpoint region, a handle of CPU offloading).
+    Reading it would run the unpack hook, which for checkpointing *recomputes the region*, so
+    it is left alone. Hooks that pack a tensor as it is are read as usual."""
+    items = raw if isinstance(raw, list | tuple) else (raw,)
+    return any(getattr(item, "unpack_hook", None) is not None
+               and not isinstance(item.data, torch.Tensor) for item in items)
+
+
 def _saved_values(node):
     """``(name, value)`` of what ``node`` saved: ``_saved_*`` of built-in nodes, ``saved_tensors``
     of custom ``autograd.Function`` s (e.g. reentrant checkpointing)."""
     for attr in sorted(dir(node)):
         if attr.startswith("_saved_"):
+            name = attr.removeprefix("_saved_")
+            if _packed_by_hooks(getattr(node, f"_raw_saved_{name}", None)):
+                continue
             try:
-                yield attr.removeprefix("_saved_"), getattr(node, attr)
+                yield name, getattr(node, attr)
             except RuntimeError:  # already freed by a backward pass
                 continue
     if isinstance(node, torch.autograd.function.BackwardCFunction):
@@ -229,9 +242,12 @@ def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
     ``saved_tensors``). ``params`` (e.g. ``model.parameters()``) marks saved
     tensors that are parameters: those cost no extra memory. Tensors shared by
     several nodes appear once per node; sum unique ``storage_id`` s
-    (:func:`saved_bytes`) for the memory. Tensors saved inside a non-reentrant
-    checkpoint region are not listed: the region keeps its inputs and recomputes
-    the rest. After ``backward()`` the graph has let go of them and nothing is listed.
+    (:func:`saved_bytes`) for the memory. Tensors saved through
+    ``saved_tensors_hooks`` are not listed and not unpacked: inside a non-reentrant
+    checkpoint region they are placeholders, and unpacking one would recompute the
+    region (the region's inputs, which it does keep, are held by the checkpoint
+    itself; ``course_lib.checkpointing.measure_kept_bytes`` measures them). After
+    ``backward()`` the graph has let go of its tensors and nothing is listed.
     """
     if not isinstance(output, torch.Tensor) or output.grad_fn is None:
         raise ValueError("output must be a tensor that requires grad (has a grad_fn)")

@@ -280,3 +280,22 @@ def test_step_breakdown_rejects_bad_arguments():
         step_breakdown(lambda a, b: a, opt, x, y)
     with pytest.raises(ValueError, match="optimizer"):
         step_breakdown(model, None, x, y)
+
+
+def test_saved_tensors_skips_checkpointed_regions_without_recomputing():
+    from torch.utils.checkpoint import checkpoint
+
+    lin = torch.nn.Linear(8, 8)
+    calls = []
+
+    def region(t):
+        calls.append(1)
+        return lin(t).relu()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    y = checkpoint(region, x, use_reentrant=False).sum()
+    assert len(calls) == 1
+    assert saved_tensors(y, lin.parameters()) == []
+    assert len(calls) == 1, "listing saved tensors must not recompute the region"
+    plain = region(x).sum()
+    assert saved_bytes(plain, lin.parameters()) == 2 * 4 * 8 * 4  # input and relu output, fp32

@@ -1,0 +1,154 @@
+"""Checks for exercises/07_beyond_one_gpu.ipynb.
+
+The answers are derived here independently of ``course_lib.distributed``: the
+effective batch and DDP's all-reduce count by counting, the average of the
+gradients with plain tensor arithmetic, FSDP2's shard sizes with ``torch.chunk``
+(which FSDP2 uses to cut each parameter along dim 0). ``average_gradients`` is
+run on simulated ranks: one thread per rank and an ``all_reduce_sum`` that
+meets the other threads at a barrier, as ``torch.distributed.all_reduce`` does.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+from . import CheckFailed, expect, grader
+
+_BARRIER_TIMEOUT = 5.0  # seconds a simulated rank waits for the others in all_reduce_sum
+
+
+@grader
+def check_ddp_accumulation_plan(fn):
+    """``fn(world_size, micro_batch, accum_steps, n_buckets, use_no_sync)``.
+
+    Returns ``(effective batch, all-reduces per optimizer step on each rank)``.
+    """
+    cases = [(2, 2, 4, 4, True), (2, 2, 4, 4, False), (8, 1, 16, 10, True),
+             (8, 1, 16, 10, False), (4, 8, 1, 3, True), (4, 8, 1, 3, False), (3, 5, 2, 1, False)]
+    for N, micro, K, buckets, no_sync in cases:
+        # Every rank runs K micro-batches; each backward that synchronises all-reduces each bucket.
+        truth = (N * micro * K, buckets * (1 if no_sync else K))
+        args = f"{N}, {micro}, {K}, {buckets}, use_no_sync={no_sync}"
+        got = fn(N, micro, K, buckets, no_sync)
+        expect(isinstance(got, tuple | list) and len(got) == 2,
+               f"ddp_accumulation_plan({args}) returned {got!r}, expected a pair "
+               "(effective_batch, all_reduces)", hint="return effective_batch, all_reduces")
+        expect(got[0] == truth[0], f"ddp_accumulation_plan({args}): effective batch {got[0]!r}, "
+               f"expected {truth[0]}",
+               hint="one optimizer step sees every rank's micro-batches of every accumulation step")
+        expect(got[1] == truth[1], f"ddp_accumulation_plan({args}): {got[1]!r} all-reduce(s) per "
+               f"optimizer step, expected {truth[1]}",
+               hint="DDP all-reduces once per bucket in every backward that synchronises; "
+                    "no_sync() skips all but the last micro-batch's, it does not skip the last")
+
+
+class _SimulatedGroup:
+    """``world_size`` threads that sum tensors in place, like ``dist.all_reduce(t)`` (SUM)."""
+
+    def __init__(self, world_size: int):
+        self.barrier = threading.Barrier(world_size, timeout=_BARRIER_TIMEOUT)
+        self.slots: list = [None] * world_size
+
+    def all_reduce_sum_for(self, rank: int):
+        def all_reduce_sum(tensor, *args, **kwargs):
+            if not isinstance(tensor, torch.Tensor):
+                raise CheckFailed(f"all_reduce_sum was given {type(tensor).__name__}, not a "
+                                  "tensor", hint="skip the parameters whose p.grad is None")
+            if args or kwargs:
+                raise CheckFailed("all_reduce_sum was given more than the tensor",
+                                  hint="all_reduce_sum(tensor) sums over the ranks, in place; "
+                                       "it takes no other argument")
+            self.slots[rank] = tensor
+            self.barrier.wait()  # every rank has put its tensor down
+            total = sum(t.detach().clone() for t in self.slots)
+            self.barrier.wait()  # every rank has read every tensor: now they may change
+            tensor.copy_(total)
+
+        return all_reduce_sum
+
+
+def _run_ranks(fn, world_size: int, grads: list[list]) -> list[list]:
+    """Run ``fn(params, all_reduce_sum, world_size)``, one thread per rank; return their params."""
+    group = _SimulatedGroup(world_size)
+    params = [[torch.nn.Parameter(torch.zeros_like(g) if g is not None else torch.zeros(2))
+               for g in rank_grads] for rank_grads in grads]
+    for rank_params, rank_grads in zip(params, grads):
+        for p, g in zip(rank_params, rank_grads):
+            p.grad = None if g is None else g.clone()
+    errors: list = [None] * world_size
+
+    def body(rank: int) -> None:
+        try:
+            fn(params[rank], group.all_reduce_sum_for(rank), world_size)
+        except BaseException as exc:  # report it, and free the ranks waiting for this one
+            errors[rank] = exc
+            group.barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=3 * _BARRIER_TIMEOUT)
+    expect(not any(t.is_alive() for t in threads),
+           f"average_gradients did not return within {3 * _BARRIER_TIMEOUT:.0f} s",
+           hint="look for a loop that never ends")
+    real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
+    if real:
+        raise real[0]
+    expect(not any(errors), "the ranks called all_reduce_sum a different number of times, so "
+           "some waited in vain for the others",
+           hint="every rank must make the same all_reduce_sum calls, in the same order")
+    return params
+
+
+@grader
+def check_average_gradients(fn):
+    """``fn(params, all_reduce_sum, world_size)`` leaves the mean over ranks in every ``p.grad``."""
+    g = torch.Generator().manual_seed(7)
+    for world_size in (2, 3):
+        shapes = [(4, 3), (5,), None, (2, 2, 2)]  # None: a frozen parameter without a gradient
+        grads = [[None if s is None else torch.randn(s, generator=g) for s in shapes]
+                 for _ in range(world_size)]
+        params = _run_ranks(fn, world_size, grads)
+        for i, shape in enumerate(shapes):
+            if shape is None:
+                expect(all(params[r][i].grad is None for r in range(world_size)),
+                       "a parameter without a gradient got one", hint="skip p.grad is None")
+                continue
+            truth = sum(grads[r][i] for r in range(world_size)) / world_size
+            for rank in range(world_size):
+                got = params[rank][i].grad
+                expect(got is not None, f"with {world_size} ranks, rank {rank}'s gradient of "
+                       f"parameter {i} is None", hint="leave the mean in p.grad")
+                summed = " (it is their sum)" if torch.allclose(got, truth * world_size) else ""
+                expect(torch.allclose(got, truth, atol=1e-6),
+                       f"with {world_size} ranks, rank {rank}'s gradient of parameter {i} is not "
+                       f"the mean of the ranks' gradients{summed}",
+                       hint="all_reduce_sum(p.grad) sums in place over the ranks; then divide by "
+                            "world_size, in place (p.grad.div_) or by assigning p.grad")
+
+
+def _chunk_numels(shape: tuple, world_size: int) -> list[int]:
+    chunks = torch.empty(shape, device="meta").chunk(world_size, dim=0)
+    return [c.numel() for c in chunks] + [0] * (world_size - len(chunks))
+
+
+@grader
+def check_fsdp_local_numel(fn):
+    """``fn(shape, world_size)`` -> the elements of that parameter on each rank under FSDP2."""
+    cases = [((257, 64), 2), ((64,), 2), ((10,), 3), ((5, 3), 4), ((3,), 4), ((1, 8), 2),
+             ((50257, 768), 8), ((7, 2, 2), 3)]
+    for shape, N in cases:
+        truth = _chunk_numels(shape, N)
+        got = fn(shape, N)
+        expect(isinstance(got, list | tuple) and len(got) == N,
+               f"fsdp_local_numel({shape}, {N}) returned {got!r}, expected a list of {N} ints "
+               "(one per rank)", hint="one entry per rank, ranks past the last row hold 0")
+        expect(list(got) == truth, f"fsdp_local_numel({shape}, {N}) returned {list(got)}, "
+               f"expected {truth}",
+               hint=f"each rank takes ceil(rows / world_size) = {math.ceil(shape[0] / N)} whole "
+                    "rows of dim 0 in turn (torch.chunk); the last ranks get what is left, "
+                    "possibly nothing; a row holds prod(shape[1:]) elements")
