@@ -34,6 +34,9 @@ unit: $(STAMP)
 
 # Lectures and solutions: deterministic outputs compared against the committed ones.
 # Exercises: run (lax), since they are committed without outputs.
+# One torch thread per kernel: two notebooks run at once (-n 2) on a 2-core machine, and two
+# threads each made them an order of magnitude slower through oversubscription.
+notebooks: export OMP_NUM_THREADS = 1
 notebooks: $(STAMP)
 	$(PYTEST) -n 2 --dist loadscope --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks solutions
 	$(PYTEST) -n 2 --dist loadscope --nbval-lax --nbval-current-env exercises

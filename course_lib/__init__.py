@@ -7,10 +7,16 @@ One module per idea, in lecture order:
 ``units``              byte counts and their human-readable form
 ``memory``             01: analytic bytes of params, grads, optimizer, activations
 ``model_zoo``          01: GPT-2 and Llama presets, counted on the ``meta`` device
-``models``             01-06: the course GPT (nanoGPT-style) and small MLPs
+``models``             01-07: the course GPT (nanoGPT-style), its parameter count, token data
+``activations``        02: the course GPT's saved activations, op by op, and a step's peak
 ``measure``            02: peak memory, saved tensors, categorised breakdowns
 ``accumulation``       03: gradient accumulation and its bugs
-``checkpointing``      04-05: activation checkpointing modes and the planner
+``training``           03-07: the shared training loop (accumulation, AMP, no_sync)
+``playground``         03: the accumulation playground behind the widget
+``checkpointing``      04: five checkpointing modes; kept bytes, peak and FLOPs predicted
+``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
+``distributed``        07: ranks on gloo, DDP ``no_sync``, sharded states
+``submissions``        instructors: grade a folder of submitted exercise notebooks
 ``widgets``            thin ipywidgets views over the pure functions above
 ``grading``            the checks of the graded exercises
 ``authoring``          maintainers: generate exercises/, refresh outputs

@@ -163,7 +163,9 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(self.run_blocks(x)))
         if targets is None:
             return logits
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1),
+        # The loss in at least fp32 (16-bit logits lose too much in log-softmax), fp64 kept as is.
+        wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        loss = F.cross_entropy(wide.view(-1, wide.size(-1)), targets.view(-1),
                                ignore_index=ignore_index)
         return logits, loss
 

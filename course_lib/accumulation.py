@@ -1,0 +1,216 @@
+"""Gradient accumulation: one batch's gradient, computed micro-batch by micro-batch.
+
+A batch of ``B`` samples is cut into ``K = B / b`` micro-batches of ``b``; each
+runs forward and backward on its own, and their gradients add up before a
+single optimizer step. Only one micro-batch's activations are alive at a time,
+so activation memory follows ``b``, not ``B``; the gradients themselves are
+the size of the parameters whatever ``K`` is. All micro-batches see the same
+weights: the gradient of a sum is the sum of the gradients, so the result is
+the full batch's gradient up to float rounding, **if** each micro-batch's loss
+carries the right weight. That weight is where the bugs are (``normalize``):
+
+* ``"tokens"`` (correct): sum the token losses of each micro-batch and divide
+  by ``N``, the number of non-ignored tokens in the *whole* batch. The total is
+  the full batch's mean loss ``(1/N) sum_i l_i`` whatever the padding.
+* ``"mean-of-means"``: each micro-batch's mean loss divided by ``K``. Equal to
+  the above only when every micro-batch holds the same number of tokens; with
+  padded sequences it over-weights the tokens of short micro-batches. Hugging
+  Face ``transformers``' Trainer did this until v4.46 (October 2024, after a
+  report by Unsloth; transformers pull request #34191 and follow-ups).
+* ``"sum-of-means"``: the micro-batch means summed, the division by ``K``
+  forgotten: gradients ``K`` times too large.
+
+The losses are cross-entropy over ``model(inputs)`` logits (a tuple output's
+first item), as the course GPT computes them, ``ignore_index`` targets skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+NORMALIZATIONS = ("tokens", "mean-of-means", "sum-of-means")
+
+
+def _positive_int(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _check_normalize(normalize: str) -> None:
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+
+
+def _check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise ValueError("inputs and targets must be tensors")
+    if inputs.dim() == 0 or targets.dim() == 0 or inputs.size(0) != targets.size(0):
+        raise ValueError(f"inputs and targets must share their batch size (leading dimension), "
+                         f"got shapes {tuple(inputs.shape)} and {tuple(targets.shape)}")
+
+
+def _check_model(model) -> list[tuple[str, nn.Parameter]]:
+    """The model's trainable ``(name, parameter)`` pairs (a tied weight once)."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def _logits(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    out = model(inputs)
+    return out[0] if isinstance(out, tuple | list) else out
+
+
+def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: int):
+    """``[(inputs_k, targets_k)]``: the ``K = B / micro_batch_size`` micro-batches of a batch, in order.
+
+    ``ValueError`` when ``micro_batch_size`` is below 1 or does not divide the
+    batch size ``B`` (the leading dimension), or when inputs and targets differ in ``B``.
+    """
+    _check_batch(inputs, targets)
+    _positive_int("micro_batch_size", micro_batch_size)
+    batch = inputs.size(0)
+    if batch % micro_batch_size:
+        raise ValueError(f"micro_batch_size must divide the batch size {batch}, "
+                         f"got {micro_batch_size}")
+    return list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
+
+
+def token_counts(targets: torch.Tensor, micro_batch_size: int, ignore_index: int = -100) -> list[int]:
+    """Non-ignored targets in each micro-batch (one device sync for all of them)."""
+    _positive_int("micro_batch_size", micro_batch_size)
+    if targets.size(0) % micro_batch_size:
+        raise ValueError(f"micro_batch_size must divide the batch size {targets.size(0)}, "
+                         f"got {micro_batch_size}")
+    kept = (targets != ignore_index).reshape(targets.size(0) // micro_batch_size, -1)
+    return kept.sum(dim=1).tolist()
+
+
+def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
+                     normalize: str = "tokens", total_tokens: int | None = None,
+                     accumulation_steps: int = 1, ignore_index: int = -100) -> torch.Tensor:
+    """The loss whose ``backward()`` adds this micro-batch's share of the batch gradient.
+
+    With ``S_k`` the summed cross-entropy of micro-batch ``k`` (``n_k`` tokens),
+    ``N`` = ``total_tokens`` of the whole batch and ``K`` = ``accumulation_steps``:
+
+    * ``"tokens"``: ``S_k / N``; summed over ``k`` it is the batch's mean token loss;
+    * ``"mean-of-means"``: ``(S_k / n_k) / K``;
+    * ``"sum-of-means"``: ``S_k / n_k`` (the divide-by-K bug).
+
+    Logits are upcast to fp32 only from 16-bit types, so an fp64 model stays fp64.
+    A micro-batch without tokens contributes a loss of 0 (and zero gradients)
+    under ``"tokens"``; its mean is undefined (0/0) under the other two, which
+    raise ``ValueError``.
+    """
+    _check_normalize(normalize)
+    _positive_int("accumulation_steps", accumulation_steps)
+    if normalize == "tokens" and (total_tokens is None or total_tokens < 1):
+        raise ValueError(f"total_tokens must be a positive int for normalize='tokens', "
+                         f"got {total_tokens!r}")
+    logits = _logits(model, inputs)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    summed = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                             ignore_index=ignore_index, reduction="sum")
+    if normalize == "tokens":
+        return summed / total_tokens
+    n_k = int((targets != ignore_index).sum())
+    if n_k == 0:
+        raise ValueError(f"a micro-batch holds no target tokens: its mean loss is 0/0 "
+                         f"(normalize={normalize!r}); use normalize='tokens'")
+    mean = summed / n_k
+    return mean / accumulation_steps if normalize == "mean-of-means" else mean
+
+
+def accumulated_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                          micro_batch_size: int, *, normalize: str = "tokens",
+                          ignore_index: int = -100) -> dict[str, torch.Tensor]:
+    """``{parameter name: gradient}`` of the whole batch's loss, computed micro-batch by micro-batch.
+
+    ``K = B / micro_batch_size`` forward and backward passes, each weighted as
+    :func:`micro_batch_loss` says for ``normalize``. With ``"tokens"`` the
+    result equals the gradient of the full batch's mean loss over its
+    non-ignored tokens (up to float rounding). The gradients are accumulated in
+    separate tensors through ``torch.autograd.grad``: the model's own ``.grad``
+    are left untouched. Parameters that do not take part get a zero gradient;
+    frozen ones (``requires_grad=False``) are left out. A weight shared by two
+    modules (the course GPT's tied embedding) appears once, under its first name.
+
+    ``ValueError`` when ``micro_batch_size`` is below 1 or does not divide the
+    batch, when ``normalize`` is unknown, or when the batch has no target token.
+    """
+    named = _check_model(model)
+    _check_normalize(normalize)
+    micro_batches = split_batch(inputs, targets, micro_batch_size)
+    counts = token_counts(targets, micro_batch_size, ignore_index)
+    total = sum(counts)
+    if total == 0:
+        raise ValueError("targets must hold at least one token that is not ignore_index")
+    grads = {name: torch.zeros_like(p) for name, p in named}
+    for x, y in micro_batches:
+        loss = micro_batch_loss(model, x, y, normalize=normalize, total_tokens=total,
+                                accumulation_steps=len(micro_batches), ignore_index=ignore_index)
+        parts = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        for (name, _), g in zip(named, parts):
+            if g is not None:
+                grads[name] += g
+    return grads
+
+
+def full_batch_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
+                         ignore_index: int = -100) -> dict[str, torch.Tensor]:
+    """The reference: ``{name: gradient}`` of the mean token loss of one forward pass over the batch.
+
+    Written independently of :func:`micro_batch_loss` (``F.cross_entropy`` with
+    its default mean reduction); ``.grad`` is left untouched.
+    """
+    named = _check_model(model)
+    _check_batch(inputs, targets)
+    logits = _logits(model, inputs)
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).to(torch.promote_types(
+        logits.dtype, torch.float32)), targets.reshape(-1), ignore_index=ignore_index)
+    parts = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return {name: torch.zeros_like(p) if g is None else g for (name, p), g in zip(named, parts)}
+
+
+def _same_names(a: dict, b: dict) -> None:
+    if set(a) != set(b):
+        raise ValueError(f"a and b must have the same names, differ in {sorted(set(a) ^ set(b))}")
+
+
+def max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """``max |a - b|`` over all entries of two ``{name: tensor}`` dicts with the same keys."""
+    _same_names(a, b)
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """``||a - b|| / ||b||`` over all parameters together (Euclidean norm of the flattened dicts)."""
+    _same_names(a, b)
+    diff = sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a) ** 0.5
+    norm = sum((b[k].double() ** 2).sum() for k in b) ** 0.5
+    return float(diff / norm)
+
+
+def pad_to_lengths(inputs: torch.Tensor, targets: torch.Tensor, lengths, *, pad_token: int = 0,
+                   ignore_index: int = -100):
+    """Padded copies of ``(inputs, targets)``: sequence ``i`` keeps its first ``lengths[i]`` tokens.
+
+    Positions from ``lengths[i]`` on get ``pad_token`` as input and
+    ``ignore_index`` as target, as a data collator pads a batch of documents of
+    different lengths. With a causal model the padding cannot change the
+    logits of the kept positions.
+    """
+    if inputs.dim() != 2 or inputs.shape != targets.shape:
+        raise ValueError(f"inputs and targets must be (B, T) of the same shape, got "
+                         f"{tuple(inputs.shape)} and {tuple(targets.shape)}")
+    lengths = torch.as_tensor(lengths, device=inputs.device)
+    B, T = inputs.shape
+    if lengths.shape != (B,) or bool((lengths < 0).any()) or bool((lengths > T).any()):
+        raise ValueError(f"lengths must hold {B} ints in [0, {T}], got {lengths.tolist()}")
+    pad = torch.arange(T, device=inputs.device)[None, :] >= lengths[:, None]
+    return inputs.masked_fill(pad, pad_token), targets.masked_fill(pad, ignore_index)

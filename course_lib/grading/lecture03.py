@@ -1,0 +1,204 @@
+"""Checks for exercises/03_gradient_accumulation.ipynb.
+
+Each check builds its own small course GPT (or classifier) and compares what
+the learner's function does with an answer derived independently: the
+gradient of one forward and backward pass over the whole batch.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..models import GPT, GPTConfig
+from . import expect, grader
+
+_CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
+
+
+def _gpt(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(_CFG)
+
+
+def _tokens(batch: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, _CFG.vocab_size, (batch, _CFG.seq_len + 1), generator=g)
+    return data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+
+def _full_batch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    """The reference ``(gradients, loss)``: one pass over the batch, mean over targets that are not -100."""
+    model = copy.deepcopy(model)
+    logits = model(x)
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
+    return list(torch.autograd.grad(loss, list(model.parameters()))), loss.item()
+
+
+class _MicroBatchRecorder:
+    """Forward pre-hook recording the batch size of every forward call."""
+
+    def __init__(self, model: nn.Module):
+        self.sizes: list[int] = []
+        self.handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs):
+        first = next(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+        self.sizes.append(first.size(0))
+
+
+def _compare_grads(model, reference, what: str, K: int):
+    grads = [p.grad for p in model.parameters()]
+    expect(all(g is not None for g in grads),
+           f"after {what}, some parameters have no .grad",
+           hint="call .backward() on each micro-batch's loss")
+    got = torch.cat([g.flatten() for g in grads])
+    ref = torch.cat([g.flatten() for g in reference])
+    ratio = (got.norm() / ref.norm()).item()
+    if not torch.allclose(got, ref, rtol=1e-4, atol=1e-6):
+        if K > 1 and abs(ratio - K) < 0.05 * K:
+            hint = (f"your gradients are {K} times too large: the {K} micro-batch losses are "
+                    f"each a mean, so divide each by K before backward()")
+        elif ratio < 0.98:
+            hint = (f"your gradients are too small: divide each micro-batch's mean loss by K = {K} "
+                    "(the number of micro-batches, not the batch size), and let every "
+                    "micro-batch's gradient add up: zero .grad once, before the loop")
+        elif abs(ratio - 1) < 1e-3:
+            hint = "the size is right but the direction is not: is every micro-batch weighted right?"
+        else:
+            hint = (f"the gradient norm is {ratio:.3g} times the right one: zero the gradients "
+                    "first (model.zero_grad()), then add each micro-batch's share once")
+        expect(False, f"after {what}, .grad differs from the full batch's gradient "
+               f"(norm ratio {ratio:.4g})", hint=hint)
+
+
+@grader
+def check_accumulate_gradients(fn):
+    """``fn(model, inputs, targets, micro_batch_size)`` fills ``.grad`` by accumulation, returns the loss."""
+    for batch, micro, seed in ((8, 2, 0), (8, 4, 1), (6, 1, 2), (4, 4, 3)):
+        model = _gpt(seed)
+        x, y = _tokens(batch, seed)
+        reference, ref_loss = _full_batch_grads(model, x, y)
+        for p in model.parameters():  # leftovers from an earlier step must not survive
+            p.grad = torch.ones_like(p)
+        recorder = _MicroBatchRecorder(model)
+        try:
+            loss = fn(model, x, y, micro)
+        finally:
+            recorder.handle.remove()
+        K = batch // micro
+        what = f"a batch of {batch} in micro-batches of {micro}"
+        expect(recorder.sizes and max(recorder.sizes) <= micro,
+               f"for {what}, the model ran on batches of {sorted(set(recorder.sizes))}",
+               hint="run the model on one micro-batch at a time: inputs[i:i + micro_batch_size]")
+        expect(sum(recorder.sizes) == batch,
+               f"for {what}, the model saw {sum(recorder.sizes)} samples, not {batch}",
+               hint="every sample of the batch goes through the model exactly once")
+        _compare_grads(model, reference, what, K)
+        expect(isinstance(loss, float | int | torch.Tensor) and abs(float(loss) - ref_loss) < 1e-4,
+               f"for {what}, you returned the loss {loss!r}; the batch's mean loss is {ref_loss:.6f}",
+               hint="return the sum of the micro-batch losses you called backward() on, as a float")
+
+
+def _padded_tokens(lengths: list[int], seed: int):
+    x, y = _tokens(len(lengths), seed)
+    pad = torch.arange(_CFG.seq_len)[None, :] >= torch.tensor(lengths)[:, None]
+    return x.masked_fill(pad, 0), y.masked_fill(pad, -100)
+
+
+@grader
+def check_accumulate_padded(fn):
+    """``fn(model, inputs, targets, micro_batch_size)``: the same with padded targets (-100)."""
+    cases = (([8, 8, 1, 2, 8, 3, 5, 1], 2, 0),   # short and long micro-batches
+             ([1, 8, 2, 7, 3, 6], 3, 1),
+             ([8, 5, 0, 0, 2, 8, 4, 1], 2, 2))   # one micro-batch is all padding
+    for lengths, micro, seed in cases:
+        model = _gpt(seed)
+        x, y = _padded_tokens(lengths, seed)
+        reference, ref_loss = _full_batch_grads(model, x, y)
+        for p in model.parameters():
+            p.grad = None
+        loss = fn(model, x, y, micro)
+        what = f"sequences of lengths {lengths} in micro-batches of {micro}"
+        grads = [p.grad for p in model.parameters()]
+        expect(all(g is not None and bool(torch.isfinite(g).all()) for g in grads),
+               f"for {what}, some gradients are missing or not finite (NaN)",
+               hint="a micro-batch with only padding has a mean loss of 0/0 = NaN: skip it, or "
+                    "sum the token losses (F.cross_entropy(..., reduction='sum'))")
+        got = torch.cat([g.flatten() for g in grads])
+        ref = torch.cat([g.flatten() for g in reference])
+        expect(torch.allclose(got, ref, rtol=1e-4, atol=1e-6),
+               f"for {what}, .grad differs from the full batch's gradient by "
+               f"{((got - ref).norm() / ref.norm()).item():.1%}",
+               hint="weight each micro-batch by its share of the real tokens: count the targets "
+                    "that are not -100 in the whole batch (N) and use sum of token losses / N; "
+                    "dividing each micro-batch's mean by K over-weights short micro-batches")
+        expect(isinstance(loss, float | int | torch.Tensor) and abs(float(loss) - ref_loss) < 1e-4,
+               f"for {what}, you returned the loss {loss!r}; the batch's mean over its real "
+               f"tokens is {ref_loss:.6f}",
+               hint="a micro-batch of padding only has a mean loss of 0/0 = NaN: sum the token "
+                    "losses (reduction='sum') and divide the total by the batch's real tokens")
+
+
+class _BatchCenter(nn.Module):
+    """Subtracts the batch mean: couples samples, and is not a BatchNorm."""
+
+    def forward(self, x):
+        return x - x.mean(dim=0, keepdim=True)
+
+
+def _coupling_model() -> tuple[nn.Module, set[str]]:
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("fc1", nn.Linear(6, 8))
+    model.add_module("bn", nn.BatchNorm1d(8))
+    model.add_module("act", nn.ReLU())
+    model.add_module("ln", nn.LayerNorm(8))
+    model.add_module("drop", nn.Dropout(0.5))
+    model.add_module("center", _BatchCenter())
+    model.add_module("gn", nn.GroupNorm(2, 8))
+    model.add_module("frozen_bn", nn.BatchNorm1d(8))
+    model.add_module("fc2", nn.Linear(8, 3))
+    model.train()
+    model.frozen_bn.eval()  # uses its running statistics: no coupling
+    return model, {"bn", "center"}
+
+
+def _conv_model() -> tuple[nn.Module, set[str]]:
+    torch.manual_seed(1)
+    body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.GroupNorm(2, 4), nn.InstanceNorm2d(4))
+    model = nn.Sequential()
+    model.add_module("body", body)
+    model.add_module("pool", nn.AdaptiveAvgPool2d(1))
+    model.add_module("flat", nn.Flatten())
+    model.add_module("head", nn.Linear(4, 2))
+    return model.train(), {"body.1"}
+
+
+@grader
+def check_batch_coupled_modules(fn):
+    """``fn(model, x)``: the names of the leaf modules whose output for one sample depends on the others."""
+    cases = ((_coupling_model, torch.randn(8, 6, generator=torch.Generator().manual_seed(0))),
+             (_conv_model, torch.randn(4, 3, 5, 5, generator=torch.Generator().manual_seed(1))))
+    for build, x in cases:
+        model, truth = build()
+        got = fn(model, x.clone())
+        expect(isinstance(got, list | set | tuple) and all(isinstance(n, str) for n in got),
+               f"returned {got!r}; expected a list of module names (str)",
+               hint="names as model.named_modules() gives them, e.g. 'bn' or 'body.1'")
+        got = set(got)
+        missing, extra = sorted(truth - got), sorted(got - truth)
+        layers = {name: type(m).__name__ for name, m in model.named_modules()}
+        expect(not missing, f"missed {[f'{n} ({layers.get(n)})' for n in missing]}",
+               hint="test every leaf module by measurement, not by its type: feed it its own input "
+                    "twice, with the other samples changed the second time, and compare sample 0; "
+                    "a BatchNorm in eval mode uses running statistics and does not couple")
+        expect(not extra, f"flagged {[f'{n} ({layers.get(n)})' for n in extra]}, whose output for "
+               "one sample does not depend on the other samples",
+               hint="compare only sample 0's output, re-seed the RNG before each call so that "
+                    "Dropout draws the same mask (torch.manual_seed), and leave eval-mode "
+                    "BatchNorm alone")

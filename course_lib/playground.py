@@ -1,0 +1,187 @@
+"""03: the accumulation playground's back end: short, real, measured training runs.
+
+:class:`Playground` trains a fresh course GPT (same seed, same data) for a
+fixed budget of samples with a given micro-batch size ``b``, number of
+accumulation steps ``K`` and per-block activation checkpointing on or off, and
+reports the effective batch ``b*K``, the optimizer steps ``samples // (b*K)``,
+the loss curve, and the peak memory of a training step, predicted and measured.
+Runs are cached by their settings, so a widget can redraw instantly and train
+only when asked.
+
+Memory, in bytes, of one steady-state step (the optimizer state exists):
+
+* measured: the bytes resident before the step (weights and AdamW's ``m``, ``v``)
+  plus :func:`course_lib.measure.peak_memory` of the step (``K`` forward and
+  backward passes, ``optimizer.step()``, ``zero_grad``);
+* predicted: ``16 P`` for weights, gradients and AdamW state (4 + 4 + 8 bytes
+  per fp32 parameter) plus ``b * a``, where ``a`` (bytes of activations and
+  backward temporaries per sample) comes from one calibration measurement, a
+  forward and backward pass of ``calibration_batch`` samples with the gradients
+  already allocated. ``K`` does not appear: that is the claim under test.
+  The prediction ignores the optimizer step's own temporaries (PyTorch's
+  ``foreach`` AdamW makes parameter-sized scratch tensors), so it is low when
+  ``b`` is so small that the optimizer step is the peak.
+
+Checkpointing uses :func:`course_lib.checkpointing.enable_checkpointing`
+(``mode="blocks"``: ``torch.utils.checkpoint`` around every block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .accumulation import _positive_int
+from .checkpointing import enable_checkpointing
+from .measure import peak_memory
+from .models import GPT, GPTConfig, gpt_param_count
+from .training import batches_of, markov_tokens, train
+
+
+def effective_batch(micro_batch_size: int, accumulation_steps: int) -> int:
+    """Samples per optimizer step: ``micro_batch_size * accumulation_steps``."""
+    return _positive_int("micro_batch_size", micro_batch_size) * _positive_int(
+        "accumulation_steps", accumulation_steps)
+
+
+def optimizer_steps(samples: int, micro_batch_size: int, accumulation_steps: int) -> int:
+    """Optimizer steps in a budget of ``samples``: ``samples // (micro_batch_size * accumulation_steps)``."""
+    return _positive_int("samples", samples) // effective_batch(micro_batch_size, accumulation_steps)
+
+
+def resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the model's parameters and the optimizer's state tensors (each storage once)."""
+    storages = {}
+    tensors = list(model.parameters()) + [v for state in optimizer.state.values()
+                                          for v in state.values() if isinstance(v, torch.Tensor)]
+    for t in tensors:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, *,
+                log=None, **train_kwargs) -> int:
+    """Bytes of one training step on ``batch`` (an ``(inputs, targets)`` pair): resident plus peak.
+
+    :func:`resident_bytes` before the step (weights and whatever optimizer state
+    exists) plus :func:`course_lib.measure.peak_memory` of
+    ``course_lib.training.train(model, optimizer, [batch], **train_kwargs)``.
+    Run one step first for the steady state (AdamW creates ``m`` and ``v`` in
+    its first step). ``log``: a ``TrainLog`` the step is appended to.
+    """
+    resident = resident_bytes(model, optimizer)
+    return resident + peak_memory(lambda: train(model, optimizer, [batch], log=log, **train_kwargs))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One cached playground run; memory in bytes."""
+
+    micro_batch_size: int
+    accumulation_steps: int
+    checkpointing: bool
+    effective_batch: int
+    optimizer_steps: int
+    measured_peak: int
+    predicted_peak: int
+    samples_seen: tuple[int, ...]
+    losses: tuple[float, ...]
+
+
+class Playground:
+    """Short training runs of one GPT ``config`` on :func:`course_lib.training.markov_tokens`.
+
+    ``samples``: the training budget of every run (the effective batch sets how
+    many optimizer steps it buys). ``lr``: AdamW's learning rate, the same for
+    every run. ``calibration_batch``: the micro-batch size of the calibration
+    measurement behind :meth:`predict_peak`.
+    """
+
+    def __init__(self, config: GPTConfig | None = None, *, samples: int = 384, lr: float = 1e-2,
+                 seed: int = 0, calibration_batch: int = 8, device: torch.device | str = "cpu"):
+        self.config = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=4) \
+            if config is None else config
+        if not isinstance(self.config, GPTConfig):
+            raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.samples = _positive_int("samples", samples)
+        if not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr!r}")
+        self.lr, self.seed, self.device = lr, seed, torch.device(device)
+        self.calibration_batch = _positive_int("calibration_batch", calibration_batch)
+        self.data = markov_tokens(samples, self.config.seq_len, self.config.vocab_size,
+                                  seed=seed, device=self.device)
+        self.cache: dict[tuple[int, int, bool], Run] = {}
+        self._per_sample: dict[bool, int] = {}
+
+    def _model(self, checkpointing: bool) -> tuple[GPT, torch.optim.Optimizer]:
+        torch.manual_seed(self.seed)
+        model = GPT(self.config).to(self.device)
+        if checkpointing:
+            enable_checkpointing(model, mode="blocks", every=1)
+        return model, torch.optim.AdamW(model.parameters(), lr=self.lr)
+
+    def model_state_bytes(self) -> int:
+        """``16 P``: fp32 weights (4), gradients (4) and AdamW ``m``, ``v`` (8) per parameter."""
+        return 16 * gpt_param_count(self.config)
+
+    def activation_bytes_per_sample(self, checkpointing: bool) -> int:
+        """Measured peak of one forward+backward of ``calibration_batch`` samples, per sample.
+
+        The gradients are allocated before the measurement (as they are from the
+        second micro-batch on), so the figure holds activations and the backward
+        pass's temporaries only.
+        """
+        if checkpointing not in self._per_sample:
+            model, _ = self._model(checkpointing)
+            b = self.calibration_batch
+            x, y = (t[:b] for t in self.data)
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            peak = peak_memory(lambda: model(x, y)[1].backward())
+            self._per_sample[checkpointing] = -(-peak // b)
+        return self._per_sample[checkpointing]
+
+    def predict_peak(self, micro_batch_size: int, accumulation_steps: int,
+                     checkpointing: bool = False) -> int:
+        """``16 P + micro_batch_size * a`` bytes (see the module doc); independent of ``K``."""
+        effective_batch(micro_batch_size, accumulation_steps)  # validates both
+        return self.model_state_bytes() + micro_batch_size * self.activation_bytes_per_sample(
+            bool(checkpointing))
+
+    def cached(self, micro_batch_size: int, accumulation_steps: int,
+               checkpointing: bool = False) -> Run | None:
+        """The run with these settings if it has been trained, else None."""
+        return self.cache.get((micro_batch_size, accumulation_steps, bool(checkpointing)))
+
+    def run(self, micro_batch_size: int, accumulation_steps: int, checkpointing: bool = False, *,
+            on_step: Callable[[int, float], None] | None = None) -> Run:
+        """Train (or fetch from the cache) one run with these settings.
+
+        ``on_step(step, loss)`` is called after every optimizer step of a new run
+        (a widget shows the progress with it).
+        """
+        key = (micro_batch_size, accumulation_steps, bool(checkpointing))
+        if key in self.cache:
+            return self.cache[key]
+        b = effective_batch(micro_batch_size, accumulation_steps)
+        steps = optimizer_steps(self.samples, micro_batch_size, accumulation_steps)
+        if steps < 2:
+            raise ValueError(f"micro_batch_size * accumulation_steps must be at most "
+                             f"{self.samples // 2} (two optimizer steps in {self.samples} samples), "
+                             f"got {b}")
+        model, opt = self._model(checkpointing)
+        batches = batches_of(*self.data, b)
+        kw = dict(micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
+                  on_step=on_step)
+        log = train(model, opt, batches[:1], **kw)  # the first step creates AdamW's m and v
+        measured = step_memory(model, opt, batches[1], log=log, **kw)
+        train(model, opt, batches[2:], log=log, **kw)
+        result = Run(micro_batch_size, accumulation_steps, bool(checkpointing), b, steps,
+                     measured_peak=measured,
+                     predicted_peak=self.predict_peak(*key),
+                     samples_seen=tuple(b * (i + 1) for i in range(log.steps)),
+                     losses=tuple(log.losses))
+        self.cache[key] = result
+        return result

@@ -1,0 +1,211 @@
+"""The training loop the lectures share: micro-batches, accumulation, mixed precision, DDP.
+
+:func:`train` runs one optimizer step per batch it is given. Each batch of
+``micro_batch_size * accumulation_steps`` samples is cut into micro-batches
+that run forward and backward one after the other (their gradients add up in
+``.grad``), then the optimizer steps once. The loss of each micro-batch is
+weighted by :func:`course_lib.accumulation.micro_batch_loss` (``normalize``:
+``"tokens"`` is correct with padding, see that module). Options:
+
+* ``amp_dtype``: run the forward passes under ``torch.autocast`` in bf16 or
+  fp16 (:func:`course_lib.device.pick_dtype` chooses). With fp16 a
+  ``torch.amp.GradScaler`` multiplies every micro-batch's loss by the same
+  scale; ``unscale_``, ``step`` and ``update`` run once per *effective* batch,
+  so an overflow in any micro-batch skips the whole step and halves the scale
+  (Micikevicius et al. 2018, "Mixed Precision Training"; PyTorch's AMP
+  examples, "Gradient accumulation").
+* ``no_sync``: for a ``DistributedDataParallel`` model, all micro-batches but
+  the last run inside ``model.no_sync()``, so the gradients are all-reduced
+  once per step instead of once per micro-batch (PyTorch DDP docs).
+* ``max_grad_norm``: clip the accumulated gradient (after unscaling).
+* ``progress``: a ``tqdm.auto`` bar over optimizer steps showing the loss.
+
+:func:`markov_tokens` makes a learnable toy language for the lectures'
+training runs: its best possible loss is known exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from .accumulation import _check_normalize, _positive_int, micro_batch_loss, token_counts
+
+AMP_DTYPES = (None, torch.float16, torch.bfloat16)
+
+
+def make_grad_scaler(device_type: str = "cuda", **kwargs):
+    """A ``GradScaler`` for ``device_type`` ("cuda" or "cpu"), on any torch >= 2.4.
+
+    ``torch.amp.GradScaler(device)`` is the current spelling; older releases
+    only have ``torch.cuda.amp.GradScaler`` (CUDA) and ``torch.cpu.amp.GradScaler``.
+    ``kwargs`` (``init_scale``, ``growth_interval``, ...) are passed on.
+    """
+    if device_type not in ("cuda", "cpu"):
+        raise ValueError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
+    try:
+        return torch.amp.GradScaler(device_type, **kwargs)
+    except (AttributeError, TypeError, RuntimeError):
+        legacy = torch.cuda.amp if device_type == "cuda" else getattr(torch.cpu, "amp", None)
+        if legacy is None or not hasattr(legacy, "GradScaler"):
+            raise ValueError(f"this torch ({torch.__version__}) has no GradScaler for "
+                             f"{device_type}") from None
+        return legacy.GradScaler(**kwargs)
+
+
+@dataclass
+class TrainLog:
+    """What :func:`train` did: one entry per optimizer step (losses are Python floats)."""
+
+    losses: list[float] = field(default_factory=list)   # the loss of each effective batch
+    tokens: list[int] = field(default_factory=list)     # non-ignored targets per step
+    skipped: list[bool] = field(default_factory=list)   # True where GradScaler skipped the step
+    scales: list[float] = field(default_factory=list)   # GradScaler scale after each step
+    micro_steps: int = 0                                # forward+backward passes in total
+    seconds: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken or skipped: one per effective batch."""
+        return len(self.losses)
+
+
+def train(model: nn.Module, optimizer: torch.optim.Optimizer,
+          batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, micro_batch_size: int,
+          accumulation_steps: int = 1, normalize: str = "tokens", ignore_index: int = -100,
+          amp_dtype: torch.dtype | None = None, grad_scaler="auto", no_sync: bool = False,
+          max_grad_norm: float | None = None, progress: bool = False,
+          on_step: Callable[[int, float], None] | None = None, log: TrainLog | None = None) -> TrainLog:
+    """One optimizer step per ``(inputs, targets)`` batch of ``micro_batch_size * accumulation_steps``.
+
+    ``grad_scaler``: ``"auto"`` makes one (:func:`make_grad_scaler`) when
+    ``amp_dtype`` is fp16 and uses none otherwise; pass a ``GradScaler`` to
+    use (and inspect) your own, or None for none; a step counts as skipped when
+    the scaler lowered its scale (it found an inf or NaN). ``on_step(step, loss)``
+    is called after each optimizer step. ``log``: a :class:`TrainLog` to append
+    to (to continue a run); the log is returned.
+
+    With ``normalize="tokens"``, ``N`` is the batch's own token count. Under DDP
+    each rank divides by its own ``N`` and DDP averages the ranks' gradients:
+    the global token mean only when every rank holds the same number of tokens.
+    A micro-batch of padding only still runs (its loss is 0), so that with
+    ``no_sync`` the last micro-batch always triggers the all-reduce.
+    """
+    _positive_int("micro_batch_size", micro_batch_size)
+    _positive_int("accumulation_steps", accumulation_steps)
+    _check_normalize(normalize)
+    if amp_dtype not in AMP_DTYPES:
+        raise ValueError(f"amp_dtype must be one of {AMP_DTYPES}, got {amp_dtype!r}")
+    if no_sync and not callable(getattr(model, "no_sync", None)):
+        raise ValueError("no_sync=True needs a model with a no_sync() context manager "
+                         "(torch.nn.parallel.DistributedDataParallel)")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise ValueError(f"max_grad_norm must be positive or None, got {max_grad_norm!r}")
+    if grad_scaler == "auto":
+        grad_scaler = None
+    elif grad_scaler is not None and not all(
+            hasattr(grad_scaler, m) for m in ("scale", "unscale_", "step", "update")):
+        raise ValueError(f"grad_scaler must be 'auto', None or a GradScaler, got {grad_scaler!r}")
+    auto_scaler = amp_dtype == torch.float16 and grad_scaler is None
+    log = TrainLog() if log is None else log
+    K, batch_size = accumulation_steps, micro_batch_size * accumulation_steps
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if progress:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(batches, desc="optimizer steps", unit="step")
+    start = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    for inputs, targets in batches:
+        if inputs.size(0) != batch_size or targets.size(0) != batch_size:
+            raise ValueError(f"each batch must hold micro_batch_size * accumulation_steps = "
+                             f"{batch_size} samples, got {inputs.size(0)}")
+        device_type = inputs.device.type
+        if auto_scaler:
+            grad_scaler, auto_scaler = make_grad_scaler(device_type), False
+        counts = token_counts(targets, micro_batch_size, ignore_index)
+        total = sum(counts)
+        step_loss = 0.0
+        for k, (x, y) in enumerate(zip(inputs.split(micro_batch_size),
+                                       targets.split(micro_batch_size))):
+            # DDP: forward and backward of all micro-batches but the last skip the all-reduce.
+            sync = model.no_sync() if no_sync and k < K - 1 else contextlib.nullcontext()
+            with sync:
+                with (torch.autocast(device_type, dtype=amp_dtype) if amp_dtype
+                      else contextlib.nullcontext()):
+                    loss = micro_batch_loss(model, x, y, normalize=normalize, total_tokens=total,
+                                            accumulation_steps=K, ignore_index=ignore_index)
+                (grad_scaler.scale(loss) if grad_scaler else loss).backward()
+            step_loss = step_loss + loss.detach()
+            log.micro_steps += 1
+        skipped = False
+        if grad_scaler is not None:
+            if max_grad_norm is not None:
+                grad_scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            scale = grad_scaler.get_scale()
+            grad_scaler.step(optimizer)  # unscales (if not done), skips on inf/nan
+            grad_scaler.update()
+            skipped = grad_scaler.get_scale() < scale
+            log.scales.append(grad_scaler.get_scale())
+        else:
+            if max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        value = float(step_loss)
+        log.losses.append(value)
+        log.tokens.append(total)
+        log.skipped.append(skipped)
+        if progress:
+            batches.set_postfix(loss=f"{value:.4f}")
+        if on_step is not None:
+            on_step(log.steps, value)
+    log.seconds += time.perf_counter() - start
+    return log
+
+
+def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branching: int = 2,
+                  seed: int = 0, device: torch.device | str = "cpu"):
+    """``(inputs, targets)`` sampled from a random Markov chain: a toy language a small GPT can learn.
+
+    Each token has ``branching`` possible successors (drawn once from ``seed``),
+    each equally likely, so the best achievable loss is ``ln(branching)`` nats
+    per token (:func:`markov_entropy`), against ``ln(vocab_size)`` for a model
+    that knows nothing. Shapes ``(n_sequences, seq_len)``, targets shifted by one.
+    """
+    for name, value in (("n_sequences", n_sequences), ("seq_len", seq_len),
+                        ("vocab_size", vocab_size), ("branching", branching)):
+        _positive_int(name, value)
+    if branching > vocab_size:
+        raise ValueError(f"branching must be at most vocab_size={vocab_size}, got {branching}")
+    g = torch.Generator().manual_seed(seed)
+    successors = torch.stack([torch.randperm(vocab_size, generator=g)[:branching]
+                              for _ in range(vocab_size)])
+    tokens = torch.empty(n_sequences, seq_len + 1, dtype=torch.long)
+    tokens[:, 0] = torch.randint(0, vocab_size, (n_sequences,), generator=g)
+    choices = torch.randint(0, branching, (n_sequences, seq_len), generator=g)
+    for t in range(seq_len):
+        tokens[:, t + 1] = successors[tokens[:, t], choices[:, t]]
+    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+
+
+def markov_entropy(branching: int = 2) -> float:
+    """The loss floor of :func:`markov_tokens`: ``ln(branching)`` nats per token."""
+    return math.log(_positive_int("branching", branching))
+
+
+def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int):
+    """The consecutive ``(inputs, targets)`` batches of ``batch_size`` (a remainder is dropped)."""
+    _positive_int("batch_size", batch_size)
+    n = inputs.size(0) // batch_size
+    if n == 0:
+        raise ValueError(f"batch_size must be at most the {inputs.size(0)} samples, got {batch_size}")
+    return [(inputs[i * batch_size:(i + 1) * batch_size], targets[i * batch_size:(i + 1) * batch_size])
+            for i in range(n)]

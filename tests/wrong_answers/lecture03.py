@@ -1,0 +1,171 @@
+"""Typical wrong answers to the exercises of lecture 03 (see tests/wrong_answers/__init__.py)."""
+
+import torch
+import torch.nn.functional as F
+
+
+def _no_division_by_k(model, inputs, targets, micro_batch_size):
+    model.zero_grad()
+    total = 0.0
+    for i in range(0, inputs.size(0), micro_batch_size):
+        _, loss = model(inputs[i:i + micro_batch_size], targets[i:i + micro_batch_size])
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+def _divides_by_batch_size(model, inputs, targets, micro_batch_size):
+    model.zero_grad()
+    total = 0.0
+    for i in range(0, inputs.size(0), micro_batch_size):
+        _, loss = model(inputs[i:i + micro_batch_size], targets[i:i + micro_batch_size])
+        (loss / inputs.size(0)).backward()
+        total += loss.item() / inputs.size(0)
+    return total
+
+
+def _forgets_zero_grad(model, inputs, targets, micro_batch_size):
+    K = inputs.size(0) // micro_batch_size
+    total = 0.0
+    for i in range(0, inputs.size(0), micro_batch_size):
+        _, loss = model(inputs[i:i + micro_batch_size], targets[i:i + micro_batch_size])
+        (loss / K).backward()
+        total += loss.item() / K
+    return total
+
+
+def _one_big_batch(model, inputs, targets, micro_batch_size):
+    model.zero_grad()
+    _, loss = model(inputs, targets)
+    loss.backward()
+    return loss.item()
+
+
+def _returns_last_micro_loss(model, inputs, targets, micro_batch_size):
+    model.zero_grad()
+    K = inputs.size(0) // micro_batch_size
+    for i in range(0, inputs.size(0), micro_batch_size):
+        _, loss = model(inputs[i:i + micro_batch_size], targets[i:i + micro_batch_size])
+        (loss / K).backward()
+    return loss.item()
+
+
+def _steps_per_micro_batch_zeroing(model, inputs, targets, micro_batch_size):
+    """Zeroes inside the loop: only the last micro-batch's gradient survives."""
+    K = inputs.size(0) // micro_batch_size
+    total = 0.0
+    for i in range(0, inputs.size(0), micro_batch_size):
+        model.zero_grad()
+        _, loss = model(inputs[i:i + micro_batch_size], targets[i:i + micro_batch_size])
+        (loss / K).backward()
+        total += loss.item() / K
+    return total
+
+
+def _padded_mean_of_means(model, inputs, targets, micro_batch_size):
+    model.zero_grad()
+    K = inputs.size(0) // micro_batch_size
+    total = 0.0
+    for i in range(0, inputs.size(0), micro_batch_size):
+        y = targets[i:i + micro_batch_size]
+        if (y != -100).any():
+            _, loss = model(inputs[i:i + micro_batch_size], y)
+            (loss / K).backward()
+            total += loss.item() / K
+    return total
+
+
+def _exercise_one_loop(model, inputs, targets, micro_batch_size):
+    """Right without padding: loss / K for every micro-batch, empty ones included."""
+    model.zero_grad()
+    K = inputs.size(0) // micro_batch_size
+    total = 0.0
+    for i in range(0, inputs.size(0), micro_batch_size):
+        _, loss = model(inputs[i:i + micro_batch_size], targets[i:i + micro_batch_size])
+        (loss / K).backward()
+        total += loss.item() / K
+    return total
+
+
+def _padded_counts_padding(model, inputs, targets, micro_batch_size):
+    """Divides by all positions, padding included."""
+    model.zero_grad()
+    total = 0.0
+    for i in range(0, inputs.size(0), micro_batch_size):
+        logits = model(inputs[i:i + micro_batch_size])
+        loss = F.cross_entropy(logits.flatten(0, 1), targets[i:i + micro_batch_size].flatten(),
+                               reduction="sum")
+        (loss / targets.numel()).backward()
+        total += loss.item() / targets.numel()
+    return total
+
+
+def _padded_nan_on_empty(model, inputs, targets, micro_batch_size):
+    """Right gradients, but mean loss * n_k is NaN * 0 = NaN on an all-padding micro-batch."""
+    model.zero_grad()
+    N = (targets != -100).sum()
+    total = 0.0
+    for i in range(0, inputs.size(0), micro_batch_size):
+        y = targets[i:i + micro_batch_size]
+        _, loss = model(inputs[i:i + micro_batch_size], y)
+        part = loss * (y != -100).sum() / N
+        part.backward()
+        total += part.item()
+    return total
+
+
+def _coupled_by_type(model, x):
+    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+def _all_norms(model, x):
+    norms = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm)
+    return [n for n, m in model.named_modules() if isinstance(m, norms)]
+
+
+def _compares_whole_output(model, x):
+    """Flags every module: the whole output changes when other samples change."""
+    return [n for n, m in model.named_modules() if not list(m.children())]
+
+
+def _unseeded_dropout(model, x):
+    inputs = {}
+    leaves = {n: m for n, m in model.named_modules() if not list(m.children())}
+    handles = [m.register_forward_hook(lambda mod, a, o, n=n: inputs.__setitem__(n, a[0]))
+               for n, m in leaves.items()]
+    with torch.no_grad():
+        model(x)
+    for h in handles:
+        h.remove()
+    coupled = []
+    with torch.no_grad():
+        for name, inp in inputs.items():
+            other = inp.clone()
+            other[1:] = torch.randn_like(other[1:])
+            if not torch.allclose(leaves[name](inp)[0], leaves[name](other)[0]):
+                coupled.append(name)
+    return coupled
+
+
+WRONG = {
+    "check_accumulate_gradients": [
+        ("no division by K: gradients K times too large", {"accumulate_gradients": _no_division_by_k}),
+        ("divides by the batch size instead of K", {"accumulate_gradients": _divides_by_batch_size}),
+        ("forgets to zero the old gradients", {"accumulate_gradients": _forgets_zero_grad}),
+        ("one forward pass over the whole batch", {"accumulate_gradients": _one_big_batch}),
+        ("returns the last micro-batch's loss", {"accumulate_gradients": _returns_last_micro_loss}),
+        ("zeroes the gradients inside the loop", {"accumulate_gradients": _steps_per_micro_batch_zeroing}),
+    ],
+    "check_accumulate_padded": [
+        ("mean of micro-batch means (the Trainer bug)", {"accumulate_padded": _padded_mean_of_means}),
+        ("counts padding positions as tokens", {"accumulate_padded": _padded_counts_padding}),
+        ("NaN loss from an all-padding micro-batch", {"accumulate_padded": _padded_nan_on_empty}),
+        ("exercise 1's loop, unchanged", {"accumulate_padded": _exercise_one_loop}),
+    ],
+    "check_batch_coupled_modules": [
+        ("finds BatchNorm by its type", {"batch_coupled_modules": _coupled_by_type}),
+        ("flags every normalisation layer", {"batch_coupled_modules": _all_norms}),
+        ("compares the whole output, not one sample's", {"batch_coupled_modules": _compares_whole_output}),
+        ("does not re-seed before Dropout", {"batch_coupled_modules": _unseeded_dropout}),
+    ],
+}
