@@ -51,14 +51,14 @@ from torch.utils.checkpoint import (
 from . import activations as act
 from .measure import LiveTensorTracker
 from .models import GPTConfig
+from .policies import MATMULS, check_ops
 from .units import as_dtype, dtype_bytes
 
 MODES = ("none", "blocks", "sqrt", "selective", "attention")
 
-_aten = torch.ops.aten
 #: The ops whose outputs ``selective`` mode keeps: the matmuls. ``nn.Linear`` with a bias
 #: dispatches ``addmm`` (not ``mm``), and batched ``q @ k^T`` dispatches ``bmm``.
-SAVE_MATMULS = (_aten.mm.default, _aten.addmm.default, _aten.bmm.default)
+SAVE_MATMULS = MATMULS
 
 
 @dataclass(frozen=True)
@@ -150,17 +150,7 @@ def _check_positive_int(name: str, value) -> None:
 
 
 def _validate_policy(policy):
-    if callable(policy):
-        return policy
-    if isinstance(policy, str) or not isinstance(policy, Sequence):
-        raise ValueError(f"policy must be a list of OpOverloads or a policy function, got {policy!r}")
-    for op in policy:
-        if isinstance(op, torch._ops.OpOverloadPacket):
-            raise ValueError(f"policy entries must be OpOverloads: write {op}.default, not {op}")
-        if not isinstance(op, torch._ops.OpOverload):
-            raise ValueError(f"policy entries must be OpOverloads like torch.ops.aten.mm.default, "
-                             f"got {op!r}")
-    return tuple(policy)
+    return policy if callable(policy) else check_ops(policy, name="policy")
 
 
 def _checkpointed_run_blocks(self, x: torch.Tensor) -> torch.Tensor:
@@ -446,3 +436,13 @@ def measure_kept_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
         logits, loss = model(inputs, targets)
     outputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (logits, loss)}
     return tracker.live - sum(outputs.values())
+
+
+def __getattr__(name: str):
+    # The planner (course_lib.planner) builds on this module, so it is re-exported lazily
+    # (PEP 562) to avoid an import cycle: ``checkpointing.plan_checkpointing`` works.
+    if name in ("plan_checkpointing", "NothingFits"):
+        from . import planner
+
+        return getattr(planner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

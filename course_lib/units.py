@@ -40,7 +40,7 @@ def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 def dtype_bytes(dtype: torch.dtype | str) -> int:
     """Bytes per element of ``dtype`` (fp32: 4, bf16/fp16: 2, int8/bool: 1)."""
-    return torch.empty((), dtype=as_dtype(dtype)).element_size()
+    return as_dtype(dtype).itemsize
 
 
 def tensor_bytes(shape, dtype: torch.dtype | str = torch.float32) -> int:

@@ -1,0 +1,104 @@
+"""Checks for exercises/05_selective_checkpointing.ipynb."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+
+from . import expect, grader
+
+_aten = torch.ops.aten
+_SAVE = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
+_RECOMPUTE = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
+
+
+@grader
+def check_save_matmuls_policy(policy):
+    """``policy(ctx, op, *args, **kwargs)`` saves mm, addmm and bmm outputs and recomputes the rest."""
+    from ..models import GPT, GPTConfig
+    from ..policies import policy_cost
+
+    ctx = SelectiveCheckpointContext(is_recompute=False)
+    for op in (_aten.mm.default, _aten.addmm.default, _aten.bmm.default):
+        got = policy(ctx, op)
+        expect(got in _SAVE, f"for {op} your policy returned {got!r}, expected MUST_SAVE",
+               hint="nn.Linear with a bias dispatches aten.addmm, without one aten.mm, and a "
+                    "batched q @ k^T aten.bmm; `op` is an OpOverload such as "
+                    "torch.ops.aten.addmm.default, and it never equals the packet torch.ops.aten.addmm")
+    for op in (_aten.gelu.default, _aten._softmax.default, _aten.native_layer_norm.default,
+               _aten.add.Tensor, _aten.mul.Tensor):
+        got = policy(ctx, op)
+        expect(got in _RECOMPUTE, f"for {op} your policy returned {got!r}, expected PREFER_RECOMPUTE",
+               hint="pointwise ops, LayerNorm and softmax are cheap to rerun: recompute them")
+    # End to end on one block of the course GPT (linears with bias, explicit attention).
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=1,
+                       attention="explicit")
+    block = GPT(config).blocks[0]
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    cost = policy_cost(block, x, policy=policy)
+    for op in (_aten.addmm.default, _aten.bmm.default):
+        expect(cost.recomputes(op) == 0, f"under your policy {op} ran again "
+               f"{cost.recomputes(op)} time(s) in the backward pass",
+               hint="the matmul outputs must be saved, so that no matmul is recomputed")
+    expect(cost.recomputes(_aten.gelu.default) >= 1, "GELU was not recomputed",
+           hint="save only the matmul outputs; everything else is recomputed")
+
+
+def _peak(n_layers, every, block_bytes, input_bytes, fixed_bytes):
+    # Independent model (Chen et al. 2016): blocks 0, every, 2*every, ... keep their input,
+    # the others all they save; backward rebuilds one checkpointed block on top.
+    wrapped = len(range(0, n_layers, every))
+    kept = (n_layers - wrapped) * block_bytes + wrapped * input_bytes
+    return fixed_bytes + kept + (block_bytes - input_bytes)
+
+
+@grader
+def check_choose_every(fn):
+    """``fn(n_layers, block_bytes, input_bytes, fixed_bytes, budget_bytes)`` -> largest fitting every."""
+    rng = random.Random(5)
+    cases = [(6, 100, 10, 50, 700), (6, 100, 10, 50, 5000), (6, 100, 10, 50, 100),
+             (12, 300, 20, 1000, 3500), (7, 64, 8, 0, 300), (1, 100, 10, 5, 105)]
+    for _ in range(30):
+        n = rng.randint(1, 24)
+        block = rng.randint(20, 500)
+        inp = rng.randint(1, block // 2)
+        fixed = rng.randint(0, 1000)
+        cases.append((n, block, inp, fixed, rng.randint(fixed, fixed + n * block + block)))
+    for n, block, inp, fixed, budget in cases:
+        fitting = [k for k in range(1, n + 1) if _peak(n, k, block, inp, fixed) <= budget]
+        truth = max(fitting) if fitting else None
+        got = fn(n, block, inp, fixed, budget)
+        expect(got == truth, f"choose_every(n_layers={n}, block_bytes={block}, input_bytes={inp}, "
+               f"fixed_bytes={fixed}, budget_bytes={budget}) returned {got!r}, expected {truth!r}",
+               hint="every=k checkpoints blocks 0, k, 2k, ... (ceil(n/k) blocks, each keeping its "
+                    "input); the others keep everything; one checkpointed block is rebuilt on top "
+                    "during backward; the largest k that fits recomputes least; None if none fits")
+
+
+def _front(points):
+    return sorted((p for p in points if not any(
+        q[0] <= p[0] and q[1] <= p[1] and (q[0] < p[0] or q[1] < p[1]) for q in points)),
+        key=lambda p: (p[0], p[1]))
+
+
+@grader
+def check_pareto_front(fn):
+    """``fn(points)`` -> the non-dominated ``(memory, time, label)`` points, sorted by memory."""
+    rng = random.Random(7)
+    cases = [[(10, 1.0, "none"), (4, 1.3, "full"), (6, 1.1, "half"), (7, 1.2, "worse")],
+             [(5, 1.0, "a"), (5, 1.2, "same memory, slower"), (3, 1.2, "b")],
+             [(5, 1.0, "a"), (6, 1.0, "same time, more memory"), (1, 2.0, "c")],
+             [(2, 2.0, "only")], []]
+    for _ in range(20):  # distinct (memory, time) pairs, so that the order is unique
+        pairs = {(rng.randint(1, 9), rng.randint(1, 9) / 4) for _ in range(rng.randint(2, 10))}
+        cases.append([(m, t, f"p{i}") for i, (m, t) in enumerate(sorted(pairs, key=str))])
+    for points in cases:
+        truth = _front(points)
+        got = fn(list(points))
+        expect(isinstance(got, list) and [tuple(p) for p in got] == truth,
+               f"pareto_front({points}) returned {got!r}, expected {truth}",
+               hint="drop a point when another has memory <= and time <= and is strictly better on "
+                    "at least one; sort what remains by memory (then time)")

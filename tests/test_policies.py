@@ -1,0 +1,124 @@
+"""course_lib.policies: op-level checkpoint policies, the mm/addmm pitfall, measured costs."""
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+
+from course_lib import policies
+from course_lib.models import GPT, GPTConfig, random_tokens
+
+aten = torch.ops.aten
+
+
+def _block_and_input(attention="explicit", b=2, s=16, h=32, a=4):
+    config = GPTConfig(vocab_size=32, seq_len=s, d_model=h, n_heads=a, n_layers=1,
+                       attention=attention)
+    model = GPT(config)
+    x = torch.randn(b, s, h, requires_grad=True)
+    return model.blocks[0], x
+
+
+def test_linear_with_bias_dispatches_addmm_and_without_bias_mm():
+    x = torch.randn(2, 3, 8)
+    with_bias = policies.dispatched_ops(nn.Linear(8, 4), x)
+    without = policies.dispatched_ops(nn.Linear(8, 4, bias=False), x)
+    assert with_bias[aten.addmm.default] == 1 and aten.mm.default not in with_bias
+    assert without[aten.mm.default] == 1 and aten.addmm.default not in without
+    q = torch.randn(2, 4, 8, 16)
+    assert policies.dispatched_ops(torch.matmul, q, q.transpose(-2, -1))[aten.bmm.default] == 1
+
+
+def test_ops_must_be_overloads_not_packets():
+    assert policies.check_ops(policies.MATMULS) == policies.MATMULS
+    with pytest.raises(ValueError, match=r"ops.*aten\.mm\.default"):
+        policies.check_ops([aten.mm])
+    for bad in (["mm"], "aten.mm.default", None, [len]):
+        with pytest.raises(ValueError, match="ops"):
+            policies.check_ops(bad)
+    # The pitfall PyTorch cannot catch: a policy function comparing with a packet never matches.
+    assert aten.mm.default != aten.mm and aten.mm.default.overloadpacket is aten.mm
+
+
+def test_save_ops_policy_answers():
+    policy = policies.save_ops_policy(policies.MATMULS)
+    ctx = SelectiveCheckpointContext(is_recompute=False)
+    for op in policies.MATMULS:
+        assert policy(ctx, op) == CheckpointPolicy.MUST_SAVE
+    for op in (aten.gelu.default, aten._softmax.default, aten.native_layer_norm.default):
+        assert policy(ctx, op) == CheckpointPolicy.PREFER_RECOMPUTE
+    with pytest.raises(ValueError, match="ops"):
+        policies.save_ops_policy([aten.addmm])
+
+
+@pytest.mark.parametrize("attention", ["explicit", "sdpa"])
+def test_saving_only_mm_saves_nothing_in_linears_with_bias(attention):
+    block, x = _block_and_input(attention)
+    full = policies.policy_cost(block, x, policy="full")
+    only_mm = policies.policy_cost(block, x, policy=[aten.mm.default])
+    assert only_mm.kept_bytes == full.kept_bytes == 0  # the input is the caller's, not counted
+    assert only_mm.recomputes(aten.addmm.default) == full.recomputes(aten.addmm.default) == 3
+    assert only_mm.recompute_flops == full.recompute_flops > 0
+
+
+def test_saving_matmuls_keeps_their_outputs_and_recomputes_no_matmul():
+    b, s, h, a = 2, 16, 32, 4
+    block, x = _block_and_input("explicit", b, s, h, a)
+    cost = policies.policy_cost(block, x, policy=policies.MATMULS)
+    # Independent count (fp32): qkv 3bsh, q k^T scores a*s*s*b, probs @ v bsh, proj bsh,
+    # fc 4bsh, mlp proj bsh.
+    assert cost.kept_bytes == 4 * (10 * b * s * h + a * s * s * b)
+    assert cost.recompute_flops == 0
+    assert not any(cost.recomputes(op) for op in policies.MATMULS)
+    for op in (aten.gelu.default, aten._softmax.default, aten.native_layer_norm.default):
+        assert cost.recomputes(op) >= 1
+    as_function = policies.policy_cost(block, x, policy=policies.save_ops_policy(policies.MATMULS))
+    assert (as_function.kept_bytes, as_function.recomputed) == (cost.kept_bytes, cost.recomputed)
+
+
+def test_full_checkpoint_recomputes_the_forward_up_to_what_backward_needs():
+    b, s, h = 2, 16, 32
+    block, x = _block_and_input("explicit", b, s, h)
+    none = policies.policy_cost(block, x, policy="none")
+    full = policies.policy_cost(block, x, policy="full")
+    assert none.recompute_flops == 0 and not none.recomputed and none.kept_bytes > 0
+    # Forward FLOPs 24bsh^2 + 4bs^2h, less the MLP's output projection (8bsh^2) that the
+    # early-stopping recomputation never reaches (its output is saved by nothing).
+    assert full.recompute_flops == 16 * b * s * h * h + 4 * b * s * s * h
+    assert full.recomputes(aten.addmm.default) == 3
+
+
+def test_learners_grad_is_left_alone():
+    block, x = _block_and_input()
+    x.grad = torch.ones_like(x)
+    policies.policy_cost(block, x, policy="full")
+    assert torch.equal(x.grad, torch.ones_like(x))
+    assert all(p.grad is None for p in block.parameters())
+
+
+def test_bad_arguments():
+    block, x = _block_and_input()
+    with pytest.raises(ValueError, match="policy"):
+        policies.policy_cost(block, x, policy="some")
+    with pytest.raises(ValueError, match="fn"):
+        policies.policy_cost("block", x)
+    with pytest.raises(ValueError, match="fn"):
+        policies.dispatched_ops(None)
+    with pytest.raises(ValueError, match="grad"):
+        policies.policy_cost(lambda t: t.detach() * 2, torch.randn(3))
+    with pytest.raises(ValueError, match="ops"):
+        policies.policy_cost(block, x, policy=[aten.addmm])
+
+
+def test_policy_names():
+    assert policies.policy_name("full") == "full"
+    assert policies.policy_name([aten.mm.default]) == "save aten.mm.default"
+    assert policies.policy_name(policies.save_ops_policy([aten.mm.default])) == "policy"
+
+
+def test_gpt_tokens_helper_still_runs_under_the_recorder():
+    config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=1)
+    model = GPT(config)
+    idx, _ = random_tokens(config, 2)
+    ops = policies.dispatched_ops(model, idx)
+    assert ops[aten.embedding.default] == 2 and ops[aten.mm.default] == 1  # the tied LM head

@@ -1,0 +1,94 @@
+"""Typical wrong answers to the exercises of lecture 05 (see tests/wrong_answers/__init__.py)."""
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy
+
+aten = torch.ops.aten
+
+
+def _only_mm(ctx, op, *args, **kwargs):
+    save = op == aten.mm.default
+    return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _packets(ctx, op, *args, **kwargs):
+    # An OpOverload never equals its packet: this saves nothing, silently.
+    save = op in (aten.mm, aten.addmm, aten.bmm)
+    return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _save_everything(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE
+
+
+def _inverted(ctx, op, *args, **kwargs):
+    save = op not in (aten.mm.default, aten.addmm.default, aten.bmm.default)
+    return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _peak(n, k, block, inp, fixed, *, wrapped=None, rebuilt=True):
+    wrapped = len(range(0, n, k)) if wrapped is None else wrapped
+    return fixed + (n - wrapped) * block + wrapped * inp + (block - inp if rebuilt else 0)
+
+
+def _floor_count(n, block, inp, fixed, budget):
+    fits = [k for k in range(1, n + 1) if _peak(n, k, block, inp, fixed, wrapped=n // k) <= budget]
+    return max(fits) if fits else None
+
+
+def _no_rebuilt_block(n, block, inp, fixed, budget):
+    fits = [k for k in range(1, n + 1) if _peak(n, k, block, inp, fixed, rebuilt=False) <= budget]
+    return max(fits) if fits else None
+
+
+def _smallest_every(n, block, inp, fixed, budget):
+    fits = [k for k in range(1, n + 1) if _peak(n, k, block, inp, fixed) <= budget]
+    return min(fits) if fits else None
+
+
+def _one_when_nothing_fits(n, block, inp, fixed, budget):
+    fits = [k for k in range(1, n + 1) if _peak(n, k, block, inp, fixed) <= budget]
+    return max(fits) if fits else 1
+
+
+def _strict_dominance(points):
+    # Drops a point only if another is strictly better on both axes: keeps ties that lose.
+    return sorted((p for p in points if not any(q[0] < p[0] and q[1] < p[1] for q in points)),
+                  key=lambda p: (p[0], p[1]))
+
+
+def _unsorted(points):
+    front = [p for p in points if not any(
+        q[0] <= p[0] and q[1] <= p[1] and (q[0] < p[0] or q[1] < p[1]) for q in points)]
+    return sorted(front, key=lambda p: -p[0])
+
+
+def _extremes_only(points):
+    if not points:
+        return []
+    low_memory = min(points, key=lambda p: (p[0], p[1]))
+    fastest = min(points, key=lambda p: (p[1], p[0]))
+    return sorted({low_memory, fastest}, key=lambda p: (p[0], p[1]))
+
+
+WRONG = {
+    "check_save_matmuls_policy": [
+        ("saves aten.mm only: nn.Linear with bias dispatches addmm", {"save_matmuls_policy": _only_mm}),
+        ("compares op with OpOverloadPackets", {"save_matmuls_policy": _packets}),
+        ("saves everything", {"save_matmuls_policy": _save_everything}),
+        ("saves the pointwise ops and recomputes the matmuls", {"save_matmuls_policy": _inverted}),
+    ],
+    "check_choose_every": [
+        ("counts n // every checkpointed blocks instead of ceil(n / every)",
+         {"choose_every": _floor_count}),
+        ("forgets the block rebuilt during backward", {"choose_every": _no_rebuilt_block}),
+        ("picks the smallest every (the most recompute)", {"choose_every": _smallest_every}),
+        ("returns 1 when nothing fits", {"choose_every": _one_when_nothing_fits}),
+    ],
+    "check_pareto_front": [
+        ("keeps points that tie on one axis and lose on the other",
+         {"pareto_front": _strict_dominance}),
+        ("sorted by decreasing memory", {"pareto_front": _unsorted}),
+        ("keeps only the two extremes", {"pareto_front": _extremes_only}),
+    ],
+}
