@@ -96,9 +96,39 @@ def new_notebook(relpath: str, title: str, cells: list[tuple]) -> nbformat.Noteb
     return nb
 
 
+_HEADING = re.compile(r"^#{1,3} ")
+
+
+def _split_at_headings(cell) -> list:
+    """A markdown cell cut before every ``#``-``###`` heading line (outside code fences)."""
+    parts, current, fenced = [], [], False
+    for line in cell.source.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if not fenced and _HEADING.match(line) and any(x.strip() for x in current):
+            parts.append(current)
+            current = []
+        current.append(line)
+    parts.append(current)
+    if len(parts) == 1:
+        return [cell]
+    cells = []
+    for number, lines in enumerate(parts):
+        piece = nbformat.v4.new_markdown_cell("\n".join(lines).strip("\n"))
+        piece.metadata = copy.deepcopy(cell.metadata)
+        piece.id = cell.id if number == 0 else f"{cell.id}-{number}"
+        cells.append(piece)
+    return cells
+
+
 def stamp_slides(nb) -> None:
-    """Slideshow metadata for ``jupyter nbconvert --to slides``: a new slide at each ``#``/``##``
-    heading, a sub-slide at each ``###`` heading, everything else continues its slide."""
+    """Slides for ``jupyter nbconvert --to slides``: a new slide at each ``#``/``##`` heading, a
+    sub-slide at each ``###`` heading, everything else continues its slide. A markdown cell
+    holding several sections is first cut so that every section starts a cell of its own."""
+    cells = []
+    for cell in nb.cells:
+        cells.extend(_split_at_headings(cell) if cell.cell_type == "markdown" else [cell])
+    nb.cells = cells
     for cell in nb.cells:
         first = cell.source.lstrip().split("\n", 1)[0] if cell.cell_type == "markdown" else ""
         if first.startswith(("# ", "## ")):

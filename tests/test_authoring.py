@@ -127,3 +127,16 @@ def test_slides_start_at_section_headings():
     authoring.stamp_slides(nb)
     kinds = [c.metadata["slideshow"]["slide_type"] for c in nb.cells]
     assert kinds == ["slide", "-", "slide", "subslide", "-"]
+
+
+def test_sections_in_the_middle_of_a_cell_get_their_own_slides():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(
+        "intro\n\n## 2. Two\ntext\n```python\n# a comment, not a heading\n```\n### 2.1 sub\nmore")]
+    nb.cells[0].id = "m"
+    authoring.stamp_slides(nb)
+    assert [c.source.split("\n")[0] for c in nb.cells] == ["intro", "## 2. Two", "### 2.1 sub"]
+    assert [c.metadata["slideshow"]["slide_type"] for c in nb.cells] == ["-", "slide", "subslide"]
+    assert [c.id for c in nb.cells] == ["m", "m-1", "m-2"]
+    authoring.stamp_slides(nb)  # idempotent
+    assert len(nb.cells) == 3
