@@ -16,6 +16,7 @@ One module per idea, in lecture order:
 ``checkpointing``      04: five checkpointing modes; kept bytes, peak and FLOPs predicted
 ``policies``           05: op-level selective-checkpointing policies and their cost
 ``planner``            05: the cheapest checkpointing policy that fits a memory budget
+``fit``                06: the largest GPT, or batch, that trains within a budget; the guard
 ``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
 ``distributed``        07: ranks on gloo, DDP ``no_sync``, sharded states
 ``submissions``        instructors: grade a folder of submitted exercise notebooks

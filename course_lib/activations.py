@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .memory import PRECISIONS, training_memory
-from .models import GPTConfig, gpt_param_count
+from .models import GPTConfig, gpt_param_count, param_numels
 from .units import as_dtype, dtype_bytes
 
 DEVICES = ("cpu", "cuda")
@@ -402,12 +402,9 @@ class _Replay:
 
 
 def _param_bytes(config: GPTConfig, dtype: torch.dtype) -> list[int]:
-    """Bytes of each parameter tensor, in ``model.parameters()`` order (built on ``meta``: no memory)."""
-    from .models import GPT
-
-    with torch.device("meta"):
-        model = GPT(config)
-    return [p.numel() * dtype_bytes(dtype) for p in model.parameters()]
+    """Bytes of each parameter tensor, in ``model.parameters()`` order."""
+    e = dtype_bytes(dtype)
+    return [n * e for n in param_numels(config)]
 
 
 def _replay_head(r: _Replay, config: GPTConfig, b: int, s: int, dtype: torch.dtype) -> None:
@@ -529,6 +526,14 @@ def predict_step_peak(config: GPTConfig, batch_size: int, seq_len: int | None = 
     tracker (PyTorch 2.13, CPU, AdamW's default single-tensor update) this is exact
     to the byte for the shapes in the tests, and within 3% by design elsewhere.
     """
+    moments = predict_step_moments(config, batch_size, seq_len, dtype)
+    return max(moments.values(), key=lambda peak: peak.total)
+
+
+def predict_step_moments(config: GPTConfig, batch_size: int, seq_len: int | None = None,
+                         dtype=torch.float32) -> dict[str, StepPeak]:
+    """The candidate moments of :func:`predict_step_peak`, by name: "backward", "optimizer",
+    and "forward" where SDPA's math kernel runs; the peak is the largest."""
     seq_len = config.seq_len if seq_len is None else seq_len
     b, s, dtype = _check(config, batch_size, seq_len, dtype, "cpu")
     params = _param_bytes(config, dtype)
@@ -543,8 +548,8 @@ def predict_step_peak(config: GPTConfig, batch_size: int, seq_len: int | None = 
     optimizer = StepPeak(moment="AdamW step", parameters=sum(params), gradients=sum(params),
                          optimizer_state=2 * sum(params) + 4 * len(params), activations=0,
                          transient=adamw_scratch_bytes(params) + 4)
-    candidates = [backward, optimizer] + ([forward] if forward else [])
-    return max(candidates, key=lambda peak: peak.total)
+    return {"forward": forward, "backward": backward, "optimizer": optimizer} if forward else {
+        "backward": backward, "optimizer": optimizer}
 
 
 def _math_forward_peak(config: GPTConfig, b: int, s: int, dtype: torch.dtype,

@@ -188,6 +188,25 @@ def gpt_param_count(config: GPTConfig) -> int:
     return config.vocab_size * h + config.seq_len * h + L * per_layer + final_ln
 
 
+def param_numels(config: GPTConfig) -> list[int]:
+    """Elements of each parameter tensor of ``GPT(config)``, in ``model.parameters()`` order.
+
+    Token and position embeddings (``V*h``, ``T*h``; the LM head is tied to the
+    first), then per block LayerNorm 1 (``h``, ``h``), QKV (``3h*h``, ``3h``),
+    out-projection (``h*h``, ``h``), LayerNorm 2, MLP (``4h*h``, ``4h``, ``4h*h``, ``h``),
+    then the final LayerNorm. Biases only when ``config.bias``. Sums to
+    :func:`gpt_param_count`; closed form, so planners can call it thousands of times.
+    """
+    h, bias = config.d_model, config.bias
+
+    def linear(n_in, n_out):
+        return [n_in * n_out] + ([n_out] if bias else [])
+
+    norm = [h, h] if bias else [h]
+    block = [*norm, *linear(h, 3 * h), *linear(h, h), *norm, *linear(h, 4 * h), *linear(4 * h, h)]
+    return [config.vocab_size * h, config.seq_len * h, *block * config.n_layers, *norm]
+
+
 def random_tokens(config: GPTConfig, batch_size: int, seq_len: int | None = None, *,
                   seed: int = 0, device: torch.device | str = "cpu"):
     """``(inputs, targets)`` of random token ids, shifted by one as in language modelling."""

@@ -1,0 +1,148 @@
+"""Checks for exercises/06_fit_it_together.ipynb.
+
+Each check builds its own cases and derives the answers independently: the
+step peak by walking the phases of a step one by one, the micro-batch by
+trying every size, the guard by raising each kind of error inside ``fn``.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from unittest import mock
+
+import torch
+
+from ..fit import MemoryBudgetExceeded
+from . import expect, grader
+
+_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+def _phases_peak(resident, activation_peak, grads, optimizer_scratch, K):
+    """The reference: live bytes in every phase of the step, the largest of them."""
+    live = []
+    for k in range(K):  # micro-batch k: the gradient exists from the second one on
+        live.append(resident + (grads if k > 0 else 0) + activation_peak)
+    live.append(resident + grads + optimizer_scratch)  # optimizer.step()
+    return max(live)
+
+
+@grader
+def check_step_peak(fn):
+    """``fn(resident, activation_peak, grads, optimizer_scratch, accumulation_steps)`` -> bytes."""
+    cases = [(100, 50, 30, 10, 1), (100, 50, 30, 10, 4), (100, 5, 30, 20, 2), (1000, 400, 300, 200, 1),
+             (1000, 400, 300, 200, 8), (7, 3, 2, 9, 3)]
+    for resident, act, grads, scratch, K in cases:
+        got = fn(resident, act, grads, scratch, K)
+        want = _phases_peak(resident, act, grads, scratch, K)
+        what = (f"resident={resident}, activation_peak={act}, grads={grads}, "
+                f"optimizer_scratch={scratch}, accumulation_steps={K}")
+        if got == want:
+            continue
+        if K > 1 and got == resident + max(K * act, grads + scratch):
+            hint = ("accumulation does not keep K micro-batches' activations: each micro-batch's are "
+                    "freed by its backward pass before the next one runs")
+        elif K > 1 and got == resident + max(act, grads + scratch):
+            hint = ("from the second micro-batch on, the accumulated gradient is already there while "
+                    "the next micro-batch's activations are alive")
+        elif got == resident + act + grads + scratch:
+            hint = "the phases come one after the other: take the largest, do not add them all"
+        elif got == max(act + (grads if K > 1 else 0), grads + scratch):
+            hint = "the resident bytes (weights, optimizer state) are there in every phase"
+        else:
+            hint = ("walk the step: micro-batch 1 (no gradient yet), micro-batches 2..K (the whole "
+                    "gradient plus activations), then optimizer.step() (gradient plus scratch)")
+        expect(False, f"for {what} you returned {got!r}; the step peaks at {want}", hint=hint)
+
+
+def _quadratic(base, per_sample):
+    return lambda b: base + per_sample * b + b * b
+
+
+@grader
+def check_largest_micro_batch(fn):
+    """``fn(peak_of, budget_bytes, effective_batch)`` -> ``(micro_batch_size, accumulation_steps)``."""
+    cases = [(_quadratic(1000, 300), 2500, 16), (_quadratic(1000, 300), 1000 + 1200 + 16, 16),
+             (_quadratic(1000, 300), 2700, 12), (_quadratic(10, 1), 10**6, 24),
+             (_quadratic(500, 50), 560, 7)]
+    for peak_of, budget, effective in cases:
+        fitting = [b for b in range(1, effective + 1) if effective % b == 0 and peak_of(b) <= budget]
+        want = (max(fitting), effective // max(fitting))
+        got = fn(peak_of, budget, effective)
+        what = f"budget {budget} bytes, effective batch {effective}"
+        expect(isinstance(got, tuple) and len(got) == 2,
+               f"for {what} you returned {got!r}, not a (micro_batch_size, accumulation_steps) tuple",
+               hint="return a tuple of two ints")
+        if got != want:
+            b = got[0]
+            if isinstance(b, int) and b > 0 and effective % b:
+                hint = (f"{b} does not divide the effective batch {effective}: train() needs "
+                        "micro_batch_size * accumulation_steps == effective batch")
+            elif isinstance(b, int) and b > 0 and effective % b == 0 and peak_of(b) > budget:
+                hint = f"a micro-batch of {b} needs {peak_of(b)} bytes, over the budget"
+            elif isinstance(b, int) and 0 < b < want[0]:
+                hint = "a larger micro-batch also fits: prefer the largest (fewest accumulation steps)"
+            else:
+                hint = "accumulation_steps is effective_batch // micro_batch_size"
+            expect(False, f"for {what} you returned {got!r}; the answer is {want}", hint=hint)
+    try:
+        got = fn(_quadratic(1000, 300), 1200, 8)
+    except ValueError:
+        return
+    expect(False, f"when not even a micro-batch of 1 fits you returned {got!r}",
+           hint="raise ValueError: no setting of the batch makes this model fit")
+
+
+class _Big:
+    """A tensor-holding object whose death can be observed."""
+
+    def __init__(self):
+        self.tensor = torch.zeros(1024)
+
+
+@grader
+def check_train_or_report(fn):
+    """``fn(work)`` runs ``work()``; out-of-memory becomes a message, other errors propagate."""
+    expect(fn(lambda: 42) == 42, "when the work succeeds, return what it returned",
+           hint="return work()")
+    refs = []
+
+    def failing(make_error):
+        def work():
+            big = _Big()  # held by this frame, so by the traceback, until the error is dropped
+            refs.append(weakref.ref(big))
+            raise make_error()  # made here: nothing outside holds the error or its traceback
+        return work
+
+    errors = [(_OOM, lambda: _OOM("CUDA out of memory. Tried to allocate 2.00 GiB")),
+              (MemoryBudgetExceeded, lambda: MemoryBudgetExceeded(3 << 30, 2 << 30, "training"))]
+    for kind, make_error in errors:
+        name = kind.__name__
+        with mock.patch.object(gc, "collect", wraps=gc.collect) as collect, \
+                mock.patch.object(torch.cuda, "empty_cache", wraps=torch.cuda.empty_cache) as empty:
+            try:
+                got = fn(failing(make_error))
+            except kind:
+                expect(False, f"a {name} escaped from your function",
+                       hint=f"catch {name} as well: out of memory on CUDA, over budget on the CPU")
+        expect(isinstance(got, str) and "out of memory" in got.lower(),
+               f"after a {name} you returned {got!r}",
+               hint="return a message (a str) that says 'out of memory' and what happened")
+        expect(collect.called, f"after a {name} you did not call gc.collect()",
+               hint="free what the failed work left behind: gc.collect()")
+        if torch.cuda.is_available():
+            expect(empty.called, f"after a {name} you did not call torch.cuda.empty_cache()",
+                   hint="give the cached blocks back to the GPU: torch.cuda.empty_cache()")
+        expect(refs[-1]() is None,
+               "the tensors of the failed work are still alive after your function returned",
+               hint="do not keep the exception (it holds the work's frames, and their tensors): "
+                    "return a message built from it")
+    for kind, text in ((ValueError, "a bug"),
+                       (RuntimeError, "mat1 and mat2 shapes cannot be multiplied")):
+        try:
+            got = fn(failing(lambda kind=kind, text=text: kind(text)))
+        except kind:
+            continue
+        expect(False, f"a {kind.__name__} ({text}) was turned into {got!r}",
+               hint="catch only the out-of-memory errors: a bug must still raise")

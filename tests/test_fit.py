@@ -1,0 +1,315 @@
+"""course_lib.fit: steady-state step memory against measurement, the searches against brute force,
+the budget guard, and bad input."""
+
+import gc
+import itertools
+import weakref
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib import fit
+from course_lib.memory import model_state_bytes, training_memory
+from course_lib.models import GPT, GPTConfig, gpt_param_count
+from course_lib.training import train
+from course_lib.units import MiB
+
+SMALL = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=3)
+POLICIES = [("none", 1), ("selective", 1), ("blocks", 2), ("blocks", 1), ("sqrt", 1)]
+# The tracker misses Python-number scalars autograd wraps outside the dispatcher (8 bytes each);
+# the loss accumulated by train() is a 4-byte tensor the predictor does not count.
+SLACK = 64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny models: on a loaded 2-core machine a second thread costs more than it saves.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_param_numels_is_the_models_parameter_order(bias):
+    config = GPTConfig(vocab_size=50, seq_len=16, d_model=24, n_heads=3, n_layers=2, bias=bias)
+    with torch.device("meta"):
+        model = GPT(config)
+    assert fit.param_numels(config) == [p.numel() for p in model.parameters()]
+    assert sum(fit.param_numels(config)) == gpt_param_count(config)
+
+
+@pytest.mark.parametrize("precision", fit.FIT_PRECISIONS)
+@pytest.mark.parametrize("mode,every", POLICIES)
+def test_one_micro_batch_is_predicted_to_the_byte(precision, mode, every):
+    predicted = fit.predict_step_memory(SMALL, 3, precision=precision, mode=mode, every=every).total
+    measured = fit.measure_step_memory(SMALL, 3, precision=precision, mode=mode, every=every)
+    assert abs(predicted - measured) <= SLACK
+
+
+@pytest.mark.parametrize("precision,mode,every", [
+    ("fp32", "none", 1), ("fp32", "blocks", 1), ("bf16-mixed", "sqrt", 1), ("bf16", "blocks", 1)])
+def test_accumulation_is_an_upper_bound_within_fifteen_percent(precision, mode, every):
+    predicted = fit.predict_step_memory(SMALL, 2, 3, precision=precision, mode=mode, every=every)
+    measured = fit.measure_step_memory(SMALL, 2, 3, precision=precision, mode=mode, every=every)
+    assert measured - SLACK <= predicted.total <= 1.15 * measured
+
+
+def test_memory_is_flat_in_accumulation_steps_from_two_on():
+    for precision, (mode, every) in itertools.product(fit.FIT_PRECISIONS, POLICIES):
+        by_k = [fit.predict_step_memory(SMALL, 2, K, precision=precision, mode=mode, every=every)
+                for K in (1, 2, 3, 8)]
+        assert by_k[1] == by_k[2] == by_k[3]
+        assert by_k[0].total <= by_k[1].total
+    measured = [fit.measure_step_memory(SMALL, 2, K) for K in (2, 4)]
+    assert measured[0] == measured[1]
+
+
+@pytest.mark.parametrize("precision", fit.FIT_PRECISIONS)
+def test_resident_model_states_match_training_memory(precision):
+    # Independent: ZeRO-paper bytes per parameter from course_lib.memory, without the gradients
+    # (set to None between steps), plus AdamW's 4-byte step counter per parameter tensor.
+    P, n = gpt_param_count(SMALL), len(fit.param_numels(SMALL))
+    states = training_memory(P, optimizer="adamw", precision=precision)
+    m = fit.predict_step_memory(SMALL, 1, precision=precision)
+    assert m.parameters == states.params
+    assert m.master_weights == states.master_weights
+    assert m.optimizer_state == states.optimizer_states + 4 * n
+    assert m.resident + states.grads == states.total + 4 * n
+    assert {"fp32": 12, "bf16-mixed": 14, "bf16": 6}[precision] * P == m.resident - 4 * n
+
+
+def test_mixed_precision_model_states_are_16_bytes_per_parameter_measured():
+    model, optimizer = fit.build(SMALL, precision="bf16-mixed")
+    x = torch.randint(0, SMALL.vocab_size, (2, SMALL.seq_len))
+    model(x, x)[1].backward()
+    P = gpt_param_count(SMALL)
+    before_step = model_state_bytes(model, optimizer.optimizer, master_params=optimizer.master)
+    assert before_step.total == 2 * P + 2 * P + 4 * P  # bf16 weights and grads, fp32 master
+    optimizer.step()
+    after = model_state_bytes(model, optimizer.optimizer, master_params=optimizer.master,
+                              include_step=False)
+    assert after.total == 2 * P + 4 * P + 8 * P  # Adam's m and v in fp32; the gradients are gone
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in zip(model.parameters(), optimizer.master))
+
+
+def test_master_weight_adamw_is_adamw_on_fp32_copies():
+    model, optimizer = fit.build(SMALL, precision="bf16-mixed", lr=1e-2)
+    reference = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
+    adamw = torch.optim.AdamW(reference, lr=1e-2, foreach=False)
+    x = torch.randint(0, SMALL.vocab_size, (4, SMALL.seq_len))
+    for _ in range(3):
+        model(x, x)[1].backward()
+        for r, p in zip(reference, model.parameters()):
+            r.grad = p.grad.float()
+        optimizer.step()
+        optimizer.zero_grad()
+        adamw.step()
+        assert all(torch.equal(r, m) for r, m in zip(reference, optimizer.master))
+        assert all(torch.equal(p, m.to(torch.bfloat16))
+                   for p, m in zip(model.parameters(), optimizer.master))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_largest_batch_is_the_boundary_and_fits_when_measured():
+    budget = 3 * MiB
+    rows = fit.largest_batch(SMALL, budget, precision="fp32", policies=POLICIES)
+    assert [(r.mode, r.every) for r in rows] == POLICIES
+    for r in rows:
+        b = r.micro_batch_size
+        assert b >= 1 and r.memory.total <= budget
+        assert fit.predict_step_memory(SMALL, b + 1, mode=r.mode, every=r.every).total > budget
+    assert rows[3].micro_batch_size > rows[0].micro_batch_size  # blocks/1 beats none
+    r = rows[3]
+    assert fit.measure_step_memory(SMALL, r.micro_batch_size, mode=r.mode, every=r.every) <= budget
+    assert fit.largest_batch(SMALL, 1000)[0].micro_batch_size == 0  # nothing fits: 0, no memory
+
+
+def _fits(config, budget, effective, precisions, policies):
+    divisors = [d for d in range(1, effective + 1) if effective % d == 0]
+    return any(fit.predict_step_memory(config, b, effective // b, precision=p, mode=m, every=e).total
+               <= budget for p in precisions for m, e in policies for b in divisors)
+
+
+def test_fit_model_finds_the_largest_fitting_shape_by_brute_force():
+    space = dict(seq_len=32, vocab_size=64, widths=range(16, 129, 16), depths=range(1, 9),
+                 head_size=16, aspect_ratio=None)
+    precisions, policies = ("bf16-mixed", "fp32"), (("none", 1), ("blocks", 1))
+    budget, effective = 4 * MiB, 4
+    f = fit.fit_model(budget, effective_batch=effective, precisions=precisions, policies=policies,
+                      **space)
+    assert f.peak_bytes <= budget and f.effective_batch == effective
+    assert f.memory == fit.predict_step_memory(f.config, f.micro_batch_size, f.accumulation_steps,
+                                               precision=f.precision, mode=f.mode, every=f.every)
+    configs = fit.search_space(**space)
+    bigger = [c for c in configs if gpt_param_count(c) > f.n_params]
+    assert bigger and not any(_fits(c, budget, effective, precisions, policies) for c in bigger)
+    # The preference order: a precision listed before the chosen one does not fit this model.
+    for p in precisions[:precisions.index(f.precision)]:
+        assert not _fits(f.config, budget, effective, (p,), policies)
+    assert "parameters" in f.summary() and "predicted" in f.summary()
+
+
+def test_each_technique_lets_a_larger_model_fit():
+    space = dict(seq_len=64, vocab_size=64, effective_batch=8, widths=range(16, 257, 16),
+                 depths=range(1, 17), head_size=16, aspect_ratio=(8, 64))
+    plain = fit.fit_model(4 * MiB, precisions=("fp32",), policies=(("none", 1),),
+                          max_accumulation_steps=1, **space)
+    accumulated = fit.fit_model(4 * MiB, precisions=("fp32",), policies=(("none", 1),), **space)
+    everything = fit.fit_model(4 * MiB, precisions=("bf16-mixed", "fp32", "bf16"), **space)
+    assert plain.accumulation_steps == 1 and plain.micro_batch_size == 8
+    assert accumulated.n_params > 2 * plain.n_params
+    assert everything.n_params > accumulated.n_params
+
+
+def test_search_space_respects_the_aspect_ratio_and_head_size():
+    configs = fit.search_space(widths=[64, 96, 128], depths=range(1, 9), head_size=32,
+                               aspect_ratio=(16, 64), seq_len=16, vocab_size=10)
+    assert {c.d_model for c in configs} == {64, 96, 128}
+    assert all(16 <= c.d_model / c.n_layers <= 64 and c.n_heads == c.d_model // 32 for c in configs)
+    counts = [gpt_param_count(c) for c in configs]
+    assert counts == sorted(counts, reverse=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 12), mode=st.sampled_from(POLICIES), precision=st.sampled_from(fit.FIT_PRECISIONS))
+def test_more_sequences_never_need_less_memory(b, mode, precision):
+    small, large = (fit.predict_step_memory(SMALL, n, precision=precision, mode=mode[0],
+                                            every=mode[1]).total for n in (b, b + 1))
+    assert small <= large
+
+
+def _training(config, micro, K, refs=None, precision="fp32"):
+    # The data exists before: the tracker counts what the work allocates, as on a GPU with the
+    # data already loaded.
+    x = torch.randint(0, config.vocab_size, (micro * K, config.seq_len))
+
+    def work():
+        model, optimizer = fit.build(config, precision=precision)
+        if refs is not None:
+            refs.append(weakref.ref(model.tok_emb.weight))
+        return train(model, optimizer, [(x, x)] * 2, micro_batch_size=micro, accumulation_steps=K)
+    return work
+
+
+def test_run_within_budget_catches_going_over_and_frees_the_memory():
+    refs = []
+    need = fit.predict_step_memory(SMALL, 8).total
+    trial = fit.run_within_budget(_training(SMALL, 8, 1, refs), need // 2, what="too big",
+                                  device="cpu")
+    assert not trial.ok and trial.peak_bytes is None and trial.result is None
+    assert "out of memory" in trial.message and "MemoryBudgetExceeded" in trial.message
+    gc.collect()
+    assert refs[0]() is None
+
+
+def test_run_within_budget_measures_what_the_planner_predicts():
+    # Building the model and two steps from nothing: the peak is the steady-state step's.
+    for precision in fit.FIT_PRECISIONS:
+        need = fit.predict_step_memory(SMALL, 4, precision=precision).total
+        trial = fit.run_within_budget(_training(SMALL, 4, 1, precision=precision), need + SLACK,
+                                      device="cpu")
+        assert trial.ok and abs(trial.peak_bytes - need) <= SLACK and "fits" in trial.message
+        assert trial.result.steps == 2
+
+
+def test_budget_tracker_raises_inside_the_backward_pass():
+    model = GPT(SMALL)
+    x = torch.randint(0, SMALL.vocab_size, (8, SMALL.seq_len))
+    with fit.BudgetTracker(10 * MiB) as tracker:
+        model(x, x)[1].backward()
+    forward_and_backward = tracker.peak
+    with pytest.raises(fit.MemoryBudgetExceeded) as info:
+        with fit.BudgetTracker(forward_and_backward - 1, "backward"):
+            model(x, x)[1].backward()
+    assert isinstance(info.value, RuntimeError) and "backward" in str(info.value)
+    assert info.value.at is not None and info.value.needed_bytes > forward_and_backward - 1
+
+
+def test_other_errors_are_not_taken_for_out_of_memory():
+    def bug():
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes"):
+        fit.run_within_budget(bug, MiB, device="cpu")
+
+
+def test_check_budget():
+    m = fit.predict_step_memory(SMALL, 2)
+    fit.check_budget(m, m.total)
+    with pytest.raises(fit.MemoryBudgetExceeded, match="over the budget") as info:
+        fit.check_budget(m, m.total - 1, what="the step")
+    assert info.value.needed_bytes == m.total and info.value.budget_bytes == m.total - 1
+    fit.check_budget(10, 10)
+
+
+def test_breakdown_and_dtype():
+    m = fit.predict_step_memory(SMALL, 2, precision="fp32")
+    rows = fit.breakdown_rows(m)
+    assert "master weights" not in dict(rows) and sum(v for _, v in rows) == m.total
+    assert fit.model_dtype("bf16-mixed") == torch.bfloat16 and fit.model_dtype("fp32") == torch.float32
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: fit.predict_step_memory("gpt", 1), "config"),
+    (lambda: fit.predict_step_memory(SMALL, 0), "micro_batch_size"),
+    (lambda: fit.predict_step_memory(SMALL, 1, 0), "accumulation_steps"),
+    (lambda: fit.predict_step_memory(SMALL, 1, precision="fp16"), "precision"),
+    (lambda: fit.predict_step_memory(SMALL, 1, mode="everything"), "mode"),
+    (lambda: fit.predict_step_memory(SMALL, 1, mode="blocks", every=0), "every"),
+    (lambda: fit.predict_step_memory(SMALL, 1, seq_len=SMALL.seq_len + 1), "seq_len"),
+    (lambda: fit.largest_batch(SMALL, 0), "budget_bytes"),
+    (lambda: fit.largest_batch(SMALL, MiB, max_batch=0), "max_batch"),
+    (lambda: fit.largest_batch(SMALL, MiB, policies=[("fast", 1)]), "policies"),
+    (lambda: fit.fit_model(0), "budget_bytes"),
+    (lambda: fit.fit_model(MiB, effective_batch=0), "effective_batch"),
+    (lambda: fit.fit_model(MiB, seq_len=0), "seq_len"),
+    (lambda: fit.fit_model(MiB, precisions="fp32"), "precisions"),
+    (lambda: fit.fit_model(MiB, precisions=("fp8",)), "precision"),
+    (lambda: fit.fit_model(MiB, max_accumulation_steps=0), "max_accumulation_steps"),
+    (lambda: fit.fit_model(MiB, aspect_ratio=(64, 32)), "aspect_ratio"),
+    (lambda: fit.fit_model(MiB, widths=[]), "widths"),
+    (lambda: fit.fit_model(MiB, head_size=0), "head_size"),
+    (lambda: fit.fit_model(1000, seq_len=32, vocab_size=64, widths=[16], depths=[1], head_size=16,
+                           aspect_ratio=None), "budget_bytes"),
+    (lambda: fit.search_space(widths=[48], head_size=32, aspect_ratio=None), "search space"),
+    (lambda: fit.check_budget(10, 0), "budget_bytes"),
+    (lambda: fit.check_budget("a lot", 10), "needed"),
+    (lambda: fit.run_within_budget("train", MiB), "fn"),
+    (lambda: fit.run_within_budget(lambda: None, 0), "budget_bytes"),
+    (lambda: fit.BudgetTracker(-1), "budget_bytes"),
+    (lambda: fit.build(SMALL, precision="int8"), "precision"),
+    (lambda: fit.MasterWeightAdamW([]), "params"),
+])
+def test_bad_arguments_raise_value_error_naming_them(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
+def test_asking_for_cuda_without_it_is_a_value_error():
+    with pytest.raises(ValueError, match="CUDA"):
+        fit.run_within_budget(lambda: None, MiB, device="cuda")
+
+
+@pytest.mark.gpu
+def test_prediction_against_the_cuda_allocator_and_a_real_out_of_memory():
+    config = GPTConfig(vocab_size=4096, seq_len=256, d_model=256, n_heads=4, n_layers=4)
+    for precision in ("fp32", "bf16-mixed"):
+        predicted = fit.predict_step_memory(config, 4, precision=precision).total
+        measured = fit.measure_step_memory(config, 4, precision=precision, device="cuda")
+        assert abs(predicted - measured) <= 0.05 * measured
+    need = fit.predict_step_memory(config, 16).total
+
+    def work():
+        model, optimizer = fit.build(config, device="cuda")
+        x = torch.randint(0, config.vocab_size, (16, config.seq_len), device="cuda")
+        return train(model, optimizer, [(x, x)] * 2, micro_batch_size=16)
+
+    trial = fit.run_within_budget(work, need // 3, device="cuda")
+    assert not trial.ok and "OutOfMemoryError" in trial.message
+    trial = fit.run_within_budget(work, int(need * 1.3), device="cuda")
+    assert trial.ok and trial.peak_bytes <= int(need * 1.3)

@@ -1,0 +1,69 @@
+import pytest
+import torch
+
+from course_lib.models import (
+    GPT,
+    GPTConfig,
+    count_parameters,
+    gpt_param_count,
+    param_numels,
+    random_tokens,
+)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("attention", ["explicit", "sdpa"])
+def test_closed_forms_match_the_built_model(bias, attention):
+    config = GPTConfig(vocab_size=97, seq_len=16, d_model=24, n_heads=3, n_layers=3,
+                       bias=bias, attention=attention)
+    model = GPT(config)
+    assert param_numels(config) == [p.numel() for p in model.parameters()]
+    assert count_parameters(model) == gpt_param_count(config) == sum(param_numels(config))
+
+
+def test_gpt2_small_has_its_published_parameter_count():
+    # nanoGPT: "number of parameters: 124.44M" including position embeddings, head tied.
+    config = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+    with torch.device("meta"):
+        assert count_parameters(GPT(config)) == 124_439_808 == gpt_param_count(config)
+
+
+def test_forward_shapes_loss_and_the_two_attentions_agree():
+    torch.manual_seed(0)
+    config = GPTConfig(attention="explicit")
+    explicit = GPT(config).eval()
+    sdpa = GPT(GPTConfig(attention="sdpa")).eval()
+    sdpa.load_state_dict(explicit.state_dict())
+    x, y = random_tokens(config, 3)
+    logits, loss = explicit(x, y)
+    assert logits.shape == (3, config.seq_len, config.vocab_size)
+    assert torch.allclose(logits, sdpa(x), atol=1e-5)
+    assert abs(loss.item() - torch.log(torch.tensor(256.0)).item()) < 0.1  # ~uniform at init
+
+
+def test_fp64_logits_keep_fp64_in_the_loss():
+    model = GPT(GPTConfig()).double()
+    x, y = random_tokens(model.config, 2)
+    assert model(x, y)[1].dtype == torch.float64
+
+
+def test_random_tokens_are_shifted_and_own_their_storage():
+    config = GPTConfig()
+    x, y = random_tokens(config, 1, seed=3)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+    assert torch.equal(random_tokens(config, 1, seed=3)[0], x)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("d_model", 30, "divisible"), ("n_layers", 0, "n_layers"), ("dropout", 1.0, "dropout"),
+    ("attention", "flash", "attention"), ("vocab_size", 2.5, "vocab_size")])
+def test_bad_configs_name_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**{field: value})
+
+
+def test_too_long_a_sequence_is_refused():
+    model = GPT(GPTConfig(seq_len=8))
+    with pytest.raises(ValueError, match="seq_len"):
+        model(torch.zeros(1, 9, dtype=torch.long))
