@@ -329,7 +329,7 @@ class Fit:
             f"precision  : {self.precision}",
             f"batch      : {self.micro_batch_size} x {self.accumulation_steps} accumulation steps "
             f"= {self.effective_batch} sequences per optimizer step",
-            f"checkpoint : {self.label} (recomputes {self.recompute_fraction:.0%} of a step's FLOPs)",
+            f"checkpoint : {self.label} (+{self.recompute_fraction:.0%} FLOPs against a plain step)",
             f"peak       : {format_bytes(self.peak_bytes)} predicted, budget "
             f"{format_bytes(self.budget_bytes)} ({self.peak_bytes / self.budget_bytes:.0%})",
         ])

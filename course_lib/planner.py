@@ -81,7 +81,7 @@ class Plan:
 
     def table(self) -> str:
         """The candidates as text, cheapest first, the fitting ones marked."""
-        rows = [f"{'policy':14s} {'peak':>11s} {'recompute':>10s}  fits"]
+        rows = [f"{'policy':14s} {'peak':>11s} {'+FLOPs':>10s}  fits"]  # vs a plain step
         for c in self.candidates:
             mark = "<- chosen" if (c.mode, c.every) == (self.mode, self.every) else (
                 "yes" if c.peak_bytes <= self.budget_bytes else "")
