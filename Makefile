@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-PYTEST := $(PY) -m pytest -q
+PYTEST := $(PY) -m pytest -q -rs
 # A root shell (containers, CI) needs JupyterLab's --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 

@@ -276,14 +276,29 @@ def generate(solutions_dir: Path = ROOT / "solutions", exercises_dir: Path = ROO
     return changed
 
 
-def execute_in_place(path: Path, timeout: int = 900) -> None:
-    """Run a notebook top to bottom in a fresh kernel and save it with its outputs."""
+def execute_in_place(path: Path, timeout: int = 300, attempts: int = 3) -> None:
+    """Run a notebook top to bottom in a fresh kernel and save it with its outputs.
+
+    nbclient occasionally waits forever on a cell that displays a widget while the
+    kernel sits idle (jupyter/nbclient#312); no course cell needs ``timeout`` seconds,
+    so a cell past it counts as that hang and the notebook is run again, from a fresh
+    kernel, up to ``attempts`` times.
+    """
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellTimeoutError
 
     path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    for attempt in range(1, attempts + 1):
+        nb = nbformat.read(path, as_version=4)
+        try:
+            NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                           resources={"metadata": {"path": str(path.parent)}}).execute()
+            break
+        except CellTimeoutError:
+            if attempt == attempts:
+                raise
+            print(f"  a cell ran past {timeout} s (nbclient hang?): running {path.name} again",
+                  flush=True)
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
     stamp_slides(nb)

@@ -1,0 +1,293 @@
+"""Benchmark 2: widget latency, from a value change to the finished redraw, per widget.
+
+    python benchmarks/widget_latency.py                    # every lecture, measured in the kernel
+    python benchmarks/widget_latency.py notebooks/01_x.ipynb --repeats 30
+    python benchmarks/widget_latency.py --browser          # end to end, JupyterLab in Chromium
+    python benchmarks/widget_latency.py --check            # exit 1 if a formula widget is slow
+
+Kernel mode (the default) runs each lecture in a fresh kernel with nbclient, with
+``course_lib.widgets.live_plot`` wrapped to record every widget it builds; then, in that
+kernel, it sets each control to a cycle of values across its range (menus: each option;
+checkboxes: both states) and times each assignment: the ``observe`` callback, the ``draw``
+function, matplotlib's inline backend rendering the PNG (Agg), and the display message. A
+widget is *measured* when its redraws ran an ``nn.Module`` forward or a backward on real
+tensors, *formula*-backed otherwise (tracing on the meta device or with fake tensors computes
+nothing, so it counts as formula); the target is a median of at most 50 ms for formula widgets.
+
+Browser mode opens each lecture in JupyterLab in headless Chromium (tests/browser_support.py),
+runs all cells, and times a user's move of every control (arrow key on a slider, a click, a
+menu choice) until the redrawn output is on the page and the kernel is idle again: what the
+learner waits for, including the front end and a few ms of driver round trips.
+
+Results: benchmarks/results/widget_latency.json (kernel) and widget_latency_browser.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import nbformat
+from bench_common import RESULTS, ROOT, execute, machine, notebooks, summary, table, write
+
+TARGET_MS = 50.0
+SECONDS_PER_CONTROL = 20  # a slow (measuring) widget gets fewer repeats, at least 3
+MARKER = "WIDGET-LATENCY-JSON:"
+
+# Runs first in the kernel: record the widgets live_plot builds, count model work.
+SETUP = """
+import course_lib.widgets as _bench_widgets
+import torch as _bench_torch
+
+_bench_boxes, _bench_work, _bench_show = [], [0], [0.0]
+_bench_live_plot = _bench_widgets.live_plot
+
+
+def _bench_recording_live_plot(draw, controls, **kwargs):
+    box = _bench_live_plot(draw, controls, **kwargs)
+    cell = get_ipython().user_ns.get("_bench_cell")
+    _bench_boxes.append((cell, getattr(draw, "__name__", "draw"), box))
+    return box
+
+
+def _bench_real(tensors) -> bool:  # meta and fake tensors trace shapes, they compute nothing
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return any(isinstance(t, _bench_torch.Tensor) and t.device.type != "meta"
+               and not isinstance(t, FakeTensor) for t in tensors)
+
+
+def _bench_count_forward(module, args, output):
+    _bench_work[0] += _bench_real(args)
+
+
+_bench_widgets.live_plot = _bench_recording_live_plot
+_bench_torch.nn.modules.module.register_module_forward_hook(_bench_count_forward)
+_bench_backward = _bench_torch.autograd.backward
+
+
+def _bench_counting_backward(tensors, *args, **kwargs):
+    _bench_work[0] += _bench_real(tensors if isinstance(tensors, (list, tuple)) else [tensors])
+    return _bench_backward(tensors, *args, **kwargs)
+
+
+_bench_torch.autograd.backward = _bench_counting_backward
+
+import time as _bench_time
+
+import matplotlib.pyplot as _bench_plt
+
+_bench_plt_show = _bench_plt.show
+
+
+def _bench_timed_show(*args, **kwargs):  # the inline backend renders the PNG here
+    start = _bench_time.perf_counter()
+    try:
+        return _bench_plt_show(*args, **kwargs)
+    finally:
+        _bench_show[0] += _bench_time.perf_counter() - start
+
+
+_bench_plt.show = _bench_timed_show
+"""
+
+# Runs last: time every control of every recorded widget, print one JSON line.
+MEASURE = """
+import json as _json
+import math as _math
+import time as _time
+
+import ipywidgets as _w
+
+
+def _bench_values(control, count=8):
+    \"\"\"Values a user could pick, spread over the control's range, current one excluded.\"\"\"
+    if hasattr(control, "_options_values"):
+        values = list(control._options_values)
+    elif isinstance(control.value, bool):
+        values = [not control.value, control.value]
+    elif isinstance(control, (_w.FloatLogSlider,)):
+        lo, hi = control.min, control.max
+        values = [control.base ** (lo + (hi - lo) * i / (count - 1)) for i in range(count)]
+    elif hasattr(control, "min") and hasattr(control, "max") and not isinstance(control.value, tuple):
+        lo, hi, step = control.min, control.max, getattr(control, "step", None) or 1
+        raw = [lo + (hi - lo) * i / (count - 1) for i in range(count)]
+        values = [type(control.value)(lo + round((v - lo) / step) * step) for v in raw]
+    else:
+        return []
+    return [v for v in dict.fromkeys(values) if v != control.value] + [control.value]
+
+
+_bench_rows = []
+for _cell, _draw, _box in _bench_boxes:
+    for _name, _control in _box.controls.items():
+        _values, _start_value = _bench_values(_control), _control.value
+        if not _values:
+            continue
+        _ms, _cpu, _show, _work = [], [], [], _bench_work[0]
+        _until = _time.perf_counter() + SECONDS
+        while len(_ms) < REPEATS and (len(_ms) < 3 or _time.perf_counter() < _until):
+            for _v in _values[:REPEATS - len(_ms)]:
+                _t0, _c0, _s0 = _time.perf_counter(), _time.process_time(), _bench_show[0]
+                _control.value = _v
+                _ms.append((_time.perf_counter() - _t0) * 1000)
+                _cpu.append((_time.process_time() - _c0) * 1000)
+                _show.append((_bench_show[0] - _s0) * 1000)
+        _control.value = _start_value
+        _bench_rows.append({"cell": _cell, "draw": _draw, "control": _name,
+                            "type": type(_control).__name__, "values": len(_values),
+                            "ms": [round(x, 2) for x in _ms],
+                            "cpu_ms": [round(x, 2) for x in _cpu],
+                            "show_ms": [round(x, 2) for x in _show], "model_work": _bench_work[0] - _work})
+print("MARKER" + _json.dumps(_bench_rows))
+"""
+
+
+# --no-tight-bbox: the inline backend's default bbox_inches="tight" draws every figure twice.
+NO_TIGHT_BBOX = "get_ipython().run_line_magic('config', \"InlineBackend.print_figure_kwargs = " \
+                "{'bbox_inches': None}\")"
+
+
+def kernel_latency(path: Path, repeats: int, timeout: int, tight: bool = True) -> list[dict]:
+    """Per control: milliseconds of each value change, measured inside a fresh kernel."""
+    nb = nbformat.read(path, as_version=4)
+    run = nbformat.v4.new_notebook(metadata=nb.metadata)
+    run.cells = [nbformat.v4.new_code_cell(SETUP + ("" if tight else NO_TIGHT_BBOX))]
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":  # tell the recorder which lecture cell builds a widget
+            run.cells += [nbformat.v4.new_code_cell(f"_bench_cell = {index}"), cell]
+    run.cells.append(nbformat.v4.new_code_cell(
+        MEASURE.replace("REPEATS", str(repeats)).replace("SECONDS", str(SECONDS_PER_CONTROL))
+        .replace('"MARKER"', repr(MARKER))))
+    with tempfile.TemporaryDirectory(prefix="course-latency-") as tmp:
+        execute(run, tmp, timeout)
+    text = "".join(o.get("text", "") for o in run.cells[-1].outputs if o.output_type == "stream")
+    return json.loads(text.split(MARKER, 1)[1].splitlines()[0])
+
+
+def browser_latency(paths: list[Path], repeats: int) -> dict[Path, list[dict]]:
+    """Per control: milliseconds from a user's move to the redrawn output, in JupyterLab."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from browser_support import Lecture, chromium, lab_server, unavailable
+
+    if reason := unavailable():
+        raise SystemExit(f"--browser needs Chromium and playwright: {reason}")
+    found = {}
+    with chromium() as browser, lab_server(paths) as server:
+        for path in paths:
+            lecture = Lecture(browser, server, path.name, timeout=300)
+            try:
+                if not lecture.run_all():
+                    raise SystemExit(f"{path.name}: a cell raised: {lecture.problems()}")
+                rows = []
+                for control in lecture.controls():
+                    ms = [lecture.move(control).ms for _ in range(repeats)]
+                    rows.append({"cell": control.cell, "draw": f"cell {control.cell}",
+                                 "control": control.label or control.kind, "type": control.kind,
+                                 "ms": [round(x, 2) for x in ms], "model_work": None})
+                found[path] = rows
+            finally:
+                lecture.close()
+                server.shutdown_kernels()
+    return found
+
+
+def widgets_of(path: Path, rows: list[dict], kinds: dict | None = None) -> list[dict]:
+    """Pool the controls of each widget (one draw function in one cell) into one result.
+
+    ``kinds`` maps (notebook, cell) to "formula" / "measured" where the rows cannot tell
+    (browser mode borrows them from the kernel mode's results).
+    """
+    groups = defaultdict(list)
+    for row in rows:
+        groups[(row["cell"], row["draw"])].append(row)
+    notebook, results = str(path.relative_to(ROOT)), []
+    for (cell, draw), controls in sorted(groups.items()):
+        work = [row["model_work"] for row in controls]
+        kind = (kinds or {}).get((notebook, cell)) if None in work else (
+            "measured" if sum(work) else "formula")
+        result = {"notebook": notebook, "cell": cell, "draw": draw, "kind": kind,
+                  "controls": {row["control"]: {**summary(row["ms"]), "ms": row["ms"]}
+                               for row in controls},
+                  "no_redraw": sum(x != x for row in controls for x in row["ms"]),
+                  **summary([x for row in controls for x in row["ms"]])}
+        for part in ("cpu", "show"):  # kernel mode only
+            if all(f"{part}_ms" in row for row in controls):
+                result[f"{part}_median_ms"] = summary(
+                    [x for row in controls for x in row[f"{part}_ms"]])["median_ms"]
+        result["meets_target"] = (None if kind != "formula" or not result["n"]
+                                  else result["median_ms"] <= TARGET_MS)
+        results.append(result)
+    return results
+
+
+def known_kinds() -> dict:
+    """(notebook, cell) -> kind, from the last kernel-mode results, if there are any."""
+    path = RESULTS / "widget_latency.json"
+    if not path.exists():
+        return {}
+    return {(r["notebook"], r["cell"]): r["kind"] for r in json.loads(path.read_text())["results"]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", help="lectures or folders (default: notebooks)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="value changes per control (default 24 in the kernel, 8 in the browser)")
+    parser.add_argument("--browser", action="store_true", help="end to end in JupyterLab + Chromium")
+    parser.add_argument("--no-tight-bbox", action="store_true",
+                        help="kernel mode: PNGs without bbox_inches='tight' (what would it save?)")
+    parser.add_argument("--timeout", type=int, default=300,
+                        help="seconds per cell before the lecture is run again (kernel mode)")
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit 1 if a formula widget's median is over {TARGET_MS:g} ms")
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (8 if args.browser else 24)
+    if repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {repeats}")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU figures, comparable across machines
+    env = machine()
+    paths = notebooks(args.paths)
+    if args.browser:
+        per_path = browser_latency(paths, repeats)
+    else:
+        per_path = {}
+        for path in paths:
+            print(f"{path.name} ... (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+            per_path[path] = kernel_latency(path, repeats, args.timeout, not args.no_tight_bbox)
+    kinds = known_kinds() if args.browser else None
+    results = [w for path, rows in per_path.items() for w in widgets_of(path, rows, kinds)]
+    mode = "browser" if args.browser else "kernel, no tight bbox" if args.no_tight_bbox else "kernel"
+    name = "widget_latency" + ("_browser" if args.browser else "_no_tight_bbox" if
+                               args.no_tight_bbox else "")
+    out = write(name, {
+        "benchmark": f"widget latency ({mode})", "target_median_ms_formula_widgets": TARGET_MS,
+        "repeats_per_control": repeats, "machine": env, "results": results})
+    rows = [[Path(r["notebook"]).stem, r["cell"], r["draw"], ", ".join(r["controls"]),
+             r["kind"] or "-", r["n"], r["median_ms"], r["p90_ms"], r.get("cpu_median_ms", "-"),
+             r.get("show_median_ms", "-"),
+             {True: "ok", False: "OVER", None: "-"}[r["meets_target"]]] for r in results]
+    print(table(rows, ["notebook", "cell", "widget", "controls", "kind", "n", "median ms",
+                       "p90 ms", "CPU ms", "show() ms", f"<= {TARGET_MS:g} ms"]))
+    medians = [r["median_ms"] for r in results if r["kind"] == "formula"]
+    if medians:
+        print(f"\nformula widgets: {len(medians)}, median of medians "
+              f"{statistics.median(medians):.1f} ms, worst {max(medians):.1f} ms")
+    print(f"{mode} mode; {env['cpu_count']} CPUs, load {env['load_average_1min']} at start; "
+          f"written to {out.relative_to(ROOT)}")
+    for r in results:
+        if r["no_redraw"]:
+            print(f"{r['notebook']} cell {r['cell']}: {r['no_redraw']} moves redrew nothing (a "
+                  "control that matters in another mode only? tests/test_browser.py checks)",
+                  file=sys.stderr)
+    return 1 if args.check and any(r["meets_target"] is False for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

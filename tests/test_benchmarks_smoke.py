@@ -1,0 +1,88 @@
+"""benchmarks/estimator_accuracy.py and benchmarks/checkpoint_cost.py run end to end on tiny models.
+
+Smoke tests, so that the benchmarks cannot rot: every script's ``main`` runs with a tiny
+configuration and writes its result file to a temporary folder. No timing is asserted.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import bench_device  # noqa: E402
+import checkpoint_cost  # noqa: E402
+import estimator_accuracy as accuracy  # noqa: E402
+
+from course_lib.memory import training_memory  # noqa: E402
+from course_lib.models import GPTConfig, gpt_param_count  # noqa: E402
+
+TINY = dict(vocab_size=32, seq_len=16, d_model=16, n_heads=2, n_layers=2)
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    threads = torch.get_num_threads()  # setup() sets the benchmark's thread count
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_accuracy_grid_covers_every_dimension():
+    cases = accuracy.grid("cpu")
+    assert len(cases) >= 24
+    rows = [case.describe() for case in cases]
+    for key, values in (("attention", accuracy.ATTENTIONS), ("precision", ("fp32", "bf16")),
+                        ("mode", accuracy.MODES), ("batch", (2, 8)), ("seq_len", (64, 256)),
+                        ("layers", (4, 8)), ("dropout", (0.0, 0.1))):
+        assert {row[key] for row in rows} == set(values), key
+    assert len(accuracy.grid("cpu", quick=True)) == 8
+
+
+def test_formula_estimate_is_states_plus_korthikanti():
+    config = GPTConfig(**TINY)
+    states = training_memory(gpt_param_count(config), precision="fp32").total
+    full = accuracy.estimates(accuracy.Case(config, 2, "fp32", "blocks"))
+    assert full["states only"] == states
+    assert full["formula"] == states + 2 * 16 * 2 * 16 * 2 * 2  # 2sbh per layer, in fp32: x2
+    assert accuracy.estimates(accuracy.Case(config, 2, "bf16", "sqrt"))["formula"] is None
+
+
+def test_estimator_accuracy_main(tmp_path, monkeypatch, capsys):
+    tiny = GPTConfig(**TINY)
+    cases = [accuracy.Case(tiny, 2, precision, mode)
+             for precision in ("fp32", "bf16") for mode in ("none", "blocks")]
+    monkeypatch.setattr(accuracy, "grid", lambda device, quick: cases)
+    out = tmp_path / "estimator_accuracy.json"
+    assert accuracy.main(["--quick", "--out", str(out)]) == 0
+    run = json.loads(out.read_text())["runs"]["cpu"]
+    assert run["machine"]["torch_threads"] == bench_device.CPU_THREADS
+    assert len(run["rows"]) == 4 and all(row["measured"] > 0 for row in run["rows"])
+    assert run["summary"]["course meets target"]  # the predictor is exact on the CPU
+    assert "course predictor meets the target" in capsys.readouterr().out
+
+
+def test_checkpoint_cost_main(tmp_path, monkeypatch):
+    monkeypatch.setitem(checkpoint_cost.SETUP, "cpu",
+                        dict(model=TINY, batch=2, dtype=torch.float32, rounds=7))
+    out = tmp_path / "checkpoint_cost.json"
+    assert checkpoint_cost.main(["--quick", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["runs"]["cpu"]["results"]
+    assert set(results) == set(checkpoint_cost.ATTENTIONS)
+    for result in results.values():
+        none, blocks = result["rows"]
+        assert len(none["seconds"]) == result["rounds"] == 2
+        assert none["time_ratio"] == none["flop_ratio"] == 1.0
+        assert blocks["flop_ratio"] > 1.0 and blocks["kept_saved"] > 0
+        assert blocks["flops_counted"] == blocks["flops_predicted"]
+
+
+def test_save_keeps_the_other_device(tmp_path):
+    path = tmp_path / "x.json"
+    bench_device.save("x", "cuda", {"a": 1}, path, quick=False)
+    bench_device.save("x", "cpu", {"b": 2}, path, quick=False)
+    assert json.loads(path.read_text()) == {"benchmark": "x", "runs": {"cuda": {"a": 1},
+                                                                      "cpu": {"b": 2}}}
+    assert bench_device.save("x", "cpu", {}, None, quick=True) is None
