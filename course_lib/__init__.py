@@ -5,6 +5,7 @@ One module per idea, in lecture order:
 =====================  =========================================================
 ``device``             00: which device and training dtype this kernel uses
 ``units``              byte counts and their human-readable form
+``validation``         the shared input checks (``ValueError`` naming the parameter)
 ``memory``             01: analytic bytes of params, grads, optimizer, activations
 ``model_zoo``          01: GPT-2 and Llama presets, counted on the ``meta`` device
 ``models``             01-07: the course GPT (nanoGPT-style), its parameter count, token data

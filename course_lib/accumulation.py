@@ -30,13 +30,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .validation import positive_int
+
 NORMALIZATIONS = ("tokens", "mean-of-means", "sum-of-means")
-
-
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _check_normalize(normalize: str) -> None:
@@ -71,7 +67,7 @@ def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: i
     batch size ``B`` (the leading dimension), or when inputs and targets differ in ``B``.
     """
     _check_batch(inputs, targets)
-    _positive_int("micro_batch_size", micro_batch_size)
+    positive_int("micro_batch_size", micro_batch_size)
     batch = inputs.size(0)
     if batch % micro_batch_size:
         raise ValueError(f"micro_batch_size must divide the batch size {batch}, "
@@ -81,7 +77,7 @@ def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: i
 
 def token_counts(targets: torch.Tensor, micro_batch_size: int, ignore_index: int = -100) -> list[int]:
     """Non-ignored targets in each micro-batch (one device sync for all of them)."""
-    _positive_int("micro_batch_size", micro_batch_size)
+    positive_int("micro_batch_size", micro_batch_size)
     if targets.size(0) % micro_batch_size:
         raise ValueError(f"micro_batch_size must divide the batch size {targets.size(0)}, "
                          f"got {micro_batch_size}")
@@ -107,7 +103,7 @@ def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
     raise ``ValueError``.
     """
     _check_normalize(normalize)
-    _positive_int("accumulation_steps", accumulation_steps)
+    positive_int("accumulation_steps", accumulation_steps)
     if normalize == "tokens" and (total_tokens is None or total_tokens < 1):
         raise ValueError(f"total_tokens must be a positive int for normalize='tokens', "
                          f"got {total_tokens!r}")

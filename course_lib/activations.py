@@ -49,6 +49,7 @@ import torch
 from .memory import PRECISIONS, training_memory
 from .models import GPTConfig, gpt_param_count, param_numels
 from .units import as_dtype, dtype_bytes
+from .validation import positive_int
 
 DEVICES = ("cpu", "cuda")
 SDPA_KERNELS = ("flash", "efficient", "math")
@@ -92,9 +93,8 @@ def total_bytes(items: list[Saved], kinds: tuple = KINDS) -> int:
 def _check(config, batch_size, seq_len, dtype, device) -> tuple[int, int, torch.dtype]:
     if not isinstance(config, GPTConfig):
         raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    for name, value in (("batch_size", batch_size), ("seq_len", seq_len)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    positive_int("batch_size", batch_size)
+    positive_int("seq_len", seq_len)
     if seq_len > config.seq_len:
         raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {seq_len}")
     dtype = as_dtype(dtype)

@@ -53,6 +53,7 @@ from .measure import LiveTensorTracker
 from .models import GPTConfig
 from .policies import MATMULS, check_ops
 from .units import as_dtype, dtype_bytes
+from .validation import positive_int
 
 MODES = ("none", "blocks", "sqrt", "selective", "attention")
 
@@ -73,7 +74,7 @@ class CheckpointSettings:
 
 def sqrt_segments(n_layers: int) -> int:
     """The segment count of ``sqrt`` mode: ``round(sqrt(n_layers))``, at least 1 (Chen et al. 2016)."""
-    _check_positive_int("n_layers", n_layers)
+    positive_int("n_layers", n_layers)
     return max(1, round(math.sqrt(n_layers)))
 
 
@@ -82,8 +83,8 @@ def checkpointed_blocks(n_layers: int, every: int = 1) -> list[int]:
 
     ``every=1`` wraps all ``n_layers`` blocks; ``every=k`` wraps ``ceil(n_layers / k)`` of them.
     """
-    _check_positive_int("n_layers", n_layers)
-    _check_positive_int("every", every)
+    positive_int("n_layers", n_layers)
+    positive_int("every", every)
     return list(range(0, n_layers, every))
 
 
@@ -94,8 +95,8 @@ def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
     runs the rest (the last segment, which may be longer) *without* checkpointing: its
     activations are needed first in the backward pass anyway.
     """
-    _check_positive_int("n_layers", n_layers)
-    _check_positive_int("segments", segments)
+    positive_int("n_layers", n_layers)
+    positive_int("segments", segments)
     if segments > n_layers:
         raise ValueError(f"segments must be at most n_layers={n_layers}, got {segments}")
     size = n_layers // segments
@@ -144,11 +145,6 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
     return model
 
 
-def _check_positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 def _validate_policy(policy):
     return policy if callable(policy) else check_ops(policy, name="policy")
 
@@ -188,7 +184,7 @@ def _check_config(config) -> None:
 def _check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> int | None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    _check_positive_int("every", every)
+    positive_int("every", every)
     if segments is not None and mode != "sqrt":
         raise ValueError(f"segments applies to mode='sqrt' only, got mode={mode!r}")
     if mode == "sqrt":

@@ -63,6 +63,7 @@ from .measure import LiveTensorTracker, peak_memory
 from .models import GPT, GPTConfig, gpt_param_count, param_numels
 from .training import train
 from .units import format_bytes
+from .validation import positive_int
 
 FIT_PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 #: The checkpointing policies the search considers, ``(mode, every)``, in order of increasing
@@ -80,12 +81,6 @@ _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 # --------------------------------------------------------------------------- validation
-
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
 
 def _check_precision(precision) -> str:
     if precision not in FIT_PRECISIONS:
@@ -207,13 +202,13 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     conventions; on CUDA the allocator adds block rounding.
     """
     _check_config(config)
-    b = _positive_int("micro_batch_size", micro_batch_size)
-    K = _positive_int("accumulation_steps", accumulation_steps)
+    b = positive_int("micro_batch_size", micro_batch_size)
+    K = positive_int("accumulation_steps", accumulation_steps)
     _check_precision(precision)
     if mode not in ckpt.MODES:
         raise ValueError(f"mode must be one of {ckpt.MODES}, got {mode!r}")
-    _positive_int("every", every)
-    seq_len = config.seq_len if seq_len is None else _positive_int("seq_len", seq_len)
+    positive_int("every", every)
+    seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
     if seq_len > config.seq_len:
         raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {seq_len}")
     return _predict(tuple(sorted(vars(config).items())), b, K, precision, mode, every, seq_len)
@@ -271,8 +266,8 @@ def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp3
     in their order.
     """
     _check_config(config)
-    budget = _positive_int("budget_bytes", budget_bytes)
-    _positive_int("max_batch", max_batch)
+    budget = positive_int("budget_bytes", budget_bytes)
+    positive_int("max_batch", max_batch)
     policies = _check_policies(policies)
     seq_len = config.seq_len if seq_len is None else seq_len
     out = []
@@ -336,12 +331,12 @@ class Fit:
 
 
 def _check_space(widths, depths, head_size, aspect_ratio) -> None:
-    _positive_int("head_size", head_size)
+    positive_int("head_size", head_size)
     for name, values in (("widths", widths), ("depths", depths)):
         if not isinstance(values, Sequence) or not values:
             raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {values!r}")
         for v in values:
-            _positive_int(name, v)
+            positive_int(name, v)
     if aspect_ratio is not None and (
             not isinstance(aspect_ratio, tuple) or len(aspect_ratio) != 2
             or not 0 < aspect_ratio[0] <= aspect_ratio[1]):
@@ -451,10 +446,10 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     largest model the closed-form :func:`_lower_bound` allows them, and the
     search stops once that cannot beat the best found.
     """
-    budget = _positive_int("budget_bytes", budget_bytes)
-    _positive_int("seq_len", seq_len)
-    _positive_int("effective_batch", effective_batch)
-    _positive_int("vocab_size", vocab_size)
+    budget = positive_int("budget_bytes", budget_bytes)
+    positive_int("seq_len", seq_len)
+    positive_int("effective_batch", effective_batch)
+    positive_int("vocab_size", vocab_size)
     if isinstance(precisions, str) or not isinstance(precisions, Sequence) or not precisions:
         raise ValueError(f"precisions must be a non-empty sequence of {FIT_PRECISIONS}, "
                          f"got {precisions!r}")
@@ -462,7 +457,7 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
         _check_precision(p)
     policies = _check_policies(policies)
     if max_accumulation_steps is not None:
-        _positive_int("max_accumulation_steps", max_accumulation_steps)
+        positive_int("max_accumulation_steps", max_accumulation_steps)
     micro = _micro_batches(effective_batch, max_accumulation_steps)
     # The least memory: the smallest micro-batch, or the whole batch without accumulation (see
     # _settings); a model fits if one of them does.
@@ -583,8 +578,8 @@ def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     :func:`course_lib.measure.peak_memory` (the CUDA allocator on CUDA, the
     live-tensor tracker elsewhere) and adds what was resident before it.
     """
-    b = _positive_int("micro_batch_size", micro_batch_size)
-    K = _positive_int("accumulation_steps", accumulation_steps)
+    b = positive_int("micro_batch_size", micro_batch_size)
+    K = positive_int("accumulation_steps", accumulation_steps)
     model, optimizer = build(config, precision=precision, mode=mode, every=every, device=device)
     x, y = _tokens(config, b * K, device)
 
@@ -624,7 +619,7 @@ class MemoryBudgetExceeded(RuntimeError):
 def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
     """Raise :class:`MemoryBudgetExceeded` if ``needed`` (bytes, or a :class:`StepMemory`)
     is over ``budget_bytes``: the planner's verdict before anything runs."""
-    budget = _positive_int("budget_bytes", budget_bytes)
+    budget = positive_int("budget_bytes", budget_bytes)
     needed = needed.total if isinstance(needed, StepMemory) else needed
     if not isinstance(needed, int) or isinstance(needed, bool) or needed < 0:
         raise ValueError(f"needed must be a StepMemory or a non-negative int of bytes, got {needed!r}")
@@ -639,7 +634,7 @@ class BudgetTracker(LiveTensorTracker):
 
     def __init__(self, budget_bytes: int, what: str = "the work"):
         super().__init__()
-        self.budget_bytes, self.what = _positive_int("budget_bytes", budget_bytes), what
+        self.budget_bytes, self.what = positive_int("budget_bytes", budget_bytes), what
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -675,7 +670,7 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable with no arguments, got {fn!r}")
-    budget = _positive_int("budget_bytes", budget_bytes)
+    budget = positive_int("budget_bytes", budget_bytes)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     kind = torch.device(device).type

@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .validation import positive_int
+
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -78,9 +80,9 @@ class TrainingMemory:
 
 
 def _positive_int(name: str, value) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
+    """:func:`positive_int`, also for integer types other than ``int`` (numpy's, say)."""
+    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return positive_int(name, int(value) if integral else value)
 
 
 def _count(name: str, value) -> int:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from .models import GPT, GPTConfig, gpt_param_count
 from .units import GB
+from .validation import positive_int
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,7 @@ class LlamaConfig:
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
                      "seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, getattr(self, name))
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(f"d_model must be n_heads times an even head size, got "
                              f"d_model={self.d_model}, n_heads={self.n_heads}")

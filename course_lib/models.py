@@ -32,6 +32,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .validation import positive_int
+
 ATTENTION_KINDS = ("explicit", "sdpa")
 
 
@@ -50,9 +52,7 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "d_model", "n_heads", "n_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model must be divisible by n_heads, got d_model={self.d_model}, "
                              f"n_heads={self.n_heads}")

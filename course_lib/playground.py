@@ -33,22 +33,22 @@ from dataclasses import dataclass
 
 import torch
 
-from .accumulation import _positive_int
 from .checkpointing import enable_checkpointing
 from .measure import peak_memory
 from .models import GPT, GPTConfig, gpt_param_count
 from .training import batches_of, markov_tokens, train
+from .validation import positive_int
 
 
 def effective_batch(micro_batch_size: int, accumulation_steps: int) -> int:
     """Samples per optimizer step: ``micro_batch_size * accumulation_steps``."""
-    return _positive_int("micro_batch_size", micro_batch_size) * _positive_int(
+    return positive_int("micro_batch_size", micro_batch_size) * positive_int(
         "accumulation_steps", accumulation_steps)
 
 
 def optimizer_steps(samples: int, micro_batch_size: int, accumulation_steps: int) -> int:
     """Optimizer steps in a budget of ``samples``: ``samples // (micro_batch_size * accumulation_steps)``."""
-    return _positive_int("samples", samples) // effective_batch(micro_batch_size, accumulation_steps)
+    return positive_int("samples", samples) // effective_batch(micro_batch_size, accumulation_steps)
 
 
 def resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -105,11 +105,11 @@ class Playground:
             if config is None else config
         if not isinstance(self.config, GPTConfig):
             raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
-        self.samples = _positive_int("samples", samples)
+        self.samples = positive_int("samples", samples)
         if not lr > 0:
             raise ValueError(f"lr must be positive, got {lr!r}")
         self.lr, self.seed, self.device = lr, seed, torch.device(device)
-        self.calibration_batch = _positive_int("calibration_batch", calibration_batch)
+        self.calibration_batch = positive_int("calibration_batch", calibration_batch)
         self.data = markov_tokens(samples, self.config.seq_len, self.config.vocab_size,
                                   seed=seed, device=self.device)
         self.cache: dict[tuple[int, int, bool], Run] = {}

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from .accumulation import _check_normalize, _positive_int, micro_batch_loss, token_counts
+from .accumulation import _check_normalize, micro_batch_loss, token_counts
+from .validation import positive_int
 
 AMP_DTYPES = (None, torch.float16, torch.bfloat16)
 
@@ -97,8 +98,8 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
     A micro-batch of padding only still runs (its loss is 0), so that with
     ``no_sync`` the last micro-batch always triggers the all-reduce.
     """
-    _positive_int("micro_batch_size", micro_batch_size)
-    _positive_int("accumulation_steps", accumulation_steps)
+    positive_int("micro_batch_size", micro_batch_size)
+    positive_int("accumulation_steps", accumulation_steps)
     _check_normalize(normalize)
     if amp_dtype not in AMP_DTYPES:
         raise ValueError(f"amp_dtype must be one of {AMP_DTYPES}, got {amp_dtype!r}")
@@ -182,7 +183,7 @@ def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branc
     """
     for name, value in (("n_sequences", n_sequences), ("seq_len", seq_len),
                         ("vocab_size", vocab_size), ("branching", branching)):
-        _positive_int(name, value)
+        positive_int(name, value)
     if branching > vocab_size:
         raise ValueError(f"branching must be at most vocab_size={vocab_size}, got {branching}")
     g = torch.Generator().manual_seed(seed)
@@ -198,12 +199,12 @@ def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branc
 
 def markov_entropy(branching: int = 2) -> float:
     """The loss floor of :func:`markov_tokens`: ``ln(branching)`` nats per token."""
-    return math.log(_positive_int("branching", branching))
+    return math.log(positive_int("branching", branching))
 
 
 def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int):
     """The consecutive ``(inputs, targets)`` batches of ``batch_size`` (a remainder is dropped)."""
-    _positive_int("batch_size", batch_size)
+    positive_int("batch_size", batch_size)
     n = inputs.size(0) // batch_size
     if n == 0:
         raise ValueError(f"batch_size must be at most the {inputs.size(0)} samples, got {batch_size}")
