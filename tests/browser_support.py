@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+
+from course_lib.distributed import free_port
 
 CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
 # Flags that work as root in a container: no sandbox, no GPU, and no traffic of its own.
@@ -64,12 +65,6 @@ def strip_outputs(src: Path, dst: Path) -> None:
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, dst)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -116,7 +111,7 @@ def lab_server(notebooks: Iterable[Path], *, start_timeout: float = 120) -> Iter
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
     env.pop("MPLBACKEND", None)  # the kernel must use its inline backend, as a learner's does
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     log = tmp / "jupyter.log"
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
