@@ -543,13 +543,22 @@ def predict_step_moments(config: GPTConfig, batch_size: int, seq_len: int | None
     for _ in range(config.n_layers):
         _replay_block(r, config, b, s, dtype)
     forward = _math_forward_peak(config, b, s, dtype, params)
-    backward = StepPeak(moment=r.moment, parameters=sum(params), gradients=r.best[_GRAD],
-                        optimizer_state=0, activations=r.best[_ACT], transient=r.best[_TMP])
-    optimizer = StepPeak(moment="AdamW step", parameters=sum(params), gradients=sum(params),
-                         optimizer_state=2 * sum(params) + 4 * len(params), activations=0,
-                         transient=adamw_scratch_bytes(params) + 4)
-    return {"forward": forward, "backward": backward, "optimizer": optimizer} if forward else {
-        "backward": backward, "optimizer": optimizer}
+    moments = replay_moments(r, params)
+    return {"forward": forward, **moments} if forward else moments
+
+
+def replay_moments(r: _Replay, params: list[int]) -> dict[str, StepPeak]:
+    """The backward moment a finished replay ``r`` found, and the AdamW step's, for parameter
+    tensors of ``params`` bytes: gradients, ``m`` and ``v`` (created at the first step), a
+    4-byte ``step`` per tensor, :func:`adamw_scratch_bytes` and the 4-byte loss."""
+    P = sum(params)
+    return {
+        "backward": StepPeak(moment=r.moment, parameters=P, gradients=r.best[_GRAD],
+                             optimizer_state=0, activations=r.best[_ACT], transient=r.best[_TMP]),
+        "optimizer": StepPeak(moment="AdamW step", parameters=P, gradients=P,
+                              optimizer_state=2 * P + 4 * len(params), activations=0,
+                              transient=adamw_scratch_bytes(params) + 4),
+    }
 
 
 def _math_forward_peak(config: GPTConfig, b: int, s: int, dtype: torch.dtype,

@@ -240,14 +240,7 @@ def predict_moments(config: GPTConfig, batch_size: int, mode: str = "none", ever
         if i in first and mode in ("selective", "attention"):  # what its checkpoint still held
             r.node(f"block {i}: region released", [],
                    [(act._ACT, tail if mode == "selective" else left)])
-    params = act._param_bytes(config, dtype)
-    backward = act.StepPeak(moment=r.moment, parameters=sum(params),
-                            gradients=r.best[act._GRAD], optimizer_state=0,
-                            activations=r.best[act._ACT], transient=r.best[act._TMP])
-    optimizer = act.StepPeak(moment="AdamW step", parameters=sum(params), gradients=sum(params),
-                             optimizer_state=2 * sum(params) + 4 * len(params), activations=0,
-                             transient=act.adamw_scratch_bytes(params) + 4)
-    return {"backward": backward, "optimizer": optimizer}
+    return act.replay_moments(r, act._param_bytes(config, dtype))
 
 
 def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None,
