@@ -36,6 +36,7 @@ import contextlib
 import datetime
 import gc
 import importlib
+import inspect
 import os
 import pickle
 import socket
@@ -531,11 +532,18 @@ def sharded_states(rank: int, world_size: int, *, config: GPTConfig, micro_batch
         loss.backward()
         optimizer.step()
 
+    # Every rank builds the same seeded model, so DDP's initial broadcast can be skipped. It
+    # must be for the reading: the broadcast's flat copy of the parameters is released by
+    # the communication thread a moment after the constructor returns, and was sometimes
+    # still alive, counted as a second bucket, when the block ended.
+    no_init_sync = ({"init_sync": False}
+                    if "init_sync" in inspect.signature(DDP.__init__).parameters else {})
+
     out = {"n_params": sum(p.numel() for p in fresh_model().parameters())}
     for name, as_view in (("ddp", False), ("ddp_grad_view", True)):
         model = fresh_model()
         with LiveTensorTracker() as buckets:
-            ddp = DDP(model, gradient_as_bucket_view=as_view)
+            ddp = DDP(model, gradient_as_bucket_view=as_view, **no_init_sync)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         with LiveTensorTracker() as backward:
             ddp(x, y)[1].backward()  # keeps nothing of the forward pass alive
