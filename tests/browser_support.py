@@ -199,10 +199,13 @@ window.__course = {
     return found;
   },
   outputOf(el) {
-    const outputs = el.closest('.jp-Cell')?.querySelectorAll('.widget-output') ?? [];
-    // What a learner sees: the text and the images (not attributes the output area sets).
-    const seen = o => [o.innerText, ...[...o.querySelectorAll('img')].map(i => i.src),
-                       ...[...o.querySelectorAll('svg')].map(g => g.outerHTML)].join('\n');
+    const outputs = el.closest('.jp-Cell')?.querySelectorAll('.widget-output, img.widget-image')
+      ?? [];
+    // What a learner sees: the text and the images (not attributes the output area sets); an
+    // Image widget's source is a new blob URL for every new picture, '' while it is hidden.
+    const seen = o => o.tagName === 'IMG' ? (o.offsetParent === null ? '' : o.src)
+      : [o.innerText, ...[...o.querySelectorAll('img')].map(i => i.src),
+         ...[...o.querySelectorAll('svg')].map(g => g.outerHTML)].join('\n');
     return outputs.length ? [...outputs].map(seen).join('\n') : null;
   },
   watchUpdates() {  // the control values the front end sends, and which the kernel finished

@@ -29,30 +29,29 @@ BROKEN = [
     """import sys
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 
 from course_lib.widgets import live_plot
 
 
-def draw_ok(n):
-    plt.plot([0, n])
-    plt.title(f"n = {n}")
-    plt.show()
+def draw_ok(fig, n):
+    ax = fig.subplots()
+    ax.plot([0, n])
+    ax.set_title(f"n = {n}")
 
 
 live_plot(draw_ok, {"n": widgets.IntSlider(value=1, min=0, max=5, description="ok")})""",
-    'live_plot(lambda n: print("always the same"),\n'
+    'live_plot(lambda fig, n: print("always the same"),\n'
     '          {"n": widgets.IntSlider(value=1, min=0, max=5, description="stuck")})',
     'live_plot(draw_ok, {"n": widgets.IntSlider(value=3, min=0, max=10, step=2, '
     'description="snaps")})',
-    """def draw_crash(k):
+    """def draw_crash(fig, k):
     if k != 1:
         raise TypeError("boom")
     print("fine at 1")
 
 
 live_plot(draw_crash, {"k": widgets.Dropdown(options=[1, 2], value=1, description="crash")})""",
-    """def draw_mode(scale, mode):
+    """def draw_mode(fig, scale, mode):
     print(f"scale {scale}" if mode == "scaled" else "plain")
 
 

@@ -328,56 +328,77 @@ def test_notebooks_and_course_lib_use_only_ipywidgets_api_that_7_has():
     assert not bad, f"ipywidgets 8 only (Colab runs 7.7.1): {bad}"
 
 
-def _draw_functions_not_showing(source: str) -> list[str]:
-    """Names of functions passed to ``live_plot`` that never call ``plt.show()`` or ``display``."""
+def _draw_functions_using_pyplot(source: str) -> list[str]:
+    """Functions passed to ``live_plot`` that draw through pyplot or show a figure themselves.
+
+    A widget's ``draw(fig, ...)`` must draw on the ``fig`` it is given: a pyplot figure made
+    inside it is not the widget's (under ipywidgets 7, Colab, it is shown outside the widget
+    or not at all), and ``plt.show()``/``display`` would put a second copy in the output.
+    Functions that ``draw`` calls are scanned too.
+    """
     tree = ast.parse(source)
     defs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
 
-    def shows(fn, seen=()) -> bool:
+    def uses_pyplot(fn, seen=()) -> bool:
         for node in ast.walk(fn):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "plt":
+                return True
             if isinstance(node, ast.Call):
                 f = node.func
                 if (isinstance(f, ast.Attribute) and f.attr == "show") or (
                         isinstance(f, ast.Name) and f.id == "display"):
                     return True
                 if isinstance(f, ast.Name) and f.id in defs and f.id not in seen \
-                        and shows(defs[f.id], (*seen, f.id)):
+                        and uses_pyplot(defs[f.id], (*seen, f.id)):
                     return True
         return False
 
-    missing = []
+    bad = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and node.args and (
                 getattr(node.func, "id", None) == "live_plot"
                 or getattr(node.func, "attr", None) == "live_plot"):
             draw = node.args[0]
-            if isinstance(draw, ast.Name) and draw.id in defs and not shows(defs[draw.id]):
-                missing.append(draw.id)
-            elif isinstance(draw, ast.Lambda) and not shows(draw):
-                missing.append("lambda")
-    return missing
+            if isinstance(draw, ast.Name) and draw.id in defs and uses_pyplot(defs[draw.id]):
+                bad.append(draw.id)
+            elif isinstance(draw, ast.Lambda) and uses_pyplot(draw):
+                bad.append("lambda")
+    return bad
 
 
-def test_the_show_scan_finds_a_draw_function_that_does_not_show():
+def test_the_pyplot_scan_finds_draw_functions_that_bypass_their_figure():
     source = """
-def quiet(n):
+def on_fig(fig, n):
+    fig.subplots().plot([n])
+
+def via_pyplot(fig, n):
     plt.plot([n])
 
-def loud(n):
-    plt.plot([n])
-    plt.show()
+def shows(fig, n):
+    on_fig(fig, n)
+    fig.show()
 
-live_plot(quiet, {})
-live_plot(loud, {})
-live_plot(lambda n: loud(n), {})
+def helper(n):
+    plt.subplots()
+
+def via_helper(fig, n):
+    helper(n)
+
+live_plot(on_fig, {})
+live_plot(via_pyplot, {})
+live_plot(shows, {})
+live_plot(via_helper, {})
+live_plot(lambda fig, n: display(fig), {})
+live_plot(lambda fig, n: on_fig(fig, n), {})
 """
-    assert _draw_functions_not_showing(source) == ["quiet"]
+    assert _draw_functions_using_pyplot(source) == ["via_pyplot", "shows", "via_helper", "lambda"]
 
 
-def test_every_draw_function_shows_its_figure_as_ipywidgets_7_needs():
+def test_every_draw_function_draws_on_the_widgets_own_figure():
     sources = [(_rel(p), p.read_text()) for p in MODULES]
     sources += [(_rel(p), "\n".join(src for _, src in _code_cells(p))) for p in NOTEBOOKS]
     bad = [(where, name) for where, source in sources
-           for name in _draw_functions_not_showing(source)]
-    assert not bad, f"draw functions that never call plt.show(): under ipywidgets 7 (Colab) " \
-                    f"their figure does not appear in the widget: {bad}"
+           for name in _draw_functions_using_pyplot(source)]
+    assert not bad, f"draw functions that draw through pyplot or show a figure themselves; " \
+                    f"they must draw on the fig live_plot gives them: {bad}"

@@ -1,0 +1,92 @@
+"""course_lib.widgets.live_plot: one figure per widget, a PNG per change, messages for bad input."""
+
+import io
+
+import ipywidgets as widgets
+import pytest
+from PIL import Image
+
+from course_lib.widgets import live_plot, render_png
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return Image.open(io.BytesIO(data)).size
+
+
+def _box(**kwargs):
+    figures = []
+
+    def draw(fig, n, label):
+        figures.append(fig)
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if n == 13:
+            raise ZeroDivisionError("unlucky")
+        ax = fig.subplots()
+        ax.bar(["a", "b"], [n, 2 * n])
+        ax.set_title(label)
+        print(f"drew n={n}")
+
+    n = widgets.IntSlider(value=1, min=-5, max=20)
+    label = widgets.Dropdown(options=["x", "y"], value="x")
+    return live_plot(draw, {"n": n, "label": label}, **kwargs), n, label, figures
+
+
+def test_first_view_is_a_png_of_the_figure_size():
+    box, *_ = _box(figsize=(4, 2))
+    assert _png_size(box.image.value) == (400, 200)  # inches x 100 dpi
+    assert box.image.layout.display is None
+
+
+def test_every_change_redraws_the_same_figure_with_new_pixels():
+    box, n, label, figures = _box()
+    first = box.image.value
+    n.value = 7
+    assert box.image.value != first
+    after_n = box.image.value
+    label.value = "y"
+    assert box.image.value != after_n
+    assert len(figures) == 3 and all(f is box.figure for f in figures)
+    assert len(box.figure.axes) == 1  # cleared before each draw, not drawn over
+
+
+def test_a_bad_value_shows_its_message_instead_of_the_figure(capsys):
+    box, n, _, _ = _box()
+    capsys.readouterr()
+    n.value = -1
+    shown = capsys.readouterr().out
+    assert "⚠ n must be >= 0, got -1" in shown and "Traceback" not in shown
+    assert box.image.layout.display == "none"
+    n.value = 13
+    assert "⚠ ZeroDivisionError: unlucky" in capsys.readouterr().out  # not a ValueError: named
+    n.value = 2
+    assert "drew n=2" in capsys.readouterr().out
+    assert box.image.layout.display is None
+
+
+def test_layout_engines_apply_to_the_widgets_figure():
+    box, *_ = _box(layout="constrained")
+    assert type(box.figure.get_layout_engine()).__name__ == "ConstrainedLayoutEngine"
+    box.redraw()  # clearing the figure keeps its engine
+    assert type(box.figure.get_layout_engine()).__name__ == "ConstrainedLayoutEngine"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"controls": {}}, "controls must name at least one widget"),
+    ({"layout": "compressed-ish"}, "layout must be None, 'constrained' or 'tight'"),
+    ({"figsize": (0, 3)}, "figsize must be two positive numbers"),
+    ({"figsize": (4,)}, "figsize must be two positive numbers"),
+])
+def test_wrong_arguments_name_the_parameter(kwargs, message):
+    controls = kwargs.pop("controls", {"n": widgets.IntSlider()})
+    with pytest.raises(ValueError, match=message):
+        live_plot(lambda fig, n: None, controls, **kwargs)
+
+
+def test_render_png_draws_the_figure_at_its_dpi():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3, 1.5), dpi=80)
+    fig.subplots().plot([0, 1])
+    assert _png_size(render_png(fig)) == (240, 120)
