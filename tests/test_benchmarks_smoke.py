@@ -86,3 +86,25 @@ def test_save_keeps_the_other_device(tmp_path):
     assert json.loads(path.read_text()) == {"benchmark": "x", "runs": {"cuda": {"a": 1},
                                                                       "cpu": {"b": 2}}}
     assert bench_device.save("x", "cpu", {}, None, quick=True) is None
+
+
+def test_widget_latency_times_every_control_and_the_reference(tmp_path):
+    import nbformat
+    import widget_latency
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import ipywidgets as widgets\n"
+        "from course_lib.widgets import live_plot\n"
+        "live_plot(lambda fig, n, on: fig.subplots().plot([0, n]),\n"
+        "          {'n': widgets.IntSlider(value=1, min=1, max=9),\n"
+        "           'on': widgets.Checkbox(value=False)})")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "one_widget.ipynb"
+    nbformat.write(nb, path)
+    rows = widget_latency.kernel_latency(path, repeats=3, timeout=120)
+    assert [(r["cell"], r["control"]) for r in rows] == [(0, "n"), (0, "on"), (-1, "n")]
+    assert all(len(r["ms"]) >= 3 and len(r["render_ms"]) == len(r["ms"]) for r in rows)
+    assert all(0 < render <= total for r in rows for render, total in zip(r["render_ms"], r["ms"]))
+    named = widget_latency.ROOT / "notebooks" / path.name  # results name notebooks by repo path
+    kinds = {w["cell"]: w["kind"] for w in widget_latency.widgets_of(named, rows)}
+    assert kinds == {0: "formula", -1: "reference"}
