@@ -56,9 +56,10 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
     """Controls over a figure that ``draw(fig, **values)`` redraws on every change.
 
     ``controls`` maps each keyword of ``draw`` to the widget that sets it. ``figsize``
-    (inches, at matplotlib's ``figure.dpi``) and ``layout`` (``None``, ``"constrained"`` or ``"tight"``;
-    ``None`` is fastest, ``draw`` may then place the axes with ``fig.subplots_adjust``)
-    are those of the widget's one ``Figure``. ``draw`` raising an exception shows its
+    (inches, at matplotlib's ``figure.dpi``) and ``layout`` (``None``, ``"constrained"``
+    or ``"tight"``; ``None`` is fastest, as the engines lay the figure out with a hidden
+    extra draw, so ``draw`` places the axes with ``fig.subplots_adjust``) are those of
+    the widget's one ``Figure``. ``draw`` raising an exception shows its
     message in place of the figure.
 
     The returned box has ``redraw()`` (tests and benchmarks call it), ``figure``,
@@ -69,7 +70,8 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
         raise ValueError("controls must name at least one widget")
     if layout not in (None, "constrained", "tight"):
         raise ValueError(f"layout must be None, 'constrained' or 'tight', got {layout!r}")
-    if len(figsize) != 2 or not all(isinstance(x, (int, float)) and x > 0 for x in figsize):
+    if not (isinstance(figsize, (tuple, list)) and len(figsize) == 2
+            and all(isinstance(x, (int, float)) and x > 0 for x in figsize)):
         raise ValueError(f"figsize must be two positive numbers (inches), got {figsize!r}")
     fig = Figure(figsize=figsize, layout=layout)
     FigureCanvasAgg(fig)  # one canvas, one renderer: its text-metric cache outlives a redraw

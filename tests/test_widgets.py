@@ -77,6 +77,7 @@ def test_layout_engines_apply_to_the_widgets_figure():
     ({"layout": "compressed-ish"}, "layout must be None, 'constrained' or 'tight'"),
     ({"figsize": (0, 3)}, "figsize must be two positive numbers"),
     ({"figsize": (4,)}, "figsize must be two positive numbers"),
+    ({"figsize": 5}, "figsize must be two positive numbers"),
 ])
 def test_wrong_arguments_name_the_parameter(kwargs, message):
     controls = kwargs.pop("controls", {"n": widgets.IntSlider()})
