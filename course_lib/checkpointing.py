@@ -49,10 +49,12 @@ from torch.utils.checkpoint import (
 )
 
 from . import activations as act
+from . import kernels
+from .device import resolve_gpu
 from .measure import LiveTensorTracker
 from .models import GPTConfig
 from .policies import MATMULS, check_ops
-from .units import as_dtype, dtype_bytes
+from .units import dtype_bytes
 from .validation import positive_int
 
 MODES = ("none", "blocks", "sqrt", "selective", "attention")
@@ -202,11 +204,11 @@ def _regions(n_layers: int, mode: str, every: int, segments: int | None) -> list
     return [[i] for i in checkpointed_blocks(n_layers, every)]
 
 
-def _matmul_outputs(config: GPTConfig, b: int, s: int, dtype, device: str) -> list:
+def _matmul_outputs(config: GPTConfig, b: int, s: int, t) -> list:
     """What ``selective`` mode keeps inside one block: the outputs of its matmul ops."""
-    h, a = config.d_model, config.n_heads
+    h, a, dtype = config.d_model, config.n_heads, t.compute
     items = [act.Saved("qkv (addmm)", "output", (b, s, 3 * h), dtype)]
-    kernel = _attention_kernel(config, dtype, device)
+    kernel = kernels.attention_kernel(config, dtype, t.gpu)
     if kernel in ("explicit", "math"):  # attention written with bmm: both outputs are kept
         inner = torch.float32 if kernel == "math" and dtype_bytes(dtype) == 2 else dtype
         items += [act.Saved("q @ k^T (bmm)", "scores", (b, a, s, s), inner),
@@ -217,35 +219,38 @@ def _matmul_outputs(config: GPTConfig, b: int, s: int, dtype, device: str) -> li
     return items
 
 
-def _attention_recomputed_block(config: GPTConfig, b: int, s: int, dtype, device: str) -> list:
+def _attention_recomputed_block(config: GPTConfig, b: int, s: int, t) -> list:
     """One block with its attention core checkpointed: the core keeps only its inputs q, k, v
     (views of the one QKV output) and, for fused kernels, its output (the out-projection's input)."""
-    core = act.attention_core_saved(config, b, s, dtype, device)
-    kept = [item for item in act.block_saved(config, b, s, dtype, device) if item not in core]
+    core = act._core_saved(config, b, s, t)
+    kept = [item for item in act._block_saved(config, b, s, t) if item not in core]
     kept.append(act.Saved("checkpoint", "core inputs q, k, v: the QKV output",
-                          (b, s, 3 * config.d_model), dtype))
-    kept += [item for item in core if item.op == "sdpa" and item.what.startswith("output")]
+                          (b, s, 3 * config.d_model), t.compute))
+    kept += [item for item in core if item.op.startswith("sdpa/")
+             and item.what.startswith("output")]
     return kept
 
 
 def _layout(config: GPTConfig, batch_size: int, mode: str, every: int, segments: int | None,
-            seq_len: int | None, dtype, device: str):
+            seq_len: int | None, dtype, gpu, autocast: bool = False):
     """``(embed, per_block, head, regions, full_block)``: the items kept by the embeddings, by each
     block (a list per block; blocks inside a ``sqrt`` segment but its first keep nothing), by the
     head; the checkpointed regions; and the items of one block without checkpointing."""
     _check_config(config)
     seq_len = config.seq_len if seq_len is None else seq_len
-    args = (config, batch_size, seq_len, dtype, device)
-    embed, head, block = act.embedding_saved(*args), act.head_saved(*args), act.block_saved(*args)
+    args = (config, batch_size, seq_len, dtype, gpu)
+    embed = act.embedding_saved(*args, autocast=autocast)
+    head = act.head_saved(*args, autocast=autocast)
+    b, s, t = act._check(*args, autocast)
+    block = act._block_saved(config, b, s, t)
     L = config.n_layers
     segments = _check_mode(mode, every, segments, L)
-    b, s, dtype = batch_size, seq_len, as_dtype(dtype)
-    block_input = [act.Saved("checkpoint", "block input", (b, s, config.d_model), dtype)]
+    block_input = [act.Saved("checkpoint", "block input", (b, s, config.d_model), t.stream)]
     regions = _regions(L, mode, every, segments)
     if mode == "selective":
-        wrapped = block_input + _matmul_outputs(config, b, s, dtype, device)
+        wrapped = block_input + _matmul_outputs(config, b, s, t)
     elif mode == "attention":
-        wrapped = _attention_recomputed_block(config, b, s, dtype, device)
+        wrapped = _attention_recomputed_block(config, b, s, t)
     else:
         wrapped = block_input
     per_block = [block] * L
@@ -258,7 +263,7 @@ def _layout(config: GPTConfig, batch_size: int, mode: str, every: int, segments:
 
 def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                   segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
-                  device: str = "cpu") -> list[list]:
+                  gpu=None, autocast: bool = False) -> list[list]:
     """What each transformer block keeps under ``mode``: one list of storages per block.
 
     Built from :mod:`course_lib.activations` (one :class:`~course_lib.activations.Saved`
@@ -266,18 +271,19 @@ def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every:
     ``sqrt`` segment keeps its first block's input (its other blocks nothing), the
     last segment everything; ``selective`` keeps the input and the matmul outputs
     (:data:`SAVE_MATMULS`); ``attention`` keeps everything but the attention core's own tensors.
+    ``gpu`` and ``autocast`` as in :func:`course_lib.activations.block_saved`.
     """
-    return _layout(config, batch_size, mode, every, segments, seq_len, dtype, device)[1]
+    return _layout(config, batch_size, mode, every, segments, seq_len, dtype, gpu, autocast)[1]
 
 
 def kept_items(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
-               device: str = "cpu") -> list:
+               gpu=None, autocast: bool = False) -> list:
     """The storages that ``GPT(config)`` under checkpointing ``mode`` keeps from forward to backward:
     the embeddings', each block's (:func:`kept_by_block`), and the LM head's and loss's, which
     are never checkpointed."""
     embed, per_block, head, _, _ = _layout(config, batch_size, mode, every, segments, seq_len,
-                                           dtype, device)
+                                           dtype, gpu, autocast)
     return [*embed, *(item for items in per_block for item in items), *head]
 
 
@@ -285,51 +291,15 @@ def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", e
                        **kwargs) -> int:
     """Bytes held between forward and backward under ``mode`` (token ids, targets, logits excluded).
 
-    The sum of :func:`kept_items`; ``kwargs``: ``segments``, ``seq_len``,
-    ``dtype``, ``device`` as there. Per-block checkpointing of ``L`` blocks keeps
-    ``L * b*s*h`` elements instead of ``L`` times :func:`course_lib.activations.block_saved_bytes`;
-    ``sqrt`` with ``k`` segments keeps ``(k - 1)`` inputs plus the last
-    ``L - (k-1)*(L//k)`` blocks whole (Chen et al. 2016, section 4).
+    The sum of :func:`kept_items` as the device allocates it (rounded per storage on a GPU);
+    ``kwargs``: ``segments``, ``seq_len``, ``dtype``, ``gpu``, ``autocast`` as there.
+    Per-block checkpointing of ``L`` blocks keeps ``L * b*s*h`` elements instead of ``L``
+    times :func:`course_lib.activations.block_saved_bytes`; ``sqrt`` with ``k`` segments keeps
+    ``(k - 1)`` inputs plus the last ``L - (k-1)*(L//k)`` blocks whole (Chen et al. 2016, section 4).
     """
-    return _activation_bytes(kept_items(config, batch_size, mode, every, **kwargs))
-
-
-def _activation_bytes(items) -> int:
-    # Token ids and targets existed before the step; 0-d Python-number scalars live on the host.
-    return act.total_bytes(items, kinds=("activation",))
-
-
-def predict_activation_peak(config: GPTConfig, batch_size: int, mode: str = "none",
-                            every: int = 1, *, segments: int | None = None,
-                            seq_len: int | None = None, dtype=torch.float32,
-                            device: str = "cpu") -> int:
-    """Activation bytes at the worst moment of the backward pass (Chen et al. 2016, section 4.1).
-
-    ``max(kept, max over regions r of [embeddings + what blocks below r keep + r rebuilt])``:
-    when the backward pass reaches a checkpointed region, the head and the blocks
-    above it have been freed, the blocks below still hold what they keep, and the
-    region's forward runs again and holds all its activations (for ``selective``
-    the block's, for ``attention`` the core's on top of what the block keeps).
-    Gradients flowing between ops are not counted: the measured peak is within a
-    dozen ``b*s*h`` tensors of this estimate (above it, or below it in ``attention``
-    mode, where the block's MLP tensors are already freed when its core is rebuilt).
-    """
-    embed, per_block, head, regions, block = _layout(config, batch_size, mode, every, segments,
-                                                     seq_len, dtype, device)
-    kept = [_activation_bytes(items) for items in per_block]
-    base = _activation_bytes(embed)
-    peak = base + sum(kept) + _activation_bytes(head)
-    full = _activation_bytes(block)
-    for region in regions:
-        below = base + sum(kept[:region[0]])
-        if mode == "attention":
-            core = act.attention_core_saved(config, batch_size, seq_len or config.seq_len, dtype,
-                                            device)
-            rebuilt = kept[region[0]] + _activation_bytes(core)
-        else:
-            rebuilt = len(region) * full
-        peak = max(peak, below + rebuilt)
-    return peak
+    gpu = resolve_gpu(kwargs.get("gpu"))
+    return act.total_bytes(kept_items(config, batch_size, mode, every, **kwargs),
+                           act.STEP_KINDS, gpu)
 
 
 @dataclass(frozen=True)
@@ -337,30 +307,26 @@ class CheckpointCost:
     """Predicted cost of one forward+backward of the GPT under a checkpointing mode.
 
     ``kept_bytes``: activations held from forward to backward (:func:`predict_kept_bytes`);
-    ``activation_peak``: activations at the worst moment (:func:`predict_activation_peak`);
     ``flops``: FLOPs of forward, backward and recomputation (:func:`step_flops`);
-    ``flops_plain``: the same without checkpointing. All in bytes or FLOPs.
+    ``flops_plain``: the same without checkpointing. The peak of the whole step is the
+    memory engine's (:func:`course_lib.engine.predict_step_memory`).
     """
 
     mode: str
     kept_bytes: int
-    activation_peak: int
     flops: int
     flops_plain: int
 
     @property
-    def time_ratio(self) -> float:
-        """``flops / flops_plain``: the step's compute against no checkpointing (1.33 = one more forward)."""
+    def flop_ratio(self) -> float:
+        """``flops / flops_plain``: the step's compute against no checkpointing (1.33 = one more
+        forward). Wall time follows it only where the step is compute-bound."""
         return self.flops / self.flops_plain
-
-
-def _attention_kernel(config: GPTConfig, dtype, device: str) -> str:
-    return "explicit" if config.attention == "explicit" else act.sdpa_kernel(config, dtype, device)
 
 
 def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
-               device: str = "cpu") -> tuple[int, int]:
+               gpu=None, autocast: bool = False) -> tuple[int, int]:
     """``(flops, recomputed)``: FLOPs of forward + backward + recomputation, and the recomputation's.
 
     Counted as ``torch.utils.flop_counter.FlopCounterMode`` counts them (2 per
@@ -369,7 +335,8 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     ``s x s`` square although it is causal), the LM head ``2*b*s*h*V``; the
     backward pass costs twice the forward, except a fused attention kernel,
     counted at 2.5x (it recomputes the scores). ``FlopCounterMode`` has no formula
-    for the CPU flash kernel (``sdpa``, ``device="cpu"``, no dropout): 0 there.
+    for the CPU flash kernel (``sdpa`` on the CPU without dropout): 0 there.
+    ``gpu`` (None: the CPU) decides the attention kernel (:func:`course_lib.kernels.sdpa_kernel`).
 
     Recomputation: a region reruns its forward only up to the last tensor its
     backward needs (``torch.utils.checkpoint`` stops early): without dropout the
@@ -382,12 +349,12 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     L = config.n_layers
     segments = _check_mode(mode, every, segments, L)
     seq_len = config.seq_len if seq_len is None else seq_len
-    act.embedding_saved(config, batch_size, seq_len, dtype, device)  # validates the arguments
+    _, _, t = act._check(config, batch_size, seq_len, dtype, gpu, autocast)
     b, s, h = batch_size, seq_len, config.d_model
-    kernel = _attention_kernel(config, dtype, device)
+    kernel = kernels.attention_kernel(config, t.compute, t.gpu)
     linears, core, head = 24 * b * s * h * h, 4 * b * s * s * h, 2 * b * s * h * config.vocab_size
     core_backward = 2 * core if kernel in ("explicit", "math") else 5 * core // 2
-    if device == "cpu" and kernel == "flash":
+    if t.gpu is None and kernel == "flash":
         core = core_backward = 0
     plain = L * (3 * linears + core + core_backward) + 3 * head
     regions = _regions(L, mode, every, segments)
@@ -405,13 +372,12 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
 
 def checkpoint_cost(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1,
                     **kwargs) -> CheckpointCost:
-    """Predicted memory and compute of ``mode`` for ``GPT(config)``: a :class:`CheckpointCost`.
+    """Predicted kept bytes and compute of ``mode`` for ``GPT(config)``: a :class:`CheckpointCost`.
 
-    ``kwargs``: ``segments``, ``seq_len``, ``dtype``, ``device`` as :func:`kept_items`.
+    ``kwargs``: ``segments``, ``seq_len``, ``dtype``, ``gpu``, ``autocast`` as :func:`kept_items`.
     """
     flops, extra = step_flops(config, batch_size, mode, every, **kwargs)
     return CheckpointCost(mode, predict_kept_bytes(config, batch_size, mode, every, **kwargs),
-                          predict_activation_peak(config, batch_size, mode, every, **kwargs),
                           flops, flops - extra)
 
 
@@ -432,13 +398,3 @@ def measure_kept_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
         logits, loss = model(inputs, targets)
     outputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (logits, loss)}
     return tracker.live - sum(outputs.values())
-
-
-def __getattr__(name: str):
-    # The planner (course_lib.planner) builds on this module, so it is re-exported lazily
-    # (PEP 562) to avoid an import cycle: ``checkpointing.plan_checkpointing`` works.
-    if name in ("plan_checkpointing", "NothingFits"):
-        from . import planner
-
-        return getattr(planner, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

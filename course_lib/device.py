@@ -13,6 +13,12 @@ on datacenter GPUs. :func:`pick_device` prefers CUDA, then MPS, then the CPU;
 * CPU: ``torch.float32``. CPU autocast exists, but the course's CPU runs are there
   to be quick and exact, not to imitate a GPU.
 * MPS: ``torch.bfloat16`` where the OS supports it, else ``torch.float16``.
+
+:data:`GPUS` holds the cards learners train on, as :class:`GPU` presets (memory
+in bytes as the card reports it, compute capability), so that every prediction
+of the course can be made for a T4 or an H100 on a laptop; :func:`live_gpu`
+reads the same facts from the GPU of this kernel, and :func:`resolve_gpu` turns
+what a learner passes (None, a preset name, "cuda", a ``GPU``) into one of them.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .units import format_bytes
+from .units import MiB, format_bytes
 
 _KINDS = ("cuda", "mps", "cpu")
 
@@ -58,6 +64,91 @@ def pick_device(prefer: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+@dataclass(frozen=True)
+class GPU:
+    """A CUDA card as the memory engine sees it.
+
+    Attributes:
+        name: what the course calls it ("T4", "H100 80GB") or the driver's name for a live card.
+        total_memory: bytes of device memory as the card reports it
+            (``torch.cuda.get_device_properties(i).total_memory``, ``nvidia-smi``'s "Total").
+        capability: the compute capability ``(major, minor)``: 7.5 is Turing (T4), 8.0 Ampere
+            (A100), 8.9 Ada (L4), 9.0 Hopper (H100, H200). It decides the attention kernel and
+            whether bf16 runs on tensor cores.
+        free_memory: bytes free when it was read (``torch.cuda.mem_get_info``), live cards only.
+        live: True when read from this kernel's GPU (:func:`live_gpu`), False for a preset.
+    """
+
+    name: str
+    total_memory: int
+    capability: tuple[int, int]
+    free_memory: int | None = None
+    live: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.total_memory, int) or self.total_memory < 1:
+            raise ValueError(f"total_memory must be a positive int of bytes, got {self.total_memory!r}")
+        cap = self.capability
+        if not (isinstance(cap, tuple) and len(cap) == 2 and all(isinstance(c, int) for c in cap)):
+            raise ValueError(f"capability must be a (major, minor) pair of ints, got {cap!r}")
+
+    @property
+    def has_native_bf16(self) -> bool:
+        """bf16 tensor cores: compute capability 8.0 and newer (not a T4)."""
+        return self.capability >= (8, 0)
+
+
+#: The GPUs learners train on, by the name the widgets show. Memory is what the card
+#: reports (MiB x 2**20 bytes), not the decimal gigabytes on the box: an "80 GB" A100 holds
+#: 81920 MiB = 85.9e9 bytes, a "16 GB" T4 15360 MiB (Colab leaves about 15 GiB to a notebook,
+#: see lecture 06).
+GPUS: dict[str, GPU] = {
+    "T4": GPU("T4", 15360 * MiB, (7, 5)),
+    "L4": GPU("L4", 23034 * MiB, (8, 9)),
+    "A100 40GB": GPU("A100 40GB", 40960 * MiB, (8, 0)),
+    "A100 80GB": GPU("A100 80GB", 81920 * MiB, (8, 0)),
+    "H100 80GB": GPU("H100 80GB", 81559 * MiB, (9, 0)),
+    "H200": GPU("H200", 143771 * MiB, (9, 0)),
+}
+
+
+def live_gpu(device: torch.device | str | int = "cuda") -> GPU:
+    """This kernel's GPU as a :class:`GPU`: name, total and free memory, compute capability.
+
+    Raises:
+        ValueError: if this machine has no CUDA device.
+    """
+    if not torch.cuda.is_available():
+        raise ValueError("this machine has no CUDA device; pass a preset of GPUS instead, "
+                         f"one of {list(GPUS)}")
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    props = torch.cuda.get_device_properties(device)
+    free, _ = torch.cuda.mem_get_info(device)
+    return GPU(props.name, int(props.total_memory), (props.major, props.minor),
+               free_memory=int(free), live=True)
+
+
+def resolve_gpu(gpu) -> GPU | None:
+    """What a prediction runs on: None for the CPU, else a :class:`GPU`.
+
+    Args:
+        gpu: None or "cpu" (the CPU's kernels), a name of :data:`GPUS`, "cuda" (this kernel's
+            GPU, :func:`live_gpu`), or a :class:`GPU`.
+
+    Raises:
+        ValueError: for an unknown name, or "cuda" on a machine without CUDA.
+    """
+    if gpu is None or gpu == "cpu":
+        return None
+    if isinstance(gpu, GPU):
+        return gpu
+    if gpu == "cuda":
+        return live_gpu()
+    if isinstance(gpu, str) and gpu in GPUS:
+        return GPUS[gpu]
+    raise ValueError(f"gpu must be None, 'cpu', 'cuda', a GPU or one of {list(GPUS)}, got {gpu!r}")
+
+
 def cuda_has_native_bf16(device: torch.device | str = "cuda") -> bool:
     """True on GPUs with bf16 tensor cores (compute capability 8.0+); False on a T4 (7.5)."""
     if not torch.cuda.is_available():
@@ -66,8 +157,14 @@ def cuda_has_native_bf16(device: torch.device | str = "cuda") -> bool:
     return major >= 8
 
 
-def pick_dtype(device: torch.device | str) -> torch.dtype:
-    """The training dtype for ``device``: bf16 or fp16 on GPUs, fp32 on the CPU (see module doc)."""
+def pick_dtype(device: torch.device | str | GPU) -> torch.dtype:
+    """The training dtype for ``device``: bf16 or fp16 on GPUs, fp32 on the CPU (see module doc).
+
+    ``device`` may also be a :class:`GPU` (a preset of :data:`GPUS`): ``GPUS["T4"]`` gives
+    ``torch.float16``, Ampere and newer ``torch.bfloat16``.
+    """
+    if isinstance(device, GPU):
+        return torch.bfloat16 if device.has_native_bf16 else torch.float16
     device = torch.device(device)
     if device.type == "cuda":
         return torch.bfloat16 if cuda_has_native_bf16(device) else torch.float16

@@ -1,46 +1,21 @@
 """06: fit it together: the largest GPT, or the largest batch, that trains within a memory budget.
 
-A training step's memory is predicted with the course's planners and combined
-here for a *steady-state* optimizer step (the second and later: AdamW's ``m``
-and ``v`` exist before it starts) of ``K`` accumulated micro-batches, in bytes:
-
-* **resident** between steps: the parameters, the fp32 master weights (mixed
-  precision only) and the optimizer state (``m``, ``v`` and one 4-byte ``step``
-  counter per parameter tensor), as :func:`course_lib.memory.training_memory`
-  counts them;
-* **plus the worst moment of the step**, the largest of
-
-  - the first micro-batch's backward pass: saved activations, gradients in
-    flight and the weight gradients created so far
-    (:func:`course_lib.planner.predict_peak`, which replays the backward pass
-    node by node under each checkpointing mode);
-  - later micro-batches (``K > 1``): the same, but the accumulated gradient
-    (``P`` elements) is already there. Each new weight gradient is added into it
-    and freed, so the prediction, which keeps the first pass's new gradients on
-    top of the full one, is an **upper bound** (tight when the pass peaks early,
-    at the loss);
-  - the optimizer step: the gradients plus AdamW's scratch
-    (:func:`course_lib.activations.adamw_scratch_bytes`) or, in mixed precision,
-    the fp32 copies of the gradients the master weights are updated with.
-
-Precisions (names as in :data:`course_lib.memory.PRECISIONS`):
-
-=================  ==================================================  ==============
-``"fp32"``         fp32 model and AdamW                                16 bytes/param
-``"bf16-mixed"``   bf16 model, fp32 master weights and AdamW state     16 bytes/param
-                   (Megatron-LM / DeepSpeed; :class:`MasterWeightAdamW`)
-``"bf16"``         bf16 model and AdamW state ("pure" bf16)            8 bytes/param
-=================  ==================================================  ==============
-
-(per parameter, gradients included). Mixed precision saves activation memory,
+Every step is predicted by the memory engine
+(:func:`course_lib.engine.predict_step_memory`, re-exported here as
+:func:`predict_step_memory`) for a *steady-state* optimizer step (the second and
+later: AdamW's ``m`` and ``v`` exist before it starts) of ``K`` accumulated
+micro-batches, on the CPU or on a GPU (``gpu``: a preset of
+:data:`course_lib.device.GPUS` or this kernel's). Precisions are the engine's
+(:data:`course_lib.engine.PRECISIONS`); mixed precision saves activation memory,
 not model-state memory: the claim check of lecture 06 measures it.
 
 :func:`largest_batch` finds, for one model, the largest micro-batch under each
 checkpointing policy; :func:`fit_model` finds the largest GPT of a search space
 and the settings (precision, micro-batch, accumulation steps, checkpointing)
-that train it with a given effective batch. :func:`run_within_budget` runs a
-training function under the budget: on CUDA it sets
-``torch.cuda.set_per_process_memory_fraction`` and catches the real
+that train it with a given effective batch. :func:`build` makes the model and
+optimizer those predictions are for, and :func:`measure_step_memory` measures
+them. :func:`run_within_budget` runs a training function under the budget: on
+CUDA it sets ``torch.cuda.set_per_process_memory_fraction`` and catches the real
 ``OutOfMemoryError``; elsewhere a :class:`BudgetTracker` stops the work when
 its live tensors exceed the budget. Either way the result is a :class:`Trial`
 with a clear message, and the kernel survives.
@@ -48,24 +23,24 @@ with a clear message, and the kernel survives.
 
 from __future__ import annotations
 
-import functools
 import gc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
-from . import activations as act
 from . import checkpointing as ckpt
-from . import planner
+from . import engine
 from .checkpointing import enable_checkpointing
+from .device import resolve_gpu
+from .engine import StepMemory, breakdown_rows, predict_step_memory
 from .measure import LiveTensorTracker, peak_memory
 from .models import GPT, GPTConfig, gpt_param_count, param_numels
-from .training import train
+from .training import make_grad_scaler, train
 from .units import format_bytes
 from .validation import positive_int
 
-FIT_PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+FIT_PRECISIONS = engine.PRECISIONS
 #: The checkpointing policies the search considers, ``(mode, every)``, in order of increasing
 #: recompute (:func:`course_lib.checkpointing.step_flops`): none; matmul outputs kept, the rest
 #: of every block recomputed; every other block whole; every block; sqrt(n) segments.
@@ -76,7 +51,6 @@ DEFAULT_WIDTHS = tuple(range(128, 8192 + 1, 128))
 DEFAULT_DEPTHS = tuple(range(1, 129))
 DEFAULT_ASPECT_RATIO = (32, 128)
 
-_MODEL_DTYPE = {"fp32": torch.float32, "bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16}
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
@@ -105,113 +79,8 @@ def _check_policies(policies) -> tuple:
 
 
 def model_dtype(precision: str) -> torch.dtype:
-    """The dtype of the model's parameters and activations under ``precision``."""
-    return _MODEL_DTYPE[_check_precision(precision)]
-
-
-# --------------------------------------------------------------------------- one step, predicted
-
-@dataclass(frozen=True)
-class StepMemory:
-    """Predicted memory at the worst moment of a steady-state optimizer step, in bytes.
-
-    ``parameters``, ``master_weights`` and ``optimizer_state`` are resident
-    between steps; ``gradients``, ``activations`` and ``transient`` (gradients
-    in flight, scratch) are what the step adds at its worst ``moment``.
-    ``total`` is their sum: what the device must hold.
-    """
-
-    moment: str
-    parameters: int
-    master_weights: int
-    optimizer_state: int
-    gradients: int
-    activations: int
-    transient: int
-
-    @property
-    def resident(self) -> int:
-        return self.parameters + self.master_weights + self.optimizer_state
-
-    @property
-    def total(self) -> int:
-        return self.resident + self.gradients + self.activations + self.transient
-
-    def as_dict(self) -> dict[str, int]:
-        """The six categories by name (no ``moment``), for tables and stacked bars."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "moment"}
-
-
-def _backward_moment(config: GPTConfig, b: int, mode: str, every: int, seq_len: int,
-                     dtype: torch.dtype) -> act.StepPeak:
-    """The largest moment of a step before the optimizer runs (backward, or SDPA's math forward).
-
-    :func:`course_lib.planner.predict_peak` takes the larger of that and the
-    optimizer step of a *first* step (``m`` and ``v`` created in it); a steady-state
-    step holds ``m`` and ``v`` during the backward pass too, so it needs this moment alone.
-    """
-    moments = planner.predict_moments(config, b, mode, every, seq_len=seq_len, dtype=dtype)
-    del moments["optimizer"]
-    return max(moments.values(), key=lambda peak: peak.total)
-
-
-@functools.lru_cache(maxsize=4096)
-def _predict(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
-             seq_len: int) -> StepMemory:
-    config = GPTConfig(**dict(key))  # GPTConfig is mutable, so the cache is keyed by its fields
-    dtype = _MODEL_DTYPE[precision]
-    e = dtype.itemsize
-    numels = param_numels(config)
-    P = sum(numels)
-    mixed = precision == "bf16-mixed"
-    state_e = 4 if precision in ("fp32", "bf16-mixed") else 2
-    resident = dict(parameters=P * e, master_weights=4 * P if mixed else 0,
-                    optimizer_state=2 * P * state_e + 4 * len(numels))
-    grads = P * e
-    first = _backward_moment(config, b, mode, every, seq_len, dtype)
-    moments = [StepMemory("backward, micro-batch 1: " + first.moment, **resident,
-                          gradients=first.gradients, activations=first.activations,
-                          transient=first.transient)]
-    if K > 1:  # the accumulated gradient is live; the pass's new ones count as transient (bound)
-        moments.append(StepMemory("backward, micro-batch 2+: " + first.moment, **resident,
-                                  gradients=grads, activations=first.activations,
-                                  transient=first.transient + first.gradients))
-    if mixed:  # fp32 copies of the gradients replace the bf16 ones one tensor at a time, then AdamW
-        scratch = max(2 * numels[-1], act.adamw_scratch_bytes([4 * n for n in numels]))
-        moments.append(StepMemory("optimizer step (fp32 master gradients)", **resident,
-                                  gradients=4 * P, activations=0, transient=scratch + 4))
-    else:
-        moments.append(StepMemory("optimizer step", **resident, gradients=grads, activations=0,
-                                  transient=act.adamw_scratch_bytes([e * n for n in numels]) + 4))
-    return max(moments, key=lambda m: m.total)
-
-
-def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
-                        precision: str = "fp32", mode: str = "none", every: int = 1,
-                        seq_len: int | None = None) -> StepMemory:
-    """Predicted peak bytes of one steady-state AdamW step of ``GPT(config)`` (see the module doc).
-
-    ``micro_batch_size`` sequences of ``seq_len`` tokens (default ``config.seq_len``)
-    per forward and backward pass, ``accumulation_steps`` passes per optimizer
-    step, ``precision`` one of :data:`FIT_PRECISIONS`, checkpointing ``mode`` and
-    ``every`` as :func:`course_lib.checkpointing.enable_checkpointing`. The
-    training is :func:`course_lib.training.train` with the model and optimizer of
-    :func:`build`. On the CPU, with ``accumulation_steps=1``, it equals
-    :func:`measure_step_memory` to within a few bytes (the planner's accuracy);
-    with more steps it is an upper bound. Activations follow the planner's CPU
-    conventions; on CUDA the allocator adds block rounding.
-    """
-    _check_config(config)
-    b = positive_int("micro_batch_size", micro_batch_size)
-    K = positive_int("accumulation_steps", accumulation_steps)
-    _check_precision(precision)
-    if mode not in ckpt.MODES:
-        raise ValueError(f"mode must be one of {ckpt.MODES}, got {mode!r}")
-    positive_int("every", every)
-    seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
-    if seq_len > config.seq_len:
-        raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {seq_len}")
-    return _predict(tuple(sorted(vars(config).items())), b, K, precision, mode, every, seq_len)
+    """The dtype of the model's parameters under ``precision`` (fp32 under autocast)."""
+    return engine.precision_of(_check_precision(precision)).params
 
 
 def _label(mode: str, every: int) -> str:
@@ -257,11 +126,12 @@ def _largest(fits: Callable[[int], bool], candidates: Sequence[int]) -> int:
 def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp32",
                   accumulation_steps: int = 1, seq_len: int | None = None,
                   policies: Sequence[tuple[str, int]] = FIT_POLICIES,
-                  max_batch: int = 1 << 16) -> list[BatchFit]:
+                  max_batch: int = 1 << 16, gpu=None) -> list[BatchFit]:
     """For each checkpointing policy, the largest micro-batch whose predicted step fits ``budget_bytes``.
 
     Predicted peak memory grows with the micro-batch, so each is found by
-    bisection over ``1 .. max_batch`` with :func:`predict_step_memory`. Returns
+    bisection over ``1 .. max_batch`` with :func:`predict_step_memory` for ``gpu``
+    (None: the CPU's kernels; a preset name or a :class:`~course_lib.device.GPU`). Returns
     one :class:`BatchFit` per policy of ``policies`` (``(mode, every)`` pairs),
     in their order.
     """
@@ -270,11 +140,12 @@ def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp3
     positive_int("max_batch", max_batch)
     policies = _check_policies(policies)
     seq_len = config.seq_len if seq_len is None else seq_len
+    gpu = resolve_gpu(gpu)
     out = []
     for mode, every in policies:
         def memory(b, mode=mode, every=every):
             return predict_step_memory(config, b, accumulation_steps, precision=precision,
-                                       mode=mode, every=every, seq_len=seq_len)
+                                       mode=mode, every=every, seq_len=seq_len, gpu=gpu)
 
         # Bisection over a doubling range: probe 1, 2, 4, ... then bisect the last interval.
         top = 1
@@ -377,7 +248,8 @@ def _micro_batches(effective_batch: int, max_accumulation_steps: int | None) -> 
 
 
 def _settings(config: GPTConfig, budget: int, effective_batch: int, precision: str,
-              policies: tuple, max_accumulation_steps: int | None = None) -> Fit | None:
+              policies: tuple, max_accumulation_steps: int | None = None,
+              gpu=None) -> Fit | None:
     """The cheapest way to train ``config`` in ``precision`` under ``budget``, or None.
 
     Policies are tried in order of increasing recompute; for the first with any
@@ -388,7 +260,7 @@ def _settings(config: GPTConfig, budget: int, effective_batch: int, precision: s
     for mode, every in sorted(policies, key=lambda p: _recompute_fraction(config, *p, seq_len)):
         def memory(b, mode=mode, every=every):
             return predict_step_memory(config, b, effective_batch // b, precision=precision,
-                                       mode=mode, every=every)
+                                       mode=mode, every=every, gpu=gpu)
 
         # Without accumulation the gradient is never whole during a backward pass, so the whole
         # batch at once can fit where half of it with accumulation does not: try it on its own.
@@ -405,7 +277,8 @@ def _settings(config: GPTConfig, budget: int, effective_batch: int, precision: s
 
 
 #: Bytes per parameter of (resident model states, gradients at the optimizer step), per precision.
-_STATE_BYTES = {"fp32": (12, 4), "bf16-mixed": (14, 4), "bf16": (6, 2)}
+_STATE_BYTES = {"fp32": (12, 4), "fp16-mixed": (14, 4), "bf16-mixed": (14, 4), "bf16": (6, 2),
+                "autocast-fp16": (12, 4), "autocast-bf16": (12, 4)}
 
 
 def _lower_bound(config: GPTConfig, precision: str) -> int:
@@ -423,7 +296,7 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
               aspect_ratio: tuple | None = DEFAULT_ASPECT_RATIO,
               precisions: Sequence[str] = ("bf16-mixed", "fp32"),
               policies: Sequence[tuple[str, int]] = FIT_POLICIES,
-              max_accumulation_steps: int | None = None) -> Fit:
+              max_accumulation_steps: int | None = None, gpu=None) -> Fit:
     """The largest GPT of the search space that trains within ``budget_bytes``, and how.
 
     Search space: :func:`search_space` (``d_model`` in ``widths``, ``n_layers`` in
@@ -437,8 +310,9 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     setting chosen is: the first precision of ``precisions`` that fits (the order
     is a preference: ``"bf16-mixed"`` before ``"fp32"`` by default; pure
     ``"bf16"`` only if listed), then the policy with the least recompute, then
-    the largest micro-batch. Returns a :class:`Fit`; raises ``ValueError`` if
-    nothing fits.
+    the largest micro-batch. ``gpu``: where it trains, as :func:`predict_step_memory`
+    takes it (the budget is still ``budget_bytes``). Returns a :class:`Fit`; raises
+    ``ValueError`` if nothing fits.
 
     Search: memory grows with depth at a fixed width, so each width's deepest
     fitting model is found by bisection (with the smallest micro-batch or the
@@ -458,6 +332,7 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     policies = _check_policies(policies)
     if max_accumulation_steps is not None:
         positive_int("max_accumulation_steps", max_accumulation_steps)
+    gpu = resolve_gpu(gpu)
     micro = _micro_batches(effective_batch, max_accumulation_steps)
     # The least memory: the smallest micro-batch, or the whole batch without accumulation (see
     # _settings); a model fits if one of them does.
@@ -472,7 +347,7 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
 
     def fits(config: GPTConfig) -> bool:  # in some precision, policy and extreme micro-batch
         return any(predict_step_memory(config, b, effective_batch // b, precision=p, mode=m,
-                                       every=ev).total <= budget
+                                       every=ev, gpu=gpu).total <= budget
                    for p in sorted(precisions, key=lambda p: _lower_bound(config, p))
                    for m, ev in lean for b in extremes)
 
@@ -487,7 +362,7 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     if best is not None:
         for precision in precisions:
             fit = _settings(best, budget, effective_batch, precision, policies,
-                            max_accumulation_steps)
+                            max_accumulation_steps, gpu)
             if fit is not None:
                 return fit
     smallest = configs[-1]
@@ -501,16 +376,20 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
 class MasterWeightAdamW:
     """AdamW on fp32 master copies of a 16-bit model's parameters (mixed precision, Megatron-style).
 
-    The model holds bf16 parameters and gets bf16 gradients; this optimizer
+    The model holds fp16 or bf16 parameters and gets 16-bit gradients; this optimizer
     keeps an fp32 copy of every parameter (the master weights) and AdamW's
     ``m`` and ``v`` in fp32: 2 + 2 + 4 + 4 + 4 = 16 bytes per parameter
     (Micikevicius et al. 2018, "Mixed Precision Training"; Rajbhandari et al.
-    2020, ZeRO, section 3.1). ``step()`` turns each bf16 gradient into an fp32
-    one on the master copy (freeing the bf16 one), runs AdamW, and copies the
-    master weights back into the model; while it runs, the fp32 gradients briefly
-    make it 18 bytes per parameter. bf16 needs no loss scaling (no ``GradScaler``).
-    It has what :func:`course_lib.training.train` uses: ``param_groups``,
-    ``step()``, ``zero_grad()``; ``optimizer`` is the inner ``torch.optim.AdamW``.
+    2020, ZeRO, section 3.1). :meth:`prepare_grads` turns each 16-bit gradient into
+    an fp32 one on the master copy (freeing the 16-bit one); ``step()`` does that if
+    it was not done, runs AdamW, and copies the master weights back into the model.
+    While it runs, the fp32 gradients briefly make it 18 bytes per parameter.
+
+    :func:`course_lib.training.train` calls :meth:`prepare_grads` before clipping and
+    before a ``GradScaler`` unscales, so both see the fp32 master gradients
+    (``param_groups`` are the master weights'): that is how fp16 training with loss
+    scaling works here (``GradScaler`` refuses to unscale fp16 gradients). bf16 needs
+    no loss scaling. ``optimizer`` is the inner ``torch.optim.AdamW``.
     """
 
     def __init__(self, params, **adamw_kwargs):
@@ -520,22 +399,28 @@ class MasterWeightAdamW:
         self.master = [p.detach().float().requires_grad_(True) for p in self.params]
         adamw_kwargs.setdefault("foreach", False)
         self.optimizer = torch.optim.AdamW(self.master, **adamw_kwargs)
-        self.param_groups = [{"params": self.params}]  # what train() clips gradients over
+        self.param_groups = self.optimizer.param_groups
         self.state = self.optimizer.state
 
     @torch.no_grad()
-    def step(self) -> None:
+    def prepare_grads(self) -> None:
+        """Move every 16-bit gradient of the model to its fp32 master copy (once per step)."""
         for p, master in zip(self.params, self.master):
-            master.grad = None if p.grad is None else p.grad.float()
-            p.grad = None
+            if p.grad is not None:
+                master.grad = p.grad.float()
+                p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.prepare_grads()
         self.optimizer.step()
         for p, master in zip(self.params, self.master):
             p.copy_(master)
             master.grad = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            p.grad = None
+        for t in (*self.params, *self.master):
+            t.grad = None
 
 
 def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", every: int = 1,
@@ -545,16 +430,31 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
     The model is ``GPT(config)`` in :func:`model_dtype` on ``device`` with
     :func:`course_lib.checkpointing.enable_checkpointing`; the optimizer is
     ``torch.optim.AdamW(foreach=False)`` (the per-tensor implementation, whose
-    scratch the prediction counts), or :class:`MasterWeightAdamW` for ``"bf16-mixed"``.
+    scratch the prediction counts), or :class:`MasterWeightAdamW` for the mixed
+    precisions. Train it with :func:`train_options` (autocast, loss scaling).
     """
     _check_config(config)
-    dtype = model_dtype(precision)
+    spec = engine.precision_of(_check_precision(precision))
     torch.manual_seed(seed)
-    model = GPT(config).to(device=device, dtype=dtype)
+    model = GPT(config).to(device=device, dtype=spec.params)
     enable_checkpointing(model, mode, every)
-    if precision == "bf16-mixed":
+    if spec.master:
         return model, MasterWeightAdamW(model.parameters(), lr=lr)
     return model, torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+
+
+def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
+    """The keyword arguments of :func:`course_lib.training.train` for ``precision``.
+
+    ``amp_dtype`` for the autocast precisions, and a fresh ``GradScaler`` wherever fp16
+    computes (fp16-mixed, autocast-fp16); keep the dict for the whole run, so that the
+    scaler keeps its scale from step to step.
+    """
+    spec = engine.precision_of(_check_precision(precision))
+    options = {"amp_dtype": spec.compute if spec.autocast else None, "grad_scaler": None}
+    if spec.grad_scaler:
+        options["grad_scaler"] = make_grad_scaler(torch.device(device).type)
+    return options
 
 
 def resident_bytes(model: torch.nn.Module, optimizer) -> int:
@@ -581,10 +481,11 @@ def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     b = positive_int("micro_batch_size", micro_batch_size)
     K = positive_int("accumulation_steps", accumulation_steps)
     model, optimizer = build(config, precision=precision, mode=mode, every=every, device=device)
+    options = train_options(precision, device)
     x, y = _tokens(config, b * K, device)
 
     def step():
-        train(model, optimizer, [(x, y)], micro_batch_size=b, accumulation_steps=K)
+        train(model, optimizer, [(x, y)], micro_batch_size=b, accumulation_steps=K, **options)
 
     step()
     resident = resident_bytes(model, optimizer)
@@ -709,13 +610,8 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
                  f"{format_bytes(budget)} ({peak / budget:.0%})", result[0])
 
 
-def breakdown_rows(memory: StepMemory) -> list[tuple[str, int]]:
-    """``(category, bytes)`` of a :class:`StepMemory` for a stacked bar, zero categories left out."""
-    return [(name.replace("_", " "), v) for name, v in memory.as_dict().items() if v]
-
-
 __all__ = ["FIT_PRECISIONS", "FIT_POLICIES", "StepMemory", "BatchFit", "Fit", "Trial",
            "MasterWeightAdamW", "MemoryBudgetExceeded", "BudgetTracker", "param_numels",
            "predict_step_memory", "measure_step_memory", "largest_batch", "search_space",
-           "fit_model", "build", "check_budget", "run_within_budget", "model_dtype",
+           "fit_model", "build", "train_options", "check_budget", "run_within_budget", "model_dtype",
            "breakdown_rows"]

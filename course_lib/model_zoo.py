@@ -1,4 +1,4 @@
-"""Real model shapes to count, and the GPUs they are meant to fit on.
+"""Real model shapes to count (the GPUs they are meant to fit on are :data:`course_lib.device.GPUS`).
 
 * :class:`Llama`, a Llama-style decoder (Touvron et al. 2023, "Llama 2: Open
   Foundation and Fine-Tuned Chat Models"; Meta 2024, "The Llama 3 Herd of
@@ -9,8 +9,6 @@
   configurations with the parameter counts their publishers report.
 * :func:`build_model` builds any of them on the ``meta`` device: shapes and dtypes
   without storage, so that a 405B model is counted in a second on a laptop.
-* :data:`GPU_MEMORY`: the memory of common GPUs in bytes, as their vendors quote
-  it (decimal gigabytes: an "80 GB" H100 is ``80 * 10**9`` bytes here).
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .models import GPT, GPTConfig, gpt_param_count
-from .units import GB
 from .validation import positive_int
 
 
@@ -210,13 +207,3 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("Llama 3.1 405B", _llama(128256, 16384, 126, 128, 8, 53248), 405_853_388_800,
            f"{_HF} meta-llama/Llama-3.1-405B"),
 )}
-
-#: GPU memory in bytes, as the vendor quotes it (decimal GB). The driver reports a little
-#: less usable memory (ECC, the CUDA context), so these are upper bounds on what fits.
-GPU_MEMORY: dict[str, int] = {
-    "T4 16 GB": 16 * GB,
-    "A100 40 GB": 40 * GB,
-    "A100 80 GB": 80 * GB,
-    "H100 80 GB": 80 * GB,
-    "H200 141 GB": 141 * GB,
-}

@@ -13,14 +13,11 @@ Memory, in bytes, of one steady-state step (the optimizer state exists):
 * measured: the bytes resident before the step (weights and AdamW's ``m``, ``v``)
   plus :func:`course_lib.measure.peak_memory` of the step (``K`` forward and
   backward passes, ``optimizer.step()``, ``zero_grad``);
-* predicted: ``16 P`` for weights, gradients and AdamW state (4 + 4 + 8 bytes
-  per fp32 parameter) plus ``b * a``, where ``a`` (bytes of activations and
-  backward temporaries per sample) comes from one calibration measurement, a
-  forward and backward pass of ``calibration_batch`` samples with the gradients
-  already allocated. ``K`` does not appear: that is the claim under test.
-  The prediction ignores the optimizer step's own temporaries (PyTorch's
-  ``foreach`` AdamW makes parameter-sized scratch tensors), so it is low when
-  ``b`` is so small that the optimizer step is the peak.
+* predicted: the memory engine's ``total``
+  (:func:`course_lib.engine.predict_step_memory`, fp32, for the playground's
+  device). From ``K = 2`` on the whole gradient is alive during every backward
+  pass, so the prediction (an upper bound there) does not change with ``K``: that
+  is the claim under test; ``K = 1`` peaks lower, before the gradient is whole.
 
 Checkpointing uses :func:`course_lib.checkpointing.enable_checkpointing`
 (``mode="blocks"``: ``torch.utils.checkpoint`` around every block).
@@ -34,8 +31,9 @@ from dataclasses import dataclass
 import torch
 
 from .checkpointing import enable_checkpointing
+from .engine import predict_step_memory
 from .measure import peak_memory
-from .models import GPT, GPTConfig, gpt_param_count
+from .models import GPT, GPTConfig
 from .training import batches_of, markov_tokens, train
 from .validation import positive_int
 
@@ -95,12 +93,11 @@ class Playground:
 
     ``samples``: the training budget of every run (the effective batch sets how
     many optimizer steps it buys). ``lr``: AdamW's learning rate, the same for
-    every run. ``calibration_batch``: the micro-batch size of the calibration
-    measurement behind :meth:`predict_peak`.
+    every run.
     """
 
     def __init__(self, config: GPTConfig | None = None, *, samples: int = 384, lr: float = 1e-2,
-                 seed: int = 0, calibration_batch: int = 8, device: torch.device | str = "cpu"):
+                 seed: int = 0, device: torch.device | str = "cpu"):
         self.config = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=4) \
             if config is None else config
         if not isinstance(self.config, GPTConfig):
@@ -109,46 +106,25 @@ class Playground:
         if not lr > 0:
             raise ValueError(f"lr must be positive, got {lr!r}")
         self.lr, self.seed, self.device = lr, seed, torch.device(device)
-        self.calibration_batch = positive_int("calibration_batch", calibration_batch)
         self.data = markov_tokens(samples, self.config.seq_len, self.config.vocab_size,
                                   seed=seed, device=self.device)
         self.cache: dict[tuple[int, int, bool], Run] = {}
-        self._per_sample: dict[bool, int] = {}
 
     def _model(self, checkpointing: bool) -> tuple[GPT, torch.optim.Optimizer]:
         torch.manual_seed(self.seed)
         model = GPT(self.config).to(self.device)
         if checkpointing:
             enable_checkpointing(model, mode="blocks", every=1)
-        return model, torch.optim.AdamW(model.parameters(), lr=self.lr)
-
-    def model_state_bytes(self) -> int:
-        """``16 P``: fp32 weights (4), gradients (4) and AdamW ``m``, ``v`` (8) per parameter."""
-        return 16 * gpt_param_count(self.config)
-
-    def activation_bytes_per_sample(self, checkpointing: bool) -> int:
-        """Measured peak of one forward+backward of ``calibration_batch`` samples, per sample.
-
-        The gradients are allocated before the measurement (as they are from the
-        second micro-batch on), so the figure holds activations and the backward
-        pass's temporaries only.
-        """
-        if checkpointing not in self._per_sample:
-            model, _ = self._model(checkpointing)
-            b = self.calibration_batch
-            x, y = (t[:b] for t in self.data)
-            for p in model.parameters():
-                p.grad = torch.zeros_like(p)
-            peak = peak_memory(lambda: model(x, y)[1].backward())
-            self._per_sample[checkpointing] = -(-peak // b)
-        return self._per_sample[checkpointing]
+        # foreach=False: the per-tensor AdamW whose scratch the engine counts (on CUDA the
+        # default is the multi-tensor one, which holds a copy of v at once).
+        return model, torch.optim.AdamW(model.parameters(), lr=self.lr, foreach=False)
 
     def predict_peak(self, micro_batch_size: int, accumulation_steps: int,
                      checkpointing: bool = False) -> int:
-        """``16 P + micro_batch_size * a`` bytes (see the module doc); independent of ``K``."""
-        effective_batch(micro_batch_size, accumulation_steps)  # validates both
-        return self.model_state_bytes() + micro_batch_size * self.activation_bytes_per_sample(
-            bool(checkpointing))
+        """The engine's peak bytes of a steady-state step with these settings (see the module doc)."""
+        gpu = "cuda" if self.device.type == "cuda" else None
+        return predict_step_memory(self.config, micro_batch_size, accumulation_steps,
+                                   mode="blocks" if checkpointing else "none", gpu=gpu).total
 
     def cached(self, micro_batch_size: int, accumulation_steps: int,
                checkpointing: bool = False) -> Run | None:

@@ -146,6 +146,9 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
             step_loss = step_loss + loss.detach()
             log.micro_steps += 1
         skipped = False
+        prepare = getattr(optimizer, "prepare_grads", None)
+        if callable(prepare):  # mixed precision: fp32 master gradients, for clipping and unscaling
+            prepare()
         if grad_scaler is not None:
             if max_grad_norm is not None:
                 grad_scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones

@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_lib.model_zoo import (
-    GPU_MEMORY,
     PRESETS,
     Llama,
     LlamaConfig,
@@ -107,10 +106,3 @@ def test_tied_llama_counts_the_embedding_once():
 def test_llama_config_validation(field, value, match):
     with pytest.raises(ValueError, match=match):
         LlamaConfig(**{field: value})
-
-
-def test_gpu_memory_in_decimal_bytes():
-    assert GPU_MEMORY == {"T4 16 GB": 16 * 10**9, "A100 40 GB": 40 * 10**9,
-                          "A100 80 GB": 80 * 10**9, "H100 80 GB": 80 * 10**9,
-                          "H200 141 GB": 141 * 10**9}
-    assert all(isinstance(v, int) for v in GPU_MEMORY.values())

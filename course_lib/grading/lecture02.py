@@ -3,7 +3,8 @@
 Each truth is measured or searched here, independently of the learner's formula:
 the MLP's saved bytes with :func:`course_lib.measure.saved_bytes` on a real
 module, the distinct saved storages with autograd's own ``saved_tensors_hooks``,
-the largest batch by trying every batch size against :func:`memory_budget`.
+the largest batch by trying every batch size against the memory engine
+(:func:`course_lib.engine.predict_step_memory`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..activations import memory_budget
+from ..engine import predict_step_memory
 from ..measure import saved_bytes
 from ..models import GPT, MLP, GPTConfig, random_tokens
 from . import expect, grader
@@ -91,26 +92,31 @@ def check_distinct_saved_bytes(fn):
 
 @grader
 def check_largest_batch(fn):
-    """``fn(config, seq_len, capacity, precision)``: the largest batch whose budget fits, 0 if none."""
+    """``fn(config, seq_len, capacity, precision, gpu)``: the largest micro-batch whose predicted
+    step (the engine's ``total`` on ``gpu``) fits ``capacity`` bytes, 0 if none."""
     gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12,
                      dropout=0.1, attention="sdpa")
     wide = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8,
                      dropout=0.0, attention="explicit")
 
-    def need(cfg, b, s, precision):
-        return sum(memory_budget(cfg, b, s, precision=precision).values())
+    def need(cfg, b, s, precision, gpu):
+        return predict_step_memory(cfg, b, precision=precision, seq_len=s, gpu=gpu).total
 
-    cases = [(gpt2, 1024, 16 * 10**9, "bf16-mixed"), (gpt2, 512, 40 * 10**9, "fp32"),
-             (wide, 2048, 80 * 10**9, "bf16-mixed"), (wide, 256, 10**9, "bf16-mixed"),
-             (gpt2, 256, need(gpt2, 7, 256, "bf16-mixed"), "bf16-mixed")]
-    for cfg, s, capacity, precision in cases:
+    cases = [(gpt2, 1024, 15360 * 2**20, "fp16-mixed", "T4"),
+             (gpt2, 1024, 15360 * 2**20, "bf16-mixed", "T4"),
+             (gpt2, 512, 40 * 2**30, "fp32", "A100 40GB"),
+             (wide, 2048, 80 * 2**30, "bf16-mixed", "H100 80GB"),
+             (wide, 256, 10**9, "bf16-mixed", None),
+             (gpt2, 256, need(gpt2, 7, 256, "bf16-mixed", "A100 80GB"), "bf16-mixed", "A100 80GB")]
+    for cfg, s, capacity, precision, gpu in cases:
         truth = 0
-        while need(cfg, truth + 1, s, precision) <= capacity:
+        while need(cfg, truth + 1, s, precision, gpu) <= capacity:
             truth += 1
-        got = fn(cfg, s, capacity, precision)
+        got = fn(cfg, s, capacity, precision, gpu)
         expect(got == truth, f"largest_batch(d_model={cfg.d_model}, n_layers={cfg.n_layers}, "
-               f"seq_len={s}, capacity={capacity:,}, {precision!r}) returned {got!r}, expected "
-               f"{truth}",
-               hint="add up all three parts of memory_budget (model states do not shrink with "
-                    "the batch); return the last batch whose total is <= capacity, and 0 when "
-                    "even batch 1 does not fit")
+               f"seq_len={s}, capacity={capacity:,}, {precision!r}, gpu={gpu!r}) returned "
+               f"{got!r}, expected {truth}",
+               hint="use predict_step_memory(config, batch, precision=..., seq_len=..., gpu=...)"
+                    ".total, which counts the model states too (they do not shrink with the "
+                    "batch); return the last batch whose total is <= capacity, and 0 when even "
+                    "batch 1 does not fit; pass gpu on: a T4 picks other kernels than an A100")

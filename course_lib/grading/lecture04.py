@@ -7,6 +7,7 @@ import copy
 import torch
 
 from .. import checkpointing as ckpt
+from ..engine import predict_step_memory
 from ..models import GPT, GPTConfig, random_tokens
 from . import expect, grader
 
@@ -58,24 +59,26 @@ def check_checkpoint_blocks(fn):
 
 @grader
 def check_choose_segments(fn):
-    """``fn(config, batch_size, budget)``: of the segment counts whose predicted activation peak fits
-    ``budget`` bytes, the one with the least recomputation (fewer segments on a tie), else None."""
+    """``fn(config, batch_size, budget)``: of the segment counts whose predicted step peak (the
+    engine's ``total``) fits ``budget`` bytes, the one with the least recomputation (fewer
+    segments on a tie), else None."""
     config = GPTConfig(vocab_size=64, seq_len=64, d_model=64, n_heads=4, n_layers=16)
     batch = 8
-    costs = {k: ckpt.checkpoint_cost(config, batch, "sqrt", segments=k) for k in range(1, 17)}
+    flops = {k: ckpt.step_flops(config, batch, "sqrt", segments=k)[0] for k in range(1, 17)}
+    peak = {k: predict_step_memory(config, batch, mode="sqrt", segments=k).total
+            for k in range(1, 17)}
 
     def truth(budget):
-        fits = [k for k, cost in costs.items() if cost.activation_peak <= budget]
-        return min(fits, key=lambda k: (costs[k].flops, k)) if fits else None
+        fits = [k for k in peak if peak[k] <= budget]
+        return min(fits, key=lambda k: (flops[k], k)) if fits else None
 
-    peaks = sorted({cost.activation_peak for cost in costs.values()})
-    budgets = [peaks[0] - 1, peaks[0], peaks[1], costs[4].activation_peak,
-               costs[3].activation_peak, 20 * 10**6, 2 * peaks[-1]]
+    peaks = sorted(set(peak.values()))
+    budgets = [peaks[0] - 1, peaks[0], peaks[1], peak[4], peak[3], 20 * 10**6, 2 * peaks[-1]]
     for budget in budgets:
         want, got = truth(budget), fn(config, batch, budget)
         expect(got == want, f"choose_segments(config, {batch}, budget={budget:,}) returned {got!r}, "
                f"expected {want!r}",
                hint="try every segment count from 1 to config.n_layers: keep those whose "
-                    "checkpoint_cost(config, batch_size, 'sqrt', segments=k).activation_peak is at "
-                    "most the budget (<=), return the one with the fewest flops (neither memory nor "
-                    "time is monotonic in k), or None if none fits")
+                    "predict_step_memory(config, batch_size, mode='sqrt', segments=k).total is at "
+                    "most the budget (<=), return the one with the fewest step_flops (neither "
+                    "memory nor time is monotonic in k), or None if none fits")

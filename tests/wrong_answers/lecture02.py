@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from course_lib.activations import memory_budget
+from course_lib.engine import predict_step_memory
 from course_lib.measure import saved_tensors
 
 
@@ -53,39 +53,38 @@ def _numel(output, params):
     return sum(storages.values())
 
 
-def _need(config, b, s, precision, parts=("model states", "activations", "logits gradients")):
-    budget = memory_budget(config, b, s, precision=precision)
-    return sum(budget[p] for p in parts)
+def _need(config, b, s, precision, gpu, part="total"):
+    return getattr(predict_step_memory(config, b, precision=precision, seq_len=s, gpu=gpu), part)
 
 
-def _largest(config, s, capacity, precision, **kw):
+def _largest(config, s, capacity, precision, gpu, **kw):
     b = 0
-    while _need(config, b + 1, s, precision, **kw) <= capacity:
+    while _need(config, b + 1, s, precision, gpu, **kw) <= capacity:
         b += 1
     return b
 
 
-def _ignores_model_states(config, s, capacity, precision):
-    return _largest(config, s, capacity, precision, parts=("activations", "logits gradients"))
+def _ignores_model_states(config, s, capacity, precision, gpu):
+    return _largest(config, s, capacity, precision, gpu, part="step_peak")
 
 
-def _ignores_logits(config, s, capacity, precision):
-    return _largest(config, s, capacity, precision, parts=("model states", "activations"))
+def _ignores_the_gpu(config, s, capacity, precision, gpu):  # the CPU's kernels everywhere
+    return _largest(config, s, capacity, precision, None)
 
 
-def _first_that_does_not_fit(config, s, capacity, precision):
-    return _largest(config, s, capacity, precision) + 1
+def _first_that_does_not_fit(config, s, capacity, precision, gpu):
+    return _largest(config, s, capacity, precision, gpu) + 1
 
 
-def _strictly_less(config, s, capacity, precision):
+def _strictly_less(config, s, capacity, precision, gpu):
     b = 0
-    while _need(config, b + 1, s, precision) < capacity:
+    while _need(config, b + 1, s, precision, gpu) < capacity:
         b += 1
     return b
 
 
-def _at_least_one(config, s, capacity, precision):
-    return max(1, _largest(config, s, capacity, precision))
+def _at_least_one(config, s, capacity, precision, gpu):
+    return max(1, _largest(config, s, capacity, precision, gpu))
 
 
 WRONG = {
@@ -104,7 +103,7 @@ WRONG = {
     ],
     "check_largest_batch": [
         ("forgets the model states", {"largest_batch": _ignores_model_states}),
-        ("forgets the logits gradients", {"largest_batch": _ignores_logits}),
+        ("predicts with the CPU's kernels for every GPU", {"largest_batch": _ignores_the_gpu}),
         ("returns the first batch that does not fit", {"largest_batch": _first_that_does_not_fit}),
         ("needs strictly less than the capacity", {"largest_batch": _strictly_less}),
         ("never answers 0", {"largest_batch": _at_least_one}),

@@ -3,6 +3,7 @@
 from torch.utils.checkpoint import checkpoint
 
 from course_lib import checkpointing as ckpt
+from course_lib.engine import predict_step_memory
 
 
 def _no_checkpoint(blocks, x):
@@ -33,12 +34,14 @@ def _rng_not_preserved(blocks, x):
 
 
 def _costs(config, batch_size):
-    return {k: ckpt.checkpoint_cost(config, batch_size, "sqrt", segments=k)
+    """``{k: (peak bytes, flops)}`` of sqrt mode with ``k`` segments."""
+    return {k: (predict_step_memory(config, batch_size, mode="sqrt", segments=k).total,
+                ckpt.step_flops(config, batch_size, "sqrt", segments=k)[0])
             for k in range(1, config.n_layers + 1)}
 
 
 def _cheapest(costs, fits):
-    return min(fits, key=lambda k: (costs[k].flops, k)) if fits else None
+    return min(fits, key=lambda k: (costs[k][1], k)) if fits else None
 
 
 def _always_sqrt(config, batch_size, budget):
@@ -47,28 +50,28 @@ def _always_sqrt(config, batch_size, budget):
 
 def _least_memory(config, batch_size, budget):
     costs = _costs(config, batch_size)
-    fits = [k for k, c in costs.items() if c.activation_peak <= budget]
-    return min(fits, key=lambda k: costs[k].activation_peak) if fits else None
+    fits = [k for k, c in costs.items() if c[0] <= budget]
+    return min(fits, key=lambda k: costs[k][0]) if fits else None
 
 
 def _most_segments_that_fit(config, batch_size, budget):
-    fits = [k for k, c in _costs(config, batch_size).items() if c.activation_peak <= budget]
+    fits = [k for k, c in _costs(config, batch_size).items() if c[0] <= budget]
     return max(fits) if fits else None
 
 
 def _fewest_segments_that_fit(config, batch_size, budget):
-    fits = [k for k, c in _costs(config, batch_size).items() if c.activation_peak <= budget]
+    fits = [k for k, c in _costs(config, batch_size).items() if c[0] <= budget]
     return min(fits) if fits else None
 
 
 def _strictly_below(config, batch_size, budget):
     costs = _costs(config, batch_size)
-    return _cheapest(costs, [k for k, c in costs.items() if c.activation_peak < budget])
+    return _cheapest(costs, [k for k, c in costs.items() if c[0] < budget])
 
 
 def _never_none(config, batch_size, budget):
     costs = _costs(config, batch_size)
-    fits = [k for k, c in costs.items() if c.activation_peak <= budget]
+    fits = [k for k, c in costs.items() if c[0] <= budget]
     return _cheapest(costs, fits) or config.n_layers
 
 

@@ -1,0 +1,204 @@
+"""Which kernels and dtypes PyTorch picks where a step runs: the rules the memory engine follows.
+
+The same model saves different tensors on the CPU, on a T4 and on an H100. What
+decides it, in bytes that matter, is collected here as pure functions of the
+target (``gpu=None`` for the CPU, or a :class:`course_lib.device.GPU`):
+
+=================================  ===========================  ==================================
+rule                               CPU                          CUDA
+=================================  ===========================  ==================================
+dropout mask                       input's dtype (noise * x)    ``bool`` (fused ``native_dropout``)
+LayerNorm mean and 1/std           input's dtype                fp32 for 16-bit input (acc. type)
+``scaled_dot_product_attention``   flash; math with dropout     see :func:`sdpa_kernel`
+softmax under ``torch.autocast``   stays 16-bit                 fp32 (CUDA's autocast fp32 list)
+allocation                         exact bytes                  multiples of 512 bytes
+AdamW's ``step`` counter           on the device (4 bytes)      on the host (not GPU memory)
+=================================  ===========================  ==================================
+
+Sources: ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (kernel
+filters and their order), ``aten/src/ATen/autocast_mode.cpp`` (autocast op
+lists per device), ``c10/cuda/CUDACachingAllocator.cpp`` (``kMinBlockSize =
+512``: every block is rounded up to it, and ``max_memory_allocated`` counts the
+rounded sizes), ``torch/optim/adam.py`` (``step`` is a CPU tensor unless
+``capturable`` or ``fused``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .device import GPU, resolve_gpu
+from .models import GPTConfig
+from .units import as_dtype
+
+#: The attention kernels ``F.scaled_dot_product_attention`` can pick, and "explicit" for the
+#: course GPT's hand-written attention (``config.attention == "explicit"``).
+SDPA_KERNELS = ("flash", "cudnn", "efficient", "math")
+ATTENTION_KERNELS = ("explicit", *SDPA_KERNELS)
+#: Bytes the CUDA caching allocator rounds every block up to.
+CUDA_BLOCK = 512
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def mask_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
+    """The dtype of the mask dropout saves on input of ``dtype``: bool on CUDA, ``dtype`` on the CPU.
+
+    On the CPU ``F.dropout`` multiplies by a scaled noise tensor of the input's
+    dtype and saves it; on CUDA the fused ``native_dropout`` saves a ``bool`` mask.
+    """
+    return torch.bool if gpu is not None else as_dtype(dtype)
+
+
+def stats_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
+    """The dtype of LayerNorm's saved mean and 1/std for input of ``dtype``.
+
+    CUDA keeps them in the accumulation type (fp32 for fp16 and bf16 input); the CPU
+    kernel keeps them in the input's dtype.
+    """
+    dtype = as_dtype(dtype)
+    return torch.float32 if gpu is not None and dtype in _HALF else dtype
+
+
+def allocated(nbytes: int, gpu: GPU | None = None) -> int:
+    """Bytes a tensor of ``nbytes`` takes: exact on the CPU, rounded up to 512 on CUDA.
+
+    A zero-byte tensor takes nothing on either.
+    """
+    if gpu is None or nbytes <= 0:
+        return max(nbytes, 0)
+    return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
+
+
+def optimizer_steps_on_device(gpu: GPU | None = None) -> bool:
+    """Whether AdamW's per-tensor ``step`` counters are device memory: yes on the CPU, no on
+    CUDA, where they stay on the host unless ``capturable=True`` or ``fused=True``."""
+    return gpu is None
+
+
+def autocast_softmax_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
+    """The output dtype of ``softmax`` on ``dtype`` input under ``torch.autocast``: fp32 on CUDA
+    (softmax is on CUDA's fp32 list), unchanged on the CPU (not on the CPU's lists)."""
+    return torch.float32 if gpu is not None else as_dtype(dtype)
+
+
+def _prefers_cudnn(gpu: GPU) -> bool:
+    # PyTorch puts cuDNN attention first on sm90 and sm100 with cuDNN newer than 9.15
+    # (check_prefer_cudnn_attention); presets assume the cuDNN the current wheels ship.
+    if gpu.live and torch.cuda.is_available():
+        version = torch.backends.cudnn.version() or 0
+        if version <= 91500:
+            return False
+    return gpu.capability[0] in (9, 10) and gpu.capability[1] == 0
+
+
+def _cudnn_ok(gpu: GPU, d: int, dropout: float, half: bool) -> bool:
+    major = gpu.capability[0]
+    limit = 256 if major in (9, 10) and d == 256 else 128  # backward: d <= 128, or exactly 256
+    return (half and (8, 0) <= gpu.capability <= (12, 1) and dropout * 16 == int(dropout * 16)
+            and d % 8 == 0 and d <= limit)
+
+
+def _flash_ok(gpu: GPU, d: int, dropout: float, half: bool) -> bool:
+    if not (half and (8, 0) <= gpu.capability <= (12, 1) and d <= 256):
+        return False
+    if gpu.capability in ((8, 6), (8, 7), (8, 8), (8, 9), (12, 0), (12, 1)):  # training limits
+        return d <= 192 or (dropout == 0 and d > 224)
+    return True
+
+
+def _efficient_ok(gpu: GPU, d: int, dtype: torch.dtype) -> bool:
+    sm80 = gpu.capability >= (8, 0)
+    if not (5, 0) <= gpu.capability <= (12, 1):
+        return False
+    if dtype not in ((torch.float16, torch.float32, torch.bfloat16) if sm80
+                     else (torch.float16, torch.float32)):
+        return False
+    half = dtype in _HALF
+    # minimum_gemm_alignment: tensor cores need 128-bit rows (8 halves, 4 floats on sm80+).
+    if sm80:
+        align = 8 if half else 4
+    elif gpu.capability >= (7, 0):
+        align = 8 if half else 1
+    else:
+        align = 1
+    return d % align == 0
+
+
+def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
+    """The kernel ``F.scaled_dot_product_attention`` runs for the course GPT in training.
+
+    The course GPT calls it with ``is_causal=True``, no mask, q, k, v split from
+    one QKV projection, and ``dropout_p=config.dropout``. PyTorch tries the
+    kernels in its priority order and takes the first whose filters pass
+    (``sdp_utils.cpp``):
+
+    * **CPU**: the flash kernel, except with dropout, which it does not implement:
+      then "math", the reference kernel, which upcasts 16-bit inputs to fp32 and
+      materialises the ``s x s`` scores.
+    * **cuDNN** (first on sm90/sm100, H100 and H200): 16-bit, head size a multiple
+      of 8 up to 128, dropout a multiple of 1/16 (so ``dropout=0.1`` rules it out).
+    * **flash**: 16-bit on compute capability 8.0 to 12.1, head size up to 256
+      (on sm86/89/120 training allows up to 192).
+    * **efficient** (memory-efficient): compute capability 5.0+, fp16 or fp32 (bf16
+      only from 8.0), head size a multiple of the tensor-core row (8 halves; 4 floats
+      on 8.0+). So a T4 (7.5) runs fp16 and fp32 here and has no kernel but math for bf16.
+    * **math**: everything else, fp32 inside for 16-bit inputs.
+
+    Args:
+        config: the course GPT's :class:`~course_lib.models.GPTConfig` (its head size and dropout).
+        dtype: the dtype of q, k and v (under autocast: the autocast dtype).
+        gpu: None for the CPU, or what :func:`course_lib.device.resolve_gpu` takes.
+
+    Returns:
+        One of :data:`SDPA_KERNELS`.
+
+    Raises:
+        ValueError: for a dtype other than fp32, fp16 and bf16, or an unknown ``gpu``.
+
+    Example:
+        >>> cfg = GPTConfig(d_model=256, n_heads=4, dropout=0.0, attention="sdpa")
+        >>> sdpa_kernel(cfg, torch.bfloat16, "T4"), sdpa_kernel(cfg, torch.float16, "T4")
+        ('math', 'efficient')
+    """
+    dtype = as_dtype(dtype)
+    if dtype not in (torch.float32, *_HALF):
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    gpu = resolve_gpu(gpu)
+    p = config.dropout
+    if gpu is None:
+        return "math" if p > 0 else "flash"
+    d, half = config.d_head, dtype in _HALF
+    order = ("cudnn", "flash", "efficient") if _prefers_cudnn(gpu) else ("flash", "efficient")
+    checks = {"cudnn": lambda: _cudnn_ok(gpu, d, p, half),
+              "flash": lambda: _flash_ok(gpu, d, p, half),
+              "efficient": lambda: _efficient_ok(gpu, d, dtype)}
+    return next((kernel for kernel in order if checks[kernel]()), "math")
+
+
+def attention_kernel(config: GPTConfig, dtype, gpu=None) -> str:
+    """"explicit" for the hand-written attention, else :func:`sdpa_kernel`."""
+    return "explicit" if config.attention == "explicit" else sdpa_kernel(config, dtype, gpu)
+
+
+def detect_sdpa_kernel(config: GPTConfig, dtype, batch_size: int = 1,
+                       seq_len: int | None = None, device: str = "cuda") -> str:
+    """The kernel SDPA picks here, asked of PyTorch itself (``torch._fused_sdp_choice``).
+
+    Builds q, k, v as the course GPT does (views of one QKV output that requires
+    grad) on ``device`` and asks PyTorch's dispatcher which kernel it would run.
+    The tests compare it with :func:`sdpa_kernel` (on the CPU always; on a GPU in
+    the tests marked ``gpu``).
+
+    Raises:
+        ValueError: for ``device="cuda"`` without a CUDA device.
+    """
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but this machine has no CUDA device")
+    s = config.seq_len if seq_len is None else seq_len
+    h, a = config.d_model, config.n_heads
+    qkv = torch.zeros(batch_size, s, 3 * h, device=device, dtype=as_dtype(dtype),
+                      requires_grad=True)
+    q, k, v = (t.view(batch_size, s, a, h // a).transpose(1, 2) for t in qkv.split(h, dim=2))
+    choice = int(torch._fused_sdp_choice(q, k, v, None, config.dropout, True))
+    return {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}.get(choice, "math")
