@@ -1,5 +1,5 @@
-"""course_lib.activations: the op-by-op prediction of what the course GPT saves, to the byte,
-the step-peak prediction against the tracker, and Korthikanti et al.'s formula."""
+"""course_lib.activations: the op-by-op prediction of what the course GPT saves, to the byte
+(plain and under autocast), the rules of other devices, and Korthikanti et al.'s formula."""
 
 import dataclasses
 import itertools
@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_lib import activations as act
-from course_lib.measure import peak_memory, saved_bytes, saved_tensors, training_step
-from course_lib.memory import training_memory, transformer_activation_bytes
-from course_lib.models import GPT, Block, GPTConfig, gpt_param_count, random_tokens
+from course_lib.device import pick_dtype
+from course_lib.measure import saved_bytes, saved_tensors
+from course_lib.memory import transformer_activation_bytes
+from course_lib.models import GPT, Block, GPTConfig, random_tokens
 
 
 def _measured_saved(cfg, batch, seq, dtype):
@@ -81,24 +82,25 @@ def test_the_sdpa_kernel_is_the_one_the_graph_shows():
         model = GPT(c).to(torch.bfloat16)
         _, loss = model(*random_tokens(c, 2))
         assert node in {r.node for r in saved_tensors(loss)}
-    assert act.sdpa_kernel(cfg, torch.bfloat16, "cuda") == "flash"
-    assert act.sdpa_kernel(cfg, torch.float32, "cuda") == "efficient"
 
 
 def test_fused_attention_drops_the_quadratic_term_only_without_cpu_dropout():
     base = GPTConfig(vocab_size=16, seq_len=256, d_model=64, n_heads=4, n_layers=1)
 
-    def per_block(attention, dropout, s, device="cpu"):
+    def per_block(attention, dropout, s, gpu=None, dtype=torch.bfloat16):
         c = dataclasses.replace(base, attention=attention, dropout=dropout)
-        return act.block_saved_bytes(c, 2, s, torch.bfloat16, device)
+        return act.block_saved_bytes(c, 2, s, dtype, gpu)
 
-    for attention, dropout, device, quadratic in [("explicit", 0.1, "cpu", True),
-                                                  ("sdpa", 0.0, "cpu", False),
-                                                  ("sdpa", 0.1, "cpu", True),   # math fallback
-                                                  ("sdpa", 0.1, "cuda", False)]:
-        y = [per_block(attention, dropout, s, device) for s in (64, 128, 192)]
+    for attention, dropout, gpu, dtype, quadratic in [
+            ("explicit", 0.1, None, torch.bfloat16, True),
+            ("sdpa", 0.0, None, torch.bfloat16, False),
+            ("sdpa", 0.1, None, torch.bfloat16, True),         # math fallback
+            ("sdpa", 0.1, "A100 80GB", torch.bfloat16, False),  # flash, dropout included
+            ("sdpa", 0.1, "T4", torch.float16, False),          # memory-efficient kernel
+            ("sdpa", 0.0, "T4", torch.bfloat16, True)]:         # no bf16 kernel on sm75: math
+        y = [per_block(attention, dropout, s, gpu, dtype) for s in (64, 128, 192)]
         second_difference = y[2] - 2 * y[1] + y[0]
-        assert (second_difference > 0) == quadratic, (attention, dropout, device)
+        assert (second_difference > 0) == quadratic, (attention, dropout, gpu, dtype)
     # On the CPU with dropout, the math kernel in fp32 keeps more than explicit bf16 attention.
     assert per_block("sdpa", 0.1, 128) > per_block("explicit", 0.1, 128)
 
@@ -108,16 +110,16 @@ def test_fused_attention_drops_the_quadratic_term_only_without_cpu_dropout():
 def test_korthikanti_terms_add_up_to_the_block_exactly():
     cfg = GPTConfig(vocab_size=16, seq_len=128, d_model=64, n_heads=4, n_layers=1, dropout=0.1,
                     attention="explicit")
-    for device in ("cpu", "cuda"):
-        terms = act.korthikanti_terms(cfg, 2, 128, torch.bfloat16, device)
+    for gpu in (None, "A100 80GB"):
+        terms = act.korthikanti_terms(cfg, 2, 128, torch.bfloat16, gpu)
         block = terms.pop("block")
         assert terms["paper"] == transformer_activation_bytes(128, 2, 64, 4)
         assert sum(terms.values()) == block
     s, b, h, a = 128, 2, 64, 4
-    cpu = act.korthikanti_terms(cfg, b, s, torch.bfloat16, "cpu")
+    cpu = act.korthikanti_terms(cfg, b, s, torch.bfloat16)
     assert cpu["dropout masks"] == 2 * s * b * h + a * s * s * b   # 2-byte masks, not 1
     assert cpu["layernorm stats"] == 4 * s * b * 2
-    cuda = act.korthikanti_terms(cfg, b, s, torch.bfloat16, "cuda")
+    cuda = act.korthikanti_terms(cfg, b, s, torch.bfloat16, "H100 80GB")
     assert cuda["dropout masks"] == 0 and cuda["layernorm stats"] == 4 * s * b * 4
 
 
@@ -126,7 +128,7 @@ def test_on_cuda_the_course_block_is_the_paper_for_gpt3():
     cfg = GPTConfig(vocab_size=16, seq_len=2048, d_model=12288, n_heads=96, n_layers=1,
                     dropout=0.1, attention="explicit")
     paper = 2048 * 12288 * (34 + 5 * 96 * 2048 // 12288)
-    ours = act.block_saved_bytes(cfg, 1, 2048, torch.bfloat16, "cuda")
+    ours = act.block_saved_bytes(cfg, 1, 2048, torch.bfloat16, "A100 80GB")
     assert ours - paper == 16 * 2048 + 2048**2 + 8    # LayerNorm stats, causal mask, the scalar
     assert abs(ours / paper - 1) < 0.002
 
@@ -139,70 +141,44 @@ def test_korthikanti_terms_need_the_papers_setting():
         act.korthikanti_terms(cfg, 1, 8, torch.float32)
 
 
-# --------------------------------------------------------------------------- the step peak
+# --------------------------------------------------------------------------- autocast
 
-STEP_GRID = [
-    GPTConfig(vocab_size=512, seq_len=16, d_model=32, n_heads=2, n_layers=2),                  # loss
-    GPTConfig(vocab_size=32, seq_len=64, d_model=64, n_heads=2, n_layers=1, dropout=0.1),      # MLP
-    GPTConfig(vocab_size=32, seq_len=128, d_model=32, n_heads=4, n_layers=1,
-              attention="explicit"),                                                           # attention
-    GPTConfig(vocab_size=512, seq_len=16, d_model=128, n_heads=4, n_layers=2),                 # AdamW
-    GPTConfig(vocab_size=32, seq_len=128, d_model=32, n_heads=2, n_layers=1, dropout=0.1),     # math fwd
-]
-
-
-@pytest.mark.parametrize("cfg", STEP_GRID, ids=["loss", "mlp", "attention", "adamw", "math"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_predicted_step_peak_matches_the_tracker(cfg, dtype):
-    batch = 2
+@pytest.mark.parametrize("attention,dropout", [("explicit", 0.0), ("explicit", 0.1),
+                                               ("sdpa", 0.0), ("sdpa", 0.1)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch,heads,bias", [(2, 4, True), (1, 2, False)])
+def test_autocast_saved_bytes_equal_measured_to_the_byte(attention, dropout, dtype, batch, heads,
+                                                         bias):
+    """Under torch.autocast the fp32 model keeps fp32 LayerNorm inputs and 16-bit copies of
+    every linear's input and weight: predicted to the byte against autograd's own graph."""
+    cfg = GPTConfig(vocab_size=48, seq_len=16, d_model=32, n_heads=heads, n_layers=2,
+                    dropout=dropout, attention=attention, bias=bias)
     torch.manual_seed(0)
-    model = GPT(cfg).to(dtype)
-    opt = torch.optim.AdamW(model.parameters())
+    model = GPT(cfg)
     x, y = (t.clone() for t in random_tokens(cfg, batch))
-    measured = peak_memory(lambda: training_step(model, opt, x, y), device="cpu")
-    pred = act.predict_step_peak(cfg, batch, cfg.seq_len, dtype)
-    assert abs(pred.total - measured) <= 0.03 * measured, (pred, measured)
-    assert pred.total == pred.gradients + pred.optimizer_state + pred.activations + pred.transient
-    assert pred.parameters == sum(p.numel() * p.element_size() for p in model.parameters())
-    assert min(pred.gradients, pred.optimizer_state, pred.activations, pred.transient) >= 0
+    with torch.autocast("cpu", dtype=dtype):
+        _, loss = model(x, y)
+    measured = saved_bytes(loss, model.parameters())
+    assert act.predict_saved_bytes(cfg, batch, 16, dtype, autocast=True) == measured
+    # the weight copies: one 16-bit copy of every matmul weight, the tied LM head's included
+    copies = act.total_bytes(act.model_saved(cfg, batch, 16, dtype, autocast=True), ("weight copy",))
+    h, V = 32, 48
+    assert copies == (12 * h * h * cfg.n_layers + V * h) * 2
 
 
-def test_step_peak_moves_from_activations_to_optimizer_state():
-    small_batch = act.predict_step_peak(STEP_GRID[3], 1, 16)
-    big_batch = act.predict_step_peak(STEP_GRID[3], 64, 16)
-    assert small_batch.moment == "AdamW step" and small_batch.activations == 0
-    assert small_batch.optimizer_state == 2 * small_batch.parameters + 4 * 28
-    assert big_batch.moment != "AdamW step" and big_batch.activations > big_batch.gradients
+def test_autocast_on_cuda_keeps_fp32_probabilities_in_explicit_attention():
+    cfg = GPTConfig(vocab_size=16, seq_len=32, d_model=32, n_heads=4, n_layers=1, dropout=0.1,
+                    attention="explicit")
+    core = act.attention_core_saved(cfg, 2, 32, torch.float16, "T4", autocast=True)
+    probs = [i for i in core if i.shape == (2, 4, 32, 32)]
+    assert [(i.op, i.dtype) for i in probs] == [("softmax", torch.float32),
+                                               ("attn dropout", torch.bool),
+                                               ("probs @ v", torch.float16)]
+    cpu = act.attention_core_saved(cfg, 2, 32, torch.float16, autocast=True)
+    assert {i.dtype for i in cpu if i.shape == (2, 4, 32, 32)} == {torch.float16}
 
 
-def test_adamw_scratch_is_what_a_second_step_allocates():
-    """Independent measurement: with m and v allocated, AdamW's step only allocates its scratch."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(30, 20), torch.nn.Linear(20, 50))
-    opt = torch.optim.AdamW(model.parameters())
-    for _ in range(2):
-        model(torch.randn(4, 30)).sum().backward()
-        if opt.state:
-            measured = peak_memory(opt.step, device="cpu")
-        else:
-            opt.step()
-    sizes = [p.numel() * 4 for p in model.parameters()]
-    assert measured == act.adamw_scratch_bytes(sizes) == sizes[1] + 2 * sizes[2]
-
-
-# --------------------------------------------------------------------------- budgets and properties
-
-def test_memory_budget_parts():
-    cfg = GPTConfig(vocab_size=1000, seq_len=256, d_model=256, n_heads=4, n_layers=4,
-                    dropout=0.1, attention="sdpa")
-    parts = act.memory_budget(cfg, 8, 256, precision="bf16-mixed")
-    assert parts["model states"] == 16 * gpt_param_count(cfg)
-    assert parts["model states"] == training_memory(gpt_param_count(cfg),
-                                                    precision="bf16-mixed").total
-    assert parts["logits gradients"] == 2 * 8 * 256 * 1000 * 4
-    saved = act.model_saved(cfg, 8, 256, torch.bfloat16, "cuda")
-    assert parts["activations"] == act.total_bytes(saved, ("activation", "input"))
-
+# --------------------------------------------------------------------------- properties
 
 CONFIGS = st.builds(
     GPTConfig, vocab_size=st.integers(2, 5000), seq_len=st.just(512),
@@ -212,22 +188,18 @@ CONFIGS = st.builds(
 
 
 @given(cfg=CONFIGS, batch=st.integers(1, 64), seq=st.integers(1, 256),
-       dtype=st.sampled_from(["fp32", "bf16", "fp16"]), device=st.sampled_from(["cpu", "cuda"]))
+       dtype=st.sampled_from(["fp32", "bf16", "fp16"]),
+       gpu=st.sampled_from([None, "T4", "A100 80GB", "H100 80GB"]))
 @settings(max_examples=100, deadline=None)
-def test_memory_is_positive_and_monotone(cfg, batch, seq, dtype, device):
+def test_saved_bytes_are_positive_and_monotone(cfg, batch, seq, dtype, gpu):
     def saved(config=cfg, b=batch, s=seq):
-        return act.predict_saved_bytes(config, b, s, dtype, device)
+        return act.predict_saved_bytes(config, b, s, dtype, gpu)
 
     base = saved()
     assert base > 0
     assert saved(b=batch + 1) > base
     assert saved(s=seq + 1) > base
     assert saved(config=dataclasses.replace(cfg, n_layers=cfg.n_layers + 1)) > base
-    budget = act.memory_budget(cfg, batch, seq, device=device)
-    assert all(v > 0 for v in budget.values())
-    bigger = act.memory_budget(cfg, batch + 1, seq, device=device)
-    assert bigger["model states"] == budget["model states"]        # flat in batch
-    assert bigger["activations"] > budget["activations"]
 
 
 CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2)
@@ -241,12 +213,12 @@ CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2)
     (lambda: act.predict_saved_bytes(CFG, 1, 0), "seq_len"),
     (lambda: act.predict_saved_bytes(CFG, 1, 8, torch.int8), "dtype"),
     (lambda: act.predict_saved_bytes(CFG, 1, 8, "fp8"), "dtype"),
-    (lambda: act.predict_saved_bytes(CFG, 1, 8, device="tpu"), "device"),
+    (lambda: act.predict_saved_bytes(CFG, 1, 8, gpu="tpu"), "gpu"),
+    (lambda: act.predict_saved_bytes(CFG, 1, 8, gpu="V100"), "gpu"),
+    (lambda: act.predict_saved_bytes(CFG, 1, 8, torch.float32, autocast=True), "autocast"),
+    (lambda: act.predict_saved_bytes(CFG, 1, 8, torch.bfloat16, autocast="yes"), "autocast"),
     (lambda: act.block_saved(CFG, True, 8), "batch_size"),
-    (lambda: act.predict_step_peak(CFG, -1), "batch_size"),
-    (lambda: act.memory_budget(CFG, 1, precision="int4"), "precision"),
-    (lambda: act.memory_budget(CFG, 1, optimizer="lion"), "optimizer"),
-    (lambda: act.sdpa_kernel(CFG, torch.float32, "mps"), "device"),
+    (lambda: act.sdpa_kernel(CFG, torch.float32, "mps"), "gpu"),
 ])
 def test_bad_inputs_raise_value_errors_naming_the_parameter(call, name):
     with pytest.raises(ValueError, match=name):
@@ -255,14 +227,18 @@ def test_bad_inputs_raise_value_errors_naming_the_parameter(call, name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention", ["explicit", "sdpa"])
-def test_cuda_prediction_matches_a_cuda_measurement(attention):
-    """CUDA keeps bool dropout masks, fp32 LayerNorm statistics and flash attention's outputs."""
+@pytest.mark.parametrize("autocast", [False, True])
+def test_cuda_prediction_matches_a_cuda_measurement(attention, autocast):
+    """CUDA keeps bool dropout masks, fp32 LayerNorm statistics and its fused kernels' outputs,
+    in the dtype this GPU trains in (fp16 on a T4, bf16 from Ampere on)."""
     cfg = GPTConfig(vocab_size=128, seq_len=64, d_model=128, n_heads=4, n_layers=2, dropout=0.1,
                     attention=attention)
+    dtype = pick_dtype("cuda")
     torch.manual_seed(0)
-    model = GPT(cfg).to(device="cuda", dtype=torch.bfloat16)
+    model = GPT(cfg).to(device="cuda", dtype=torch.float32 if autocast else dtype)
     x, y = random_tokens(cfg, 4, device="cuda")
-    _, loss = model(x, y)
+    with torch.autocast("cuda", dtype=dtype, enabled=autocast):
+        _, loss = model(x, y)
     measured = saved_bytes(loss, model.parameters())
-    predicted = act.predict_saved_bytes(cfg, 4, 64, torch.bfloat16, "cuda")
+    predicted = act.predict_saved_bytes(cfg, 4, 64, dtype, "cuda", autocast=autocast)
     assert abs(measured - predicted) <= 0.005 * measured

@@ -85,3 +85,59 @@ def test_cuda_summary_reports_allocator_memory():
     info = device.describe("cuda")
     assert info.total_memory == torch.cuda.get_device_properties(0).total_memory
     assert info.dtype in (torch.bfloat16, torch.float16)
+
+
+# --------------------------------------------------------------------------- GPU presets
+
+def test_gpu_presets_hold_the_memory_the_cards_report():
+    """nvidia-smi's "Total" (MiB) for each card, in bytes; not the decimal GB on the box."""
+    reported_mib = {"T4": 15360, "L4": 23034, "A100 40GB": 40960, "A100 80GB": 81920,
+                    "H100 80GB": 81559, "H200": 143771}
+    assert {name: gpu.total_memory for name, gpu in device.GPUS.items()} == {
+        name: mib * 2**20 for name, mib in reported_mib.items()}
+    # an "80 GB" A100 holds 80 GiB, 7 % more than 80e9 bytes; a "16 GB" T4 reports 15 GiB
+    assert device.GPUS["A100 80GB"].total_memory / (80 * 10**9) == pytest.approx(1.0737, abs=1e-4)
+    assert device.GPUS["T4"].total_memory == 15 * 2**30
+    assert {name: gpu.capability for name, gpu in device.GPUS.items()} == {
+        "T4": (7, 5), "L4": (8, 9), "A100 40GB": (8, 0), "A100 80GB": (8, 0),
+        "H100 80GB": (9, 0), "H200": (9, 0)}
+
+
+def test_pick_dtype_of_a_preset():
+    assert device.pick_dtype(device.GPUS["T4"]) == torch.float16
+    for name in ("L4", "A100 40GB", "A100 80GB", "H100 80GB", "H200"):
+        assert device.pick_dtype(device.GPUS[name]) == torch.bfloat16, name
+
+
+def test_resolve_gpu():
+    assert device.resolve_gpu(None) is None and device.resolve_gpu("cpu") is None
+    assert device.resolve_gpu("T4") is device.GPUS["T4"]
+    custom = device.GPU("my card", 8 * 2**30, (8, 6))
+    assert device.resolve_gpu(custom) is custom
+    for bad in ("V100", "t4", 16, ("T4",)):
+        with pytest.raises(ValueError, match="gpu must be"):
+            device.resolve_gpu(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            device.resolve_gpu("cuda")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(total_memory=0), "total_memory"), (dict(total_memory=1.5e9), "total_memory"),
+    (dict(capability=8), "capability"), (dict(capability=(8, "0")), "capability")])
+def test_gpu_validation(kwargs, match):
+    args = dict(name="x", total_memory=2**30, capability=(8, 0)) | kwargs
+    with pytest.raises(ValueError, match=match):
+        device.GPU(**args)
+
+
+@pytest.mark.gpu
+def test_live_gpu_reads_the_device():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    gpu = device.live_gpu()
+    props = torch.cuda.get_device_properties(0)
+    assert gpu.live and gpu.total_memory == props.total_memory
+    assert gpu.capability == (props.major, props.minor)
+    assert 0 < gpu.free_memory <= gpu.total_memory
+    assert device.pick_dtype(gpu) == device.pick_dtype("cuda")

@@ -1,0 +1,214 @@
+"""course_lib.engine: one step's peak bytes, against the live-tensor tracker on the CPU and the
+CUDA allocator on a GPU, for every precision, checkpointing mode and target."""
+
+import dataclasses
+import statistics
+
+import pytest
+import torch
+
+from course_lib import engine, fit
+from course_lib.device import GPUS, pick_dtype
+from course_lib.measure import peak_memory, training_step
+from course_lib.models import GPT, GPTConfig, param_numels, random_tokens
+
+SMALL = dict(vocab_size=40, seq_len=32, d_model=32, n_heads=4, n_layers=3)
+
+# Each shape makes a different moment the peak: the loss's logits, the MLP, explicit attention,
+# AdamW's step, and SDPA's math kernel in the forward pass.
+STEP_GRID = [
+    GPTConfig(vocab_size=512, seq_len=16, d_model=32, n_heads=2, n_layers=2),
+    GPTConfig(vocab_size=32, seq_len=64, d_model=64, n_heads=2, n_layers=1, dropout=0.1),
+    GPTConfig(vocab_size=32, seq_len=128, d_model=32, n_heads=4, n_layers=1, attention="explicit"),
+    GPTConfig(vocab_size=512, seq_len=16, d_model=128, n_heads=4, n_layers=2),
+    GPTConfig(vocab_size=32, seq_len=128, d_model=32, n_heads=2, n_layers=1, dropout=0.1),
+]
+
+
+@pytest.mark.parametrize("cfg", STEP_GRID, ids=["loss", "mlp", "attention", "adamw", "math"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_first_step_peak_matches_the_tracker(cfg, dtype):
+    torch.manual_seed(0)
+    model = GPT(cfg).to(dtype)
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    x, y = (t.clone() for t in random_tokens(cfg, 2))
+    measured = peak_memory(lambda: training_step(model, opt, x, y), device="cpu")
+    precision = "fp32" if dtype == torch.float32 else "bf16"
+    pred = engine.predict_step_memory(cfg, 2, precision=precision, first_step=True)
+    assert abs(pred.step_peak - measured) <= 0.03 * measured, (pred, measured)
+    assert pred.total == (pred.parameters + pred.master_weights + pred.optimizer_state
+                          + pred.gradients + pred.activations + pred.transient)
+    assert pred.step_peak == pred.total - pred.parameters          # fresh optimizer: only params
+    assert pred.parameters == sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_first_step_is_exact_to_the_byte_where_the_cpu_kernels_allow():
+    for cfg in STEP_GRID[:4]:
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        opt = torch.optim.AdamW(model.parameters(), foreach=False)
+        x, y = (t.clone() for t in random_tokens(cfg, 2))
+        measured = peak_memory(lambda m=model, o=opt, x=x, y=y: training_step(m, o, x, y))
+        predicted = engine.predict_step_memory(cfg, 2, first_step=True).step_peak
+        # the tracker misses only the 8-byte host scalar of explicit attention
+        assert 0 <= predicted - measured <= 8 * cfg.n_layers, cfg
+
+
+def test_the_peak_moves_from_activations_to_the_optimizer_step():
+    small = engine.predict_step_memory(STEP_GRID[3], 1, seq_len=16, first_step=True)
+    big = engine.predict_step_memory(STEP_GRID[3], 64, seq_len=16, first_step=True)
+    assert small.moment == "AdamW step" and small.activations == 0
+    assert small.optimizer_state == 2 * small.parameters + 4 * len(param_numels(STEP_GRID[3]))
+    assert big.moment.startswith("backward") and big.activations > big.gradients
+
+
+def test_adamw_scratch_is_what_a_second_step_allocates():
+    """Independent measurement: with m and v allocated, AdamW's step only allocates its scratch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(30, 20), torch.nn.Linear(20, 50))
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    for _ in range(2):
+        model(torch.randn(4, 30)).sum().backward()
+        if opt.state:
+            measured = peak_memory(opt.step, device="cpu")
+        else:
+            opt.step()
+    sizes = [p.numel() * 4 for p in model.parameters()]
+    assert measured == engine.adamw_scratch_bytes(sizes) == sizes[1] + 2 * sizes[2]
+
+
+def test_foreach_adamw_scratch_is_one_copy_of_v():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(30, 20), torch.nn.Linear(20, 50))
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    for _ in range(2):
+        model(torch.randn(4, 30)).sum().backward()
+        if opt.state:
+            measured = peak_memory(opt.step, device="cpu")
+        else:
+            opt.step()
+    v_bytes = sum(p.numel() * 4 for p in model.parameters())
+    assert v_bytes <= measured <= v_bytes + 64   # plus a few 0-d step and bias-correction tensors
+    cfg = GPTConfig(**SMALL)
+    per_tensor = engine.predict_moments(cfg, 1)["optimizer"].transient
+    assert engine.predict_moments(cfg, 1, foreach=True)["optimizer"].transient > per_tensor
+
+
+# --------------------------------------------------------------------------- every precision
+
+PRECISION_CASES = [("explicit", 0.0, "none"), ("sdpa", 0.0, "none"), ("explicit", 0.1, "none"),
+                   ("sdpa", 0.1, "none"), ("explicit", 0.1, "blocks"), ("sdpa", 0.0, "attention"),
+                   ("sdpa", 0.1, "attention")]
+
+
+@pytest.mark.parametrize("precision", engine.PRECISIONS)
+def test_every_precision_against_measured_steady_steps(precision):
+    """fp32 and the 16-bit models: exact without dropout (the GradScaler's 4-byte tensors
+    aside), within 3.5 % with it; autocast within 5 % (the issue's bound), exact in places."""
+    errors, exact = [], 0
+    for attention, dropout, mode in PRECISION_CASES:
+        cfg = GPTConfig(**SMALL, attention=attention, dropout=dropout)
+        predicted = fit.predict_step_memory(cfg, 3, precision=precision, mode=mode).total
+        measured = fit.measure_step_memory(cfg, 3, precision=precision, mode=mode)
+        errors.append((predicted - measured) / measured)
+        exact += abs(predicted - measured) <= 16
+        if dropout == 0 and mode == "none" and not precision.startswith("autocast"):
+            assert abs(predicted - measured) <= 16, (attention, mode, predicted, measured)
+    bound = 0.05 if precision.startswith("autocast") else 0.035
+    assert max(abs(e) for e in errors) <= bound, errors
+    assert exact >= 3, errors
+
+
+def test_model_states_per_precision():
+    cfg = GPTConfig(**SMALL)
+    P = sum(param_numels(cfg))
+    for precision in engine.PRECISIONS:
+        m = engine.predict_step_memory(cfg, 1, precision=precision)
+        states = m.parameters + m.master_weights + 2 * sum(param_numels(cfg)) * (
+            2 if precision == "bf16" else 4)
+        assert m.model_states == states + 4 * len(param_numels(cfg)), precision  # + step counters
+    plain = engine.predict_step_memory(cfg, 1, precision="fp32", first_step=True)
+    auto = engine.predict_moments(cfg, 1, precision="autocast-bf16")["backward"]
+    mixed = engine.predict_moments(cfg, 1, precision="bf16-mixed")["backward"]
+    assert auto.parameters == plain.parameters == 4 * P and mixed.parameters == 2 * P
+    assert mixed.master_weights == 4 * P and auto.master_weights == 0
+
+
+# --------------------------------------------------------------------------- GPUs
+
+def test_gpu_predictions_are_allocator_blocks_and_differ_where_the_kernels_do():
+    cfg = GPTConfig(vocab_size=1000, seq_len=512, d_model=256, n_heads=4, n_layers=4, dropout=0.1,
+                    attention="sdpa")
+    for name in GPUS:
+        m = engine.predict_step_memory(cfg, 4, precision="bf16-mixed", gpu=name)
+        assert all(v % 512 == 0 for v in m.as_dict().values()), name
+    # A T4 has no bf16 attention kernel: bf16 keeps the s x s maps there, fp16 does not.
+    t4_bf16 = engine.predict_step_memory(cfg, 4, precision="bf16-mixed", gpu="T4")
+    t4_fp16 = engine.predict_step_memory(cfg, 4, precision="fp16-mixed", gpu="T4")
+    a100 = engine.predict_step_memory(cfg, 4, precision="bf16-mixed", gpu="A100 80GB")
+    maps = 4 * 4 * 512 * 512
+    assert t4_bf16.total - t4_fp16.total > 2 * maps
+    assert abs(t4_fp16.total - a100.total) < maps
+    # CUDA's 1-byte masks and the step counters on the host make it smaller than the CPU's count
+    assert a100.total < engine.predict_step_memory(cfg, 4, precision="bf16-mixed").total
+
+
+def test_more_of_anything_never_needs_less():
+    cfg = GPTConfig(**SMALL, attention="sdpa", dropout=0.1)
+    for precision in engine.PRECISIONS:
+        for gpu in (None, "T4", "H100 80GB"):
+            base = engine.predict_step_memory(cfg, 2, precision=precision, gpu=gpu).total
+            assert engine.predict_step_memory(cfg, 3, precision=precision, gpu=gpu).total > base
+            deeper = dataclasses.replace(cfg, n_layers=4)
+            assert engine.predict_step_memory(deeper, 2, precision=precision, gpu=gpu).total > base
+
+
+CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(config="gpt2"), "config"), (dict(micro_batch_size=0), "micro_batch_size"),
+    (dict(accumulation_steps=1.0), "accumulation_steps"), (dict(precision="fp8"), "precision"),
+    (dict(precision="bf16-autocast"), "precision"), (dict(mode="full"), "mode"),
+    (dict(every=0), "every"), (dict(seq_len=9), "seq_len"), (dict(gpu="V100"), "gpu"),
+    (dict(segments=2), "segments"), (dict(first_step="yes"), "first_step"),
+    (dict(foreach=None), "foreach")])
+def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
+    args = dict(config=CFG, micro_batch_size=1) | kwargs
+    with pytest.raises(ValueError, match=name):
+        engine.predict_step_memory(**args)
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+def _cuda_grid():
+    """24+ configurations: shapes x attention x dropout x precision x checkpointing."""
+    shapes = [dict(vocab_size=8192, seq_len=512, d_model=512, n_heads=8, n_layers=4),
+              dict(vocab_size=8192, seq_len=1024, d_model=768, n_heads=12, n_layers=6)]
+    modes = [("none", 1), ("blocks", 1), ("selective", 1)]
+    return [(shape, attention, dropout, mode)
+            for shape in shapes for attention in ("explicit", "sdpa") for dropout in (0.0, 0.1)
+            for mode in modes]
+
+
+@pytest.mark.gpu
+def test_engine_against_the_cuda_allocator():
+    """The goal on a GPU: median error 3 %, at most 5 %, against max_memory_allocated."""
+    precisions = {"fp32", "autocast-bf16" if pick_dtype("cuda") == torch.bfloat16
+                  else "autocast-fp16",
+                  "bf16-mixed" if pick_dtype("cuda") == torch.bfloat16 else "fp16-mixed"}
+    errors = {}
+    for shape, attention, dropout, (mode, every) in _cuda_grid():
+        cfg = GPTConfig(**shape, attention=attention, dropout=dropout)
+        for precision in sorted(precisions):
+            predicted = fit.predict_step_memory(cfg, 4, precision=precision, mode=mode,
+                                                every=every, gpu="cuda").total
+            measured = fit.measure_step_memory(cfg, 4, precision=precision, mode=mode,
+                                               every=every, device="cuda")
+            errors[(str(shape["d_model"]), attention, dropout, mode, precision)] = (
+                predicted - measured) / measured
+            torch.cuda.empty_cache()
+    worst = max(errors, key=lambda k: abs(errors[k]))
+    assert len(errors) >= 24
+    assert statistics.median(abs(e) for e in errors.values()) <= 0.03, errors
+    assert abs(errors[worst]) <= 0.05, (worst, errors[worst])
