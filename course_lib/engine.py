@@ -554,7 +554,10 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
     for name, flag in (("first_step", first_step), ("foreach", foreach)):
         if flag not in (True, False):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
-    return (_config_key(config), b, K, precision, mode, every, segments, s, resolve_gpu(gpu),
+    gpu = resolve_gpu(gpu)
+    if gpu is not None and gpu.free_memory is not None:  # what is free does not change the step
+        gpu = replace(gpu, free_memory=None)
+    return (_config_key(config), b, K, precision, mode, every, segments, s, gpu,
             bool(first_step), bool(foreach))
 
 

@@ -9,15 +9,19 @@ precision          params  grads           master      each optimizer state tens
 =================  ======  ==============  ==========  ============================
 ``"fp32"``         4       4               0           4
 ``"fp16-mixed"``   2       2 (+4 buffer)   4 (fp32)    4 (fp32)
-``"bf16-mixed"``   2       2 (+4 buffer)   4 (fp32)    4 (fp32)
-``"bf16"``         2       2 (+4 buffer)   0           2
+``"bf16-mixed"``   2       2 (4 buffer)    4 (fp32)    4 (fp32)
+``"bf16"``         2       2 (4 buffer)    0           2
+``"autocast-*"``   4       4               0           4
 =================  ======  ==============  ==========  ============================
 
 SGD keeps no state tensor, SGD with momentum one (the momentum buffer), Adam
 and AdamW two (``m`` and ``v``). Mixed-precision Adam is therefore
 ``2 + 2 + 4 + 4 + 4 = 16`` bytes per parameter, the paper's ``K = 12`` bytes of
-optimizer state (master weights, m, v) on top of 16-bit weights and gradients;
-20 with an fp32 gradient-accumulation buffer (Megatron-LM's ``main_grad``).
+optimizer state (master weights, m, v) on top of 16-bit weights and gradients.
+With an fp32 gradient buffer (Megatron-LM's ``main_grad``; its distributed optimizer's
+table): bf16 parameters add each 16-bit gradient into the fp32 buffer and free it,
+``2 + 4 + 4 + 4 + 4 = 18``; fp16 parameters keep their fp16 gradients and the optimizer
+copies them into fp32 main gradients, ``2 + 2 + 4 + 4 + 4 + 4 = 20``.
 fp32 Adam is also 16 (``4 + 4 + 8``), SGD 8, SGD with momentum 12.
 
 ``"mixed"`` here is the recipe of Megatron-LM and DeepSpeed: a 16-bit model plus
@@ -42,7 +46,7 @@ import torch
 from .validation import positive_int
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "autocast-fp16", "autocast-bf16")
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -55,6 +59,9 @@ _BYTES = {
     "fp16-mixed": (2, 2, 4, 4),
     "bf16-mixed": (2, 2, 4, 4),
     "bf16": (2, 2, 0, 2),
+    # torch.autocast keeps the model in fp32; its 16-bit weight copies are activations
+    "autocast-fp16": (4, 4, 0, 4),
+    "autocast-bf16": (4, 4, 0, 4),
 }
 
 
@@ -108,9 +115,10 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
     module table); ``zero_stage`` 0-3 over ``world_size`` data-parallel ranks
     (ZeRO paper, section 5: stage 1 shards optimizer states and master weights,
     stage 2 also gradients, stage 3 also parameters; stage 0 replicates all).
-    ``fp32_grad_buffer`` adds an fp32 gradient buffer (4 bytes/param, counted in
-    ``grads``) to the 16-bit precisions, as Megatron-LM accumulates in; with
-    ``"fp32"`` the gradients already are that buffer and nothing is added.
+    ``fp32_grad_buffer`` gives 16-bit parameters an fp32 gradient buffer (counted in
+    ``grads``), as Megatron-LM accumulates in: bf16 gradients are added into it and
+    freed (4 bytes/param instead of 2), fp16 gradients are kept beside it (2 + 4); with
+    fp32 gradients (``"fp32"``, autocast) they already are that buffer and nothing changes.
 
     Mixed-precision AdamW: ``training_memory(P, precision="bf16-mixed").total == 16 * P``.
     Activations, temporaries and allocator overhead are not model states and are
@@ -124,8 +132,8 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
     if not isinstance(fp32_grad_buffer, bool):
         raise ValueError(f"fp32_grad_buffer must be True or False, got {fp32_grad_buffer!r}")
     param_b, grad_b, master_b, state_b = _BYTES[precision]
-    if fp32_grad_buffer and precision != "fp32":
-        grad_b += 4
+    if fp32_grad_buffer and grad_b == 2:
+        grad_b = 6 if precision == "fp16-mixed" else 4
     shard = -(-P // N) if stage else P  # ceil(P / N) in exact integers
 
     def elements(sharded_from: int) -> int:

@@ -27,7 +27,10 @@ SMALL = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_layers=2)
 @pytest.mark.parametrize("optimizer,precision,extra,expected", [
     ("adam", "fp16-mixed", False, 16),   # ZeRO paper: 2 + 2 + K, K = 12
     ("adamw", "bf16-mixed", False, 16),
-    ("adamw", "bf16-mixed", True, 20),   # with an fp32 gradient-accumulation buffer
+    ("adamw", "bf16-mixed", True, 18),   # Megatron-LM: bf16 grads added into fp32 main_grad
+    ("adam", "fp16-mixed", True, 20),    # Megatron-LM: fp16 grads and fp32 main grads
+    ("adamw", "autocast-bf16", False, 16),  # autocast: an fp32 model
+    ("adamw", "autocast-fp16", True, 16),   # fp32 gradients are their own buffer
     ("adam", "fp32", False, 16),         # 4 + 4 + 8
     ("sgd", "fp32", False, 8),
     ("sgd-momentum", "fp32", False, 12),
@@ -120,6 +123,8 @@ def test_master_weight_recipe_measured(dtype, precision, keep_fp32_grads):
     model16(x, y)[1].backward()
     for p16, p32 in zip(model16.parameters(), master):
         p32.grad = p16.grad.float()
+        if keep_fp32_grads and dtype == torch.bfloat16:  # Megatron: added into main_grad, freed
+            p16.grad = None
     optimizer.step()
     if not keep_fp32_grads:
         for p32 in master:
@@ -231,7 +236,7 @@ def test_sharding_never_adds_memory(n, recipe):
     ({"optimizer": "lion"}, r"optimizer must be one of \('sgd', 'sgd-momentum', 'adam', 'adamw'\)"),
     ({"optimizer": "Adam"}, "optimizer must be one of"),
     ({"precision": "fp16"}, r"precision must be one of \('fp32', 'fp16-mixed', 'bf16-mixed', "
-                            r"'bf16'\)"),
+                             r"'bf16', 'autocast-fp16', 'autocast-bf16'\)"),
     ({"precision": torch.bfloat16}, "precision must be one of"),
     ({"zero_stage": 4}, r"zero_stage must be one of \(0, 1, 2, 3\)"),
     ({"zero_stage": "1"}, "zero_stage must be one of"),

@@ -5,9 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import activations as act
 from course_lib import checkpointing as ckpt
-from course_lib import planner
+from course_lib import engine, planner
 from course_lib.measure import peak_memory, training_step
 from course_lib.models import GPT, GPTConfig, random_tokens
 
@@ -22,6 +21,8 @@ def _measured_peak(config, batch, mode, every, dtype=torch.float32, device="cpu"
     model = ckpt.enable_checkpointing(GPT(config).to(device=device, dtype=dtype), mode, every)
     optimizer = torch.optim.AdamW(model.parameters())
     x, y = random_tokens(config, batch, device=device)
+    if device == "cuda":  # cuBLAS allocates its workspace at the first matmul: not the step's
+        torch.ones(8, 8, device=device) @ torch.ones(8, 8, device=device)
     return peak_memory(lambda: training_step(model, optimizer, x, y))
 
 
@@ -29,7 +30,7 @@ def _measured_peak(config, batch, mode, every, dtype=torch.float32, device="cpu"
 @pytest.mark.parametrize("mode,every", MODES)
 def test_predicted_peak_equals_measured(mode, every, attention, dropout):
     config = GPTConfig(**SMALL, attention=attention, dropout=dropout)
-    predicted = planner.predict_peak(config, 3, mode, every).total
+    predicted = planner.predict_peak(config, 3, mode, every).step_peak
     # The tracker misses the 8-byte Python-number scalars autograd wraps outside the dispatcher.
     assert abs(predicted - _measured_peak(config, 3, mode, every)) <= 8 * 4 * config.n_layers
 
@@ -39,14 +40,14 @@ def test_predicted_peak_in_bf16_within_seven_percent():
     for attention in ("explicit", "sdpa"):
         config = GPTConfig(**SMALL, attention=attention, dropout=0.1)
         for mode, every in MODES:
-            predicted = planner.predict_peak(config, 3, mode, every, dtype=torch.bfloat16).total
+            predicted = planner.predict_peak(config, 3, mode, every, precision="bf16").step_peak
             measured = _measured_peak(config, 3, mode, every, torch.bfloat16)
             assert abs(predicted - measured) <= 0.07 * measured, (attention, mode, every)
 
 
 def test_none_is_the_activations_prediction_and_kept_bytes_agree():
     config = GPTConfig(**SMALL, attention="explicit", dropout=0.1)
-    assert planner.predict_peak(config, 2) == act.predict_step_peak(config, 2)
+    assert planner.predict_peak(config, 2) == engine.predict_step_memory(config, 2, first_step=True)
     for c in planner.candidates(config, 2):
         assert c.kept_bytes == ckpt.predict_kept_bytes(config, 2, c.mode, c.every)
 
@@ -92,7 +93,8 @@ def test_nothing_fits_is_a_value_error_that_says_how_close():
     (dict(config={"n_layers": 2}), "config"), (dict(budget_bytes=0), "budget_bytes"),
     (dict(budget_bytes=1.5e6), "budget_bytes"), (dict(budget_bytes=True), "budget_bytes"),
     (dict(batch_size=0), "batch_size"), (dict(seq_len=64), "seq_len"),
-    (dict(modes=("full",)), "modes"), (dict(modes=()), "modes"), (dict(dtype="int4"), "dtype"),
+    (dict(modes=("full",)), "modes"), (dict(modes=()), "modes"),
+    (dict(precision="int4"), "precision"), (dict(gpu="V100"), "gpu"),
 ])
 def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
     args = dict(config=GPTConfig(**SMALL), batch_size=2, seq_len=None, budget_bytes=10**9)
@@ -133,20 +135,12 @@ def test_pareto_front_properties(points):
 
 @pytest.mark.gpu
 def test_prediction_against_the_cuda_allocator():
-    # On CUDA, masks are bool and LayerNorm statistics fp32 (CPU conventions here), and the
-    # allocator rounds to 512 bytes and adds cuBLAS workspaces: within 10%.
+    # The engine follows CUDA's rules for gpu="cuda": bool masks, fp32 LayerNorm statistics,
+    # the GPU's attention kernel, 512-byte blocks. The first matmul's cuBLAS workspace is made
+    # before the measured step (_measured_peak warms up), so it is not in the step's peak.
     config = GPTConfig(vocab_size=256, seq_len=256, d_model=256, n_heads=4, n_layers=6,
                        attention="explicit")
     for mode, every in MODES:
         measured = _measured_peak(config, 8, mode, every, device="cuda")
-        predicted = planner.predict_peak(config, 8, mode, every).total
-        assert abs(predicted - measured) <= 0.10 * measured, (mode, every)
-
-
-def test_planner_is_reachable_where_the_contract_names_it():
-    from course_lib import checkpointing, planner
-
-    assert checkpointing.plan_checkpointing is planner.plan_checkpointing
-    assert issubclass(checkpointing.NothingFits, ValueError)
-    with pytest.raises(AttributeError):
-        checkpointing.no_such_name  # noqa: B018
+        predicted = planner.predict_peak(config, 8, mode, every, gpu="cuda").step_peak
+        assert abs(predicted - measured) <= 0.05 * measured, (mode, every)

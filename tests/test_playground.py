@@ -12,7 +12,7 @@ CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=2)
 
 @pytest.fixture(scope="module")
 def playground():
-    return pgm.Playground(CFG, samples=32, lr=1e-2, calibration_batch=4)
+    return pgm.Playground(CFG, samples=32, lr=1e-2)
 
 
 def test_effective_batch_and_steps():
@@ -48,20 +48,22 @@ def test_same_effective_batch_gives_the_same_curve_and_less_memory(playground):
     assert playground.cached(2, 2) is None
 
 
-def test_memory_is_flat_in_k_and_the_prediction_ignores_k(playground):
-    two, four = playground.run(2, 2), playground.run(2, 4)
+def test_memory_is_flat_in_k_and_predicted_by_the_engine(playground):
+    one, two, four = playground.run(2, 1), playground.run(2, 2), playground.run(2, 4)
     assert two.measured_peak == four.measured_peak
     assert playground.predict_peak(2, 2) == playground.predict_peak(2, 4)
-    assert playground.predict_peak(2, 1) == (playground.model_state_bytes()
-                                             + 2 * playground.activation_bytes_per_sample(False))
-    assert playground.model_state_bytes() == 16 * count_parameters(GPT(CFG))
-    assert abs(four.predicted_peak - four.measured_peak) < 0.25 * four.measured_peak
+    assert one.predicted_peak == one.measured_peak               # one micro-batch: to the byte
+    # from K = 2 on the engine bounds the pass's new gradients from above: a few bytes here
+    assert 0 <= four.predicted_peak - four.measured_peak <= 0.005 * four.measured_peak
+    # independent floor: 16 bytes per parameter of weights, gradients and AdamW's m and v
+    assert four.measured_peak > 16 * count_parameters(GPT(CFG))
 
 
 def test_checkpointing_lowers_the_peak_and_keeps_the_curve(playground):
     plain, ckpt = playground.run(4, 2), playground.run(4, 2, True)
     assert ckpt.measured_peak < plain.measured_peak
-    assert playground.activation_bytes_per_sample(True) < playground.activation_bytes_per_sample(False)
+    assert playground.predict_peak(4, 2, True) < playground.predict_peak(4, 2)
+    assert ckpt.measured_peak <= ckpt.predicted_peak              # an upper bound from K = 2 on
     assert max(abs(u - v) for u, v in zip(plain.losses, ckpt.losses)) < 1e-5
 
 
