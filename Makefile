@@ -10,7 +10,7 @@ PYTEST := $(PY) -m pytest -q -rs
 # A root shell (containers, CI) needs JupyterLab's --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test lint unit notebooks exercises outputs check-exercises slides lock clean
+.PHONY: lab test lint unit notebooks exercises outputs check-exercises slides lock clean gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,14 @@ check-exercises: $(STAMP)
 
 outputs: $(STAMP)
 	$(PY) -m course_lib.authoring outputs $(NB)
+
+# On a CUDA machine: every lecture and solution, the `gpu` tests and the benchmarks on the GPU,
+# reported in benchmarks/results/gpu_check.json (PART=notebooks|tests|benchmarks for one part).
+# Uses .venv when there is one, else the machine's python3 (see the README's GPU section).
+GPU_PY := $(if $(wildcard $(PY)),$(PY),python3)
+PART   ?= all
+gpu-check:
+	$(GPU_PY) benchmarks/gpu_check.py --part $(PART)
 
 # Reveal.js slides of every lecture in build/slides/ (one slide per ## section).
 slides: $(STAMP)

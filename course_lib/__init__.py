@@ -6,15 +6,17 @@ One module per idea, in lecture order:
 ``device``             00: which device and training dtype this kernel uses
 ``units``              byte counts and their human-readable form
 ``validation``         the shared input checks (``ValueError`` naming the parameter)
+``kernels``            02-06: which attention kernel, dtypes and block sizes PyTorch uses where
 ``memory``             01: analytic bytes of params, grads, optimizer, activations
 ``model_zoo``          01: GPT-2 and Llama presets, counted on the ``meta`` device
 ``models``             01-07: the course GPT (nanoGPT-style), its parameter count, token data
-``activations``        02: the course GPT's saved activations, op by op, and a step's peak
+``activations``        02: the course GPT's saved activations, op by op, on the CPU or a GPU
 ``measure``            02: peak memory, saved tensors, categorised breakdowns
 ``accumulation``       03: gradient accumulation and its bugs
 ``training``           03-07: the shared training loop (accumulation, AMP, no_sync)
 ``playground``         03: the accumulation playground behind the widget
-``checkpointing``      04: five checkpointing modes; kept bytes, peak and FLOPs predicted
+``checkpointing``      04: five checkpointing modes; kept bytes and FLOPs predicted
+``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target
 ``policies``           05: op-level selective-checkpointing policies and their cost
 ``planner``            05: the cheapest checkpointing policy that fits a memory budget
 ``fit``                06: the largest GPT, or batch, that trains within a budget; the guard

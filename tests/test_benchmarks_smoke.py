@@ -108,3 +108,17 @@ def test_widget_latency_times_every_control_and_the_reference(tmp_path):
     named = widget_latency.ROOT / "notebooks" / path.name  # results name notebooks by repo path
     kinds = {w["cell"]: w["kind"] for w in widget_latency.widgets_of(named, rows)}
     assert kinds == {0: "formula", -1: "reference"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on machines without CUDA")
+def test_gpu_check_stops_at_once_without_cuda():
+    import subprocess
+    import time
+
+    root = Path(__file__).resolve().parent.parent
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py"], cwd=root,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "needs a CUDA GPU" in proc.stderr and "Nothing was run" in proc.stderr
+    assert time.perf_counter() - start < 30
