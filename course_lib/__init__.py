@@ -21,6 +21,7 @@ One module per idea, in lecture order:
 ``planner``            05: the cheapest checkpointing policy that fits a memory budget
 ``fit``                06: the largest GPT, or batch, that trains within a budget; the guard
 ``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
+``allocator``          06: what nvidia-smi shows beside the prediction (cache, context, cuBLAS)
 ``distributed``        07: ranks on gloo, DDP ``no_sync``, sharded states
 ``submissions``        instructors: grade a folder of submitted exercise notebooks
 ``widgets``            thin ipywidgets views over the pure functions above

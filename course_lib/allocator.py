@@ -195,7 +195,7 @@ class StepReport:
     Attributes:
         predicted: the engine's bytes at the step's peak (``StepMemory.total``).
         resident: bytes of the model states before the step (parameters, master weights,
-            optimizer state), as :func:`course_lib.fit.resident_bytes` counts them.
+            optimizer state), as :func:`course_lib.measure.resident_bytes` counts them.
         before: the :class:`Reading` just before the step (peak statistics reset).
         after: the :class:`Reading` just after it.
     """
@@ -237,7 +237,7 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
     Args:
         fn: the step, a callable without arguments.
         predicted: the engine's peak bytes for it (``engine.predict_step_memory(...).total``).
-        resident: bytes of the model states before the step (``fit.resident_bytes``).
+        resident: bytes of the model states before the step (``course_lib.measure.resident_bytes``).
         device: the CUDA device it runs on; None means the current one.
 
     Returns:

@@ -34,7 +34,7 @@ from . import engine
 from .checkpointing import enable_checkpointing
 from .device import resolve_gpu
 from .engine import StepMemory, breakdown_rows, predict_step_memory
-from .measure import LiveTensorTracker, peak_memory
+from .measure import LiveTensorTracker, peak_memory, resident_bytes
 from .models import GPT, GPTConfig, gpt_param_count, param_numels
 from .training import make_grad_scaler, train
 from .units import format_bytes
@@ -455,17 +455,6 @@ def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
     if spec.grad_scaler:
         options["grad_scaler"] = make_grad_scaler(torch.device(device).type)
     return options
-
-
-def resident_bytes(model: torch.nn.Module, optimizer) -> int:
-    """Bytes of the parameters, master weights and optimizer state on the model's device."""
-    device = next(model.parameters()).device
-    tensors = [*model.parameters(), *getattr(optimizer, "master", ()),
-               *(v for s in optimizer.state.values() for v in s.values()
-                 if isinstance(v, torch.Tensor))]
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in tensors if t.device == device}
-    return sum(storages.values())
 
 
 def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,

@@ -324,6 +324,25 @@ def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(storages.values())
 
 
+def resident_bytes(model: torch.nn.Module, optimizer) -> int:
+    """Bytes that stay on the model's device between steps: parameters, master weights (an
+    optimizer with a ``master`` list) and optimizer state, each storage once.
+
+    On CUDA each storage counts as the caching allocator holds it (rounded up to 512 bytes),
+    and AdamW's ``step`` counters, which live on the host there, are left out.
+    """
+    from .kernels import CUDA_BLOCK
+
+    device = next(model.parameters()).device
+    tensors = [*model.parameters(), *getattr(optimizer, "master", ()),
+               *(v for s in optimizer.state.values() for v in s.values()
+                 if isinstance(v, torch.Tensor))]
+    block = CUDA_BLOCK if device.type == "cuda" else 1
+    storages = {t.untyped_storage().data_ptr(): -(-t.untyped_storage().nbytes() // block) * block
+                for t in tensors if t.device == device}
+    return sum(storages.values())
+
+
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for state in optimizer.state.values() for v in state.values()
             if isinstance(v, torch.Tensor)]

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import torch
 
 from .checkpointing import enable_checkpointing
+from .device import resolve_gpu
 from .engine import predict_step_memory
-from .measure import peak_memory
+from .measure import peak_memory, resident_bytes
 from .models import GPT, GPTConfig
 from .training import batches_of, markov_tokens, train
 from .validation import positive_int
@@ -47,16 +48,6 @@ def effective_batch(micro_batch_size: int, accumulation_steps: int) -> int:
 def optimizer_steps(samples: int, micro_batch_size: int, accumulation_steps: int) -> int:
     """Optimizer steps in a budget of ``samples``: ``samples // (micro_batch_size * accumulation_steps)``."""
     return positive_int("samples", samples) // effective_batch(micro_batch_size, accumulation_steps)
-
-
-def resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the model's parameters and the optimizer's state tensors (each storage once)."""
-    storages = {}
-    tensors = list(model.parameters()) + [v for state in optimizer.state.values()
-                                          for v in state.values() if isinstance(v, torch.Tensor)]
-    for t in tensors:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(storages.values())
 
 
 def step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, *,
@@ -106,6 +97,7 @@ class Playground:
         if not lr > 0:
             raise ValueError(f"lr must be positive, got {lr!r}")
         self.lr, self.seed, self.device = lr, seed, torch.device(device)
+        self._gpu = resolve_gpu("cuda") if self.device.type == "cuda" else None
         self.data = markov_tokens(samples, self.config.seq_len, self.config.vocab_size,
                                   seed=seed, device=self.device)
         self.cache: dict[tuple[int, int, bool], Run] = {}
@@ -122,9 +114,9 @@ class Playground:
     def predict_peak(self, micro_batch_size: int, accumulation_steps: int,
                      checkpointing: bool = False) -> int:
         """The engine's peak bytes of a steady-state step with these settings (see the module doc)."""
-        gpu = "cuda" if self.device.type == "cuda" else None
         return predict_step_memory(self.config, micro_batch_size, accumulation_steps,
-                                   mode="blocks" if checkpointing else "none", gpu=gpu).total
+                                   mode="blocks" if checkpointing else "none",
+                                   gpu=self._gpu).total
 
     def cached(self, micro_batch_size: int, accumulation_steps: int,
                checkpointing: bool = False) -> Run | None:
