@@ -208,6 +208,22 @@ class _Replay:
         else:
             self.pending = (label, nbytes, before)
 
+    @classmethod
+    def effect(cls, replay) -> tuple[dict, str, dict]:
+        """Run ``replay(r)`` from nothing: ``(live at its worst node, that node, live at the end)``,
+        so that identical stretches (the blocks) are replayed once and then added (:meth:`apply`)."""
+        r = cls(dict.fromkeys((_GRAD, _ACT, _TMP), 0))
+        r.best = dict.fromkeys(r.live, -(1 << 62))  # any node beats the start
+        replay(r)
+        return dict(r.best), r.moment, dict(r.live)
+
+    def apply(self, effect: tuple[dict, str, dict]) -> None:
+        worst, moment, end = effect
+        at_worst = {k: self.live[k] + worst[k] for k in self.live}
+        if sum(at_worst.values()) > sum(self.best.values()):
+            self.best, self.moment = at_worst, moment
+        self.live = {k: self.live[k] + end[k] for k in self.live}
+
 
 class _Backward:
     """The backward pass of the course GPT, node by node, in bytes as the target allocates them.
@@ -432,18 +448,25 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
         # Without dropout the rerun stops before the block's last matmul (torch.utils.checkpoint
         # stops early once the backward has all it needs): its cached output is never consumed.
         tail = bw.Xc if config.dropout == 0 else 0
-    for i in reversed(range(config.n_layers)):
-        if i in last:  # the backward pass unpacks a tensor of the region: it runs again
-            extra = (len(last[i]) - 1) * block
+    def one_block(r: _Replay, rerun: int | None, released: bool) -> None:
+        if rerun is not None:  # the backward pass unpacks a tensor of the region: it runs again
             if mode == "selective":  # the rerun takes the kept matmul outputs from the cache,
                 # which lets go of those no backward formula needs as they are consumed
-                r.node(f"block {i}: cached matmul outputs consumed", [], [(_ACT, left - tail)])
-            r.recompute(f"block {i}: recomputation", rebuilt + extra,
+                r.node("block {i}: cached matmul outputs consumed", [], [(_ACT, left - tail)])
+            r.recompute("block {i}: recomputation", rerun,
                         before=_CORE_BACKWARD if mode == "attention" else None)
         bw.block(r)
-        if i in first and mode in ("selective", "attention"):  # what its checkpoint still held
-            r.node(f"block {i}: region released", [],
-                   [(_ACT, tail if mode == "selective" else left)])
+        if released:  # what its checkpoint still held
+            r.node("block {i}: region released", [], [(_ACT, tail if mode == "selective" else left)])
+
+    effects = {}  # blocks of one kind free and allocate the same: replay each kind once
+    for i in reversed(range(config.n_layers)):
+        rerun = rebuilt + (len(last[i]) - 1) * block if i in last else None
+        kind = (rerun, i in first and mode in ("selective", "attention"))
+        if kind not in effects:
+            effects[kind] = _Replay.effect(lambda r, kind=kind: one_block(r, *kind))
+        worst, moment, end = effects[kind]
+        r.apply((worst, moment.format(i=i), end))
     return {"live": r.best, "moment": r.moment}
 
 
@@ -498,7 +521,10 @@ def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
     numels = param_numels(config)
 
     def sizes(dtype):
-        return [kernels.allocated(n * dtype_bytes(dtype), gpu) for n in numels]
+        e = dtype_bytes(dtype)
+        if gpu is None:
+            return [n * e for n in numels]
+        return [kernels.allocated(n * e, gpu) for n in numels]
 
     params, states = sizes(spec.params), sizes(spec.state)
     P = sum(params)
