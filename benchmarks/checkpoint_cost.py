@@ -2,7 +2,7 @@
 
     python benchmarks/checkpoint_cost.py                 # CPU, fp32, 11 interleaved rounds
     python benchmarks/checkpoint_cost.py --quick         # 2 rounds, modes none and blocks only
-    python benchmarks/checkpoint_cost.py --device cuda   # GPU-sized model in bf16
+    python benchmarks/checkpoint_cost.py --device cuda   # GPU-sized model in bf16 (fp16 on a T4)
 
 For each attention kind of the course GPT (explicit, sdpa) one model is switched between the
 policies of ``course_lib.checkpointing.enable_checkpointing``: none; ``blocks`` with every block,
@@ -23,7 +23,8 @@ the same in every mode and left out):
   matmuls and attention kernels), recomputation included; checked against
   ``course_lib.checkpointing.step_flops``. ``FlopCounterMode`` has no formula for the CPU's
   flash-attention kernel (it counts 0), so for ``sdpa`` on the CPU the **FLOP ratio** comes
-  from ``step_flops(..., device="cuda")``, which counts the fused kernel as a GPU does (forward
+  from ``step_flops(..., gpu="A100 80GB")`` (a GPU preset of ``course_lib.device.GPUS``), which
+  counts the fused kernel as a GPU does (forward
   ``4*b*s^2*h``, backward 2.5 times that); elsewhere it is the counted ratio. Theory for
   recomputing every block: one more forward pass, 4/3, a little less in fact: the LM head is
   not recomputed and, without dropout, neither is each block's last matmul (``step_flops``).
@@ -34,7 +35,8 @@ the same in every mode and left out):
 
 CPU: vocabulary 256, d_model 128, 4 heads, 8 layers, sequence 128, batch 4, fp32, no dropout,
 one torch thread. CUDA: vocabulary 8192, d_model 1024, 16 heads, 12 layers, sequence 1024,
-batch 8, bf16. Results: benchmarks/results/checkpoint_cost.json, ``runs[device]``.
+batch 8, in the dtype ``course_lib.device.pick_dtype`` chooses (bf16; fp16 on a T4, which has no
+bf16 fused attention kernel). Results: benchmarks/results/checkpoint_cost.json, ``runs[device]``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from bench_device import arguments, save, seconds, setup
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib import checkpointing as ckpt
+from course_lib.device import pick_dtype
 from course_lib.measure import peak_memory
 from course_lib.models import GPT, GPTConfig, random_tokens
 from course_lib.units import MiB
@@ -62,6 +65,8 @@ SETUP = {"cpu": dict(model=dict(vocab_size=256, seq_len=128, d_model=128, n_head
                                  n_layers=12),
                       batch=8, dtype=torch.bfloat16, rounds=20)}
 WARM_UP_STEPS = 2
+#: The GPU preset whose fused attention kernel counts the FLOPs of ``sdpa`` on the CPU.
+FUSED_KERNEL_GPU = "A100 80GB"
 
 
 def label(mode: str, every: int) -> str:
@@ -119,13 +124,14 @@ def evaluate(config: GPTConfig, batch: int, dtype, device: str = "cpu", rounds: 
     x, y = random_tokens(config, batch, device=device)
     times = step_times(model, x, y, policies, device, rounds)
     kernel_counted = config.attention == "explicit" or device != "cpu"
+    gpu = None if device == "cpu" else "cuda"  # the live GPU's kernels on CUDA
+    fused_gpu = gpu or FUSED_KERNEL_GPU
     rows = []
     for mode, every in policies:
         ckpt.enable_checkpointing(model, mode, every)
         counted = _counted_flops(model, x, y)
-        predicted, recomputed = ckpt.step_flops(config, batch, mode, every, dtype=dtype,
-                                                device=device)
-        gpu_count = ckpt.step_flops(config, batch, mode, every, dtype=dtype, device="cuda")[0]
+        predicted, recomputed = ckpt.step_flops(config, batch, mode, every, dtype=dtype, gpu=gpu)
+        gpu_count = ckpt.step_flops(config, batch, mode, every, dtype=dtype, gpu=fused_gpu)[0]
         kept, peak = memory(model, x, y, device)
         rows.append({"policy": label(mode, every), "mode": mode, "every": every,
                      "seconds": [wall for wall, _ in times[label(mode, every)]],
@@ -133,7 +139,7 @@ def evaluate(config: GPTConfig, batch: int, dtype, device: str = "cpu", rounds: 
                      "flops_counted": counted, "flops_predicted": predicted,
                      "flops_recomputed": recomputed, "flops_fused_kernel_counted": gpu_count,
                      "flop_source": ("FlopCounterMode" if kernel_counted
-                                     else "step_flops(device='cuda')"),
+                                     else f"step_flops(gpu={FUSED_KERNEL_GPU!r})"),
                      "kept_bytes": kept, "peak_bytes": peak})
         model.zero_grad(set_to_none=True)
     base = rows[0]
@@ -183,7 +189,9 @@ def print_report(results: dict, info: dict) -> None:
 def main(argv=None) -> int:
     args = arguments(__doc__, argv)
     info = setup(args.device)
-    spec = SETUP[args.device]
+    spec = dict(SETUP[args.device])
+    if args.device == "cuda":
+        spec["dtype"] = pick_dtype(torch.device("cuda"))
     rounds = 2 if args.quick else spec["rounds"]
     policies = POLICIES[:2] if args.quick else POLICIES
     results = {}
