@@ -280,6 +280,56 @@ class _Backward:
         self.linear(r, "lm_head backward", h, V, self.Xc, [(_TMP, g), (_ACT, self.Xc)], bias=False)
         self.layernorm(r, "ln_f backward")
 
+    def chunked_head(self, r: _Replay, chunk: int) -> None:
+        """The backward pass of :func:`course_lib.levers.chunked_cross_entropy` (no autocast).
+
+        It allocates the hidden states' gradient and the head weight's, then rebuilds one
+        chunk's logits at a time (``n x V``, fp32; in 16-bit first in the compute dtype, and
+        cast back for the matmuls), with a few ``n``-sized index and scale tensors.
+        """
+        c, b, s, t = self.config, self.b, self.s, self.t
+        h, V, N = c.d_model, c.vocab_size, b * s
+        n = min(chunk, N)
+        four = self.bytes(1, _F32)
+        r.node("loss.backward(): d loss = 1", [(_TMP, four)])
+        r.node("chunked loss backward: gradients allocated",
+               [(_TMP, self.Xc), (_GRAD, self.bytes(V * h, self.params)), (_TMP, four)])
+        z = self.bytes(n * V, _F32)
+        if t.compute == _F32:
+            # the chunk's logits; the target indices (int64) and the -1s of the one-hot
+            r.node("chunked loss backward: one chunk's logits",
+                   [(_TMP, z), (_TMP, self.bytes(n, torch.int64)), (_TMP, self.bytes(n, _F32))],
+                   [(_TMP, z + self.bytes(n, torch.int64) + self.bytes(n, _F32))])
+        else:
+            zc = self.bytes(n * V, t.compute)
+            r.node("chunked loss backward: one chunk's logits", [(_TMP, zc), (_TMP, z)],
+                   [(_TMP, zc)])
+            r.node("chunked loss backward: the chunk's gradient cast back", [(_TMP, zc)],
+                   [(_TMP, zc + z)])
+        # Returning frees the incoming gradient, the saved hidden states and log-sum-exps.
+        r.node("chunked loss backward: done", [],
+               [(_TMP, four), (_ACT, self.Xc + self.bytes(N, _F32))])
+        self.layernorm(r, "ln_f backward")
+
+    def embeddings(self, r: _Replay) -> None:
+        """Below the first block: dropout, then the position and the token embeddings.
+
+        Each embedding's backward builds a dense gradient of its whole table; the token
+        table's is added into the gradient the tied head left there, then freed.
+        """
+        c, b, s, t = self.config, self.b, self.s, self.t
+        h, V = c.d_model, c.vocab_size
+        Xr, emb = self.Xr, t.stream  # embeddings run in the stream's dtype (fp32 under autocast)
+        if c.dropout > 0:
+            mask = self.bytes(b * s * h, t.mask(t.stream))
+            r.node("emb dropout backward", [(_TMP, Xr)], [(_TMP, Xr), (_ACT, mask)])
+        pos = self.bytes(s * h, emb)
+        r.node("pos_emb backward: gradient summed over the batch", [(_TMP, pos)])
+        r.node("pos_emb backward", [(_GRAD, self.bytes(c.seq_len * h, self.params))],
+               [(_TMP, pos), (_ACT, self.bytes(s, torch.int64))])
+        r.node("tok_emb backward", [(_TMP, self.bytes(V * h, self.params))],
+               [(_TMP, self.bytes(V * h, self.params) + Xr)])
+
     def layernorm(self, r: _Replay, label: str) -> None:
         if self.t.autocast:  # the linear's 16-bit input gradient, back to the fp32 stream
             self._cast(r, label.replace("backward", "output cast backward"), self.Xc, self.Xr)
@@ -432,14 +482,27 @@ def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, 
     return block, rebuilt, kept + rebuilt - block
 
 
+def _chunked_kept(config: GPTConfig, b: int, s: int, t) -> int:
+    """What the chunked loss keeps minus what the plain one keeps: the row-wise log-sum-exps
+    instead of the log-softmax output and ``nll_loss``'s ``total_weight``."""
+    n = b * s
+    return (kernels.allocated(4 * n, t.gpu) - kernels.allocated(4 * n * config.vocab_size, t.gpu)
+            - kernels.allocated(4, t.gpu))
+
+
 def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: str,
-                     every: int, segments: int | None) -> dict:
+                     every: int, segments: int | None, loss_chunk: int | None = None) -> dict:
     """``{"live": ..., "moment": ...}`` at the worst moment of one micro-batch's backward pass."""
     kept = ckpt.predict_kept_bytes(config, b, mode, every, segments=segments, seq_len=s,
                                    dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
+    if loss_chunk is not None:
+        kept += _chunked_kept(config, b, s, t)
     bw = _Backward(config, b, s, t, params)
     r = _Replay({_GRAD: 0, _ACT: kept, _TMP: bw.bytes(1, _F32)})  # the loss
-    bw.head(r)
+    if loss_chunk is None:
+        bw.head(r)
+    else:
+        bw.chunked_head(r, loss_chunk)
     regions = [] if mode == "none" else _regions(config.n_layers, mode, every, segments)
     last = {region[-1]: region for region in regions}
     first = {region[0] for region in regions}
@@ -467,7 +530,27 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
             effects[kind] = _Replay.effect(lambda r, kind=kind: one_block(r, *kind))
         worst, moment, end = effects[kind]
         r.apply((worst, moment.format(i=i), end))
+    bw.embeddings(r)
     return {"live": r.best, "moment": r.moment}
+
+
+def _chunked_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
+                     segments: int | None, loss_chunk: int) -> dict:
+    """The forward-pass moment of the chunked loss: every activation kept, the last chunk's
+    logits (``n x V`` fp32, and the compute-dtype product they are cast from) and a few
+    ``n``-sized tensors (target indices, picked logits, maxima)."""
+    n, V = min(loss_chunk, b * s), config.vocab_size
+    kept = (ckpt.predict_kept_bytes(config, b, mode, every, segments=segments, seq_len=s,
+                                    dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
+            + _chunked_kept(config, b, s, t))
+    gpu = t.gpu
+    z = kernels.allocated(4 * n * V, gpu)
+    if t.compute == _F32:  # the logits, the clamped target ids, the picked logits
+        peak = z + kernels.allocated(8 * n, gpu) + kernels.allocated(4 * n, gpu)
+    else:  # the 16-bit product and its fp32 copy
+        peak = z + kernels.allocated(n * V * dtype_bytes(t.compute), gpu)
+    scratch = kernels.allocated(b * s, gpu) + kernels.allocated(4, gpu) + peak  # mask, total
+    return {"live": {_GRAD: 0, _ACT: kept, _TMP: scratch}, "moment": "chunked loss (forward)"}
 
 
 def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
@@ -514,7 +597,7 @@ def _config_key(config: GPTConfig) -> tuple:
 @functools.lru_cache(maxsize=8192)
 def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
              segments: int | None, s: int, gpu: GPU | None, first_step: bool,
-             foreach: bool) -> dict[str, StepMemory]:
+             foreach: bool, loss_chunk: int | None = None) -> dict[str, StepMemory]:
     config = GPTConfig(**dict(key))  # GPTConfig is mutable, so the cache is keyed by its fields
     spec = PRECISION[precision]
     _, _, t = act._check(config, b, s, spec.compute, gpu, spec.autocast)
@@ -537,7 +620,11 @@ def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
     # The forward moment of a checkpointed model is left out: its regions keep less (the
     # backward rerun, replayed, is where they peak).
     forward = _math_forward(config, b, s, t) if mode == "none" else None
-    backward = _backward_moment(config, b, s, t, spec.params, mode, every, segments)
+    if loss_chunk is not None:
+        chunked = _chunked_forward(config, b, s, t, mode, every, segments, loss_chunk)
+        if forward is None or sum(chunked["live"].values()) > sum(forward["live"].values()):
+            forward = chunked
+    backward = _backward_moment(config, b, s, t, spec.params, mode, every, segments, loss_chunk)
     for name, found in (("forward", forward), ("backward", backward)):
         if found is None:
             continue
@@ -564,7 +651,7 @@ def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
 
 
 def _validate(config, micro_batch_size, accumulation_steps, precision, mode, every, segments,
-              seq_len, gpu, first_step, foreach):
+              seq_len, gpu, first_step, foreach, loss_chunk=None):
     if not isinstance(config, GPTConfig):
         raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
     b = positive_int("micro_batch_size", micro_batch_size)
@@ -583,27 +670,35 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
     gpu = resolve_gpu(gpu)
     if gpu is not None and gpu.free_memory is not None:  # what is free does not change the step
         gpu = replace(gpu, free_memory=None)
+    if loss_chunk is not None:
+        positive_int("loss_chunk", loss_chunk)
+        if PRECISION[precision].autocast:
+            raise ValueError(f"loss_chunk is predicted without autocast only, got "
+                             f"precision={precision!r}")
     return (_config_key(config), b, K, precision, mode, every, segments, s, gpu,
-            bool(first_step), bool(foreach))
+            bool(first_step), bool(foreach), loss_chunk)
 
 
 def predict_moments(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
                     precision: str = "fp32", mode: str = "none", every: int = 1,
                     segments: int | None = None, seq_len: int | None = None, gpu=None,
-                    first_step: bool = False, foreach: bool = False) -> dict[str, StepMemory]:
+                    first_step: bool = False, foreach: bool = False,
+                    loss_chunk: int | None = None) -> dict[str, StepMemory]:
     """The moments of a step that compete for its peak, by name: "backward" (and "backward 2+"
     for later micro-batches), "optimizer", and "forward" where SDPA's math kernel runs.
 
     Arguments as :func:`predict_step_memory`; the peak is the largest ``total``.
     """
     return dict(_moments(*_validate(config, micro_batch_size, accumulation_steps, precision, mode,
-                                    every, segments, seq_len, gpu, first_step, foreach)))
+                                    every, segments, seq_len, gpu, first_step, foreach,
+                                    loss_chunk)))
 
 
 def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
                         precision: str = "fp32", mode: str = "none", every: int = 1,
                         segments: int | None = None, seq_len: int | None = None, gpu=None,
-                        first_step: bool = False, foreach: bool = False) -> StepMemory:
+                        first_step: bool = False, foreach: bool = False,
+                        loss_chunk: int | None = None) -> StepMemory:
     """Predicted peak bytes of one AdamW step of ``GPT(config)``: the largest of its moments.
 
     The step is :func:`course_lib.training.train` on the model and optimizer of
@@ -623,6 +718,9 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
             than a steady-state step.
         foreach: AdamW's multi-tensor implementation (PyTorch's default on CUDA), whose
             scratch is one copy of ``v``, instead of the per-tensor one.
+        loss_chunk: the loss of :func:`course_lib.levers.chunked_cross_entropy` with chunks
+            of this many tokens (:func:`course_lib.levers.use_chunked_loss`), instead of
+            ``F.cross_entropy`` over the whole logits; not with the autocast precisions.
 
     Returns:
         A :class:`StepMemory`; ``moment`` names where the peak falls.
@@ -645,5 +743,5 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     """
     moments = predict_moments(config, micro_batch_size, accumulation_steps, precision=precision,
                               mode=mode, every=every, segments=segments, seq_len=seq_len, gpu=gpu,
-                              first_step=first_step, foreach=foreach)
+                              first_step=first_step, foreach=foreach, loss_chunk=loss_chunk)
     return max(moments.values(), key=lambda m: m.total)

@@ -459,22 +459,40 @@ def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
 
 def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
                         precision: str = "fp32", mode: str = "none", every: int = 1,
-                        device: str | torch.device = "cpu") -> int:
+                        device: str | torch.device = "cpu", loss_chunk: int | None = None) -> int:
     """Measured peak bytes of a steady-state step, to compare with :func:`predict_step_memory`.
 
     Builds the model and optimizer (:func:`build`), trains one step (which
     creates AdamW's state), then measures the second step with
     :func:`course_lib.measure.peak_memory` (the CUDA allocator on CUDA, the
     live-tensor tracker elsewhere) and adds what was resident before it.
+    ``loss_chunk``: the model computes its loss with
+    :func:`course_lib.levers.chunked_cross_entropy` in chunks of that many tokens
+    (:func:`course_lib.levers.use_chunked_loss`), each micro-batch's mean divided by
+    ``K``; not with the autocast precisions.
     """
     b = positive_int("micro_batch_size", micro_batch_size)
     K = positive_int("accumulation_steps", accumulation_steps)
     model, optimizer = build(config, precision=precision, mode=mode, every=every, device=device)
     options = train_options(precision, device)
     x, y = _tokens(config, b * K, device)
+    if loss_chunk is not None:
+        from .levers import use_chunked_loss
+
+        if options["amp_dtype"] is not None or options["grad_scaler"] is not None:
+            raise ValueError(f"loss_chunk is measured without autocast or loss scaling only, "
+                             f"got precision={precision!r}")
+        use_chunked_loss(model, loss_chunk)
 
     def step():
-        train(model, optimizer, [(x, y)], micro_batch_size=b, accumulation_steps=K, **options)
+        if loss_chunk is None:
+            train(model, optimizer, [(x, y)], micro_batch_size=b, accumulation_steps=K, **options)
+            return
+        for xk, yk in zip(x.split(b), y.split(b)):
+            loss = model(xk, yk)[1]
+            (loss if K == 1 else loss / K).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
     step()
     resident = resident_bytes(model, optimizer)
