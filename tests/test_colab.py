@@ -44,7 +44,9 @@ BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 # What Colab's runtime has installed (snapshot of 2025); each runtime requirement of the course
 # must be among them and accept that version, so that the bootstrap installs nothing else.
 COLAB_PREINSTALLED = {"torch": "2.6.0", "numpy": "2.0.2", "matplotlib": "3.10.0",
-                      "ipywidgets": "7.7.1", "tqdm": "4.67.1"}
+                      "ipywidgets": "7.7.1", "tqdm": "4.67.1",
+                      # torchao as Colab's GPU runtime lists it in its published pip freeze (2026)
+                      "torchao": "0.10.0"}
 IMPORT_NAME = {}  # distribution -> module, where they differ (none yet)
 
 # ipywidgets API that 8.1 has and Colab's 7.7.1 lacks. Derived by importing both releases and

@@ -1,0 +1,307 @@
+"""course_lib.levers: each lever against an independent derivation: the chunked loss against
+``F.cross_entropy`` and its gradients, the optimizer in backward against the ordinary step, the
+offload hooks against the saved tensors autograd reports, quantized state bytes against
+torchao's own tensors; the memory engine's chunked-loss term against the tracker."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib import activations as act
+from course_lib import engine, fit, levers
+from course_lib.measure import peak_memory, saved_bytes
+from course_lib.models import GPT, GPTConfig, param_numels, random_tokens
+
+TINY = GPTConfig(vocab_size=96, seq_len=16, d_model=32, n_heads=4, n_layers=2)
+
+
+# --------------------------------------------------------------------------- chunked loss
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 10, 64])
+def test_chunked_loss_and_gradients_equal_cross_entropy(chunk):
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(2, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(50, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    t = torch.randint(0, 50, (2, 5), generator=g)
+    t[0, 3] = t[1, 0] = -100
+    got = levers.chunked_cross_entropy(h, w, t, chunk)
+    want = F.cross_entropy((h @ w.T).reshape(-1, 50), t.reshape(-1))
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(got, (h, w)), torch.autograd.grad(want, (h, w))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_chunked_loss_in_bf16_matches_the_course_gpts_fp32_loss():
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(12, 16, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(40, 16, generator=g).bfloat16().requires_grad_()
+    t = torch.randint(0, 40, (12,), generator=g)
+    got = levers.chunked_cross_entropy(h, w, t, 5)
+    want = F.cross_entropy((h @ w.T).float(), t)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    gh, gw = torch.autograd.grad(got, (h, w))
+    wh, ww = torch.autograd.grad(want, (h, w))
+    assert gh.dtype == torch.bfloat16
+    torch.testing.assert_close(gh.float(), wh.float(), rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(gw.float(), ww.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_chunked_loss_of_only_ignored_targets_is_nan_like_cross_entropy():
+    h, w = torch.randn(3, 4), torch.randn(6, 4)
+    t = torch.full((3,), -100)
+    assert math.isnan(levers.chunked_cross_entropy(h, w, t, 2))
+    assert math.isnan(F.cross_entropy(h @ w.T, t))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, None, "8"])
+def test_chunk_size_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match="chunk_size"):
+        levers.chunked_cross_entropy(torch.randn(3, 4), torch.randn(6, 4), torch.zeros(3).long(),
+                                     bad)
+
+
+def test_chunked_loss_rejects_mismatched_inputs():
+    h, w, t = torch.randn(3, 4), torch.randn(6, 4), torch.zeros(3).long()
+    with pytest.raises(ValueError, match="weight"):
+        levers.chunked_cross_entropy(h, torch.randn(6, 5), t, 2)
+    with pytest.raises(ValueError, match="targets"):
+        levers.chunked_cross_entropy(h, w, torch.zeros(4).long(), 2)
+    with pytest.raises(ValueError, match="targets"):
+        levers.chunked_cross_entropy(h, w, torch.zeros(3), 2)
+    with pytest.raises(ValueError, match="hidden"):
+        levers.chunked_cross_entropy(torch.zeros(3, 4).long(), w, t, 2)
+    with pytest.raises(ValueError, match="dtype"):
+        levers.chunked_cross_entropy(h, w.double(), t, 2)
+
+
+def test_use_chunked_loss_gives_the_gpts_loss_and_switches_back():
+    model = GPT(TINY)
+    x, y = random_tokens(TINY, 3)
+    plain = model(x, y)[1]
+    assert levers.use_chunked_loss(model, 8) is model
+    logits, chunked = model(x, y)
+    assert logits is None and model.loss_chunk == 8
+    torch.testing.assert_close(chunked, plain)
+    assert model(x).shape == (3, TINY.seq_len, TINY.vocab_size)  # without targets: logits
+    levers.use_chunked_loss(model, None)
+    assert model(x, y)[0] is not None and model.loss_chunk is None
+    with pytest.raises(ValueError, match="chunk_size"):
+        levers.use_chunked_loss(model, 0)
+    with pytest.raises(ValueError, match="model"):
+        levers.use_chunked_loss(nn.Linear(2, 2), 4)
+
+
+CHUNK_GRID = [
+    (GPTConfig(vocab_size=4096, seq_len=32, d_model=32, n_heads=2, n_layers=2), 4, "fp32", 16),
+    (GPTConfig(vocab_size=4096, seq_len=32, d_model=32, n_heads=2, n_layers=1), 2, "bf16", 64),
+    (GPTConfig(vocab_size=8192, seq_len=16, d_model=32, n_heads=2, n_layers=1), 1, "fp32", 8),
+    (GPTConfig(vocab_size=2048, seq_len=32, d_model=32, n_heads=2, n_layers=1, dropout=0.1),
+     2, "bf16-mixed", 16),
+]
+
+
+@pytest.mark.parametrize("cfg,b,precision,chunk", CHUNK_GRID)
+def test_engine_predicts_the_chunked_loss_step(cfg, b, precision, chunk):
+    predicted = engine.predict_step_memory(cfg, b, precision=precision, loss_chunk=chunk)
+    measured = fit.measure_step_memory(cfg, b, precision=precision, loss_chunk=chunk)
+    assert abs(predicted.total - measured) <= 8, (predicted, measured)
+    plain = engine.predict_step_memory(cfg, b, precision=precision)
+    assert predicted.total <= plain.total
+
+
+def test_engine_rejects_a_bad_loss_chunk():
+    with pytest.raises(ValueError, match="loss_chunk"):
+        engine.predict_step_memory(TINY, 2, loss_chunk=0)
+    with pytest.raises(ValueError, match="loss_chunk"):
+        engine.predict_step_memory(TINY, 2, precision="autocast-bf16", loss_chunk=4)
+
+
+def test_logits_bytes():
+    assert levers.logits_bytes(8192, 128256) == 8192 * 128256 * 4
+    assert levers.logits_bytes(2, 3, torch.bfloat16) == 12
+    with pytest.raises(ValueError, match="vocab_size"):
+        levers.logits_bytes(2, 0)
+
+
+# --------------------------------------------------------------------------- optimizer in backward
+
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=1e-2, foreach=False)
+
+
+def test_optimizer_in_backward_gives_the_ordinary_steps_weights():
+    torch.manual_seed(0)
+    ordinary, fused = GPT(TINY), GPT(TINY)
+    fused.load_state_dict(ordinary.state_dict())
+    optimizer = _adamw(ordinary.parameters())
+    handle = levers.optimizer_in_backward(fused, _adamw)
+    for step in range(4):
+        x, y = random_tokens(TINY, 3, seed=step)
+        ordinary(x, y)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        fused(x, y)[1].backward()
+        assert all(p.grad is None for p in fused.parameters())
+    n_params = len(list(fused.parameters()))
+    assert handle.steps == 4 * n_params == 4 * len(param_numels(TINY))
+    for a, b in zip(ordinary.parameters(), fused.parameters()):
+        assert torch.equal(a, b)  # per-tensor AdamW: the same arithmetic, bit for bit
+    handle.remove()
+    assert not handle.active
+    fused(x, y)[1].backward()
+    assert all(p.grad is not None for p in fused.parameters())
+
+
+def test_optimizer_in_backward_lowers_the_measured_peak_by_about_the_gradients():
+    cfg = GPTConfig(vocab_size=256, seq_len=16, d_model=128, n_heads=4, n_layers=2)
+    torch.manual_seed(0)
+    a, b = GPT(cfg), GPT(cfg)
+    b.load_state_dict(a.state_dict())
+    opt = _adamw(a.parameters())
+    levers.optimizer_in_backward(b, _adamw)
+    x, y = random_tokens(cfg, 1)
+
+    def ordinary():
+        a(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    ordinary()
+    b(x, y)[1].backward()  # both optimizers have their state now
+    before, after = peak_memory(ordinary), peak_memory(lambda: b(x, y)[1].backward())
+    grads = 4 * sum(param_numels(cfg))
+    assert before - after >= 0.5 * grads
+    assert before == engine.predict_step_memory(cfg, 1).step_peak - 4  # the engine's loss scalar
+
+
+def test_accumulation_steps_every_micro_batch_under_optimizer_in_backward():
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    handle = levers.optimizer_in_backward(model, _adamw)
+    x, y = random_tokens(TINY, 4)
+    for xk, yk in zip(x.split(2), y.split(2)):
+        (model(xk, yk)[1] / 2).backward()
+    assert handle.steps == 2 * len(param_numels(TINY))  # two steps, not one
+
+
+@pytest.mark.parametrize("model,make,match", [
+    ("not a module", _adamw, "model"),
+    (nn.Linear(2, 2), "adamw", "make_optimizer"),
+    (nn.Linear(2, 2), lambda ps: object(), "make_optimizer"),
+    (nn.Linear(2, 2).requires_grad_(False), _adamw, "requires grad"),
+])
+def test_optimizer_in_backward_validates(model, make, match):
+    with pytest.raises(ValueError, match=match):
+        levers.optimizer_in_backward(model, make)
+
+
+# --------------------------------------------------------------------------- offloading
+
+def test_offload_hooks_pack_exactly_what_autograd_saves_and_change_nothing():
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    x, y = random_tokens(TINY, 2)
+    loss = model(x, y)[1]
+    kept = saved_bytes(loss, model.parameters())
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    with levers.OffloadSavedTensors() as off:
+        loss = model(x, y)[1]
+    loss.backward()
+    assert off.packed_bytes == kept == act.predict_saved_bytes(TINY, 2)
+    assert off.moved_bytes >= off.packed_bytes and off.skipped > 0
+    for g, p in zip(grads, model.parameters()):
+        assert torch.equal(g, p.grad)
+    with levers.OffloadSavedTensors(skip_parameters=False) as everything:
+        model(x, y)
+    assert everything.packed_bytes - off.packed_bytes >= 4 * sum(
+        n for n in param_numels(TINY)[2:] if n > TINY.d_model)  # the weights it would copy
+
+
+def test_transfer_seconds():
+    assert levers.transfer_seconds(63_000_000_000, levers.PCIE_BYTES_PER_S["PCIe 5.0 x16"]) == 1.0
+    with pytest.raises(ValueError, match="nbytes"):
+        levers.transfer_seconds(-1, 1e9)
+    with pytest.raises(ValueError, match="bytes_per_second"):
+        levers.transfer_seconds(1, 0)
+
+
+# --------------------------------------------------------------------------- optimizer states
+
+def test_optimizer_state_bytes_of_adamw_and_of_master_weights():
+    model = GPT(TINY)
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    assert levers.optimizer_state_bytes(opt) == 0
+    model(*random_tokens(TINY, 2))[1].backward()
+    opt.step()
+    numels = param_numels(TINY)
+    assert levers.optimizer_state_bytes(opt) == 8 * sum(numels) + 4 * len(numels)
+    assert levers.low_bit_state_bytes(numels, 32) == levers.optimizer_state_bytes(opt)
+    mixed, master = fit.build(TINY, precision="bf16-mixed")
+    assert levers.optimizer_state_bytes(master) == 4 * sum(numels)  # master copies, no state yet
+    with pytest.raises(ValueError, match="optimizer"):
+        levers.optimizer_state_bytes(object())
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_low_bit_state_bytes_equal_torchaos_tensors(bits):
+    pytest.importorskip("torchao")
+    cfg = GPTConfig(vocab_size=256, seq_len=16, d_model=64, n_heads=4, n_layers=1)
+    model = GPT(cfg)
+    opt = levers.low_bit_adamw(bits)(model.parameters(), lr=1e-3)
+    model(*random_tokens(cfg, 2))[1].backward()
+    with levers.eager_compile():
+        opt.step()
+    numels = param_numels(cfg)
+    measured = levers.optimizer_state_bytes(opt)
+    assert measured == levers.low_bit_state_bytes(numels, bits)
+    assert measured < levers.low_bit_state_bytes(numels, 32) / (2.5 if bits == 8 else 4)
+
+
+def test_low_bit_state_bytes_by_hand():
+    # one 4096-element tensor: codes, 16 (8-bit) or 32 (4-bit) fp32 scales, the map; a 10-element one
+    assert levers.low_bit_state_bytes([4096], 8) == 4 + 2 * (4096 + 4 * 16 + 4 * 256)
+    assert levers.low_bit_state_bytes([4096], 4) == 4 + 2 * (2048 + 4 * 32 + 4 * 16)
+    assert levers.low_bit_state_bytes([10], 8) == 4 + 80
+    assert levers.low_bit_state_bytes([4100], 8) == 4 + 2 * 4 * 4100  # 256 does not divide it
+    with pytest.raises(ValueError, match="bits"):
+        levers.low_bit_state_bytes([4096], 16)
+    with pytest.raises(ValueError, match="bits"):
+        levers.low_bit_adamw(2)
+
+
+# --------------------------------------------------------------------------- LoRA
+
+def test_lora_parameter_count_against_built_adapters():
+    cfg = GPTConfig(vocab_size=64, seq_len=16, d_model=48, n_heads=4, n_layers=3)
+    model, r = GPT(cfg), 4
+    linears = [m for name, m in model.named_modules() if isinstance(m, nn.Linear)
+               and name.startswith("blocks.")]
+    built = sum(r * (m.in_features + m.out_features) for m in linears)
+    assert levers.lora_parameter_count(cfg, r) == built == 16 * cfg.d_model * r * cfg.n_layers
+    assert levers.lora_parameter_count(cfg, r, ("attn.qkv",)) == 3 * r * (48 + 144)
+    with pytest.raises(ValueError, match="targets"):
+        levers.lora_parameter_count(cfg, r, ("q_proj",))
+    with pytest.raises(ValueError, match="rank"):
+        levers.lora_parameter_count(cfg, 0)
+
+
+def test_frozen_linear_flops_count_every_weight_gradient_matmul():
+    cfg = GPTConfig(vocab_size=64, seq_len=16, d_model=48, n_heads=4, n_layers=3)
+    weights = [p.numel() for name, p in GPT(cfg).named_parameters()
+               if p.dim() == 2 and name != "pos_emb.weight"]  # the head is tied to tok_emb
+    assert levers.frozen_linear_flops(cfg, 10) == 2 * 10 * sum(weights)
+
+
+def test_gpu_specs_cover_every_preset():
+    from course_lib.device import GPUS
+
+    assert set(levers.GPU_SPECS) == set(GPUS)
+    with pytest.raises(ValueError, match="gpu"):
+        levers.gpu_spec("V100")
