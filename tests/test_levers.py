@@ -305,3 +305,75 @@ def test_gpu_specs_cover_every_preset():
     assert set(levers.GPU_SPECS) == set(GPUS)
     with pytest.raises(ValueError, match="gpu"):
         levers.gpu_spec("V100")
+
+
+# --------------------------------------------------------------------------- the fit ladder
+
+GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+
+
+def test_ladder_lists_every_lever_cheapest_first_and_finds_a_fit():
+    result = fit.ladder(GPT2, "T4", batch_size=32)
+    groups = {r.group for r in result.rungs}
+    assert groups == set(fit.LADDER_GROUPS)
+    ordinary = [r for r in result.rungs if r.group not in fit.JOB_CHANGING]
+    assert [r.time_paid for r in ordinary] == sorted(r.time_paid for r in ordinary)
+    assert all(r.group in fit.JOB_CHANGING for r in result.rungs[len(ordinary):])
+    assert not result.baseline.total <= result.budget_bytes  # fp32, whole batch: it does not fit
+    assert result.fits and result.memory.total <= result.budget_bytes
+    assert [m.total for _, m, _ in result.steps] == sorted(
+        (m.total for _, m, _ in result.steps), reverse=True)
+    assert result.plan == fit.Plan(precision="fp16-mixed", accumulation_steps=32)  # T4: fp16
+
+
+def test_engine_rungs_equal_the_engine():
+    result = fit.ladder(GPT2, "A100 80GB", batch_size=8)
+    by = {r.lever: r for r in result.rungs}
+    blocks = engine.predict_step_memory(GPT2, 8, mode="blocks", gpu="A100 80GB")
+    assert by["checkpointing blocks/1"].memory == blocks
+    chunked = engine.predict_step_memory(GPT2, 8, loss_chunk=1024, gpu="A100 80GB")
+    assert by["chunked loss (1024 tokens)"].bytes_saved == result.baseline.total - chunked.total
+    assert by["precision bf16-mixed"].time_paid < 0  # 16-bit tensor cores against fp32
+
+
+def test_plan_closed_forms():
+    cfg = GPTConfig(vocab_size=256, seq_len=16, d_model=128, n_heads=4, n_layers=2)
+    plain = fit.predict_plan(cfg, 1)
+    numels = param_numels(cfg)
+    eight = fit.predict_plan(cfg, 1, fit.Plan(state_bits=8))
+    assert eight.optimizer_state == levers.low_bit_state_bytes(numels, 8)
+    zero3 = fit.predict_plan(cfg, 1, fit.Plan(zero_stage=3, world_size=4))
+    assert zero3.total < plain.total
+    lora = fit.predict_plan(cfg, 1, fit.Plan(lora_rank=4))
+    assert lora.gradients <= 4 * levers.lora_parameter_count(cfg, 4)
+    with pytest.raises(ValueError, match="in_backward"):
+        fit.predict_plan(cfg, 2, fit.Plan(in_backward=True, accumulation_steps=2))
+    with pytest.raises(ValueError, match="state_bits"):
+        fit.predict_plan(cfg, 1, fit.Plan(state_bits=16))
+    with pytest.raises(ValueError, match="plan"):
+        fit.predict_plan(cfg, 1, "fp32")
+
+
+def test_optimizer_in_backward_plan_against_the_measured_step():
+    cfg = GPTConfig(vocab_size=256, seq_len=16, d_model=128, n_heads=4, n_layers=2)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    handle = levers.optimizer_in_backward(model, _adamw)
+    x, y = random_tokens(cfg, 1)
+    model(x, y)[1].backward()  # the states exist now
+    states = sum(levers.optimizer_state_bytes(o) for o in handle.optimizers.values())
+    measured = 4 * sum(param_numels(cfg)) + states + peak_memory(lambda: model(x, y)[1].backward())
+    predicted = fit.predict_plan(cfg, 1, fit.Plan(in_backward=True)).total
+    assert abs(predicted - measured) <= 0.05 * measured
+    assert predicted < fit.predict_plan(cfg, 1).total
+
+
+def test_ladder_validates():
+    with pytest.raises(ValueError, match="gpu"):
+        fit.ladder(GPT2, "V100")
+    with pytest.raises(ValueError, match="batch_size"):
+        fit.ladder(GPT2, "T4", batch_size=0)
+    with pytest.raises(ValueError, match="seq_len"):
+        fit.ladder(GPT2, "T4", seq_len=4096)
+    with pytest.raises(ValueError, match="utilization"):
+        fit.step_seconds(GPT2, 8, fit.Plan(), "T4", utilization=0)
