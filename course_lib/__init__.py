@@ -19,10 +19,11 @@ One module per idea, in lecture order:
 ``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target
 ``policies``           05: op-level selective-checkpointing policies and their cost
 ``planner``            05: the cheapest checkpointing policy that fits a memory budget
-``fit``                06: the largest GPT, or batch, that trains within a budget; the guard
+``fit``                06, 08: the largest GPT that trains within a budget; the guard; the fit ladder
 ``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
 ``allocator``          06: what nvidia-smi shows beside the prediction (cache, context, cuBLAS)
 ``distributed``        07: ranks on gloo, DDP ``no_sync``, sharded states
+``levers``             08: optimizer in backward, chunked loss, offloading, low-bit states, LoRA
 ``submissions``        instructors: grade a folder of submitted exercise notebooks
 ``widgets``            thin ipywidgets views over the pure functions above
 ``grading``            the checks of the graded exercises

@@ -1,0 +1,154 @@
+"""Checks for exercises/08_more_levers.ipynb.
+
+The answers are derived here independently of ``course_lib.levers``: the optimizer in
+backward against an ordinary AdamW step on a copy of the model, the chunked loss against
+``F.cross_entropy`` with the largest tensor the learner's code creates watched by a
+dispatch mode, the quantized state bytes from torchao's rules written out (codes, one fp32
+scale per block, one fp32 quantization map per state, only tensors of at least 4096
+elements that the block divides).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from . import expect, grader
+
+
+class _Tied(nn.Module):
+    """Two linears sharing one weight, a frozen scale, and a bias: the cases that bite."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(6, 6)
+        self.frozen = nn.Parameter(torch.full((6,), 0.5), requires_grad=False)
+        self.outer = nn.Linear(6, 6)
+        self.outer.weight = self.inner.weight  # tied, as the course GPT's head and embedding
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        x = torch.tanh(self.inner(x)) * self.frozen
+        x = torch.tanh(self.outer(x))
+        return self.head(x)
+
+
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=0.05, foreach=False)
+
+
+@grader
+def check_fuse_optimizer(fn):
+    """``fn(model, make_optimizer)`` makes ``loss.backward()`` also take the optimizer step."""
+    torch.manual_seed(0)
+    model = _Tied()
+    reference = copy.deepcopy(model)
+    opt = _adamw([p for p in reference.parameters() if p.requires_grad])
+    made = []
+
+    def make_optimizer(params):
+        params = list(params)
+        made.append(params)
+        return _adamw(params)
+
+    fn(model, make_optimizer)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    expect(len(made) == len(trainable),
+           f"make_optimizer was called {len(made)} times for a model with {len(trainable)} "
+           "trainable parameter tensors (one of them used twice, one frozen)",
+           hint="one optimizer per parameter that requires grad; model.parameters() lists a "
+                "shared weight once")
+    expect(all(len(ps) == 1 for ps in made), "each optimizer should get exactly one parameter",
+           hint="make_optimizer([p])")
+    g = torch.Generator().manual_seed(1)
+    for step in range(3):
+        x, y = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
+        F.mse_loss(reference(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        F.mse_loss(model(x), y).backward()
+        left = [n for n, p in model.named_parameters() if p.grad is not None]
+        expect(not left, f"after backward() of step {step + 1}, {left} still hold a gradient",
+               hint="free it in the hook: optimizer.zero_grad(set_to_none=True) after step()")
+    for (name, a), b in zip(model.named_parameters(), reference.parameters()):
+        expect(torch.allclose(a, b, rtol=0, atol=1e-7),
+               f"after 3 steps {name} differs from the ordinary AdamW step's",
+               hint="the hook must run after the gradient is complete: "
+                    "p.register_post_accumulate_grad_hook, once per parameter tensor")
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the most elements of any floating-point tensor an op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@grader
+def check_chunked_loss(fn):
+    """``fn(hidden, weight, targets, chunk_size)``: the mean cross-entropy, one chunk at a time."""
+    g = torch.Generator().manual_seed(3)
+    N, h, V = 13, 8, 60
+    for chunk, scale, ignored in [(5, 1.0, [2, 11]), (13, 1.0, []), (4, 300.0, [0]),
+                                  (1, 1.0, [12]), (20, 1.0, [3])]:
+        hidden = torch.randn(N, h, generator=g, dtype=torch.float64) * scale
+        weight = torch.randn(V, h, generator=g, dtype=torch.float64)
+        targets = torch.randint(0, V, (N,), generator=g)
+        targets[ignored] = -100
+        truth = F.cross_entropy(hidden @ weight.T, targets)
+        with torch.no_grad(), _LargestTensor() as watch:
+            got = fn(hidden, weight, targets, chunk)
+        case = f"chunk_size={chunk}, {N} tokens, {len(ignored)} ignored"
+        got = torch.as_tensor(got, dtype=torch.float64)
+        expect(torch.isfinite(got).all(),
+               f"{case}{', logits up to ~' + str(int(scale * 10)) if scale > 1 else ''}: "
+               f"got {got.item()}",
+               hint="logsumexp of large logits overflows exp(): use torch.logsumexp, or subtract "
+                    "the row's maximum first")
+        expect(torch.allclose(got, truth, rtol=1e-9, atol=1e-9),
+               f"{case}: got {got.item():.6f}, expected {truth.item():.6f}",
+               hint="sum the per-token losses over every chunk (the last one may be shorter), "
+                    "then divide once by the number of targets that are not -100")
+        limit = max(min(chunk, N) * V, V * h)  # a chunk of logits, or the weight (weight.T)
+        expect(watch.largest <= limit,
+               f"{case}: a tensor of {watch.largest} elements appeared; one chunk of logits "
+               f"has {min(chunk, N) * V}", hint="compute hidden[i:i + chunk_size] @ weight.T inside the loop, "
+                                    "never hidden @ weight.T")
+
+
+#: torchao's block-wise quantized AdamW states, written out: elements per fp32 scale and the
+#: number of fp32 entries of each state's quantization map.
+_LOW_BIT = {8: (256, 256), 4: (128, 16)}
+
+
+@grader
+def check_quantized_state_bytes(fn):
+    """``fn(numel, bits)``: bytes of AdamW's ``m`` and ``v`` for one fp32 parameter tensor."""
+    cases = [(4096, 8), (4096, 4), (1 << 20, 8), (1 << 20, 4), (100, 8), (4095 * 256, 4),
+             (2048, 4), (4100, 8), (768 * 2304, 8), (50257 * 768, 4), (12800, 8)]
+    for numel, bits in cases:
+        block, qmap = _LOW_BIT[bits]
+        if numel >= 4096 and numel % block == 0:
+            truth = 2 * (numel * bits // 8 + 4 * (numel // block) + 4 * qmap)
+            why = "quantized: codes, one fp32 scale per block, one fp32 map, for m and for v"
+        else:
+            truth = 2 * 4 * numel
+            why = ("left in fp32 (fewer than 4096 elements, or the block does not divide them)")
+        got = fn(numel, bits)
+        expect(got == truth, f"quantized_state_bytes({numel}, {bits}) = {got!r}, expected "
+               f"{truth} ({why})",
+               hint=f"{bits}-bit: {bits}/8 byte per element, 4 bytes per block of {block}, "
+                    f"{qmap} fp32 map entries; two states; small tensors stay at 4 bytes each")
