@@ -20,11 +20,13 @@ One module per idea, in lecture order:
 ``fit``                06: the largest GPT, or batch, that trains within a budget; the guard
 ``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
 ``distributed``        07: ranks on gloo, DDP ``no_sync``, sharded states
-``submissions``        instructors: grade a folder of submitted exercise notebooks
 ``widgets``            thin ipywidgets views over the pure functions above
 ``grading``            the checks of the graded exercises
-``authoring``          maintainers: generate exercises/, refresh outputs
 =====================  =========================================================
+
+This package is the learner's runtime (what Colab pip-installs). The instructor's and the
+maintainer's tools (the exercise generator, the sandboxed grader) are ``course_tools``, run
+from a checkout of the course.
 """
 
 __version__ = "0.1.0"
