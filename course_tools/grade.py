@@ -67,8 +67,9 @@ import nbformat
 from . import authoring
 from .sandbox import UNSAFE_WARNING, Channel, Limits, Sandbox, kill
 
-#: Seconds a cell may run past its limit after the interrupt before its sandbox is killed.
-INTERRUPT_GRACE = 5.0
+#: Seconds a cell may run past its limit after the interrupt before its sandbox is killed
+#: (nbclient waits for the reply, then up to 4 s for the kernel's last output).
+INTERRUPT_GRACE = 10.0
 #: Seconds a sandbox may take to start its first process (import the course, start a kernel).
 STARTUP = 120.0
 #: Submissions larger than this are not read.
@@ -394,13 +395,15 @@ class _Run:
                     current, cell_deadline = None, deadline
                     if message.get("timed_out") is True:
                         timed_out.append(index)
+                    if message.get("cut") is True:
+                        cut.append(index)
                 elif event == "dead":
                     notes.append(f"the kernel died in cell {index}")
                 elif event == "notebook" and isinstance(message.get("text"), str):
                     executed = message["text"]
                 elif event == "end":
                     finished = True
-                    cut = [i for i in message.get("cut", []) if isinstance(i, int)]
+                    cut += [i for i in message.get("cut", []) if isinstance(i, int)]
                     break
                 elif event == "failed":
                     notes.append(f"the notebook could not be run ({str(message.get('detail'))[:200]})")

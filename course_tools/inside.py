@@ -158,7 +158,8 @@ def run_notebook(job: dict, fd: int) -> None:
             if any(note.strip() in str(o.get("text", "")) for o in cell.outputs):
                 state["cut"].add(index)
             _send(fd, {"event": "cell_done", "index": index,
-                       "timed_out": time.monotonic() - start >= cell_timeout})
+                       "timed_out": time.monotonic() - start >= cell_timeout,
+                       "cut": index in state["cut"]})
     text = nbformat.writes(nb)
     if len(text) <= job["notebook_bytes"]:
         _send(fd, {"event": "notebook", "text": text})
