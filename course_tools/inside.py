@@ -66,9 +66,11 @@ def _non_dumpable() -> None:
 # --- run: the learner's notebook in a kernel ------------------------------------------------
 
 
-#: Run in the kernel before the learner's cells: cut what a cell prints beyond the caps, in the
-#: kernel itself, so that a cell printing without end does not flood the runner. (The learner
-#: can undo it; the runner's own cap, twice as large, then still holds.)
+#: Run in the kernel before the learner's cells, within the start-up allowance: cut what a cell
+#: prints beyond the caps, in the kernel itself, so that a cell printing without end does not
+#: flood the runner (the learner can undo it; the runner's own cap, twice as large, still
+#: holds), and import torch and the checks, so that the notebook's first cell does not spend its
+#: time limit importing them.
 KERNEL_CAP = """
 def _course_grader_cap(cell_cap, total_cap, note):
     import sys
@@ -94,6 +96,12 @@ def _course_grader_cap(cell_cap, total_cap, note):
 
 _course_grader_cap(CELL_CAP, TOTAL_CAP, NOTE)
 del _course_grader_cap
+try:  # warm up: the notebook's first import should not eat its cell's time limit
+    import torch as _torch
+    import course_lib.grading as _grading
+    del _torch, _grading
+except Exception:
+    pass
 """
 
 
@@ -317,23 +325,22 @@ def _vetted(fn):
 
 
 class _CappedText:
-    """A text stream that keeps the first ``limit`` characters written to it."""
+    """A text stream that keeps the last ``limit`` characters written to it (the check's own
+    verdict line comes last, after whatever the learner's function printed)."""
 
     def __init__(self, limit: int):
-        self.limit, self.parts, self.size = limit, [], 0
+        self.limit, self.text = limit, ""
 
     def write(self, text) -> int:
         text = str(text)
-        if self.size < self.limit:
-            self.parts.append(text[: self.limit - self.size])
-            self.size += len(self.parts[-1])
+        self.text = (self.text + text[-self.limit:])[-self.limit:]
         return len(text)
 
     def flush(self) -> None:
         pass
 
     def getvalue(self) -> str:
-        return "".join(self.parts)
+        return self.text
 
 
 def _run_check(check, name: str, args: list[str], program, guard, fd: int, limits: dict) -> None:
@@ -352,7 +359,7 @@ def _run_check(check, name: str, args: list[str], program, guard, fd: int, limit
         soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
         if hard == resource.RLIM_INFINITY or hard > cpu:
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        out = _CappedText(limits["message_chars"])
+        out = _CappedText(1 << 16)
         sys.stdout = sys.stderr = out
         namespace = {"__name__": "__main__", "__builtins__": builtins}
         first_error = ""

@@ -11,6 +11,7 @@ attacks of a hostile student are in tests/test_hostile_submissions.py.
 import csv
 import hashlib
 import os
+import tempfile
 import time
 
 import nbformat
@@ -108,16 +109,23 @@ def graded(tmp_path_factory):
     os.symlink(SOLUTION, folder / "link" / "00_setup.ipynb")  # "my" notebook: the solutions
     before = {p: _sha(p) for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
     out = tmp_path_factory.mktemp("scores") / "scores.csv"
+    # The grading run's folder (named in every sandbox's command line) goes in a folder of this
+    # test's own, so that the processes it started can be told from anyone else's.
+    scratch, tempdir = tmp_path_factory.mktemp("scratch"), tempfile.tempdir
+    tempfile.tempdir = str(scratch)
     start = time.monotonic()
-    code = grade.main([str(folder), "--course", str(ROOT), "--out", str(out),
-                       "--timeout", str(TIMEOUT), "--cell-timeout", str(CELL_TIMEOUT),
-                       "--jobs", "3"])
+    try:
+        code = grade.main([str(folder), "--course", str(ROOT), "--out", str(out),
+                           "--timeout", str(TIMEOUT), "--cell-timeout", str(CELL_TIMEOUT),
+                           "--jobs", "3"])
+    finally:
+        tempfile.tempdir = tempdir
     elapsed = time.monotonic() - start
     with open(out, newline="") as f:
         rows = {row["submission"].split(os.sep)[0]: row for row in csv.DictReader(f)}
     after = {p: _sha(p) for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
     return {"code": code, "rows": rows, "before": before, "after": after, "elapsed": elapsed,
-            "folder": folder}
+            "folder": folder, "scratch": scratch}
 
 
 @needs_sandbox
@@ -171,13 +179,15 @@ def test_time_limits_hold(graded):
 @needs_sandbox
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
 def test_no_sandbox_is_left_behind(graded):
-    # Every sandboxed process mounts the run's copy of the course at /course; none may remain.
+    # Every sandbox of the run mounts the run's folder, under this test's scratch folder: no
+    # process naming it may remain (what ran inside a sandbox dies with it).
+    assert not list(graded["scratch"].iterdir())  # the run's folder is removed too
     left = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    if b"/grader/inside.py" in f.read():
+                    if str(graded["scratch"]).encode() in f.read():
                         left.append(entry.name)
             except OSError:
                 continue
