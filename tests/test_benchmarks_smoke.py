@@ -108,3 +108,15 @@ def test_widget_latency_times_every_control_and_the_reference(tmp_path):
     named = widget_latency.ROOT / "notebooks" / path.name  # results name notebooks by repo path
     kinds = {w["cell"]: w["kind"] for w in widget_latency.widgets_of(named, rows)}
     assert kinds == {0: "formula", -1: "reference"}
+
+
+def test_grading_time_builds_a_class_half_solved(tmp_path):
+    import grading_time
+    import nbformat
+
+    grading_time.make_class(tmp_path, "00_setup.ipynb", 3)
+    notebooks = sorted(tmp_path.rglob("*.ipynb"))
+    assert [p.parent.name for p in notebooks] == ["learner000", "learner001", "learner002"]
+    solved = ["NotImplementedError" not in "".join(
+        c.source for c in nbformat.read(p, 4).cells if c.cell_type == "code") for p in notebooks]
+    assert solved == [True, False, True]
