@@ -42,13 +42,13 @@ notebooks: $(STAMP)
 	$(PYTEST) -n 2 --dist loadscope --nbval-lax --nbval-current-env exercises
 
 exercises: $(STAMP)
-	$(PY) -m course_lib.authoring exercises $(if $(FORCE),--force,)
+	$(PY) -m course_tools.authoring --course . exercises $(if $(FORCE),--force,)
 
 check-exercises: $(STAMP)
-	$(PY) -m course_lib.authoring check
+	$(PY) -m course_tools.authoring --course . check
 
 outputs: $(STAMP)
-	$(PY) -m course_lib.authoring outputs $(NB)
+	$(PY) -m course_tools.authoring --course . outputs $(NB)
 
 # On a CUDA machine: every lecture and solution, the `gpu` tests and the benchmarks on the GPU,
 # reported in benchmarks/results/gpu_check.json (PART=notebooks|tests|benchmarks for one part).

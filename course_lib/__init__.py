@@ -24,11 +24,13 @@ One module per idea, in lecture order:
 ``allocator``          06: what nvidia-smi shows beside the prediction (cache, context, cuBLAS)
 ``distributed``        07: ranks on gloo, DDP ``no_sync``, sharded states
 ``levers``             08: optimizer in backward, chunked loss, offloading, low-bit states, LoRA
-``submissions``        instructors: grade a folder of submitted exercise notebooks
 ``widgets``            thin ipywidgets views over the pure functions above
 ``grading``            the checks of the graded exercises
-``authoring``          maintainers: generate exercises/, refresh outputs
 =====================  =========================================================
+
+This package is the learner's runtime (what Colab pip-installs). The instructor's and the
+maintainer's tools (the exercise generator, the sandboxed grader) are ``course_tools``, run
+from a checkout of the course.
 """
 
 __version__ = "0.1.0"

@@ -30,14 +30,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .validation import positive_int
+from .validation import MAX_COUNT, choice, integer, positive_int, tensor
 
 NORMALIZATIONS = ("tokens", "mean-of-means", "sum-of-means")
+#: Token ids and ``ignore_index`` are int64 values.
+INT64 = (-(2**63), 2**63 - 1)
 
 
 def _check_normalize(normalize: str) -> None:
-    if normalize not in NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+    choice("normalize", normalize, NORMALIZATIONS)
+
+
+def _token_id(name: str, value) -> int:
+    """An int64 token id or ``ignore_index`` (a bool, a float or 2**63 is refused)."""
+    return integer(name, value, minimum=INT64[0], maximum=INT64[1])
 
 
 def _check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> None:
@@ -76,8 +82,28 @@ def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: i
 
 
 def token_counts(targets: torch.Tensor, micro_batch_size: int, ignore_index: int = -100) -> list[int]:
-    """Non-ignored targets in each micro-batch (one device sync for all of them)."""
+    """Non-ignored targets in each micro-batch (one device sync for all of them).
+
+    Args:
+        targets: ``(B, ...)`` integer targets.
+        micro_batch_size: samples per micro-batch; must divide ``B``.
+        ignore_index: the target value that is not a token (an int, never a bool).
+
+    Returns:
+        ``[n_0, ..., n_{K-1}]``, the tokens of each micro-batch.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
+
+    Example::
+
+        token_counts(torch.tensor([[1, -100], [2, 3]]), 1)  # [1, 2]
+    """
+    tensor("targets", targets, integral=True)
+    if targets.dim() == 0:
+        raise ValueError("targets must have a batch dimension, got a 0-d tensor")
     positive_int("micro_batch_size", micro_batch_size)
+    _token_id("ignore_index", ignore_index)
     if targets.size(0) % micro_batch_size:
         raise ValueError(f"micro_batch_size must divide the batch size {targets.size(0)}, "
                          f"got {micro_batch_size}")
@@ -103,10 +129,15 @@ def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
     raise ``ValueError``.
     """
     _check_normalize(normalize)
-    positive_int("accumulation_steps", accumulation_steps)
-    if normalize == "tokens" and (total_tokens is None or total_tokens < 1):
-        raise ValueError(f"total_tokens must be a positive int for normalize='tokens', "
-                         f"got {total_tokens!r}")
+    positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
+    _token_id("ignore_index", ignore_index)
+    if normalize == "tokens":
+        if total_tokens is None:
+            raise ValueError("total_tokens must be a positive int for normalize='tokens', "
+                             "got None")
+        total_tokens = integer("total_tokens", total_tokens, minimum=1, maximum=MAX_COUNT)
+    elif total_tokens is not None:
+        integer("total_tokens", total_tokens, minimum=1, maximum=MAX_COUNT)
     logits = _logits(model, inputs)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
@@ -141,6 +172,7 @@ def accumulated_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch
     """
     named = _check_model(model)
     _check_normalize(normalize)
+    _token_id("ignore_index", ignore_index)
     micro_batches = split_batch(inputs, targets, micro_batch_size)
     counts = token_counts(targets, micro_batch_size, ignore_index)
     total = sum(counts)
@@ -166,6 +198,7 @@ def full_batch_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.
     """
     named = _check_model(model)
     _check_batch(inputs, targets)
+    _token_id("ignore_index", ignore_index)
     logits = _logits(model, inputs)
     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).to(torch.promote_types(
         logits.dtype, torch.float32)), targets.reshape(-1), ignore_index=ignore_index)
@@ -174,6 +207,12 @@ def full_batch_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.
 
 
 def _same_names(a: dict, b: dict) -> None:
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, dict) or not all(isinstance(t, torch.Tensor)
+                                                  for t in value.values()):
+            raise ValueError(f"{name} must be a dict of tensors, got {type(value).__name__}")
+        if not value:
+            raise ValueError(f"{name} must hold at least one tensor, got an empty dict")
     if set(a) != set(b):
         raise ValueError(f"a and b must have the same names, differ in {sorted(set(a) ^ set(b))}")
 
@@ -200,13 +239,38 @@ def pad_to_lengths(inputs: torch.Tensor, targets: torch.Tensor, lengths, *, pad_
     ``ignore_index`` as target, as a data collator pads a batch of documents of
     different lengths. With a causal model the padding cannot change the
     logits of the kept positions.
+
+    Args:
+        inputs: ``(B, T)`` token ids.
+        targets: ``(B, T)`` target ids.
+        lengths: ``B`` ints in ``[0, T]`` (a list, or an integer tensor); no bool, float or NaN.
+        pad_token: the input id of a padded position (an int64 int).
+        ignore_index: the target of a padded position (an int64 int).
+
+    Returns:
+        ``(padded inputs, padded targets)``, new tensors.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
+
+    Example::
+
+        x, y = pad_to_lengths(inputs, targets, [8, 5, 3, 8])
     """
+    tensor("inputs", inputs, integral=True)
+    tensor("targets", targets, integral=True)
     if inputs.dim() != 2 or inputs.shape != targets.shape:
         raise ValueError(f"inputs and targets must be (B, T) of the same shape, got "
                          f"{tuple(inputs.shape)} and {tuple(targets.shape)}")
-    lengths = torch.as_tensor(lengths, device=inputs.device)
+    pad_token, ignore_index = _token_id("pad_token", pad_token), _token_id("ignore_index",
+                                                                          ignore_index)
     B, T = inputs.shape
-    if lengths.shape != (B,) or bool((lengths < 0).any()) or bool((lengths > T).any()):
-        raise ValueError(f"lengths must hold {B} ints in [0, {T}], got {lengths.tolist()}")
+    if isinstance(lengths, torch.Tensor):
+        tensor("lengths", lengths, integral=True, dim=1)
+        lengths = lengths.tolist()
+    if isinstance(lengths, str | bytes) or not hasattr(lengths, "__len__") or len(lengths) != B:
+        raise ValueError(f"lengths must hold {B} ints in [0, {T}], got {lengths!r}")
+    lengths = [integer("lengths", n, minimum=0, maximum=T) for n in lengths]
+    lengths = torch.tensor(lengths, device=inputs.device, dtype=torch.long)
     pad = torch.arange(T, device=inputs.device)[None, :] >= lengths[:, None]
     return inputs.masked_fill(pad, pad_token), targets.masked_fill(pad, ignore_index)

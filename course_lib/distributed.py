@@ -78,9 +78,15 @@ def _check_importable(worker) -> tuple[str, str]:
     return module, name
 
 
+#: The longest time limit any call accepts (a day).
+MAX_SECONDS = 86_400.0
+
+
 def _check_seconds(name: str, value) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    if (not isinstance(value, int | float) or isinstance(value, bool) or not value > 0
+            or not value <= MAX_SECONDS):
+        raise ValueError(f"{name} must be a positive number of seconds, at most {MAX_SECONDS:g}, "
+                         f"got {value!r}")
     return float(value)
 
 
@@ -336,8 +342,10 @@ def average_gradients(params: Iterable[torch.Tensor], all_reduce_sum: Callable,
     without a gradient (frozen, or unused) are skipped. This is what DDP does,
     one bucket of gradients at a time, overlapped with the backward pass.
     """
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if (not isinstance(world_size, int) or isinstance(world_size, bool)
+            or not 1 <= world_size <= MAX_WORLD_SIZE):
+        raise ValueError(f"world_size must be an int from 1 to {MAX_WORLD_SIZE}, "
+                         f"got {world_size!r}")
     for p in params:
         if p.grad is not None:
             all_reduce_sum(p.grad)
@@ -363,6 +371,12 @@ def local_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
     pads each parameter's dim-0 chunk to the size of the largest one) or share
     a bigger buffer.
     """
+    if isinstance(tensors, str | bytes | dict) or not hasattr(tensors, "__iter__"):
+        raise ValueError(f"tensors must be an iterable of tensors, got {tensors!r}")
+    tensors = list(tensors)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise ValueError("tensors must be an iterable of tensors, got "
+                         f"{sorted({type(t).__name__ for t in tensors})}")
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch < 2.5

@@ -140,8 +140,8 @@ def _device_kind(device) -> str | None:
     if device is None:
         return None
     try:
-        kind = torch.device(device).type
-    except (RuntimeError, TypeError):
+        kind = torch.device(device).type if isinstance(device, str | torch.device) else None
+    except (RuntimeError, TypeError, ValueError):
         kind = None
     if kind not in ("cuda", "cpu", "mps"):
         raise ValueError(f"device must be 'cuda', 'cpu', 'mps' or None, got {device!r}")
@@ -277,6 +277,8 @@ def saved_bytes(output: torch.Tensor, params=(), *, include_parameters: bool = F
     A storage shared by several saved tensors (views, or one tensor saved by two
     nodes) counts once, at its full ``nbytes``: that is the memory it holds.
     """
+    if not isinstance(include_parameters, bool):
+        raise ValueError(f"include_parameters must be True or False, got {include_parameters!r}")
     unique = {}
     for row in saved_tensors(output, params):
         if include_parameters or not row.is_parameter:

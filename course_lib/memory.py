@@ -43,7 +43,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .validation import positive_int
+from .validation import MAX_COUNT, positive_int
+
+#: The most parameters :func:`training_memory` counts (about 10**15, a thousand times GPT-4's).
+MAX_PARAMS = 2**50
+#: The most data-parallel ranks.
+MAX_WORLD_SIZE = 2**24
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "autocast-fp16", "autocast-bf16")
@@ -86,17 +91,17 @@ class TrainingMemory:
         return asdict(self)
 
 
-def _positive_int(name: str, value) -> int:
+def _positive_int(name: str, value, maximum: int = MAX_COUNT) -> int:
     """:func:`positive_int`, also for integer types other than ``int`` (numpy's, say)."""
     integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    return positive_int(name, int(value) if integral else value)
+    return positive_int(name, int(value) if integral else value, maximum=maximum)
 
 
-def _count(name: str, value) -> int:
+def _count(name: str, value, maximum: int = MAX_PARAMS) -> int:
     """A positive int; whole floats such as ``7e9`` are accepted and converted."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    return _positive_int(name, value)
+    return _positive_int(name, value, maximum)
 
 
 def _choice(name: str, value, allowed: tuple):
@@ -128,7 +133,7 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
     _choice("optimizer", optimizer, OPTIMIZERS)
     _choice("precision", precision, PRECISIONS)
     stage = _choice("zero_stage", zero_stage, ZERO_STAGES)
-    N = _count("world_size", world_size)
+    N = _count("world_size", world_size, MAX_WORLD_SIZE)
     if not isinstance(fp32_grad_buffer, bool):
         raise ValueError(f"fp32_grad_buffer must be True or False, got {fp32_grad_buffer!r}")
     param_b, grad_b, master_b, state_b = _BYTES[precision]

@@ -52,9 +52,9 @@ def timeline_from_snapshot(snapshot: dict, baseline: int = 0, device: int = 0) -
     if traces is None:
         raise ValueError("snapshot must be a dict from torch.cuda.memory._snapshot() "
                          "(with a 'device_traces' list)")
-    if not isinstance(device, int) or not 0 <= device < len(traces):
+    if not isinstance(device, int) or isinstance(device, bool) or not 0 <= device < len(traces):
         raise ValueError(f"device must be an index below {len(traces)}, got {device!r}")
-    if not isinstance(baseline, int) or baseline < 0:
+    if not isinstance(baseline, int) or isinstance(baseline, bool) or not 0 <= baseline < 2**63:
         raise ValueError(f"baseline must be a non-negative int of bytes, got {baseline!r}")
     live, clock, allocated = baseline, [], []
     for index, event in enumerate(traces[device]):

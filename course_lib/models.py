@@ -32,14 +32,29 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .validation import positive_int
+from .validation import boolean, choice, integer, number, positive_int
+from .validation import device as as_device
 
 ATTENTION_KINDS = ("explicit", "sdpa")
+#: The largest value of each size of a :class:`GPTConfig` (well above any real model's:
+#: vocabularies of 256k tokens, contexts of 1M, widths of 65536, 1024 layers).
+CONFIG_MAXIMUM = {"vocab_size": 2**22, "seq_len": 2**20, "d_model": 2**16, "n_heads": 2**12,
+                  "n_layers": 2**10}
+#: Seeds are what ``torch.Generator.manual_seed`` takes without wrapping around.
+MAX_SEED = 2**63 - 1
 
 
 @dataclass
 class GPTConfig:
-    """Shape of a course GPT; every field is validated (``ValueError`` names the field)."""
+    """Shape of a course GPT; every field is validated (``ValueError`` names the field).
+
+    Sizes are ints (never bools or floats) from 1 to :data:`CONFIG_MAXIMUM`; ``dropout`` a
+    finite number in ``[0, 1)``; ``attention`` one of :data:`ATTENTION_KINDS`; ``bias`` a bool.
+
+    Example::
+
+        GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+    """
 
     vocab_size: int = 256
     seq_len: int = 64
@@ -51,15 +66,16 @@ class GPTConfig:
     bias: bool = True
 
     def __post_init__(self):
-        for name in ("vocab_size", "seq_len", "d_model", "n_heads", "n_layers"):
-            positive_int(name, getattr(self, name))
+        for name, maximum in CONFIG_MAXIMUM.items():
+            positive_int(name, getattr(self, name), maximum=maximum)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model must be divisible by n_heads, got d_model={self.d_model}, "
                              f"n_heads={self.n_heads}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float):
+            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        number("dropout", self.dropout, minimum=0.0, below=1.0)
+        choice("attention", self.attention, ATTENTION_KINDS)
+        boolean("bias", self.bias)
 
     @property
     def d_head(self) -> int:
@@ -170,8 +186,16 @@ class GPT(nn.Module):
         return logits, loss
 
 
+def _check_config(config) -> GPTConfig:
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+    return config
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct parameter elements (a tied weight counts once); works on ``meta``."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters())
 
 
@@ -182,7 +206,7 @@ def gpt_param_count(config: GPTConfig) -> int:
     two LayerNorms ``4h``; the head is tied to the embedding; the final LayerNorm
     adds ``2h``. Without biases: ``L*12h^2`` and LayerNorm weights only.
     """
-    h, L = config.d_model, config.n_layers
+    h, L = _check_config(config).d_model, config.n_layers
     per_layer = 12 * h * h + (13 * h if config.bias else 2 * h)
     final_ln = 2 * h if config.bias else h
     return config.vocab_size * h + config.seq_len * h + L * per_layer + final_ln
@@ -197,7 +221,7 @@ def param_numels(config: GPTConfig) -> list[int]:
     then the final LayerNorm. Biases only when ``config.bias``. Sums to
     :func:`gpt_param_count`; closed form, so planners can call it thousands of times.
     """
-    h, bias = config.d_model, config.bias
+    h, bias = _check_config(config).d_model, config.bias
 
     def linear(n_in, n_out):
         return [n_in * n_out] + ([n_out] if bias else [])
@@ -209,10 +233,31 @@ def param_numels(config: GPTConfig) -> list[int]:
 
 def random_tokens(config: GPTConfig, batch_size: int, seq_len: int | None = None, *,
                   seed: int = 0, device: torch.device | str = "cpu"):
-    """``(inputs, targets)`` of random token ids, shifted by one as in language modelling."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    T = config.seq_len if seq_len is None else seq_len
+    """``(inputs, targets)`` of random token ids, shifted by one as in language modelling.
+
+    Args:
+        config: the model's shape (its ``vocab_size``; its ``seq_len`` if ``seq_len`` is None).
+        batch_size: sequences, an int from 1 to 2**20.
+        seq_len: tokens per sequence, from 1 to ``config.seq_len``.
+        seed: an int in ``[0, 2**63 - 1]``.
+        device: where the tensors go (``"cpu"``, ``"cuda"``, a ``torch.device``).
+
+    Returns:
+        ``(inputs, targets)``, two ``(batch_size, seq_len)`` int64 tensors.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
+
+    Example::
+
+        x, y = random_tokens(GPTConfig(), 4, seed=1)
+    """
+    _check_config(config)
+    positive_int("batch_size", batch_size, maximum=2**20)
+    T = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
+                                                            maximum=config.seq_len)
+    seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
+    device = as_device("device", device)
     g = torch.Generator().manual_seed(seed)
     data = torch.randint(0, config.vocab_size, (batch_size, T + 1), generator=g)
     # clone(): with one row, contiguous() would return views of one shared storage,

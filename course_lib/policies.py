@@ -84,7 +84,7 @@ def context_fn_for(policy) -> Callable:
     if isinstance(policy, str) and policy == "full":
         return noop_context_fn
     if not callable(policy):
-        policy = list(check_ops(policy))
+        policy = list(check_ops(policy, "policy"))
     return functools.partial(create_selective_checkpoint_contexts, policy)
 
 
@@ -184,7 +184,7 @@ def policy_name(policy) -> str:
         return policy
     if callable(policy):
         return getattr(policy, "__name__", type(policy).__name__)
-    return "save " + ", ".join(str(op) for op in policy)
+    return "save " + ", ".join(str(op) for op in check_ops(policy, "policy"))
 
 
 def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:

@@ -36,7 +36,11 @@ import torch
 import torch.nn as nn
 
 from .accumulation import _check_normalize, micro_batch_loss, token_counts
-from .validation import positive_int
+from .validation import MAX_COUNT, integer, number, positive_int
+from .validation import device as as_device
+
+#: Seeds are what ``torch.Generator.manual_seed`` takes without wrapping around.
+MAX_SEED = 2**63 - 1
 
 AMP_DTYPES = (None, torch.float16, torch.bfloat16)
 
@@ -98,16 +102,17 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
     A micro-batch of padding only still runs (its loss is 0), so that with
     ``no_sync`` the last micro-batch always triggers the all-reduce.
     """
-    positive_int("micro_batch_size", micro_batch_size)
-    positive_int("accumulation_steps", accumulation_steps)
+    positive_int("micro_batch_size", micro_batch_size, maximum=MAX_COUNT)
+    positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
     _check_normalize(normalize)
+    integer("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)
     if amp_dtype not in AMP_DTYPES:
         raise ValueError(f"amp_dtype must be one of {AMP_DTYPES}, got {amp_dtype!r}")
     if no_sync and not callable(getattr(model, "no_sync", None)):
         raise ValueError("no_sync=True needs a model with a no_sync() context manager "
                          "(torch.nn.parallel.DistributedDataParallel)")
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ValueError(f"max_grad_norm must be positive or None, got {max_grad_norm!r}")
+    if max_grad_norm is not None:
+        number("max_grad_norm", max_grad_norm, above=0.0)
     if grad_scaler == "auto":
         grad_scaler = None
     elif grad_scaler is not None and not all(
@@ -183,12 +188,29 @@ def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branc
     each equally likely, so the best achievable loss is ``ln(branching)`` nats
     per token (:func:`markov_entropy`), against ``ln(vocab_size)`` for a model
     that knows nothing. Shapes ``(n_sequences, seq_len)``, targets shifted by one.
+
+    Args:
+        n_sequences: sequences, an int from 1 to 2**24.
+        seq_len: tokens per sequence, from 1 to 2**20.
+        vocab_size: tokens of the language, from 1 to 2**16.
+        branching: successors per token, from 1 to ``vocab_size``.
+        seed: an int in ``[0, 2**63 - 1]``.
+        device: where the tensors go (``"cpu"``, ``"cuda"``, a ``torch.device``).
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (a bool, a float, out of range,
+            ``device="gpu"``).
+
+    Example::
+
+        x, y = markov_tokens(64, 32, vocab_size=64, branching=2, seed=0)
     """
-    for name, value in (("n_sequences", n_sequences), ("seq_len", seq_len),
-                        ("vocab_size", vocab_size), ("branching", branching)):
-        positive_int(name, value)
-    if branching > vocab_size:
-        raise ValueError(f"branching must be at most vocab_size={vocab_size}, got {branching}")
+    for name, value, maximum in (("n_sequences", n_sequences, 2**24), ("seq_len", seq_len, 2**20),
+                                 ("vocab_size", vocab_size, 2**16)):
+        positive_int(name, value, maximum=maximum)
+    positive_int("branching", branching, maximum=vocab_size)
+    seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
+    device = as_device("device", device)
     g = torch.Generator().manual_seed(seed)
     successors = torch.stack([torch.randperm(vocab_size, generator=g)[:branching]
                               for _ in range(vocab_size)])
@@ -202,7 +224,7 @@ def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branc
 
 def markov_entropy(branching: int = 2) -> float:
     """The loss floor of :func:`markov_tokens`: ``ln(branching)`` nats per token."""
-    return math.log(positive_int("branching", branching))
+    return math.log(positive_int("branching", branching, maximum=MAX_COUNT))
 
 
 def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int):

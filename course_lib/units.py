@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .validation import integer, number
+
 KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
@@ -44,13 +46,25 @@ def dtype_bytes(dtype: torch.dtype | str) -> int:
 
 
 def tensor_bytes(shape, dtype: torch.dtype | str = torch.float32) -> int:
-    """Bytes of a dense tensor: ``prod(shape) * dtype_bytes(dtype)``."""
-    try:
-        dims = [int(d) for d in shape]
-    except TypeError:
-        raise ValueError(f"shape must be a sequence of ints, got {shape!r}") from None
-    if any(d < 0 for d in dims):
-        raise ValueError(f"shape must not hold negative sizes, got {tuple(dims)}")
+    """Bytes of a dense tensor: ``prod(shape) * dtype_bytes(dtype)``.
+
+    Args:
+        shape: a sequence of ints >= 0 (a ``torch.Size``, a tuple, a list); no bool or float.
+        dtype: a ``torch.dtype`` or one of its names (``"bf16"``).
+
+    Returns:
+        The bytes, an int.
+
+    Raises:
+        ValueError: naming ``shape`` or ``dtype``, for a bad value.
+
+    Example::
+
+        tensor_bytes((2, 3), "fp32")  # 24
+    """
+    if isinstance(shape, str | bytes | dict) or not hasattr(shape, "__iter__"):
+        raise ValueError(f"shape must be a sequence of ints, got {shape!r}")
+    dims = [integer("shape", d, minimum=0, maximum=2**63 - 1) for d in shape]
     n = 1
     for d in dims:
         n *= d
@@ -58,7 +72,18 @@ def tensor_bytes(shape, dtype: torch.dtype | str = torch.float32) -> int:
 
 
 def format_bytes(n: int | float, precision: int = 2) -> str:
-    """``1536`` -> ``"1.50 KiB"``: binary units, as PyTorch's memory summaries use."""
+    """``1536`` -> ``"1.50 KiB"``: binary units, as PyTorch's memory summaries use.
+
+    Args:
+        n: bytes, a finite number (not a bool).
+        precision: digits after the point, an int from 0 to 12.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
+    """
+    if not isinstance(n, int) or isinstance(n, bool):
+        n = number("n", n)
+    integer("precision", precision, minimum=0, maximum=12)
     if n < 0:
         return "-" + format_bytes(-n, precision)
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):

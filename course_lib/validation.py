@@ -1,10 +1,139 @@
-"""Input checks shared by the public functions: a bad value raises ``ValueError`` naming it."""
+"""Input checks shared by the public functions: a bad value raises ``ValueError`` naming it.
+
+A bool is never taken for an int (``True`` is not a batch size of 1), a float is never taken
+for an int (not even ``2.0``: a size that came out of a division is a bug to show), and NaN and
+the infinities are never numbers. Integer types other than ``int`` (numpy's, a 0-d integer
+tensor) are accepted as their ``int`` value. Sizes have a stated maximum, so that a value such
+as ``2**63`` is refused at once instead of overflowing, or running for hours, further down.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
 
-def positive_int(name: str, value) -> int:
-    """``value`` if it is an ``int`` (not a bool) of at least 1, else ``ValueError`` naming ``name``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+#: The largest count any size parameter accepts unless a function states a smaller one.
+MAX_COUNT = 2**40
+
+
+def integer(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` if it is an integer (not a bool) in ``[minimum, maximum]``.
+
+    Args:
+        name: the parameter's name, for the message.
+        value: what the caller passed.
+        minimum: the smallest allowed value (``None``: no bound).
+        maximum: the largest allowed value (``None``: no bound).
+
+    Returns:
+        ``int(value)``.
+
+    Raises:
+        ValueError: naming ``name``, for a bool, a float (even a whole one), a non-number, or a
+            value out of range.
+
+    Example::
+
+        integer("seed", 3, minimum=0)  # 3
+    """
+    if hasattr(value, "dtype") and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        item = value.item()  # a numpy or torch integer scalar
+        value = item if isinstance(item, int) and not isinstance(item, bool) else value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    value = int(value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        low = "-inf" if minimum is None else f"{minimum:,}"
+        high = "inf" if maximum is None else f"{maximum:,}"
+        raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
+    return value
+
+
+def positive_int(name: str, value, *, maximum: int | None = None) -> int:
+    """``value`` if it is an ``int`` (not a bool) of at least 1 (and at most ``maximum``).
+
+    Raises:
+        ValueError: naming ``name`` otherwise.
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (
+            maximum is not None and value > maximum):
+        bound = "" if maximum is None else f" of at most {maximum:,}"
+        raise ValueError(f"{name} must be a positive int{bound}, got {value!r}")
+    return value
+
+
+def number(name: str, value, *, minimum: float | None = None, maximum: float | None = None,
+           above: float | None = None, below: float | None = None) -> float:
+    """``value`` as a ``float`` if it is a finite real number (not a bool) within the bounds.
+
+    ``minimum``/``maximum`` are inclusive bounds, ``above``/``below`` exclusive ones.
+
+    Raises:
+        ValueError: naming ``name``, for a bool, a non-number, NaN, an infinity or a value out
+            of range.
+    """
+    if hasattr(value, "dtype") and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        item = value.item()  # a numpy or torch scalar
+        value = item if isinstance(item, int | float) and not isinstance(item, bool) else value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    for bound, bad, words in ((minimum, lambda b: value < b, ">="), (maximum, lambda b: value > b,
+                                                                      "<="),
+                              (above, lambda b: value <= b, ">"), (below, lambda b: value >= b,
+                                                                    "<")):
+        if bound is not None and bad(bound):
+            raise ValueError(f"{name} must be a finite number {words} {bound}, got {value!r}")
+    return value
+
+
+def boolean(name: str, value) -> bool:
+    """``value`` if it is a ``bool``; ``ValueError`` naming ``name`` otherwise (no truthiness)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def choice(name: str, value, options) -> str:
+    """``value`` if it is one of ``options``; ``ValueError`` naming ``name`` and the options."""
+    try:
+        ok = isinstance(value, str) and value in options
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}")
+    return value
+
+
+def device(name: str, value):
+    """``torch.device(value)`` for a ``torch.device`` or a string naming one (``"cpu"``,
+    ``"cuda:0"``); ``ValueError`` naming ``name`` for anything else (``"gpu"``, a bool)."""
+    import torch
+
+    if isinstance(value, torch.device):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or "
+                         f"'cuda', got {value!r}")
+    try:
+        return torch.device(value)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a device such as 'cpu', 'cuda', 'cuda:0' or 'mps', "
+                         f"got {value!r}") from exc
+
+
+def tensor(name: str, value, *, integral: bool = False, dim: int | None = None):
+    """``value`` if it is a ``torch.Tensor`` (of an integer dtype if ``integral``, with ``dim``
+    dimensions if given); ``ValueError`` naming ``name`` otherwise."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if integral and (value.dtype.is_floating_point or value.dtype.is_complex
+                     or value.dtype == torch.bool):
+        raise ValueError(f"{name} must hold integers (token ids), got dtype {value.dtype}")
+    if dim is not None and value.dim() != dim:
+        raise ValueError(f"{name} must have {dim} dimensions, got shape {tuple(value.shape)}")
     return value

@@ -26,11 +26,15 @@ Only APIs common to ipywidgets 7 (Colab) and 8 are used: ``observe(..., names="v
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable
 
 import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+#: The widest or tallest figure ``live_plot`` draws, in inches.
+MAX_INCHES = 50
 
 
 def show_error(exc: Exception) -> None:
@@ -66,13 +70,22 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
     ``image`` (the ``ipywidgets.Image`` holding the PNG), ``output`` (the
     ``ipywidgets.Output`` holding what ``draw`` printed) and ``controls``.
     """
+    if not callable(draw):
+        raise ValueError(f"draw must be a function draw(fig, **values), got {draw!r}")
+    if not isinstance(controls, dict) or not all(
+            isinstance(k, str) and isinstance(w, widgets.Widget) for k, w in controls.items()):
+        raise ValueError(f"controls must be a dict of widgets by keyword, got {controls!r}")
     if not controls:
         raise ValueError("controls must name at least one widget")
-    if layout not in (None, "constrained", "tight"):
+    if layout is not None and layout not in ("constrained", "tight"):
         raise ValueError(f"layout must be None, 'constrained' or 'tight', got {layout!r}")
     if not (isinstance(figsize, (tuple, list)) and len(figsize) == 2
-            and all(isinstance(x, (int, float)) and x > 0 for x in figsize)):
-        raise ValueError(f"figsize must be two positive numbers (inches), got {figsize!r}")
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                    and math.isfinite(x) and 0 < x <= MAX_INCHES for x in figsize)):
+        raise ValueError(f"figsize must be two positive numbers, at most {MAX_INCHES} (inches), "
+                         f"got {figsize!r}")
+    if not isinstance(columns, int) or isinstance(columns, bool) or not 1 <= columns <= 12:
+        raise ValueError(f"columns must be an int from 1 to 12, got {columns!r}")
     fig = Figure(figsize=figsize, layout=layout)
     FigureCanvasAgg(fig)  # one canvas, one renderer: its text-metric cache outlives a redraw
     image = widgets.Image(format="png")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.authoring import cell_kind
+from course_tools.authoring import cell_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))

@@ -1,7 +1,9 @@
+import time
+
 import nbformat
 import pytest
 
-from course_lib import authoring
+from course_tools import authoring
 
 SOLUTION_CELL = """def area(w, h):
     ### BEGIN SOLUTION
@@ -109,14 +111,15 @@ def test_marker_mistakes_are_reported(tmp_path, source, message):
     assert not (tmp_path / "exercises" / "bad.ipynb").exists()
 
 
-def test_new_notebook_has_badge_and_bootstrap(tmp_path, monkeypatch):
-    monkeypatch.setattr(authoring, "ROOT", tmp_path)
-    nb = authoring.new_notebook("notebooks/99_x.ipynb", "Title", [("md", "text"), ("code", "1 + 1", ["t"])])
+def test_new_notebook_has_badge_and_bootstrap(tmp_path):
+    nb = authoring.new_notebook("notebooks/99_x.ipynb", "Title",
+                                [("md", "text"), ("code", "1 + 1", ["t"])], course=tmp_path)
     assert authoring.colab_url("notebooks/99_x.ipynb") in nb.cells[0].source
     assert nb.cells[1].source == authoring.bootstrap_source()
     assert nb.cells[3].metadata["tags"] == ["t"]
+    assert nbformat.read(tmp_path / "notebooks" / "99_x.ipynb", 4) == nb
     with pytest.raises(ValueError, match="cell kind"):
-        authoring.new_notebook("notebooks/98.ipynb", "T", [("raw", "x")])
+        authoring.new_notebook("notebooks/98.ipynb", "T", [("raw", "x")], course=tmp_path)
 
 
 def test_slides_start_at_section_headings():
@@ -140,3 +143,103 @@ def test_sections_in_the_middle_of_a_cell_get_their_own_slides():
     assert [c.id for c in nb.cells] == ["m", "m-1", "m-2"]
     authoring.stamp_slides(nb)  # idempotent
     assert len(nb.cells) == 3
+
+
+def _stamped(sol):
+    authoring.generate(sol, sol.parent / "exercises")
+    return nbformat.read(sol / "01_t.ipynb", 4)
+
+
+def test_generator_keeps_custom_points_and_metadata_in_solutions(dirs):
+    sol, ex = dirs
+    nb = _stamped(sol)
+    nb.cells[2].metadata["nbgrader"]["points"] = 3
+    nb.cells[2].metadata["nbgrader"]["grade_id"] = "my-area-check"
+    nb.cells[0].metadata["nbgrader"] = {"grade": True, "grade_id": "essay", "points": 2,
+                                        "solution": True, "task": False, "schema_version": 3}
+    nb.cells[1].metadata["custom"] = {"keep": "me"}
+    nbformat.write(nb, sol / "01_t.ipynb")
+    text = (sol / "01_t.ipynb").read_text()
+    assert authoring.generate(sol, ex) == [ex / "01_t.ipynb"]  # only the exercise changes
+    assert (sol / "01_t.ipynb").read_text() == text  # solutions/ untouched, byte for byte
+    exercise = nbformat.read(ex / "01_t.ipynb", 4)
+    assert exercise.cells[2].metadata["nbgrader"]["points"] == 3
+    assert exercise.cells[2].metadata["nbgrader"]["grade_id"] == "my-area-check"
+    assert exercise.cells[0].metadata["nbgrader"]["grade_id"] == "essay"
+    assert exercise.cells[1].metadata["custom"] == {"keep": "me"}
+
+
+def test_generator_only_adds_missing_ids_to_solutions(dirs):
+    sol, ex = dirs
+    nb = _stamped(sol)
+    del nb.cells[2].metadata["nbgrader"]["grade_id"]
+    nb.cells[2].metadata["nbgrader"]["points"] = 5
+    nb.cells.append(nbformat.v4.new_code_cell(CHECK_CELL.replace("area", "volume")))
+    nbformat.write(nb, sol / "01_t.ipynb")
+    assert sol / "01_t.ipynb" in authoring.generate(sol, ex)
+    after = nbformat.read(sol / "01_t.ipynb", 4)
+    assert after.cells[2].metadata["nbgrader"]["grade_id"] == f"check-{after.cells[2].id}"
+    assert after.cells[2].metadata["nbgrader"]["points"] == 5
+    assert after.cells[3].metadata["nbgrader"]["grade"] is True
+
+
+@pytest.mark.parametrize("points", [-1, float("nan"), "3", True, float("inf")])
+def test_bad_points_in_solutions_are_reported(dirs, points):
+    sol, ex = dirs
+    nb = _stamped(sol)
+    nb.cells[2].metadata["nbgrader"]["points"] = points
+    nbformat.write(nb, sol / "01_t.ipynb")
+    with pytest.raises(authoring.AuthoringError, match="points"):
+        authoring.generate(sol, ex)
+
+
+def _notebook_that_sleeps(path, seconds):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(f"import time\ntime.sleep({seconds})\nprint('ran')")]
+    nbformat.write(nb, path)
+
+
+def test_outputs_are_saved_when_the_file_did_not_change(tmp_path):
+    path = tmp_path / "n.ipynb"
+    _notebook_that_sleeps(path, 0)
+    authoring.execute_in_place(path)
+    assert nbformat.read(path, 4).cells[0].outputs[0]["text"] == "ran\n"
+
+
+def test_outputs_never_overwrite_a_notebook_saved_while_it_ran(tmp_path):
+    import threading
+
+    path = tmp_path / "n.ipynb"
+    _notebook_that_sleeps(path, 2)
+    saved = path.read_text().replace("print('ran')", "print('edited by its author')")
+
+    def save_meanwhile():
+        time.sleep(1)
+        path.write_text(saved)
+
+    thread = threading.Thread(target=save_meanwhile)
+    thread.start()
+    with pytest.raises(authoring.AuthoringError, match="changed on disk"):
+        authoring.execute_in_place(path)
+    thread.join()
+    assert path.read_text() == saved
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("kwargs,name", [({"timeout": 0}, "timeout"), ({"attempts": 1.5}, "attempts")])
+def test_execute_in_place_rejects_bad_arguments(tmp_path, kwargs, name):
+    path = tmp_path / "n.ipynb"
+    _notebook_that_sleeps(path, 0)
+    with pytest.raises(ValueError, match=name):
+        authoring.execute_in_place(path, **kwargs)
+
+
+def test_the_command_takes_the_course_folder(tmp_path, dirs, capsys):
+    sol, ex = dirs
+    assert authoring._main(["--course", str(tmp_path), "check"]) == 1
+    assert "stale: exercises/01_t.ipynb" in capsys.readouterr().out
+    assert authoring._main(["--course", str(tmp_path), "exercises"]) == 0
+    assert authoring._main(["--course", str(tmp_path), "check"]) == 0
+    assert authoring._main(["--course", str(tmp_path / "nope"), "check"]) == 2

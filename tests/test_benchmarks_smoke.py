@@ -122,3 +122,15 @@ def test_gpu_check_stops_at_once_without_cuda():
     assert proc.returncode == 2
     assert "needs a CUDA GPU" in proc.stderr and "Nothing was run" in proc.stderr
     assert time.perf_counter() - start < 30
+
+
+def test_grading_time_builds_a_class_half_solved(tmp_path):
+    import grading_time
+    import nbformat
+
+    grading_time.make_class(tmp_path, "00_setup.ipynb", 3)
+    notebooks = sorted(tmp_path.rglob("*.ipynb"))
+    assert [p.parent.name for p in notebooks] == ["learner000", "learner001", "learner002"]
+    solved = ["NotImplementedError" not in "".join(
+        c.source for c in nbformat.read(p, 4).cells if c.cell_type == "code") for p in notebooks]
+    assert solved == [True, False, True]

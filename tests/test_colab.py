@@ -31,7 +31,8 @@ from IPython.core.inputtransformer2 import TransformerManager
 from notebook_tools import EXERCISES, LECTURES, ROOT, SOLUTIONS
 from packaging.requirements import Requirement
 
-from course_lib import COURSE_REPO, authoring
+from course_lib import COURSE_REPO
+from course_tools import authoring
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -159,7 +160,7 @@ def test_the_package_pip_builds_holds_every_module_and_needs_only_the_runtime(tm
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         (src / name).write_bytes((ROOT / name).read_bytes())
-    for path in MODULES:
+    for path in MODULES + sorted((ROOT / "course_tools").rglob("*.py")):
         (src / path.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
         (src / path.relative_to(ROOT)).write_bytes(path.read_bytes())
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-index",
@@ -170,7 +171,8 @@ def test_the_package_pip_builds_holds_every_module_and_needs_only_the_runtime(tm
         names = set(zf.namelist())
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert {_rel(p) for p in MODULES} <= names
-    assert not [n for n in names if n.split("/")[0] in ("tests", "notebooks", "benchmarks")]
+    assert not [n for n in names if n.split("/")[0] in ("tests", "notebooks", "benchmarks",
+                                                        "course_tools", "solutions")]
     requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
                 if line.startswith("Requires-Dist:") and "extra ==" not in line]
     assert sorted(requires) == sorted(_project()["dependencies"])
@@ -194,41 +196,28 @@ def _imports(tree) -> set[str]:
     return found
 
 
-# Command-line tools for maintainers and instructors: they need the dev extras, so no notebook
-# may import them.
-TOOLS = {"authoring", "submissions"}
-
-
-def _tool_imports(tree) -> set[str]:
-    found = set()
-    for node in ast.walk(tree):
-        names = [a.name for a in getattr(node, "names", [])]
-        if isinstance(node, ast.ImportFrom) and node.module == "course_lib":
-            found |= TOOLS & set(names)
-        elif isinstance(node, ast.ImportFrom | ast.Import):
-            modules = [node.module] if isinstance(node, ast.ImportFrom) else names
-            found |= {m.split(".")[1] for m in modules if m and m.split(".")[:2] in
-                      (["course_lib", t] for t in TOOLS)}
-    return found
-
-
 def test_notebooks_and_course_lib_import_only_what_colab_has():
+    # Neither may import course_tools (the instructor's and maintainer's tools, with their dev
+    # requirements): it is not in the package Colab installs.
     allowed, bad = _allowed_modules(), []
     for where, source in _sources():
-        tree = ast.parse(source)
-        if ".ipynb" in where:
-            bad += [(where, f"course_lib.{t}") for t in sorted(_tool_imports(tree))]
-        elif where in {f"course_lib/{t}.py" for t in TOOLS}:
-            continue
-        bad += [(where, m) for m in sorted(_imports(tree) - allowed)]
+        bad += [(where, m) for m in sorted(_imports(ast.parse(source)) - allowed)]
     assert not bad, f"imports that Colab (or the course's runtime requirements) lack: {bad}"
 
 
 def test_the_import_scan_finds_a_maintainers_tool_in_a_notebook():
-    assert _tool_imports(ast.parse("from course_lib import authoring, units")) == {"authoring"}
-    assert _tool_imports(ast.parse("import course_lib.submissions as s")) == {"submissions"}
-    assert _tool_imports(ast.parse("from course_lib.authoring import colab_url")) == {"authoring"}
-    assert _tool_imports(ast.parse("from course_lib import widgets")) == set()
+    tree = ast.parse("from course_tools import authoring\nimport course_tools.grade as g")
+    assert _imports(tree) - _allowed_modules() == {"course_tools"}
+
+
+def test_course_lib_holds_only_the_learners_runtime():
+    names = {p.stem for p in (ROOT / "course_lib").glob("*.py")}
+    assert not names & {"authoring", "submissions", "grade", "sandbox"}
+    # Nothing in it reads the course folder (gone once Colab pip-installs the package).
+    for path in MODULES:
+        constants = [n.value for n in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        assert not [c for c in constants if c in ("solutions", "exercises", "notebooks")], path
 
 
 REPO_PATH = re.compile(r"^(\.\./|(notebooks|solutions|exercises|benchmarks|tests|course_lib)/)")

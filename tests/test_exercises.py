@@ -2,10 +2,11 @@
 every check accepts the solution, rejects the unfilled stub and typical wrong answers."""
 
 import pytest
-from notebook_tools import EXERCISES, SOLUTIONS, check_calls, definitions
+from notebook_tools import EXERCISES, ROOT, SOLUTIONS, check_calls, definitions
 from wrong_answers import WRONG
 
-from course_lib import authoring, grading
+from course_lib import grading
+from course_tools import authoring
 
 CALLS = [(path.name, name, args) for path in SOLUTIONS for name, args in check_calls(path)]
 
@@ -18,14 +19,14 @@ def test_every_solution_has_an_exercise_and_checks():
 
 
 def test_exercises_are_not_stale():
-    stale = authoring.generate(write=False)
+    stale = authoring.generate(ROOT / "solutions", ROOT / "exercises", write=False)
     assert not stale, f"run `make exercises`: stale {[str(p) for p in stale]}"
 
 
 @pytest.mark.parametrize("notebook,check,args", CALLS, ids=[f"{n}:{c}" for n, c, _ in CALLS])
 def test_check_accepts_solution_and_rejects_stub(notebook, check, args):
-    solution = definitions(authoring.ROOT / "solutions" / notebook)
-    exercise = definitions(authoring.ROOT / "exercises" / notebook)
+    solution = definitions(ROOT / "solutions" / notebook)
+    exercise = definitions(ROOT / "exercises" / notebook)
     fn = grading.CHECKS[check]
     assert fn(*[solution[a] for a in args], quiet=True), f"{check} rejects the solution"
     assert not fn(*[exercise[a] for a in args], quiet=True), f"{check} accepts the unfilled stub"
@@ -34,7 +35,7 @@ def test_check_accepts_solution_and_rejects_stub(notebook, check, args):
 @pytest.mark.parametrize("notebook,check,args", CALLS, ids=[f"{n}:{c}" for n, c, _ in CALLS])
 def test_check_rejects_typical_wrong_answers(notebook, check, args):
     assert WRONG.get(check), f"tests/wrong_answers/ lists no wrong answer for {check}"
-    solution = definitions(authoring.ROOT / "solutions" / notebook)
+    solution = definitions(ROOT / "solutions" / notebook)
     for mistake, replaced in WRONG[check]:
         values = [replaced.get(a, solution[a]) for a in args]
         assert not grading.CHECKS[check](*values, quiet=True), f"{check} accepts: {mistake}"

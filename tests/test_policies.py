@@ -106,7 +106,7 @@ def test_bad_arguments():
         policies.dispatched_ops(None)
     with pytest.raises(ValueError, match="grad"):
         policies.policy_cost(lambda t: t.detach() * 2, torch.randn(3))
-    with pytest.raises(ValueError, match="ops"):
+    with pytest.raises(ValueError, match="policy must hold OpOverloads"):
         policies.policy_cost(block, x, policy=[aten.addmm])
 
 

@@ -9,7 +9,8 @@ import types
 import pytest
 from notebook_tools import EXERCISES, LECTURES, ROOT, SOLUTIONS, read
 
-from course_lib import COURSE_REPO, authoring
+from course_lib import COURSE_REPO
+from course_tools import authoring
 
 ALL_NOTEBOOKS = LECTURES + SOLUTIONS + EXERCISES
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+

@@ -31,6 +31,8 @@ from collections.abc import Callable
 
 #: Every registered check, by name (``check_tensor_bytes`` -> function).
 CHECKS: dict[str, Callable[..., bool]] = {}
+#: Names a check cannot take: the other columns of the grader's scores file.
+RESERVED = ("submission", "notebook", "total", "max", "seconds", "notes")
 
 PASS, FAIL, TODO = "✓", "✗", "…"
 
@@ -57,8 +59,25 @@ def _is_todo(exc: BaseException) -> bool:
 
 
 def grader(body: Callable[..., None]) -> Callable[..., bool]:
-    """Turn a check body that raises :class:`CheckFailed` into a check that prints and returns a bool."""
-    name = body.__name__.removeprefix("check_")
+    """Turn a check body that raises :class:`CheckFailed` into a check that prints and returns a bool.
+
+    Args:
+        body: a function named ``check_NAME`` that calls :func:`expect`.
+
+    Returns:
+        The check, registered in :data:`CHECKS`.
+
+    Raises:
+        ValueError: if ``body`` is not named ``check_NAME``, or NAME is one of :data:`RESERVED`
+            (a column of the scores file).
+    """
+    name = getattr(body, "__name__", "")
+    if not name.startswith("check_") or not name[6:].isidentifier():
+        raise ValueError(f"body must be a function named check_NAME, got {name!r}")
+    name = name.removeprefix("check_")
+    if name in RESERVED:
+        raise ValueError(f"body must not be named check_{name}: {name!r} is a column of the "
+                         f"scores file (reserved: {', '.join(RESERVED)})")
 
     @functools.wraps(body)
     def check(*args, quiet: bool = False, **kwargs) -> bool:

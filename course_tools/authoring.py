@@ -1,5 +1,9 @@
 """Maintainers' tools: generate exercises/ from solutions/, refresh committed outputs.
 
+These are tools for whoever maintains a copy of the course, run from a checkout of it; they are
+not part of ``course_lib`` (the learner's runtime, which Colab pip-installs without solutions/
+or nbformat). Every command takes the course folder explicitly.
+
 solutions/ is the single source of every exercise notebook. In a solution cell,
 the code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (always inside a
 function body, so that an unfinished exercise still defines its name) becomes a
@@ -8,15 +12,19 @@ stub that raises ``NotImplementedError``; ``### BEGIN HIDDEN TESTS`` ...
 cells carry nbgrader's metadata, so an instructor can also release and autograde
 solutions/ with nbgrader itself.
 
-Each generated notebook records a hash of the cells it was written with. The
-generator refuses to overwrite an exercise notebook whose cells no longer match
-that hash (a learner or an instructor edited it) unless told ``force=True``.
+The generator writes to solutions/ only to add what is missing (the nbgrader metadata of a new
+solution or check cell, a grade id); it keeps what authors wrote there (a check worth
+``points: 3``, nbgrader metadata on other cells, any other metadata). Each generated notebook
+records a hash of the cells it was written with; the generator refuses to overwrite an exercise
+notebook whose cells no longer match that hash (a learner or an instructor edited it) unless
+told ``force=True``. ``outputs`` refuses to save over a notebook that changed on disk while it
+ran (someone saved it meanwhile).
 
-Command line::
+Command line (from the course folder, or with ``--course DIR``)::
 
-    python -m course_lib.authoring exercises [--force]   # regenerate exercises/
-    python -m course_lib.authoring check                 # exit 1 if exercises/ is stale
-    python -m course_lib.authoring outputs [NOTEBOOK ...] # re-execute lectures and solutions
+    python -m course_tools.authoring --course . exercises [--force]   # regenerate exercises/
+    python -m course_tools.authoring --course . check          # exit 1 if exercises/ is stale
+    python -m course_tools.authoring --course . outputs [NOTEBOOK ...]  # re-execute notebooks
 """
 
 from __future__ import annotations
@@ -25,13 +33,14 @@ import argparse
 import copy
 import hashlib
 import json
+import math
+import os
 import re
 import sys
 from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parent.parent
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 STUB = 'raise NotImplementedError("Exercise: replace this line with your code")'
@@ -40,7 +49,7 @@ CHECK_CALL = re.compile(r"\bgrading\.check_\w+\(")
 
 def colab_url(relpath: str) -> str:
     """The Colab address of a notebook of this repository (``notebooks/00_setup.ipynb``)."""
-    from . import COURSE_REPO
+    from course_lib import COURSE_REPO
 
     return f"https://colab.research.google.com/github/{COURSE_REPO}/blob/main/{relpath}"
 
@@ -52,7 +61,7 @@ def colab_badge(relpath: str) -> str:
 
 def bootstrap_source() -> str:
     """The first code cell of every notebook: installs the course on Colab, does nothing elsewhere."""
-    from . import COURSE_REPO
+    from course_lib import COURSE_REPO
 
     return (
         "# On Colab only: install the course package (locally, `make lab` has installed it).\n"
@@ -66,12 +75,27 @@ def bootstrap_source() -> str:
     )
 
 
-def new_notebook(relpath: str, title: str, cells: list[tuple]) -> nbformat.NotebookNode:
+def new_notebook(relpath: str, title: str, cells: list[tuple], *, course) -> nbformat.NotebookNode:
     """A course notebook: title with Colab badge, the bootstrap cell, then ``cells``.
 
-    ``cells`` holds ``("md", source)`` or ``("code", source)`` tuples, optionally
-    with a third item, a list of cell tags (e.g. ``["nbval-ignore-output"]``).
-    Written to ``relpath`` under the repository root; returns the notebook.
+    Args:
+        relpath: where the notebook goes, relative to the course folder
+            (``"notebooks/09_x.ipynb"``); its Colab badge points there.
+        title: the notebook's title (a ``#`` heading).
+        cells: ``("md", source)`` or ``("code", source)`` tuples, optionally with a third item,
+            a list of cell tags (e.g. ``["nbval-ignore-output"]``).
+        course: the course folder.
+
+    Returns:
+        The notebook, also written to ``course / relpath``.
+
+    Raises:
+        ValueError: if a cell kind is neither ``"md"`` nor ``"code"``.
+
+    Example::
+
+        new_notebook("notebooks/09_more.ipynb", "More", [("md", "Text"), ("code", "1 + 1")],
+                     course=".")
     """
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
@@ -90,7 +114,7 @@ def new_notebook(relpath: str, title: str, cells: list[tuple]) -> nbformat.Noteb
     for index, cell in enumerate(nb.cells):
         cell.id = f"c{index:03d}"  # stable ids keep diffs small
     stamp_slides(nb)
-    path = ROOT / relpath
+    path = Path(course) / relpath
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(_dumps(nb))
     return nb
@@ -199,16 +223,46 @@ def _cells_hash(nb) -> str:
 
 
 def stamp_solution(nb) -> bool:
-    """Give a solution notebook's cells their nbgrader metadata; True if anything changed."""
+    """Add the nbgrader metadata that a solution or check cell lacks; True if anything was added.
+
+    Only missing keys are added (a new cell's whole metadata, a lost ``grade_id``): what an
+    author wrote is kept, such as ``points: 3`` on a check cell, a custom ``grade_id``, nbgrader
+    metadata on other cells, or any other metadata.
+
+    Args:
+        nb: a solution notebook, changed in place.
+
+    Returns:
+        True if a cell's metadata was added to.
+    """
     changed = False
     for index, cell in enumerate(nb.cells):
         meta = nbgrader_metadata(cell, index)
         if meta is None:
-            changed |= cell.metadata.pop("nbgrader", None) is not None
-        elif cell.metadata.get("nbgrader") != meta:
+            continue
+        current = cell.metadata.get("nbgrader")
+        if not isinstance(current, dict):
             cell.metadata["nbgrader"] = meta
             changed = True
+            continue
+        for key, value in meta.items():
+            if key not in current:
+                current[key] = value
+                changed = True
     return changed
+
+
+def check_points(cell, where: str) -> float:
+    """The points of a check cell (its nbgrader ``points``, 1 if unset).
+
+    Raises:
+        AuthoringError: if they are not a finite number >= 0.
+    """
+    points = cell.metadata.get("nbgrader", {}).get("points", 1)
+    if (not isinstance(points, int | float) or isinstance(points, bool)
+            or not math.isfinite(points) or points < 0):
+        raise AuthoringError(f"{where}: points must be a finite number >= 0, got {points!r}")
+    return float(points)
 
 
 def make_exercise(solution, name: str = "solution"):
@@ -217,6 +271,8 @@ def make_exercise(solution, name: str = "solution"):
     stamp_solution(nb)
     for index, cell in enumerate(nb.cells):
         where = f"{name} cell {index}"
+        if cell_kind(cell) == "check":
+            check_points(cell, where)
         if cell.cell_type == "code":
             source = _replace_blocks(cell.source, BEGIN_SOLUTION, END_SOLUTION, True, where)
             cell.source = _replace_blocks(source, BEGIN_HIDDEN, END_HIDDEN, False, where)
@@ -241,14 +297,34 @@ def _dumps(nb) -> str:
     return nbformat.writes(nb) + "\n"
 
 
-def generate(solutions_dir: Path = ROOT / "solutions", exercises_dir: Path = ROOT / "exercises",
-             *, force: bool = False, write: bool = True) -> list[Path]:
+def generate(solutions_dir, exercises_dir, *, force: bool = False,
+             write: bool = True) -> list[Path]:
     """Regenerate every exercise notebook; return the paths that changed (or would change).
 
-    Raises :class:`AuthoringError` before writing anything if an exercise notebook
-    holds changes the generator did not write and ``force`` is False.
+    A solution notebook is written only when a cell lacked nbgrader metadata (see
+    :func:`stamp_solution`); everything else in solutions/ is left as it is.
+
+    Args:
+        solutions_dir: the folder of solution notebooks (``COURSE/solutions``).
+        exercises_dir: the folder of exercise notebooks to (re)write (``COURSE/exercises``).
+        force: overwrite exercise notebooks that hold changes the generator did not write.
+        write: False to only report what would change.
+
+    Returns:
+        The solution and exercise notebooks that changed (or would change).
+
+    Raises:
+        AuthoringError: before writing anything, if a solution breaks the marker rules or
+            an exercise notebook holds foreign changes and ``force`` is False.
+        ValueError: if ``solutions_dir`` is not a folder.
+
+    Example::
+
+        generate(Path("solutions"), Path("exercises"), write=False)  # [] when up to date
     """
     solutions_dir, exercises_dir = Path(solutions_dir), Path(exercises_dir)
+    if not solutions_dir.is_dir():
+        raise ValueError(f"solutions_dir must be a folder, got {str(solutions_dir)!r}")
     plans = []
     for src in sorted(solutions_dir.glob("*.ipynb")):
         solution = nbformat.read(src, as_version=4)
@@ -276,20 +352,37 @@ def generate(solutions_dir: Path = ROOT / "solutions", exercises_dir: Path = ROO
     return changed
 
 
-def execute_in_place(path: Path, timeout: int = 300, attempts: int = 3) -> None:
+def execute_in_place(path, timeout: int = 300, attempts: int = 3) -> None:
     """Run a notebook top to bottom in a fresh kernel and save it with its outputs.
 
     nbclient occasionally waits forever on a cell that displays a widget while the
     kernel sits idle (jupyter/nbclient#312); no course cell needs ``timeout`` seconds,
     so a cell past it counts as that hang and the notebook is run again, from a fresh
-    kernel, up to ``attempts`` times.
+    kernel, up to ``attempts`` times. The notebook is saved only if the file still holds
+    what was read before the run (an author may have saved it meanwhile), through a temporary
+    file moved into place, so a reader never sees half a notebook.
+
+    Args:
+        path: the notebook to run and save.
+        timeout: seconds a cell may run.
+        attempts: runs before a cell past ``timeout`` is reported.
+
+    Raises:
+        AuthoringError: if the file changed on disk while the notebook ran (it is left as it is).
+        ValueError: if ``path`` is not a file, or ``timeout`` or ``attempts`` is not a positive int.
     """
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError
 
     path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"path must be a notebook file, got {str(path)!r}")
+    for name, value in (("timeout", timeout), ("attempts", attempts)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     for attempt in range(1, attempts + 1):
-        nb = nbformat.read(path, as_version=4)
+        before = path.read_bytes()
+        nb = nbformat.reads(before.decode(), as_version=4)
         try:
             NotebookClient(nb, timeout=timeout, kernel_name="python3",
                            resources={"metadata": {"path": str(path.parent)}}).execute()
@@ -302,11 +395,24 @@ def execute_in_place(path: Path, timeout: int = 300, attempts: int = 3) -> None:
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
     stamp_slides(nb)
-    path.write_text(_dumps(nb))
+    _replace_if_unchanged(path, before, _dumps(nb))
+
+
+def _replace_if_unchanged(path: Path, before: bytes, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    if path.read_bytes() != before:
+        tmp.unlink()
+        raise AuthoringError(f"{path} changed on disk while it ran; not overwritten (run it "
+                             "again to save its outputs)")
+    os.replace(tmp, path)
 
 
 def _main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.authoring")
+    parser = argparse.ArgumentParser(prog="python -m course_tools.authoring")
+    parser.add_argument("--course", type=Path, default=Path("."),
+                        help="the course folder, holding solutions/, exercises/ and notebooks/ "
+                             "(default: the current folder)")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("exercises", help="regenerate exercises/ from solutions/")
     ex.add_argument("--force", action="store_true", help="overwrite edited exercise notebooks")
@@ -314,22 +420,32 @@ def _main(argv=None) -> int:
     out = sub.add_parser("outputs", help="re-execute notebooks and save their outputs")
     out.add_argument("notebooks", nargs="*", type=Path)
     args = parser.parse_args(argv)
+    course = args.course.resolve()
+    if not (course / "solutions").is_dir():
+        print(f"error: --course must be the course folder (holding solutions/), got {course}",
+              file=sys.stderr)
+        return 2
+    solutions, exercises = course / "solutions", course / "exercises"
+
+    def shown(path: Path) -> str:
+        return str(path.relative_to(course)) if course in path.resolve().parents else str(path)
+
     try:
         if args.command == "exercises":
-            for path in generate(force=args.force):
-                print(f"wrote {path.relative_to(ROOT)}")
+            for path in generate(solutions, exercises, force=args.force):
+                print(f"wrote {shown(path)}")
         elif args.command == "check":
-            stale = generate(write=False)
+            stale = generate(solutions, exercises, write=False)
             for path in stale:
-                print(f"stale: {path.relative_to(ROOT)} (run `make exercises`)")
+                print(f"stale: {shown(path)} (run `make exercises`)")
             return 1 if stale else 0
         else:
-            paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted(
-                (ROOT / "solutions").glob("*.ipynb"))
+            paths = args.notebooks or sorted((course / "notebooks").glob("*.ipynb")) + sorted(
+                solutions.glob("*.ipynb"))
             for path in paths:
                 print(f"executing {path} ...", flush=True)
                 execute_in_place(path)
-            generate()
+            generate(solutions, exercises)
     except AuthoringError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,816 @@
+"""Grade a folder of submitted exercise notebooks, each in a sandbox of its own.
+
+Command line (an instructor's tool, run from a checkout of the course)::
+
+    python -m course_tools.grade DIR --course COURSE [--out scores.csv] [--assignment NAME]
+        [--timeout 600] [--cell-timeout 120] [--jobs 1] [--executed FOLDER]
+        [--memory 4G] [--processes 256] [--file-size 64M] [--disk 512M] [--cpu-time S]
+        [--cell-output 100k] [--notebook-output 2M] [--grade-unmatched] [--unsafe-no-sandbox]
+
+A submitted notebook is untrusted code. For every ``*.ipynb`` under ``DIR`` (regular files
+only: links are refused; ``.ipynb_checkpoints`` is skipped):
+
+1. **Match** it with a notebook of ``COURSE/solutions`` (``--assignment NAME``: that one for
+   every submission; else the one its metadata says it was generated from, else the one with
+   its file name, else the one whose released cells it holds most of). The checks, their names and
+   their points come from that solutions notebook only. A submission that nothing matches
+   scores 0, with the reason, unless ``--grade-unmatched`` is given: then the checks its own
+   check cells call are graded, 1 point each (the verdicts still come from the sandbox).
+2. **Run** the notebook, its check cells restored as released, in a fresh kernel inside a
+   sandbox (see :mod:`course_tools.sandbox`), with a limit per cell (``--cell-timeout``: the
+   kernel is interrupted), per notebook (``--timeout``), and on the output kept. This run only
+   tells the learner how their notebook ran (``--executed`` saves it): no point depends on it.
+3. **Judge** in a second, fresh sandbox: a process imports the pristine ``course_lib`` copy,
+   then runs each check in a child of its own against the learner's functions (exercise cells
+   in full; from the other cells only imports, functions, classes and literal constants, as
+   the course's own tests load them). Each verdict is the check's return value, sent over a
+   pipe the grader opened; a check gets ``--cell-timeout`` seconds. Nothing the notebook
+   prints, and no file it writes, is read as a verdict.
+4. **Score** each check: its points if it passed, else 0 with the reason (failed, not done,
+   error, timeout, crashed, tampered, not run).
+
+The CSV has one row per submission: ``submission``, ``notebook``, a column of points per check,
+``total``, ``max``, ``seconds``, ``notes``; cells that a spreadsheet would read as a formula are
+escaped. Exit status: 0, or 2 for a usage error (bubblewrap missing included).
+
+What remains possible: the learner's functions run inside the process of the check that calls
+them (it must call them), so code written to attack this grader from inside such a function can
+still forge that submission's own verdicts; changing ``course_lib``, ``builtins`` or torch's
+functions during a check is caught ("tampered"). It cannot reach other submissions, the grader,
+the course or the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import compileall
+import copy
+import csv
+import hashlib
+import json
+import math
+import os
+import queue
+import re
+import shutil
+import stat
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from . import authoring
+from .sandbox import UNSAFE_WARNING, Channel, Limits, Sandbox, kill
+
+#: Seconds a cell may run past its limit after the interrupt before its sandbox is killed
+#: (nbclient waits for the reply, then up to 4 s for the kernel's last output).
+INTERRUPT_GRACE = 10.0
+#: Seconds a sandbox may take to start its first process (import the course, start a kernel).
+STARTUP = 120.0
+#: Submissions larger than this are not read.
+MAX_NOTEBOOK_BYTES = 32 << 20
+#: Characters of a check's message kept in the notes.
+MESSAGE_CHARS = 300
+#: Column names of the CSV that a check cannot take (``course_lib.grading.RESERVED`` too).
+RESERVED = ("submission", "notebook", "total", "max", "seconds", "notes")
+#: What a check can end as.
+STATUSES = ("passed", "failed", "not done", "error", "timeout", "crashed", "tampered", "not run")
+CHECK_CALL = re.compile(r"\bgrading\.check_(\w+)\(")
+TOP_LEVEL_DEF = re.compile(r"^(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)", re.M)
+
+
+@dataclass
+class CheckResult:
+    """The score of one check of one submission."""
+
+    name: str            # the check, without "check_" ("tensor_nbytes")
+    grade_id: str        # nbgrader's id of the check cell in solutions/
+    max_points: float
+    points: float = 0.0
+    status: str = "not run"
+    detail: str = ""
+
+
+@dataclass
+class Submission:
+    """All checks of one submitted notebook."""
+
+    path: str                       # relative to the graded folder
+    notebook: str                   # the solutions notebook it was graded against, or ""
+    checks: list[CheckResult] = field(default_factory=list)
+    seconds: float = 0.0
+    problem: str = ""               # why it could not be graded at all
+    run_notes: list[str] = field(default_factory=list)  # how the notebook's own run went
+
+    @property
+    def total(self) -> float:
+        return sum(c.points for c in self.checks)
+
+    @property
+    def max_points(self) -> float:
+        return sum(c.max_points for c in self.checks)
+
+    @property
+    def notes(self) -> str:
+        parts = [self.problem] if self.problem else []
+        parts += [f"{c.name}: {c.status}" + (f" ({c.detail})" if c.detail else "")
+                  for c in self.checks if c.status != "passed"]
+        parts += [f"run: {note}" for note in self.run_notes]
+        return "; ".join(parts)
+
+
+# --- what solutions/ expects ------------------------------------------------------------------
+
+
+@dataclass
+class Expected:
+    """A check of a solutions notebook: the call to make, its points, the released cell."""
+
+    name: str
+    grade_id: str
+    points: float
+    args: list[str]       # the argument expressions of the check call
+    visible: str          # the check cell as released in exercises/
+
+
+@dataclass
+class Assignment:
+    """What grading against one solutions notebook needs."""
+
+    name: str
+    checks: list[Expected]
+    solution_ids: set[str]      # grade ids of the exercise cells
+    solution_defs: set[str]     # names the exercise cells define
+    released: set[str] = field(default_factory=set)  # the exercise's cells, normalised
+
+
+def _call_of(source: str) -> tuple[str, list[str]] | None:
+    """``(name, [argument source])`` of the first visible ``grading.check_NAME(...)`` call."""
+    calls = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr.startswith("check_")):
+            quiet = any(k.arg == "quiet" for k in node.keywords)
+            calls.append((quiet, node.func.attr.removeprefix("check_"),
+                          [ast.unparse(a) for a in node.args]))
+    calls.sort(key=lambda c: c[0])  # a visible call first
+    return (calls[0][1], calls[0][2]) if calls else None
+
+
+def load_assignment(path: Path) -> Assignment:
+    """Read a solutions notebook: its checks (name, points, arguments) and exercise cells.
+
+    Raises:
+        authoring.AuthoringError: if the notebook breaks the marker rules or a check's points
+            are not a finite number >= 0.
+    """
+    solution = nbformat.read(path, as_version=4)
+    authoring.stamp_solution(solution)  # ids of cells an author has not stamped yet, in memory
+    exercise = authoring.make_exercise(solution, path.name)
+    checks, ids, defs = [], set(), set()
+    for index, (sol, ex) in enumerate(zip(solution.cells, exercise.cells)):
+        kind = authoring.cell_kind(sol)
+        if kind == "solution":
+            ids.add(sol.metadata["nbgrader"]["grade_id"])
+            defs |= {n.name for n in ast.parse(sol.source).body
+                     if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        elif kind == "check":
+            call = _call_of(sol.source)
+            if call is None:
+                continue
+            checks.append(Expected(call[0], sol.metadata["nbgrader"]["grade_id"],
+                                   authoring.check_points(sol, f"{path.name} cell {index}"),
+                                   call[1], ex.source))
+    released = {_norm(c.source) for c in exercise.cells if _norm(c.source)}
+    return Assignment(path.name, checks, ids, defs, released)
+
+
+def _norm(source) -> str:
+    if not isinstance(source, str):
+        return ""
+    return "\n".join(line.rstrip() for line in source.strip().splitlines())
+
+
+def check_names(course_lib: Path) -> set[str]:
+    """Names of the checks ``course_lib/grading`` defines (read from the source, not imported)."""
+    names = set()
+    for path in sorted((course_lib / "grading").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("check_"):
+                names.add(node.name.removeprefix("check_"))
+    return names
+
+
+def _grade_id(cell) -> str | None:
+    meta = cell.get("metadata", {}).get("nbgrader")
+    value = meta.get("grade_id") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def match(nb, filename: str, assignments: dict[str, Assignment]) -> tuple[str | None, str]:
+    """The solutions notebook a submission is graded against, and a note (or why none)."""
+    course = nb.metadata.get("course")
+    generated = course.get("generated_from") if isinstance(course, dict) else None
+    named = Path(generated).name if isinstance(generated, str) else ""
+    if named in assignments:
+        note = (f"file name {filename!r} differs from its notebook {named!r}"
+                if filename in assignments and filename != named else "")
+        return named, note
+    if filename in assignments:
+        return filename, ""
+    # Else by its cells: how many are word for word as released (titles, text, stubs, checks).
+    mine = {_norm(c.source) for c in nb.cells} - {""}
+    scores = {name: len(mine & a.released) for name, a in assignments.items()}
+    ranked = sorted(scores.values(), reverse=True) + [0, 0]
+    if ranked[0] >= 3 and ranked[0] > 2 * ranked[1]:
+        return max(scores, key=scores.get), ""
+    return None, ("no notebook of solutions/ matches it (not by its metadata, its file name or "
+                  "its cells): scored 0; grade it with --assignment NAME")
+
+
+# --- the jobs for the sandbox -----------------------------------------------------------------
+
+
+def _is_exercise_cell(cell, assignment: Assignment | None) -> bool:
+    if assignment is None:
+        meta = cell.metadata.get("nbgrader")
+        return isinstance(meta, dict) and meta.get("solution") is True
+    if _grade_id(cell) in assignment.solution_ids:
+        return True
+    # The grader never parses a submission's code as Python: a line-start definition will do.
+    defined = set(TOP_LEVEL_DEF.findall(cell.source))
+    return bool(defined & assignment.solution_defs)
+
+
+def _notebook_to_run(nb, assignment: Assignment | None):
+    """The learner's notebook, outputs cleared, its check cells restored as released."""
+    run = copy.deepcopy(nb)
+    by_id = {c.grade_id: c for c in assignment.checks} if assignment else {}
+    by_name = {c.name: c for c in assignment.checks} if assignment else {}
+    for cell in run.cells:
+        if cell.cell_type != "code":
+            continue
+        cell.outputs, cell.execution_count = [], None
+        expected = by_id.get(_grade_id(cell))
+        if expected is None and authoring.cell_kind(cell) == "check":
+            found = CHECK_CALL.search(cell.source)
+            expected = by_name.get(found.group(1)) if found else None
+        if expected is not None:
+            cell.source = expected.visible
+    return run
+
+
+def _read_submission(path: Path):
+    """The notebook at ``path``, read without following links or blocking on a FIFO."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_NOTEBOOK_BYTES:
+            raise ValueError(f"larger than {MAX_NOTEBOOK_BYTES >> 20} MiB")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    finally:
+        os.close(fd)
+    nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+    if not isinstance(nb.get("cells"), list) or not isinstance(nb.get("metadata"), dict):
+        raise ValueError("no cells")
+    for cell in nb.cells:
+        if not isinstance(cell.get("source"), str) or not isinstance(cell.get("metadata"), dict):
+            raise ValueError("a cell without source or metadata")
+    return nb
+
+
+# --- one grading run --------------------------------------------------------------------------
+
+
+class _Run:
+    """The state of one ``grade()`` call: the sandbox, the course copy, the assignments."""
+
+    def __init__(self, course: Path, hidden: list[Path], limits: Limits, unsafe: bool,
+                 timeout: float, cell_timeout: float):
+        self.course, self.limits = course, limits
+        self.timeout, self.cell_timeout = timeout, cell_timeout
+        self.dir = Path(tempfile.mkdtemp(prefix="course_grade_"))
+        try:
+            os.chmod(self.dir, 0o755)
+            shutil.copytree(course / "course_lib", self.dir / "course" / "course_lib",
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            compileall.compile_dir(self.dir / "course", quiet=2)
+            (self.dir / "grader").mkdir()
+            shutil.copy2(Path(__file__).with_name("inside.py"), self.dir / "grader" / "inside.py")
+            for path in (self.dir / "course", self.dir / "grader"):
+                for p in [path, *path.rglob("*")]:
+                    os.chmod(p, 0o755 if p.is_dir() else 0o644)
+            self.course_hash = _tree_hash(self.dir / "course")
+            self.check_names = check_names(self.dir / "course" / "course_lib")
+            self.sandbox = Sandbox(self.dir, hidden, limits, unsafe)
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        self.slots: queue.Queue[int] = queue.Queue()
+        self.jobs = 0
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _job_dir(self, job: dict, notebook=None) -> Path:
+        self.jobs += 1
+        path = Path(tempfile.mkdtemp(prefix="job", dir=self.dir))
+        os.chmod(path, 0o755)
+        (path / "job.json").write_text(json.dumps(job))
+        if notebook is not None:
+            nbformat.write(notebook, path / "notebook.ipynb")
+        for p in path.iterdir():
+            os.chmod(p, 0o644)
+        return path
+
+    def _phase(self, command: str, job: dict, notebook, slot: int, limit: int):
+        """Start ``inside.py COMMAND`` in a fresh sandbox; return (process, channel, job dir)."""
+        unsafe = self.sandbox.unsafe
+        job_dir = self._job_dir(job, notebook)
+        if notebook is not None:
+            job["notebook"] = str(job_dir / "notebook.ipynb") if unsafe else "/job/notebook.ipynb"
+            (job_dir / "job.json").write_text(json.dumps(job))
+        read_fd, write_fd = os.pipe()
+        try:
+            proc = self.sandbox.start(command, job_dir, slot, write_fd,
+                                      scratch=job_dir / "scratch" if unsafe else None)
+        finally:
+            os.close(write_fd)
+        return proc, Channel(read_fd, proc.stderr, limit), job_dir
+
+    def run_notebook(self, nb, slot: int) -> tuple[list[str], str | None]:
+        """Run the notebook in a sandbox; return notes on how it went and the executed notebook."""
+        cpu = self.limits.cpu_seconds or int(self.timeout) + 1
+        job = {"limits": self._limits(cpu), "cell_timeout": self.cell_timeout,
+               "cell_output_bytes": self.limits.cell_output_bytes,
+               "notebook_output_bytes": self.limits.notebook_output_bytes,
+               "notebook_bytes": MAX_NOTEBOOK_BYTES}
+        proc, channel, job_dir = self._phase(
+            "run", job, nb, slot, MAX_NOTEBOOK_BYTES + self.limits.notebook_output_bytes * 2)
+        deadline = time.monotonic() + self.timeout
+        cell_deadline = time.monotonic() + STARTUP
+        notes, executed, current, finished = [], None, None, False
+        timed_out, cut = [], []
+        try:
+            while True:
+                message = channel.next(min(deadline, cell_deadline))
+                now = time.monotonic()
+                if message is None:
+                    if channel.overflow:
+                        notes.append("it sent more than the grader reads: stopped")
+                    elif channel.closed:
+                        if not finished:
+                            why = channel.error_text()
+                            notes.append("the notebook run ended early" + (
+                                f" at cell {current}" if current is not None else "")
+                                + (f" ({why})" if why else ""))
+                    elif now >= deadline:
+                        notes.append(f"stopped at the notebook time limit ({self.timeout:g} s)"
+                                     + (f" in cell {current}" if current is not None else ""))
+                    elif current is not None:
+                        notes.append(f"stopped at cell {current}: no answer within the cell "
+                                     "time limit and the interrupt's grace")
+                    else:
+                        notes.append("the kernel did not start")
+                    break
+                event = message.get("event")
+                index = message.get("index") if isinstance(message.get("index"), int) else None
+                if event == "ready":
+                    cell_deadline = deadline
+                elif event == "cell":
+                    current = index
+                    cell_deadline = now + self.cell_timeout + INTERRUPT_GRACE
+                elif event == "cell_done":
+                    current, cell_deadline = None, deadline
+                    if message.get("timed_out") is True:
+                        timed_out.append(index)
+                    if message.get("cut") is True:
+                        cut.append(index)
+                elif event == "dead":
+                    notes.append(f"the kernel died in cell {index}")
+                elif event == "notebook" and isinstance(message.get("text"), str):
+                    executed = message["text"]
+                elif event == "end":
+                    finished = True
+                    cut += [i for i in message.get("cut", []) if isinstance(i, int)]
+                    break
+                elif event == "failed":
+                    notes.append(f"the notebook could not be run ({str(message.get('detail'))[:200]})")
+        finally:
+            kill(proc)
+            channel.close()
+            shutil.rmtree(job_dir, ignore_errors=True)
+        if timed_out:
+            notes.insert(0, f"cells {_cells(timed_out)} interrupted at the cell time limit")
+        if cut:
+            notes.append(f"output cut in cells {_cells(cut)}")
+        return notes, executed
+
+    def judge(self, cells: list[dict], checks: list[dict] | None, slot: int):
+        """Run the checks in a sandbox; return ``{id: (status, detail)}``, the checks, a problem."""
+        job = {"limits": self._limits(self.limits.cpu_seconds), "cells": cells,
+               "checks": checks or [], "discover": checks is None,
+               "cell_timeout": self.cell_timeout, "message_chars": MESSAGE_CHARS}
+        proc, channel, job_dir = self._phase("judge", job, None, slot, 1 << 20)
+        results, problem = {}, ""
+        deadline = time.monotonic() + STARTUP
+        try:
+            while True:
+                message = channel.next(deadline)
+                if message is None:
+                    why = channel.error_text()
+                    problem = ("the check process stopped answering" if not channel.closed
+                               else "the check process ended early") + (f" ({why})" if why else "")
+                    break
+                event = message.get("event")
+                if event == "checks" and checks is None:
+                    checks = self._discovered(message.get("checks"))
+                elif event == "check" and isinstance(message.get("id"), str):
+                    status = message.get("status")
+                    detail = message.get("detail")
+                    results[message["id"]] = (status if status in STATUSES else "error",
+                                              detail[:MESSAGE_CHARS] if isinstance(detail, str)
+                                              else "")
+                elif event == "failed":
+                    problem = f"the checks could not run ({str(message.get('detail'))[:200]})"
+                    break
+                elif event == "end":
+                    break
+                if event in ("ready", "check", "checks"):
+                    deadline = time.monotonic() + self.cell_timeout + INTERRUPT_GRACE
+        finally:
+            kill(proc)
+            channel.close()
+            shutil.rmtree(job_dir, ignore_errors=True)
+        return results, checks or [], problem
+
+    def _discovered(self, found) -> list[dict]:
+        checks = []
+        for item in found if isinstance(found, list) else []:
+            if (isinstance(item, dict) and item.get("name") in self.check_names
+                    and isinstance(item.get("args"), list) and len(item["args"]) <= 10
+                    and all(isinstance(a, str) and len(a) <= 200 for a in item["args"])
+                    and item["name"] not in {c["name"] for c in checks}):
+                checks.append({"id": f"cell-check-{item['name']}", "name": item["name"],
+                               "args": item["args"]})
+        return checks[:100]
+
+    def _limits(self, cpu: int | None) -> dict:
+        return {"memory_bytes": self.limits.memory_bytes, "processes": self.limits.processes,
+                "file_bytes": self.limits.file_bytes, "cpu_seconds": cpu}
+
+    def verify_course_copy(self) -> None:
+        if _tree_hash(self.dir / "course") != self.course_hash:
+            raise RuntimeError("the grading run's copy of course_lib changed while a submission "
+                               "ran: the sandbox failed; stopping")
+
+
+def _cells(indices) -> str:
+    return ", ".join(str(i) for i in sorted(set(indices)))
+
+
+def _tree_hash(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        digest.update(str(path.relative_to(folder)).encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def grade_notebook(path: Path, root: Path, run: _Run, assignments: dict[str, Assignment], *,
+                   assignment: str | None, grade_unmatched: bool, slot: int,
+                   executed: Path | None) -> Submission:
+    """Grade one submitted notebook (it is only read); see the module docstring."""
+    start = time.monotonic()
+    sub = Submission(path=str(path.relative_to(root)), notebook="")
+    try:
+        nb = _read_submission(path)
+    except Exception as exc:  # not a notebook at all, a link, a FIFO...
+        sub.problem = f"unreadable notebook: {type(exc).__name__}: {exc}"[:300]
+        return sub
+    name, note = (assignment, "") if assignment else match(nb, path.name, assignments)
+    if name is None and not grade_unmatched:
+        sub.problem = note
+        return sub
+    chosen = assignments.get(name) if name else None
+    sub.notebook = name or ""
+    if note and chosen is not None:
+        sub.run_notes.append(note)
+    if chosen is not None and not chosen.checks:
+        sub.problem = f"{name} has no check cells"
+        return sub
+    sub.run_notes += _run_and_save(run, nb, chosen, slot, executed, sub.path)
+    cells = [{"source": c.source, "full": _is_exercise_cell(c, chosen)}
+             for c in nb.cells if c.cell_type == "code"]
+    checks = None if chosen is None else [
+        {"id": c.grade_id, "name": c.name, "args": c.args} for c in chosen.checks]
+    results, checks, problem = run.judge(cells, checks, slot)
+    if chosen is None:
+        sub.problem = "not matched with solutions/: graded on the checks its own cells call"
+        sub.checks = [CheckResult(c["name"], c["id"], 1.0) for c in checks]
+    else:
+        sub.checks = [CheckResult(c.name, c.grade_id, c.points) for c in chosen.checks]
+    if problem:
+        sub.problem = "; ".join(p for p in (sub.problem, problem) if p)
+    for result in sub.checks:
+        status, detail = results.get(result.grade_id, ("not run", ""))
+        result.status, result.detail = status, detail
+        result.points = result.max_points if status == "passed" else 0.0
+    sub.seconds = round(time.monotonic() - start, 1)
+    return sub
+
+
+def _run_and_save(run: _Run, nb, chosen, slot, executed: Path | None, relpath: str) -> list[str]:
+    notes, text = run.run_notebook(_notebook_to_run(nb, chosen), slot)
+    if executed is not None:
+        target = executed / relpath
+        if text is None:
+            notes.append("no executed notebook came back")
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+    return notes
+
+
+def find_notebooks(root: Path) -> list[Path]:
+    """Every ``*.ipynb`` under ``root`` (or ``root`` itself), checkpoints excluded, sorted.
+
+    Symbolic links are listed too (and refused when read), never followed into folders.
+    """
+    root = Path(root)
+    if root.is_file():
+        return [root]
+    found = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if d != ".ipynb_checkpoints")
+        found += [Path(folder) / f for f in files if f.endswith(".ipynb")]
+    return sorted(found)
+
+
+def _positive(name: str, value) -> float:
+    if (not isinstance(value, int | float) or isinstance(value, bool)
+            or not math.isfinite(value) or value <= 0):
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def grade(folder, *, course, assignment: str | None = None, timeout: float = 600.0,
+          cell_timeout: float = 120.0, jobs: int = 1, limits: Limits | None = None,
+          executed=None, grade_unmatched: bool = False,
+          unsafe_no_sandbox: bool = False) -> list[Submission]:
+    """Grade every notebook under ``folder``, each in a sandbox of its own.
+
+    Args:
+        folder: a submitted notebook, or a folder of them (searched recursively).
+        course: the course folder, holding ``solutions/`` and ``course_lib/``.
+        assignment: grade every submission against this notebook of ``solutions/``
+            (``"03_gradient_accumulation.ipynb"``); ``None`` matches each one.
+        timeout: seconds the notebook's own run may take.
+        cell_timeout: seconds each cell of that run, and each check, may take.
+        jobs: submissions graded at once.
+        limits: the resource limits of the sandbox (default :class:`Limits()`).
+        executed: a folder to save each executed notebook in (for the learners), or ``None``.
+        grade_unmatched: grade a notebook that ``solutions/`` cannot match on the checks its
+            own check cells call, 1 point each, instead of scoring it 0.
+        unsafe_no_sandbox: run without bubblewrap; prints :data:`UNSAFE_WARNING`.
+
+    Returns:
+        One :class:`Submission` per notebook, sorted by path.
+
+    Raises:
+        ValueError: naming the parameter, for a bad argument; also when bubblewrap is missing
+            and ``unsafe_no_sandbox`` is False.
+
+    Example::
+
+        results = grade("submitted/", course=".", assignment="00_setup.ipynb", jobs=2)
+        write_csv(results, "scores.csv")
+    """
+    folder = Path(folder)
+    if not folder.exists():
+        raise ValueError(f"folder must be an existing folder or notebook, got {str(folder)!r}")
+    course = Path(course).resolve() if course is not None else None
+    if course is None or not (course / "solutions").is_dir() or not (
+            course / "course_lib" / "grading").is_dir():
+        raise ValueError(f"course must be the course folder, holding solutions/ and "
+                         f"course_lib/, got {str(course)!r}")
+    timeout, cell_timeout = _positive("timeout", timeout), _positive("cell_timeout", cell_timeout)
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or not 1 <= jobs <= 64:
+        raise ValueError(f"jobs must be an int from 1 to 64, got {jobs!r}")
+    limits = Limits() if limits is None else limits
+    if not isinstance(limits, Limits):
+        raise ValueError(f"limits must be a Limits, got {type(limits).__name__}")
+    assignments = {p.name: load_assignment(p) for p in sorted((course / "solutions").glob(
+        "*.ipynb"))}
+    if assignment is not None and assignment not in assignments:
+        raise ValueError(f"assignment must be one of {sorted(assignments)}, got {assignment!r}")
+    resolved = folder.resolve()
+    if executed is not None:
+        executed = Path(executed).resolve()
+        if _inside_any(executed, [resolved, course]):
+            raise ValueError("executed must be a folder outside the submissions and the course, "
+                             f"got {str(executed)!r}")
+    if unsafe_no_sandbox:
+        print(UNSAFE_WARNING, file=sys.stderr, flush=True)
+    hidden = [course, resolved] + ([executed] if executed else [])
+    run = _Run(course, hidden, limits, unsafe_no_sandbox, timeout, cell_timeout)
+    for slot in range(jobs):
+        run.slots.put(slot)
+    base = folder.parent if folder.is_file() else folder
+
+    def one(path: Path) -> Submission:
+        slot = run.slots.get()
+        try:
+            return grade_notebook(path, base, run, assignments, assignment=assignment,
+                                  grade_unmatched=grade_unmatched, slot=slot, executed=executed)
+        except Exception as exc:  # one odd notebook must not stop the grading of the others
+            return Submission(path=str(path.relative_to(base)), notebook="",
+                              problem=f"not graded: {type(exc).__name__}: {exc}"[:300])
+        finally:
+            run.verify_course_copy()
+            run.slots.put(slot)
+
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(one, find_notebooks(folder)))
+    finally:
+        run.close()
+
+
+def _inside_any(path: Path, folders: list[Path]) -> bool:
+    return any(path == f or f in path.parents or path in f.parents for f in folders)
+
+
+# --- the scores -------------------------------------------------------------------------------
+
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value):
+    """A CSV cell a spreadsheet shows as text: strings that start with ``= + - @``, a tab or a
+    carriage return get a leading ``'`` (OWASP's advice against CSV injection).
+
+    Example::
+
+        spreadsheet_safe("=1+1+cmd|calc!A0.ipynb")  # "'=1+1+cmd|calc!A0.ipynb"
+    """
+    if isinstance(value, str) and value.startswith(_FORMULA):
+        return "'" + value
+    return value
+
+
+def columns(results: list[Submission]) -> list[tuple[str, str]]:
+    """``[(check name, column header)]``: a check named like a reserved column, or like another
+    column, gets a header of its own (``check: total``, then ``check: total (2)``)."""
+    names: list[str] = []
+    for sub in results:
+        for c in sub.checks:
+            if c.name not in names:
+                names.append(c.name)
+    taken, out = set(RESERVED), []
+    for name in names:
+        header = name if name not in taken else f"check: {name}"
+        number = 2
+        while header in taken:
+            header = f"check: {name} ({number})"
+            number += 1
+        taken.add(header)
+        out.append((name, header))
+    return out
+
+
+def write_csv(results: list[Submission], out) -> list[str]:
+    """Write the scores, one row per submission; return the check columns' headers in order.
+
+    Args:
+        results: what :func:`grade` returned.
+        out: the CSV file to write.
+
+    Returns:
+        The headers of the check columns.
+    """
+    cols = columns(results)
+    rows = [["submission", "notebook", *(h for _, h in cols), "total", "max", "seconds", "notes"]]
+    for sub in results:
+        points = {c.name: c.points for c in sub.checks}
+        rows.append([sub.path, sub.notebook, *(_num(points[n]) if n in points else ""
+                                               for n, _ in cols),
+                     _num(sub.total), _num(sub.max_points), sub.seconds, sub.notes])
+    with open(out, "w", newline="") as f:
+        csv.writer(f).writerows([[spreadsheet_safe(v) for v in row] for row in rows])
+    return [h for _, h in cols]
+
+
+def _num(x: float):
+    return int(x) if float(x).is_integer() else x
+
+
+def _printable(text: str) -> str:
+    """Text for a terminal: control characters (a file name may hold escapes) shown escaped."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def summary(results: list[Submission]) -> str:
+    """A plain-text summary: each submission's score and notes, then each check's pass rate."""
+    lines = []
+    width = max((len(_printable(s.path)) for s in results), default=10)
+    for sub in results:
+        lines.append(_printable(f"{_printable(sub.path):{width}s}  {_num(sub.total)}/"
+                                f"{_num(sub.max_points)}" + (f"  {sub.notes}" if sub.notes else "")))
+    counts: dict[str, list[int]] = {}
+    for sub in results:
+        for c in sub.checks:
+            counts.setdefault(c.name, [0, 0])
+            counts[c.name][0] += c.status == "passed"
+            counts[c.name][1] += 1
+    lines.append("")
+    lines += [f"{name}: passed by {p} of {n}" for name, (p, n) in counts.items()]
+    return "\n".join(lines)
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"512M"`` -> 536870912 (suffixes k, M, G, T, powers of 1024; none: bytes).
+
+    Raises:
+        ValueError: if ``text`` is not a positive size.
+    """
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", str(text))
+    if not found:
+        raise ValueError(f"size must look like 512M or 4G, got {text!r}")
+    value = int(float(found.group(1)) * _UNITS[found.group(2).lower()])
+    if value < 1:
+        raise ValueError(f"size must be positive, got {text!r}")
+    return value
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_tools.grade",
+        description="Grade a folder of submitted exercise notebooks, each in a sandbox.")
+    parser.add_argument("folder", type=Path, help="folder of submissions (searched recursively)")
+    parser.add_argument("--course", type=Path, required=True,
+                        help="the course folder (holding solutions/ and course_lib/)")
+    parser.add_argument("--out", type=Path, default=Path("scores.csv"), help="CSV to write")
+    parser.add_argument("--assignment", help="grade every notebook against this solutions "
+                        "notebook (e.g. 03_gradient_accumulation.ipynb)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds for each notebook's own run (default 600)")
+    parser.add_argument("--cell-timeout", type=float, default=120.0,
+                        help="seconds per cell of that run, and per check (default 120)")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (default 1)")
+    parser.add_argument("--executed", type=Path,
+                        help="save each executed notebook here, for the learners")
+    defaults = Limits()
+    for flag, name, default, what in (
+            ("--memory", "memory_bytes", "4G", "address space per process"),
+            ("--processes", "processes", str(defaults.processes), "processes per sandbox"),
+            ("--file-size", "file_bytes", "64M", "largest file written"),
+            ("--disk", "disk_bytes", "512M", "size of the private /tmp"),
+            ("--cell-output", "cell_output_bytes", "100k", "output kept per cell"),
+            ("--notebook-output", "notebook_output_bytes", "2M", "output kept per notebook")):
+        parser.add_argument(flag, dest=name, default=default, help=f"{what} (default {default})")
+    parser.add_argument("--cpu-time", type=int, default=None,
+                        help="CPU seconds per process (default: --timeout for the kernel, "
+                             "--cell-timeout for each check)")
+    parser.add_argument("--grade-unmatched", action="store_true",
+                        help="grade a notebook that solutions/ cannot match on the checks its "
+                             "own cells call (1 point each) instead of scoring it 0")
+    parser.add_argument("--unsafe-no-sandbox", action="store_true",
+                        help="run without bubblewrap: the submissions' code runs as you "
+                             "(only for notebooks you trust)")
+    args = parser.parse_args(argv)
+    try:
+        limits = Limits(memory_bytes=parse_size(args.memory_bytes),
+                        processes=int(args.processes), file_bytes=parse_size(args.file_bytes),
+                        disk_bytes=parse_size(args.disk_bytes), cpu_seconds=args.cpu_time,
+                        cell_output_bytes=parse_size(args.cell_output_bytes),
+                        notebook_output_bytes=parse_size(args.notebook_output_bytes))
+        results = grade(args.folder, course=args.course, assignment=args.assignment,
+                        timeout=args.timeout, cell_timeout=args.cell_timeout, jobs=args.jobs,
+                        limits=limits, executed=args.executed,
+                        grade_unmatched=args.grade_unmatched,
+                        unsafe_no_sandbox=args.unsafe_no_sandbox)
+    except (ValueError, authoring.AuthoringError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    write_csv(results, args.out)
+    print(summary(results))
+    print(f"\nwrote {args.out} ({len(results)} submissions)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,332 @@
+"""One bubblewrap sandbox per submission, and the grader's end of the pipe out of it.
+
+The sandbox (``bwrap``, Debian package ``bubblewrap``) sees:
+
+* read-only: the system (``/usr`` and the ``/bin``, ``/lib*``, ``/sbin`` links, the few ``/etc``
+  files the dynamic loader needs), the Python environment running the grader (its prefixes and
+  site-packages folders, nothing else of ``sys.path``), a copy of
+  ``course_lib`` made for this grading run at ``/course``, the grader's ``inside.py`` at
+  ``/grader`` and this submission's job at ``/job``;
+* writable: a private ``/tmp`` (a tmpfs of ``disk_bytes``; the working folder ``/tmp/work`` is
+  in it) and ``/dev/shm`` (the same size);
+* nothing else: not ``solutions/``, the course folder, the other submissions or the output
+  folder; no network (its own network namespace, loopback only); its own PID, IPC and UTS
+  namespaces (it cannot see or signal the grader, and when the sandbox ends every process in
+  it dies, detached or not); a new session (no terminal injection); the root is read-only.
+
+It runs as an unprivileged user with no capabilities: as root, bwrap sets the sandbox up and
+``setpriv`` drops to uid ``SANDBOX_UID + slot`` (one uid per parallel slot, so the process
+limit of one submission cannot starve another), with an empty bounding set and
+``no_new_privs``; as another user, bwrap's user namespace maps it to uid 65534. ``inside.py``
+then applies the resource limits (memory, processes, file size, CPU time) before any of the
+submission's code runs.
+
+Without bubblewrap the grader refuses to run, unless told ``unsafe=True``
+(``--unsafe-no-sandbox``): then the same processes run directly, with the same resource
+limits and a temporary working folder, but as the instructor (see :data:`UNSAFE_WARNING`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The first uid the sandboxed processes run as when the grader runs as root (one per slot).
+SANDBOX_UID = 1_900_000
+INSIDE = Path(__file__).with_name("inside.py")
+
+
+def python_executable() -> str:
+    """This Python, by a path that exists in the sandbox (its folder's links resolved, so that a
+    virtual environment reached through a link still finds its ``pyvenv.cfg``)."""
+    folder = os.path.realpath(os.path.dirname(sys.executable))
+    return os.path.join(folder, os.path.basename(sys.executable))
+
+UNSAFE_WARNING = """\
+WARNING: grading WITHOUT a sandbox (--unsafe-no-sandbox).
+  Each submission's code runs as you, on this machine. It can read and change any file you can
+  (solutions/, course_lib, the other submissions, the scores file, your home folder), use the
+  network, signal or trace the grader, and leave processes running after it exits. The verdicts
+  still come from a fresh process that imports course_lib first, and the resource limits still
+  apply, but nothing stops a hostile notebook from tampering with them or with other
+  submissions. Use this only for notebooks you trust; install bubblewrap to grade a class."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of each sandboxed process, and caps on what a submission may print.
+
+    Args:
+        memory_bytes: address space of each process (``RLIMIT_AS``).
+        processes: processes of the sandbox's user (``RLIMIT_NPROC``).
+        file_bytes: largest file a process may write (``RLIMIT_FSIZE``).
+        disk_bytes: size of the private ``/tmp`` (and of ``/dev/shm``).
+        cpu_seconds: CPU time of each process (``RLIMIT_CPU``); ``None``: the notebook time
+            limit (``timeout``) for the notebook's kernel, the cell limit for each check.
+        cell_output_bytes: output kept per cell of the notebook run; the rest is cut and noted.
+        notebook_output_bytes: output kept per notebook run.
+    """
+
+    memory_bytes: int = 4 << 30
+    processes: int = 256
+    file_bytes: int = 64 << 20
+    disk_bytes: int = 512 << 20
+    cpu_seconds: int | None = None
+    cell_output_bytes: int = 100_000
+    notebook_output_bytes: int = 2_000_000
+
+    def __post_init__(self):
+        for name in ("memory_bytes", "processes", "file_bytes", "disk_bytes",
+                     "cell_output_bytes", "notebook_output_bytes", "cpu_seconds"):
+            value = getattr(self, name)
+            if value is None and name == "cpu_seconds":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def find_bwrap() -> str | None:
+    """The path of bubblewrap's ``bwrap`` on ``PATH``, or ``None``."""
+    return shutil.which("bwrap")
+
+
+def _parents(path: str) -> list[str]:
+    parts = Path(path).parts
+    return [str(Path(*parts[:i])) for i in range(2, len(parts))]
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def environment_paths(hidden: list[Path]) -> list[str]:
+    """The folders of this Python environment that the sandbox mounts read-only: its prefixes
+    and its site-packages folders (never other ``sys.path`` entries, such as a checkout that
+    pytest or ``PYTHONPATH`` put there).
+
+    Raises:
+        ValueError: if one of them holds one of the ``hidden`` folders (the course, the
+            submissions, the output), which the sandbox must not see.
+    """
+    import site
+
+    hidden = [Path(os.path.realpath(h)) for h in hidden]
+    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                           sys.base_exec_prefix)}
+    paths.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    paths.add(os.path.dirname(os.path.dirname(python_executable())))
+    for folder in [*site.getsitepackages(), site.getusersitepackages()]:
+        if os.path.isdir(folder):
+            paths.add(os.path.realpath(folder))
+    paths = {p for p in paths if p != "/" and not p.startswith("/usr/") and p != "/usr"}
+    for path in paths:
+        for h in hidden:
+            if _inside(h, Path(path)):
+                raise ValueError(f"the Python environment at {path} contains {h}, which the "
+                                 "sandbox must not see; grade from an environment outside it")
+    # Keep the outermost folders only.
+    return sorted(p for p in paths if not any(q != p and _inside(Path(p), Path(q))
+                                              for q in paths))
+
+
+class Sandbox:
+    """Builds the command that runs ``inside.py`` for one submission.
+
+    Args:
+        run_dir: this grading run's folder, holding ``course/`` (the copy of ``course_lib``)
+            and ``grader/inside.py``.
+        hidden: folders the sandbox must not see (checked against the environment's paths).
+        limits: the resource limits.
+        unsafe: run without bubblewrap (see :data:`UNSAFE_WARNING`).
+
+    Raises:
+        ValueError: if bubblewrap is missing and ``unsafe`` is False, or it cannot start here.
+    """
+
+    def __init__(self, run_dir: Path, hidden: list[Path], limits: Limits, unsafe: bool = False):
+        self.run_dir, self.limits, self.unsafe = Path(run_dir), limits, unsafe
+        self.bwrap = None if unsafe else find_bwrap()
+        self.root = hasattr(os, "geteuid") and os.geteuid() == 0
+        self.env_paths = environment_paths(hidden) if not unsafe else []
+        if unsafe:
+            return
+        if self.bwrap is None:
+            raise ValueError(
+                "unsafe_no_sandbox must be given to grade without bubblewrap: `bwrap` is not on "
+                "PATH (Debian/Ubuntu: apt-get install bubblewrap; it exists for Linux only). "
+                "Without it every submission's code would run as you, with your files.")
+        self.setpriv = shutil.which("setpriv") if self.root else None
+        if self.root and self.setpriv is None:
+            raise ValueError("unsafe_no_sandbox must be given: running as root, the sandbox "
+                             "needs `setpriv` (util-linux) to drop to an unprivileged user")
+        probe = subprocess.run(self._bwrap_args(None, 0) + ["true"], capture_output=True,
+                               timeout=60)
+        if probe.returncode:
+            raise ValueError("unsafe_no_sandbox must be given: bubblewrap cannot start a "
+                             f"sandbox here: {probe.stderr.decode(errors='replace')[-300:]}")
+
+    def _bwrap_args(self, job_dir: Path | None, slot: int) -> list[str]:
+        args = [self.bwrap]
+        for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(name):
+                args += ["--symlink", os.readlink(name), name]
+            elif os.path.isdir(name):
+                args += ["--ro-bind", name, name]
+        args += ["--ro-bind", "/usr", "/usr"]
+        for name in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
+                     "/etc/alternatives", "/etc/localtime"):
+            if os.path.exists(name):
+                args += ["--ro-bind", name, name]
+        made = {"/usr", "/etc"}
+        for path in self.env_paths:
+            for parent in _parents(path):
+                if parent not in made:
+                    made.add(parent)
+                    args += ["--perms", "0755", "--dir", parent]
+            args += ["--ro-bind", path, path]
+        size = str(self.limits.disk_bytes)
+        args += ["--ro-bind", str(self.run_dir / "course"), "/course",
+                 "--ro-bind", str(self.run_dir / "grader"), "/grader"]
+        if job_dir is not None:
+            args += ["--ro-bind", str(job_dir), "/job"]
+        args += ["--proc", "/proc", "--dev", "/dev",
+                 "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+                 "--perms", "1777", "--dir", "/tmp/work",
+                 "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+                 "--remount-ro", "/",
+                 "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                 "--unshare-cgroup-try", "--hostname", "sandbox",
+                 "--die-with-parent", "--new-session", "--chdir", "/tmp/work", "--clearenv"]
+        for key, value in self.environment("/tmp/work", "/course").items():
+            args += ["--setenv", key, value]
+        if not self.root:
+            args += ["--unshare-user", "--uid", "65534", "--gid", "65534"]
+        else:
+            uid = str(SANDBOX_UID + slot)
+            args += ["--", self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                     "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+        return args
+
+    @staticmethod
+    def environment(home: str, course: str) -> dict[str, str]:
+        """The environment of the sandboxed processes (nothing is inherited from the grader's)."""
+        bindir = os.path.dirname(python_executable())
+        return {"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin", "HOME": home, "USER": "learner",
+                "LOGNAME": "learner", "TMPDIR": "/tmp" if home == "/tmp/work" else home,
+                "LANG": "C.UTF-8", "PYTHONPATH": course, "PYTHONDONTWRITEBYTECODE": "1",
+                "COURSE_GRADER_COURSE": course, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                "MPLBACKEND": "Agg", "MPLCONFIGDIR": f"{home}/.matplotlib",
+                "IPYTHONDIR": f"{home}/.ipython", "JUPYTER_PLATFORM_DIRS": "1",
+                "JUPYTER_RUNTIME_DIR": f"{home}/.jupyter-runtime",
+                "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+
+    def start(self, command: str, job_dir: Path, slot: int, fd: int,
+              scratch: Path | None = None) -> subprocess.Popen:
+        """Start ``inside.py COMMAND /job/job.json FD`` in a fresh sandbox (``scratch``: the
+        working folder in unsafe mode)."""
+        if self.unsafe:
+            scratch = Path(scratch)
+            (scratch / "work").mkdir(parents=True, exist_ok=True)
+            env = self.environment(str(scratch / "work"), str(self.run_dir / "course"))
+            argv = [sys.executable, "-I", str(self.run_dir / "grader" / "inside.py"), command,
+                    str(job_dir / "job.json"), str(fd)]
+            return subprocess.Popen(argv, cwd=scratch / "work", env=env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, pass_fds=(fd,),
+                                    start_new_session=True)
+        argv = self._bwrap_args(job_dir, slot) + [
+            python_executable(), "-I", "/grader/inside.py", command, "/job/job.json", str(fd)]
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, pass_fds=(fd,), start_new_session=True,
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """Kill a sandbox: bwrap's session (``--die-with-parent`` takes its PID namespace along)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            try:
+                proc.kill()
+            except OSError:
+                pass
+    proc.wait()
+
+
+class Channel:
+    """The grader's end of the pipe from ``inside.py``: JSON lines, read with time limits.
+
+    The read end is non-blocking and only ever waited on with ``select``, so a sandbox that
+    stops writing (or stops altogether) costs at most the time limit the caller gives; a
+    message longer than ``limit`` bytes ends the channel.
+    """
+
+    def __init__(self, fd: int, stderr, limit: int):
+        self.fd, self.stderr, self.limit = fd, stderr, limit
+        os.set_blocking(fd, False)
+        if stderr is not None:
+            os.set_blocking(stderr.fileno(), False)
+        self.buffer, self.closed, self.overflow = b"", False, False
+        self.error_tail = b""
+
+    def _drain_stderr(self) -> None:
+        try:
+            while chunk := os.read(self.stderr.fileno(), 65536):
+                self.error_tail = (self.error_tail + chunk)[-4000:]
+        except (BlockingIOError, OSError):
+            pass
+
+    def next(self, deadline: float) -> dict | None:
+        """The next message, or ``None`` at ``deadline`` (monotonic) or when the pipe closes."""
+        while True:
+            if b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(message, dict):
+                    return message
+                continue
+            if self.closed:
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            watched = [self.fd] + ([self.stderr.fileno()] if self.stderr is not None else [])
+            ready, _, _ = select.select(watched, [], [], min(left, 1.0))
+            if self.stderr is not None and self.stderr.fileno() in ready:
+                self._drain_stderr()
+            if self.fd not in ready:
+                continue
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                self.closed = True
+                continue
+            self.buffer += chunk
+            if len(self.buffer) > self.limit:
+                self.closed = self.overflow = True
+                self.buffer = b""
+
+    def error_text(self) -> str:
+        if self.stderr is not None:
+            self._drain_stderr()
+        lines = self.error_tail.decode(errors="replace").strip().splitlines()
+        return lines[-1][:300] if lines else ""
+
+    def close(self) -> None:
+        os.close(self.fd)
+        if self.stderr is not None:
+            self.stderr.close()
