@@ -88,12 +88,18 @@ def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def _check_llama(config) -> LlamaConfig:
+    if not isinstance(config, LlamaConfig):
+        raise ValueError(f"config must be a LlamaConfig, got {config!r}")
+    return config
+
+
 class LlamaBlock(nn.Module):
     """``x + attn(norm(x))``, ``x + mlp(norm(x))`` with GQA attention and a SwiGLU MLP."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.config = config
+        self.config = _check_llama(config)
         h, kv = config.d_model, config.n_kv_heads * config.d_head
         self.attn_norm = nn.RMSNorm(h, eps=1e-5)
         self.q, self.k, self.v = (nn.Linear(h, n, bias=False) for n in (h, kv, kv))
@@ -123,7 +129,7 @@ class Llama(nn.Module):
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.config = config
+        self.config = _check_llama(config)
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layers))
         self.norm = nn.RMSNorm(config.d_model, eps=1e-5)
