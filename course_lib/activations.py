@@ -49,7 +49,7 @@ from . import kernels
 from .device import GPU, resolve_gpu
 from .models import GPTConfig
 from .units import as_dtype, dtype_bytes
-from .validation import positive_int
+from .validation import MAX_BATCH, boolean, positive_int
 
 _INDEX = torch.int64
 _FP32 = torch.float32
@@ -90,7 +90,18 @@ def total_bytes(items: list[Saved], kinds: tuple = KINDS, gpu: GPU | None = None
     """Sum of ``nbytes`` over the ``items`` whose ``kind`` is in ``kinds`` (default: all).
 
     With a ``gpu``, each storage counts as the CUDA allocator holds it (rounded up to 512 bytes).
+
+    Raises:
+        ValueError: naming ``items`` (not a list or tuple of :class:`Saved`), ``kinds`` (not a
+            tuple or list of :data:`KINDS`) or ``gpu``.
     """
+    if not isinstance(items, list | tuple) or not all(isinstance(i, Saved) for i in items):
+        raise ValueError(f"items must be a list of course_lib.activations.Saved, got "
+                         f"{type(items).__name__}")
+    if kinds is not KINDS and (not isinstance(kinds, tuple | list)
+                               or not all(isinstance(k, str) and k in KINDS for k in kinds)):
+        raise ValueError(f"kinds must be a tuple of {KINDS}, got {kinds!r}")
+    gpu = kernels._gpu(gpu)
     return sum(kernels.allocated(item.nbytes, gpu) for item in items if item.kind in kinds)
 
 
@@ -114,18 +125,26 @@ class _Dtypes:
 
 # --------------------------------------------------------------------------- validation
 
-def _check(config, batch_size, seq_len, dtype, gpu, autocast=False) -> tuple[int, int, _Dtypes]:
+def _check_config(config) -> GPTConfig:
     if not isinstance(config, GPTConfig):
         raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    positive_int("batch_size", batch_size)
-    positive_int("seq_len", seq_len)
+    return config
+
+
+def _check(config, batch_size, seq_len, dtype, gpu, autocast=False, *,
+           names=("batch_size", "seq_len")) -> tuple[int, int, _Dtypes]:
+    """Every argument of a prediction checked: ``batch_size`` from 1 to
+    :data:`course_lib.validation.MAX_BATCH`, ``seq_len`` from 1 to ``config.seq_len``."""
+    _check_config(config)
+    positive_int(names[0], batch_size, maximum=MAX_BATCH)
+    positive_int(names[1], seq_len)
     if seq_len > config.seq_len:
-        raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {seq_len}")
+        raise ValueError(f"{names[1]} must be at most config.seq_len={config.seq_len}, "
+                         f"got {seq_len}")
     dtype = as_dtype(dtype)
     if dtype not in _FLOAT_DTYPES:
         raise ValueError(f"dtype must be one of {_FLOAT_DTYPES}, got {dtype!r}")
-    if autocast not in (True, False):
-        raise ValueError(f"autocast must be True or False, got {autocast!r}")
+    boolean("autocast", autocast)
     if autocast and dtype == _FP32:
         raise ValueError("autocast=True needs a 16-bit dtype (torch.bfloat16 or torch.float16)")
     gpu = resolve_gpu(gpu)
@@ -160,7 +179,7 @@ def _dropout_saved(name: str, shape: tuple, p: float, dtype: torch.dtype,
 
 def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     """The kernel ``F.scaled_dot_product_attention`` picks: :func:`course_lib.kernels.sdpa_kernel`."""
-    return kernels.sdpa_kernel(config, dtype, gpu)
+    return kernels.sdpa_kernel(_check_config(config), dtype, gpu)
 
 
 def _core_saved(config: GPTConfig, b: int, s: int, t: _Dtypes) -> list[Saved]:
@@ -215,7 +234,7 @@ def attention_core_saved(config: GPTConfig, b: int, s: int, dtype, gpu=None, *,
     copies them (``3*bsh`` elements) unless ``b == 1`` or ``a == 1``, when the
     batches are views and the one QKV output storage (also ``3*bsh``) is kept.
     """
-    b, s, t = _check(config, b, s, dtype, gpu, autocast)
+    b, s, t = _check(config, b, s, dtype, gpu, autocast, names=("b", "s"))
     return _core_saved(config, b, s, t)
 
 
@@ -252,7 +271,7 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     input, second linear's input (GELU's output), dropout mask. Residual adds keep nothing.
     Under autocast each linear also keeps a 16-bit copy of its weight.
     """
-    seq_len = config.seq_len if seq_len is None else seq_len
+    seq_len = _check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
     return _block_saved(config, b, s, t)
 
@@ -260,7 +279,7 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
 def embedding_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                     dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
     """Token and position embeddings keep their indices (int64); the dropout after them its mask."""
-    seq_len = config.seq_len if seq_len is None else seq_len
+    seq_len = _check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
     return [Saved("tok_emb", "token ids (the input)", (b, s), _INDEX, kind="input"),
             Saved("pos_emb", "positions (arange)", (s,), _INDEX),
@@ -276,7 +295,7 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     (keeps the same tensor, the targets, and a 0-d fp32 ``total_weight``). The
     logits themselves are not kept.
     """
-    seq_len = config.seq_len if seq_len is None else seq_len
+    seq_len = _check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
     h, V = config.d_model, config.vocab_size
     return [*_layernorm_saved("ln_f", b, s, h, t),
@@ -289,6 +308,7 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
 def model_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                 dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
     """Everything the whole GPT keeps for ``loss.backward()``: embeddings, every block, head and loss."""
+    _check_config(config)
     args = (config, batch_size, seq_len, dtype, gpu)
     blocks = block_saved(*args, autocast=autocast)
     return [*embedding_saved(*args, autocast=autocast), *(blocks * config.n_layers),
@@ -328,7 +348,7 @@ def korthikanti_terms(config: GPTConfig, batch_size: int, seq_len: int | None = 
     * ``"causal mask"``: the ``s^2`` bool mask that ``masked_fill`` keeps;
     * ``"scale scalar"``: the 8-byte float64 tensor holding ``1/sqrt(d)``.
     """
-    seq_len = config.seq_len if seq_len is None else seq_len
+    seq_len = _check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu)
     if config.dropout == 0 or dtype_bytes(t.compute) != 2:
         raise ValueError("korthikanti_terms is for the paper's setting: config.dropout > 0 and a "

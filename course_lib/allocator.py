@@ -43,6 +43,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .units import MiB, format_bytes
+from .validation import boolean, integer, number, text
+
+#: The largest request :func:`probe` makes, in MiB (1 TiB), and the longest it waits, in seconds.
+MAX_PROBE_MIB = 2**20
+MAX_PROBE_SECONDS = 86_400.0
 
 #: The environment variable the CUDA caching allocator reads its options from (every torch the
 #: course supports). Newer releases (2.8 and later) read ``PYTORCH_ALLOC_CONF`` first, for every
@@ -105,10 +110,13 @@ def _device(device) -> torch.device:
     if device is None:
         return torch.device("cuda")
     if isinstance(device, int) and not isinstance(device, bool):
-        return torch.device("cuda", device)
+        return torch.device("cuda", integer("device", device, minimum=0, maximum=1023))
+    if not isinstance(device, str | torch.device):
+        raise ValueError(f"device must be a torch.device, a device string or a CUDA index, "
+                         f"got {device!r}")
     try:
         return torch.device(device)
-    except (RuntimeError, TypeError):
+    except (RuntimeError, TypeError, ValueError):
         raise ValueError(f"device must be a torch.device, a device string or a CUDA index, "
                          f"got {device!r}") from None
 
@@ -254,6 +262,7 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable with no arguments, got {fn!r}")
+    _device(device)
     for name, value in (("predicted", predicted), ("resident", resident)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be a non-negative int of bytes, got {value!r}")
@@ -321,14 +330,20 @@ def alloc_conf_env(env: Mapping[str, str], expandable_segments: bool) -> dict[st
         >>> alloc_conf_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, True)
         {'PYTORCH_CUDA_ALLOC_CONF': 'max_split_size_mb:128,expandable_segments:True'}
     """
-    if expandable_segments not in (True, False):
-        raise ValueError(f"expandable_segments must be True or False, got {expandable_segments!r}")
+    boolean("expandable_segments", expandable_segments)
+    _check_env(env)
     env = dict(env)
     for name in [n for n in ALLOC_CONF_VARS if n in env] or [ALLOC_CONF]:
         options = parse_alloc_conf(env[name] if name in env else None)
         options["expandable_segments"] = str(bool(expandable_segments))
         env[name] = ",".join(f"{k}:{v}" for k, v in options.items())
     return env
+
+
+def _check_env(env) -> None:
+    if not isinstance(env, Mapping):
+        raise ValueError(f"env must be a mapping of environment variables (os.environ), got "
+                         f"{type(env).__name__}")
 
 
 def expandable_segments_enabled(env: Mapping[str, str]) -> bool:
@@ -342,10 +357,14 @@ def expandable_segments_enabled(env: Mapping[str, str]) -> bool:
     Returns:
         True if its ``expandable_segments`` option is "True" or "true".
 
+    Raises:
+        ValueError: naming ``env`` if it is not a mapping, or its setting is malformed.
+
     Example:
         >>> expandable_segments_enabled({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
         True
     """
+    _check_env(env)
     for name in ALLOC_CONF_VARS:
         if name in env:
             return parse_alloc_conf(env[name]).get("expandable_segments", "").lower() == "true"
@@ -373,6 +392,7 @@ class Probe:
         Raises:
             ValueError: for a name that is not one of the stages.
         """
+        text("name", name)
         for stage, reading in self.stages:
             if stage == name:
                 return reading
@@ -381,6 +401,7 @@ class Probe:
     def process_bytes(self, reading: Reading) -> int:
         """What the process occupies on the device at ``reading``, as ``nvidia-smi`` lists it
         per process: the free bytes it took since before CUDA initialised."""
+        _check_reading(reading)
         return self.free_before_init - reading.free
 
     @property
@@ -433,6 +454,12 @@ class Probe:
             raise ValueError(f"data must be a probe's JSON object, got {data!r}") from exc
 
 
+def _check_reading(reading) -> None:
+    if not isinstance(reading, Reading):
+        raise ValueError(f"reading must be a course_lib.allocator.Reading, got "
+                         f"{type(reading).__name__}")
+
+
 def context_bytes(free_before_init: int, reading: Reading) -> int:
     """Bytes a process holds on the device outside its allocator: the free bytes it took since
     before it initialised CUDA, minus what its allocator reserved.
@@ -457,6 +484,7 @@ def context_bytes(free_before_init: int, reading: Reading) -> int:
             or free_before_init < 0:
         raise ValueError(f"free_before_init must be a non-negative int of bytes, "
                          f"got {free_before_init!r}")
+    _check_reading(reading)
     return free_before_init - reading.free - reading.reserved
 
 
@@ -476,8 +504,9 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
     Args:
         expandable_segments: run the process with ``expandable_segments:True``.
         device: the CUDA device index.
-        sizes_mib: the growing requests, in MiB (positive ints).
-        timeout: seconds to wait for the process.
+        sizes_mib: the growing requests, in MiB (positive ints, at most :data:`MAX_PROBE_MIB`).
+        timeout: seconds to wait for the process (a finite number > 0, at most
+            :data:`MAX_PROBE_SECONDS`).
 
     Returns:
         A :class:`Probe`, or a :class:`NotOnCUDA` without CUDA.
@@ -491,11 +520,11 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
         >>> expandable.fragmentation < default.fragmentation  # doctest: +SKIP
         True
     """
-    if expandable_segments not in (True, False):
-        raise ValueError(f"expandable_segments must be True or False, got {expandable_segments!r}")
+    boolean("expandable_segments", expandable_segments)
     if not isinstance(device, int) or isinstance(device, bool) or device < 0:
         raise ValueError(f"device must be a CUDA device index (an int >= 0), got {device!r}")
     sizes = _check_sizes(sizes_mib)
+    number("timeout", timeout, above=0.0, maximum=MAX_PROBE_SECONDS)
     missing = not_on_cuda(device)
     if missing is not None:
         return missing
@@ -514,8 +543,10 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
 
 def _check_sizes(sizes_mib) -> tuple[int, ...]:
     if (isinstance(sizes_mib, str) or not isinstance(sizes_mib, Sequence) or not sizes_mib
-            or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in sizes_mib)):
-        raise ValueError(f"sizes_mib must be a non-empty sequence of positive ints, got {sizes_mib!r}")
+            or len(sizes_mib) > 1024 or any(not isinstance(s, int) or isinstance(s, bool)
+                                            or not 1 <= s <= MAX_PROBE_MIB for s in sizes_mib)):
+        raise ValueError(f"sizes_mib must be a non-empty sequence of at most 1024 positive ints "
+                         f"of at most {MAX_PROBE_MIB:,} (MiB), got {sizes_mib!r}")
     return tuple(sizes_mib)
 
 

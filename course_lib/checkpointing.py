@@ -52,10 +52,13 @@ from . import activations as act
 from . import kernels
 from .device import resolve_gpu
 from .measure import LiveTensorTracker
-from .models import GPTConfig
+from .models import CONFIG_MAXIMUM, GPTConfig
 from .policies import MATMULS, check_ops
 from .units import dtype_bytes
-from .validation import positive_int
+from .validation import MAX_COUNT, choice, positive_int, tensor
+
+#: The most blocks a model has (:data:`course_lib.models.CONFIG_MAXIMUM`).
+MAX_LAYERS = CONFIG_MAXIMUM["n_layers"]
 
 MODES = ("none", "blocks", "sqrt", "selective", "attention")
 
@@ -75,8 +78,11 @@ class CheckpointSettings:
 
 
 def sqrt_segments(n_layers: int) -> int:
-    """The segment count of ``sqrt`` mode: ``round(sqrt(n_layers))``, at least 1 (Chen et al. 2016)."""
-    positive_int("n_layers", n_layers)
+    """The segment count of ``sqrt`` mode: ``round(sqrt(n_layers))``, at least 1 (Chen et al. 2016).
+
+    ``n_layers``: an int from 1 to :data:`MAX_LAYERS`; ``ValueError`` naming it otherwise.
+    """
+    positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     return max(1, round(math.sqrt(n_layers)))
 
 
@@ -84,9 +90,10 @@ def checkpointed_blocks(n_layers: int, every: int = 1) -> list[int]:
     """Indices of the blocks that ``blocks``/``selective``/``attention`` mode wrap: 0, every, 2*every, ...
 
     ``every=1`` wraps all ``n_layers`` blocks; ``every=k`` wraps ``ceil(n_layers / k)`` of them.
+    ``n_layers`` from 1 to :data:`MAX_LAYERS`, ``every`` a positive int.
     """
-    positive_int("n_layers", n_layers)
-    positive_int("every", every)
+    positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
+    positive_int("every", every, maximum=MAX_COUNT)
     return list(range(0, n_layers, every))
 
 
@@ -96,8 +103,9 @@ def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
     It makes ``segments - 1`` segments of ``n_layers // segments`` blocks, checkpointed, and
     runs the rest (the last segment, which may be longer) *without* checkpointing: its
     activations are needed first in the backward pass anyway.
+    ``n_layers`` from 1 to :data:`MAX_LAYERS`, ``segments`` from 1 to ``n_layers``.
     """
-    positive_int("n_layers", n_layers)
+    positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     positive_int("segments", segments)
     if segments > n_layers:
         raise ValueError(f"segments must be at most n_layers={n_layers}, got {segments}")
@@ -184,9 +192,8 @@ def _check_config(config) -> None:
 
 
 def _check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> int | None:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    positive_int("every", every)
+    choice("mode", mode, MODES)
+    positive_int("every", every, maximum=MAX_COUNT)
     if segments is not None and mode != "sqrt":
         raise ValueError(f"segments applies to mode='sqrt' only, got mode={mode!r}")
     if mode == "sqrt":
@@ -394,6 +401,11 @@ def measure_kept_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    tensor("inputs", inputs, integral=True, dim=2)
+    tensor("targets", targets, integral=True, dim=2)
+    if inputs.shape != targets.shape:
+        raise ValueError(f"targets must have the shape of inputs {tuple(inputs.shape)}, got "
+                         f"{tuple(targets.shape)}")
     with LiveTensorTracker() as tracker:
         logits, loss = model(inputs, targets)
     outputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (logits, loss)}

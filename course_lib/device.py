@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .units import MiB, format_bytes
+from .units import MiB, as_dtype, format_bytes
+from .validation import MAX_BYTES, boolean, integer, text
+from .validation import device as as_device
 
 _KINDS = ("cuda", "mps", "cpu")
 
@@ -51,7 +53,7 @@ def pick_device(prefer: str | None = None) -> torch.device:
     this machine lacks raises ``ValueError`` rather than silently falling back.
     """
     if prefer is not None:
-        if prefer not in _KINDS:
+        if not isinstance(prefer, str) or prefer not in _KINDS:
             raise ValueError(f"prefer must be one of {_KINDS} or None, got {prefer!r}")
         available = {"cuda": torch.cuda.is_available(), "mps": _mps_available(), "cpu": True}
         if not available[prefer]:
@@ -86,11 +88,20 @@ class GPU:
     live: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.total_memory, int) or self.total_memory < 1:
-            raise ValueError(f"total_memory must be a positive int of bytes, got {self.total_memory!r}")
+        text("name", self.name)
+        if (not isinstance(self.total_memory, int) or isinstance(self.total_memory, bool)
+                or not 1 <= self.total_memory <= MAX_BYTES):
+            raise ValueError(f"total_memory must be a positive int of bytes (at most "
+                             f"{MAX_BYTES:,}), got {self.total_memory!r}")
         cap = self.capability
-        if not (isinstance(cap, tuple) and len(cap) == 2 and all(isinstance(c, int) for c in cap)):
-            raise ValueError(f"capability must be a (major, minor) pair of ints, got {cap!r}")
+        if not (isinstance(cap, tuple) and len(cap) == 2
+                and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 99
+                        for c in cap)):
+            raise ValueError(f"capability must be a (major, minor) pair of ints from 0 to 99, "
+                             f"got {cap!r}")
+        if self.free_memory is not None:
+            integer("free_memory", self.free_memory, minimum=0, maximum=self.total_memory)
+        boolean("live", self.live)
 
     @property
     def has_native_bf16(self) -> bool:
@@ -115,17 +126,31 @@ GPUS: dict[str, GPU] = {
 def live_gpu(device: torch.device | str | int = "cuda") -> GPU:
     """This kernel's GPU as a :class:`GPU`: name, total and free memory, compute capability.
 
+    Args:
+        device: a CUDA device: ``"cuda"``, ``"cuda:1"``, a ``torch.device`` or an index (an int >= 0).
+
     Raises:
-        ValueError: if this machine has no CUDA device.
+        ValueError: naming ``device`` for anything else, or if this machine has no CUDA device.
     """
+    device = _cuda_device(device)
     if not torch.cuda.is_available():
         raise ValueError("this machine has no CUDA device; pass a preset of GPUS instead, "
                          f"one of {list(GPUS)}")
-    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     props = torch.cuda.get_device_properties(device)
     free, _ = torch.cuda.mem_get_info(device)
     return GPU(props.name, int(props.total_memory), (props.major, props.minor),
                free_memory=int(free), live=True)
+
+
+def _cuda_device(device) -> torch.device:
+    """``device`` (a CUDA device string, ``torch.device`` or index) as a CUDA ``torch.device``."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = f"cuda:{integer('device', device, minimum=0, maximum=1023)}"
+    device = as_device("device", device)
+    if device.type != "cuda":
+        raise ValueError(f"device must be a CUDA device ('cuda', 'cuda:0' or an index), "
+                         f"got {device}")
+    return device
 
 
 def resolve_gpu(gpu) -> GPU | None:
@@ -138,11 +163,11 @@ def resolve_gpu(gpu) -> GPU | None:
     Raises:
         ValueError: for an unknown name, or "cuda" on a machine without CUDA.
     """
-    if gpu is None or gpu == "cpu":
-        return None
-    if isinstance(gpu, GPU):
+    if gpu is None or isinstance(gpu, GPU):
         return gpu
-    if gpu == "cuda":
+    if isinstance(gpu, str) and gpu == "cpu":
+        return None
+    if isinstance(gpu, str) and gpu == "cuda":
         return live_gpu()
     if isinstance(gpu, str) and gpu in GPUS:
         return GPUS[gpu]
@@ -150,10 +175,15 @@ def resolve_gpu(gpu) -> GPU | None:
 
 
 def cuda_has_native_bf16(device: torch.device | str = "cuda") -> bool:
-    """True on GPUs with bf16 tensor cores (compute capability 8.0+); False on a T4 (7.5)."""
+    """True on GPUs with bf16 tensor cores (compute capability 8.0+); False on a T4 (7.5).
+
+    Raises:
+        ValueError: naming ``device`` for anything but a CUDA device.
+    """
+    device = _cuda_device(device)
     if not torch.cuda.is_available():
         return False
-    major, _ = torch.cuda.get_device_capability(torch.device(device))
+    major, _ = torch.cuda.get_device_capability(device)
     return major >= 8
 
 
@@ -165,7 +195,7 @@ def pick_dtype(device: torch.device | str | GPU) -> torch.dtype:
     """
     if isinstance(device, GPU):
         return torch.bfloat16 if device.has_native_bf16 else torch.float16
-    device = torch.device(device)
+    device = as_device("device", device)
     if device.type == "cuda":
         return torch.bfloat16 if cuda_has_native_bf16(device) else torch.float16
     if device.type == "mps":
@@ -180,8 +210,11 @@ def pick_dtype(device: torch.device | str | GPU) -> torch.dtype:
 
 
 def needs_grad_scaler(dtype: torch.dtype) -> bool:
-    """fp16 training needs loss scaling; bf16 and fp32 do not."""
-    return dtype == torch.float16
+    """fp16 training needs loss scaling; bf16 and fp32 do not.
+
+    ``dtype``: a ``torch.dtype`` or one of its names ("fp16"); ``ValueError`` naming it otherwise.
+    """
+    return as_dtype(dtype) == torch.float16
 
 
 @dataclass(frozen=True)
@@ -212,8 +245,16 @@ class DeviceInfo:
 
 
 def describe(device: torch.device | str | None = None) -> DeviceInfo:
-    """A :class:`DeviceInfo` for ``device`` (default: :func:`pick_device`)."""
-    device = pick_device() if device is None else torch.device(device)
+    """A :class:`DeviceInfo` for ``device`` (default: :func:`pick_device`).
+
+    Raises:
+        ValueError: naming ``device`` for something that is not a device ("gpu", a number).
+    """
+    device = pick_device() if device is None else as_device("device", device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but this machine has no CUDA device")
+    if device.type not in _KINDS:
+        raise ValueError(f"device must be a cuda, mps or cpu device, got {device}")
     dtype = pick_dtype(device)
     total = None
     if device.type == "cuda":

@@ -74,7 +74,7 @@ from . import kernels
 from .device import GPU, resolve_gpu
 from .models import GPTConfig, param_numels
 from .units import dtype_bytes
-from .validation import positive_int
+from .validation import MAX_BATCH, MAX_BYTES, MAX_COUNT, boolean, choice, integer, positive_int
 
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "autocast-fp16", "autocast-bf16")
 MODES = ckpt.MODES
@@ -110,9 +110,7 @@ def precision_of(precision: str) -> Precision:
     Raises:
         ValueError: for any other name.
     """
-    if precision not in PRECISION:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return PRECISION[precision]
+    return PRECISION[choice("precision", precision, PRECISIONS)]
 
 
 @dataclass(frozen=True)
@@ -164,6 +162,9 @@ class StepMemory:
 
 def breakdown_rows(memory: StepMemory) -> list[tuple[str, int]]:
     """``(category, bytes)`` of a :class:`StepMemory` for a stacked bar, zero categories left out."""
+    if not isinstance(memory, StepMemory):
+        raise ValueError(f"memory must be a course_lib.engine.StepMemory, got "
+                         f"{type(memory).__name__}")
     return [(name.replace("_", " "), v) for name, v in memory.as_dict().items() if v]
 
 
@@ -442,7 +443,15 @@ def adamw_scratch_bytes(param_bytes: list[int]) -> int:
     Per parameter ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)``
     holds two parameter-sized temporaries at once, while the previous parameter's
     ``denom`` is still referenced: ``max_i(P[i-1] + 2*P[i])``.
+
+    ``param_bytes``: a non-empty list of byte counts (ints from 0 to
+    :data:`course_lib.validation.MAX_BYTES`), one per parameter in the optimizer's order.
     """
+    if isinstance(param_bytes, str) or not isinstance(param_bytes, list | tuple) or not param_bytes:
+        raise ValueError(f"param_bytes must be a non-empty list of ints (bytes), got "
+                         f"{param_bytes!r}")
+    for n in param_bytes:
+        integer("param_bytes", n, minimum=0, maximum=MAX_BYTES)
     return max((param_bytes[i - 1] if i else 0) + 2 * n for i, n in enumerate(param_bytes))
 
 
@@ -654,24 +663,22 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
               seq_len, gpu, first_step, foreach, loss_chunk=None):
     if not isinstance(config, GPTConfig):
         raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    b = positive_int("micro_batch_size", micro_batch_size)
-    K = positive_int("accumulation_steps", accumulation_steps)
+    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     precision_of(precision)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    positive_int("every", every)
+    choice("mode", mode, MODES)
+    positive_int("every", every, maximum=MAX_COUNT)
     ckpt._check_mode(mode, every, segments, config.n_layers)
     s = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
     if s > config.seq_len:
         raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {s}")
-    for name, flag in (("first_step", first_step), ("foreach", foreach)):
-        if flag not in (True, False):
-            raise ValueError(f"{name} must be True or False, got {flag!r}")
+    boolean("first_step", first_step)
+    boolean("foreach", foreach)
     gpu = resolve_gpu(gpu)
     if gpu is not None and gpu.free_memory is not None:  # what is free does not change the step
         gpu = replace(gpu, free_memory=None)
     if loss_chunk is not None:
-        positive_int("loss_chunk", loss_chunk)
+        positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
         if PRECISION[precision].autocast:
             raise ValueError(f"loss_chunk is predicted without autocast only, got "
                              f"precision={precision!r}")
@@ -707,8 +714,9 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
 
     Args:
         config: the model.
-        micro_batch_size: sequences per forward and backward pass.
-        accumulation_steps: passes per optimizer step.
+        micro_batch_size: sequences per forward and backward pass (1 to
+            :data:`course_lib.validation.MAX_BATCH`).
+        accumulation_steps: passes per optimizer step (1 to ``MAX_BATCH``).
         precision: one of :data:`PRECISIONS`.
         mode, every, segments: checkpointing, as :func:`course_lib.checkpointing.enable_checkpointing`.
         seq_len: tokens per sequence (default ``config.seq_len``).

@@ -36,10 +36,24 @@ from .checkpointing import enable_checkpointing
 from .device import resolve_gpu
 from .engine import StepMemory, breakdown_rows, predict_step_memory
 from .measure import LiveTensorTracker, peak_memory, resident_bytes
-from .models import GPT, GPTConfig, gpt_param_count, param_numels
+from .memory import MAX_WORLD_SIZE
+from .models import CONFIG_MAXIMUM, GPT, MAX_SEED, GPTConfig, gpt_param_count, param_numels
 from .training import make_grad_scaler, train
 from .units import format_bytes
-from .validation import positive_int
+from .validation import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_COUNT,
+    boolean,
+    choice,
+    function,
+    integer,
+    number,
+    optional_positive_int,
+    positive_int,
+    text,
+)
+from .validation import device as as_device
 
 FIT_PRECISIONS = engine.PRECISIONS
 #: The checkpointing policies the search considers, ``(mode, every)``, in order of increasing
@@ -51,16 +65,21 @@ FIT_POLICIES = (("none", 1), ("selective", 1), ("blocks", 2), ("blocks", 1), ("s
 DEFAULT_WIDTHS = tuple(range(128, 8192 + 1, 128))
 DEFAULT_DEPTHS = tuple(range(1, 129))
 DEFAULT_ASPECT_RATIO = (32, 128)
+#: The most sequences per optimizer step :func:`fit_model` takes (16M, as every batch size of
+#: the course: :data:`course_lib.validation.MAX_BATCH`; GPT-3's batches held 1,600 sequences).
+#: Its micro-batches are the divisors of the effective batch, found in
+#: ``O(sqrt(effective_batch))``.
+MAX_EFFECTIVE_BATCH = MAX_BATCH
+#: The most widths, and the most depths, a search space takes (the defaults hold 64 and 128).
+MAX_SEARCH_VALUES = 1024
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 # --------------------------------------------------------------------------- validation
 
-def _check_precision(precision) -> str:
-    if precision not in FIT_PRECISIONS:
-        raise ValueError(f"precision must be one of {FIT_PRECISIONS}, got {precision!r}")
-    return precision
+def _check_precision(precision, name: str = "precision") -> str:
+    return choice(name, precision, FIT_PRECISIONS)
 
 
 def _check_config(config) -> GPTConfig:
@@ -71,9 +90,10 @@ def _check_config(config) -> GPTConfig:
 
 def _check_policies(policies) -> tuple:
     modes = ckpt.MODES
-    if (not isinstance(policies, Sequence) or not policies or any(
-            not isinstance(p, tuple) or len(p) != 2 or p[0] not in modes
-            or not isinstance(p[1], int) or p[1] < 1 for p in policies)):
+    if (isinstance(policies, str) or not isinstance(policies, Sequence) or not policies or any(
+            not isinstance(p, tuple) or len(p) != 2 or not isinstance(p[0], str)
+            or p[0] not in modes or not isinstance(p[1], int) or isinstance(p[1], bool)
+            or not 1 <= p[1] <= MAX_COUNT for p in policies)):
         raise ValueError(f"policies must be a non-empty sequence of (mode, every) pairs with mode "
                          f"in {modes}, got {policies!r}")
     return tuple(policies)
@@ -137,10 +157,13 @@ def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp3
     in their order.
     """
     _check_config(config)
-    budget = positive_int("budget_bytes", budget_bytes)
-    positive_int("max_batch", max_batch)
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    positive_int("max_batch", max_batch, maximum=MAX_BATCH)
+    positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
+    _check_precision(precision)
     policies = _check_policies(policies)
-    seq_len = config.seq_len if seq_len is None else seq_len
+    seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
+                                                                  maximum=config.seq_len)
     gpu = resolve_gpu(gpu)
     out = []
     for mode, every in policies:
@@ -202,18 +225,31 @@ class Fit:
         ])
 
 
-def _check_space(widths, depths, head_size, aspect_ratio) -> None:
-    positive_int("head_size", head_size)
-    for name, values in (("widths", widths), ("depths", depths)):
-        if not isinstance(values, Sequence) or not values:
-            raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {values!r}")
+def _check_space(widths, depths, head_size, aspect_ratio, seq_len=1024,
+                 vocab_size=50257) -> None:
+    positive_int("head_size", head_size, maximum=CONFIG_MAXIMUM["d_model"])
+    for name, values, maximum in (("widths", widths, CONFIG_MAXIMUM["d_model"]),
+                                  ("depths", depths, CONFIG_MAXIMUM["n_layers"])):
+        if (isinstance(values, str) or not isinstance(values, Sequence) or not values
+                or len(values) > MAX_SEARCH_VALUES):
+            raise ValueError(f"{name} must be a non-empty sequence of at most "
+                             f"{MAX_SEARCH_VALUES} positive ints, got {values!r}")
         for v in values:
-            positive_int(name, v)
-    if aspect_ratio is not None and (
-            not isinstance(aspect_ratio, tuple) or len(aspect_ratio) != 2
-            or not 0 < aspect_ratio[0] <= aspect_ratio[1]):
-        raise ValueError(f"aspect_ratio must be None or (low, high) with 0 < low <= high, "
-                         f"got {aspect_ratio!r}")
+            positive_int(name, v, maximum=maximum)
+    if aspect_ratio is not None:
+        bad = not isinstance(aspect_ratio, tuple) or len(aspect_ratio) != 2
+        if not bad:
+            try:
+                low, high = (number("aspect_ratio", x, above=0.0) for x in aspect_ratio)
+            except ValueError:
+                bad = True
+            else:
+                bad = low > high
+        if bad:
+            raise ValueError(f"aspect_ratio must be None or (low, high) with 0 < low <= high, "
+                             f"finite numbers, got {aspect_ratio!r}")
+    positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
+    positive_int("vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"])
 
 
 def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int] = DEFAULT_DEPTHS,
@@ -228,8 +264,14 @@ def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int
     count the loss changes by only a few percent for aspect ratios between about
     20 and 200 (GPT-2 124M: 64, GPT-3 175B: 128); outside, a "largest" model
     would be a needle (one very wide layer) or a thread (a hundred narrow ones).
+
+    Raises:
+        ValueError: naming the argument: ``widths`` and ``depths`` must be non-empty sequences
+            of at most :data:`MAX_SEARCH_VALUES` ints within
+            :data:`course_lib.models.CONFIG_MAXIMUM`, ``aspect_ratio`` None or two finite
+            numbers ``0 < low <= high``; also when no configuration is left.
     """
-    _check_space(widths, depths, head_size, aspect_ratio)
+    _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
     low, high = aspect_ratio or (0, float("inf"))
     configs = [GPTConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=w, n_heads=w // head_size,
                          n_layers=L)
@@ -241,11 +283,21 @@ def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int
     return sorted(configs, key=lambda c: (-gpt_param_count(c), c.n_layers))
 
 
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending, in ``O(sqrt(n))`` (``n`` a positive int)."""
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    return small + large[::-1]
+
+
 def _micro_batches(effective_batch: int, max_accumulation_steps: int | None) -> list[int]:
     """Micro-batch sizes that divide ``effective_batch`` in at most ``max_accumulation_steps``."""
     K = effective_batch if max_accumulation_steps is None else max_accumulation_steps
-    return [d for d in range(1, effective_batch + 1)
-            if effective_batch % d == 0 and effective_batch // d <= K]
+    return [d for d in _divisors(effective_batch) if effective_batch // d <= K]
 
 
 def _settings(config: GPTConfig, budget: int, effective_batch: int, precision: str,
@@ -313,7 +365,11 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     ``"bf16"`` only if listed), then the policy with the least recompute, then
     the largest micro-batch. ``gpu``: where it trains, as :func:`predict_step_memory`
     takes it (the budget is still ``budget_bytes``). Returns a :class:`Fit`; raises
-    ``ValueError`` if nothing fits.
+    ``ValueError`` if nothing fits, and ``ValueError`` naming the argument for a bad one:
+    counts are ints, not bools or floats, with stated maxima (``effective_batch`` and
+    ``max_accumulation_steps`` up to :data:`MAX_EFFECTIVE_BATCH`, ``seq_len`` and
+    ``vocab_size`` up to :data:`course_lib.models.CONFIG_MAXIMUM`, ``budget_bytes`` up to
+    :data:`course_lib.validation.MAX_BYTES`, at most :data:`MAX_SEARCH_VALUES` widths and depths).
 
     Search: memory grows with depth at a fixed width, so each width's deepest
     fitting model is found by bisection (with the smallest micro-batch or the
@@ -321,18 +377,19 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     largest model the closed-form :func:`_lower_bound` allows them, and the
     search stops once that cannot beat the best found.
     """
-    budget = positive_int("budget_bytes", budget_bytes)
-    positive_int("seq_len", seq_len)
-    positive_int("effective_batch", effective_batch)
-    positive_int("vocab_size", vocab_size)
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
+    positive_int("effective_batch", effective_batch, maximum=MAX_EFFECTIVE_BATCH)
+    positive_int("vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"])
     if isinstance(precisions, str) or not isinstance(precisions, Sequence) or not precisions:
         raise ValueError(f"precisions must be a non-empty sequence of {FIT_PRECISIONS}, "
                          f"got {precisions!r}")
     for p in precisions:
-        _check_precision(p)
+        _check_precision(p, "precisions")
     policies = _check_policies(policies)
-    if max_accumulation_steps is not None:
-        positive_int("max_accumulation_steps", max_accumulation_steps)
+    optional_positive_int("max_accumulation_steps", max_accumulation_steps,
+                          maximum=MAX_EFFECTIVE_BATCH)
+    _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
     gpu = resolve_gpu(gpu)
     micro = _micro_batches(effective_batch, max_accumulation_steps)
     # The least memory: the smallest micro-batch, or the whole batch without accumulation (see
@@ -394,6 +451,10 @@ class Plan:
     master weights on the host, the step on the CPU), ``lora_rank`` (adapters on every
     block linear, the rest frozen) and ``zero_stage`` over ``world_size`` GPUs adjust its
     moments with the closed forms of :func:`predict_plan`.
+
+    Every field is checked when the plan is made (``ValueError`` naming it): counts are ints,
+    not bools (``accumulation_steps`` up to :data:`course_lib.validation.MAX_BATCH`,
+    ``world_size`` up to :data:`course_lib.memory.MAX_WORLD_SIZE`), switches are bools.
     """
 
     precision: str = "fp32"
@@ -408,6 +469,21 @@ class Plan:
     lora_rank: int | None = None
     zero_stage: int = 0
     world_size: int = 1
+
+    def __post_init__(self):
+        _check_precision(self.precision)
+        positive_int("accumulation_steps", self.accumulation_steps, maximum=MAX_BATCH)
+        choice("mode", self.mode, ckpt.MODES)
+        positive_int("every", self.every, maximum=MAX_COUNT)
+        optional_positive_int("loss_chunk", self.loss_chunk, maximum=MAX_COUNT)
+        for name in ("in_backward", "offload_activations", "offload_optimizer"):
+            boolean(name, getattr(self, name))
+        if isinstance(self.state_bits, bool) or self.state_bits not in (32, 8, 4) or not isinstance(
+                self.state_bits, int):
+            raise ValueError(f"state_bits must be one of (32, 8, 4), got {self.state_bits!r}")
+        optional_positive_int("lora_rank", self.lora_rank, maximum=MAX_COUNT)
+        integer("zero_stage", self.zero_stage, minimum=0, maximum=3)
+        positive_int("world_size", self.world_size, maximum=MAX_WORLD_SIZE)
 
 
 def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: int
@@ -524,7 +600,7 @@ def predict_plan(config: GPTConfig, batch_size: int, plan: Plan = Plan(), *, gpu
             (optimizer in backward with accumulation).
     """
     _check_config(config)
-    positive_int("batch_size", batch_size)
+    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
     return max(_plan_moments(config, batch_size, plan, gpu, seq_len), key=lambda m: m.total)
@@ -533,15 +609,7 @@ def predict_plan(config: GPTConfig, batch_size: int, plan: Plan = Plan(), *, gpu
 def _check_plan(plan) -> Plan:
     if not isinstance(plan, Plan):
         raise ValueError(f"plan must be a course_lib.fit.Plan, got {type(plan).__name__}")
-    _check_precision(plan.precision)
-    positive_int("accumulation_steps", plan.accumulation_steps)
-    positive_int("world_size", plan.world_size)
-    if plan.state_bits not in (32, 8, 4):
-        raise ValueError(f"state_bits must be one of (32, 8, 4), got {plan.state_bits!r}")
-    if plan.zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be one of (0, 1, 2, 3), got {plan.zero_stage!r}")
-    if plan.lora_rank is not None:
-        positive_int("lora_rank", plan.lora_rank)
+    plan.__post_init__()  # a frozen dataclass can still be changed through object.__setattr__
     if plan.in_backward and plan.accumulation_steps > 1:
         raise ValueError("in_backward cannot be combined with accumulation_steps > 1: the "
                          "optimizer would step after every micro-batch")
@@ -565,18 +633,24 @@ def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
     Micro-batches and element-wise work (the optimizer, quantization) are not counted.
 
     Raises:
-        ValueError: for a GPU without figures or a ``utilization`` outside (0, 1].
+        ValueError: naming the argument: a GPU without figures, a ``utilization`` outside
+            (0, 1], a bad config, batch, plan or ``seq_len``, or ``accumulation_steps`` that
+            do not divide ``batch_size``.
     """
     from . import levers
     from .units import dtype_bytes
 
-    spec_gpu = levers.gpu_spec(gpu)
-    if not isinstance(utilization, int | float) or not 0 < utilization <= 1:
-        raise ValueError(f"utilization must be in (0, 1], got {utilization!r}")
+    _check_config(config)
+    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
-    seq_len = config.seq_len if seq_len is None else seq_len
+    spec_gpu = levers.gpu_spec(gpu)
+    number("utilization", utilization, above=0.0, maximum=1.0)
+    seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
+                                                                  maximum=config.seq_len)
     spec = engine.precision_of(plan.precision)
     K = plan.accumulation_steps
+    if batch_size % K:
+        raise ValueError(f"accumulation_steps must divide batch_size={batch_size}, got {K}")
     b = batch_size // K
     flops, _ = ckpt.step_flops(config, b, plan.mode, plan.every, seq_len=seq_len,
                                dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
@@ -722,17 +796,17 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
     from .device import GPUS
 
     _check_config(config)
-    if gpu not in GPUS:
-        raise ValueError(f"gpu must be one of {tuple(GPUS)}, got {gpu!r}")
-    positive_int("batch_size", batch_size)
+    choice("gpu", gpu, tuple(GPUS))
+    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
     if seq_len > config.seq_len:
         raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {seq_len}")
     budget = GPUS[gpu].total_memory if budget_bytes is None else positive_int(
-        "budget_bytes", budget_bytes)
-    positive_int("loss_chunk", loss_chunk)
-    positive_int("lora_rank", lora_rank)
-    positive_int("world_size", world_size)
+        "budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
+    positive_int("lora_rank", lora_rank, maximum=MAX_COUNT)
+    positive_int("world_size", world_size, maximum=MAX_WORLD_SIZE)
+    number("utilization", utilization, above=0.0, maximum=1.0)
     base_plan = Plan()
 
     def memory(plan):
@@ -794,6 +868,13 @@ class MasterWeightAdamW:
     """
 
     def __init__(self, params, **adamw_kwargs):
+        try:
+            params = list(params)
+        except TypeError:
+            raise ValueError(f"params must be an iterable of tensors, got {params!r}") from None
+        if not all(isinstance(p, torch.Tensor) for p in params):
+            raise ValueError(f"params must be an iterable of tensors (model.parameters()), got "
+                             f"{[type(p).__name__ for p in params]}")
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params must hold at least one tensor that requires grad")
@@ -833,9 +914,19 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
     ``torch.optim.AdamW(foreach=False)`` (the per-tensor implementation, whose
     scratch the prediction counts), or :class:`MasterWeightAdamW` for the mixed
     precisions. Train it with :func:`train_options` (autocast, loss scaling).
+
+    ``seed``: an int from 0 to :data:`course_lib.models.MAX_SEED` (not a bool or a float);
+    ``lr``: a finite number >= 0; ``device``: a device ("cpu", "cuda", a ``torch.device``).
+
+    Raises:
+        ValueError: naming the argument.
     """
     _check_config(config)
     spec = engine.precision_of(_check_precision(precision))
+    ckpt._check_mode(mode, every, None, config.n_layers)
+    device = as_device("device", device)
+    lr = number("lr", lr, minimum=0.0)
+    seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
     torch.manual_seed(seed)
     model = GPT(config).to(device=device, dtype=spec.params)
     enable_checkpointing(model, mode, every)
@@ -852,9 +943,10 @@ def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
     scaler keeps its scale from step to step.
     """
     spec = engine.precision_of(_check_precision(precision))
+    device = as_device("device", device)
     options = {"amp_dtype": spec.compute if spec.autocast else None, "grad_scaler": None}
     if spec.grad_scaler:
-        options["grad_scaler"] = make_grad_scaler(torch.device(device).type)
+        options["grad_scaler"] = make_grad_scaler(device.type)
     return options
 
 
@@ -872,8 +964,14 @@ def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     (:func:`course_lib.levers.use_chunked_loss`), each micro-batch's mean divided by
     ``K``; not with the autocast precisions.
     """
-    b = positive_int("micro_batch_size", micro_batch_size)
-    K = positive_int("accumulation_steps", accumulation_steps)
+    _check_config(config)
+    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
+    if b * K > MAX_BATCH:
+        raise ValueError(f"micro_batch_size * accumulation_steps must be at most {MAX_BATCH:,} "
+                         f"sequences, got {b} * {K}")
+    optional_positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
+    device = as_device("device", device)
     model, optimizer = build(config, precision=precision, mode=mode, every=every, device=device)
     options = train_options(precision, device)
     x, y = _tokens(config, b * K, device)
@@ -928,7 +1026,8 @@ class MemoryBudgetExceeded(RuntimeError):
 def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
     """Raise :class:`MemoryBudgetExceeded` if ``needed`` (bytes, or a :class:`StepMemory`)
     is over ``budget_bytes``: the planner's verdict before anything runs."""
-    budget = positive_int("budget_bytes", budget_bytes)
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    text("what", what)
     needed = needed.total if isinstance(needed, StepMemory) else needed
     if not isinstance(needed, int) or isinstance(needed, bool) or needed < 0:
         raise ValueError(f"needed must be a StepMemory or a non-negative int of bytes, got {needed!r}")
@@ -942,8 +1041,9 @@ class BudgetTracker(LiveTensorTracker):
     devices without a memory limit (the CPU), at the op that crossed the line."""
 
     def __init__(self, budget_bytes: int, what: str = "the work"):
+        budget_bytes = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
         super().__init__()
-        self.budget_bytes, self.what = positive_int("budget_bytes", budget_bytes), what
+        self.budget_bytes, self.what = budget_bytes, text("what", what)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -977,12 +1077,13 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
     dropped, ``gc.collect()`` runs and, on CUDA, ``torch.cuda.empty_cache()``
     returns the cached blocks, so the kernel goes on. Other errors propagate.
     """
-    if not callable(fn):
-        raise ValueError(f"fn must be callable with no arguments, got {fn!r}")
-    budget = positive_int("budget_bytes", budget_bytes)
+    function("fn", fn)
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    text("what", what)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    kind = torch.device(device).type
+    device = as_device("device", device)
+    kind = device.type
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but this machine has no CUDA device")
     failure = None

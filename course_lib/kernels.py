@@ -30,6 +30,8 @@ import torch
 from .device import GPU, resolve_gpu
 from .models import GPTConfig
 from .units import as_dtype
+from .validation import device as as_device
+from .validation import integer, positive_int
 
 #: The attention kernels ``F.scaled_dot_product_attention`` can pick, and "explicit" for the
 #: course GPT's hand-written attention (``config.attention == "explicit"``).
@@ -39,6 +41,19 @@ ATTENTION_KERNELS = ("explicit", *SDPA_KERNELS)
 CUDA_BLOCK = 512
 
 _HALF = (torch.float16, torch.bfloat16)
+#: The most elements :func:`detect_sdpa_kernel` allocates for its q, k, v (1 GiB in fp32).
+MAX_DETECT_ELEMENTS = 2**28
+
+
+def _gpu(gpu) -> GPU | None:
+    """``gpu`` as :func:`course_lib.device.resolve_gpu` takes it (fast for None and a GPU)."""
+    return gpu if gpu is None or type(gpu) is GPU else resolve_gpu(gpu)
+
+
+def _config(config) -> GPTConfig:
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
+    return config
 
 
 def mask_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
@@ -47,7 +62,8 @@ def mask_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
     On the CPU ``F.dropout`` multiplies by a scaled noise tensor of the input's
     dtype and saves it; on CUDA the fused ``native_dropout`` saves a ``bool`` mask.
     """
-    return torch.bool if gpu is not None else as_dtype(dtype)
+    dtype = as_dtype(dtype)
+    return torch.bool if _gpu(gpu) is not None else dtype
 
 
 def stats_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
@@ -57,29 +73,35 @@ def stats_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
     kernel keeps them in the input's dtype.
     """
     dtype = as_dtype(dtype)
-    return torch.float32 if gpu is not None and dtype in _HALF else dtype
+    return torch.float32 if _gpu(gpu) is not None and dtype in _HALF else dtype
 
 
 def allocated(nbytes: int, gpu: GPU | None = None) -> int:
     """Bytes a tensor of ``nbytes`` takes: exact on the CPU, rounded up to 512 on CUDA.
 
-    A zero-byte tensor takes nothing on either.
+    A zero-byte tensor takes nothing on either. ``nbytes``: a non-negative int (not a bool);
+    ``gpu``: None (the CPU), or what :func:`course_lib.device.resolve_gpu` takes.
     """
-    if gpu is None or nbytes <= 0:
-        return max(nbytes, 0)
+    if type(nbytes) is not int:
+        nbytes = integer("nbytes", nbytes, minimum=0)
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
+    if gpu is None or nbytes == 0 or _gpu(gpu) is None:
+        return nbytes
     return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
 
 
 def optimizer_steps_on_device(gpu: GPU | None = None) -> bool:
     """Whether AdamW's per-tensor ``step`` counters are device memory: yes on the CPU, no on
     CUDA, where they stay on the host unless ``capturable=True`` or ``fused=True``."""
-    return gpu is None
+    return _gpu(gpu) is None
 
 
 def autocast_softmax_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
     """The output dtype of ``softmax`` on ``dtype`` input under ``torch.autocast``: fp32 on CUDA
     (softmax is on CUDA's fp32 list), unchanged on the CPU (not on the CPU's lists)."""
-    return torch.float32 if gpu is not None else as_dtype(dtype)
+    dtype = as_dtype(dtype)
+    return torch.float32 if _gpu(gpu) is not None else dtype
 
 
 def _prefers_cudnn(gpu: GPU) -> bool:
@@ -161,10 +183,11 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
         >>> sdpa_kernel(cfg, torch.bfloat16, "T4"), sdpa_kernel(cfg, torch.float16, "T4")
         ('math', 'efficient')
     """
+    _config(config)
     dtype = as_dtype(dtype)
     if dtype not in (torch.float32, *_HALF):
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-    gpu = resolve_gpu(gpu)
+    gpu = _gpu(gpu)
     p = config.dropout
     if gpu is None:
         return "math" if p > 0 else "flash"
@@ -178,7 +201,11 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
 
 def attention_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     """"explicit" for the hand-written attention, else :func:`sdpa_kernel`."""
-    return "explicit" if config.attention == "explicit" else sdpa_kernel(config, dtype, gpu)
+    if _config(config).attention == "explicit":
+        as_dtype(dtype)
+        _gpu(gpu)
+        return "explicit"
+    return sdpa_kernel(config, dtype, gpu)
 
 
 def detect_sdpa_kernel(config: GPTConfig, dtype, batch_size: int = 1,
@@ -190,15 +217,31 @@ def detect_sdpa_kernel(config: GPTConfig, dtype, batch_size: int = 1,
     The tests compare it with :func:`sdpa_kernel` (on the CPU always; on a GPU in
     the tests marked ``gpu``).
 
+    Args:
+        config: the model. dtype: fp32, fp16 or bf16. batch_size: sequences, a positive int.
+        seq_len: tokens per sequence, at most ``config.seq_len`` (None: that).
+        device: "cuda", "cpu" or a ``torch.device``. q, k and v hold at most
+            :data:`MAX_DETECT_ELEMENTS` elements together.
+
     Raises:
-        ValueError: for ``device="cuda"`` without a CUDA device.
+        ValueError: naming the argument; for ``device="cuda"`` without a CUDA device.
     """
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+    _config(config)
+    dtype = as_dtype(dtype)
+    if dtype not in (torch.float32, *_HALF):
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    positive_int("batch_size", batch_size, maximum=MAX_DETECT_ELEMENTS)
+    s = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
+                                                            maximum=config.seq_len)
+    device = as_device("device", device)
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but this machine has no CUDA device")
-    s = config.seq_len if seq_len is None else seq_len
     h, a = config.d_model, config.n_heads
-    qkv = torch.zeros(batch_size, s, 3 * h, device=device, dtype=as_dtype(dtype),
-                      requires_grad=True)
+    if batch_size * s * 3 * h > MAX_DETECT_ELEMENTS:
+        raise ValueError(f"batch_size * seq_len * 3 * d_model must be at most "
+                         f"{MAX_DETECT_ELEMENTS:,} elements, got batch_size={batch_size}, "
+                         f"seq_len={s}, d_model={h}")
+    qkv = torch.zeros(batch_size, s, 3 * h, device=device, dtype=dtype, requires_grad=True)
     q, k, v = (t.view(batch_size, s, a, h // a).transpose(1, 2) for t in qkv.split(h, dim=2))
     choice = int(torch._fused_sdp_choice(q, k, v, None, config.dropout, True))
     return {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}.get(choice, "math")

@@ -44,7 +44,11 @@ import torch
 import torch.nn as nn
 
 from .models import GPTConfig
-from .validation import positive_int
+from .validation import MAX_BYTES, MAX_COUNT, boolean, choice, integer, items, number, positive_int
+from .validation import device as as_device
+
+#: The largest tokens or chunk rows any function here takes.
+MAX_TOKENS = MAX_COUNT
 
 # --------------------------------------------------------------------------- optimizer in backward
 
@@ -245,8 +249,10 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
         ...                F.cross_entropy(h @ w.T, t))
         True
     """
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int (rows per chunk), got {chunk_size!r}")
+    if (not isinstance(chunk_size, int) or isinstance(chunk_size, bool)
+            or not 1 <= chunk_size <= MAX_TOKENS):
+        raise ValueError(f"chunk_size must be a positive int (rows per chunk) of at most "
+                         f"{MAX_TOKENS:,}, got {chunk_size!r}")
     if not isinstance(hidden, torch.Tensor) or hidden.dim() not in (2, 3) \
             or not hidden.is_floating_point():
         raise ValueError("hidden must be a float tensor of shape (N, h) or (B, T, h), got "
@@ -263,8 +269,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     if targets.shape != hidden.shape[:-1]:
         raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])} (hidden's without "
                          f"its last dimension), got {tuple(targets.shape)}")
-    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
-        raise ValueError(f"ignore_index must be an int, got {ignore_index!r}")
+    ignore_index = integer("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)
     return _ChunkedCrossEntropy.apply(hidden.reshape(-1, h), weight, targets.reshape(-1),
                                       chunk_size, ignore_index)
 
@@ -305,11 +310,12 @@ def use_chunked_loss(model: nn.Module, chunk_size: int | None) -> nn.Module:
     if not isinstance(model, nn.Module) or not hasattr(model, "lm_head") \
             or not hasattr(model, "ln_f"):
         raise ValueError(f"model must be a course GPT (with lm_head and ln_f), got {type(model)}")
+    if chunk_size is not None:
+        positive_int("chunk_size", chunk_size, maximum=MAX_TOKENS)
     model.__dict__.pop("forward", None)
     model.loss_chunk = None
     if chunk_size is None:
         return model
-    positive_int("chunk_size", chunk_size)
     model.loss_chunk = chunk_size
     model.forward = _chunked_forward.__get__(model)
     return model
@@ -322,12 +328,14 @@ def logits_bytes(n_tokens: int, vocab_size: int, dtype=torch.float32) -> int:
     moment (lecture 08 counts them; the memory engine replays them).
 
     Raises:
-        ValueError: for a count that is not a positive int.
+        ValueError: for a count that is not a positive int (``n_tokens`` at most
+            :data:`MAX_TOKENS`, ``vocab_size`` at most ``CONFIG_MAXIMUM["vocab_size"]``).
     """
+    from .models import CONFIG_MAXIMUM
     from .units import dtype_bytes
 
-    return positive_int("n_tokens", n_tokens) * positive_int("vocab_size", vocab_size) \
-        * dtype_bytes(dtype)
+    return positive_int("n_tokens", n_tokens, maximum=MAX_TOKENS) * positive_int(
+        "vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"]) * dtype_bytes(dtype)
 
 
 # --------------------------------------------------------------------------- offloading
@@ -344,13 +352,15 @@ def transfer_seconds(nbytes: int, bytes_per_second: float) -> float:
     less from pageable memory (the driver stages them through a pinned buffer).
 
     Raises:
-        ValueError: ``nbytes`` negative or not an int; ``bytes_per_second`` not positive.
+        ValueError: ``nbytes`` negative, not an int or above
+            :data:`course_lib.validation.MAX_BYTES`; ``bytes_per_second`` not a finite
+            positive number.
     """
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
-        raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
-    if not isinstance(bytes_per_second, int | float) or not bytes_per_second > 0:
-        raise ValueError(f"bytes_per_second must be positive, got {bytes_per_second!r}")
-    return nbytes / bytes_per_second
+    if (not isinstance(nbytes, int) or isinstance(nbytes, bool)
+            or not 0 <= nbytes <= MAX_BYTES):
+        raise ValueError(f"nbytes must be a non-negative int of at most {MAX_BYTES:,}, "
+                         f"got {nbytes!r}")
+    return nbytes / number("bytes_per_second", bytes_per_second, above=0.0)
 
 
 class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
@@ -375,9 +385,9 @@ class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
 
     def __init__(self, device: str | torch.device = "cpu", *, pin_memory: bool = True,
                  skip_parameters: bool = True):
-        self.device = torch.device(device)
-        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
-        self.skip_parameters = skip_parameters
+        self.device = as_device("device", device)
+        self.pin_memory = boolean("pin_memory", pin_memory) and torch.cuda.is_available()
+        self.skip_parameters = boolean("skip_parameters", skip_parameters)
         self.packed_bytes, self.moved_bytes, self.packed, self.skipped = 0, 0, 0, 0
         self._seen: dict = {}
         super().__init__(self._pack, self._unpack)
@@ -481,14 +491,17 @@ def low_bit_state_bytes(numels: list[int], bits: int, *, param_bytes: int = 4) -
         Bytes, as :func:`optimizer_state_bytes` measures after the first step.
 
     Raises:
-        ValueError: for ``bits`` not in (32, 8, 4) or counts that are not positive ints.
+        ValueError: for ``bits`` not in (32, 8, 4), ``numels`` not a list of positive ints
+            (each at most :data:`course_lib.validation.MAX_COUNT`), or ``param_bytes`` not an
+            int from 1 to 8.
     """
-    if bits not in (32, 8, 4) or isinstance(bits, bool):
+    if not isinstance(bits, int) or isinstance(bits, bool) or bits not in (32, 8, 4):
         raise ValueError(f"bits must be one of (32, 8, 4), got {bits!r}")
-    positive_int("param_bytes", param_bytes)
+    positive_int("param_bytes", param_bytes, maximum=8)
+    numels = items("numels", numels)
     total = 0
     for n in numels:
-        positive_int("numels", n)
+        positive_int("numels", n, maximum=MAX_COUNT)
         total += 4  # the step counter
         if bits == 32:
             total += 2 * n * param_bytes
@@ -514,7 +527,7 @@ def low_bit_adamw(bits: int):
         ValueError: for ``bits`` other than 8 or 4.
         ImportError: when torchao is not installed (``pip install torchao``).
     """
-    if bits not in (8, 4) or isinstance(bits, bool):
+    if not isinstance(bits, int) or isinstance(bits, bool) or bits not in (8, 4):
         raise ValueError(f"bits must be 8 or 4, got {bits!r}")
     loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
     levels = [lg.level for lg in loggers]
@@ -562,12 +575,14 @@ def lora_parameter_count(config: GPTConfig, rank: int,
     ``rank x (h + 3h + h + h + h + 4h + 4h + h)`` = ``16 h rank``.
 
     Raises:
-        ValueError: bad ``config``, ``rank`` or a target that is not one of :data:`LORA_TARGETS`.
+        ValueError: bad ``config``, ``rank`` (an int from 1 to ``MAX_COUNT``) or a target that
+            is not one of :data:`LORA_TARGETS`.
     """
     if not isinstance(config, GPTConfig):
         raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    positive_int("rank", rank)
-    if isinstance(targets, str) or not targets or any(t not in LORA_TARGETS for t in targets):
+    positive_int("rank", rank, maximum=MAX_COUNT)
+    if (not isinstance(targets, tuple | list) or not targets
+            or any(not isinstance(t, str) or t not in LORA_TARGETS for t in targets)):
         raise ValueError(f"targets must be a non-empty tuple of {LORA_TARGETS}, got {targets!r}")
     h = config.d_model
     per_block = sum(rank * (i * h + o * h) for name, i, o in _BLOCK_LINEARS if name in targets)
@@ -585,7 +600,7 @@ def frozen_linear_flops(config: GPTConfig, n_tokens: int) -> int:
     """
     if not isinstance(config, GPTConfig):
         raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    N, h = positive_int("n_tokens", n_tokens), config.d_model
+    N, h = positive_int("n_tokens", n_tokens, maximum=MAX_TOKENS), config.d_model
     return 2 * N * (config.n_layers * 12 * h * h + h * config.vocab_size)
 
 
@@ -625,9 +640,7 @@ def gpu_spec(name: str) -> GPUSpec:
     Raises:
         ValueError: for a name without figures.
     """
-    if name not in GPU_SPECS:
-        raise ValueError(f"gpu must be one of {tuple(GPU_SPECS)}, got {name!r}")
-    return GPU_SPECS[name]
+    return GPU_SPECS[choice("gpu name", name, tuple(GPU_SPECS))]
 
 
 __all__ = ["OptimizerInBackward", "optimizer_in_backward", "chunked_cross_entropy",

@@ -19,8 +19,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .models import GPT, GPTConfig, gpt_param_count
-from .validation import positive_int
+from .models import CONFIG_MAXIMUM, GPT, GPTConfig, gpt_param_count
+from .validation import device as as_device
+from .validation import number, positive_int, tensor
+
+#: The largest value of each size of a :class:`LlamaConfig` (the course GPT's maxima, and a
+#: SwiGLU width of up to 2**20; Llama 3.1 405B has 53,248).
+LLAMA_MAXIMUM = {"vocab_size": CONFIG_MAXIMUM["vocab_size"], "d_model": CONFIG_MAXIMUM["d_model"],
+                 "n_layers": CONFIG_MAXIMUM["n_layers"], "n_heads": CONFIG_MAXIMUM["n_heads"],
+                 "n_kv_heads": CONFIG_MAXIMUM["n_heads"], "d_ff": 2**20,
+                 "seq_len": CONFIG_MAXIMUM["seq_len"]}
 
 
 @dataclass(frozen=True)
@@ -29,7 +37,8 @@ class LlamaConfig:
 
     ``d_ff`` is the SwiGLU hidden size (Llama 2 7B: 11008); ``n_kv_heads`` below
     ``n_heads`` is grouped-query attention; ``tie_embeddings`` shares the token
-    embedding with the output head (Llama 3.2 1B and 3B do).
+    embedding with the output head (Llama 3.2 1B and 3B do). Sizes are ints (not bools or
+    floats) from 1 to :data:`LLAMA_MAXIMUM`; ``rope_base`` a finite number > 0.
     """
 
     vocab_size: int = 256
@@ -43,9 +52,8 @@ class LlamaConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
-                     "seq_len"):
-            positive_int(name, getattr(self, name))
+        for name, maximum in LLAMA_MAXIMUM.items():
+            positive_int(name, getattr(self, name), maximum=maximum)
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(f"d_model must be n_heads times an even head size, got "
                              f"d_model={self.d_model}, n_heads={self.n_heads}")
@@ -54,6 +62,7 @@ class LlamaConfig:
                              f"n_heads={self.n_heads}")
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
+        number("rope_base", self.rope_base, above=0.0)
 
     @property
     def d_head(self) -> int:
@@ -61,7 +70,16 @@ class LlamaConfig:
 
 
 def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary position embedding of ``(B, heads, T, d_head)`` (Su et al. 2021), Llama's layout."""
+    """Rotary position embedding of ``(B, heads, T, d_head)`` (Su et al. 2021), Llama's layout.
+
+    ``x``: a float tensor of at least 2 dimensions with an even last one; ``base``: a finite
+    number > 0 (Llama: 10000 or 500000). ``ValueError`` naming the argument otherwise.
+    """
+    tensor("x", x)
+    if x.dim() < 2 or x.shape[-1] % 2 or not x.is_floating_point():
+        raise ValueError(f"x must be a float tensor (..., T, d_head) with an even d_head, got "
+                         f"shape {tuple(x.shape)} and dtype {x.dtype}")
+    number("base", base, above=0.0)
     T, d = x.shape[-2], x.shape[-1]
     inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
     angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), inv_freq)
@@ -70,12 +88,18 @@ def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def _check_llama(config) -> LlamaConfig:
+    if not isinstance(config, LlamaConfig):
+        raise ValueError(f"config must be a LlamaConfig, got {config!r}")
+    return config
+
+
 class LlamaBlock(nn.Module):
     """``x + attn(norm(x))``, ``x + mlp(norm(x))`` with GQA attention and a SwiGLU MLP."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.config = config
+        self.config = _check_llama(config)
         h, kv = config.d_model, config.n_kv_heads * config.d_head
         self.attn_norm = nn.RMSNorm(h, eps=1e-5)
         self.q, self.k, self.v = (nn.Linear(h, n, bias=False) for n in (h, kv, kv))
@@ -105,7 +129,7 @@ class Llama(nn.Module):
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.config = config
+        self.config = _check_llama(config)
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layers))
         self.norm = nn.RMSNorm(config.d_model, eps=1e-5)
@@ -164,7 +188,8 @@ def build_model(config: GPTConfig | LlamaConfig, *, device: str | torch.device =
         raise ValueError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-    with torch.device(device):
+    device = as_device("device", device)
+    with device:
         model = GPT(config) if isinstance(config, GPTConfig) else Llama(config)
     return model.to(dtype)
 

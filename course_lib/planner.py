@@ -20,6 +20,9 @@ for each the peak of one AdamW training step with the memory engine
 
 from __future__ import annotations
 
+import itertools
+import math
+import numbers
 from dataclasses import dataclass, field
 
 from . import checkpointing as ckpt
@@ -27,6 +30,7 @@ from . import engine
 from .engine import StepMemory
 from .models import GPTConfig
 from .units import format_bytes
+from .validation import MAX_BATCH, MAX_BYTES, positive_int
 
 #: The modes the planner considers, in order of increasing recompute for one region.
 PLAN_MODES = ("none", "selective", "attention", "blocks", "sqrt")
@@ -97,7 +101,13 @@ class NothingFits(ValueError):
 def predict_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                  seq_len: int | None = None, precision: str = "fp32", gpu=None) -> StepMemory:
     """The engine's prediction for the planner's step: the first AdamW step of ``GPT(config)``
-    under checkpointing ``mode`` (``.step_peak`` is the planner's figure)."""
+    under checkpointing ``mode`` (``.step_peak`` is the planner's figure).
+
+    ``batch_size``: an int from 1 to :data:`course_lib.validation.MAX_BATCH`; the other
+    arguments as :func:`course_lib.engine.predict_step_memory` takes them (``ValueError`` naming
+    the argument otherwise)."""
+    _check_config(config)
+    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     return engine.predict_step_memory(config, batch_size, precision=precision, mode=mode,
                                       every=every, seq_len=seq_len, gpu=gpu, first_step=True)
 
@@ -110,7 +120,9 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
     ``blocks``; ``none`` and ``sqrt`` come once. Sorted by :attr:`Candidate.cost`.
     ``precision`` and ``gpu`` as :func:`course_lib.engine.predict_step_memory` takes them.
     """
-    if not isinstance(modes, tuple | list) or not modes or any(m not in PLAN_MODES for m in modes):
+    _check_config(config)
+    if not isinstance(modes, tuple | list) or not modes or any(
+            not isinstance(m, str) or m not in PLAN_MODES for m in modes):
         raise ValueError(f"modes must be a non-empty subset of {PLAN_MODES}, got {modes!r}")
     seq_len = config.seq_len if seq_len is None else seq_len
     spec = engine.precision_of(precision)
@@ -128,18 +140,59 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
     return tuple(sorted(out, key=lambda c: (c.cost, c.peak_bytes)))
 
 
+def _check_config(config) -> None:
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
+
+
+def _tie_key(value) -> tuple:
+    """The order of labels among points of equal memory and time: strings by themselves,
+    before anything else, which goes by its ``repr``."""
+    return (0, value, "") if isinstance(value, str) else (1, "", repr(value))
+
+
+def _point(p) -> tuple:
+    """``(memory, time, labels...)`` checked: a tuple or list whose first two items are
+    finite real numbers (not bools)."""
+    if not isinstance(p, tuple | list) or len(p) < 2 or not all(
+            isinstance(x, numbers.Real) and not isinstance(x, bool)
+            and (isinstance(x, numbers.Integral) or math.isfinite(x)) for x in p[:2]):
+        raise ValueError(f"points must be (memory, time, label) tuples with finite numbers for "
+                         f"memory and time, got {p!r}")
+    return p
+
+
 def pareto_front(points) -> list:
     """The points no other point beats on both axes: ``(memory, time, label)`` tuples, by memory.
 
     A point is dominated if another has memory <= and time <= with one of them
     strictly smaller. Used on measured (peak bytes, step seconds) of every policy.
+
+    ``points``: an iterable of tuples (or lists) ``(memory, time, ...)`` whose memory and time
+    are finite real numbers (NaN, the infinities, bools and non-numbers are refused); what
+    follows (the label) is kept as is. Points of equal memory and time are all kept (neither
+    beats the other). The result does not depend on the input's order: it is sorted by
+    memory, then time, then label (strings in their own order, before other labels, which go
+    by their ``repr``), and points equal in all of these are equal tuples. It takes
+    ``O(n log n)``: one pass over the points sorted by memory and time.
+
+    Raises:
+        ValueError: naming ``points``, for anything else.
     """
-    points = list(points)
-    if any(len(p) < 2 for p in points):
-        raise ValueError("points must be (memory, time, ...) tuples")
-    front = [p for p in points if not any(
-        q[0] <= p[0] and q[1] <= p[1] and (q[0] < p[0] or q[1] < p[1]) for q in points)]
-    return sorted(front, key=lambda p: (p[0], p[1]))
+    try:
+        points = [_point(p) for p in points]
+    except TypeError as exc:  # not iterable
+        raise ValueError(f"points must be an iterable of (memory, time, label) tuples, "
+                         f"got {points!r}") from exc
+    ordered = sorted(points, key=lambda p: (p[0], p[1], tuple(map(_tie_key, p[2:]))))
+    front, best = [], math.inf  # best: the least time among strictly smaller memories
+    for _, group in itertools.groupby(ordered, key=lambda p: p[0]):
+        group = list(group)
+        fastest = group[0][1]  # sorted by time within equal memory
+        if fastest < best:  # not beaten by a smaller memory; slower points of the group are
+            front += [p for p in group if p[1] == fastest]
+            best = fastest
+    return front
 
 
 def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
@@ -157,10 +210,8 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
     :class:`NothingFits` (a ``ValueError``) when no policy fits, and ``ValueError``
     naming the argument for bad input.
     """
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 1:
-        raise ValueError(f"budget_bytes must be a positive int (bytes), got {budget_bytes!r}")
+    _check_config(config)
+    positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     options = candidates(config, batch_size, seq_len=seq_len, precision=precision, gpu=gpu,
                          modes=modes)
     for c in options:

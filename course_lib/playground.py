@@ -35,19 +35,32 @@ from .device import resolve_gpu
 from .engine import predict_step_memory
 from .measure import peak_memory, resident_bytes
 from .models import GPT, GPTConfig
-from .training import batches_of, markov_tokens, train
-from .validation import positive_int
+from .training import MAX_SEED, batches_of, markov_tokens, train
+from .validation import MAX_BATCH, boolean, function, integer, number, positive_int
+from .validation import device as as_device
+
+#: The most samples a playground trains on, and the largest micro-batch and accumulation
+#: steps it takes (each at most :data:`course_lib.validation.MAX_BATCH`).
+MAX_SAMPLES = MAX_BATCH
 
 
 def effective_batch(micro_batch_size: int, accumulation_steps: int) -> int:
-    """Samples per optimizer step: ``micro_batch_size * accumulation_steps``."""
-    return positive_int("micro_batch_size", micro_batch_size) * positive_int(
-        "accumulation_steps", accumulation_steps)
+    """Samples per optimizer step: ``micro_batch_size * accumulation_steps``.
+
+    Each is an int (not a bool) from 1 to :data:`course_lib.validation.MAX_BATCH`; ``ValueError``
+    naming it otherwise.
+    """
+    return positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH) * positive_int(
+        "accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
 
 
 def optimizer_steps(samples: int, micro_batch_size: int, accumulation_steps: int) -> int:
-    """Optimizer steps in a budget of ``samples``: ``samples // (micro_batch_size * accumulation_steps)``."""
-    return positive_int("samples", samples) // effective_batch(micro_batch_size, accumulation_steps)
+    """Optimizer steps in a budget of ``samples``: ``samples // (micro_batch_size * accumulation_steps)``.
+
+    ``samples``: an int from 1 to :data:`MAX_SAMPLES`; the others as :func:`effective_batch`.
+    """
+    samples = positive_int("samples", samples, maximum=MAX_SAMPLES)
+    return samples // effective_batch(micro_batch_size, accumulation_steps)
 
 
 def step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, *,
@@ -59,7 +72,20 @@ def step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch,
     ``course_lib.training.train(model, optimizer, [batch], **train_kwargs)``.
     Run one step first for the steady state (AdamW creates ``m`` and ``v`` in
     its first step). ``log``: a ``TrainLog`` the step is appended to.
+
+    Raises:
+        ValueError: naming ``model`` (not an ``nn.Module``), ``optimizer`` (no ``step``) or
+            ``batch`` (not a pair of tensors).
     """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not callable(getattr(optimizer, "step", None)):
+        raise ValueError(f"optimizer must be an optimizer (with step()), got "
+                         f"{type(optimizer).__name__}")
+    if not (isinstance(batch, tuple | list) and len(batch) == 2
+            and all(isinstance(t, torch.Tensor) for t in batch)):
+        raise ValueError(f"batch must be an (inputs, targets) pair of tensors, got "
+                         f"{type(batch).__name__}")
     resident = resident_bytes(model, optimizer)
     return resident + peak_memory(lambda: train(model, optimizer, [batch], log=log, **train_kwargs))
 
@@ -83,8 +109,10 @@ class Playground:
     """Short training runs of one GPT ``config`` on :func:`course_lib.training.markov_tokens`.
 
     ``samples``: the training budget of every run (the effective batch sets how
-    many optimizer steps it buys). ``lr``: AdamW's learning rate, the same for
-    every run.
+    many optimizer steps it buys), an int from 1 to :data:`MAX_SAMPLES`. ``lr``: AdamW's
+    learning rate, the same for every run, a finite number > 0. ``seed``: an int from 0 to
+    :data:`course_lib.training.MAX_SEED`. ``device``: a device ("cpu", "cuda", ...).
+    Each is checked (``ValueError`` naming it).
     """
 
     def __init__(self, config: GPTConfig | None = None, *, samples: int = 384, lr: float = 1e-2,
@@ -93,10 +121,10 @@ class Playground:
             if config is None else config
         if not isinstance(self.config, GPTConfig):
             raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
-        self.samples = positive_int("samples", samples)
-        if not lr > 0:
-            raise ValueError(f"lr must be positive, got {lr!r}")
-        self.lr, self.seed, self.device = lr, seed, torch.device(device)
+        self.samples = positive_int("samples", samples, maximum=MAX_SAMPLES)
+        lr = number("lr", lr, above=0.0)
+        seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
+        self.lr, self.seed, self.device = lr, seed, as_device("device", device)
         self._gpu = resolve_gpu("cuda") if self.device.type == "cuda" else None
         self.data = markov_tokens(samples, self.config.seq_len, self.config.vocab_size,
                                   seed=seed, device=self.device)
@@ -114,6 +142,7 @@ class Playground:
     def predict_peak(self, micro_batch_size: int, accumulation_steps: int,
                      checkpointing: bool = False) -> int:
         """The engine's peak bytes of a steady-state step with these settings (see the module doc)."""
+        boolean("checkpointing", checkpointing)
         return predict_step_memory(self.config, micro_batch_size, accumulation_steps,
                                    mode="blocks" if checkpointing else "none",
                                    gpu=self._gpu).total
@@ -121,7 +150,9 @@ class Playground:
     def cached(self, micro_batch_size: int, accumulation_steps: int,
                checkpointing: bool = False) -> Run | None:
         """The run with these settings if it has been trained, else None."""
-        return self.cache.get((micro_batch_size, accumulation_steps, bool(checkpointing)))
+        effective_batch(micro_batch_size, accumulation_steps)
+        boolean("checkpointing", checkpointing)
+        return self.cache.get((micro_batch_size, accumulation_steps, checkpointing))
 
     def run(self, micro_batch_size: int, accumulation_steps: int, checkpointing: bool = False, *,
             on_step: Callable[[int, float], None] | None = None) -> Run:
@@ -130,10 +161,12 @@ class Playground:
         ``on_step(step, loss)`` is called after every optimizer step of a new run
         (a widget shows the progress with it).
         """
-        key = (micro_batch_size, accumulation_steps, bool(checkpointing))
+        b = effective_batch(micro_batch_size, accumulation_steps)
+        boolean("checkpointing", checkpointing)
+        function("on_step", on_step, optional=True)
+        key = (micro_batch_size, accumulation_steps, checkpointing)
         if key in self.cache:
             return self.cache[key]
-        b = effective_batch(micro_batch_size, accumulation_steps)
         steps = optimizer_steps(self.samples, micro_batch_size, accumulation_steps)
         if steps < 2:
             raise ValueError(f"micro_batch_size * accumulation_steps must be at most "

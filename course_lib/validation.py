@@ -14,6 +14,12 @@ import numbers
 
 #: The largest count any size parameter accepts unless a function states a smaller one.
 MAX_COUNT = 2**40
+#: The largest number of sequences in a batch (a micro-batch, an effective batch, a run's
+#: samples) and of accumulation steps: 16M, far above any real run (GPT-3 trained on batches
+#: of 1,600 sequences of 2048 tokens).
+MAX_BATCH = 2**24
+#: The largest memory size, in bytes, any budget or byte count accepts: 1 EiB.
+MAX_BYTES = 2**60
 
 
 def integer(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -137,3 +143,37 @@ def tensor(name: str, value, *, integral: bool = False, dim: int | None = None):
     if dim is not None and value.dim() != dim:
         raise ValueError(f"{name} must have {dim} dimensions, got shape {tuple(value.shape)}")
     return value
+
+
+def optional_positive_int(name: str, value, *, maximum: int | None = None) -> int | None:
+    """``None``, or :func:`positive_int` of ``value``."""
+    return None if value is None else positive_int(name, value, maximum=maximum)
+
+
+def text(name: str, value) -> str:
+    """``value`` if it is a ``str``; ``ValueError`` naming ``name`` otherwise."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a str, got {value!r}")
+    return value
+
+
+def function(name: str, value, *, optional: bool = False):
+    """``value`` if it is callable (or ``None`` when ``optional``); ``ValueError`` naming ``name``."""
+    if (value is None and optional) or callable(value):
+        return value
+    raise ValueError(f"{name} must be callable{' or None' if optional else ''}, got {value!r}")
+
+
+def items(name: str, value, *, min_len: int = 0, max_len: int = MAX_COUNT) -> list:
+    """``list(value)`` for a list, tuple, range or other non-string sequence of ``min_len`` to
+    ``max_len`` items; ``ValueError`` naming ``name`` for a str, a mapping, a set (no order),
+    a scalar or a length out of range."""
+    import collections.abc as abc
+
+    if isinstance(value, str | bytes | abc.Mapping | abc.Set) or not isinstance(value,
+                                                                              abc.Sequence):
+        raise ValueError(f"{name} must be a list or tuple, got {value!r}")
+    if not min_len <= len(value) <= max_len:
+        raise ValueError(f"{name} must hold {min_len:,} to {max_len:,} items, got "
+                         f"{len(value):,}")
+    return list(value)

@@ -5,8 +5,9 @@ are meant (2.5, and whole ones such as 2.0), sizes past their stated maximum (2*
 None, containers, and device names torch does not know ("gpu").
 
 Modules: validation, units, memory, models, accumulation, training, measure, memory_timeline,
-policies, distributed, widgets. (activations, planner, fit, checkpointing, playground, device
-and model_zoo are covered by their own test files.)
+policies, distributed, widgets. The others (activations, kernels, engine, checkpointing, planner,
+fit, playground, device, model_zoo, levers, allocator, grading) are in test_inputs_planning.py;
+the strategies are in input_strategies.py.
 """
 
 import math
@@ -14,16 +15,33 @@ import math
 import ipywidgets
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from input_strategies import (
+    BOOLS,
+    FRACTIONS,
+    HUGE,
+    INT64,
+    NON_FINITE,
+    NOT_A_BOOL,
+    NOT_A_DEVICE,
+    OTHERS,
+    SETTINGS,
+    WHOLE_FLOATS,
+    not_a_number,
+    not_an_int,
+    not_one_of,
+)
 
 from course_lib import (
     accumulation,
     distributed,
+    fit,
     measure,
     memory,
     memory_timeline,
     models,
+    planner,
     policies,
     training,
     units,
@@ -31,55 +49,10 @@ from course_lib import (
     widgets,
 )
 
-SETTINGS = settings(max_examples=30, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
-
 torch.manual_seed(0)
 CFG = models.GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=1)
 MODEL = models.GPT(CFG)
 X, Y = models.random_tokens(CFG, 4)
-
-# --- the bad values -----------------------------------------------------------------------
-
-BOOLS = st.booleans()
-NON_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
-FRACTIONS = st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not f.is_integer())
-WHOLE_FLOATS = st.integers(-10**6, 10**6).map(float)
-HUGE = st.integers(min_value=2**63, max_value=2**70)
-OTHERS = st.one_of(st.text(max_size=5), st.none(), st.lists(st.integers(), max_size=2),
-                   st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
-
-
-def not_an_int(low=None, high=None):
-    """Values an int parameter in ``[low, high]`` must refuse."""
-    out = [BOOLS, NON_FINITE, FRACTIONS, WHOLE_FLOATS, OTHERS]
-    if low is not None:
-        out.append(st.integers(max_value=low - 1, min_value=low - 10**6))
-    if high is not None:
-        out.append(st.integers(min_value=high + 1, max_value=high + 2**70))
-    return st.one_of(out)
-
-
-def not_a_number(low=None, high=None):
-    out = [BOOLS, NON_FINITE, OTHERS]
-    if low is not None:
-        out.append(st.floats(max_value=low, exclude_max=True, allow_nan=False,
-                             allow_infinity=False))
-    if high is not None:
-        out.append(st.floats(min_value=high, exclude_min=True, allow_nan=False,
-                             allow_infinity=False))
-    return st.one_of(out)
-
-
-def not_one_of(options):
-    return st.one_of(BOOLS, st.integers(), st.floats(), st.none(),
-                     st.text(max_size=8).filter(lambda t: t not in options))
-
-
-NOT_A_BOOL = st.one_of(st.integers(), st.floats(), st.text(max_size=3), st.none())
-NOT_A_DEVICE = st.one_of(BOOLS, st.integers(), st.floats(), st.none(),
-                         st.sampled_from(["gpu", "GPU", "cuda:x", "", "tpu0", "cpu cpu"]))
-INT64 = (-(2**63), 2**63 - 1)
 
 # --- (function of the value, the parameter it names, the values it must refuse) -------------
 
@@ -300,30 +273,18 @@ def test_integer_accepts_ints_and_integer_scalars(value):
     assert validation.integer("n", value, minimum=0, maximum=10) == int(value)
 
 
-# --- known gaps, in modules being reworked elsewhere (strict: they fail once fixed) ----------
+# --- what were known gaps, in fit and planner -------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="fit.build does not validate seed yet (fit.py is being "
-                                       "reworked; issue 12, item 7)")
 def test_fit_build_refuses_a_fractional_seed():
-    from course_lib import fit
-
     with pytest.raises(ValueError, match="seed"):
         fit.build(CFG, seed=1.5)
 
 
-@pytest.mark.xfail(strict=True, reason="planner.pareto_front keeps NaN points (planner.py is "
-                                       "being reworked; issue 12, item 7)")
 def test_pareto_front_refuses_nan_points():
-    from course_lib import planner
-
     with pytest.raises(ValueError, match="points"):
         planner.pareto_front([(1.0, 2.0, "a"), (math.nan, 1.0, "n"), (2.0, 1.0, "b")])
 
 
-@pytest.mark.xfail(strict=True, reason="planner.pareto_front depends on the input order for "
-                                       "ties (planner.py is being reworked; issue 12, item 7)")
 def test_pareto_front_does_not_depend_on_the_input_order():
-    from course_lib import planner
-
     points = [(1.0, 1.0, "a"), (1.0, 1.0, "b")]
     assert planner.pareto_front(points) == planner.pareto_front(points[::-1])

@@ -47,7 +47,15 @@ class CheckFailed(Exception):
 
 
 def expect(condition: bool, message: str, *, hint: str | None = None) -> None:
-    """Fail the check with ``message`` (and ``hint``) unless ``condition`` holds."""
+    """Fail the check with ``message`` (and ``hint``) unless ``condition`` holds.
+
+    ``condition`` is taken for its truth (a learner's answer compared may be a numpy or torch
+    bool); ``message`` is a str and ``hint`` a str or None (``ValueError`` naming them otherwise).
+    """
+    if not isinstance(message, str):
+        raise ValueError(f"message must be a str, got {message!r}")
+    if hint is not None and not isinstance(hint, str):
+        raise ValueError(f"hint must be a str or None, got {hint!r}")
     if not condition:
         raise CheckFailed(message, hint)
 
@@ -81,6 +89,9 @@ def grader(body: Callable[..., None]) -> Callable[..., bool]:
 
     @functools.wraps(body)
     def check(*args, quiet: bool = False, **kwargs) -> bool:
+        if not isinstance(quiet, bool):  # the instructor's switch, not the learner's answer
+            raise ValueError(f"quiet must be True or False, got {quiet!r}")
+
         def say(line: str) -> None:
             if not quiet:
                 print(line)
