@@ -66,8 +66,9 @@ class Backgrounds:
     def key(fig: Figure) -> tuple:
         parts: list = [tuple(fig.get_size_inches()), fig.dpi]
         for ax in fig.axes:
-            parts += [ax.viewLim.bounds, ax.get_xscale(), ax.get_yscale(), ax.get_xlabel(),
-                      ax.get_ylabel(), *(ax.get_title(loc) for loc in ("left", "center", "right")),
+            texts = (ax.xaxis.label, ax.yaxis.label, ax.title, ax._left_title, ax._right_title)
+            parts += [ax.viewLim.bounds, ax.get_xscale(), ax.get_yscale(),
+                      *(t.get_text() for t in texts if not t.get_animated()),
                       tuple(ax.get_xticks()), tuple(ax.get_yticks())]
             for axis in (ax.xaxis, ax.yaxis):
                 formatter = axis.get_major_formatter()
