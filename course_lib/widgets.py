@@ -35,11 +35,13 @@ Only APIs common to ipywidgets 7 (Colab) and 8 are used: ``observe(..., names="v
 from __future__ import annotations
 
 import io
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 
 import ipywidgets as widgets
-import PIL.Image
+import matplotlib.image
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -88,6 +90,27 @@ class Backgrounds:
             self.saved.popitem(last=False)
 
 
+def nice_ceiling(x: float) -> float:
+    """The smallest of 1, 2 or 5 times a power of ten that is at least ``x``: an axis limit that
+    moves in few steps, so that a widget's kept pictures of its axes (:class:`Backgrounds`) are
+    reused as its numbers change.
+
+    Raises:
+        ValueError: if ``x`` is not a positive number.
+
+    Example:
+        >>> nice_ceiling(3.2), nice_ceiling(0.07), nice_ceiling(5)
+        (5.0, 0.1, 5.0)
+    """
+    if not (isinstance(x, (int, float)) and x > 0 and math.isfinite(x)):
+        raise ValueError(f"x must be a positive finite number, got {x!r}")
+    power = 10.0 ** math.floor(math.log10(x))
+    for step in (1, 2, 5, 10):
+        if step * power >= x * (1 - 1e-12):
+            return float(step * power)
+    raise AssertionError("unreachable")
+
+
 def render_png(fig: Figure, backgrounds: Backgrounds | None = None) -> bytes:
     """The figure as PNG bytes, drawn once at its own size and dpi.
 
@@ -112,9 +135,8 @@ def render_png(fig: Figure, backgrounds: Backgrounds | None = None) -> bytes:
         canvas.restore_region(region)
     for artist in sorted(animated, key=lambda a: a.get_zorder()):
         fig.draw_artist(artist)
-    width, height = canvas.get_width_height()
-    pixels = PIL.Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-    pixels.convert("RGB").save(buffer, format="png", compress_level=1)
+    pixels = np.asarray(canvas.buffer_rgba())[..., :3]  # the figure is opaque: RGB suffices
+    matplotlib.image.imsave(buffer, pixels, format="png", pil_kwargs={"compress_level": 1})
     return buffer.getvalue()
 
 

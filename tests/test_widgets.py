@@ -156,3 +156,14 @@ def test_animated_artists_are_drawn_over_the_kept_background():
         assert blitted.shape == full.shape
         assert np.abs(blitted - full).mean() < 0.5  # the same picture, to antialiasing
     assert len(box.backgrounds.saved) == 2  # two states of the axes, each drawn in full once
+
+
+def test_nice_ceiling_moves_in_few_steps():
+    from course_lib.widgets import nice_ceiling
+
+    assert [nice_ceiling(x) for x in (0.07, 1, 1.01, 3.2, 5, 7, 99, 1e9 + 1)] == [
+        0.1, 1.0, 2.0, 5.0, 5.0, 10.0, 100.0, 2e9]
+    assert len({nice_ceiling(x / 10) for x in range(1, 1001)}) == 10  # 0.1 .. 100: ten limits
+    for bad in (0, -1, float("inf"), "3"):
+        with pytest.raises(ValueError, match="x must be"):
+            nice_ceiling(bad)
