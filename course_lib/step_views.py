@@ -95,7 +95,7 @@ def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, 
 MEMORY_RANGE, TIME_RANGE = 1.6, 4.0
 
 
-def _setup_tradeoff(fig) -> dict:
+def _setup_tradeoff(fig, animated: bool = True) -> dict:
     mem, tim = fig.subplots(1, 2)
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.14, top=0.76, wspace=0.22)
     a = {"mem": mem, "time": tim}
@@ -119,9 +119,22 @@ def _setup_tradeoff(fig) -> dict:
         ax.set_title(what, fontsize=10)
     tim.legend(loc="upper left", fontsize=7, ncol=2, frameon=False, markerscale=0.3)
     a["title"] = fig.text(0.5, 0.98, "", ha="center", va="top", fontsize=9.5)
-    _animate(a, "mem_bars", "cap", "cap_text", "time_bars", "mem_measured", "time_measured",
-             "mem_labels", "time_labels", "measured_labels", "title")
+    if animated:
+        _animate(a, "mem_bars", "cap", "cap_text", "time_bars", "mem_measured", "time_measured",
+                 "mem_labels", "time_labels", "measured_labels", "title")
     return a
+
+
+def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (9.5, 3.6)):
+    """The explorer's picture of one setting as a static ``Figure`` (for a page or a file):
+    ``tradeoff_figure(tradeoff(...), "GPT-2 124M on an A100").savefig("tradeoff.png")``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    _draw_tradeoff(_setup_tradeoff(fig, animated=False), t, None, what)
+    return fig
 
 
 def _animate(artists: dict, *names: str) -> None:

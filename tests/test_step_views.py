@@ -109,3 +109,11 @@ def test_tradeoff_explorer_redraws_and_measures(speed):
         sv.tradeoff_explorer(models, speed=speed, gpu="V100")
     with pytest.raises(ValueError, match="models must map"):
         sv.tradeoff_explorer({}, speed=speed)
+
+
+def test_tradeoff_figure_is_static_and_drawn():
+    t = sv.tradeoff(GPT2, 4, 16, checkpointing="blocks", precision="mixed", gpu="A100 80GB")
+    fig = sv.tradeoff_figure(t, "README")
+    assert not fig.findobj(lambda a: a.get_animated())  # a plain figure: savefig draws it all
+    heights = [bar.get_height() for bar in fig.axes[0].patches[:2]]
+    assert heights[0] == 1.0 and heights[1] == pytest.approx(t.step.peak_bytes / t.plain.peak_bytes)
