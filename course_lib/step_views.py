@@ -451,7 +451,7 @@ def _code_html(mode: str, lines: tuple[int, ...]) -> str:
         if i == _WRONG_LINE[mode]:
             style += "color:#c0392b;font-weight:bold;"
         rows.append(f'<div style="{style}padding:0 4px">{html.escape(text) or "&nbsp;"}</div>')
-    return ('<pre style="font-size:12px;line-height:1.5;margin:0;border:1px solid #ddd;'
+    return ('<pre style="font-size:11px;line-height:1.6;margin:40px 6px 0 0;border:1px solid #ddd;'
             'padding:6px">' + "".join(rows) + "</pre>")
 
 
@@ -465,7 +465,7 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
 
     Returns:
         A ``VBox``: a Play button and a frame slider (linked in the browser), the loop menu,
-        the code with its current line highlighted, and the figure; with ``view`` (the
+        then the code with its current line highlighted beside the figure; with ``view`` (the
         :func:`course_lib.widgets.live_plot` box), ``play`` and ``code`` attributes.
 
     Raises:
@@ -507,10 +507,10 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
         ax.set_title(".grad: the gradient buffer, per parameter group", fontsize=9)
         a["moved"] = wax.bar(x, [0] * len(groups), color="#c44e52")
         wax.set(ylim=(0, 1.2 * top_moved), xticks=x)
-        wax.set_xticklabels(groups, rotation=30, ha="right", fontsize=7)
+        wax.set_xticklabels(groups, rotation=45, ha="right", fontsize=6)
         wax.set_title("the weights: |w - w0| / |w0|", fontsize=9)
-        a["caption"] = fig.text(0.5, 0.02, "", ha="center", fontsize=9.5)
-        a["verdict"] = fig.text(0.5, 0.95, "", ha="center", fontsize=9.5)
+        a["caption"] = fig.text(0.5, 0.02, "", ha="center", fontsize=8.5)
+        a["verdict"] = fig.text(0.5, 0.95, "", ha="center", fontsize=9)
         _animate(a, "boxes", "grad", "moved", "caption", "verdict")
         return a
 
@@ -526,12 +526,12 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
             bar.set_height(value)
         a["caption"].set_text(f"frame {frame + 1}/{len(rec.frames)}: {f.caption}")
         end = rec.frames[-2].grad  # .grad as optimizer.step() used it
-        a["verdict"].set_text(f"loop: {mode}; at optimizer.step() |.grad| / |whole batch's| = "
+        a["verdict"].set_text(f"at optimizer.step(): |.grad| / |whole batch's| = "
                               f"{min(end):.2f} to {max(end):.2f}")
 
-    view = live_plot(draw, {"frame": frame, "mode": mode}, setup=setup, figsize=(8.5, 4.2))
+    view = live_plot(draw, {"frame": frame, "mode": mode}, setup=setup, figsize=(6.6, 4.4))
     controls_row = view.children[0]
     box = widgets.VBox([widgets.HBox([play, *controls_row.children]),
-                        widgets.HBox([code]), view.image, view.output])
+                        widgets.HBox([code, view.image]), view.output])
     box.view, box.play, box.code = view, play, code
     return box
