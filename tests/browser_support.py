@@ -354,6 +354,10 @@ class Lecture:
                 raise
             outcome = "timeout"
         ms = (time.perf_counter() - start) * 1000 if outcome == "changed" else float("nan")
+        if control.kind == "play" and el.locator(".fa-pause").count():
+            # Pause the animation: its frames' updates would race the next control's move.
+            el.locator("button").first.click()
+            self.page.wait_for_function("() => window.__course.settled()", polling=100)
         return Move(control, outcome == "changed", ms, outcome)
 
     def redraws(self, control: Control, controls: list[Control]) -> bool:
