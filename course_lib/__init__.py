@@ -14,7 +14,8 @@ One module per idea, in lecture order:
 ``measure``            02: peak memory, saved tensors, categorised breakdowns
 ``accumulation``       03: gradient accumulation and its bugs
 ``training``           03-07: the shared training loop (accumulation, AMP, no_sync)
-``playground``         03: the accumulation playground behind the widget
+``playground``         03: the accumulation playground; one step's cost, memory and time
+``step_views``         03: the trade-off explorer and the step-through of one step
 ``checkpointing``      04: five checkpointing modes; kept bytes and FLOPs predicted
 ``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target
 ``policies``           05: op-level selective-checkpointing policies and their cost

@@ -33,6 +33,7 @@ the CPU, where the same kernels run again on the same inputs).
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import types
@@ -305,8 +306,15 @@ def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", e
     ``(k - 1)`` inputs plus the last ``L - (k-1)*(L//k)`` blocks whole (Chen et al. 2016, section 4).
     """
     gpu = resolve_gpu(kwargs.get("gpu"))
-    return act.total_bytes(kept_items(config, batch_size, mode, every, **kwargs),
-                           act.STEP_KINDS, gpu)
+    embed, per_block, head, _, _ = _layout(config, batch_size, mode, every,
+                                           kwargs.get("segments"), kwargs.get("seq_len"),
+                                           kwargs.get("dtype", torch.float32), gpu,
+                                           kwargs.get("autocast", False))
+    # Blocks of one kind share one list of items: sum each kind once (planners call this often).
+    counts = collections.Counter(id(items) for items in per_block)
+    kinds = {id(items): items for items in per_block}
+    return (act.total_bytes(embed + head, act.STEP_KINDS, gpu)
+            + sum(n * act.total_bytes(kinds[k], act.STEP_KINDS, gpu) for k, n in counts.items()))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ what a learner passes (None, a preset name, "cuda", a ``GPU``) into one of them.
 
 from __future__ import annotations
 
+import math
 import platform
 import sys
 from dataclasses import dataclass
@@ -79,6 +80,16 @@ class GPU:
             whether bf16 runs on tensor cores.
         free_memory: bytes free when it was read (``torch.cuda.mem_get_info``), live cards only.
         live: True when read from this kernel's GPU (:func:`live_gpu`), False for a preset.
+        fp32_flops: peak dense fp32 FLOP/s without tensor cores (what fp32 matmuls get:
+            PyTorch leaves TF32 off for matmuls by default), from the datasheet; None if unknown.
+        tensor_flops: peak dense fp16/bf16 tensor-core FLOP/s, without the 2:4 sparsity that
+            datasheets quote first (their sparse figure halved); None if unknown.
+        memory_bandwidth: peak device-memory bandwidth in bytes/s (decimal, as quoted).
+        datasheet: where the three figures come from.
+
+    The speed fields are optional and come last, so ``GPU(name, total_memory, capability)``
+    still builds a card (without them a time prediction needs a measured speed,
+    :func:`course_lib.playground.measure_device_speed`).
     """
 
     name: str
@@ -86,6 +97,10 @@ class GPU:
     capability: tuple[int, int]
     free_memory: int | None = None
     live: bool = False
+    fp32_flops: float | None = None
+    tensor_flops: float | None = None
+    memory_bandwidth: float | None = None
+    datasheet: str | None = None
 
     def __post_init__(self):
         text("name", self.name)
@@ -102,6 +117,14 @@ class GPU:
         if self.free_memory is not None:
             integer("free_memory", self.free_memory, minimum=0, maximum=self.total_memory)
         boolean("live", self.live)
+        for name in ("fp32_flops", "tensor_flops", "memory_bandwidth"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float)
+                                          and not isinstance(value, bool)
+                                          and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
+        if self.datasheet is not None:
+            text("datasheet", self.datasheet)
 
     @property
     def has_native_bf16(self) -> bool:
@@ -113,13 +136,30 @@ class GPU:
 #: reports (MiB x 2**20 bytes), not the decimal gigabytes on the box: an "80 GB" A100 holds
 #: 81920 MiB = 85.9e9 bytes, a "16 GB" T4 15360 MiB (Colab leaves about 15 GiB to a notebook,
 #: see lecture 06).
+#: Speeds are NVIDIA's datasheet peaks (dense: the tensor figures with 2:4 sparsity halved),
+#: SXM boards for the A100, H100 and H200; no run of the course measured them (see
+#: :func:`course_lib.playground.measure_device_speed` for this kernel's device).
+_T4 = "NVIDIA T4 Tensor Core GPU datasheet: FP32 8.1 TFLOPS, mixed FP16 65 TFLOPS, 320 GB/s"
+_L4 = "NVIDIA L4 Tensor Core GPU datasheet: FP32 30.3 TFLOPS, FP16/BF16 242 TFLOPS with sparsity, 300 GB/s"
+_A100 = ("NVIDIA A100 Tensor Core GPU datasheet (SXM): FP32 19.5 TFLOPS, BF16/FP16 312 TFLOPS, "
+         "{} GB/s")
+_H100 = ("NVIDIA H100 Tensor Core GPU datasheet (SXM): FP32 67 TFLOPS, BF16/FP16 1,979 TFLOPS "
+         "with sparsity, 3.35 TB/s")
+_H200 = ("NVIDIA H200 Tensor Core GPU datasheet (SXM): FP32 67 TFLOPS, BF16/FP16 1,979 TFLOPS "
+         "with sparsity, 4.8 TB/s")
 GPUS: dict[str, GPU] = {
-    "T4": GPU("T4", 15360 * MiB, (7, 5)),
-    "L4": GPU("L4", 23034 * MiB, (8, 9)),
-    "A100 40GB": GPU("A100 40GB", 40960 * MiB, (8, 0)),
-    "A100 80GB": GPU("A100 80GB", 81920 * MiB, (8, 0)),
-    "H100 80GB": GPU("H100 80GB", 81559 * MiB, (9, 0)),
-    "H200": GPU("H200", 143771 * MiB, (9, 0)),
+    "T4": GPU("T4", 15360 * MiB, (7, 5), fp32_flops=8.1e12, tensor_flops=65e12,
+              memory_bandwidth=320e9, datasheet=_T4),
+    "L4": GPU("L4", 23034 * MiB, (8, 9), fp32_flops=30.3e12, tensor_flops=121e12,
+              memory_bandwidth=300e9, datasheet=_L4),
+    "A100 40GB": GPU("A100 40GB", 40960 * MiB, (8, 0), fp32_flops=19.5e12, tensor_flops=312e12,
+                     memory_bandwidth=1555e9, datasheet=_A100.format("1,555")),
+    "A100 80GB": GPU("A100 80GB", 81920 * MiB, (8, 0), fp32_flops=19.5e12, tensor_flops=312e12,
+                     memory_bandwidth=2039e9, datasheet=_A100.format("2,039")),
+    "H100 80GB": GPU("H100 80GB", 81559 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
+                     memory_bandwidth=3.35e12, datasheet=_H100),
+    "H200": GPU("H200", 143771 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
+                memory_bandwidth=4.8e12, datasheet=_H200),
 }
 
 

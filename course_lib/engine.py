@@ -603,6 +603,14 @@ def _config_key(config: GPTConfig) -> tuple:
     return tuple(sorted(vars(config).items()))
 
 
+@functools.lru_cache(maxsize=1024)
+def _param_sizes(key: tuple, element_bytes: int, gpu: GPU | None) -> tuple[int, ...]:
+    """Bytes of each parameter tensor of the config ``key`` as ``gpu`` allocates it (cached:
+    a planner asks for the same model at many batch sizes)."""
+    return tuple(kernels.allocated(n * element_bytes, gpu)
+                 for n in param_numels(GPTConfig(**dict(key))))
+
+
 @functools.lru_cache(maxsize=8192)
 def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
              segments: int | None, s: int, gpu: GPU | None, first_step: bool,
@@ -613,10 +621,7 @@ def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
     numels = param_numels(config)
 
     def sizes(dtype):
-        e = dtype_bytes(dtype)
-        if gpu is None:
-            return [n * e for n in numels]
-        return [kernels.allocated(n * e, gpu) for n in numels]
+        return list(_param_sizes(key, dtype_bytes(dtype), gpu))
 
     params, states = sizes(spec.params), sizes(spec.state)
     P = sum(params)

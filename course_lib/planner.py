@@ -20,13 +20,15 @@ for each the peak of one AdamW training step with the memory engine
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import checkpointing as ckpt
 from . import engine
+from .device import resolve_gpu
 from .engine import StepMemory
 from .models import GPTConfig
 from .units import format_bytes
@@ -124,6 +126,22 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
     if not isinstance(modes, tuple | list) or not modes or any(
             not isinstance(m, str) or m not in PLAN_MODES for m in modes):
         raise ValueError(f"modes must be a non-empty subset of {PLAN_MODES}, got {modes!r}")
+    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    if seq_len is not None:
+        positive_int("seq_len", seq_len, maximum=config.seq_len)
+    gpu = resolve_gpu(gpu)
+    if gpu is not None and gpu.free_memory is not None:  # what is free does not change a step
+        gpu = replace(gpu, free_memory=None)
+    engine.precision_of(precision)
+    return _candidates(tuple(sorted(vars(config).items())), batch_size, seq_len, precision, gpu,
+                       tuple(modes))
+
+
+@functools.lru_cache(maxsize=256)
+def _candidates(key: tuple, batch_size: int, seq_len: int | None, precision: str, gpu,
+                modes: tuple) -> tuple:
+    """:func:`candidates`, cached: a widget asks for the same model at every budget."""
+    config = GPTConfig(**dict(key))
     seq_len = config.seq_len if seq_len is None else seq_len
     spec = engine.precision_of(precision)
     L = config.n_layers

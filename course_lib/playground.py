@@ -25,17 +25,23 @@ Checkpointing uses :func:`course_lib.checkpointing.enable_checkpointing`
 
 from __future__ import annotations
 
+import functools
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from .checkpointing import enable_checkpointing
-from .device import resolve_gpu
-from .engine import predict_step_memory
+from .checkpointing import enable_checkpointing, step_flops
+from .device import GPU, GPUS, resolve_gpu
+from .engine import StepMemory, precision_of, predict_step_memory
+from .kernels import attention_kernel
 from .measure import peak_memory, resident_bytes
-from .models import GPT, GPTConfig
-from .training import MAX_SEED, batches_of, markov_tokens, train
+from .models import GPT, GPTConfig, gpt_param_count
+from .training import MAX_SEED, batches_of, make_grad_scaler, markov_tokens, train
+from .units import dtype_bytes
 from .validation import MAX_BATCH, boolean, function, integer, number, positive_int
 from .validation import device as as_device
 
@@ -186,3 +192,418 @@ class Playground:
                      losses=tuple(log.losses))
         self.cache[key] = result
         return result
+
+
+# --------------------------------------------------------------------------- the trade-off
+#
+# One optimizer step's cost at a glance: its peak memory (the engine) and its time (a model,
+# below). The widget of lecture 03 § 7 shows both against the plain step, one batch of b * K.
+
+#: The checkpointing choices of the trade-off (``course_lib.checkpointing`` modes whose cost
+#: is the same for every block, so that counting the ops of a 1- and 2-layer model suffices).
+CHECKPOINTING = ("none", "blocks", "selective", "attention")
+#: Fraction of the datasheet's peak FLOP/s that a training step's matmuls reach on a GPU
+#: preset: model FLOPs utilisation of 46 % (PaLM 540B on TPU v4, Chowdhery et al. 2022) and
+#: 52 % (GPT-3-style 175B on A100s, Narayanan et al. 2021) are among the best published.
+UTILISATION = 0.5
+#: Seconds each operator costs on a GPU whatever its size: PyTorch's eager dispatch on the
+#: CPU plus the kernel launch, of the order of 10 microseconds (an assumption for the
+#: presets; :func:`measure_device_speed` measures it on this kernel's device).
+OP_SECONDS = 10e-6
+
+
+@dataclass(frozen=True)
+class DeviceSpeed:
+    """The four numbers of a device that the time model of :func:`optimizer_step_cost` uses.
+
+    Attributes:
+        name: the device.
+        fp32_flops, fp16_flops, bf16_flops: FLOP/s of matmuls in each dtype (peak for a GPU
+            preset, measured on a large matmul for :func:`measure_device_speed`).
+        memory_bandwidth: bytes/s between the device and its memory.
+        op_seconds: seconds each operator costs whatever its size (dispatch, launch).
+        measured: True when measured on this kernel's device, False for a datasheet.
+        source: where the figures come from.
+        region_seconds: ``((mode, seconds), ...)``: what ``torch.utils.checkpoint`` costs per
+            checkpointed region and micro-batch beyond the operators it reruns (its own
+            Python work: saved-tensor hooks, RNG state, a policy's dispatch mode). Measured
+            for this device; empty (0) for a datasheet speed, where it is not known.
+    """
+
+    name: str
+    fp32_flops: float
+    fp16_flops: float
+    bf16_flops: float
+    memory_bandwidth: float
+    op_seconds: float
+    measured: bool
+    source: str
+    region_seconds: tuple[tuple[str, float], ...] = ()
+
+    def flops(self, dtype: torch.dtype) -> float:
+        """FLOP/s of a matmul in ``dtype`` (fp32, fp16 or bf16)."""
+        return {torch.float32: self.fp32_flops, torch.float16: self.fp16_flops,
+                torch.bfloat16: self.bf16_flops}[dtype]
+
+    def checkpoint_seconds(self, mode: str) -> float:
+        """Seconds per checkpointed region and micro-batch in ``mode`` (0 where unknown)."""
+        return dict(self.region_seconds).get(mode, 0.0)
+
+
+def _preset_of(gpu: GPU) -> GPU | None:
+    """The preset whose datasheet a live card shares: same chip in its name, closest memory."""
+    chips = [name for name in ("H200", "H100", "A100", "L4", "T4") if name in gpu.name]
+    same = [p for p in GPUS.values() if chips and p.name.startswith(chips[0])]
+    return min(same, key=lambda p: abs(p.total_memory - gpu.total_memory)) if same else None
+
+
+def device_speed(gpu, *, op_seconds: float = OP_SECONDS) -> DeviceSpeed:
+    """The datasheet :class:`DeviceSpeed` of a GPU: a preset name, a :class:`~course_lib.device.GPU`
+    or "cuda" (this kernel's card, matched to the preset of the same chip).
+
+    fp16 runs on tensor cores; bf16 too from compute capability 8.0 (a T4 has no bf16 tensor
+    cores: its fp32 rate); fp32 at the fp32 rate (PyTorch keeps TF32 off for matmuls unless
+    ``torch.backends.cuda.matmul.allow_tf32`` is set).
+
+    Raises:
+        ValueError: for the CPU (measure it: :func:`measure_device_speed`), an unknown name,
+            or a card without datasheet figures and no preset of the same chip.
+    """
+    card = resolve_gpu(gpu)
+    if card is None:
+        raise ValueError("gpu must name a GPU: the CPU has no datasheet here, measure it with "
+                         "measure_device_speed('cpu')")
+    sheet = card if card.tensor_flops else _preset_of(card)
+    if sheet is None or not sheet.tensor_flops:
+        raise ValueError(f"gpu {card.name!r} has no datasheet speeds and no preset of the same "
+                         f"chip among {list(GPUS)}: measure it with measure_device_speed('cuda')")
+    if not op_seconds > 0:
+        raise ValueError(f"op_seconds must be positive, got {op_seconds!r}")
+    bf16 = sheet.tensor_flops if card.has_native_bf16 else sheet.fp32_flops
+    return DeviceSpeed(card.name, sheet.fp32_flops, sheet.tensor_flops, bf16,
+                       sheet.memory_bandwidth, op_seconds, False, sheet.datasheet)
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten operators that compute (views launch no kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+@functools.lru_cache(maxsize=256)
+def _ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
+         precision: str) -> tuple[int, int]:
+    """``(per micro-batch, per optimizer step)`` operators of a tiny GPT of this structure."""
+    tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=n_layers,
+                     dropout=0.1 if dropout else 0.0, attention=attention, bias=bias)
+    counts = []
+    for K in (1, 2):
+        step = _tiny_step(tiny, mode, precision, K, "cpu")
+        step()
+        with _OpCounter() as counter:  # the second step: the optimizer state exists
+            step()
+        counts.append(counter.ops)
+    per_micro_batch = counts[1] - counts[0]
+    return per_micro_batch, counts[0] - per_micro_batch
+
+
+def _tiny_step(config: GPTConfig, mode: str, precision: str, K: int, device) -> Callable[[], None]:
+    """One optimizer step of ``K`` micro-batches of one sequence, as a callable."""
+    from .fit import build, train_options  # fit imports this module's neighbours, not it
+
+    model, optimizer = build(config, precision=precision, mode=mode, device=device)
+    options = train_options(precision, device)
+    if options["grad_scaler"] is not None:  # a scale that never overflows: no step skipped
+        options["grad_scaler"] = make_grad_scaler(torch.device(device).type, init_scale=1.0)
+    x = torch.zeros(K, config.seq_len, dtype=torch.long, device=device)
+    return lambda: train(model, optimizer, [(x, x)], micro_batch_size=1, accumulation_steps=K,
+                         **options)
+
+
+def step_ops(config: GPTConfig, checkpointing: str = "none",
+             precision: str = "fp32") -> tuple[int, int]:
+    """Operators one step of ``GPT(config)`` runs: ``(per micro-batch, per optimizer step)``.
+
+    Counted, not estimated: :func:`course_lib.training.train` runs a tiny model of the same
+    structure (attention, dropout, bias, checkpointing, precision) under a dispatch mode
+    that counts every aten operator except views, with 1 and 2 micro-batches (their
+    difference is one micro-batch's forward and backward), for 1 and 2 layers; both counts
+    are linear in the layers (every block runs the same operators), which gives any depth.
+    Widths and batch sizes do not change them. The CPU's kernels are counted: on a GPU the
+    same model runs the same operators, except SDPA with dropout, which is one fused kernel
+    there and the math kernel's dozen operators here.
+
+    Example:
+        >>> step_ops(GPTConfig(n_layers=4))[0] > step_ops(GPTConfig(n_layers=2))[0]
+        True
+    """
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+    _check_choices(checkpointing, precision)
+    key = (config.dropout > 0, config.attention, config.bias, checkpointing, precision)
+    one, two = _ops(1, *key), _ops(2, *key)
+    L = config.n_layers
+    return tuple(a + (L - 1) * (b - a) for a, b in zip(one, two))
+
+
+def _check_choices(checkpointing: str, precision: str) -> None:
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
+    precision_of(precision)
+
+
+def micro_batch_flops(config: GPTConfig, micro_batch_size: int, checkpointing: str = "none",
+                      precision: str = "fp32", gpu=None) -> tuple[int, int]:
+    """``(flops, recomputed)`` of one micro-batch's forward, backward and recomputation.
+
+    :func:`course_lib.checkpointing.step_flops` on the kernel ``gpu`` runs. On the CPU,
+    where ``FlopCounterMode`` has no formula for the flash kernel and counts its attention
+    as 0, the fused kernel's work is counted as on a GPU (an A100's rules), since the
+    arithmetic is the same.
+    """
+    spec = precision_of(precision)
+    card = resolve_gpu(gpu)
+    if card is None and attention_kernel(config, spec.compute, None) == "flash":
+        card = GPUS["A100 80GB"]
+    return step_flops(config, micro_batch_size, checkpointing, dtype=spec.compute, gpu=card,
+                      autocast=spec.autocast)
+
+
+def adamw_bytes_moved(n_params: int, precision: str = "fp32") -> int:
+    """Bytes AdamW reads and writes in one step of ``n_params`` parameters.
+
+    Per parameter it reads the weight, the gradient, ``m`` and ``v`` and writes the weight,
+    ``m`` and ``v``: ``7 s`` bytes with ``s`` bytes per state value (4 in fp32, 2 in pure
+    bf16). With fp32 master weights it also casts the ``e``-byte gradients to fp32 and the
+    master weights back (``2e + 8`` more): 40 bytes per parameter in fp16/bf16-mixed.
+    """
+    spec = precision_of(precision)
+    s, e = dtype_bytes(spec.state), dtype_bytes(spec.params)
+    return positive_int("n_params", n_params) * (7 * s + (2 * e + 8 if spec.master else 0))
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one optimizer step costs, predicted: peak bytes and seconds (see
+    :func:`optimizer_step_cost` for the model)."""
+
+    micro_batch_size: int
+    accumulation_steps: int
+    checkpointing: str
+    precision: str
+    memory: StepMemory          # the engine's prediction; its total is peak_bytes
+    flops: int                  # forward, backward and recomputation of all K micro-batches
+    recompute_flops: int
+    compute_seconds: float      # K micro-batches' FLOPs at the utilised rate
+    overhead_seconds: float     # K micro-batches' operators at op_seconds each
+    optimizer_seconds: float
+    speed: DeviceSpeed
+    utilisation: float
+
+    @property
+    def effective_batch(self) -> int:
+        return self.micro_batch_size * self.accumulation_steps
+
+    @property
+    def peak_bytes(self) -> int:
+        """All bytes on the device at the step's peak (``memory.total``)."""
+        return self.memory.total
+
+    @property
+    def seconds(self) -> float:
+        """Seconds per optimizer step: compute, operator overhead and the optimizer."""
+        return self.compute_seconds + self.overhead_seconds + self.optimizer_seconds
+
+    @property
+    def achieved_utilisation(self) -> float:
+        """FLOPs per second over the device's matmul rate (model FLOPs utilisation, with
+        the recomputation counted)."""
+        rate = self.speed.flops(precision_of(self.precision).compute)
+        return self.flops / (self.seconds * rate)
+
+
+def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
+                        checkpointing: str = "none", precision: str = "fp32", gpu=None,
+                        speed: DeviceSpeed | None = None,
+                        utilisation: float | None = None) -> StepCost:
+    """Predicted peak bytes and seconds of one optimizer step of ``K`` micro-batches of ``b``.
+
+    Memory: :func:`course_lib.engine.predict_step_memory` (steady state; its ``total``).
+
+    Time, a model in three terms (seconds):
+
+    * compute: ``K F(b) / (R u)``, with ``F(b)`` a micro-batch's FLOPs with the recomputation
+      (:func:`micro_batch_flops`), ``R`` the device's matmul rate in the compute dtype and
+      ``u`` the utilisation;
+    * operators: ``K (n_op c + L_ckpt r)``: each micro-batch runs ``n_op`` operators
+      (:func:`step_ops`, counted) and each costs ``c`` seconds however small
+      (``speed.op_seconds``); each of its ``L_ckpt`` checkpointed regions costs ``r`` more
+      (``speed.checkpoint_seconds``: measured on this device, 0 for a datasheet);
+    * optimizer: ``adamw_bytes_moved / bandwidth + n_opt c``.
+
+    At a fixed effective batch ``B = bK`` the compute term does not change with ``K``
+    (``F`` is linear in ``b``), but the operator term grows as ``K``: a micro-batch too small
+    to fill the device costs its operators' fixed price anyway. That is the whole of the
+    model's "under-filling", and where it is only a model: a real GPU also loses
+    throughput on small matmuls whose tiles do not fill its SMs, overlaps the CPU's dispatch
+    with the GPU's work once kernels are long enough (then ``c`` is hidden, not added), and
+    ``u`` depends on sizes that one number does not capture. The course measures it on the
+    device it runs on (:func:`measure_step_cost`) and shows both.
+
+    Args:
+        config: the model (a :class:`~course_lib.models.GPTConfig`).
+        micro_batch_size: ``b``, sequences per forward and backward pass.
+        accumulation_steps: ``K``, micro-batches per optimizer step.
+        checkpointing: one of :data:`CHECKPOINTING`.
+        precision: one of :data:`course_lib.engine.PRECISIONS`.
+        gpu: where it runs: a preset name of :data:`course_lib.device.GPUS`, a
+            :class:`~course_lib.device.GPU`, "cuda", or None/"cpu" (the CPU; then ``speed``
+            is required).
+        speed: the device's :class:`DeviceSpeed`; default: the GPU's datasheet
+            (:func:`device_speed`).
+        utilisation: ``u`` in (0, 1]; default :data:`UTILISATION` for a datasheet speed and
+            1 for a measured one (measured on a large matmul, it is already achieved).
+
+    Returns:
+        A :class:`StepCost` (``peak_bytes``, ``seconds`` and the terms above).
+
+    Raises:
+        ValueError: naming the argument, for anything outside the above.
+
+    Example:
+        >>> cost = optimizer_step_cost(GPTConfig(n_layers=2), 4, 8, precision="bf16-mixed",
+        ...                            gpu="A100 80GB")
+        >>> cost.effective_batch, cost.seconds > cost.compute_seconds
+        (32, True)
+    """
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+    b = positive_int("micro_batch_size", micro_batch_size)
+    K = positive_int("accumulation_steps", accumulation_steps)
+    _check_choices(checkpointing, precision)
+    card = resolve_gpu(gpu)
+    if speed is None:
+        if card is None:
+            raise ValueError("gpu=None (the CPU) needs speed=measure_device_speed('cpu'): "
+                             "there is no datasheet for it")
+        speed = device_speed(card)
+    elif not isinstance(speed, DeviceSpeed):
+        raise ValueError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
+    if utilisation is None:
+        utilisation = 1.0 if speed.measured else UTILISATION
+    if not (isinstance(utilisation, (int, float)) and 0 < utilisation <= 1):
+        raise ValueError(f"utilisation must be in (0, 1], got {utilisation!r}")
+    memory = predict_step_memory(config, b, K, precision=precision, mode=checkpointing, gpu=card)
+    flops, recomputed = micro_batch_flops(config, b, checkpointing, precision, card)
+    ops, optimizer_ops = step_ops(config, checkpointing, precision)
+    rate = speed.flops(precision_of(precision).compute) * utilisation
+    moved = adamw_bytes_moved(gpt_param_count(config), precision)
+    regions = 0 if checkpointing == "none" else config.n_layers
+    per_micro_batch = ops * speed.op_seconds + regions * speed.checkpoint_seconds(checkpointing)
+    return StepCost(b, K, checkpointing, precision, memory, K * flops, K * recomputed,
+                    compute_seconds=K * flops / rate, overhead_seconds=K * per_micro_batch,
+                    optimizer_seconds=moved / speed.memory_bandwidth + optimizer_ops * speed.op_seconds,
+                    speed=speed, utilisation=float(utilisation))
+
+
+def _best_seconds(fn, repeats: int, device: torch.device) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` (after one warm-up call)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    best = math.inf
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_device_speed(device: torch.device | str = "cpu", *, matmul_size: int | None = None,
+                         repeats: int = 5) -> DeviceSpeed:
+    """This kernel's device, measured: the :class:`DeviceSpeed` a prediction for it uses.
+
+    * matmul FLOP/s per dtype: ``2 n^3`` over the best time of an ``n x n`` matmul
+      (``n`` = 512 on the CPU, 4096 on a GPU);
+    * operator seconds: the best time of one training step (:func:`course_lib.training.train`,
+      AdamW) of a tiny course GPT (1 sequence of 8 tokens, width 8, 2 layers), whose FLOPs
+      are negligible, divided by the operators it runs (:func:`step_ops`);
+    * checkpointing, per mode: the same step with every block checkpointed, minus the plain
+      step and its extra operators, per region;
+    * bandwidth: bytes read and written by a copy of 64 MiB, over its best time.
+
+    About a second on a CPU. The fastest of ``repeats`` runs is kept: the others include
+    other work of the machine.
+    """
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be a cpu or cuda device, got {device}")
+    positive_int("repeats", repeats)
+    n = positive_int("matmul_size", matmul_size) if matmul_size else (
+        4096 if device.type == "cuda" else 512)
+    rates = {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        a = torch.randn(n, n, device=device).to(dtype)
+        rates[dtype] = 2 * n**3 / _best_seconds(lambda a=a: a @ a, repeats, device)
+    tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=2)
+    plain = _best_seconds(_tiny_step(tiny, "none", "fp32", 1, device), repeats, device)
+    op_seconds = plain / sum(step_ops(tiny))
+    regions = []
+    for mode in CHECKPOINTING[1:]:
+        extra_ops = sum(step_ops(tiny, mode)) - sum(step_ops(tiny))
+        seconds = _best_seconds(_tiny_step(tiny, mode, "fp32", 1, device), repeats, device)
+        regions.append((mode, max(0.0, (seconds - plain - extra_ops * op_seconds) / tiny.n_layers)))
+    block = torch.empty(16 * 2**20, device=device)  # 64 MiB of fp32
+    copy = torch.empty_like(block)
+    bandwidth = 2 * block.nbytes / _best_seconds(lambda: copy.copy_(block), repeats, device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "this CPU"
+    return DeviceSpeed(name, rates[torch.float32], rates[torch.float16], rates[torch.bfloat16],
+                       bandwidth, op_seconds, True,
+                       f"measured on {device}: {n}x{n} matmuls, a tiny GPT's steps, a copy",
+                       tuple(regions))
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """One optimizer step measured on a device: peak bytes and seconds (best of the steps)."""
+
+    peak_bytes: int
+    seconds: float
+    device: str
+
+
+def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
+                      checkpointing: str = "none", precision: str = "fp32",
+                      device: torch.device | str = "cpu", steps: int = 3) -> MeasuredStep:
+    """Run the setting of :func:`optimizer_step_cost` on ``device`` and measure it.
+
+    Memory: :func:`course_lib.fit.measure_step_memory` (resident bytes plus the measured
+    peak of a steady-state step: the CUDA allocator on CUDA, the live-tensor tracker
+    elsewhere). Time: the fastest of ``steps`` optimizer steps of
+    :func:`course_lib.training.train` after one warm-up step, on the model and optimizer of
+    :func:`course_lib.fit.build` (synchronised on CUDA).
+    """
+    from .fit import build, measure_step_memory, train_options
+
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+    b = positive_int("micro_batch_size", micro_batch_size)
+    K = positive_int("accumulation_steps", accumulation_steps)
+    positive_int("steps", steps)
+    _check_choices(checkpointing, precision)
+    device = torch.device(device)
+    peak = measure_step_memory(config, b, K, precision=precision, mode=checkpointing,
+                               device=device)
+    model, optimizer = build(config, precision=precision, mode=checkpointing, device=device)
+    options = train_options(precision, device)
+    x, y = markov_tokens(b * K, config.seq_len, config.vocab_size, device=device)
+    seconds = _best_seconds(lambda: train(model, optimizer, [(x, y)], micro_batch_size=b,
+                                          accumulation_steps=K, **options), steps, device)
+    return MeasuredStep(peak, seconds, str(device))

@@ -20,6 +20,18 @@ weighted by :func:`course_lib.accumulation.micro_batch_loss` (``normalize``:
 * ``max_grad_norm``: clip the accumulated gradient (after unscaling).
 * ``progress``: a ``tqdm.auto`` bar over optimizer steps showing the loss.
 
+The last partial window. When an epoch's micro-batches are not a multiple of
+``K``, its last batch holds fewer than ``micro_batch_size * K`` samples
+(:func:`batches_of` with ``drop_last=False``). That step is weighted by what it
+holds: the token normalisation divides by the tokens of that batch, and
+``"mean-of-means"`` divides each micro-batch's mean by the number of
+micro-batches actually in the window, not by ``K``. Dividing by ``K`` there
+scales the last step's gradient by ``k / K`` for a window of ``k`` micro-batches,
+a bug reported against PyTorch Lightning (issue #19987, 2024) and fixed in
+Hugging Face ``transformers``' Trainer in 2025 (pull request #39659,
+``current_gradient_accumulation_steps``) and in trainers built on it in 2026
+(ms-swift #10084, LlamaFactory #10705).
+
 :func:`markov_tokens` makes a learnable toy language for the lectures'
 training runs: its best possible loss is known exactly.
 """
@@ -35,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from .accumulation import _check_normalize, micro_batch_loss, token_counts
+from .accumulation import _check_normalize, micro_batch_loss
 from .validation import MAX_COUNT, integer, number, positive_int
 from .validation import device as as_device
 
@@ -70,6 +82,8 @@ class TrainLog:
 
     losses: list[float] = field(default_factory=list)   # the loss of each effective batch
     tokens: list[int] = field(default_factory=list)     # non-ignored targets per step
+    micro_batches: list[int] = field(default_factory=list)  # micro-batches per step (K, or
+    #                                                         fewer in a last partial window)
     skipped: list[bool] = field(default_factory=list)   # True where GradScaler skipped the step
     scales: list[float] = field(default_factory=list)   # GradScaler scale after each step
     micro_steps: int = 0                                # forward+backward passes in total
@@ -88,6 +102,12 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
           max_grad_norm: float | None = None, progress: bool = False,
           on_step: Callable[[int, float], None] | None = None, log: TrainLog | None = None) -> TrainLog:
     """One optimizer step per ``(inputs, targets)`` batch of ``micro_batch_size * accumulation_steps``.
+
+    The last batch may hold fewer samples (an epoch's last partial window): it is
+    cut into ``k = ceil(n / micro_batch_size)`` micro-batches and weighted by what
+    it holds (see the module doc), so its step gets the mean gradient of its own
+    samples, as one batch of ``n`` would. Every other batch must hold exactly
+    ``micro_batch_size * accumulation_steps`` samples.
 
     ``grad_scaler``: ``"auto"`` makes one (:func:`make_grad_scaler`) when
     ``amp_dtype`` is fp16 and uses none otherwise; pass a ``GradScaler`` to
@@ -120,7 +140,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
         raise ValueError(f"grad_scaler must be 'auto', None or a GradScaler, got {grad_scaler!r}")
     auto_scaler = amp_dtype == torch.float16 and grad_scaler is None
     log = TrainLog() if log is None else log
-    K, batch_size = accumulation_steps, micro_batch_size * accumulation_steps
+    batch_size = micro_batch_size * accumulation_steps
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if progress:
         from tqdm.auto import tqdm
@@ -128,25 +148,27 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
         batches = tqdm(batches, desc="optimizer steps", unit="step")
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    for inputs, targets in batches:
-        if inputs.size(0) != batch_size or targets.size(0) != batch_size:
+    for (inputs, targets), last in _with_last(batches):
+        n = inputs.size(0)
+        if targets.size(0) != n or n > batch_size or (n < batch_size and not last) or n == 0:
             raise ValueError(f"each batch must hold micro_batch_size * accumulation_steps = "
-                             f"{batch_size} samples, got {inputs.size(0)}")
+                             f"{batch_size} samples (the last one of the run may hold fewer), "
+                             f"got {n}")
         device_type = inputs.device.type
         if auto_scaler:
             grad_scaler, auto_scaler = make_grad_scaler(device_type), False
-        counts = token_counts(targets, micro_batch_size, ignore_index)
-        total = sum(counts)
+        pieces = list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
+        window = len(pieces)  # K, or fewer in a last partial window: each piece weighs 1/window
+        total = int((targets != ignore_index).sum())
         step_loss = 0.0
-        for k, (x, y) in enumerate(zip(inputs.split(micro_batch_size),
-                                       targets.split(micro_batch_size))):
+        for k, (x, y) in enumerate(pieces):
             # DDP: forward and backward of all micro-batches but the last skip the all-reduce.
-            sync = model.no_sync() if no_sync and k < K - 1 else contextlib.nullcontext()
+            sync = model.no_sync() if no_sync and k < window - 1 else contextlib.nullcontext()
             with sync:
                 with (torch.autocast(device_type, dtype=amp_dtype) if amp_dtype
                       else contextlib.nullcontext()):
                     loss = micro_batch_loss(model, x, y, normalize=normalize, total_tokens=total,
-                                            accumulation_steps=K, ignore_index=ignore_index)
+                                            accumulation_steps=window, ignore_index=ignore_index)
                 (grad_scaler.scale(loss) if grad_scaler else loss).backward()
             step_loss = step_loss + loss.detach()
             log.micro_steps += 1
@@ -171,6 +193,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
         value = float(step_loss)
         log.losses.append(value)
         log.tokens.append(total)
+        log.micro_batches.append(window)
         log.skipped.append(skipped)
         if progress:
             batches.set_postfix(loss=f"{value:.4f}")
@@ -178,6 +201,19 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
             on_step(log.steps, value)
     log.seconds += time.perf_counter() - start
     return log
+
+
+def _with_last(items: Iterable):
+    """``(item, is_last)`` for each item, looking one ahead (works on generators too)."""
+    iterator = iter(items)
+    try:
+        current = next(iterator)
+    except StopIteration:
+        return
+    for following in iterator:
+        yield current, False
+        current = following
+    yield current, True
 
 
 def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branching: int = 2,
@@ -227,11 +263,27 @@ def markov_entropy(branching: int = 2) -> float:
     return math.log(positive_int("branching", branching, maximum=MAX_COUNT))
 
 
-def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int):
-    """The consecutive ``(inputs, targets)`` batches of ``batch_size`` (a remainder is dropped)."""
+def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, *,
+               drop_last: bool = True):
+    """The consecutive ``(inputs, targets)`` batches of ``batch_size``.
+
+    Args:
+        inputs, targets: tensors with the samples along dimension 0.
+        batch_size: samples per batch.
+        drop_last: drop a remainder of fewer than ``batch_size`` samples (the default, as
+            ``torch.utils.data.DataLoader(drop_last=True)``); with False it is a last, shorter
+            batch: the last partial window that :func:`train` weights by what it holds.
+
+    Raises:
+        ValueError: if ``batch_size`` is not a positive int, or no whole batch fits while
+            ``drop_last`` is True.
+    """
     positive_int("batch_size", batch_size)
-    n = inputs.size(0) // batch_size
+    if drop_last not in (True, False):
+        raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
+    total = inputs.size(0)
+    n = total // batch_size if drop_last else -(-total // batch_size)
     if n == 0:
-        raise ValueError(f"batch_size must be at most the {inputs.size(0)} samples, got {batch_size}")
+        raise ValueError(f"batch_size must be at most the {total} samples, got {batch_size}")
     return [(inputs[i * batch_size:(i + 1) * batch_size], targets[i * batch_size:(i + 1) * batch_size])
             for i in range(n)]

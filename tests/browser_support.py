@@ -8,7 +8,8 @@ redraws its output) and by ``benchmarks/widget_latency.py --browser`` (how long 
   on 127.0.0.1 (free port, token, isolated settings), and always shuts it down.
 * :func:`chromium` launches Debian's Chromium through Playwright (never Playwright's own build).
 * :class:`Lecture` opens one notebook in a page, runs all cells, lists the controls, moves one
-  the way a user does (arrow key on the focused slider handle, a click, a choice in a menu) and
+  the way a user does (arrow key on the focused slider handle, a click on a checkbox, a button or
+  a Play widget's play button, a choice in a menu) and
   waits until the output it drives has been redrawn.
 """
 
@@ -181,18 +182,24 @@ window.__course = {
       ['toggle-buttons', '.widget-toggle-buttons'],
       ['radio', '.widget-radio-box'],
       ['toggle-button', 'button.widget-toggle-button'],
+      ['play', '.widget-play'],
+      ['button', 'button.jupyter-button'],
     ];
+    // A Play widget's own buttons and the buttons of a ToggleButtons are parts of other controls.
+    const part = el => el.closest('.widget-play, .widget-toggle-buttons')
+      || el.classList.contains('widget-toggle-button');
     const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell')];
     const found = [];
     for (const [kind, selector] of kinds) {
       for (const el of document.querySelectorAll(`.jp-OutputArea-output ${selector}`)) {
         if (el.closest('[disabled]') || el.querySelector('[disabled]')) continue;
+        if (kind === 'button' && part(el)) continue;
         const cell = el.closest('.jp-Cell');
         el.dataset.courseControl = String(found.length);
         const box = el.closest('.widget-inline-hbox') || el.parentElement;
         const text = e => (e?.textContent ?? '').replace(/\u200b/g, '').trim();
-        const label = text(box?.querySelector('.widget-label'))
-          || text(box?.querySelector('.widget-label-basic')) || text(el);
+        const label = kind === 'button' ? text(el) : (text(box?.querySelector('.widget-label'))
+          || text(box?.querySelector('.widget-label-basic')) || text(el));
         found.push({index: found.length, kind, label, cell: cells.indexOf(cell)});
       }
     }
@@ -347,6 +354,10 @@ class Lecture:
                 raise
             outcome = "timeout"
         ms = (time.perf_counter() - start) * 1000 if outcome == "changed" else float("nan")
+        if control.kind == "play" and el.locator(".fa-pause").count():
+            # Pause the animation: its frames' updates would race the next control's move.
+            el.locator("button").first.click()
+            self.page.wait_for_function("() => window.__course.settled()", polling=100)
         return Move(control, outcome == "changed", ms, outcome)
 
     def redraws(self, control: Control, controls: list[Control]) -> bool:
@@ -391,6 +402,12 @@ class Lecture:
                              ".findIndex(b => b.classList.contains('mod-active'))")
         buttons = el.locator("button")
         buttons.nth((max(0, active) + 1) % buttons.count()).click()
+
+    def _act_play(self, el) -> None:  # its first button plays (or pauses) the animation
+        el.locator("button").first.click()
+
+    def _act_button(self, el) -> None:
+        el.click()
 
     def _act_radio(self, el) -> None:
         checked = el.evaluate("el => [...el.querySelectorAll('input')].findIndex(i => i.checked)")

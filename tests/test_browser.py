@@ -4,7 +4,8 @@ For each notebook in notebooks/ (found by glob, so new lectures are picked up): 
 stripped copy, Run All Cells, check that no cell raised and nothing shows an error (stderr,
 traceback, a widget that failed to render, a widget callback that crashed), and that no control
 changed the value the code gave it when it was displayed (a value off a slider's step); then
-move every slider (arrow key on its focused handle) and change every menu, checkbox and toggle,
+move every slider (arrow key on its focused handle), change every menu, checkbox and toggle,
+and press every button and Play widget,
 and check that the figure or text it drives is redrawn (a control that matters in one mode only
 is tried again in the widget's other modes), with still no error anywhere. A synthetic notebook
 with broken widgets proves that the harness sees each of those failures.
@@ -57,6 +58,13 @@ live_plot(draw_crash, {"k": widgets.Dropdown(options=[1, 2], value=1, descriptio
 
 live_plot(draw_mode, {"scale": widgets.IntSlider(value=1, min=0, max=5, description="scale"),
                       "mode": widgets.Dropdown(options=["plain", "scaled"], description="mode")})""",
+    """played = live_plot(draw_ok, {"n": widgets.IntSlider(value=1, min=0, max=5,
+                                                     description="played")})
+play = widgets.Play(value=1, min=0, max=5, interval=300)
+widgets.jslink((play, "value"), (played.controls["n"], "value"))
+bump = widgets.Button(description="bump")
+bump.on_click(lambda _: setattr(played.controls["n"], "value", (played.controls["n"].value + 1) % 6))
+widgets.VBox([play, bump, played])""",
     'print("written to stderr", file=sys.stderr)',
     'raise RuntimeError("this cell fails")',
 ]
@@ -129,8 +137,12 @@ def test_the_harness_sees_each_kind_of_breakage(lecture):
     controls = {c.label: c for c in found}
     assert [(c.label, c.kind) for c in found] == [("ok", "slider"), ("stuck", "slider"),
                                                   ("snaps", "slider"), ("scale", "slider"),
-                                                  ("crash", "dropdown"), ("mode", "dropdown")]
+                                                  ("played", "slider"), ("crash", "dropdown"),
+                                                  ("mode", "dropdown"), ("", "play"),
+                                                  ("bump", "button")]
     assert lecture.move(controls["ok"]).redrawn
+    assert lecture.move(controls["bump"]).redrawn  # a button that redraws
+    assert lecture.move(controls[""]).redrawn  # a Play widget, linked to a slider in the browser
     stuck = lecture.move(controls["stuck"], timeout=30)
     assert (stuck.redrawn, stuck.outcome) == (False, "same")  # seen at once, not by timeout
     assert not lecture.move(controls["scale"]).redrawn  # matters only in the other mode...

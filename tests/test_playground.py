@@ -83,3 +83,111 @@ def test_bad_settings(playground):
         pgm.Playground({"d_model": 8})
     with pytest.raises(ValueError, match="lr"):
         pgm.Playground(CFG, lr=0)
+
+
+# --------------------------------------------------------------------------- the trade-off
+
+GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+
+
+def test_optimizer_step_cost_memory_is_the_engines_and_time_its_three_terms():
+    from course_lib.engine import predict_step_memory
+
+    cost = pgm.optimizer_step_cost(GPT2, 4, 8, checkpointing="blocks", precision="bf16-mixed",
+                                   gpu="A100 80GB")
+    assert cost.peak_bytes == predict_step_memory(GPT2, 4, 8, precision="bf16-mixed",
+                                                  mode="blocks", gpu="A100 80GB").total
+    assert cost.effective_batch == 32
+    assert cost.seconds == pytest.approx(cost.compute_seconds + cost.overhead_seconds
+                                         + cost.optimizer_seconds)
+    # compute: K micro-batches' FLOPs at half the datasheet's 312 TFLOP/s (bf16 tensor cores)
+    flops, recomputed = pgm.micro_batch_flops(GPT2, 4, "blocks", "bf16-mixed", "A100 80GB")
+    assert cost.flops == 8 * flops and cost.recompute_flops == 8 * recomputed > 0
+    assert cost.compute_seconds == pytest.approx(8 * flops / (0.5 * 312e12))
+    ops, optimizer_ops = pgm.step_ops(GPT2, "blocks", "bf16-mixed")
+    assert cost.overhead_seconds == pytest.approx(8 * ops * pgm.OP_SECONDS)
+    assert cost.optimizer_seconds == pytest.approx(
+        pgm.adamw_bytes_moved(124_439_808, "bf16-mixed") / 2039e9 + optimizer_ops * pgm.OP_SECONDS)
+
+
+def test_flops_of_a_micro_batch_match_the_transformer_count():
+    explicit = GPTConfig(vocab_size=100, seq_len=16, d_model=32, n_heads=4, n_layers=3,
+                         attention="explicit")
+    b, s, h, L, V = 2, 16, 32, 3, 100
+    forward = L * (24 * b * s * h * h + 4 * b * s * s * h) + 2 * b * s * h * V
+    assert pgm.micro_batch_flops(explicit, 2) == (3 * forward, 0)  # backward = 2 forwards
+
+
+def test_smaller_micro_batches_cost_time_at_a_fixed_effective_batch_and_save_memory():
+    costs = [pgm.optimizer_step_cost(GPT2, 64 // K, K, precision="bf16-mixed", gpu="H100 80GB")
+             for K in (1, 4, 16, 64)]
+    assert len({round(c.compute_seconds, 12) for c in costs}) == 1  # the same FLOPs
+    assert [c.seconds for c in costs] == sorted(c.seconds for c in costs)
+    assert costs[-1].seconds > 1.5 * costs[0].seconds  # micro-batches of 1 leave it under-filled
+    assert costs[-1].achieved_utilisation < costs[0].achieved_utilisation <= 0.5
+    assert [c.peak_bytes for c in costs] == sorted((c.peak_bytes for c in costs), reverse=True)
+    plain = pgm.optimizer_step_cost(GPT2, 8, 1, gpu="H100 80GB")
+    ckpt = pgm.optimizer_step_cost(GPT2, 8, 1, checkpointing="blocks", gpu="H100 80GB")
+    assert ckpt.peak_bytes < plain.peak_bytes and ckpt.compute_seconds > plain.compute_seconds
+
+
+def test_device_speed_of_the_presets():
+    t4, a100 = pgm.device_speed("T4"), pgm.device_speed("A100 80GB")
+    assert t4.flops(torch.float16) == 65e12 and t4.flops(torch.bfloat16) == 8.1e12  # no bf16 cores
+    assert a100.flops(torch.bfloat16) == a100.flops(torch.float16) == 312e12
+    assert a100.flops(torch.float32) == 19.5e12 and not a100.measured
+    from course_lib.device import GPU
+
+    live = GPU("NVIDIA A100-SXM4-40GB", 40 * 2**30, (8, 0), live=True)
+    assert pgm.device_speed(live).memory_bandwidth == 1555e9  # the preset of the same chip
+    with pytest.raises(ValueError, match="no datasheet"):
+        pgm.device_speed(GPU("NVIDIA RTX 4090", 24 * 2**30, (8, 9)))
+    with pytest.raises(ValueError, match="measure_device_speed"):
+        pgm.device_speed(None)
+
+
+def test_step_ops_are_counted_and_linear_in_depth():
+    per_layer = [pgm._ops(n, False, "sdpa", True, "blocks", "fp32") for n in (1, 2, 3)]
+    assert per_layer[2][0] - per_layer[1][0] == per_layer[1][0] - per_layer[0][0] > 0
+    assert per_layer[2][1] - per_layer[1][1] == per_layer[1][1] - per_layer[0][1] > 0
+    three = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=3)
+    assert pgm.step_ops(three, "blocks") == per_layer[2]
+    # checkpointing reruns forward operators; AdamW runs the same ones either way
+    plain = pgm.step_ops(three)
+    assert pgm.step_ops(three, "blocks")[0] > plain[0]
+    assert pgm.step_ops(three, "blocks")[1] == plain[1]
+
+
+def test_adamw_bytes_moved():
+    assert pgm.adamw_bytes_moved(10) == 280           # 7 fp32 values per parameter
+    assert pgm.adamw_bytes_moved(10, "bf16") == 140   # 7 bf16 values
+    assert pgm.adamw_bytes_moved(10, "bf16-mixed") == 400  # + casts of grads and weights
+
+
+def test_measured_speed_and_step_on_this_cpu():
+    speed = pgm.measure_device_speed("cpu", repeats=2, matmul_size=128)
+    assert speed.measured and speed.fp32_flops > 0 and speed.op_seconds > 0
+    assert dict(speed.region_seconds).keys() == {"blocks", "selective", "attention"}
+    cost = pgm.optimizer_step_cost(CFG, 2, 2, speed=speed)
+    assert cost.utilisation == 1.0  # measured on a matmul: already what it achieves
+    run = pgm.measure_step_cost(CFG, 2, 1, steps=1)
+    assert run.peak_bytes == pgm.optimizer_step_cost(CFG, 2, 1, speed=speed).peak_bytes
+    assert run.seconds > 0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(micro_batch_size=0), "micro_batch_size"),
+    (dict(accumulation_steps=1.5), "accumulation_steps"),
+    (dict(checkpointing="sqrt"), "checkpointing must be one of"),
+    (dict(precision="fp8"), "precision must be one of"),
+    (dict(gpu=None), "needs speed"),
+    (dict(gpu="V100"), "gpu must be"),
+    (dict(utilisation=1.5), "utilisation"),
+    (dict(speed="fast"), "speed must be"),
+    (dict(config={"n_layers": 2}), "config must be a GPTConfig"),
+])
+def test_optimizer_step_cost_rejects_bad_input(kwargs, match):
+    args = dict(config=GPT2, micro_batch_size=2, accumulation_steps=2, gpu="T4") | kwargs
+    with pytest.raises(ValueError, match=match):
+        pgm.optimizer_step_cost(args.pop("config"), args.pop("micro_batch_size"),
+                                args.pop("accumulation_steps"), **args)

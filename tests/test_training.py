@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from course_lib import training as tr
-from course_lib.accumulation import pad_to_lengths
+from course_lib.accumulation import micro_batch_loss, pad_to_lengths
 from course_lib.models import GPT, GPTConfig
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
@@ -69,6 +69,65 @@ def test_log_continues_a_run():
     log = tr.train(model, opt, batches[:2], micro_batch_size=4, accumulation_steps=2)
     tr.train(model, opt, batches[2:], micro_batch_size=4, accumulation_steps=2, log=log)
     assert log.steps == 4 and log.micro_steps == 8 and log.seconds > 0
+
+
+def _gradient_after(train_batches, **kwargs):
+    """The flat gradient the optimizer sees at the last step of ``train`` (SGD with lr 0)."""
+    torch.manual_seed(0)
+    model = GPT(CFG).double()
+    seen = []
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    opt.register_step_pre_hook(lambda o, args, kw: seen.append(
+        torch.cat([p.grad.flatten() for p in model.parameters()])))
+    log = tr.train(model, opt, train_batches, **kwargs)
+    return seen[-1], log
+
+
+@pytest.mark.parametrize("normalize", ["tokens", "mean-of-means"])
+def test_last_partial_window_is_weighted_by_what_it_holds(normalize):
+    x, y = _data(40)  # 10 micro-batches of 4, K = 4: windows of 4, 4 and 2 micro-batches
+    batches = tr.batches_of(x, y, 16, drop_last=False)
+    assert [b[0].size(0) for b in batches] == [16, 16, 8]
+    got, log = _gradient_after(batches, micro_batch_size=4, accumulation_steps=4,
+                               normalize=normalize)
+    assert log.micro_batches == [4, 4, 2] and log.tokens[-1] == 8 * CFG.seq_len
+    # reference: the mean gradient of the last window's 8 sequences, in one pass
+    torch.manual_seed(0)
+    model = GPT(CFG).double()
+    model(x[32:], y[32:])[1].backward()
+    reference = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert torch.allclose(got, reference, rtol=1e-10, atol=1e-13)
+    # the bug: the window's two means divided by K = 4 give half of it
+    model.zero_grad()
+    for xs, ys in zip(x[32:].split(4), y[32:].split(4)):
+        micro_batch_loss(model, xs, ys, normalize="mean-of-means", accumulation_steps=4).backward()
+    bug = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert torch.allclose(bug, reference / 2, rtol=1e-10, atol=1e-13)
+
+
+def test_a_last_micro_batch_smaller_than_the_others_counts_its_tokens():
+    x, y = _data(10)  # micro-batches of 4, 4 and 2 in one window of K = 4
+    got, log = _gradient_after([(x, y)], micro_batch_size=4, accumulation_steps=4)
+    assert log.micro_batches == [3]
+    torch.manual_seed(0)
+    model = GPT(CFG).double()
+    model(x, y)[1].backward()
+    reference = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert torch.allclose(got, reference, rtol=1e-10, atol=1e-13)
+
+
+def test_only_the_last_batch_may_be_short():
+    model, opt = _setup()
+    x, y = _data(40)
+    short_first = tr.batches_of(x, y, 16, drop_last=False)[::-1]  # the short one first
+    with pytest.raises(ValueError, match="the last one of the run may hold fewer"):
+        tr.train(model, opt, short_first, micro_batch_size=4, accumulation_steps=4)
+    log = tr.train(model, opt, iter(tr.batches_of(x, y, 16, drop_last=False)),  # a generator
+                   micro_batch_size=4, accumulation_steps=4)
+    assert log.micro_batches == [4, 4, 2]
+    assert len(tr.batches_of(x, y, 16)) == 2  # drop_last=True, the default, drops the rest
+    with pytest.raises(ValueError, match="drop_last"):
+        tr.batches_of(x, y, 16, drop_last="no")
 
 
 class CountingScaler:

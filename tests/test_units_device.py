@@ -103,6 +103,16 @@ def test_gpu_presets_hold_the_memory_the_cards_report():
         "H100 80GB": (9, 0), "H200": (9, 0)}
 
 
+def test_presets_carry_their_datasheet_speeds():
+    for name, gpu in device.GPUS.items():
+        assert gpu.datasheet and gpu.fp32_flops < gpu.tensor_flops, name
+        assert 1e11 < gpu.memory_bandwidth < 1e13, name
+    # the dense tensor figure is the datasheet's sparse one halved where it quotes only that
+    assert device.GPUS["H100 80GB"].tensor_flops == pytest.approx(1979e12 / 2, rel=1e-3)
+    assert device.GPUS["A100 80GB"].tensor_flops == 312e12  # quoted dense
+    assert device.GPU("x", 2**30, (8, 0)).tensor_flops is None  # optional: old calls still work
+
+
 def test_pick_dtype_of_a_preset():
     assert device.pick_dtype(device.GPUS["T4"]) == torch.float16
     for name in ("L4", "A100 40GB", "A100 80GB", "H100 80GB", "H200"):
@@ -124,7 +134,9 @@ def test_resolve_gpu():
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(total_memory=0), "total_memory"), (dict(total_memory=1.5e9), "total_memory"),
-    (dict(capability=8), "capability"), (dict(capability=(8, "0")), "capability")])
+    (dict(capability=8), "capability"), (dict(capability=(8, "0")), "capability"),
+    (dict(fp32_flops=0), "fp32_flops"), (dict(tensor_flops="fast"), "tensor_flops"),
+    (dict(memory_bandwidth=-1.0), "memory_bandwidth")])
 def test_gpu_validation(kwargs, match):
     args = dict(name="x", total_memory=2**30, capability=(8, 0)) | kwargs
     with pytest.raises(ValueError, match=match):

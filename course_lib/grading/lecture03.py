@@ -202,3 +202,65 @@ def check_batch_coupled_modules(fn):
                hint="compare only sample 0's output, re-seed the RNG before each call so that "
                     "Dropout draws the same mask (torch.manual_seed), and leave eval-mode "
                     "BatchNorm alone")
+
+
+class _StepRecorder:
+    """SGD with a learning rate of 0 (the weights stay put) that keeps the flat gradient each
+    ``step()`` reads; ``None`` entries of ``.grad`` count as zeros."""
+
+    def __init__(self, model: nn.Module):
+        self.params = list(model.parameters())
+        self.optimizer = torch.optim.SGD(self.params, lr=0.0)
+        self.seen: list[torch.Tensor] = []
+        self.optimizer.register_step_pre_hook(lambda o, args, kwargs: self.seen.append(torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+             for p in self.params]).clone()))
+
+
+@grader
+def check_epoch_windows(fn):
+    """``fn(model, optimizer, inputs, targets, micro_batch_size, accumulation_steps)`` trains one
+    epoch: a step every K micro-batches and one for a last partial window, each with the mean
+    gradient of its window's sequences."""
+    cases = ((20, 2, 4), (14, 2, 3), (16, 2, 4), (12, 4, 2))  # windows 4,4,2 / 3,3,1 / 4,4 / 2
+    for n, micro, K in cases:
+        model = _gpt(n)
+        x, y = _tokens(n, n)
+        micro_batches = n // micro
+        windows = [list(range(s, min(s + K, micro_batches))) for s in range(0, micro_batches, K)]
+        recorder = _StepRecorder(model)
+        sizes = _MicroBatchRecorder(model)
+        try:
+            fn(model, recorder.optimizer, x, y, micro, K)
+        finally:
+            sizes.handle.remove()
+        what = (f"{n} sequences in micro-batches of {micro} with K = {K} "
+                f"(windows of {[len(w) for w in windows]} micro-batches)")
+        expect(sizes.sizes and max(sizes.sizes) <= micro,
+               f"for {what}, the model ran on batches of {sorted(set(sizes.sizes))}",
+               hint="run the model on one micro-batch at a time")
+        got = len(recorder.seen)
+        expect(got == len(windows),
+               f"for {what}, the optimizer stepped {got} times, not {len(windows)}",
+               hint="step once every K micro-batches and once more for the micro-batches left "
+                    "at the end of the epoch (the last partial window)" if got < len(windows)
+               else "step once per window of K micro-batches, not once per micro-batch")
+        for number, (window, seen) in enumerate(zip(windows, recorder.seen), start=1):
+            first, last = window[0] * micro, (window[-1] + 1) * micro
+            reference, _ = _full_batch_grads(model, x[first:last], y[first:last])
+            ref = torch.cat([g.flatten() for g in reference])
+            if torch.allclose(seen, ref, rtol=1e-4, atol=1e-6):
+                continue
+            ratio = (seen.norm() / ref.norm()).item()
+            if len(window) < K and abs(ratio - len(window) / K) < 0.02:
+                hint = (f"the last window holds {len(window)} micro-batches, not K = {K}: divide "
+                        f"its losses by {len(window)}, the micro-batches it holds")
+            elif ratio > 1.02:
+                hint = ("zero the gradients after each optimizer step (optimizer.zero_grad()), "
+                        "so that one window's gradients do not leak into the next")
+            else:
+                hint = ("each step must see the mean gradient of its own window's sequences: "
+                        "every micro-batch's mean loss divided by the number of micro-batches "
+                        "in that window")
+            expect(False, f"for {what}, optimizer step {number} saw a gradient {ratio:.3g} "
+                   "times the mean gradient of its window", hint=hint)

@@ -169,3 +169,68 @@ WRONG = {
         ("does not re-seed before Dropout", {"batch_coupled_modules": _unseeded_dropout}),
     ],
 }
+
+
+def _epoch_divides_by_k(model, optimizer, inputs, targets, micro_batch_size, accumulation_steps):
+    """The last window still divided by K: its step gets k / K of the gradient."""
+    micro = list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
+    optimizer.zero_grad()
+    for i, (x, y) in enumerate(micro):
+        _, loss = model(x, y)
+        (loss / accumulation_steps).backward()
+        if (i + 1) % accumulation_steps == 0 or i + 1 == len(micro):
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def _epoch_drops_last_window(model, optimizer, inputs, targets, micro_batch_size,
+                             accumulation_steps):
+    """The loop as usually written: no step for the micro-batches left at the end."""
+    micro = list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
+    optimizer.zero_grad()
+    for i, (x, y) in enumerate(micro):
+        _, loss = model(x, y)
+        (loss / accumulation_steps).backward()
+        if (i + 1) % accumulation_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def _epoch_never_zeroes(model, optimizer, inputs, targets, micro_batch_size, accumulation_steps):
+    """Right weights per window, but the gradients of one window leak into the next."""
+    micro = list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
+    for start in range(0, len(micro), accumulation_steps):
+        window = micro[start:start + accumulation_steps]
+        for x, y in window:
+            _, loss = model(x, y)
+            (loss / len(window)).backward()
+        optimizer.step()
+
+
+def _epoch_steps_every_micro_batch(model, optimizer, inputs, targets, micro_batch_size,
+                                   accumulation_steps):
+    """No accumulation at all: a step per micro-batch."""
+    for x, y in zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)):
+        optimizer.zero_grad()
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+
+
+def _epoch_one_big_step(model, optimizer, inputs, targets, micro_batch_size, accumulation_steps):
+    """The whole epoch accumulated into one step."""
+    micro = list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
+    optimizer.zero_grad()
+    for x, y in micro:
+        _, loss = model(x, y)
+        (loss / len(micro)).backward()
+    optimizer.step()
+
+
+WRONG["check_epoch_windows"] = [
+    ("the last window divided by K", {"train_epoch": _epoch_divides_by_k}),
+    ("no step for the last partial window", {"train_epoch": _epoch_drops_last_window}),
+    ("never zeroes between windows", {"train_epoch": _epoch_never_zeroes}),
+    ("a step per micro-batch", {"train_epoch": _epoch_steps_every_micro_batch}),
+    ("the whole epoch in one step", {"train_epoch": _epoch_one_big_step}),
+]
