@@ -42,7 +42,7 @@ from .measure import peak_memory, resident_bytes
 from .models import GPT, GPTConfig, gpt_param_count
 from .training import MAX_SEED, batches_of, make_grad_scaler, markov_tokens, train
 from .units import dtype_bytes
-from .validation import MAX_BATCH, boolean, function, integer, number, positive_int
+from .validation import MAX_BATCH, MAX_COUNT, boolean, function, integer, number, positive_int
 from .validation import device as as_device
 
 #: The most samples a playground trains on, and the largest micro-batch and accumulation
@@ -277,8 +277,7 @@ def device_speed(gpu, *, op_seconds: float = OP_SECONDS) -> DeviceSpeed:
     if sheet is None or not sheet.tensor_flops:
         raise ValueError(f"gpu {card.name!r} has no datasheet speeds and no preset of the same "
                          f"chip among {list(GPUS)}: measure it with measure_device_speed('cuda')")
-    if not op_seconds > 0:
-        raise ValueError(f"op_seconds must be positive, got {op_seconds!r}")
+    op_seconds = number("op_seconds", op_seconds, above=0, maximum=1)
     bf16 = sheet.tensor_flops if card.has_native_bf16 else sheet.fp32_flops
     return DeviceSpeed(card.name, sheet.fp32_flops, sheet.tensor_flops, bf16,
                        sheet.memory_bandwidth, op_seconds, False, sheet.datasheet)
@@ -367,6 +366,9 @@ def micro_batch_flops(config: GPTConfig, micro_batch_size: int, checkpointing: s
     as 0, the fused kernel's work is counted as on a GPU (an A100's rules), since the
     arithmetic is the same.
     """
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+    positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     spec = precision_of(precision)
     card = resolve_gpu(gpu)
     if card is None and attention_kernel(config, spec.compute, None) == "flash":
@@ -385,7 +387,8 @@ def adamw_bytes_moved(n_params: int, precision: str = "fp32") -> int:
     """
     spec = precision_of(precision)
     s, e = dtype_bytes(spec.state), dtype_bytes(spec.params)
-    return positive_int("n_params", n_params) * (7 * s + (2 * e + 8 if spec.master else 0))
+    n = positive_int("n_params", n_params, maximum=MAX_COUNT)
+    return n * (7 * s + (2 * e + 8 if spec.master else 0))
 
 
 @dataclass(frozen=True)
@@ -484,8 +487,8 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
     """
     if not isinstance(config, GPTConfig):
         raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
-    b = positive_int("micro_batch_size", micro_batch_size)
-    K = positive_int("accumulation_steps", accumulation_steps)
+    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     _check_choices(checkpointing, precision)
     card = resolve_gpu(gpu)
     if speed is None:
@@ -497,8 +500,7 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
         raise ValueError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
     if utilisation is None:
         utilisation = 1.0 if speed.measured else UTILISATION
-    if not (isinstance(utilisation, (int, float)) and 0 < utilisation <= 1):
-        raise ValueError(f"utilisation must be in (0, 1], got {utilisation!r}")
+    utilisation = number("utilisation", utilisation, above=0, maximum=1)
     memory = predict_step_memory(config, b, K, precision=precision, mode=checkpointing, gpu=card)
     flops, recomputed = micro_batch_flops(config, b, checkpointing, precision, card)
     ops, optimizer_ops = step_ops(config, checkpointing, precision)

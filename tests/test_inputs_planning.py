@@ -448,6 +448,22 @@ CASES = {
                         not_an_int(0, MAX_SEED)),
     "Playground.device": (lambda v: playground.Playground(CFG, device=v), "device",
                           NOT_A_DEVICE),
+    "optimizer_step_cost.micro_batch_size": (
+        lambda v: playground.optimizer_step_cost(CFG, v, 1, gpu="T4"), "micro_batch_size",
+        not_an_int(1, MAX_BATCH)),
+    "optimizer_step_cost.accumulation_steps": (
+        lambda v: playground.optimizer_step_cost(CFG, 1, v, gpu="T4"), "accumulation_steps",
+        not_an_int(1, MAX_BATCH)),
+    "optimizer_step_cost.utilisation": (
+        lambda v: playground.optimizer_step_cost(CFG, 1, 1, gpu="T4", utilisation=v),
+        "utilisation", st.one_of(not_a_number(0, 1), st.just(0.0)).filter(
+            lambda v: v is not None)),  # None: the default utilisation
+    "micro_batch_flops.micro_batch_size": (lambda v: playground.micro_batch_flops(CFG, v),
+                                           "micro_batch_size", not_an_int(1, MAX_BATCH)),
+    "adamw_bytes_moved.n_params": (lambda v: playground.adamw_bytes_moved(v), "n_params",
+                                   not_an_int(1, MAX_COUNT)),
+    "device_speed.op_seconds": (lambda v: playground.device_speed("T4", op_seconds=v),
+                                "op_seconds", st.one_of(not_a_number(0, 1), st.just(0.0))),
     "Playground.run.micro_batch_size": (lambda v: PLAYGROUND.run(v, 1), "micro_batch_size",
                                         not_an_int(1, MAX_BATCH)),
     "Playground.run.checkpointing": (lambda v: PLAYGROUND.run(1, 1, v), "checkpointing",
