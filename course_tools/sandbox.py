@@ -185,21 +185,23 @@ class Sandbox:
                      "/etc/alternatives", "/etc/localtime"):
             if os.path.exists(name):
                 args += ["--ro-bind", name, name]
-        made = {"/usr", "/etc"}
+        size = str(self.limits.disk_bytes)
+        # The private /tmp first: a Python environment that lives under /tmp (a checkout
+        # there) is mounted onto it below, instead of being hidden by it.
+        args += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+                 "--perms", "1777", "--dir", "/tmp/work"]
+        made = {"/usr", "/etc", "/tmp", "/tmp/work"}
         for path in self.env_paths:
             for parent in _parents(path):
                 if parent not in made:
                     made.add(parent)
                     args += ["--perms", "0755", "--dir", parent]
             args += ["--ro-bind", path, path]
-        size = str(self.limits.disk_bytes)
         args += ["--ro-bind", str(self.run_dir / "course"), "/course",
                  "--ro-bind", str(self.run_dir / "grader"), "/grader"]
         if job_dir is not None:
             args += ["--ro-bind", str(job_dir), "/job"]
         args += ["--proc", "/proc", "--dev", "/dev",
-                 "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
-                 "--perms", "1777", "--dir", "/tmp/work",
                  "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
                  "--remount-ro", "/",
                  "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",

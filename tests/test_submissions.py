@@ -413,3 +413,17 @@ def test_every_solution_earns_full_marks_from_the_sandboxed_checks():
     for name, problem, results in judged:
         assert problem == "" and results
         assert all(r == ("passed", "") for r in results.values()), (name, results)
+
+
+def test_an_environment_under_tmp_is_mounted_over_the_private_tmp(tmp_path):
+    """A checkout (and its .venv) under /tmp, as CI's clean clone may be, stays visible: the
+    private /tmp is mounted first and the environment's folders onto it."""
+    box = sandbox.Sandbox.__new__(sandbox.Sandbox)  # the arguments only, no bubblewrap needed
+    box.bwrap, box.root, box.run_dir = "bwrap", False, tmp_path
+    box.limits = sandbox.Limits()
+    box.env_paths = ["/tmp/clone/.venv", "/usr/lib/python3"]
+    args = box._bwrap_args(None, 0)
+    tmpfs = next(i for i in range(len(args) - 1) if args[i:i + 2] == ["--tmpfs", "/tmp"])
+    venv = next(i for i in range(len(args) - 2)
+                if args[i:i + 3] == ["--ro-bind", "/tmp/clone/.venv", "/tmp/clone/.venv"])
+    assert tmpfs < venv
