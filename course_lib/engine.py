@@ -63,6 +63,7 @@ CUDA the rules follow PyTorch's documented kernels; the ``gpu`` tests and
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass, fields, replace
 
@@ -210,20 +211,51 @@ class _Replay:
             self.pending = (label, nbytes, before)
 
     @classmethod
-    def effect(cls, replay) -> tuple[dict, str, dict]:
-        """Run ``replay(r)`` from nothing: ``(live at its worst node, that node, live at the end)``,
-        so that identical stretches (the blocks) are replayed once and then added (:meth:`apply`)."""
+    def effect(cls, replay) -> _Effect:
+        """Run ``replay(r)`` from nothing: the :class:`_Effect` of that stretch of one block,
+        so that identical blocks are replayed once and then added (:meth:`apply`)."""
         r = cls(dict.fromkeys((_GRAD, _ACT, _TMP), 0))
         r.best = dict.fromkeys(r.live, -(1 << 62))  # any node beats the start
         replay(r)
-        return dict(r.best), r.moment, dict(r.live)
+        return _Effect(dict(r.best), r.moment, dict(r.live), 0, 1)
 
-    def apply(self, effect: tuple[dict, str, dict]) -> None:
-        worst, moment, end = effect
-        at_worst = {k: self.live[k] + worst[k] for k in self.live}
+    def apply(self, effect: _Effect, top: int) -> None:
+        """Add ``effect``, a stretch of blocks whose first (highest) is block ``top``."""
+        at_worst = {c: self.live[c] + effect.worst[c] for c in self.live}
         if sum(at_worst.values()) > sum(self.best.values()):
-            self.best, self.moment = at_worst, moment
-        self.live = {k: self.live[k] + end[k] for k in self.live}
+            self.best, self.moment = at_worst, effect.label.format(i=top - effect.offset)
+        self.live = {c: self.live[c] + effect.end[c] for c in self.live}
+
+
+@dataclass(frozen=True)
+class _Effect:
+    """What a stretch of blocks does to the live bytes, replayed from nothing: ``worst`` (live
+    at its worst node), ``label`` of that node (``{i}`` for its block), ``end`` (live after
+    it), ``offset`` (that block, counted from the stretch's first) and ``blocks`` (its length).
+    Stretches compose: :meth:`then` (one after the other) and :meth:`repeat`."""
+
+    worst: dict
+    label: str
+    end: dict
+    offset: int
+    blocks: int
+
+    def then(self, other: _Effect) -> _Effect:
+        later = {c: self.end[c] + other.worst[c] for c in self.end}
+        first = sum(later.values()) <= sum(self.worst.values())  # the earlier wins a tie
+        return _Effect(self.worst if first else later, self.label if first else other.label,
+                       {c: self.end[c] + other.end[c] for c in self.end},
+                       self.offset if first else self.blocks + other.offset,
+                       self.blocks + other.blocks)
+
+    def repeat(self, times: int) -> _Effect:
+        """``times`` of this stretch in a row: each starts where the last ended, so their worst
+        moments differ by a multiple of the end's total: the first is the worst if the stretch
+        frees more than it keeps, else the last."""
+        k = times - 1 if sum(self.end.values()) > 0 else 0
+        return _Effect({c: self.worst[c] + k * self.end[c] for c in self.end}, self.label,
+                       {c: times * self.end[c] for c in self.end}, k * self.blocks + self.offset,
+                       times * self.blocks)
 
 
 class _Backward:
@@ -452,6 +484,11 @@ def adamw_scratch_bytes(param_bytes: list[int]) -> int:
                          f"{param_bytes!r}")
     for n in param_bytes:
         integer("param_bytes", n, minimum=0, maximum=MAX_BYTES)
+    return _adamw_scratch(tuple(param_bytes))
+
+
+def _adamw_scratch(param_bytes: tuple[int, ...]) -> int:
+    """:func:`adamw_scratch_bytes` of checked sizes (the engine's own)."""
     return max((param_bytes[i - 1] if i else 0) + 2 * n for i, n in enumerate(param_bytes))
 
 
@@ -461,24 +498,26 @@ def _regions(L: int, mode: str, every: int, segments: int | None) -> list[list[i
     return ckpt._regions(L, mode, every, ckpt._check_mode(mode, every, segments, L))
 
 
-def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
+@functools.lru_cache(maxsize=1024)
+def _block_terms(one_key: tuple, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
     """``(block, rebuilt, left)`` bytes for one checkpointed region of one block.
 
     ``block``: what a plain block keeps; ``rebuilt``: what recomputation adds when
     the backward pass reaches the region; ``left``: what the region still holds
     after its blocks' backward freed what a plain block frees (selective: matmul
-    outputs no backward needs; attention: the QKV output its checkpoint held).
+    outputs no backward needs; attention: the QKV output its checkpoint held). Depends on
+    one block only: ``one_key`` is the model's config with one layer (cached).
     """
+    config = _config(one_key)
     gpu = t.gpu
     block = act.total_bytes(act._block_saved(config, b, s, t), act.STEP_KINDS, gpu)
     h = config.d_model
     x_in = kernels.allocated(b * s * h * dtype_bytes(t.stream), gpu)  # the block's input
     if mode in ("blocks", "sqrt"):
         return block, block - x_in, 0
-    one = replace(config, n_layers=1)
     kw = dict(seq_len=s, dtype=t.compute, gpu=gpu, autocast=t.autocast)
-    kept = (ckpt.predict_kept_bytes(one, b, mode, **kw)
-            - ckpt.predict_kept_bytes(one, b, "blocks", **kw) + x_in)
+    kept = (ckpt.predict_kept_bytes(config, b, mode, **kw)
+            - ckpt.predict_kept_bytes(config, b, "blocks", **kw) + x_in)
     if mode == "attention":
         core = act._core_saved(config, b, s, t)
         rebuilt = act.total_bytes([i for i in core if "QKV output" not in i.what],
@@ -499,11 +538,54 @@ def _chunked_kept(config: GPTConfig, b: int, s: int, t) -> int:
             - kernels.allocated(4, t.gpu))
 
 
+@functools.lru_cache(maxsize=1024)
+def _kept_pieces(one_key: tuple, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
+    """``(outside the blocks, a plain block, a checkpointed region's first block)``: bytes kept
+    from forward to backward (:func:`course_lib.checkpointing.kept_items`), per piece."""
+    one = _config(one_key)
+    kw = dict(seq_len=s, dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
+    embed, per_block, head, _, block = ckpt._layout(one, b, mode, 1, None, s, t.compute, t.gpu,
+                                                    t.autocast)
+    wrapped = ckpt.kept_by_block(one, b, "blocks" if mode in ("none", "sqrt") else mode, 1, **kw)
+    total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=t.gpu)
+    return total(embed) + total(head), total(block), total(wrapped[0])
+
+
+def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
+                segments: int | None) -> int:
+    """:func:`course_lib.checkpointing.predict_kept_bytes`, from per-piece sums: every region
+    keeps its first block's checkpointed items and nothing of its other blocks."""
+    outside, block, wrapped = _kept_pieces(_config_key(replace(config, n_layers=1)), b, s, t, mode)
+    regions = [] if mode == "none" else _regions(config.n_layers, mode, every, segments)
+    covered = sum(len(region) for region in regions)
+    return outside + (config.n_layers - covered) * block + len(regions) * wrapped
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_effect(one_key: tuple, b: int, s: int, t, params: torch.dtype, mode: str,
+                  rerun: int | None, released: bool, left: int, tail: int) -> _Effect:
+    """One block's backward pass (:meth:`_Replay.effect`), with its region's recomputation
+    (``rerun`` bytes) before it and what its checkpoint still held (``released``) after it."""
+    bw = _Backward(_config(one_key), b, s, t, params)
+
+    def one_block(r: _Replay) -> None:
+        if rerun is not None:  # the backward pass unpacks a tensor of the region: it runs again
+            if mode == "selective":  # the rerun takes the kept matmul outputs from the cache,
+                # which lets go of those no backward formula needs as they are consumed
+                r.node("block {i}: cached matmul outputs consumed", [], [(_ACT, left - tail)])
+            r.recompute("block {i}: recomputation", rerun,
+                        before=_CORE_BACKWARD if mode == "attention" else None)
+        bw.block(r)
+        if released:  # what its checkpoint still held
+            r.node("block {i}: region released", [], [(_ACT, tail if mode == "selective" else left)])
+
+    return _Replay.effect(one_block)
+
+
 def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: str,
                      every: int, segments: int | None, loss_chunk: int | None = None) -> dict:
     """``{"live": ..., "moment": ...}`` at the worst moment of one micro-batch's backward pass."""
-    kept = ckpt.predict_kept_bytes(config, b, mode, every, segments=segments, seq_len=s,
-                                   dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
+    kept = _kept_bytes(config, b, s, t, mode, every, segments)
     if loss_chunk is not None:
         kept += _chunked_kept(config, b, s, t)
     bw = _Backward(config, b, s, t, params)
@@ -515,30 +597,40 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
     regions = [] if mode == "none" else _regions(config.n_layers, mode, every, segments)
     last = {region[-1]: region for region in regions}
     first = {region[0] for region in regions}
+    one_key = _config_key(replace(config, n_layers=1))
+    block = rebuilt = left = tail = 0
     if regions:
-        block, rebuilt, left = _block_terms(config, b, s, t, mode)
+        block, rebuilt, left = _block_terms(one_key, b, s, t, mode)
         # Without dropout the rerun stops before the block's last matmul (torch.utils.checkpoint
         # stops early once the backward has all it needs): its cached output is never consumed.
         tail = bw.Xc if config.dropout == 0 else 0
-    def one_block(r: _Replay, rerun: int | None, released: bool) -> None:
-        if rerun is not None:  # the backward pass unpacks a tensor of the region: it runs again
-            if mode == "selective":  # the rerun takes the kept matmul outputs from the cache,
-                # which lets go of those no backward formula needs as they are consumed
-                r.node("block {i}: cached matmul outputs consumed", [], [(_ACT, left - tail)])
-            r.recompute("block {i}: recomputation", rerun,
-                        before=_CORE_BACKWARD if mode == "attention" else None)
-        bw.block(r)
-        if released:  # what its checkpoint still held
-            r.node("block {i}: region released", [], [(_ACT, tail if mode == "selective" else left)])
 
-    effects = {}  # blocks of one kind free and allocate the same: replay each kind once
-    for i in reversed(range(config.n_layers)):
+    def kind_of(i: int) -> tuple:
         rerun = rebuilt + (len(last[i]) - 1) * block if i in last else None
-        kind = (rerun, i in first and mode in ("selective", "attention"))
-        if kind not in effects:
-            effects[kind] = _Replay.effect(lambda r, kind=kind: one_block(r, *kind))
-        worst, moment, end = effects[kind]
-        r.apply((worst, moment.format(i=i), end))
+        return rerun, i in first and mode in ("selective", "attention")
+
+    # Blocks of one kind free and allocate the same: each kind is replayed once (and cached),
+    # a run of like blocks is added in one go, and so is a repeated pair of runs (what every
+    # k-th block and sqrt segments give: a checkpointed block, then k - 1 plain ones).
+    runs = [(kind, len(list(run))) for kind, run in
+            itertools.groupby(reversed(range(config.n_layers)), key=kind_of)]
+
+    def run_effect(kind, n) -> _Effect:
+        return _block_effect(one_key, b, s, t, params, mode, *kind, left, tail).repeat(n)
+
+    top, i = config.n_layers - 1, 0
+    while i < len(runs):
+        pair, times = runs[i:i + 2], 1
+        while len(pair) == 2 and runs[i + 2 * times:i + 2 * times + 2] == pair:
+            times += 1
+        if times > 1:
+            effect = run_effect(*pair[0]).then(run_effect(*pair[1])).repeat(times)
+            i += 2 * times
+        else:
+            effect = run_effect(*runs[i])
+            i += 1
+        r.apply(effect, top)
+        top -= effect.blocks
     bw.embeddings(r)
     return {"live": r.best, "moment": r.moment}
 
@@ -603,31 +695,46 @@ def _config_key(config: GPTConfig) -> tuple:
     return tuple(sorted(vars(config).items()))
 
 
+@functools.lru_cache(maxsize=4096)
+def _config(key: tuple) -> GPTConfig:
+    """The :class:`~course_lib.models.GPTConfig` of a cache key (made and checked once)."""
+    return GPTConfig(**dict(key))
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """The parameters of one model as a device allocates them in one dtype, in bytes."""
+
+    total: int           # all parameter tensors
+    last: int            # the last tensor (the final LayerNorm's)
+    adamw_scratch: int   # :func:`adamw_scratch_bytes` of these tensors
+    count: int           # how many tensors
+
+
 @functools.lru_cache(maxsize=1024)
-def _param_sizes(key: tuple, element_bytes: int, gpu: GPU | None) -> tuple[int, ...]:
-    """Bytes of each parameter tensor of the config ``key`` as ``gpu`` allocates it (cached:
-    a planner asks for the same model at many batch sizes)."""
-    return tuple(kernels.allocated(n * element_bytes, gpu)
-                 for n in param_numels(GPTConfig(**dict(key))))
+def _param_sizes(key: tuple, element_bytes: int, gpu: GPU | None) -> _Sizes:
+    """:class:`_Sizes` of the config ``key`` (cached: a planner asks for the same model at many
+    batch sizes, and thousands of tensors need not be summed each time)."""
+    sizes = [kernels.allocated(n * element_bytes, gpu) for n in param_numels(_config(key))]
+    return _Sizes(sum(sizes), sizes[-1], _adamw_scratch(tuple(sizes)), len(sizes))
 
 
 @functools.lru_cache(maxsize=8192)
 def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
              segments: int | None, s: int, gpu: GPU | None, first_step: bool,
              foreach: bool, loss_chunk: int | None = None) -> dict[str, StepMemory]:
-    config = GPTConfig(**dict(key))  # GPTConfig is mutable, so the cache is keyed by its fields
+    config = _config(key)  # GPTConfig is mutable, so the caches are keyed by its fields
     spec = PRECISION[precision]
     _, _, t = act._check(config, b, s, spec.compute, gpu, spec.autocast)
-    numels = param_numels(config)
 
-    def sizes(dtype):
-        return list(_param_sizes(key, dtype_bytes(dtype), gpu))
+    def sizes(dtype) -> _Sizes:
+        return _param_sizes(key, dtype_bytes(dtype), gpu)
 
     params, states = sizes(spec.params), sizes(spec.state)
-    P = sum(params)
-    steps = len(numels) * kernels.allocated(4, gpu) if kernels.optimizer_steps_on_device(gpu) else 0
-    state = 2 * sum(states) + steps
-    resident = dict(parameters=P, master_weights=sum(sizes(_F32)) if spec.master else 0,
+    P = params.total
+    steps = states.count * kernels.allocated(4, gpu) if kernels.optimizer_steps_on_device(gpu) else 0
+    state = 2 * states.total + steps
+    resident = dict(parameters=P, master_weights=sizes(_F32).total if spec.master else 0,
                     optimizer_state=0 if first_step else state, first_step=first_step)
     loss = kernels.allocated(4, gpu)
     out = {}
@@ -653,12 +760,12 @@ def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
     optimizer = dict(resident, optimizer_state=state)
     if spec.master:  # fp32 copies of the gradients replace the 16-bit ones one tensor at a time
         master_grads = sizes(_F32)
-        scratch = max(2 * params[-1], adamw_scratch_bytes(master_grads))
+        scratch = max(2 * params.last, master_grads.adamw_scratch)
         out["optimizer"] = StepMemory("optimizer step (fp32 master gradients)", **optimizer,
-                                      gradients=sum(master_grads), activations=0,
+                                      gradients=master_grads.total, activations=0,
                                       transient=scratch + loss)
     else:
-        scratch = sum(states) if foreach else adamw_scratch_bytes(states)
+        scratch = states.total if foreach else states.adamw_scratch
         out["optimizer"] = StepMemory("AdamW step", **optimizer, gradients=P, activations=0,
                                       transient=scratch + loss)
     return out

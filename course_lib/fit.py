@@ -23,6 +23,7 @@ with a clear message, and the kernel survives.
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 from collections.abc import Callable, Sequence
@@ -272,15 +273,24 @@ def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int
             numbers ``0 < low <= high``; also when no configuration is left.
     """
     _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
+    return list(_search_space(tuple(widths), tuple(depths), head_size,
+                              None if aspect_ratio is None else tuple(aspect_ratio), seq_len,
+                              vocab_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _search_space(widths: tuple, depths: tuple, head_size: int, aspect_ratio: tuple | None,
+                  seq_len: int, vocab_size: int) -> tuple:
+    """:func:`search_space` of checked arguments, cached (a widget asks again and again)."""
     low, high = aspect_ratio or (0, float("inf"))
     configs = [GPTConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=w, n_heads=w // head_size,
                          n_layers=L)
                for w in widths if w % head_size == 0 for L in depths if low <= w / L <= high]
     if not configs:
-        raise ValueError(f"the search space is empty: no width in {tuple(widths)} is a multiple of "
-                         f"head_size={head_size} with a depth in {tuple(depths)} in aspect_ratio="
+        raise ValueError(f"the search space is empty: no width in {widths} is a multiple of "
+                         f"head_size={head_size} with a depth in {depths} in aspect_ratio="
                          f"{aspect_ratio}")
-    return sorted(configs, key=lambda c: (-gpt_param_count(c), c.n_layers))
+    return tuple(sorted(configs, key=lambda c: (-gpt_param_count(c), c.n_layers)))
 
 
 def _divisors(n: int) -> list[int]:
