@@ -715,8 +715,19 @@ class _Sizes:
 def _param_sizes(key: tuple, element_bytes: int, gpu: GPU | None) -> _Sizes:
     """:class:`_Sizes` of the config ``key`` (cached: a planner asks for the same model at many
     batch sizes, and thousands of tensors need not be summed each time)."""
-    sizes = [kernels.allocated(n * element_bytes, gpu) for n in param_numels(_config(key))]
-    return _Sizes(sum(sizes), sizes[-1], _adamw_scratch(tuple(sizes)), len(sizes))
+    config = _config(key)
+
+    def sizes(n_layers: int) -> list[int]:
+        return [kernels.allocated(n * element_bytes, gpu)
+                for n in param_numels(replace(config, n_layers=n_layers))]
+
+    # Every block holds the same tensors: sizes of one and of two blocks give the rest (AdamW's
+    # scratch looks at neighbours only, and two blocks show every pair of neighbours).
+    one, two = sizes(1), sizes(min(2, config.n_layers))
+    block, count = sum(two) - sum(one), len(two) - len(one)
+    extra = config.n_layers - min(2, config.n_layers)
+    return _Sizes(sum(two) + extra * block, two[-1], _adamw_scratch(tuple(two)),
+                  len(two) + extra * count)
 
 
 @functools.lru_cache(maxsize=8192)

@@ -208,3 +208,17 @@ def test_engine_against_the_cuda_allocator():
     assert len(errors) >= 24
     assert statistics.median(abs(e) for e in errors.values()) <= 0.03, errors
     assert abs(errors[worst]) <= 0.05, (worst, errors[worst])
+
+
+def test_parameter_sizes_from_two_blocks_equal_every_tensor_summed():
+    """The engine sums one block's tensors times the depth; against every tensor, one by one."""
+    for n_layers, bias, gpu in [(1, True, None), (2, False, "T4"), (7, True, "H100 80GB")]:
+        cfg = GPTConfig(vocab_size=50, seq_len=16, d_model=24, n_heads=3, n_layers=n_layers,
+                        bias=bias)
+        for element_bytes in (2, 4):
+            sizes = [engine.kernels.allocated(n * element_bytes, engine.resolve_gpu(gpu))
+                     for n in param_numels(cfg)]
+            got = engine._param_sizes(engine._config_key(cfg), element_bytes,
+                                      engine.resolve_gpu(gpu))
+            assert (got.total, got.last, got.count) == (sum(sizes), sizes[-1], len(sizes))
+            assert got.adamw_scratch == engine.adamw_scratch_bytes(sizes)
