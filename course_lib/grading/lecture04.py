@@ -1,15 +1,39 @@
-"""Checks for exercises/04_activation_checkpointing.ipynb."""
+"""Checks for exercises/04_activation_checkpointing.ipynb.
+
+The truths do not come from ``course_lib.checkpointing`` or the memory engine,
+which the exercises use: what checkpointing each block keeps is measured on a
+reference that calls ``torch.utils.checkpoint`` itself, and the segment counts'
+step peaks and FLOPs were measured on real steps (:data:`SEGMENT_COSTS`, written
+out here because the exercise's answer comes from the engine, pure arithmetic,
+and must not move when a learner's torch differs; ``tests/test_grading_truths.py``
+measures them again).
+"""
 
 from __future__ import annotations
 
 import copy
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
-from .. import checkpointing as ckpt
-from ..engine import predict_step_memory
+from ..measure import LiveTensorTracker
 from ..models import GPT, GPTConfig, random_tokens
 from . import expect, grader
+
+
+def _per_block_reference(blocks, x):
+    """The reference: each block its own non-reentrant checkpoint, written out."""
+    for block in blocks:
+        x = checkpoint(block, x, use_reentrant=False)
+    return x
+
+
+def _kept_bytes(model, x, y) -> int:
+    """Measured bytes a forward pass leaves alive for the backward pass, logits and loss aside."""
+    with LiveTensorTracker() as tracker:
+        logits, loss = model(x, y)
+    outputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (logits, loss)}
+    return tracker.live - sum(outputs.values())
 
 
 @grader
@@ -36,8 +60,9 @@ def check_checkpoint_blocks(fn):
                 "same masks when a block is rebuilt")
 
     # 2. It really checkpoints, block by block: only one (b, s, h) input per block stays kept.
-    kept, truth = ckpt.measure_kept_bytes(model, x, y), ckpt.predict_kept_bytes(config, 4, "blocks")
-    plain_kept = ckpt.predict_kept_bytes(config, 4, "none")
+    reference = copy.deepcopy(plain)
+    reference.run_blocks = lambda x: _per_block_reference(reference.blocks, x)
+    kept, truth, plain_kept = (_kept_bytes(m, x, y) for m in (model, reference, plain))
     expect(kept != plain_kept, f"the model keeps {kept:,} bytes between forward and backward, as "
            "many as without checkpointing", hint="call torch.utils.checkpoint.checkpoint on each block")
     expect(kept == truth, f"the model keeps {kept:,} bytes between forward and backward; checkpointing "
@@ -57,23 +82,41 @@ def check_checkpoint_blocks(fn):
            hint="use_reentrant=False")
 
 
+#: The model and batch of :func:`check_choose_segments`.
+SEGMENTS_CONFIG = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=16)
+SEGMENTS_BATCH = 8
+
+#: Measured (torch 2.13, CPU) for ``GPT(SEGMENTS_CONFIG)`` on ``SEGMENTS_BATCH`` sequences with
+#: its blocks in ``k`` segments (``torch.utils.checkpoint.checkpoint_sequential``, the last
+#: segment not checkpointed), ``k = 1 .. 16``: ``(peak bytes, FLOPs)``. Peak bytes: a
+#: steady-state AdamW step's, what was held before it (parameters, ``m``, ``v``, step counters)
+#: plus its own peak (:class:`course_lib.measure.LiveTensorTracker`); FLOPs: forward, backward
+#: and recomputation, as ``torch.utils.flop_counter.FlopCounterMode`` counts them.
+SEGMENT_COSTS = {
+    1: (11228952, 305135616), 2: (7316632, 353370112), 3: (5990168, 363855872),
+    4: (5398168, 374341632), 5: (4994840, 372244480), 6: (6088472, 357564416),
+    7: (5060376, 368050176), 8: (4438936, 378535936), 9: (7247640, 338690048),
+    10: (6749976, 342884352), 11: (6252312, 347078656), 12: (5754648, 351272960),
+    13: (5256984, 355467264), 14: (4759320, 359661568), 15: (4261656, 363855872),
+    16: (3959320, 368050176),
+}
+
+
 @grader
 def check_choose_segments(fn):
     """``fn(config, batch_size, budget)``: of the segment counts whose predicted step peak (the
     engine's ``total``) fits ``budget`` bytes, the one with the least recomputation (fewer
     segments on a tie), else None."""
-    config = GPTConfig(vocab_size=64, seq_len=64, d_model=64, n_heads=4, n_layers=16)
-    batch = 8
-    flops = {k: ckpt.step_flops(config, batch, "sqrt", segments=k)[0] for k in range(1, 17)}
-    peak = {k: predict_step_memory(config, batch, mode="sqrt", segments=k).total
-            for k in range(1, 17)}
+    config, batch = SEGMENTS_CONFIG, SEGMENTS_BATCH
+    peak = {k: nbytes for k, (nbytes, _) in SEGMENT_COSTS.items()}
+    flops = {k: count for k, (_, count) in SEGMENT_COSTS.items()}
 
     def truth(budget):
         fits = [k for k in peak if peak[k] <= budget]
         return min(fits, key=lambda k: (flops[k], k)) if fits else None
 
     peaks = sorted(set(peak.values()))
-    budgets = [peaks[0] - 1, peaks[0], peaks[1], peak[4], peak[3], 20 * 10**6, 2 * peaks[-1]]
+    budgets = [peaks[0] - 1, peaks[0], peaks[1], peak[4], peak[3], peak[9], 2 * peaks[-1]]
     for budget in budgets:
         want, got = truth(budget), fn(config, batch, budget)
         expect(got == want, f"choose_segments(config, {batch}, budget={budget:,}) returned {got!r}, "
