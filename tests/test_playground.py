@@ -1,8 +1,12 @@
 """The accumulation playground: settings, cache, and memory predicted against measured."""
 
+import functools
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from course_lib import fit
 from course_lib import playground as pgm
 from course_lib.models import GPT, GPTConfig, count_parameters
 from course_lib.training import train
@@ -90,24 +94,65 @@ def test_bad_settings(playground):
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
 
 
-def test_optimizer_step_cost_memory_is_the_engines_and_time_its_three_terms():
-    from course_lib.engine import predict_step_memory
+class _CountOps(TorchDispatchMode):
+    """Counts the aten operators that run, views aside (they launch no kernel)."""
 
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def _counted_ops(config, precision, mode):
+    """``(per micro-batch, per optimizer step)`` operators of a real step of ``config``'s depth,
+    counted on a tiny model of its structure (widths change no operator): steps of one and of
+    two micro-batches differ by one micro-batch's forward and backward."""
+    counts = []
+    for K in (1, 2):
+        model, optimizer = fit.build(config, precision=precision, mode=mode)
+        x = torch.zeros(K, config.seq_len, dtype=torch.long)
+        step = functools.partial(train, model, optimizer, [(x, x)], micro_batch_size=1,
+                                 accumulation_steps=K, **fit.train_options(precision))
+        step()  # AdamW's state exists from here on
+        with _CountOps() as counter:
+            step()
+        counts.append(counter.ops)
+    return counts[1] - counts[0], 2 * counts[0] - counts[1]
+
+
+def test_optimizer_step_cost_from_the_transformer_count_the_datasheet_and_counted_ops():
     cost = pgm.optimizer_step_cost(GPT2, 4, 8, checkpointing="blocks", precision="bf16-mixed",
                                    gpu="A100 80GB")
-    assert cost.peak_bytes == predict_step_memory(GPT2, 4, 8, precision="bf16-mixed",
-                                                  mode="blocks", gpu="A100 80GB").total
     assert cost.effective_batch == 32
-    assert cost.seconds == pytest.approx(cost.compute_seconds + cost.overhead_seconds
-                                         + cost.optimizer_seconds)
-    # compute: K micro-batches' FLOPs at half the datasheet's 312 TFLOP/s (bf16 tensor cores)
-    flops, recomputed = pgm.micro_batch_flops(GPT2, 4, "blocks", "bf16-mixed", "A100 80GB")
-    assert cost.flops == 8 * flops and cost.recompute_flops == 8 * recomputed > 0
-    assert cost.compute_seconds == pytest.approx(8 * flops / (0.5 * 312e12))
-    ops, optimizer_ops = pgm.step_ops(GPT2, "blocks", "bf16-mixed")
-    assert cost.overhead_seconds == pytest.approx(8 * ops * pgm.OP_SECONDS)
-    assert cost.optimizer_seconds == pytest.approx(
-        pgm.adamw_bytes_moved(124_439_808, "bf16-mixed") / 2039e9 + optimizer_ops * pgm.OP_SECONDS)
+    b, s, h, L, V, K = 4, 1024, 768, 12, 50257, 8
+    # FLOPs as FlopCounterMode counts them: a block's linears 24bsh^2 and its attention core
+    # 4bs^2h (the whole square) forward; backward twice the linears and 2.5 times a fused core,
+    # which recomputes the scores; the head 2bshV, three times. Checkpointed blocks rerun their
+    # forward but the MLP's output projection, whose output no backward needs without dropout.
+    linears, core, head = 24 * b * s * h * h, 4 * b * s * s * h, 2 * b * s * h * V
+    recompute = L * (linears - 8 * b * s * h * h + core)
+    flops = L * (3 * linears + core + 5 * core // 2) + 3 * head + recompute
+    assert (cost.flops, cost.recompute_flops) == (K * flops, K * recompute)
+    # at half the A100's 312 TFLOP/s of bf16 tensor cores (its datasheet)
+    compute = K * flops / (0.5 * 312e12)
+    # AdamW per parameter: reads the fp32 weight, gradient, m and v, writes weight, m and v
+    # (28 bytes), casts the bf16 gradient to fp32 (2 + 4) and the weight back (4 + 2); GPT-2
+    # small's 124,439,808 parameters over the A100 80GB's 2,039 GB/s (its datasheet)
+    per_micro_batch, per_step = _counted_ops(
+        GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=L), "bf16-mixed",
+        "blocks")
+    optimizer = 40 * 124_439_808 / 2039e9 + per_step * pgm.OP_SECONDS
+    overhead = K * per_micro_batch * pgm.OP_SECONDS
+    assert cost.compute_seconds == pytest.approx(compute)
+    assert cost.overhead_seconds == pytest.approx(overhead)
+    assert cost.optimizer_seconds == pytest.approx(optimizer)
+    assert cost.seconds == pytest.approx(compute + overhead + optimizer)
+    # memory, a floor: the 14 bytes per parameter held between steps (bf16 weights, fp32 master
+    # copy, m and v) and, in a micro-batch's backward, every checkpointed block's bf16 input
+    assert cost.peak_bytes > 14 * 124_439_808 + L * b * s * h * 2
 
 
 def test_flops_of_a_micro_batch_match_the_transformer_count():
