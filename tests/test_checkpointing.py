@@ -8,10 +8,9 @@ import torch
 from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib import activations as act
 from course_lib import checkpointing as ckpt
 from course_lib import engine
-from course_lib.measure import peak_memory
+from course_lib.measure import peak_memory, saved_bytes
 from course_lib.memory_timeline import record_timeline, timeline_from_snapshot, track_timeline
 from course_lib.models import GPT, GPTConfig, random_tokens
 
@@ -52,10 +51,14 @@ def test_mode_keeps_gradients_and_matches_predicted_bytes_and_flops(mode, every,
 
 
 def test_per_block_checkpointing_keeps_one_input_per_block():
-    # Independent count: a checkpointed block keeps its (b, s, h) fp32 input instead of all it saves.
+    # Independent: a checkpointed block keeps its (b, s, h) fp32 input instead of all it saves,
+    # which autograd reports for one real block.
     config = GPTConfig(**SMALL)
     b, s, h, L = 3, 16, 32, 5
-    block = act.total_bytes(act.block_saved(config, b), kinds=("activation",))
+    torch.manual_seed(0)
+    one = GPT(config).blocks[0]
+    x = torch.randn(b, s, h, requires_grad=True)
+    block = saved_bytes(one(x), one.parameters())
     none = ckpt.predict_kept_bytes(config, b, "none")
     assert none - ckpt.predict_kept_bytes(config, b, "blocks") == L * (block - b * s * h * 4)
     every2 = ckpt.predict_kept_bytes(config, b, "blocks", 2)  # blocks 0, 2, 4 wrapped
