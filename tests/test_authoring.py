@@ -93,7 +93,12 @@ def test_outputs_alone_are_not_foreign_changes(dirs):
     src = nbformat.read(sol / "01_t.ipynb", 4)
     src.cells.append(nbformat.v4.new_markdown_cell("upstream"))
     nbformat.write(src, sol / "01_t.ipynb")
-    authoring.generate(sol, ex)  # a learner who only ran the cells is not blocking
+    # a learner who only ran the cells is not blocking: the exercise is regenerated
+    assert authoring.generate(sol, ex) == [target]
+    regenerated = nbformat.read(target, 4)
+    assert regenerated.cells[-1].source == "upstream"
+    assert all(not c.get("outputs") for c in regenerated.cells if c.cell_type == "code")
+    assert authoring.generate(sol, ex) == []
 
 
 @pytest.mark.parametrize("source,message", [
