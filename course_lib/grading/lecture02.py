@@ -9,8 +9,9 @@ The largest batch on the CPU comes from steps measured on real tensors
 memory engine, pure arithmetic, and must not move when a learner's torch saves a
 tensor more or less; ``tests/test_grading_truths.py`` measures them again). On the
 GPU presets, which no CPU can measure, it is found by trying every batch size
-against the engine (:func:`course_lib.engine.predict_step_memory`), whose GPU
-rules the ``gpu`` tests compare with the CUDA allocator.
+against the engine (:func:`course_lib.engine.predict_step_memory`): those cases
+rest on the engine's GPU rules, which the ``gpu`` tests compare with the CUDA
+allocator of the card they run on.
 """
 
 from __future__ import annotations
