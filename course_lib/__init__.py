@@ -1,31 +1,38 @@
 """Companion package of the course "Training bigger models on smaller GPUs".
 
-One module per idea, in lecture order:
+One module per idea, in lecture order. A module imports only modules above it in this table
+(``tests/test_repo.py`` checks it), so where an early lecture's view needs a later tool (the
+trade-off explorer of lecture 03 predicts checkpointing), it sits below that tool, with its
+lecture named:
 
 =====================  =========================================================
-``device``             00: which device and training dtype this kernel uses
-``units``              byte counts and their human-readable form
 ``validation``         the shared input checks (``ValueError`` naming the parameter)
-``kernels``            02-06: which attention kernel, dtypes and block sizes PyTorch uses where
-``memory``             01: analytic bytes of params, grads, optimizer, activations
+``units``              byte counts and their human-readable form
+``device``             00: which device and training dtype this kernel uses; the GPU presets
+``models``             01-08: the course GPT (nanoGPT-style), its parameter count, token data
 ``model_zoo``          01: GPT-2 and Llama presets, counted on the ``meta`` device
-``models``             01-07: the course GPT (nanoGPT-style), its parameter count, token data
+``memory``             01: analytic bytes of params, grads, optimizer, activations
+``mixed_precision``    01: AdamW on fp32 master weights of a 16-bit model
+``kernels``            02-06: which attention kernel, dtypes and block sizes PyTorch uses where
 ``activations``        02: the course GPT's saved activations, op by op, on the CPU or a GPU
 ``measure``            02: peak memory, saved tensors, categorised breakdowns
 ``accumulation``       03: gradient accumulation and its bugs
 ``training``           03-07: the shared training loop (accumulation, AMP, no_sync)
+``widgets``            01-08: ``live_plot``, the thin ipywidgets view every widget uses
+``checkpointing``      04: five checkpointing modes; kept bytes and FLOPs predicted
+``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
+``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target
+``step_setup``         02-08: the real model and optimizer a prediction is for; its measured step
 ``playground``         03: the accumulation playground; one step's cost, memory and time
 ``step_views``         03: the trade-off explorer and the step-through of one step
-``checkpointing``      04: five checkpointing modes; kept bytes and FLOPs predicted
-``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target
 ``policies``           05: op-level selective-checkpointing policies and their cost
 ``planner``            05: the cheapest checkpointing policy that fits a memory budget
-``fit``                06, 08: the largest GPT that trains within a budget; the guard; the fit ladder
-``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
+``fit``                06: the largest GPT, or the largest batch, that trains within a budget
+``guard``              06: a budget checked before a step runs and enforced while it runs
 ``allocator``          06: what nvidia-smi shows beside the prediction (cache, context, cuBLAS)
 ``distributed``        07: ranks on gloo, DDP ``no_sync``, sharded states
 ``levers``             08: optimizer in backward, chunked loss, offloading, low-bit states, LoRA
-``widgets``            thin ipywidgets views over the pure functions above
+``fit_ladder``         08: every lever for one model and one GPU, ranked; the mix that fits
 ``grading``            the checks of the graded exercises
 =====================  =========================================================
 

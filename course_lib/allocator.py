@@ -257,7 +257,7 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
 
     Example:
         >>> report = step_report(one_step, predicted=fit_.peak_bytes,  # doctest: +SKIP
-        ...                      resident=fit.resident_bytes(model, optimizer))
+        ...                      resident=measure.resident_bytes(model, optimizer))
         >>> print(report.table() if report else report.reason)  # doctest: +SKIP
     """
     if not callable(fn):

@@ -54,7 +54,6 @@ from . import kernels
 from .device import resolve_gpu
 from .measure import LiveTensorTracker
 from .models import CONFIG_MAXIMUM, GPTConfig
-from .policies import MATMULS, check_ops
 from .units import dtype_bytes
 from .validation import MAX_COUNT, choice, positive_int, tensor
 
@@ -63,6 +62,10 @@ MAX_LAYERS = CONFIG_MAXIMUM["n_layers"]
 
 MODES = ("none", "blocks", "sqrt", "selective", "attention")
 
+_aten = torch.ops.aten
+#: The matmul ops of the course GPT: ``mm`` (a linear without bias, the LM head),
+#: ``addmm`` (a linear with bias), ``bmm`` (``q @ k^T`` and ``probs @ v``).
+MATMULS = (_aten.mm.default, _aten.addmm.default, _aten.bmm.default)
 #: The ops whose outputs ``selective`` mode keeps: the matmuls. ``nn.Linear`` with a bias
 #: dispatches ``addmm`` (not ``mm``), and batched ``q @ k^T`` dispatches ``bmm``.
 SAVE_MATMULS = MATMULS
@@ -76,6 +79,19 @@ class CheckpointSettings:
     every: int = 1
     segments: int | None = None  # sqrt mode only
     policy: tuple | Callable | None = None  # selective mode only
+
+
+def check_ops(ops: Sequence, name: str = "ops") -> tuple:
+    """``ops`` as a tuple of ``OpOverload`` s; ``ValueError`` (naming ``name``) for a packet
+    such as ``torch.ops.aten.mm``, which never equals the overload that actually runs."""
+    if isinstance(ops, str) or not isinstance(ops, Sequence):
+        raise ValueError(f"{name} must be a list of OpOverloads, got {ops!r}")
+    for op in ops:
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            raise ValueError(f"{name} must hold OpOverloads: write {op}.default, not the packet {op}")
+        if not isinstance(op, torch._ops.OpOverload):
+            raise ValueError(f"{name} must hold OpOverloads like torch.ops.aten.mm.default, got {op!r}")
+    return tuple(ops)
 
 
 def sqrt_segments(n_layers: int) -> int:

@@ -47,7 +47,7 @@ Precisions (:data:`PRECISIONS`; bytes per parameter of model states, gradients i
 =================  ======================================================  ==============
 ``"fp32"``         fp32 model and AdamW                                    16
 ``"fp16-mixed"``   fp16 model, fp32 master weights and AdamW state,        16
-                   loss scaling (:class:`course_lib.fit.MasterWeightAdamW`)
+                   loss scaling (:class:`course_lib.mixed_precision.MasterWeightAdamW`)
 ``"bf16-mixed"``   bf16 model, fp32 master weights and AdamW state         16
 ``"bf16"``         bf16 model and AdamW state ("pure" bf16)                8
 ``"autocast-fp16"``  fp32 model under ``torch.autocast(dtype=float16)``,   16, plus 16-bit
@@ -832,8 +832,8 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     """Predicted peak bytes of one AdamW step of ``GPT(config)``: the largest of its moments.
 
     The step is :func:`course_lib.training.train` on the model and optimizer of
-    :func:`course_lib.fit.build` (``torch.optim.AdamW(foreach=False)``, or
-    :class:`course_lib.fit.MasterWeightAdamW` in mixed precision).
+    :func:`course_lib.step_setup.build` (``torch.optim.AdamW(foreach=False)``, or
+    :class:`course_lib.mixed_precision.MasterWeightAdamW` in mixed precision).
 
     Args:
         config: the model.

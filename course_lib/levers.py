@@ -29,7 +29,7 @@ levers that lecture 08 measures side by side:
   itself is written out in lecture 08.
 
 The fit ladder that ranks all of them for a model and a GPU is
-:func:`course_lib.fit.ladder`.
+:func:`course_lib.fit_ladder.ladder`.
 """
 
 from __future__ import annotations
@@ -43,8 +43,19 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .models import GPTConfig
-from .validation import MAX_BYTES, MAX_COUNT, boolean, choice, integer, items, number, positive_int
+from .models import GPTConfig, random_tokens
+from .step_setup import build, measure_steady_step, train_options
+from .validation import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_COUNT,
+    boolean,
+    choice,
+    integer,
+    items,
+    number,
+    positive_int,
+)
 from .validation import device as as_device
 
 #: The largest tokens or chunk rows any function here takes.
@@ -321,6 +332,50 @@ def use_chunked_loss(model: nn.Module, chunk_size: int | None) -> nn.Module:
     return model
 
 
+def measure_chunked_loss_step(config: GPTConfig, micro_batch_size: int, loss_chunk: int,
+                              accumulation_steps: int = 1, *, precision: str = "fp32",
+                              device: str | torch.device = "cpu") -> int:
+    """Measured peak bytes of a steady-state step whose loss is chunked, beside
+    ``course_lib.engine.predict_step_memory(..., loss_chunk=loss_chunk)``.
+
+    As :func:`course_lib.step_setup.measure_step_memory`, with the model switched to
+    :func:`chunked_cross_entropy` (:func:`use_chunked_loss`): each micro-batch's mean loss,
+    divided by ``accumulation_steps``, is backpropagated, then the optimizer steps.
+
+    Args:
+        config: the model. micro_batch_size: sequences per forward pass. loss_chunk: tokens
+            per chunk. accumulation_steps: micro-batches per step. precision: a precision of
+            :data:`course_lib.engine.PRECISIONS` without autocast or loss scaling (fp32,
+            bf16, bf16-mixed). device: where it runs.
+
+    Returns:
+        Bytes (int).
+
+    Raises:
+        ValueError: naming the argument; ``precision`` that autocasts or scales the loss.
+    """
+    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
+    positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
+    device = as_device("device", device)
+    model, optimizer = build(config, precision=precision, device=device)
+    options = train_options(precision, device)
+    if options["amp_dtype"] is not None or options["grad_scaler"] is not None:
+        raise ValueError(f"precision must be one without autocast or loss scaling for a chunked "
+                         f"loss, got {precision!r}")
+    use_chunked_loss(model, loss_chunk)
+    x, y = random_tokens(config, b * K, device=device)
+
+    def step():
+        for xk, yk in zip(x.split(b), y.split(b)):
+            loss = model(xk, yk)[1]
+            (loss if K == 1 else loss / K).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return measure_steady_step(model, optimizer, step, device=device)
+
+
 def logits_bytes(n_tokens: int, vocab_size: int, dtype=torch.float32) -> int:
     """Bytes of one ``(n_tokens, vocab_size)`` logits tensor in ``dtype``: ``N x V x bytes``.
 
@@ -441,7 +496,7 @@ def optimizer_state_bytes(optimizer) -> int:
     """Bytes of an optimizer's state, measured from its tensors, each storage once.
 
     Walks ``optimizer.state`` (and ``optimizer.master``, where a
-    :class:`course_lib.fit.MasterWeightAdamW` keeps fp32 copies, which count here
+    :class:`course_lib.mixed_precision.MasterWeightAdamW` keeps fp32 copies, which count here
     too) and sums ``untyped_storage().nbytes()`` over distinct storages. A quantized
     state (torchao's ``OptimState8bit``/``OptimState4bit``) is a tensor subclass: its
     inner tensors are counted (codes, scales, quantization map), not its nominal

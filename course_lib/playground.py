@@ -40,6 +40,7 @@ from .engine import StepMemory, precision_of, predict_step_memory
 from .kernels import attention_kernel
 from .measure import peak_memory, resident_bytes
 from .models import GPT, GPTConfig, gpt_param_count
+from .step_setup import build, measure_step_memory, train_options
 from .training import MAX_SEED, batches_of, make_grad_scaler, markov_tokens, train
 from .units import dtype_bytes
 from .validation import MAX_BATCH, MAX_COUNT, boolean, function, integer, number, positive_int
@@ -314,8 +315,6 @@ def _ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
 
 def _tiny_step(config: GPTConfig, mode: str, precision: str, K: int, device) -> Callable[[], None]:
     """One optimizer step of ``K`` micro-batches of one sequence, as a callable."""
-    from .fit import build, train_options  # fit imports this module's neighbours, not it
-
     model, optimizer = build(config, precision=precision, mode=mode, device=device)
     options = train_options(precision, device)
     if options["grad_scaler"] is not None:  # a scale that never overflows: no step skipped
@@ -586,14 +585,12 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
                       device: torch.device | str = "cpu", steps: int = 3) -> MeasuredStep:
     """Run the setting of :func:`optimizer_step_cost` on ``device`` and measure it.
 
-    Memory: :func:`course_lib.fit.measure_step_memory` (resident bytes plus the measured
+    Memory: :func:`course_lib.step_setup.measure_step_memory` (resident bytes plus the measured
     peak of a steady-state step: the CUDA allocator on CUDA, the live-tensor tracker
     elsewhere). Time: the fastest of ``steps`` optimizer steps of
     :func:`course_lib.training.train` after one warm-up step, on the model and optimizer of
-    :func:`course_lib.fit.build` (synchronised on CUDA).
+    :func:`course_lib.step_setup.build` (synchronised on CUDA).
     """
-    from .fit import build, measure_step_memory, train_options
-
     if not isinstance(config, GPTConfig):
         raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
     b = positive_int("micro_batch_size", micro_batch_size)

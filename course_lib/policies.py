@@ -37,27 +37,14 @@ from torch.utils.checkpoint import (
 )
 from torch.utils.flop_counter import flop_registry
 
+# The matmuls and the op check are checkpointing's (its selective mode keeps the matmuls).
+from .checkpointing import MATMULS as MATMULS
+from .checkpointing import check_ops
 from .measure import LiveTensorTracker
 
 _aten = torch.ops.aten
-#: The matmul ops of the course GPT: ``mm`` (a linear without bias, the LM head),
-#: ``addmm`` (a linear with bias), ``bmm`` (``q @ k^T`` and ``probs @ v``).
-MATMULS = (_aten.mm.default, _aten.addmm.default, _aten.bmm.default)
 #: ``policy_cost`` policies given by name: no checkpoint, or a checkpoint that saves nothing.
 NAMED_POLICIES = ("none", "full")
-
-
-def check_ops(ops: Sequence, name: str = "ops") -> tuple:
-    """``ops`` as a tuple of ``OpOverload`` s; ``ValueError`` (naming ``name``) for a packet
-    such as ``torch.ops.aten.mm``, which never equals the overload that actually runs."""
-    if isinstance(ops, str) or not isinstance(ops, Sequence):
-        raise ValueError(f"{name} must be a list of OpOverloads, got {ops!r}")
-    for op in ops:
-        if isinstance(op, torch._ops.OpOverloadPacket):
-            raise ValueError(f"{name} must hold OpOverloads: write {op}.default, not the packet {op}")
-        if not isinstance(op, torch._ops.OpOverload):
-            raise ValueError(f"{name} must hold OpOverloads like torch.ops.aten.mm.default, got {op!r}")
-    return tuple(ops)
 
 
 def save_ops_policy(ops: Sequence) -> Callable:

@@ -7,7 +7,7 @@ import statistics
 import pytest
 import torch
 
-from course_lib import engine, fit
+from course_lib import engine, step_setup
 from course_lib.device import GPUS, pick_dtype
 from course_lib.measure import peak_memory, training_step
 from course_lib.models import GPT, GPTConfig, param_numels, random_tokens
@@ -104,8 +104,8 @@ def test_every_precision_against_measured_steady_steps(precision):
     errors, exact = [], 0
     for attention, dropout, mode in PRECISION_CASES:
         cfg = GPTConfig(**SMALL, attention=attention, dropout=dropout)
-        predicted = fit.predict_step_memory(cfg, 3, precision=precision, mode=mode).total
-        measured = fit.measure_step_memory(cfg, 3, precision=precision, mode=mode)
+        predicted = engine.predict_step_memory(cfg, 3, precision=precision, mode=mode).total
+        measured = step_setup.measure_step_memory(cfg, 3, precision=precision, mode=mode)
         errors.append((predicted - measured) / measured)
         exact += abs(predicted - measured) <= 16
         if dropout == 0 and mode == "none" and not precision.startswith("autocast"):
@@ -197,9 +197,9 @@ def test_engine_against_the_cuda_allocator():
     for shape, attention, dropout, (mode, every) in _cuda_grid():
         cfg = GPTConfig(**shape, attention=attention, dropout=dropout)
         for precision in sorted(precisions):
-            predicted = fit.predict_step_memory(cfg, 4, precision=precision, mode=mode,
+            predicted = engine.predict_step_memory(cfg, 4, precision=precision, mode=mode,
                                                 every=every, gpu="cuda").total
-            measured = fit.measure_step_memory(cfg, 4, precision=precision, mode=mode,
+            measured = step_setup.measure_step_memory(cfg, 4, precision=precision, mode=mode,
                                                every=every, device="cuda")
             errors[(str(shape["d_model"]), attention, dropout, mode, precision)] = (
                 predicted - measured) / measured

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import fit
+from course_lib import engine, fit, guard, mixed_precision, models, step_setup
 from course_lib.memory import model_state_bytes
 from course_lib.models import GPT, GPTConfig, gpt_param_count
 from course_lib.training import train
@@ -37,15 +37,15 @@ def test_param_numels_is_the_models_parameter_order(bias):
     config = GPTConfig(vocab_size=50, seq_len=16, d_model=24, n_heads=3, n_layers=2, bias=bias)
     with torch.device("meta"):
         model = GPT(config)
-    assert fit.param_numels(config) == [p.numel() for p in model.parameters()]
-    assert sum(fit.param_numels(config)) == gpt_param_count(config)
+    assert models.param_numels(config) == [p.numel() for p in model.parameters()]
+    assert sum(models.param_numels(config)) == gpt_param_count(config)
 
 
 @pytest.mark.parametrize("precision", fit.FIT_PRECISIONS)
 @pytest.mark.parametrize("mode,every", POLICIES)
 def test_one_micro_batch_is_predicted_to_the_byte(precision, mode, every):
-    predicted = fit.predict_step_memory(SMALL, 3, precision=precision, mode=mode, every=every).total
-    measured = fit.measure_step_memory(SMALL, 3, precision=precision, mode=mode, every=every)
+    predicted = engine.predict_step_memory(SMALL, 3, precision=precision, mode=mode, every=every).total
+    measured = step_setup.measure_step_memory(SMALL, 3, precision=precision, mode=mode, every=every)
     if precision.startswith("autocast") and mode in ("selective", "sqrt"):
         # the rerun of a checkpointed region redoes autocast's casts: low by up to 1.5 % here
         assert abs(predicted - measured) <= 0.02 * measured
@@ -56,18 +56,18 @@ def test_one_micro_batch_is_predicted_to_the_byte(precision, mode, every):
 @pytest.mark.parametrize("precision,mode,every", [
     ("fp32", "none", 1), ("fp32", "blocks", 1), ("bf16-mixed", "sqrt", 1), ("bf16", "blocks", 1)])
 def test_accumulation_is_an_upper_bound_within_fifteen_percent(precision, mode, every):
-    predicted = fit.predict_step_memory(SMALL, 2, 3, precision=precision, mode=mode, every=every)
-    measured = fit.measure_step_memory(SMALL, 2, 3, precision=precision, mode=mode, every=every)
+    predicted = engine.predict_step_memory(SMALL, 2, 3, precision=precision, mode=mode, every=every)
+    measured = step_setup.measure_step_memory(SMALL, 2, 3, precision=precision, mode=mode, every=every)
     assert measured - SLACK <= predicted.total <= 1.15 * measured
 
 
 def test_memory_is_flat_in_accumulation_steps_from_two_on():
     for precision, (mode, every) in itertools.product(fit.FIT_PRECISIONS, POLICIES):
-        by_k = [fit.predict_step_memory(SMALL, 2, K, precision=precision, mode=mode, every=every)
+        by_k = [engine.predict_step_memory(SMALL, 2, K, precision=precision, mode=mode, every=every)
                 for K in (1, 2, 3, 8)]
         assert by_k[1] == by_k[2] == by_k[3]
         assert by_k[0].total <= by_k[1].total
-    measured = [fit.measure_step_memory(SMALL, 2, K) for K in (2, 4)]
+    measured = [step_setup.measure_step_memory(SMALL, 2, K) for K in (2, 4)]
     assert measured[0] == measured[1]
 
 
@@ -81,22 +81,22 @@ def test_resident_model_states_are_what_a_real_step_leaves(precision):
     # Independent: the storages a trained model and its optimizer hold between steps, measured
     # after a real step (the gradients are set to None by then), and the bytes per parameter
     # written out (ZeRO paper's accounting; AdamW's 4-byte step counter per parameter tensor).
-    model, optimizer = fit.build(SMALL, precision=precision)
+    model, optimizer = step_setup.build(SMALL, precision=precision)
     x = torch.randint(0, SMALL.vocab_size, (2, SMALL.seq_len))
-    train(model, optimizer, [(x, x)], micro_batch_size=2, **fit.train_options(precision))
+    train(model, optimizer, [(x, x)], micro_batch_size=2, **step_setup.train_options(precision))
     master = getattr(optimizer, "master", [])
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    m = fit.predict_step_memory(SMALL, 1, precision=precision)
+    m = engine.predict_step_memory(SMALL, 1, precision=precision)
     assert m.parameters == _bytes(model.parameters())
     assert m.master_weights == _bytes(master)
     assert m.optimizer_state == _bytes(state)
-    P, n = gpt_param_count(SMALL), len(fit.param_numels(SMALL))
+    P, n = gpt_param_count(SMALL), len(models.param_numels(SMALL))
     assert {"fp32": 12, "fp16-mixed": 14, "bf16-mixed": 14, "bf16": 6, "autocast-fp16": 12,
             "autocast-bf16": 12}[precision] * P == m.model_states - 4 * n
 
 
 def test_mixed_precision_model_states_are_16_bytes_per_parameter_measured():
-    model, optimizer = fit.build(SMALL, precision="bf16-mixed")
+    model, optimizer = step_setup.build(SMALL, precision="bf16-mixed")
     x = torch.randint(0, SMALL.vocab_size, (2, SMALL.seq_len))
     model(x, x)[1].backward()
     P = gpt_param_count(SMALL)
@@ -111,7 +111,7 @@ def test_mixed_precision_model_states_are_16_bytes_per_parameter_measured():
 
 
 def test_master_weight_adamw_is_adamw_on_fp32_copies():
-    model, optimizer = fit.build(SMALL, precision="bf16-mixed", lr=1e-2)
+    model, optimizer = step_setup.build(SMALL, precision="bf16-mixed", lr=1e-2)
     reference = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
     adamw = torch.optim.AdamW(reference, lr=1e-2, foreach=False)
     x = torch.randint(0, SMALL.vocab_size, (4, SMALL.seq_len))
@@ -135,16 +135,16 @@ def test_largest_batch_is_the_boundary_and_fits_when_measured():
     for r in rows:
         b = r.micro_batch_size
         assert b >= 1 and r.memory.total <= budget
-        assert fit.predict_step_memory(SMALL, b + 1, mode=r.mode, every=r.every).total > budget
+        assert engine.predict_step_memory(SMALL, b + 1, mode=r.mode, every=r.every).total > budget
     assert rows[3].micro_batch_size > rows[0].micro_batch_size  # blocks/1 beats none
     r = rows[3]
-    assert fit.measure_step_memory(SMALL, r.micro_batch_size, mode=r.mode, every=r.every) <= budget
+    assert step_setup.measure_step_memory(SMALL, r.micro_batch_size, mode=r.mode, every=r.every) <= budget
     assert fit.largest_batch(SMALL, 1000)[0].micro_batch_size == 0  # nothing fits: 0, no memory
 
 
 def _fits(config, budget, effective, precisions, policies):
     divisors = [d for d in range(1, effective + 1) if effective % d == 0]
-    return any(fit.predict_step_memory(config, b, effective // b, precision=p, mode=m, every=e).total
+    return any(engine.predict_step_memory(config, b, effective // b, precision=p, mode=m, every=e).total
                <= budget for p in precisions for m, e in policies for b in divisors)
 
 
@@ -156,7 +156,7 @@ def test_fit_model_finds_the_largest_fitting_shape_by_brute_force():
     f = fit.fit_model(budget, effective_batch=effective, precisions=precisions, policies=policies,
                       **space)
     assert f.peak_bytes <= budget and f.effective_batch == effective
-    assert f.memory == fit.predict_step_memory(f.config, f.micro_batch_size, f.accumulation_steps,
+    assert f.memory == engine.predict_step_memory(f.config, f.micro_batch_size, f.accumulation_steps,
                                                precision=f.precision, mode=f.mode, every=f.every)
     configs = fit.search_space(**space)
     bigger = [c for c in configs if gpt_param_count(c) > f.n_params]
@@ -191,7 +191,7 @@ def test_search_space_respects_the_aspect_ratio_and_head_size():
 @settings(max_examples=25, deadline=None)
 @given(b=st.integers(1, 12), mode=st.sampled_from(POLICIES), precision=st.sampled_from(fit.FIT_PRECISIONS))
 def test_more_sequences_never_need_less_memory(b, mode, precision):
-    small, large = (fit.predict_step_memory(SMALL, n, precision=precision, mode=mode[0],
+    small, large = (engine.predict_step_memory(SMALL, n, precision=precision, mode=mode[0],
                                             every=mode[1]).total for n in (b, b + 1))
     assert small <= large
 
@@ -202,18 +202,18 @@ def _training(config, micro, K, refs=None, precision="fp32"):
     x = torch.randint(0, config.vocab_size, (micro * K, config.seq_len))
 
     def work():
-        model, optimizer = fit.build(config, precision=precision)
+        model, optimizer = step_setup.build(config, precision=precision)
         if refs is not None:
             refs.append(weakref.ref(model.tok_emb.weight))
         return train(model, optimizer, [(x, x)] * 2, micro_batch_size=micro, accumulation_steps=K,
-                     **fit.train_options(precision))
+                     **step_setup.train_options(precision))
     return work
 
 
 def test_run_within_budget_catches_going_over_and_frees_the_memory():
     refs = []
-    need = fit.predict_step_memory(SMALL, 8).total
-    trial = fit.run_within_budget(_training(SMALL, 8, 1, refs), need // 2, what="too big",
+    need = engine.predict_step_memory(SMALL, 8).total
+    trial = guard.run_within_budget(_training(SMALL, 8, 1, refs), need // 2, what="too big",
                                   device="cpu")
     assert not trial.ok and trial.peak_bytes is None and trial.result is None
     assert "out of memory" in trial.message and "MemoryBudgetExceeded" in trial.message
@@ -224,8 +224,8 @@ def test_run_within_budget_catches_going_over_and_frees_the_memory():
 def test_run_within_budget_measures_what_the_planner_predicts():
     # Building the model and two steps from nothing: the peak is the steady-state step's.
     for precision in fit.FIT_PRECISIONS:
-        need = fit.predict_step_memory(SMALL, 4, precision=precision).total
-        trial = fit.run_within_budget(_training(SMALL, 4, 1, precision=precision), need + SLACK,
+        need = engine.predict_step_memory(SMALL, 4, precision=precision).total
+        trial = guard.run_within_budget(_training(SMALL, 4, 1, precision=precision), need + SLACK,
                                       device="cpu")
         assert trial.ok and abs(trial.peak_bytes - need) <= SLACK and "fits" in trial.message
         assert trial.result.steps == 2
@@ -234,11 +234,11 @@ def test_run_within_budget_measures_what_the_planner_predicts():
 def test_budget_tracker_raises_inside_the_backward_pass():
     model = GPT(SMALL)
     x = torch.randint(0, SMALL.vocab_size, (8, SMALL.seq_len))
-    with fit.BudgetTracker(10 * MiB) as tracker:
+    with guard.BudgetTracker(10 * MiB) as tracker:
         model(x, x)[1].backward()
     forward_and_backward = tracker.peak
-    with pytest.raises(fit.MemoryBudgetExceeded) as info:
-        with fit.BudgetTracker(forward_and_backward - 1, "backward"):
+    with pytest.raises(guard.MemoryBudgetExceeded) as info:
+        with guard.BudgetTracker(forward_and_backward - 1, "backward"):
             model(x, x)[1].backward()
     assert isinstance(info.value, RuntimeError) and "backward" in str(info.value)
     assert info.value.at is not None and info.value.needed_bytes > forward_and_backward - 1
@@ -249,36 +249,36 @@ def test_other_errors_are_not_taken_for_out_of_memory():
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
 
     with pytest.raises(RuntimeError, match="shapes"):
-        fit.run_within_budget(bug, MiB, device="cpu")
+        guard.run_within_budget(bug, MiB, device="cpu")
 
 
 def test_check_budget():
-    m = fit.predict_step_memory(SMALL, 2)
-    fit.check_budget(m, m.total)
-    with pytest.raises(fit.MemoryBudgetExceeded, match="over the budget") as info:
-        fit.check_budget(m, m.total - 1, what="the step")
+    m = engine.predict_step_memory(SMALL, 2)
+    guard.check_budget(m, m.total)
+    with pytest.raises(guard.MemoryBudgetExceeded, match="over the budget") as info:
+        guard.check_budget(m, m.total - 1, what="the step")
     assert info.value.needed_bytes == m.total and info.value.budget_bytes == m.total - 1
-    fit.check_budget(10, 10)
+    guard.check_budget(10, 10)
 
 
 def test_breakdown_and_dtype():
-    m = fit.predict_step_memory(SMALL, 2, precision="fp32")
-    rows = fit.breakdown_rows(m)
+    m = engine.predict_step_memory(SMALL, 2, precision="fp32")
+    rows = engine.breakdown_rows(m)
     assert "master weights" not in dict(rows) and sum(v for _, v in rows) == m.total
-    assert fit.model_dtype("bf16-mixed") == torch.bfloat16 and fit.model_dtype("fp32") == torch.float32
+    assert step_setup.model_dtype("bf16-mixed") == torch.bfloat16 and step_setup.model_dtype("fp32") == torch.float32
 
 
 @pytest.mark.parametrize("call,name", [
-    (lambda: fit.predict_step_memory("gpt", 1), "config"),
-    (lambda: fit.predict_step_memory(SMALL, 0), "micro_batch_size"),
-    (lambda: fit.predict_step_memory(SMALL, 1, 0), "accumulation_steps"),
-    (lambda: fit.predict_step_memory(SMALL, 1, precision="fp16"), "precision"),
-    (lambda: fit.predict_step_memory(SMALL, 1, gpu="K80"), "gpu"),
+    (lambda: engine.predict_step_memory("gpt", 1), "config"),
+    (lambda: engine.predict_step_memory(SMALL, 0), "micro_batch_size"),
+    (lambda: engine.predict_step_memory(SMALL, 1, 0), "accumulation_steps"),
+    (lambda: engine.predict_step_memory(SMALL, 1, precision="fp16"), "precision"),
+    (lambda: engine.predict_step_memory(SMALL, 1, gpu="K80"), "gpu"),
     (lambda: fit.largest_batch(SMALL, MiB, gpu="K80"), "gpu"),
-    (lambda: fit.train_options("fp8"), "precision"),
-    (lambda: fit.predict_step_memory(SMALL, 1, mode="everything"), "mode"),
-    (lambda: fit.predict_step_memory(SMALL, 1, mode="blocks", every=0), "every"),
-    (lambda: fit.predict_step_memory(SMALL, 1, seq_len=SMALL.seq_len + 1), "seq_len"),
+    (lambda: step_setup.train_options("fp8"), "precision"),
+    (lambda: engine.predict_step_memory(SMALL, 1, mode="everything"), "mode"),
+    (lambda: engine.predict_step_memory(SMALL, 1, mode="blocks", every=0), "every"),
+    (lambda: engine.predict_step_memory(SMALL, 1, seq_len=SMALL.seq_len + 1), "seq_len"),
     (lambda: fit.largest_batch(SMALL, 0), "budget_bytes"),
     (lambda: fit.largest_batch(SMALL, MiB, max_batch=0), "max_batch"),
     (lambda: fit.largest_batch(SMALL, MiB, policies=[("fast", 1)]), "policies"),
@@ -294,13 +294,13 @@ def test_breakdown_and_dtype():
     (lambda: fit.fit_model(1000, seq_len=32, vocab_size=64, widths=[16], depths=[1], head_size=16,
                            aspect_ratio=None), "budget_bytes"),
     (lambda: fit.search_space(widths=[48], head_size=32, aspect_ratio=None), "search space"),
-    (lambda: fit.check_budget(10, 0), "budget_bytes"),
-    (lambda: fit.check_budget("a lot", 10), "needed"),
-    (lambda: fit.run_within_budget("train", MiB), "fn"),
-    (lambda: fit.run_within_budget(lambda: None, 0), "budget_bytes"),
-    (lambda: fit.BudgetTracker(-1), "budget_bytes"),
-    (lambda: fit.build(SMALL, precision="int8"), "precision"),
-    (lambda: fit.MasterWeightAdamW([]), "params"),
+    (lambda: guard.check_budget(10, 0), "budget_bytes"),
+    (lambda: guard.check_budget("a lot", 10), "needed"),
+    (lambda: guard.run_within_budget("train", MiB), "fn"),
+    (lambda: guard.run_within_budget(lambda: None, 0), "budget_bytes"),
+    (lambda: guard.BudgetTracker(-1), "budget_bytes"),
+    (lambda: step_setup.build(SMALL, precision="int8"), "precision"),
+    (lambda: mixed_precision.MasterWeightAdamW([]), "params"),
 ])
 def test_bad_arguments_raise_value_error_naming_them(call, name):
     with pytest.raises(ValueError, match=name):
@@ -310,7 +310,7 @@ def test_bad_arguments_raise_value_error_naming_them(call, name):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
 def test_asking_for_cuda_without_it_is_a_value_error():
     with pytest.raises(ValueError, match="CUDA"):
-        fit.run_within_budget(lambda: None, MiB, device="cuda")
+        guard.run_within_budget(lambda: None, MiB, device="cuda")
 
 
 @pytest.mark.gpu
@@ -320,17 +320,17 @@ def test_prediction_against_the_cuda_allocator_and_a_real_out_of_memory():
     config = GPTConfig(vocab_size=4096, seq_len=256, d_model=256, n_heads=4, n_layers=4)
     mixed = "bf16-mixed" if pick_dtype("cuda") == torch.bfloat16 else "fp16-mixed"
     for precision in ("fp32", mixed):
-        predicted = fit.predict_step_memory(config, 4, precision=precision, gpu="cuda").total
-        measured = fit.measure_step_memory(config, 4, precision=precision, device="cuda")
+        predicted = engine.predict_step_memory(config, 4, precision=precision, gpu="cuda").total
+        measured = step_setup.measure_step_memory(config, 4, precision=precision, device="cuda")
         assert abs(predicted - measured) <= 0.05 * measured
-    need = fit.predict_step_memory(config, 16, gpu="cuda").total
+    need = engine.predict_step_memory(config, 16, gpu="cuda").total
 
     def work():
-        model, optimizer = fit.build(config, device="cuda")
+        model, optimizer = step_setup.build(config, device="cuda")
         x = torch.randint(0, config.vocab_size, (16, config.seq_len), device="cuda")
         return train(model, optimizer, [(x, x)] * 2, micro_batch_size=16)
 
-    trial = fit.run_within_budget(work, need // 3, device="cuda")
+    trial = guard.run_within_budget(work, need // 3, device="cuda")
     assert not trial.ok and "OutOfMemoryError" in trial.message
-    trial = fit.run_within_budget(work, int(need * 1.3), device="cuda")
+    trial = guard.run_within_budget(work, int(need * 1.3), device="cuda")
     assert trial.ok and trial.peak_bytes <= int(need * 1.3)

@@ -36,13 +36,13 @@ from input_strategies import (
 from course_lib import (
     accumulation,
     distributed,
-    fit,
     measure,
     memory,
     memory_timeline,
     models,
     planner,
     policies,
+    step_setup,
     training,
     units,
     validation,
@@ -277,7 +277,7 @@ def test_integer_accepts_ints_and_integer_scalars(value):
 
 def test_fit_build_refuses_a_fractional_seed():
     with pytest.raises(ValueError, match="seed"):
-        fit.build(CFG, seed=1.5)
+        step_setup.build(CFG, seed=1.5)
 
 
 def test_pareto_front_refuses_nan_points():

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib import activations as act
-from course_lib import engine, fit, levers
+from course_lib import engine, fit_ladder, levers, step_setup
 from course_lib.measure import peak_memory, saved_bytes
 from course_lib.models import GPT, GPTConfig, param_numels, random_tokens
 
@@ -109,7 +109,7 @@ CHUNK_GRID = [
 @pytest.mark.parametrize("cfg,b,precision,chunk", CHUNK_GRID)
 def test_engine_predicts_the_chunked_loss_step(cfg, b, precision, chunk):
     predicted = engine.predict_step_memory(cfg, b, precision=precision, loss_chunk=chunk)
-    measured = fit.measure_step_memory(cfg, b, precision=precision, loss_chunk=chunk)
+    measured = levers.measure_chunked_loss_step(cfg, b, chunk, precision=precision)
     assert abs(predicted.total - measured) <= 8, (predicted, measured)
     plain = engine.predict_step_memory(cfg, b, precision=precision)
     assert predicted.total <= plain.total
@@ -244,7 +244,7 @@ def test_optimizer_state_bytes_of_adamw_and_of_master_weights():
     numels = param_numels(TINY)
     assert levers.optimizer_state_bytes(opt) == 8 * sum(numels) + 4 * len(numels)
     assert levers.low_bit_state_bytes(numels, 32) == levers.optimizer_state_bytes(opt)
-    mixed, master = fit.build(TINY, precision="bf16-mixed")
+    mixed, master = step_setup.build(TINY, precision="bf16-mixed")
     assert levers.optimizer_state_bytes(master) == 4 * sum(numels)  # master copies, no state yet
     with pytest.raises(ValueError, match="optimizer"):
         levers.optimizer_state_bytes(object())
@@ -314,23 +314,23 @@ GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_laye
 
 
 def test_ladder_lists_every_lever_cheapest_first_and_finds_a_fit():
-    result = fit.ladder(GPT2, "T4", batch_size=32)
+    result = fit_ladder.ladder(GPT2, "T4", batch_size=32)
     groups = {r.group for r in result.rungs}
-    assert groups == set(fit.LADDER_GROUPS)
-    ordinary = [r for r in result.rungs if r.group not in fit.JOB_CHANGING]
+    assert groups == set(fit_ladder.LADDER_GROUPS)
+    ordinary = [r for r in result.rungs if r.group not in fit_ladder.JOB_CHANGING]
     assert [r.time_paid for r in ordinary] == sorted(r.time_paid for r in ordinary)
-    assert all(r.group in fit.JOB_CHANGING for r in result.rungs[len(ordinary):])
+    assert all(r.group in fit_ladder.JOB_CHANGING for r in result.rungs[len(ordinary):])
     assert not result.baseline.total <= result.budget_bytes  # fp32, whole batch: it does not fit
     assert result.fits and result.memory.total <= result.budget_bytes
     assert [m.total for _, m, _ in result.steps] == sorted(
         (m.total for _, m, _ in result.steps), reverse=True)
-    assert result.plan == fit.Plan(precision="fp16-mixed", accumulation_steps=32)  # T4: fp16
+    assert result.plan == fit_ladder.Plan(precision="fp16-mixed", accumulation_steps=32)  # T4: fp16
 
 
 def test_the_engines_rungs_hold_what_measured_steps_hold():
     """The rungs the engine predicts alone: their plans on a small model against its steps
     measured on the CPU (exact without dropout)."""
-    result = fit.ladder(GPT2, "A100 80GB", batch_size=8)
+    result = fit_ladder.ladder(GPT2, "A100 80GB", batch_size=8)
     by = {r.lever: r for r in result.rungs}
     assert by["precision bf16-mixed"].time_paid < 0  # 16-bit tensor cores against fp32
     small = GPTConfig(vocab_size=2048, seq_len=32, d_model=32, n_heads=2, n_layers=2)
@@ -339,9 +339,11 @@ def test_the_engines_rungs_hold_what_measured_steps_hold():
         rung = by[lever]
         plan = dataclasses.replace(rung.plan, **change)
         assert rung.how == "engine" and rung.bytes_saved > 0, lever
-        measured = fit.measure_step_memory(small, 4, precision=plan.precision, mode=plan.mode,
-                                           every=plan.every, loss_chunk=plan.loss_chunk)
-        assert abs(fit.predict_plan(small, 4, plan).total - measured) <= 8, lever
+        measured = (levers.measure_chunked_loss_step(small, 4, plan.loss_chunk)
+                    if plan.loss_chunk else
+                    step_setup.measure_step_memory(small, 4, precision=plan.precision,
+                                                   mode=plan.mode, every=plan.every))
+        assert abs(fit_ladder.predict_plan(small, 4, plan).total - measured) <= 8, lever
 
 
 def _torchao_state_bytes(numel: int, bits: int) -> int:
@@ -357,24 +359,24 @@ def _torchao_state_bytes(numel: int, bits: int) -> int:
 
 def test_plan_closed_forms():
     cfg = GPTConfig(vocab_size=256, seq_len=16, d_model=128, n_heads=4, n_layers=2)
-    plain = fit.predict_plan(cfg, 1)
+    plain = fit_ladder.predict_plan(cfg, 1)
     model = GPT(cfg)
     numels = [p.numel() for p in model.parameters()]
-    eight = fit.predict_plan(cfg, 1, fit.Plan(state_bits=8))
+    eight = fit_ladder.predict_plan(cfg, 1, fit_ladder.Plan(state_bits=8))
     assert eight.optimizer_state == sum(_torchao_state_bytes(n, 8) for n in numels)
-    zero3 = fit.predict_plan(cfg, 1, fit.Plan(zero_stage=3, world_size=4))
+    zero3 = fit_ladder.predict_plan(cfg, 1, fit_ladder.Plan(zero_stage=3, world_size=4))
     assert zero3.total < plain.total
     r = 4
     adapters = sum(r * (m.in_features + m.out_features) for name, m in model.named_modules()
                    if isinstance(m, nn.Linear) and name.startswith("blocks."))
-    lora = fit.predict_plan(cfg, 1, fit.Plan(lora_rank=r))
+    lora = fit_ladder.predict_plan(cfg, 1, fit_ladder.Plan(lora_rank=r))
     assert 0 < lora.gradients <= 4 * adapters  # fp32 gradients of the adapters at most
     with pytest.raises(ValueError, match="in_backward"):
-        fit.predict_plan(cfg, 2, fit.Plan(in_backward=True, accumulation_steps=2))
+        fit_ladder.predict_plan(cfg, 2, fit_ladder.Plan(in_backward=True, accumulation_steps=2))
     with pytest.raises(ValueError, match="state_bits"):
-        fit.predict_plan(cfg, 1, fit.Plan(state_bits=16))
+        fit_ladder.predict_plan(cfg, 1, fit_ladder.Plan(state_bits=16))
     with pytest.raises(ValueError, match="plan"):
-        fit.predict_plan(cfg, 1, "fp32")
+        fit_ladder.predict_plan(cfg, 1, "fp32")
 
 
 def test_optimizer_in_backward_plan_against_the_measured_step():
@@ -386,17 +388,17 @@ def test_optimizer_in_backward_plan_against_the_measured_step():
     model(x, y)[1].backward()  # the states exist now
     states = sum(levers.optimizer_state_bytes(o) for o in handle.optimizers.values())
     measured = 4 * sum(param_numels(cfg)) + states + peak_memory(lambda: model(x, y)[1].backward())
-    predicted = fit.predict_plan(cfg, 1, fit.Plan(in_backward=True)).total
+    predicted = fit_ladder.predict_plan(cfg, 1, fit_ladder.Plan(in_backward=True)).total
     assert abs(predicted - measured) <= 0.05 * measured
-    assert predicted < fit.predict_plan(cfg, 1).total
+    assert predicted < fit_ladder.predict_plan(cfg, 1).total
 
 
 def test_ladder_validates():
     with pytest.raises(ValueError, match="gpu"):
-        fit.ladder(GPT2, "V100")
+        fit_ladder.ladder(GPT2, "V100")
     with pytest.raises(ValueError, match="batch_size"):
-        fit.ladder(GPT2, "T4", batch_size=0)
+        fit_ladder.ladder(GPT2, "T4", batch_size=0)
     with pytest.raises(ValueError, match="seq_len"):
-        fit.ladder(GPT2, "T4", seq_len=4096)
+        fit_ladder.ladder(GPT2, "T4", seq_len=4096)
     with pytest.raises(ValueError, match="utilization"):
-        fit.step_seconds(GPT2, 8, fit.Plan(), "T4", utilization=0)
+        fit_ladder.step_seconds(GPT2, 8, fit_ladder.Plan(), "T4", utilization=0)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from course_lib import fit
 from course_lib import playground as pgm
+from course_lib import step_setup
 from course_lib.models import GPT, GPTConfig, count_parameters
 from course_lib.training import train
 
@@ -112,10 +112,10 @@ def _counted_ops(config, precision, mode):
     two micro-batches differ by one micro-batch's forward and backward."""
     counts = []
     for K in (1, 2):
-        model, optimizer = fit.build(config, precision=precision, mode=mode)
+        model, optimizer = step_setup.build(config, precision=precision, mode=mode)
         x = torch.zeros(K, config.seq_len, dtype=torch.long)
         step = functools.partial(train, model, optimizer, [(x, x)], micro_batch_size=1,
-                                 accumulation_steps=K, **fit.train_options(precision))
+                                 accumulation_steps=K, **step_setup.train_options(precision))
         step()  # AdamW's state exists from here on
         with _CountOps() as counter:
             step()

@@ -103,3 +103,56 @@ def test_lectures_export_to_slides(path, tmp_path):
 
     html, _ = SlidesExporter().from_notebook_node(nb)
     assert html.count("<section") >= len(slides)
+
+
+def _module_index() -> list[str]:
+    """The modules of course_lib's index table (its ``__init__`` docstring), top to bottom."""
+    import course_lib
+
+    return re.findall(r"^``(\w+)``", course_lib.__doc__, re.M)
+
+
+def _course_lib_imports(path) -> set[str]:
+    """The course_lib modules ``path`` imports, at the top or inside functions."""
+    import ast
+
+    found = set()
+    depth = 1 if path.parent.name == "course_lib" else 2  # `from ..fit` in course_lib/grading/
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == depth:
+            found.update([node.module.split(".")[0]] if node.module else
+                         [alias.name for alias in node.names])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("course_lib."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names
+                         if a.name.startswith("course_lib."))
+    return found
+
+
+def test_the_module_index_lists_every_module_once():
+    index = _module_index()
+    modules = {p.stem for p in (ROOT / "course_lib").glob("*.py") if p.stem != "__init__"}
+    modules |= {p.name for p in (ROOT / "course_lib").iterdir() if (p / "__init__.py").exists()}
+    assert sorted(index) == sorted(modules)
+
+
+def test_modules_import_only_modules_above_them_in_the_index():
+    index = _module_index()
+    later = {}
+    for name in index:
+        path = ROOT / "course_lib" / f"{name}.py"
+        files = [path] if path.exists() else sorted((ROOT / "course_lib" / name).glob("*.py"))
+        for file in files:
+            bad = [m for m in _course_lib_imports(file)
+                   if m in index and index.index(m) >= index.index(name) and m != name]
+            if bad:
+                later[str(file.relative_to(ROOT))] = bad
+    assert not later, f"modules importing modules at or below them in the index: {later}"
+
+
+def test_the_import_check_catches_a_later_import(tmp_path):
+    module = tmp_path / "course_lib" / "mod.py"
+    module.parent.mkdir()
+    module.write_text("def f():\n    from .levers import gpu_spec\n\nfrom course_lib.fit import fit_model\n")
+    assert _course_lib_imports(module) == {"levers", "fit"}

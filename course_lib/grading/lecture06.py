@@ -13,7 +13,7 @@ from unittest import mock
 
 import torch
 
-from ..fit import MemoryBudgetExceeded
+from ..guard import MemoryBudgetExceeded
 from . import expect, grader
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)

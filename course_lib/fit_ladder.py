@@ -1,0 +1,447 @@
+"""08: the fit ladder: every lever of the course for one model and one GPU, ranked.
+
+:class:`Plan` is one way to run a step (a setting per lever); :func:`predict_plan` predicts
+its peak bytes (the memory engine for precision, accumulation, checkpointing and the
+chunked loss; closed forms over the engine's moments for the levers of lecture 08) and
+:func:`step_seconds` its time; :func:`ladder` ranks every lever alone by bytes saved and
+time paid and adds them, cheapest first, until the step fits the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from . import activations as act
+from . import checkpointing as ckpt
+from . import engine, levers
+from .device import GPUS, pick_dtype, resolve_gpu
+from .engine import StepMemory
+from .fit import FIT_POLICIES, _label
+from .memory import MAX_WORLD_SIZE
+from .models import GPTConfig, gpt_param_count, param_numels
+from .step_setup import _check_config, _check_precision
+from .units import dtype_bytes, format_bytes
+from .validation import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_COUNT,
+    boolean,
+    choice,
+    integer,
+    number,
+    optional_positive_int,
+    positive_int,
+)
+
+#: The levers of :func:`ladder`, by group: one setting per group is in force at a time.
+LADDER_GROUPS = ("precision", "accumulation", "checkpointing", "chunked loss",
+                 "optimizer in backward", "optimizer states", "offload activations",
+                 "offload optimizer", "LoRA", "ZeRO")
+#: Groups that change the job rather than how it runs: LoRA trains other parameters, ZeRO
+#: needs more GPUs. The ladder tries them last.
+JOB_CHANGING = ("LoRA", "ZeRO")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One way to run a training step: a setting per lever (the defaults are the plain step).
+
+    ``precision``, ``accumulation_steps``, ``mode``/``every`` and ``loss_chunk`` are the memory
+    engine's; ``in_backward`` (:func:`course_lib.levers.optimizer_in_backward`),
+    ``state_bits`` (32, 8 or 4: :func:`course_lib.levers.low_bit_state_bytes`),
+    ``offload_activations`` (``save_on_cpu``), ``offload_optimizer`` (optimizer states and
+    master weights on the host, the step on the CPU), ``lora_rank`` (adapters on every
+    block linear, the rest frozen) and ``zero_stage`` over ``world_size`` GPUs adjust its
+    moments with the closed forms of :func:`predict_plan`.
+
+    Every field is checked when the plan is made (``ValueError`` naming it): counts are ints,
+    not bools (``accumulation_steps`` up to :data:`course_lib.validation.MAX_BATCH`,
+    ``world_size`` up to :data:`course_lib.memory.MAX_WORLD_SIZE`), switches are bools.
+    """
+
+    precision: str = "fp32"
+    accumulation_steps: int = 1
+    mode: str = "none"
+    every: int = 1
+    loss_chunk: int | None = None
+    in_backward: bool = False
+    state_bits: int = 32
+    offload_activations: bool = False
+    offload_optimizer: bool = False
+    lora_rank: int | None = None
+    zero_stage: int = 0
+    world_size: int = 1
+
+    def __post_init__(self):
+        _check_precision(self.precision)
+        positive_int("accumulation_steps", self.accumulation_steps, maximum=MAX_BATCH)
+        choice("mode", self.mode, ckpt.MODES)
+        positive_int("every", self.every, maximum=MAX_COUNT)
+        optional_positive_int("loss_chunk", self.loss_chunk, maximum=MAX_COUNT)
+        for name in ("in_backward", "offload_activations", "offload_optimizer"):
+            boolean(name, getattr(self, name))
+        if isinstance(self.state_bits, bool) or self.state_bits not in (32, 8, 4) or not isinstance(
+                self.state_bits, int):
+            raise ValueError(f"state_bits must be one of (32, 8, 4), got {self.state_bits!r}")
+        optional_positive_int("lora_rank", self.lora_rank, maximum=MAX_COUNT)
+        integer("zero_stage", self.zero_stage, minimum=0, maximum=3)
+        positive_int("world_size", self.world_size, maximum=MAX_WORLD_SIZE)
+
+
+def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: int
+                  ) -> list[StepMemory]:
+
+    K = plan.accumulation_steps
+    if batch_size % K:
+        raise ValueError(f"accumulation_steps must divide batch_size={batch_size}, got {K}")
+    b = batch_size // K
+    spec = engine.precision_of(plan.precision)
+    moments = dict(engine.predict_moments(
+        config, b, K, precision=plan.precision, mode=plan.mode, every=plan.every,
+        seq_len=seq_len, gpu=gpu, loss_chunk=plan.loss_chunk))
+    numels = param_numels(config)
+    pb, sb = dtype_bytes(spec.params), dtype_bytes(spec.state)
+    if plan.in_backward:  # no moment holds every gradient: one parameter's at a time
+        largest = max(numels)
+        opt = moments.pop("optimizer")
+        for name in [n for n in moments if n.startswith("backward")]:
+            moments[name] = replace(moments[name],
+                                    gradients=min(moments[name].gradients, largest * pb))
+        # the largest parameter's step (the tied embedding's comes last, after the activations)
+        scratch = engine.adamw_scratch_bytes([largest * sb] * 2) + largest * 4 * spec.master
+        moments["optimizer"] = replace(opt, moment="optimizer step in backward (largest tensor)",
+                                       gradients=largest * pb, transient=scratch)
+    if plan.lora_rank:  # A (r x in) and B (out x r) beside every block linear
+        r, h = plan.lora_rank, config.d_model
+        trained = [n for _ in range(config.n_layers) for i, o in ((1, 3), (1, 1), (1, 4), (4, 1))
+                   for n in (r * i * h, o * h * r)]
+    else:
+        trained = numels
+    trainable = sum(trained)
+    state = (levers.low_bit_state_bytes(trained, plan.state_bits, param_bytes=sb)
+             if plan.state_bits != 32 or plan.lora_rank else None)  # None: the engine's count
+    resident_acts = None
+    if plan.offload_activations:  # on the device: what the op being differentiated needs
+        args = (config, b, seq_len, spec.compute, gpu)
+        where = resolve_gpu(gpu)
+        resident_acts = max(act.total_bytes(act.block_saved(*args, autocast=spec.autocast),
+                                            act.STEP_KINDS, where),
+                            act.total_bytes(act.head_saved(*args, autocast=spec.autocast),
+                                            act.STEP_KINDS, where))
+    N, z = plan.world_size, plan.zero_stage
+    out = []
+    for name, m in moments.items():
+        fields_ = dict(parameters=m.parameters, master_weights=m.master_weights,
+                       optimizer_state=m.optimizer_state, gradients=m.gradients,
+                       activations=m.activations, transient=m.transient)
+        if plan.lora_rank:
+            # frozen base in the model's dtype; adapters trained (gradients, state, masters)
+            fields_["parameters"] = m.parameters + trainable * pb
+            fields_["master_weights"] = trainable * 4 if spec.master else 0
+            fields_["gradients"] = min(m.gradients, trainable * pb)
+            fields_["activations"] = m.activations + (
+                4 * config.n_layers * b * seq_len * plan.lora_rank * dtype_bytes(spec.compute)
+                if m.activations else 0)
+            if name == "optimizer":  # the adapters' AdamW scratch
+                fields_["transient"] = engine.adamw_scratch_bytes([n * sb for n in trained])
+        if state is not None and m.optimizer_state:
+            fields_["optimizer_state"] = state
+        if resident_acts is not None:
+            fields_["activations"] = min(m.activations, resident_acts)
+        if plan.offload_optimizer:
+            fields_["optimizer_state"] = fields_["master_weights"] = 0
+            if name == "optimizer":  # the step runs on the host
+                fields_["transient"] = 0
+        if z >= 1:
+            fields_["optimizer_state"] = -(-fields_["optimizer_state"] // N)
+            fields_["master_weights"] = -(-fields_["master_weights"] // N)
+        if z >= 2:
+            fields_["gradients"] = -(-fields_["gradients"] // N)
+        if z >= 3:  # sharded, plus one block's parameters gathered while it runs
+            block = (12 * config.d_model ** 2 + 13 * config.d_model) * pb
+            fields_["parameters"] = -(-fields_["parameters"] // N) + block
+        out.append(StepMemory(m.moment, **fields_, first_step=m.first_step))
+    return out
+
+
+def predict_plan(config: GPTConfig, batch_size: int, plan: Plan = Plan(), *, gpu=None,
+                 seq_len: int | None = None) -> StepMemory:
+    """Predicted peak bytes of one steady-state step of ``batch_size`` sequences run as ``plan``.
+
+    The memory engine (:func:`course_lib.engine.predict_moments`) predicts the moments
+    of the step for the plan's precision, micro-batch (``batch_size / accumulation_steps``),
+    checkpointing and chunked loss; closed forms then adjust each moment for the other
+    levers:
+
+    * optimizer in backward: the gradients of a moment shrink to the largest parameter's,
+      and the optimizer moment holds that one gradient and its AdamW scratch;
+    * 8-/4-bit states: :func:`course_lib.levers.low_bit_state_bytes`;
+    * activation offloading: the device keeps what one block (or the head) needs at a
+      time, the largest of the two (``save_on_cpu`` brings a tensor back when its op's
+      backward runs; an upper bound on the device when the copies keep pace);
+    * optimizer offloading: optimizer states and master weights on the host, the step there;
+    * LoRA of rank ``r``: frozen parameters keep only their weights; gradients, states and
+      master weights are the adapters' (:func:`course_lib.levers.lora_parameter_count`);
+      activations stay, plus each adapter's ``b x s x r`` intermediate;
+    * ZeRO stage 1/2/3 over ``world_size`` GPUs: optimizer states and master weights, then
+      gradients, then parameters divided by ``N`` (Rajbhandari et al. 2020), stage 3 plus
+      one block's parameters gathered.
+
+    Args:
+        config: the model. batch_size: sequences per optimizer step. plan: the settings.
+        gpu: where the step runs (as the engine's ``gpu``). seq_len: tokens per sequence.
+
+    Returns:
+        The :class:`StepMemory` of the worst moment.
+
+    Raises:
+        ValueError: naming the argument: a bad config, batch, plan field or combination
+            (optimizer in backward with accumulation).
+    """
+    _check_config(config)
+    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    _check_plan(plan)
+    seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
+    return max(_plan_moments(config, batch_size, plan, gpu, seq_len), key=lambda m: m.total)
+
+
+def _check_plan(plan) -> Plan:
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan must be a course_lib.fit_ladder.Plan, got {type(plan).__name__}")
+    plan.__post_init__()  # a frozen dataclass can still be changed through object.__setattr__
+    if plan.in_backward and plan.accumulation_steps > 1:
+        raise ValueError("in_backward cannot be combined with accumulation_steps > 1: the "
+                         "optimizer would step after every micro-batch")
+    return plan
+
+
+def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
+                 seq_len: int | None = None, utilization: float = 0.4) -> float:
+    """Predicted seconds of one optimizer step: compute plus the transfers no overlap hides.
+
+    Compute: the step's FLOPs (:func:`course_lib.checkpointing.step_flops` with the
+    plan's recomputation; ``+ 2 N h V`` for the chunked loss's second head matmul;
+    ``-`` the frozen weights' gradient matmuls under LoRA,
+    :func:`course_lib.levers.frozen_linear_flops`, plus ``6 N r (in + out)`` for its
+    adapters) at ``utilization`` times the GPU's datasheet peak (16-bit tensor cores for
+    the mixed and 16-bit precisions, fp32 otherwise; :data:`course_lib.levers.GPU_SPECS`).
+    Transfers at the datasheet link bandwidth, not overlapped (an upper bound): activation
+    offloading moves the kept activations out and back (``2 x`` kept bytes per micro-batch),
+    optimizer offloading the gradients out and the parameters back (``2 P x`` bytes), ZeRO
+    moves ``2 P`` (stages 1, 2) or ``3 P`` (stage 3) parameter-sized messages per GPU.
+    Micro-batches and element-wise work (the optimizer, quantization) are not counted.
+
+    Raises:
+        ValueError: naming the argument: a GPU without figures, a ``utilization`` outside
+            (0, 1], a bad config, batch, plan or ``seq_len``, or ``accumulation_steps`` that
+            do not divide ``batch_size``.
+    """
+
+    _check_config(config)
+    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    _check_plan(plan)
+    spec_gpu = levers.gpu_spec(gpu)
+    number("utilization", utilization, above=0.0, maximum=1.0)
+    seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
+                                                                  maximum=config.seq_len)
+    spec = engine.precision_of(plan.precision)
+    K = plan.accumulation_steps
+    if batch_size % K:
+        raise ValueError(f"accumulation_steps must divide batch_size={batch_size}, got {K}")
+    b = batch_size // K
+    flops, _ = ckpt.step_flops(config, b, plan.mode, plan.every, seq_len=seq_len,
+                               dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
+    flops *= K
+    tokens = batch_size * seq_len
+    if plan.loss_chunk is not None:
+        flops += 2 * tokens * config.d_model * config.vocab_size
+    if plan.lora_rank:
+        flops += (6 * tokens * levers.lora_parameter_count(config, plan.lora_rank)
+                  - levers.frozen_linear_flops(config, tokens))
+    peak = spec_gpu.half_flops if spec.compute != torch.float32 else spec_gpu.fp32_flops
+    seconds = flops / (peak * utilization)
+    if plan.offload_activations:
+        kept = ckpt.predict_kept_bytes(config, b, plan.mode, plan.every, seq_len=seq_len,
+                                       dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
+        seconds += levers.transfer_seconds(2 * K * kept, spec_gpu.host_link)
+    P = gpt_param_count(config)
+    pb = dtype_bytes(spec.params)
+    if plan.offload_optimizer:
+        seconds += levers.transfer_seconds(2 * P * pb, spec_gpu.host_link)
+    if plan.zero_stage:
+        volume = (3 if plan.zero_stage == 3 else 2) * P * pb
+        seconds += levers.transfer_seconds(volume, spec_gpu.peer_link)
+    return seconds
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One lever of :func:`ladder`, applied alone to the plain step.
+
+    ``bytes_saved``: predicted peak bytes it removes (negative: it adds); ``time_paid``:
+    the step's predicted time it adds, as a fraction of the plain step's (negative: it
+    speeds the step up); ``how``: "engine" where the memory engine predicts the lever
+    itself, "engine + formula" where a closed form adjusts the engine's moments.
+    """
+
+    lever: str
+    group: str
+    plan: Plan
+    memory: StepMemory
+    bytes_saved: int
+    time_paid: float
+    how: str
+
+    @property
+    def bytes_per_time(self) -> float:
+        """Bytes saved per unit of time paid (inf for a lever that costs no time)."""
+        return self.bytes_saved / self.time_paid if self.time_paid > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """What :func:`ladder` found: every lever alone (``rungs``, cheapest first) and the
+    combination, lever by lever, that brings the step under the GPU's memory."""
+
+    config: GPTConfig
+    gpu: str
+    budget_bytes: int
+    batch_size: int
+    seq_len: int
+    baseline: StepMemory
+    rungs: tuple
+    steps: tuple          # ((lever, StepMemory after adding it, time paid so far), ...)
+    plan: Plan
+    fits: bool
+
+    @property
+    def memory(self) -> StepMemory:
+        """The predicted peak of the combination."""
+        return self.steps[-1][1] if self.steps else self.baseline
+
+    def table(self) -> str:
+        """The rungs as a text table: saved bytes, time paid, bytes per time."""
+        lines = [f"{'lever':34s} {'saves':>11s} {'time paid':>10s} {'peak':>11s}  how"]
+        for r in self.rungs:
+            lines.append(f"{r.lever:34s} {format_bytes(r.bytes_saved):>11s} "
+                         f"{r.time_paid:>+10.1%} {format_bytes(r.memory.total):>11s}  {r.how}")
+        return "\n".join(lines)
+
+
+def _ladder_rungs(config, batch_size, gpu, seq_len, *, loss_chunk, lora_rank, world_size):
+    half = "fp16-mixed" if pick_dtype(GPUS[gpu]) == torch.float16 else "bf16-mixed"
+    levers_ = [(f"precision {half}", "precision", dict(precision=half))]
+    if batch_size > 1:
+        levers_.append((f"accumulation: {batch_size} x 1 sequence", "accumulation",
+                        dict(accumulation_steps=batch_size)))
+    for mode, every in FIT_POLICIES[1:]:
+        levers_.append((f"checkpointing {_label(mode, every)}", "checkpointing",
+                        dict(mode=mode, every=every)))
+    levers_ += [(f"chunked loss ({loss_chunk} tokens)", "chunked loss", dict(loss_chunk=loss_chunk)),
+                ("optimizer step in backward", "optimizer in backward", dict(in_backward=True)),
+                ("8-bit AdamW states", "optimizer states", dict(state_bits=8)),
+                ("4-bit AdamW states", "optimizer states", dict(state_bits=4)),
+                ("offload activations (save_on_cpu)", "offload activations",
+                 dict(offload_activations=True)),
+                ("offload optimizer states", "offload optimizer", dict(offload_optimizer=True)),
+                (f"LoRA rank {lora_rank} (base frozen)", "LoRA", dict(lora_rank=lora_rank))]
+    levers_ += [(f"ZeRO-{z} on {world_size} GPUs", "ZeRO",
+                 dict(zero_stage=z, world_size=world_size)) for z in (1, 2, 3)]
+    return levers_
+
+
+_ENGINE_GROUPS = ("precision", "accumulation", "checkpointing", "chunked loss")
+
+
+def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | None = None,
+           budget_bytes: int | None = None, loss_chunk: int = 1024, lora_rank: int = 16,
+           world_size: int = 8, utilization: float = 0.4) -> Ladder:
+    """Every lever of the course for training ``config`` on ``gpu``, ranked, and the mix that fits.
+
+    The plain step is fp32 AdamW, the whole batch of ``batch_size`` sequences at once,
+    nothing checkpointed, offloaded or sharded. Each lever alone (a :class:`Rung`)
+    is predicted with :func:`predict_plan` (bytes saved) and :func:`step_seconds` (time
+    paid, as a fraction of the plain step's); the rungs are ranked cheapest first (least
+    time paid, then most bytes saved), with the job-changing levers (:data:`JOB_CHANGING`:
+    LoRA trains other parameters, ZeRO needs ``world_size`` GPUs) last. The combination
+    then adds the rungs in that order, each one only if it lowers the predicted peak in the
+    company of those already in (a lever of a group already in replaces it if that is
+    lower), until the step fits ``budget_bytes`` (default the GPU's memory).
+
+    Args:
+        config: the model. gpu: a preset name of :data:`course_lib.device.GPUS`.
+        batch_size: sequences per optimizer step. seq_len: tokens per sequence.
+        budget_bytes: device bytes to fit in (default ``GPUS[gpu].total_memory``).
+        loss_chunk: tokens per chunk of the chunked loss. lora_rank: the adapters' rank.
+        world_size: GPUs for the ZeRO rungs. utilization: share of the GPU's peak FLOP/s
+            the step reaches (:func:`step_seconds`).
+
+    Returns:
+        A :class:`Ladder`.
+
+    Raises:
+        ValueError: naming the argument.
+
+    Example:
+        >>> cfg = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+        >>> result = ladder(cfg, "T4", batch_size=8)
+        >>> result.fits, result.rungs[0].time_paid < 0
+        (True, True)
+    """
+    _check_config(config)
+    choice("gpu", gpu, tuple(GPUS))
+    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
+    if seq_len > config.seq_len:
+        raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {seq_len}")
+    budget = GPUS[gpu].total_memory if budget_bytes is None else positive_int(
+        "budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
+    positive_int("lora_rank", lora_rank, maximum=MAX_COUNT)
+    positive_int("world_size", world_size, maximum=MAX_WORLD_SIZE)
+    number("utilization", utilization, above=0.0, maximum=1.0)
+    base_plan = Plan()
+
+    def memory(plan):
+        return predict_plan(config, batch_size, plan, gpu=gpu, seq_len=seq_len)
+
+    def seconds(plan):
+        return step_seconds(config, batch_size, plan, gpu, seq_len=seq_len,
+                            utilization=utilization)
+
+    baseline, base_time = memory(base_plan), seconds(base_plan)
+    rungs = []
+    for lever, group, change in _ladder_rungs(config, batch_size, gpu, seq_len,
+                                              loss_chunk=loss_chunk, lora_rank=lora_rank,
+                                              world_size=world_size):
+        plan = replace(base_plan, **change)
+        m = memory(plan)
+        rungs.append(Rung(lever, group, plan, m, baseline.total - m.total,
+                          seconds(plan) / base_time - 1,
+                          "engine" if group in _ENGINE_GROUPS else "engine + formula"))
+    rungs.sort(key=lambda r: (r.group in JOB_CHANGING, round(r.time_paid, 6), -r.bytes_saved))
+
+    plan, current, steps = base_plan, baseline, []
+    for rung in rungs:
+        if current.total <= budget:
+            break
+        change = {k: getattr(rung.plan, k) for k in vars(rung.plan)
+                  if getattr(rung.plan, k) != getattr(base_plan, k)}
+        trial = replace(plan, **change)
+        try:
+            m = memory(trial)
+        except ValueError:  # an incompatible pair (optimizer in backward with accumulation)
+            continue
+        if m.total < current.total:
+            plan, current = trial, m
+            steps.append((rung.lever, m, seconds(plan) / base_time - 1))
+    return Ladder(config, gpu, budget, batch_size, seq_len, baseline, tuple(rungs), tuple(steps),
+                  plan, current.total <= budget)
+
+
+
+__all__ = ["LADDER_GROUPS", "JOB_CHANGING", "Plan", "predict_plan", "step_seconds", "Rung", "Ladder",
+           "ladder"]

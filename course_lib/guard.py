@@ -1,0 +1,141 @@
+"""06: the guard: a memory budget checked before a step runs and enforced while it runs.
+
+:func:`check_budget` turns a prediction over the budget into a clear
+:class:`MemoryBudgetExceeded`. :func:`run_within_budget` runs a training function under
+the budget: on CUDA it sets ``torch.cuda.set_per_process_memory_fraction`` and catches the
+real ``OutOfMemoryError``; elsewhere a :class:`BudgetTracker` stops the work when its live
+tensors exceed the budget. Either way the result is a :class:`Trial` with a clear message,
+and the kernel survives.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .engine import StepMemory
+from .measure import LiveTensorTracker, peak_memory
+from .units import format_bytes
+from .validation import MAX_BYTES, function, positive_int, text
+from .validation import device as as_device
+
+_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+class MemoryBudgetExceeded(RuntimeError):
+    """More memory than the budget: predicted before running (:func:`check_budget`) or reached
+    while running (:class:`BudgetTracker`, ``at`` names the op). Bytes in ``needed_bytes``."""
+
+    def __init__(self, needed_bytes: int, budget_bytes: int, what: str = "the step", *,
+                 at: str | None = None):
+        self.needed_bytes, self.budget_bytes, self.what, self.at = needed_bytes, budget_bytes, what, at
+        if at is None:
+            message = (f"{what} needs {format_bytes(needed_bytes)}, "
+                       f"{format_bytes(needed_bytes - budget_bytes)} over the budget of "
+                       f"{format_bytes(budget_bytes)}")
+        else:
+            message = (f"{what} went over the budget of {format_bytes(budget_bytes)} at {at} "
+                       f"({format_bytes(needed_bytes)} live)")
+        super().__init__(message)
+
+
+def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
+    """Raise :class:`MemoryBudgetExceeded` if ``needed`` (bytes, or a :class:`StepMemory`)
+    is over ``budget_bytes``: the planner's verdict before anything runs."""
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    text("what", what)
+    needed = needed.total if isinstance(needed, StepMemory) else needed
+    if not isinstance(needed, int) or isinstance(needed, bool) or needed < 0:
+        raise ValueError(f"needed must be a StepMemory or a non-negative int of bytes, got {needed!r}")
+    if needed > budget:
+        raise MemoryBudgetExceeded(needed, budget, what)
+
+
+class BudgetTracker(LiveTensorTracker):
+    """A :class:`~course_lib.measure.LiveTensorTracker` that raises :class:`MemoryBudgetExceeded`
+    as soon as the live tensors it counts exceed ``budget_bytes``: an out-of-memory error for
+    devices without a memory limit (the CPU), at the op that crossed the line."""
+
+    def __init__(self, budget_bytes: int, what: str = "the work"):
+        budget_bytes = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+        super().__init__()
+        self.budget_bytes, self.what = budget_bytes, text("what", what)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.live > self.budget_bytes:
+            raise MemoryBudgetExceeded(self.live, self.budget_bytes, self.what, at=str(func))
+        return out
+
+
+@dataclass
+class Trial:
+    """What :func:`run_within_budget` saw: ``ok``, the measured ``peak_bytes`` (when it ran to
+    the end), a one-line ``message``, and ``fn``'s ``result``."""
+
+    ok: bool
+    peak_bytes: int | None
+    message: str
+    result: object = None
+
+
+def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str = "training",
+                      device: str | torch.device | None = None) -> Trial:
+    """Run ``fn()`` with at most ``budget_bytes`` of device memory; catch running out of it.
+
+    ``fn`` should create everything it trains (model, optimizer, data), so that
+    all of its memory counts. On CUDA the budget is enforced by the allocator:
+    ``torch.cuda.set_per_process_memory_fraction(budget / total memory)`` (it caps
+    the memory the caching allocator may reserve, fragmentation included; other
+    tensors already on the device count too) and a ``torch.OutOfMemoryError`` is
+    caught. Elsewhere a :class:`BudgetTracker` counts ``fn``'s live tensors and
+    raises :class:`MemoryBudgetExceeded`. After a failure the references are
+    dropped, ``gc.collect()`` runs and, on CUDA, ``torch.cuda.empty_cache()``
+    returns the cached blocks, so the kernel goes on. Other errors propagate.
+    """
+    function("fn", fn)
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    text("what", what)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = as_device("device", device)
+    kind = device.type
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but this machine has no CUDA device")
+    failure = None
+    if kind == "cuda":
+        gc.collect()  # blocks cached from earlier work would count against the fraction
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), torch.device(device))
+        result = []
+        try:
+            start = torch.cuda.memory_allocated()
+            peak = start + peak_memory(lambda: result.append(fn()), device="cuda")
+        except _OOM as exc:  # the real thing: the allocator could not get a block
+            failure = f"torch.OutOfMemoryError: {str(exc).splitlines()[0]}"
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, torch.device(device))
+    else:
+        result = []
+        try:
+            with BudgetTracker(budget, what) as tracker:
+                result.append(fn())
+            peak = tracker.peak
+        except MemoryBudgetExceeded as exc:
+            failure = f"MemoryBudgetExceeded: {exc}"
+    if failure is not None:
+        result.clear()
+        gc.collect()
+        if kind == "cuda":
+            torch.cuda.empty_cache()
+        return Trial(False, None, f"✗ {what} ran out of memory under a budget of "
+                     f"{format_bytes(budget)}. {failure}. Memory freed; the kernel is fine.")
+    return Trial(True, peak, f"✓ {what} fits: peak {format_bytes(peak)} of a budget of "
+                 f"{format_bytes(budget)} ({peak / budget:.0%})", result[0])
+
+
+__all__ = ["MemoryBudgetExceeded", "check_budget", "BudgetTracker", "Trial", "run_within_budget"]
