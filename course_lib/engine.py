@@ -555,7 +555,9 @@ def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
                 segments: int | None) -> int:
     """:func:`course_lib.checkpointing.predict_kept_bytes`, from per-piece sums: every region
     keeps its first block's checkpointed items and nothing of its other blocks."""
-    outside, block, wrapped = _kept_pieces(_config_key(replace(config, n_layers=1)), b, s, t, mode)
+    # none, blocks and sqrt keep the same pieces (a region's first block keeps its input)
+    piece_mode = "blocks" if mode in ("none", "sqrt") else mode
+    outside, block, wrapped = _kept_pieces(_one_layer_key(config), b, s, t, piece_mode)
     regions = [] if mode == "none" else _regions(config.n_layers, mode, every, segments)
     covered = sum(len(region) for region in regions)
     return outside + (config.n_layers - covered) * block + len(regions) * wrapped
@@ -597,7 +599,7 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
     regions = [] if mode == "none" else _regions(config.n_layers, mode, every, segments)
     last = {region[-1]: region for region in regions}
     first = {region[0] for region in regions}
-    one_key = _config_key(replace(config, n_layers=1))
+    one_key = _one_layer_key(config)
     block = rebuilt = left = tail = 0
     if regions:
         block, rebuilt, left = _block_terms(one_key, b, s, t, mode)
@@ -695,6 +697,16 @@ def _config_key(config: GPTConfig) -> tuple:
     return tuple(sorted(vars(config).items()))
 
 
+def _one_layer_key(config: GPTConfig) -> tuple:
+    """The cache key of ``config`` with one block: the per-block pieces every depth shares."""
+    return _one_layer(_config_key(config))
+
+
+@functools.lru_cache(maxsize=4096)
+def _one_layer(key: tuple) -> tuple:
+    return tuple((name, 1 if name == "n_layers" else value) for name, value in key)
+
+
 @functools.lru_cache(maxsize=4096)
 def _config(key: tuple) -> GPTConfig:
     """The :class:`~course_lib.models.GPTConfig` of a cache key (made and checked once)."""
@@ -730,6 +742,17 @@ def _param_sizes(key: tuple, element_bytes: int, gpu: GPU | None) -> _Sizes:
                   len(two) + extra * count)
 
 
+def _model_states(key: tuple, precision: str, gpu: GPU | None) -> tuple[_Sizes, int, int]:
+    """``(the parameters' sizes, master weights' bytes, optimizer state's bytes)`` of a steady
+    step: AdamW's ``m`` and ``v``, and its step counters where they live on the device."""
+    spec = PRECISION[precision]
+    params = _param_sizes(key, dtype_bytes(spec.params), gpu)
+    states = _param_sizes(key, dtype_bytes(spec.state), gpu)
+    steps = states.count * kernels.allocated(4, gpu) if kernels.optimizer_steps_on_device(gpu) else 0
+    master = _param_sizes(key, 4, gpu).total if spec.master else 0
+    return params, master, 2 * states.total + steps
+
+
 @functools.lru_cache(maxsize=8192)
 def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
              segments: int | None, s: int, gpu: GPU | None, first_step: bool,
@@ -741,11 +764,9 @@ def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
     def sizes(dtype) -> _Sizes:
         return _param_sizes(key, dtype_bytes(dtype), gpu)
 
-    params, states = sizes(spec.params), sizes(spec.state)
+    params, master, state = _model_states(key, precision, gpu)
     P = params.total
-    steps = states.count * kernels.allocated(4, gpu) if kernels.optimizer_steps_on_device(gpu) else 0
-    state = 2 * states.total + steps
-    resident = dict(parameters=P, master_weights=sizes(_F32).total if spec.master else 0,
+    resident = dict(parameters=P, master_weights=master,
                     optimizer_state=0 if first_step else state, first_step=first_step)
     loss = kernels.allocated(4, gpu)
     out = {}
@@ -776,10 +797,59 @@ def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
                                       gradients=master_grads.total, activations=0,
                                       transient=scratch + loss)
     else:
+        states = sizes(spec.state)
         scratch = states.total if foreach else states.adamw_scratch
         out["optimizer"] = StepMemory("AdamW step", **optimizer, gradients=P, activations=0,
                                       transient=scratch + loss)
     return out
+
+
+@functools.lru_cache(maxsize=8192)
+def _floor(key: tuple, b: int, K: int, precision: str, mode: str, every: int, s: int,
+           gpu: GPU | None) -> int:
+    config = _config(key)
+    spec = PRECISION[precision]
+    _, _, t = act._check(config, b, s, spec.compute, gpu, spec.autocast)
+    params, master, state = _model_states(key, precision, gpu)
+    kept = _kept_bytes(config, b, s, t, mode, every, None)
+    return (params.total + master + state + (params.total if K > 1 else 0) + kept
+            + kernels.allocated(4, gpu))
+
+
+def predict_floor(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
+                  precision: str = "fp32", mode: str = "none", every: int = 1,
+                  seq_len: int | None = None, gpu=None) -> int:
+    """A lower bound, in bytes, on :func:`predict_step_memory`'s ``total``, at a fraction of
+    its cost: the moment the backward pass starts.
+
+    ``floor = resident model states + the accumulated gradient (K > 1) + the activations kept
+    for the backward pass (:func:`course_lib.checkpointing.predict_kept_bytes`) + the loss``:
+    the backward pass starts from it (every later moment adds gradients and scratch, or frees
+    what it no longer needs), so a step whose floor is over a budget cannot fit it.
+    :func:`course_lib.fit.fit_model` uses it to rule settings out before predicting them. A
+    steady-state step (``first_step=False``), without chunked loss.
+
+    Args:
+        config: the model. micro_batch_size: sequences per forward pass. accumulation_steps:
+            micro-batches per step. precision: one of :data:`PRECISIONS`. mode, every: the
+            checkpointing (:data:`MODES`). seq_len: tokens per sequence (default
+            ``config.seq_len``). gpu: as :func:`predict_step_memory`'s.
+
+    Returns:
+        Bytes (int).
+
+    Raises:
+        ValueError: naming the argument.
+
+    Example:
+        >>> cfg = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+        >>> predict_floor(cfg, 4, mode="blocks") <= predict_step_memory(cfg, 4, mode="blocks").total
+        True
+    """
+    key, b, K, precision, mode, every, _, s, gpu, _, _, _ = _validate(
+        config, micro_batch_size, accumulation_steps, precision, mode, every, None, seq_len, gpu,
+        False, False)
+    return _floor(key, b, K, precision, mode, every, s, gpu)
 
 
 def _validate(config, micro_batch_size, accumulation_steps, precision, mode, every, segments,

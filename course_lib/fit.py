@@ -19,6 +19,7 @@ under the budget is :mod:`course_lib.guard`'s.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -266,9 +267,19 @@ def _search_space(widths: tuple, depths: tuple, head_size: int, aspect_ratio: tu
                   seq_len: int, vocab_size: int) -> tuple:
     """:func:`search_space` of checked arguments, cached (a widget asks again and again)."""
     low, high = aspect_ratio or (0, float("inf"))
-    configs = [GPTConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=w, n_heads=w // head_size,
-                         n_layers=L)
-               for w in widths if w % head_size == 0 for L in depths if low <= w / L <= high]
+    configs = []
+    for w in widths:
+        column = [L for L in depths if w % head_size == 0 and low <= w / L <= high]
+        if column:
+            # Every depth was checked (_check_space): the width's first config is checked in
+            # full and copied with the others, which skips most of the space's build time.
+            first = GPTConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=w,
+                              n_heads=w // head_size, n_layers=column[0])
+            configs.append(first)
+            for L in column[1:]:
+                config = copy.copy(first)
+                object.__setattr__(config, "n_layers", L)
+                configs.append(config)
     if not configs:
         raise ValueError(f"the search space is empty: no width in {widths} is a multiple of "
                          f"head_size={head_size} with a depth in {depths} in aspect_ratio="
@@ -364,11 +375,13 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     ``vocab_size`` up to :data:`course_lib.models.CONFIG_MAXIMUM`, ``budget_bytes`` up to
     :data:`course_lib.validation.MAX_BYTES`, at most :data:`MAX_SEARCH_VALUES` widths and depths).
 
-    Search: memory grows with depth at a fixed width, so each width's deepest
-    fitting model is found by bisection (with the smallest micro-batch or the
-    whole batch at once, the leanest policy first); widths are visited from the
-    largest model the closed-form :func:`_lower_bound` allows them, and the
-    search stops once that cannot beat the best found.
+    Search: memory grows with depth at a fixed width and with width at a fixed depth,
+    so each width's deepest fitting model is found by bisection above the deepest
+    of any wider width found before (with the smallest micro-batch or the whole
+    batch at once, the leanest policy first; a setting whose
+    :func:`course_lib.engine.predict_floor` is over the budget is not predicted);
+    widths are visited from the largest model the closed-form :func:`_lower_bound`
+    allows them, and the search stops once that cannot beat the best found.
     """
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
@@ -392,22 +405,40 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
                            aspect_ratio=aspect_ratio, seq_len=seq_len, vocab_size=vocab_size)
     by_width: dict[int, list[GPTConfig]] = {}
     for c in sorted(configs, key=lambda c: c.n_layers):
-        if min(_lower_bound(c, p) for p in precisions) <= budget:
-            by_width.setdefault(c.d_model, []).append(c)
+        by_width.setdefault(c.d_model, []).append(c)
+    for width, column in list(by_width.items()):  # the depths within the closed-form bound
+        n = _largest(lambda i, column=column: min(_lower_bound(column[i - 1], p)
+                                                  for p in precisions) <= budget,
+                     range(1, len(column) + 1))
+        by_width[width] = column[:n]
+        if not n:
+            del by_width[width]
     lean = sorted(policies, key=lambda p: -_recompute_fraction(configs[-1], *p, seq_len))
 
     def fits(config: GPTConfig) -> bool:  # in some precision, policy and extreme micro-batch
-        return any(predict_step_memory(config, b, effective_batch // b, precision=p, mode=m,
-                                       every=ev, gpu=gpu).total <= budget
+        # The leanest policies first; a setting whose floor (the backward pass's first moment,
+        # a fraction of a prediction's cost) is over the budget is ruled out unpredicted.
+        return any(engine.predict_floor(config, b, effective_batch // b, precision=p, mode=m,
+                                        every=ev, gpu=gpu) <= budget
+                   and predict_step_memory(config, b, effective_batch // b, precision=p, mode=m,
+                                           every=ev, gpu=gpu).total <= budget
+                   for m, ev in lean
                    for p in sorted(precisions, key=lambda p: _lower_bound(config, p))
-                   for m, ev in lean for b in extremes)
+                   for b in extremes)
 
+    # Memory grows with depth and with width, so a wider width's deepest fitting depth fits
+    # every narrower width too (widths are visited widest-bound first): no need to try it again.
+    deepest: dict[int, int] = {}  # width -> deepest fitting depth of its column (0: none)
     best = None
     for width in sorted(by_width, key=lambda w: -gpt_param_count(by_width[w][-1])):
         column = by_width[width]  # by depth, all within the closed-form bound
         if best is not None and gpt_param_count(column[-1]) <= gpt_param_count(best):
             break  # no deeper model of this or any later width can beat the best
-        i = _largest(lambda i, column=column: fits(column[i - 1]), range(1, len(column) + 1))
+        floor = max((d for w, d in deepest.items() if w > width), default=0)
+        known = sum(c.n_layers <= floor for c in column)  # they fit
+        i = _largest(lambda i, column=column: fits(column[i - 1]),
+                     range(known + 1, len(column) + 1)) or known
+        deepest[width] = column[i - 1].n_layers if i else 0
         if i and (best is None or gpt_param_count(column[i - 1]) > gpt_param_count(best)):
             best = column[i - 1]
     if best is not None:

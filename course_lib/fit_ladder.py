@@ -303,7 +303,8 @@ class Rung:
 
 @dataclass(frozen=True)
 class Ladder:
-    """What :func:`ladder` found: every lever alone (``rungs``, cheapest first) and the
+    """What :func:`ladder` found: every lever alone (``rungs``, cheapest first; ``listed``, the
+    same in the course's order, which a chart keeps from one setting to the next) and the
     combination, lever by lever, that brings the step under the GPU's memory."""
 
     config: GPTConfig
@@ -316,6 +317,7 @@ class Ladder:
     steps: tuple          # ((lever, StepMemory after adding it, time paid so far), ...)
     plan: Plan
     fits: bool
+    listed: tuple = ()
 
     @property
     def memory(self) -> StepMemory:
@@ -324,9 +326,10 @@ class Ladder:
 
     def table(self) -> str:
         """The rungs as a text table: saved bytes, time paid, bytes per time."""
-        lines = [f"{'lever':34s} {'saves':>11s} {'time paid':>10s} {'peak':>11s}  how"]
+        w = max(len(r.lever) for r in self.rungs)
+        lines = [f"{'lever':{w}s} {'saves':>11s} {'time paid':>10s} {'peak':>11s}  how"]
         for r in self.rungs:
-            lines.append(f"{r.lever:34s} {format_bytes(r.bytes_saved):>11s} "
+            lines.append(f"{r.lever:{w}s} {format_bytes(r.bytes_saved):>11s} "
                          f"{r.time_paid:>+10.1%} {format_bytes(r.memory.total):>11s}  {r.how}")
         return "\n".join(lines)
 
@@ -335,7 +338,7 @@ def _ladder_rungs(config, batch_size, gpu, seq_len, *, loss_chunk, lora_rank, wo
     half = "fp16-mixed" if pick_dtype(GPUS[gpu]) == torch.float16 else "bf16-mixed"
     levers_ = [(f"precision {half}", "precision", dict(precision=half))]
     if batch_size > 1:
-        levers_.append((f"accumulation: {batch_size} x 1 sequence", "accumulation",
+        levers_.append(("accumulation: 1 sequence per micro-batch", "accumulation",
                         dict(accumulation_steps=batch_size)))
     for mode, every in FIT_POLICIES[1:]:
         levers_.append((f"checkpointing {_label(mode, every)}", "checkpointing",
@@ -422,6 +425,7 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
         rungs.append(Rung(lever, group, plan, m, baseline.total - m.total,
                           seconds(plan) / base_time - 1,
                           "engine" if group in _ENGINE_GROUPS else "engine + formula"))
+    listed = tuple(rungs)
     rungs.sort(key=lambda r: (r.group in JOB_CHANGING, round(r.time_paid, 6), -r.bytes_saved))
 
     plan, current, steps = base_plan, baseline, []
@@ -439,7 +443,7 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
             plan, current = trial, m
             steps.append((rung.lever, m, seconds(plan) / base_time - 1))
     return Ladder(config, gpu, budget, batch_size, seq_len, baseline, tuple(rungs), tuple(steps),
-                  plan, current.total <= budget)
+                  plan, current.total <= budget, listed)
 
 
 

@@ -2,13 +2,14 @@
 CUDA allocator on a GPU, for every precision, checkpointing mode and target."""
 
 import dataclasses
+import itertools
 import statistics
 
 import pytest
 import torch
 
-from course_lib import engine, step_setup
-from course_lib.device import GPUS, pick_dtype
+from course_lib import checkpointing, engine, kernels, step_setup
+from course_lib.device import GPUS, pick_dtype, resolve_gpu
 from course_lib.measure import peak_memory, training_step
 from course_lib.models import GPT, GPTConfig, param_numels, random_tokens
 
@@ -222,3 +223,37 @@ def test_parameter_sizes_from_two_blocks_equal_every_tensor_summed():
                                       engine.resolve_gpu(gpu))
             assert (got.total, got.last, got.count) == (sum(sizes), sizes[-1], len(sizes))
             assert got.adamw_scratch == engine.adamw_scratch_bytes(sizes)
+
+
+_FLOOR_CASES = [
+    (GPTConfig(**{**SMALL, "n_layers": L}), b, K, precision, mode, every, gpu)
+    for L, b, K, precision, (mode, every), gpu in itertools.product(
+        (1, 4, 7), (1, 3), (1, 4), engine.PRECISIONS,
+        (("none", 1), ("selective", 1), ("blocks", 2), ("blocks", 1), ("sqrt", 1), ("attention", 1)),
+        (None, "T4", "H100 80GB"))]
+
+
+def test_the_floor_is_the_backward_pass_first_moment_and_never_above_the_peak():
+    """predict_floor against its definition, from the engine's own parts: the model states of the
+    optimizer moment (which hold no activations), the accumulated gradient, the bytes
+    checkpointing keeps (predict_kept_bytes) and the 4-byte loss; never above the peak."""
+    for config, b, K, precision, mode, every, gpu in _FLOOR_CASES:
+        floor = engine.predict_floor(config, b, K, precision=precision, mode=mode, every=every,
+                                     gpu=gpu)
+        moments = engine.predict_moments(config, b, K, precision=precision, mode=mode,
+                                         every=every, gpu=gpu)
+        spec = engine.precision_of(precision)
+        kept = checkpointing.predict_kept_bytes(config, b, mode, every, dtype=spec.compute,
+                                                gpu=gpu, autocast=spec.autocast)
+        loss = kernels.allocated(4, resolve_gpu(gpu))
+        states = moments["optimizer"].model_states
+        grads = moments["optimizer"].parameters if K > 1 else 0
+        assert floor == states + grads + kept + loss, (config.n_layers, b, K, precision, mode, gpu)
+        assert floor <= max(m.total for m in moments.values())
+
+
+def test_the_floor_rejects_bad_input():
+    with pytest.raises(ValueError, match="mode"):
+        engine.predict_floor(GPTConfig(**SMALL), 1, mode="everything")
+    with pytest.raises(ValueError, match="precision"):
+        engine.predict_floor(GPTConfig(**SMALL), 1, precision="fp8")

@@ -167,6 +167,23 @@ def test_fit_model_finds_the_largest_fitting_shape_by_brute_force():
     assert "parameters" in f.summary() and "predicted" in f.summary()
 
 
+@pytest.mark.parametrize("budget", [2 * MiB, 5 * MiB, 9 * MiB, 14 * MiB])
+def test_fit_model_matches_brute_force_where_widths_bound_each_other(budget):
+    """Every width's deepest fitting model bounds the others' (memory grows with width and
+    depth), which the search uses; a brute force over every shape, setting and divisor."""
+    space = dict(seq_len=32, vocab_size=64, widths=range(16, 257, 16), depths=range(1, 25),
+                 head_size=16, aspect_ratio=(2, 64))
+    precisions, policies = ("bf16-mixed", "fp32"), (("none", 1), ("blocks", 1), ("sqrt", 1))
+    fitting = [c for c in fit.search_space(**space) if _fits(c, budget, 4, precisions, policies)]
+    try:
+        f = fit.fit_model(budget, effective_batch=4, precisions=precisions, policies=policies,
+                          **space)
+    except ValueError:
+        assert not fitting
+        return
+    assert fitting and f.n_params == max(gpt_param_count(c) for c in fitting)
+
+
 def test_each_technique_lets_a_larger_model_fit():
     space = dict(seq_len=64, vocab_size=64, effective_batch=8, widths=range(16, 257, 16),
                  depths=range(1, 17), head_size=16, aspect_ratio=(8, 64))
