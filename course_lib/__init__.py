@@ -13,6 +13,7 @@ One module per idea, in lecture order:
 ``activations``        02: the course GPT's saved activations, op by op, on the CPU or a GPU
 ``measure``            02: peak memory, saved tensors, categorised breakdowns
 ``accumulation``       03: gradient accumulation and its bugs
+``toy_data``           03: a toy language with a known loss floor, to train on
 ``training``           03-07: the shared training loop (accumulation, AMP, no_sync)
 ``playground``         03: the accumulation playground; one step's cost, memory and time
 ``step_views``         03: the trade-off explorer and the step-through of one step
