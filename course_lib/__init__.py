@@ -24,7 +24,8 @@ One module per idea, in lecture order:
 ``fit``                06, 08: the largest GPT that trains within a budget; the guard; the fit ladder
 ``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
 ``allocator``          06: what nvidia-smi shows beside the prediction (cache, context, cuBLAS)
-``distributed``        07: ranks on gloo, DDP ``no_sync``, sharded states
+``ranks``              07: start N ranks on gloo and collect their results
+``distributed``        07: the workers of lecture 07: DDP ``no_sync``, sharded states
 ``levers``             08: optimizer in backward, chunked loss, offloading, low-bit states, LoRA
 ``widgets``            thin ipywidgets views over the pure functions above
 ``grading``            the checks of the graded exercises

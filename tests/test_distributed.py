@@ -1,49 +1,26 @@
 """course_lib.distributed on two real gloo processes: DDP accumulation against one process's
-whole batch, all-reduce counts, sharded model states against torch.chunk and the ZeRO formulas,
-and launching that fails cleanly (errors, time limits, no process left behind)."""
+whole batch, all-reduce counts, sharded model states against torch.chunk and the ZeRO formulas.
+Starting the ranks, and failing cleanly, is test_ranks.py."""
 
 import math
-import os
-import time
 
 import pytest
 import torch
+from process_tools import alive
 
 from course_lib import distributed
 from course_lib.memory import training_memory
 from course_lib.models import GPT, GPTConfig, random_tokens
+from course_lib.ranks import Ranks
 
 CONFIG = GPTConfig(vocab_size=256, seq_len=16, d_model=32, n_heads=2, n_layers=2)
 ODD = GPTConfig(vocab_size=257, seq_len=15, d_model=32, n_heads=2, n_layers=2)
 WORLD, MICRO, K, STEPS, LR = 2, 2, 3, 2, 1e-2
 
 
-def _fails_on_rank_1(rank, world_size):
-    if rank == 1:
-        raise ArithmeticError("rank 1 gives up")
-    torch.distributed.barrier()  # rank 0 waits for a peer that is gone
-
-
-def _sleeps(rank, world_size):
-    time.sleep(600)
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it has exited.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 @pytest.fixture(scope="module")
 def ranks_results():
-    with distributed.Ranks(WORLD, timeout=300) as ranks:
+    with Ranks(WORLD, timeout=300) as ranks:
         demo = ranks.run(distributed.all_reduce_demo)
         accumulation = ranks.run(distributed.ddp_accumulation, config=CONFIG, micro_batch=MICRO,
                                  accum_steps=K, steps=STEPS, lr=LR, seed=0, bucket_cap_mb=0.03)
@@ -79,7 +56,7 @@ def test_all_reduce_sums_in_place_on_every_rank(ranks_results):
 
 
 def test_ranks_are_gone_after_close(ranks_results):
-    assert not any(_alive(pid) for pid in ranks_results["pids"])
+    assert not any(alive(pid) for pid in ranks_results["pids"])
 
 
 def test_ddp_accumulation_equals_the_whole_batch(ranks_results):
@@ -145,58 +122,6 @@ def test_sharded_states_against_the_zero_formulas(ranks_results):
     assert states[1]["fsdp"]["params"] - states[1]["fsdp"]["logical"]["params"] >= 4 * ODD.d_model
 
 
-def test_a_failing_rank_reports_its_traceback_and_stops_the_others():
-    ranks = distributed.Ranks(WORLD, timeout=120)
-    pids = ranks.pids
-    with pytest.raises(RuntimeError, match=r"(?s)rank 1 of 2 failed.*ArithmeticError: rank 1 give"):
-        ranks.run(_fails_on_rank_1)
-    assert ranks.closed and not any(_alive(pid) for pid in pids)
-    with pytest.raises(ValueError, match="closed"):
-        ranks.run(distributed.all_reduce_demo)
-
-
-def test_a_run_past_its_time_limit_is_stopped():
-    ranks = distributed.Ranks(WORLD, timeout=120)
-    pids = ranks.pids
-    ranks.run(distributed.all_reduce_demo)  # started and joined
-    start = time.monotonic()
-    with pytest.raises(TimeoutError, match="within 1.0 s"):
-        ranks.run(_sleeps, timeout=1)
-    assert time.monotonic() - start < 30
-    assert ranks.closed and not any(_alive(pid) for pid in pids)
-
-
-def _local_function(rank, world_size):
-    def inner():
-        pass
-    return inner
-
-
-@pytest.mark.parametrize("worker", [lambda r, w: None, _local_function(0, 1), 42],
-                         ids=["lambda", "nested", "not-callable"])
-def test_workers_that_cannot_be_imported_are_refused(worker):
-    with pytest.raises(ValueError, match="worker must be"):
-        distributed.launch(worker)
-
-
-def test_a_notebook_function_is_refused_with_the_reason():
-    def notebook_function(rank, world_size):
-        return rank
-    notebook_function.__module__ = "__main__"
-    with pytest.raises(ValueError, match="notebook cell"):
-        distributed.launch(notebook_function)
-
-
-@pytest.mark.parametrize("kwargs,name", [({"world_size": 0}, "world_size"),
-                                         ({"world_size": 2.0}, "world_size"),
-                                         ({"world_size": 99}, "world_size"),
-                                         ({"timeout": 0}, "timeout"),
-                                         ({"timeout": "1"}, "timeout")])
-def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        distributed.launch(distributed.all_reduce_demo, **kwargs)
-
-
 def test_average_gradients_by_hand():
     params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
     params[0].grad = torch.tensor([1.0, 2.0, 3.0])
@@ -219,7 +144,3 @@ def test_local_bytes_counts_views_once_and_reports_logical_bytes():
 def test_counter_needs_a_ddp_model():
     with pytest.raises(ValueError, match="ddp_model"):
         distributed.AllReduceCounter(torch.nn.Linear(2, 2))
-
-
-def test_free_port_is_a_port():
-    assert 0 < distributed.free_port() < 65536

@@ -5,9 +5,9 @@ are meant (2.5, and whole ones such as 2.0), sizes past their stated maximum (2*
 None, containers, and device names torch does not know ("gpu").
 
 Modules: validation, units, memory, models, accumulation, toy_data, training, measure,
-memory_timeline, policies, distributed, widgets. The others (activations, kernels, engine, checkpointing, planner,
-fit, playground, device, model_zoo, levers, allocator, grading) are in test_inputs_planning.py;
-the strategies are in input_strategies.py.
+memory_timeline, policies, ranks, distributed, widgets. The others (activations, kernels, engine,
+checkpointing, planner, fit, playground, device, model_zoo, levers, allocator, grading) are in
+test_inputs_planning.py; the strategies are in input_strategies.py.
 """
 
 import math
@@ -43,6 +43,7 @@ from course_lib import (
     models,
     planner,
     policies,
+    ranks,
     toy_data,
     training,
     units,
@@ -178,14 +179,15 @@ CASES = {
     # distributed
     "average_gradients.world_size": (
         lambda v: distributed.average_gradients([torch.zeros(1)], lambda t: t, v), "world_size",
-        not_an_int(1, distributed.MAX_WORLD_SIZE)),
-    "Ranks.timeout": (lambda v: distributed.Ranks(2, timeout=v), "timeout",
-                      not_a_number(0.0, distributed.MAX_SECONDS).filter(lambda v: v != 0.0)),
-    "Ranks.world_size": (lambda v: distributed.Ranks(v), "world_size",
-                         not_an_int(1, distributed.MAX_WORLD_SIZE)),
+        not_an_int(1, ranks.MAX_WORLD_SIZE)),
     "local_bytes.tensors": (lambda v: distributed.local_bytes(v), "tensors",
                             st.one_of(BOOLS, st.integers(), st.floats(), st.none(),
                                       st.lists(st.integers(), min_size=1, max_size=2))),
+    # ranks
+    "Ranks.timeout": (lambda v: ranks.Ranks(2, timeout=v), "timeout",
+                      not_a_number(0.0, ranks.MAX_SECONDS).filter(lambda v: v != 0.0)),
+    "Ranks.world_size": (lambda v: ranks.Ranks(v), "world_size",
+                         not_an_int(1, ranks.MAX_WORLD_SIZE)),
     # widgets
     "live_plot.columns": (lambda v: widgets.live_plot(lambda fig, n: None,
                                                       {"n": ipywidgets.IntSlider()}, columns=v),
