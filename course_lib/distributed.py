@@ -7,8 +7,10 @@ they run on gloo, and give the same numbers, on any machine:
 
 * :func:`all_reduce_demo`: what ``all_reduce`` does to one tensor per rank;
 * :func:`ddp_accumulation`: gradient accumulation under
-  ``DistributedDataParallel``, with and without ``no_sync``, counting the
-  all-reduces with a communication hook (:class:`AllReduceCounter`);
+  ``DistributedDataParallel`` through the course's training loop
+  (:func:`course_lib.training.train`, with and without ``no_sync``), counting
+  the all-reduces with a communication hook (:class:`AllReduceCounter`) and
+  reading each step's gradient with a :class:`GradientReader`;
 * :func:`sharded_states`: the model-state bytes each rank holds under DDP,
   ZeRO stage 1 (``ZeroRedundancyOptimizer``) and FSDP2 (``fully_shard``, ZeRO
   stage 3), to set against :func:`course_lib.memory.training_memory`.
@@ -32,6 +34,7 @@ import torch.distributed as dist
 
 from .models import GPT, GPTConfig, random_tokens
 from .ranks import MAX_WORLD_SIZE
+from .training import batches_of, train
 
 # --- pieces the workers use -------------------------------------------------------------------
 
@@ -96,6 +99,58 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten().float() for p in model.parameters()])
 
 
+class GradientReader(torch.optim.Optimizer):
+    """An optimizer that leaves the weights alone: each ``step()`` keeps a copy of the gradient.
+
+    Given to :func:`course_lib.training.train` in place of a real optimizer, it
+    reads what one accumulation cycle left in ``.grad`` (after DDP's all-reduce,
+    under DDP) at the moment the optimizer would use it; ``train`` clears the
+    gradients right after. ``grads`` is that copy, flat and in fp32
+    (:func:`flat_grads`), from the last step; None before the first.
+    A step pre-hook (``register_step_pre_hook``, PyTorch's) runs before the copy
+    is taken.
+
+    Args:
+        model: the ``torch.nn.Module`` whose gradients are read (a DDP model or a plain one);
+            every parameter must have a gradient at each step.
+
+    Raises:
+        ValueError: if ``model`` is not a ``torch.nn.Module`` with parameters.
+
+    Example::
+
+        reader = GradientReader(ddp_model)
+        train(ddp_model, reader, [batch], micro_batch_size=2, accumulation_steps=4, no_sync=True)
+        reader.grads  # the gradient of the whole batch, averaged over the ranks
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        if not isinstance(model, torch.nn.Module) or not any(True for _ in model.parameters()):
+            raise ValueError(f"model must be a torch.nn.Module with parameters, got {model!r}")
+        super().__init__(model.parameters(), {})
+        self.model, self.grads = model, None
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:
+        self.grads = flat_grads(self.model)
+
+
+@contextlib.contextmanager
+def _gradients_scaled_by(model: torch.nn.Module, factor: float):
+    """Multiply every gradient of ``model`` by ``factor`` as the backward pass produces it.
+
+    The same as multiplying the loss by ``factor`` (the backward pass is linear
+    in the loss). A tensor hook runs before the gradient is accumulated into
+    ``.grad``, hence before DDP's all-reduce sees it.
+    """
+    handles = [p.register_hook(lambda g: g * factor) for p in model.parameters()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def local_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
     """``(logical, allocated)`` bytes of this rank's part of ``tensors``.
 
@@ -150,15 +205,6 @@ def _moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
             if k != "step" and isinstance(v, torch.Tensor)]
 
 
-def _micro_batches(config: GPTConfig, rank: int, world_size: int, micro_batch: int,
-                   accum_steps: int, seed: int) -> list:
-    """This rank's ``accum_steps`` micro-batches: its contiguous slice of one global batch."""
-    per_rank = micro_batch * accum_steps
-    x, y = random_tokens(config, world_size * per_rank, seed=seed)
-    mine = slice(rank * per_rank, (rank + 1) * per_rank)
-    return list(zip(x[mine].split(micro_batch), y[mine].split(micro_batch)))
-
-
 # --- the workers ------------------------------------------------------------------------------
 
 
@@ -175,16 +221,23 @@ def ddp_accumulation(rank: int, world_size: int, *, config: GPTConfig, micro_bat
                      bucket_cap_mb: float = 0.1, seed: int = 0) -> dict:
     """Gradient accumulation under DDP: gradients, all-reduce counts, weights after training.
 
+    Every run goes through the course's training loop, :func:`course_lib.training.train`
+    (``no_sync=True``: all micro-batches but the last under DDP's ``no_sync()``), with
+    its default ``normalize="tokens"``: each micro-batch's summed loss over the
+    rank's tokens, which is the micro-batch's mean loss / K here, as every
+    micro-batch holds the same number of tokens.
+
     ``config`` is a :class:`GPTConfig`. The global batch of ``world_size *
     micro_batch * accum_steps`` sequences (``random_tokens(config, ..., seed=seed)``)
-    is cut into one contiguous slice per rank, each run as ``accum_steps``
-    micro-batches. Returns, per variant, the flat gradient after one
-    accumulation cycle and the all-reduces (calls and bytes) it made:
+    is cut into one contiguous slice per rank (:func:`course_lib.training.batches_of`),
+    each run as ``accum_steps`` micro-batches. Returns, per variant, the flat
+    gradient after one accumulation cycle (read by a :class:`GradientReader`)
+    and the all-reduces (calls and bytes) it made:
 
     * ``"no_sync"``: loss / K, all micro-batches but the last under ``no_sync()``;
     * ``"sync_every_micro_batch"``: loss / K, no ``no_sync``;
     * ``"loss_over_K_times_N"``: loss / (K * N), the mistake of averaging twice;
-    * ``"loss_not_divided"``: loss / 1, the divide-by-K bug;
+    * ``"loss_not_divided"``: loss / 1, the divide-by-K bug (``normalize="sum-of-means"``);
     * ``"manual"``: no DDP; local accumulation, then :func:`average_gradients`.
 
     ``"warmup_all_reduces"``: the all-reduces of a first backward, before DDP
@@ -196,44 +249,48 @@ def ddp_accumulation(rank: int, world_size: int, *, config: GPTConfig, micro_bat
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     K = accum_steps
+    per_rank = micro_batch * K
+
+    def my_batch(batch_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        global_batch = random_tokens(config, world_size * per_rank, seed=batch_seed)
+        return batches_of(*global_batch, per_rank)[rank]
+
     torch.manual_seed(seed)
     model = GPT(config)
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
     counter = AllReduceCounter(ddp)
 
-    def accumulate(batches, use_no_sync: bool = True, divisor: float = K) -> None:
-        for k, (x, y) in enumerate(batches):
-            skip_sync = use_no_sync and k < len(batches) - 1
-            with ddp.no_sync() if skip_sync else contextlib.nullcontext():
-                _, loss = ddp(x, y)
-                (loss / divisor).backward()
+    def one_cycle(net, batch, accumulation_steps: int = K, **options) -> dict:
+        """One optimizer step's accumulation; its gradient and the all-reduces it made."""
+        reader = GradientReader(net)
+        counter.reset()
+        train(net, reader, [batch], micro_batch_size=micro_batch,
+              accumulation_steps=accumulation_steps, **options)
+        return {"grads": reader.grads, "all_reduces": counter.calls, "bytes": counter.bytes}
 
-    batches = _micro_batches(config, rank, world_size, micro_batch, K, seed)
+    batch = my_batch(seed)
     # DDP sizes its buckets again after the first backward, in the order the gradients
     # arrived; one warm-up backward makes the counts below those of every later step.
-    ddp(*batches[0])[1].backward()
-    out = {"warmup_all_reduces": counter.calls}
-    for name, use_no_sync, divisor in (("no_sync", True, K), ("sync_every_micro_batch", False, K),
-                                       ("loss_over_K_times_N", True, K * world_size),
-                                       ("loss_not_divided", True, 1)):
-        ddp.zero_grad(set_to_none=True)
-        counter.reset()
-        accumulate(batches, use_no_sync, divisor)
-        out[name] = {"grads": flat_grads(model), "all_reduces": counter.calls,
-                     "bytes": counter.bytes}
+    first_micro_batch = batches_of(*batch, micro_batch)[0]
+    out = {"warmup_all_reduces": one_cycle(ddp, first_micro_batch, 1)["all_reduces"]}
+    out["no_sync"] = one_cycle(ddp, batch, no_sync=True)
+    out["sync_every_micro_batch"] = one_cycle(ddp, batch)
+    with _gradients_scaled_by(model, 1 / world_size):  # loss / K, then / N once more
+        out["loss_over_K_times_N"] = one_cycle(ddp, batch, no_sync=True)
+    out["loss_not_divided"] = one_cycle(ddp, batch, no_sync=True, normalize="sum-of-means")
 
     torch.manual_seed(seed)
     plain = GPT(config)
-    for x, y in batches:
-        (plain(x, y)[1] / K).backward()
-    average_gradients(plain.parameters(), dist.all_reduce, world_size)
-    out["manual"] = {"grads": flat_grads(plain)}
+    by_hand = GradientReader(plain)
+    # What DDP does, once the micro-batches have accumulated: just before the optimizer steps.
+    by_hand.register_step_pre_hook(
+        lambda *_: average_gradients(plain.parameters(), dist.all_reduce, world_size))
+    train(plain, by_hand, [batch], micro_batch_size=micro_batch, accumulation_steps=K)
+    out["manual"] = {"grads": by_hand.grads}
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    for step in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        accumulate(_micro_batches(config, rank, world_size, micro_batch, K, seed + step))
-        optimizer.step()
+    train(ddp, optimizer, [my_batch(seed + step) for step in range(steps)],
+          micro_batch_size=micro_batch, accumulation_steps=K, no_sync=True)
     out["params_after"] = flat_params(model)
     out["n_params"] = sum(p.numel() for p in model.parameters())
     return out

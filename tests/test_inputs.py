@@ -180,6 +180,7 @@ CASES = {
     "average_gradients.world_size": (
         lambda v: distributed.average_gradients([torch.zeros(1)], lambda t: t, v), "world_size",
         not_an_int(1, ranks.MAX_WORLD_SIZE)),
+    "GradientReader.model": (lambda v: distributed.GradientReader(v), "model", OTHERS),
     "local_bytes.tensors": (lambda v: distributed.local_bytes(v), "tensors",
                             st.one_of(BOOLS, st.integers(), st.floats(), st.none(),
                                       st.lists(st.integers(), min_size=1, max_size=2))),
