@@ -17,6 +17,7 @@ lecture named:
 ``activations``        02: the course GPT's saved activations, op by op, on the CPU or a GPU
 ``measure``            02: peak memory, saved tensors, categorised breakdowns
 ``accumulation``       03: gradient accumulation and its bugs
+``toy_data``           03: a toy language with a known loss floor, to train on
 ``training``           03-07: the shared training loop (accumulation, AMP, no_sync)
 ``widgets``            01-08: ``live_plot``, the thin ipywidgets view every widget uses
 ``checkpointing``      04: five checkpointing modes; kept bytes and FLOPs predicted
@@ -30,7 +31,8 @@ lecture named:
 ``fit``                06: the largest GPT, or the largest batch, that trains within a budget
 ``guard``              06: a budget checked before a step runs and enforced while it runs
 ``allocator``          06: what nvidia-smi shows beside the prediction (cache, context, cuBLAS)
-``distributed``        07: ranks on gloo, DDP ``no_sync``, sharded states
+``ranks``              07: start N ranks on gloo and collect their results
+``distributed``        07: the workers of lecture 07: DDP ``no_sync``, sharded states
 ``levers``             08: optimizer in backward, chunked loss, offloading, low-bit states, LoRA
 ``fit_ladder``         08: every lever for one model and one GPU, ranked; the mix that fits
 ``grading``            the checks of the graded exercises

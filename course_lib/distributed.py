@@ -1,25 +1,16 @@
-"""07: data parallelism on one machine: launch ranks, accumulate with DDP ``no_sync``, shard states.
+"""07: data parallelism on one machine: accumulate with DDP ``no_sync``, shard the model states.
 
-:class:`Ranks` starts ``world_size`` processes joined into one
-``torch.distributed`` process group with the **gloo** backend, which runs
-collectives on CPU tensors, and runs worker functions on them; :func:`launch`
-does it once. It is the same code as a multi-GPU job (there the backend is NCCL
-and the tensors live on GPUs), but it runs on any laptop, and on a CUDA machine
-too: the workers below keep their tensors on the CPU.
-
-Each rank is a fresh Python process that imports the worker by name, as
-``torchrun`` or ``torch.multiprocessing.spawn`` workers do, so a worker must be
-a function defined at module level in an importable module (such as this one),
-never one defined in a notebook cell. Results come back through files; runs
-have a time limit, a failing rank's traceback is reported, and closing destroys
-the process group and leaves no process behind.
-
-The workers the lecture runs:
+The workers of lecture 07, run on every rank by :class:`course_lib.ranks.Ranks`
+(which imports them by name in each rank's process, so they live in this
+module, never in a notebook cell). They keep their tensors on the CPU, so that
+they run on gloo, and give the same numbers, on any machine:
 
 * :func:`all_reduce_demo`: what ``all_reduce`` does to one tensor per rank;
 * :func:`ddp_accumulation`: gradient accumulation under
-  ``DistributedDataParallel``, with and without ``no_sync``, counting the
-  all-reduces with a communication hook (:class:`AllReduceCounter`);
+  ``DistributedDataParallel`` through the course's training loop
+  (:func:`course_lib.training.train`, with and without ``no_sync``), counting
+  the all-reduces with a communication hook (:class:`AllReduceCounter`) and
+  reading each step's gradient with a :class:`GradientReader`;
 * :func:`sharded_states`: the model-state bytes each rank holds under DDP,
   ZeRO stage 1 (``ZeroRedundancyOptimizer``) and FSDP2 (``fully_shard``, ZeRO
   stage 3), to set against :func:`course_lib.memory.training_memory`.
@@ -33,271 +24,17 @@ al. 2023, "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel".
 from __future__ import annotations
 
 import contextlib
-import datetime
 import gc
-import importlib
 import inspect
 import os
-import pickle
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import traceback
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from .models import GPT, GPTConfig, random_tokens
-
-BACKEND = "gloo"
-MAX_WORLD_SIZE = 16
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (the OS picks it), for the rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _check_importable(worker) -> tuple[str, str]:
-    if not callable(worker):
-        raise ValueError(f"worker must be a function, got {worker!r}")
-    module, name = getattr(worker, "__module__", None), getattr(worker, "__qualname__", "")
-    if (module in (None, "__main__") or "<" in name
-            or getattr(sys.modules.get(module), name, None) is not worker):
-        raise ValueError(
-            f"worker must be a function defined at module level in an importable module "
-            f"(such as course_lib.distributed.ddp_accumulation), got {name or worker!r} from "
-            f"{module!r}: each rank is a fresh Python process that imports the worker by name, "
-            "so functions defined in a notebook cell or inside another function cannot be used")
-    return module, name
-
-
-#: The longest time limit any call accepts (a day).
-MAX_SECONDS = 86_400.0
-
-
-def _check_seconds(name: str, value) -> float:
-    if (not isinstance(value, int | float) or isinstance(value, bool) or not value > 0
-            or not value <= MAX_SECONDS):
-        raise ValueError(f"{name} must be a positive number of seconds, at most {MAX_SECONDS:g}, "
-                         f"got {value!r}")
-    return float(value)
-
-
-def _serve() -> None:
-    """Body of each rank's process: join the group, then run the tasks read from stdin."""
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    out_dir = Path(os.environ["COURSE_RANKS_DIR"])
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-
-    def report(name: str, outcome: dict) -> None:
-        tmp = out_dir / f"{name}.tmp{rank}"
-        with open(tmp, "wb") as f:
-            pickle.dump(outcome, f)
-        os.replace(tmp, out_dir / f"{name}_rank{rank}.pkl")  # appears complete or not at all
-
-    try:
-        timeout = datetime.timedelta(seconds=float(os.environ["COURSE_RANKS_TIMEOUT"]))
-        dist.init_process_group(BACKEND, rank=rank, world_size=world_size, timeout=timeout)
-    except BaseException:
-        report("init", {"ok": False, "error": traceback.format_exc(), "when": time.time()})
-        _exit(1)
-    while True:
-        try:
-            task = pickle.load(sys.stdin.buffer)
-        except EOFError:
-            task = None  # the parent closed the pipe, or died
-        if task is None:
-            break
-        try:
-            worker = getattr(importlib.import_module(task["module"]), task["name"])
-            outcome = {"ok": True, "result": worker(rank, world_size, **task["kwargs"])}
-        except BaseException:
-            outcome = {"ok": False, "error": traceback.format_exc(), "when": time.time()}
-        try:
-            report(f"task{task['number']}", outcome)
-        except Exception:  # e.g. a result that cannot be pickled
-            outcome = {"ok": False, "error": traceback.format_exc(), "when": time.time()}
-            report(f"task{task['number']}", outcome)
-        if not outcome["ok"]:
-            # The other ranks may be stuck in a collective with this one: leave at once.
-            _exit(1)
-    dist.destroy_process_group()
-    _exit(0)
-
-
-def _exit(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # results are on disk; skip the slow interpreter teardown
-
-
-class Ranks:
-    """``world_size`` processes, one gloo process group, that run workers on request.
-
-    ``with Ranks(2) as ranks: results = ranks.run(worker, **kwargs)`` runs
-    ``worker(rank, world_size, **kwargs)`` on every rank and returns the list of
-    their return values, in rank order. Each rank is a fresh Python process
-    (``python -c``, like ``torchrun``'s workers) with ``MASTER_ADDR=127.0.0.1``, a
-    free ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE`` set. The processes stay up
-    between runs, so the price of starting them (importing torch, the
-    rendezvous) is paid once. Tasks go to the ranks through their stdin,
-    results come back as pickles in a temporary directory.
-
-    ``timeout`` (seconds) limits each :meth:`run` (the first one includes the
-    start-up) and any single collective. A run raises ``RuntimeError`` with the
-    traceback (or the last output) of the rank that failed, or ``TimeoutError``;
-    either way the processes are stopped and this object is closed.
-    :meth:`close` (or leaving the ``with``) destroys the process group and ends
-    the processes; none outlives the kernel, as each rank exits when its stdin
-    closes.
-    """
-
-    def __init__(self, world_size: int = 2, *, timeout: float = 120.0):
-        if not isinstance(world_size, int) or isinstance(world_size, bool) or not (
-                1 <= world_size <= MAX_WORLD_SIZE):
-            raise ValueError(f"world_size must be an int from 1 to {MAX_WORLD_SIZE}, "
-                             f"got {world_size!r}")
-        self.world_size, self.timeout = world_size, _check_seconds("timeout", timeout)
-        self._tmp = tempfile.TemporaryDirectory(prefix="course_ranks_")
-        self._dir, self._tasks, self._procs, self._ended = Path(self._tmp.name), 0, [], []
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                   WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-                   COURSE_RANKS_DIR=self._tmp.name, COURSE_RANKS_TIMEOUT=str(self.timeout),
-                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # what the parent imports
-        try:
-            for rank in range(world_size):
-                with open(self._dir / f"rank{rank}.log", "wb") as log:
-                    self._procs.append(subprocess.Popen(
-                        [sys.executable, "-c",
-                         "from course_lib.distributed import _serve; _serve()"],
-                        env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
-                        stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT))
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def pids(self) -> list[int]:
-        """The process id of each rank."""
-        return [p.pid for p in self._procs]
-
-    @property
-    def closed(self) -> bool:
-        return not self._procs
-
-    def running(self) -> list[int]:
-        """Process ids of this object's rank processes that are still running (none once closed)."""
-        return [p.pid for p in self._procs + self._ended if p.poll() is None]
-
-    def _first_failure(self, paths: list[Path]) -> str | None:
-        """Why the task failed: the earliest error a rank reported, else a dead rank's output."""
-        if not all(path.exists() for path in paths):
-            time.sleep(0.5)  # a rank died: give the others time to report what they saw
-        failures = []
-        for path in [*paths, *self._dir.glob("init_rank*.pkl")]:
-            if path.exists():
-                with open(path, "rb") as f:
-                    outcome = pickle.load(f)
-                if not outcome["ok"]:
-                    rank = int(path.stem.rsplit("rank", 1)[1])
-                    failures.append((outcome["when"], rank, outcome["error"]))
-        if failures:
-            _, rank, error = min(failures)  # the others may only have lost their peer
-            return f"rank {rank} of {self.world_size} failed:\n{error}"
-        for rank, p in enumerate(self._procs):
-            if p.poll() is not None:
-                log = self._dir / f"rank{rank}.log"
-                tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-20:])
-                return (f"rank {rank} of {self.world_size} exited with code {p.poll()} without "
-                        f"a result (killed, or crashed outside Python); its last output:\n{tail}")
-        return None
-
-    def run(self, worker: Callable, *, timeout: float | None = None, **kwargs) -> list:
-        """``[worker(rank, world_size, **kwargs) for each rank]``, computed on the ranks."""
-        if self.closed:
-            raise ValueError("these ranks are closed (after close() or a failed run); "
-                             "start new ones with Ranks(...)")
-        module, name = _check_importable(worker)
-        limit = self.timeout if timeout is None else _check_seconds("timeout", timeout)
-        try:
-            task = pickle.dumps({"number": self._tasks + 1, "module": module, "name": name,
-                                 "kwargs": kwargs})
-        except Exception as exc:
-            raise ValueError(f"the keyword arguments of {name} must be picklable: {exc}") from None
-        self._tasks += 1
-        paths = [self._dir / f"task{self._tasks}_rank{r}.pkl" for r in range(self.world_size)]
-        try:
-            for p in self._procs:
-                with contextlib.suppress(BrokenPipeError):  # a dead rank is reported below
-                    p.stdin.write(task)
-                    p.stdin.flush()
-            deadline = time.monotonic() + limit
-            while not all(path.exists() for path in paths):
-                if any(p.poll() is not None for p in self._procs):
-                    break  # a rank died: its report, or its output, says why
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name} did not finish on all {self.world_size} ranks "
-                                       f"within {limit} s; stopped them (pass a larger timeout= "
-                                       "if the work is just slow)")
-                time.sleep(0.02)
-            failure = self._first_failure(paths)
-            if failure:
-                raise RuntimeError(f"{name}: {failure}")
-            outcomes = []
-            for path in paths:
-                with open(path, "rb") as f:
-                    outcomes.append(pickle.load(f))
-        except BaseException:  # includes KeyboardInterrupt: never leave ranks behind
-            self.close(wait=0)
-            raise
-        return [o["result"] for o in outcomes]
-
-    def close(self, wait: float = 10.0) -> None:
-        """End the ranks: ask them to leave the group and exit; kill any left after ``wait`` s."""
-        procs, self._procs = self._procs, []
-        self._ended += procs
-        for p in procs:
-            with contextlib.suppress(OSError, ValueError):
-                if p.poll() is None and wait > 0:
-                    pickle.dump(None, p.stdin)
-                p.stdin.close()
-        deadline = time.monotonic() + wait
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        self._tmp.cleanup()
-
-    def __enter__(self) -> Ranks:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_procs", None):
-            self.close(wait=0)
-
-
-def launch(worker: Callable, world_size: int = 2, *, timeout: float = 120.0, **kwargs) -> list:
-    """Start ``world_size`` ranks, run ``worker(rank, world_size, **kwargs)`` on them, end them.
-
-    ``Ranks(world_size, timeout=timeout).run(worker, **kwargs)`` in one call:
-    the list of each rank's return value, in rank order. Errors as :class:`Ranks`.
-    """
-    _check_importable(worker)
-    with Ranks(world_size, timeout=timeout) as ranks:
-        return ranks.run(worker, **kwargs)
-
+from .ranks import MAX_WORLD_SIZE
+from .training import batches_of, train
 
 # --- pieces the workers use -------------------------------------------------------------------
 
@@ -362,6 +99,58 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten().float() for p in model.parameters()])
 
 
+class GradientReader(torch.optim.Optimizer):
+    """An optimizer that leaves the weights alone: each ``step()`` keeps a copy of the gradient.
+
+    Given to :func:`course_lib.training.train` in place of a real optimizer, it
+    reads what one accumulation cycle left in ``.grad`` (after DDP's all-reduce,
+    under DDP) at the moment the optimizer would use it; ``train`` clears the
+    gradients right after. ``grads`` is that copy, flat and in fp32
+    (:func:`flat_grads`), from the last step; None before the first.
+    A step pre-hook (``register_step_pre_hook``, PyTorch's) runs before the copy
+    is taken.
+
+    Args:
+        model: the ``torch.nn.Module`` whose gradients are read (a DDP model or a plain one);
+            every parameter must have a gradient at each step.
+
+    Raises:
+        ValueError: if ``model`` is not a ``torch.nn.Module`` with parameters.
+
+    Example::
+
+        reader = GradientReader(ddp_model)
+        train(ddp_model, reader, [batch], micro_batch_size=2, accumulation_steps=4, no_sync=True)
+        reader.grads  # the gradient of the whole batch, averaged over the ranks
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        if not isinstance(model, torch.nn.Module) or not any(True for _ in model.parameters()):
+            raise ValueError(f"model must be a torch.nn.Module with parameters, got {model!r}")
+        super().__init__(model.parameters(), {})
+        self.model, self.grads = model, None
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:
+        self.grads = flat_grads(self.model)
+
+
+@contextlib.contextmanager
+def _gradients_scaled_by(model: torch.nn.Module, factor: float):
+    """Multiply every gradient of ``model`` by ``factor`` as the backward pass produces it.
+
+    The same as multiplying the loss by ``factor`` (the backward pass is linear
+    in the loss). A tensor hook runs before the gradient is accumulated into
+    ``.grad``, hence before DDP's all-reduce sees it.
+    """
+    handles = [p.register_hook(lambda g: g * factor) for p in model.parameters()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def local_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
     """``(logical, allocated)`` bytes of this rank's part of ``tensors``.
 
@@ -416,15 +205,6 @@ def _moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
             if k != "step" and isinstance(v, torch.Tensor)]
 
 
-def _micro_batches(config: GPTConfig, rank: int, world_size: int, micro_batch: int,
-                   accum_steps: int, seed: int) -> list:
-    """This rank's ``accum_steps`` micro-batches: its contiguous slice of one global batch."""
-    per_rank = micro_batch * accum_steps
-    x, y = random_tokens(config, world_size * per_rank, seed=seed)
-    mine = slice(rank * per_rank, (rank + 1) * per_rank)
-    return list(zip(x[mine].split(micro_batch), y[mine].split(micro_batch)))
-
-
 # --- the workers ------------------------------------------------------------------------------
 
 
@@ -441,16 +221,23 @@ def ddp_accumulation(rank: int, world_size: int, *, config: GPTConfig, micro_bat
                      bucket_cap_mb: float = 0.1, seed: int = 0) -> dict:
     """Gradient accumulation under DDP: gradients, all-reduce counts, weights after training.
 
+    Every run goes through the course's training loop, :func:`course_lib.training.train`
+    (``no_sync=True``: all micro-batches but the last under DDP's ``no_sync()``), with
+    its default ``normalize="tokens"``: each micro-batch's summed loss over the
+    rank's tokens, which is the micro-batch's mean loss / K here, as every
+    micro-batch holds the same number of tokens.
+
     ``config`` is a :class:`GPTConfig`. The global batch of ``world_size *
     micro_batch * accum_steps`` sequences (``random_tokens(config, ..., seed=seed)``)
-    is cut into one contiguous slice per rank, each run as ``accum_steps``
-    micro-batches. Returns, per variant, the flat gradient after one
-    accumulation cycle and the all-reduces (calls and bytes) it made:
+    is cut into one contiguous slice per rank (:func:`course_lib.training.batches_of`),
+    each run as ``accum_steps`` micro-batches. Returns, per variant, the flat
+    gradient after one accumulation cycle (read by a :class:`GradientReader`)
+    and the all-reduces (calls and bytes) it made:
 
     * ``"no_sync"``: loss / K, all micro-batches but the last under ``no_sync()``;
     * ``"sync_every_micro_batch"``: loss / K, no ``no_sync``;
     * ``"loss_over_K_times_N"``: loss / (K * N), the mistake of averaging twice;
-    * ``"loss_not_divided"``: loss / 1, the divide-by-K bug;
+    * ``"loss_not_divided"``: loss / 1, the divide-by-K bug (``normalize="sum-of-means"``);
     * ``"manual"``: no DDP; local accumulation, then :func:`average_gradients`.
 
     ``"warmup_all_reduces"``: the all-reduces of a first backward, before DDP
@@ -462,44 +249,48 @@ def ddp_accumulation(rank: int, world_size: int, *, config: GPTConfig, micro_bat
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     K = accum_steps
+    per_rank = micro_batch * K
+
+    def my_batch(batch_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        global_batch = random_tokens(config, world_size * per_rank, seed=batch_seed)
+        return batches_of(*global_batch, per_rank)[rank]
+
     torch.manual_seed(seed)
     model = GPT(config)
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
     counter = AllReduceCounter(ddp)
 
-    def accumulate(batches, use_no_sync: bool = True, divisor: float = K) -> None:
-        for k, (x, y) in enumerate(batches):
-            skip_sync = use_no_sync and k < len(batches) - 1
-            with ddp.no_sync() if skip_sync else contextlib.nullcontext():
-                _, loss = ddp(x, y)
-                (loss / divisor).backward()
+    def one_cycle(net, batch, accumulation_steps: int = K, **options) -> dict:
+        """One optimizer step's accumulation; its gradient and the all-reduces it made."""
+        reader = GradientReader(net)
+        counter.reset()
+        train(net, reader, [batch], micro_batch_size=micro_batch,
+              accumulation_steps=accumulation_steps, **options)
+        return {"grads": reader.grads, "all_reduces": counter.calls, "bytes": counter.bytes}
 
-    batches = _micro_batches(config, rank, world_size, micro_batch, K, seed)
+    batch = my_batch(seed)
     # DDP sizes its buckets again after the first backward, in the order the gradients
     # arrived; one warm-up backward makes the counts below those of every later step.
-    ddp(*batches[0])[1].backward()
-    out = {"warmup_all_reduces": counter.calls}
-    for name, use_no_sync, divisor in (("no_sync", True, K), ("sync_every_micro_batch", False, K),
-                                       ("loss_over_K_times_N", True, K * world_size),
-                                       ("loss_not_divided", True, 1)):
-        ddp.zero_grad(set_to_none=True)
-        counter.reset()
-        accumulate(batches, use_no_sync, divisor)
-        out[name] = {"grads": flat_grads(model), "all_reduces": counter.calls,
-                     "bytes": counter.bytes}
+    first_micro_batch = batches_of(*batch, micro_batch)[0]
+    out = {"warmup_all_reduces": one_cycle(ddp, first_micro_batch, 1)["all_reduces"]}
+    out["no_sync"] = one_cycle(ddp, batch, no_sync=True)
+    out["sync_every_micro_batch"] = one_cycle(ddp, batch)
+    with _gradients_scaled_by(model, 1 / world_size):  # loss / K, then / N once more
+        out["loss_over_K_times_N"] = one_cycle(ddp, batch, no_sync=True)
+    out["loss_not_divided"] = one_cycle(ddp, batch, no_sync=True, normalize="sum-of-means")
 
     torch.manual_seed(seed)
     plain = GPT(config)
-    for x, y in batches:
-        (plain(x, y)[1] / K).backward()
-    average_gradients(plain.parameters(), dist.all_reduce, world_size)
-    out["manual"] = {"grads": flat_grads(plain)}
+    by_hand = GradientReader(plain)
+    # What DDP does, once the micro-batches have accumulated: just before the optimizer steps.
+    by_hand.register_step_pre_hook(
+        lambda *_: average_gradients(plain.parameters(), dist.all_reduce, world_size))
+    train(plain, by_hand, [batch], micro_batch_size=micro_batch, accumulation_steps=K)
+    out["manual"] = {"grads": by_hand.grads}
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    for step in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        accumulate(_micro_batches(config, rank, world_size, micro_batch, K, seed + step))
-        optimizer.step()
+    train(ddp, optimizer, [my_batch(seed + step) for step in range(steps)],
+          micro_batch_size=micro_batch, accumulation_steps=K, no_sync=True)
     out["params_after"] = flat_params(model)
     out["n_params"] = sum(p.numel() for p in model.parameters())
     return out

@@ -39,9 +39,10 @@ from .device import GPU, GPUS, resolve_gpu
 from .engine import StepMemory, precision_of, predict_step_memory
 from .kernels import attention_kernel
 from .measure import peak_memory, resident_bytes
-from .models import GPT, GPTConfig, gpt_param_count
+from .models import GPT, MAX_SEED, GPTConfig, gpt_param_count
 from .step_setup import build, measure_step_memory, train_options
-from .training import MAX_SEED, batches_of, make_grad_scaler, markov_tokens, train
+from .toy_data import markov_tokens
+from .training import batches_of, make_grad_scaler, train
 from .units import dtype_bytes
 from .validation import MAX_BATCH, MAX_COUNT, boolean, function, integer, number, positive_int
 from .validation import device as as_device
@@ -113,12 +114,12 @@ class Run:
 
 
 class Playground:
-    """Short training runs of one GPT ``config`` on :func:`course_lib.training.markov_tokens`.
+    """Short training runs of one GPT ``config`` on :func:`course_lib.toy_data.markov_tokens`.
 
     ``samples``: the training budget of every run (the effective batch sets how
     many optimizer steps it buys), an int from 1 to :data:`MAX_SAMPLES`. ``lr``: AdamW's
     learning rate, the same for every run, a finite number > 0. ``seed``: an int from 0 to
-    :data:`course_lib.training.MAX_SEED`. ``device``: a device ("cpu", "cuda", ...).
+    :data:`course_lib.models.MAX_SEED`. ``device``: a device ("cpu", "cuda", ...).
     Each is checked (``ValueError`` naming it).
     """
 

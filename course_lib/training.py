@@ -32,14 +32,13 @@ Hugging Face ``transformers``' Trainer in 2025 (pull request #39659,
 ``current_gradient_accumulation_steps``) and in trainers built on it in 2026
 (ms-swift #10084, LlamaFactory #10705).
 
-:func:`markov_tokens` makes a learnable toy language for the lectures'
-training runs: its best possible loss is known exactly.
+The data the lectures train on, a toy language with a known loss floor, is
+:mod:`course_lib.toy_data`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,11 +47,10 @@ import torch
 import torch.nn as nn
 
 from .accumulation import _check_normalize, micro_batch_loss
-from .validation import MAX_COUNT, integer, number, positive_int
-from .validation import device as as_device
 
-#: Seeds are what ``torch.Generator.manual_seed`` takes without wrapping around.
-MAX_SEED = 2**63 - 1
+# The toy language lives in course_lib.toy_data; these names stay importable from here for the
+# code that still imports them from training (the playground, lectures 06 and 08).
+from .validation import MAX_COUNT, integer, number, positive_int
 
 AMP_DTYPES = (None, torch.float16, torch.bfloat16)
 
@@ -214,53 +212,6 @@ def _with_last(items: Iterable):
         yield current, False
         current = following
     yield current, True
-
-
-def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branching: int = 2,
-                  seed: int = 0, device: torch.device | str = "cpu"):
-    """``(inputs, targets)`` sampled from a random Markov chain: a toy language a small GPT can learn.
-
-    Each token has ``branching`` possible successors (drawn once from ``seed``),
-    each equally likely, so the best achievable loss is ``ln(branching)`` nats
-    per token (:func:`markov_entropy`), against ``ln(vocab_size)`` for a model
-    that knows nothing. Shapes ``(n_sequences, seq_len)``, targets shifted by one.
-
-    Args:
-        n_sequences: sequences, an int from 1 to 2**24.
-        seq_len: tokens per sequence, from 1 to 2**20.
-        vocab_size: tokens of the language, from 1 to 2**16.
-        branching: successors per token, from 1 to ``vocab_size``.
-        seed: an int in ``[0, 2**63 - 1]``.
-        device: where the tensors go (``"cpu"``, ``"cuda"``, a ``torch.device``).
-
-    Raises:
-        ValueError: naming the parameter, for a bad value (a bool, a float, out of range,
-            ``device="gpu"``).
-
-    Example::
-
-        x, y = markov_tokens(64, 32, vocab_size=64, branching=2, seed=0)
-    """
-    for name, value, maximum in (("n_sequences", n_sequences, 2**24), ("seq_len", seq_len, 2**20),
-                                 ("vocab_size", vocab_size, 2**16)):
-        positive_int(name, value, maximum=maximum)
-    positive_int("branching", branching, maximum=vocab_size)
-    seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
-    device = as_device("device", device)
-    g = torch.Generator().manual_seed(seed)
-    successors = torch.stack([torch.randperm(vocab_size, generator=g)[:branching]
-                              for _ in range(vocab_size)])
-    tokens = torch.empty(n_sequences, seq_len + 1, dtype=torch.long)
-    tokens[:, 0] = torch.randint(0, vocab_size, (n_sequences,), generator=g)
-    choices = torch.randint(0, branching, (n_sequences, seq_len), generator=g)
-    for t in range(seq_len):
-        tokens[:, t + 1] = successors[tokens[:, t], choices[:, t]]
-    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
-
-
-def markov_entropy(branching: int = 2) -> float:
-    """The loss floor of :func:`markov_tokens`: ``ln(branching)`` nats per token."""
-    return math.log(positive_int("branching", branching, maximum=MAX_COUNT))
 
 
 def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, *,

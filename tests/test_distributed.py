@@ -1,55 +1,76 @@
 """course_lib.distributed on two real gloo processes: DDP accumulation against one process's
-whole batch, all-reduce counts, sharded model states against torch.chunk and the ZeRO formulas,
-and launching that fails cleanly (errors, time limits, no process left behind)."""
+whole batch, all-reduce counts, sharded model states against torch.chunk and the ZeRO formulas;
+the course's training loop, train(no_sync=True), on a real DDP model. Starting the ranks, and
+failing cleanly, is test_ranks.py."""
 
 import math
-import os
-import time
 
 import pytest
 import torch
+from process_tools import alive
 
 from course_lib import distributed
 from course_lib.memory import training_memory
 from course_lib.models import GPT, GPTConfig, random_tokens
+from course_lib.ranks import Ranks
+from course_lib.training import batches_of, train
 
 CONFIG = GPTConfig(vocab_size=256, seq_len=16, d_model=32, n_heads=2, n_layers=2)
 ODD = GPTConfig(vocab_size=257, seq_len=15, d_model=32, n_heads=2, n_layers=2)
 WORLD, MICRO, K, STEPS, LR = 2, 2, 3, 2, 1e-2
+TINY = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
 
 
-def _fails_on_rank_1(rank, world_size):
-    if rank == 1:
-        raise ArithmeticError("rank 1 gives up")
-    torch.distributed.barrier()  # rank 0 waits for a peer that is gone
+def _flat(tensors):
+    return torch.cat([t.detach().flatten().clone() for t in tensors])
 
 
-def _sleeps(rank, world_size):
-    time.sleep(600)
+def _global_batch(step):
+    return random_tokens(TINY, WORLD * MICRO * K, seed=step)
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it has exited.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+def _train_tiny(model, batches, accumulation_steps, **options):
+    """train() on the tiny GPT in fp64: the gradient each optimizer step used, the final weights."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    grads = []
+    optimizer.register_step_pre_hook(lambda *_: grads.append(
+        _flat(p.grad for p in model.parameters())))
+    train(model, optimizer, batches, micro_batch_size=MICRO,
+          accumulation_steps=accumulation_steps, **options)
+    return grads, _flat(model.parameters())
+
+
+def _train_through_the_loop(rank, world_size, *, no_sync):
+    """A rank's part of STEPS steps of train(no_sync=...) on a real DDP model of the tiny GPT."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = GPT(TINY).double()
+    ddp = DDP(model)  # the default 25 MB buckets: this model is a single one
+    counter = distributed.AllReduceCounter(ddp)
+    per_step = []
+
+    def count(step, loss):
+        per_step.append((counter.calls, counter.bytes))
+        counter.reset()
+
+    batches = [batches_of(*_global_batch(step), MICRO * K)[rank] for step in range(STEPS)]
+    grads, params = _train_tiny(ddp, batches, K, no_sync=no_sync, on_step=count)
+    return {"grads": grads, "params": params, "per_step": per_step}
 
 
 @pytest.fixture(scope="module")
 def ranks_results():
-    with distributed.Ranks(WORLD, timeout=300) as ranks:
+    with Ranks(WORLD, timeout=300) as ranks:
         demo = ranks.run(distributed.all_reduce_demo)
         accumulation = ranks.run(distributed.ddp_accumulation, config=CONFIG, micro_batch=MICRO,
                                  accum_steps=K, steps=STEPS, lr=LR, seed=0, bucket_cap_mb=0.03)
         states = ranks.run(distributed.sharded_states, config=ODD)
+        trained = {no_sync: ranks.run(_train_through_the_loop, no_sync=no_sync)
+                   for no_sync in (True, False)}
         pids = ranks.pids
-    return {"demo": demo, "acc": accumulation, "states": states, "pids": pids}
+    return {"demo": demo, "acc": accumulation, "states": states, "trained": trained,
+            "pids": pids}
 
 
 def _whole_batch(steps):
@@ -79,7 +100,7 @@ def test_all_reduce_sums_in_place_on_every_rank(ranks_results):
 
 
 def test_ranks_are_gone_after_close(ranks_results):
-    assert not any(_alive(pid) for pid in ranks_results["pids"])
+    assert not any(alive(pid) for pid in ranks_results["pids"])
 
 
 def test_ddp_accumulation_equals_the_whole_batch(ranks_results):
@@ -103,6 +124,43 @@ def test_no_sync_all_reduces_once_per_bucket_per_step(ranks_results):
     assert r0["sync_every_micro_batch"]["all_reduces"] == K * buckets
     assert r0["no_sync"]["bytes"] == 4 * P
     assert r0["sync_every_micro_batch"]["bytes"] == K * 4 * P
+
+
+@pytest.mark.parametrize("no_sync", [True, False], ids=["no_sync", "sync_every_micro_batch"])
+def test_train_with_ddp_equals_one_process_accumulating_the_whole_batch(ranks_results, no_sync):
+    torch.manual_seed(0)
+    model = GPT(TINY).double()
+    P = sum(p.numel() for p in model.parameters())
+    grads, params = _train_tiny(model, [_global_batch(step) for step in range(STEPS)],
+                                WORLD * K)
+    r0, r1 = ranks_results["trained"][no_sync]
+    # One all-reduce of the whole fp64 gradient (one bucket) per synchronising backward: once per
+    # optimizer step with no_sync, after every micro-batch without it.
+    syncs = 1 if no_sync else K
+    assert r0["per_step"] == r1["per_step"] == [(syncs, syncs * 8 * P)] * STEPS
+    assert len(r0["grads"]) == len(grads) == STEPS
+    for step, grad in enumerate(grads):
+        assert torch.equal(r0["grads"][step], r1["grads"][step]), step
+        assert torch.allclose(r0["grads"][step], grad, rtol=1e-10, atol=1e-13), step
+    assert torch.equal(r0["params"], r1["params"])
+    assert (r0["params"] - params).abs().max() < 1e-10
+
+
+def test_gradient_reader_leaves_the_weights_and_reads_the_accumulated_gradient():
+    torch.manual_seed(0)
+    model = GPT(TINY).double()
+    before = _flat(model.parameters())
+    x, y = _global_batch(0)
+    reader = distributed.GradientReader(model)
+    assert reader.grads is None
+    train(model, reader, [(x, y)], micro_batch_size=MICRO, accumulation_steps=WORLD * K)
+    assert torch.equal(_flat(model.parameters()), before)
+    assert all(p.grad is None for p in model.parameters())  # train cleared them after the step
+    model(x, y)[1].backward()  # the whole batch at once
+    whole = _flat(p.grad for p in model.parameters()).float()
+    assert torch.allclose(reader.grads, whole, rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match="model"):
+        distributed.GradientReader(torch.nn.ReLU())
 
 
 def test_fsdp_shards_are_torch_chunks(ranks_results):
@@ -145,58 +203,6 @@ def test_sharded_states_against_the_zero_formulas(ranks_results):
     assert states[1]["fsdp"]["params"] - states[1]["fsdp"]["logical"]["params"] >= 4 * ODD.d_model
 
 
-def test_a_failing_rank_reports_its_traceback_and_stops_the_others():
-    ranks = distributed.Ranks(WORLD, timeout=120)
-    pids = ranks.pids
-    with pytest.raises(RuntimeError, match=r"(?s)rank 1 of 2 failed.*ArithmeticError: rank 1 give"):
-        ranks.run(_fails_on_rank_1)
-    assert ranks.closed and not any(_alive(pid) for pid in pids)
-    with pytest.raises(ValueError, match="closed"):
-        ranks.run(distributed.all_reduce_demo)
-
-
-def test_a_run_past_its_time_limit_is_stopped():
-    ranks = distributed.Ranks(WORLD, timeout=120)
-    pids = ranks.pids
-    ranks.run(distributed.all_reduce_demo)  # started and joined
-    start = time.monotonic()
-    with pytest.raises(TimeoutError, match="within 1.0 s"):
-        ranks.run(_sleeps, timeout=1)
-    assert time.monotonic() - start < 30
-    assert ranks.closed and not any(_alive(pid) for pid in pids)
-
-
-def _local_function(rank, world_size):
-    def inner():
-        pass
-    return inner
-
-
-@pytest.mark.parametrize("worker", [lambda r, w: None, _local_function(0, 1), 42],
-                         ids=["lambda", "nested", "not-callable"])
-def test_workers_that_cannot_be_imported_are_refused(worker):
-    with pytest.raises(ValueError, match="worker must be"):
-        distributed.launch(worker)
-
-
-def test_a_notebook_function_is_refused_with_the_reason():
-    def notebook_function(rank, world_size):
-        return rank
-    notebook_function.__module__ = "__main__"
-    with pytest.raises(ValueError, match="notebook cell"):
-        distributed.launch(notebook_function)
-
-
-@pytest.mark.parametrize("kwargs,name", [({"world_size": 0}, "world_size"),
-                                         ({"world_size": 2.0}, "world_size"),
-                                         ({"world_size": 99}, "world_size"),
-                                         ({"timeout": 0}, "timeout"),
-                                         ({"timeout": "1"}, "timeout")])
-def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        distributed.launch(distributed.all_reduce_demo, **kwargs)
-
-
 def test_average_gradients_by_hand():
     params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
     params[0].grad = torch.tensor([1.0, 2.0, 3.0])
@@ -219,7 +225,3 @@ def test_local_bytes_counts_views_once_and_reports_logical_bytes():
 def test_counter_needs_a_ddp_model():
     with pytest.raises(ValueError, match="ddp_model"):
         distributed.AllReduceCounter(torch.nn.Linear(2, 2))
-
-
-def test_free_port_is_a_port():
-    assert 0 < distributed.free_port() < 65536

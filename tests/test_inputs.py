@@ -4,10 +4,10 @@ that used to slip through: bools where ints are meant, NaN and the infinities, f
 are meant (2.5, and whole ones such as 2.0), sizes past their stated maximum (2**63), strings,
 None, containers, and device names torch does not know ("gpu").
 
-Modules: validation, units, memory, models, accumulation, training, measure, memory_timeline,
-policies, distributed, widgets. The others (activations, kernels, engine, checkpointing, planner,
-fit, playground, device, model_zoo, levers, allocator, grading) are in test_inputs_planning.py;
-the strategies are in input_strategies.py.
+Modules: validation, units, memory, models, accumulation, toy_data, training, measure,
+memory_timeline, policies, ranks, distributed, widgets. The others (activations, kernels, engine,
+checkpointing, planner, fit, playground, device, model_zoo, levers, allocator, grading) are in
+test_inputs_planning.py; the strategies are in input_strategies.py.
 """
 
 import math
@@ -42,7 +42,9 @@ from course_lib import (
     models,
     planner,
     policies,
+    ranks,
     step_setup,
+    toy_data,
     training,
     units,
     validation,
@@ -140,17 +142,18 @@ CASES = {
                                     "ignore_index", not_an_int(*INT64)),
     "max_abs_difference.a": (lambda v: accumulation.max_abs_difference(v, {"w": torch.ones(1)}),
                              "a", OTHERS),
-    # training
-    "markov_tokens.seed": (lambda v: training.markov_tokens(2, 4, seed=v), "seed",
-                           not_an_int(0, training.MAX_SEED)),
-    "markov_tokens.device": (lambda v: training.markov_tokens(2, 4, device=v), "device",
+    # toy_data
+    "markov_tokens.seed": (lambda v: toy_data.markov_tokens(2, 4, seed=v), "seed",
+                           not_an_int(0, models.MAX_SEED)),
+    "markov_tokens.device": (lambda v: toy_data.markov_tokens(2, 4, device=v), "device",
                              NOT_A_DEVICE),
-    "markov_tokens.n_sequences": (lambda v: training.markov_tokens(v, 4), "n_sequences",
+    "markov_tokens.n_sequences": (lambda v: toy_data.markov_tokens(v, 4), "n_sequences",
                                   not_an_int(1, 2**24)),
-    "markov_tokens.branching": (lambda v: training.markov_tokens(2, 4, 8, branching=v),
+    "markov_tokens.branching": (lambda v: toy_data.markov_tokens(2, 4, 8, branching=v),
                                 "branching", not_an_int(1, 8)),
-    "markov_entropy.branching": (lambda v: training.markov_entropy(v), "branching",
+    "markov_entropy.branching": (lambda v: toy_data.markov_entropy(v), "branching",
                                  not_an_int(1, validation.MAX_COUNT)),
+    # training
     "batches_of.batch_size": (lambda v: training.batches_of(X, Y, v), "batch_size",
                               st.one_of(BOOLS, NON_FINITE, FRACTIONS, OTHERS,
                                         st.integers(max_value=0), st.integers(min_value=5))),
@@ -176,14 +179,16 @@ CASES = {
     # distributed
     "average_gradients.world_size": (
         lambda v: distributed.average_gradients([torch.zeros(1)], lambda t: t, v), "world_size",
-        not_an_int(1, distributed.MAX_WORLD_SIZE)),
-    "Ranks.timeout": (lambda v: distributed.Ranks(2, timeout=v), "timeout",
-                      not_a_number(0.0, distributed.MAX_SECONDS).filter(lambda v: v != 0.0)),
-    "Ranks.world_size": (lambda v: distributed.Ranks(v), "world_size",
-                         not_an_int(1, distributed.MAX_WORLD_SIZE)),
+        not_an_int(1, ranks.MAX_WORLD_SIZE)),
+    "GradientReader.model": (lambda v: distributed.GradientReader(v), "model", OTHERS),
     "local_bytes.tensors": (lambda v: distributed.local_bytes(v), "tensors",
                             st.one_of(BOOLS, st.integers(), st.floats(), st.none(),
                                       st.lists(st.integers(), min_size=1, max_size=2))),
+    # ranks
+    "Ranks.timeout": (lambda v: ranks.Ranks(2, timeout=v), "timeout",
+                      not_a_number(0.0, ranks.MAX_SECONDS).filter(lambda v: v != 0.0)),
+    "Ranks.world_size": (lambda v: ranks.Ranks(v), "world_size",
+                         not_an_int(1, ranks.MAX_WORLD_SIZE)),
     # widgets
     "live_plot.columns": (lambda v: widgets.live_plot(lambda fig, n: None,
                                                       {"n": ipywidgets.IntSlider()}, columns=v),
@@ -248,7 +253,7 @@ def test_gpt_config_refuses_what_it_used_to_take(kwargs, name):
 
 
 @pytest.mark.parametrize("call", [lambda: models.random_tokens(CFG, 2, device="gpu"),
-                                  lambda: training.markov_tokens(2, 4, device="gpu")])
+                                  lambda: toy_data.markov_tokens(2, 4, device="gpu")])
 def test_a_device_torch_does_not_know_is_a_value_error_naming_it(call):
     with pytest.raises(ValueError, match="device"):
         call()

@@ -7,7 +7,7 @@ import torch
 from course_lib import playground as pgm
 from course_lib import step_views as sv
 from course_lib.models import GPT, GPTConfig
-from course_lib.training import markov_tokens
+from course_lib.toy_data import markov_tokens
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=2)
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)

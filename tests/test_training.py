@@ -11,6 +11,7 @@ import torch.nn as nn
 from course_lib import training as tr
 from course_lib.accumulation import micro_batch_loss, pad_to_lengths
 from course_lib.models import GPT, GPTConfig
+from course_lib.toy_data import markov_tokens
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
 
@@ -22,7 +23,7 @@ def _setup(dtype=torch.float64, lr=1e-2):
 
 
 def _data(n=32, seed=0):
-    return tr.markov_tokens(n, CFG.seq_len, CFG.vocab_size, seed=seed)
+    return markov_tokens(n, CFG.seq_len, CFG.vocab_size, seed=seed)
 
 
 def _max_weight_diff(a, b):
@@ -253,18 +254,6 @@ def test_progress_bar(capsys):
     assert "optimizer steps" in capsys.readouterr().err
 
 
-def test_markov_tokens_follow_their_chain_and_entropy():
-    x, y = tr.markov_tokens(64, 16, 10, branching=3, seed=1)
-    assert x.shape == y.shape == (64, 16)
-    assert torch.equal(x[:, 1:], y[:, :-1])
-    successors = {}
-    for a, b in zip(x.flatten().tolist(), y.flatten().tolist()):
-        successors.setdefault(a, set()).add(b)
-    assert all(len(s) <= 3 for s in successors.values())
-    assert tr.markov_entropy(3) == pytest.approx(math.log(3))
-    assert torch.equal(tr.markov_tokens(4, 5, seed=2)[0], tr.markov_tokens(4, 5, seed=2)[0])
-
-
 def test_bad_inputs_name_the_parameter():
     model, opt = _setup()
     batches = tr.batches_of(*_data(), 8)
@@ -282,8 +271,6 @@ def test_bad_inputs_name_the_parameter():
             tr.train(model, opt, batches, **kwargs)
     with pytest.raises(ValueError, match="device_type"):
         tr.make_grad_scaler("tpu")
-    with pytest.raises(ValueError, match="branching"):
-        tr.markov_tokens(2, 4, 4, branching=5)
     with pytest.raises(ValueError, match="batch_size"):
         tr.batches_of(*_data(4), 8)
 
