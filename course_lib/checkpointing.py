@@ -54,7 +54,7 @@ from . import kernels
 from .device import resolve_gpu
 from .measure import LiveTensorTracker
 from .models import CONFIG_MAXIMUM, GPTConfig
-from .units import dtype_bytes
+from .units import dtype_bytes, storage_bytes
 from .validation import MAX_COUNT, choice, positive_int, tensor
 
 #: The most blocks a model has (:data:`course_lib.models.CONFIG_MAXIMUM`).
@@ -432,5 +432,4 @@ def measure_kept_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
                          f"{tuple(targets.shape)}")
     with LiveTensorTracker() as tracker:
         logits, loss = model(inputs, targets)
-    outputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (logits, loss)}
-    return tracker.live - sum(outputs.values())
+    return tracker.live - storage_bytes((logits, loss))

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .units import storage_bytes
 from .validation import MAX_COUNT, positive_int
 
 #: The most parameters :func:`training_memory` counts (about 10**15, a thousand times GPT-4's).
@@ -159,15 +160,6 @@ def bytes_per_param(optimizer: str = "adamw", precision: str = "fp32", *,
                            fp32_grad_buffer=fp32_grad_buffer).total
 
 
-def _storage_bytes(tensors) -> int:
-    """Sum of ``untyped_storage().nbytes()`` over distinct storages (views count once)."""
-    seen = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        seen[storage._cdata] = storage.nbytes()  # _cdata identifies a storage, also on meta
-    return sum(seen.values())
-
-
 def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                       master_params=(), include_step: bool = True) -> TrainingMemory:
     """Measured model states: the storage bytes of what a training step keeps alive.
@@ -195,10 +187,10 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
         value for state in optimizer.state.values() for key, value in state.items()
         if isinstance(value, torch.Tensor) and (include_step or key != "step")]
     return TrainingMemory(
-        params=_storage_bytes(params),
-        grads=_storage_bytes(p.grad for p in params + master if p.grad is not None),
-        optimizer_states=_storage_bytes(states),
-        master_weights=_storage_bytes(master),
+        params=storage_bytes(params),
+        grads=storage_bytes(p.grad for p in params + master if p.grad is not None),
+        optimizer_states=storage_bytes(states),
+        master_weights=storage_bytes(master),
     )
 
 

@@ -14,7 +14,7 @@ from course_lib import engine, fit, guard, mixed_precision, models, step_setup
 from course_lib.memory import model_state_bytes
 from course_lib.models import GPT, GPTConfig, gpt_param_count
 from course_lib.training import train
-from course_lib.units import MiB
+from course_lib.units import MiB, storage_bytes
 
 SMALL = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=3)
 POLICIES = [("none", 1), ("selective", 1), ("blocks", 2), ("blocks", 1), ("sqrt", 1)]
@@ -71,11 +71,6 @@ def test_memory_is_flat_in_accumulation_steps_from_two_on():
     assert measured[0] == measured[1]
 
 
-def _bytes(tensors) -> int:
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    return sum(storages.values())
-
-
 @pytest.mark.parametrize("precision", fit.FIT_PRECISIONS)
 def test_resident_model_states_are_what_a_real_step_leaves(precision):
     # Independent: the storages a trained model and its optimizer hold between steps, measured
@@ -87,9 +82,9 @@ def test_resident_model_states_are_what_a_real_step_leaves(precision):
     master = getattr(optimizer, "master", [])
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     m = engine.predict_step_memory(SMALL, 1, precision=precision)
-    assert m.parameters == _bytes(model.parameters())
-    assert m.master_weights == _bytes(master)
-    assert m.optimizer_state == _bytes(state)
+    assert m.parameters == storage_bytes(model.parameters())
+    assert m.master_weights == storage_bytes(master)
+    assert m.optimizer_state == storage_bytes(state)
     P, n = gpt_param_count(SMALL), len(models.param_numels(SMALL))
     assert {"fp32": 12, "fp16-mixed": 14, "bf16-mixed": 14, "bf16": 6, "autocast-fp16": 12,
             "autocast-bf16": 12}[precision] * P == m.model_states - 4 * n
