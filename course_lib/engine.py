@@ -42,7 +42,8 @@ every tensor (:mod:`course_lib.kernels`). The CUDA context, cuBLAS workspaces an
 the allocator's cached but unallocated blocks are outside ``total``: lecture 06
 shows them next to it.
 
-Precisions (:data:`PRECISIONS`; bytes per parameter of model states, gradients included):
+Precisions (:data:`PRECISIONS`, the table of :data:`course_lib.memory.PRECISION`, re-exported
+here with :func:`precision_of`; bytes per parameter of model states, gradients included):
 
 =================  ======================================================  ==============
 ``"fp32"``         fp32 model and AdamW                                    16
@@ -73,45 +74,13 @@ from . import activations as act
 from . import checkpointing as ckpt
 from . import kernels
 from .device import GPU, resolve_gpu
+from .memory import PRECISION, PRECISIONS, precision_of  # noqa: F401 (re-exported)
 from .models import GPTConfig, param_numels
 from .units import dtype_bytes
 from .validation import MAX_BATCH, MAX_BYTES, MAX_COUNT, boolean, choice, integer, positive_int
 
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "autocast-fp16", "autocast-bf16")
 MODES = ckpt.MODES
-
-
-@dataclass(frozen=True)
-class Precision:
-    """What a precision means for memory: the dtypes of each model state and of the compute."""
-
-    name: str
-    params: torch.dtype      # the model's parameters (and so its gradients)
-    compute: torch.dtype     # matmul inputs and outputs
-    master: bool             # fp32 master copies of the parameters
-    state: torch.dtype       # AdamW's m and v
-    autocast: bool           # the forward pass runs under torch.autocast
-    grad_scaler: bool        # fp16: the loss is scaled (GradScaler)
-
-
-_F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
-PRECISION = {
-    "fp32": Precision("fp32", _F32, _F32, False, _F32, False, False),
-    "fp16-mixed": Precision("fp16-mixed", _F16, _F16, True, _F32, False, True),
-    "bf16-mixed": Precision("bf16-mixed", _BF16, _BF16, True, _F32, False, False),
-    "bf16": Precision("bf16", _BF16, _BF16, False, _BF16, False, False),
-    "autocast-fp16": Precision("autocast-fp16", _F32, _F16, False, _F32, True, True),
-    "autocast-bf16": Precision("autocast-bf16", _F32, _BF16, False, _F32, True, False),
-}
-
-
-def precision_of(precision: str) -> Precision:
-    """The :class:`Precision` named ``precision`` (one of :data:`PRECISIONS`).
-
-    Raises:
-        ValueError: for any other name.
-    """
-    return PRECISION[choice("precision", precision, PRECISIONS)]
+_F32 = torch.float32
 
 
 @dataclass(frozen=True)

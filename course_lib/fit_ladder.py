@@ -17,12 +17,12 @@ import torch
 from . import activations as act
 from . import checkpointing as ckpt
 from . import engine, levers
-from .device import GPUS, pick_dtype, resolve_gpu
+from .device import GPUS, resolve_gpu
 from .engine import StepMemory
 from .fit import FIT_POLICIES, _label
-from .memory import MAX_WORLD_SIZE
+from .memory import MAX_WORLD_SIZE, mixed_precision_for
 from .models import GPTConfig, gpt_param_count, param_numels
-from .step_setup import _check_config, _check_precision
+from .step_setup import _check_config
 from .units import dtype_bytes, format_bytes
 from .validation import (
     MAX_BATCH,
@@ -76,7 +76,7 @@ class Plan:
     world_size: int = 1
 
     def __post_init__(self):
-        _check_precision(self.precision)
+        engine.precision_of(self.precision)
         positive_int("accumulation_steps", self.accumulation_steps, maximum=MAX_BATCH)
         choice("mode", self.mode, ckpt.MODES)
         positive_int("every", self.every, maximum=MAX_COUNT)
@@ -103,7 +103,7 @@ def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: 
         config, b, K, precision=plan.precision, mode=plan.mode, every=plan.every,
         seq_len=seq_len, gpu=gpu, loss_chunk=plan.loss_chunk))
     numels = param_numels(config)
-    pb, sb = dtype_bytes(spec.params), dtype_bytes(spec.state)
+    pb, _, mb, sb = spec.element_bytes  # params, grads, master weights, each state tensor
     if plan.in_backward:  # no moment holds every gradient: one parameter's at a time
         largest = max(numels)
         opt = moments.pop("optimizer")
@@ -111,7 +111,7 @@ def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: 
             moments[name] = replace(moments[name],
                                     gradients=min(moments[name].gradients, largest * pb))
         # the largest parameter's step (the tied embedding's comes last, after the activations)
-        scratch = engine.adamw_scratch_bytes([largest * sb] * 2) + largest * 4 * spec.master
+        scratch = engine.adamw_scratch_bytes([largest * sb] * 2) + largest * mb
         moments["optimizer"] = replace(opt, moment="optimizer step in backward (largest tensor)",
                                        gradients=largest * pb, transient=scratch)
     if plan.lora_rank:  # A (r x in) and B (out x r) beside every block linear
@@ -140,7 +140,7 @@ def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: 
         if plan.lora_rank:
             # frozen base in the model's dtype; adapters trained (gradients, state, masters)
             fields_["parameters"] = m.parameters + trainable * pb
-            fields_["master_weights"] = trainable * 4 if spec.master else 0
+            fields_["master_weights"] = trainable * mb
             fields_["gradients"] = min(m.gradients, trainable * pb)
             fields_["activations"] = m.activations + (
                 4 * config.n_layers * b * seq_len * plan.lora_rank * dtype_bytes(spec.compute)
@@ -332,7 +332,7 @@ class Ladder:
 
 
 def _ladder_rungs(config, batch_size, gpu, seq_len, *, loss_chunk, lora_rank, world_size):
-    half = "fp16-mixed" if pick_dtype(GPUS[gpu]) == torch.float16 else "bf16-mixed"
+    half = mixed_precision_for(GPUS[gpu])
     levers_ = [(f"precision {half}", "precision", dict(precision=half))]
     if batch_size > 1:
         levers_.append((f"accumulation: {batch_size} x 1 sequence", "accumulation",

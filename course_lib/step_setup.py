@@ -21,12 +21,8 @@ from .measure import peak_memory, resident_bytes
 from .mixed_precision import MasterWeightAdamW
 from .models import GPT, MAX_SEED, GPTConfig, random_tokens
 from .training import make_grad_scaler, train
-from .validation import MAX_BATCH, choice, function, integer, number, positive_int
+from .validation import MAX_BATCH, function, integer, number, positive_int
 from .validation import device as as_device
-
-
-def _check_precision(precision, name: str = "precision") -> str:
-    return choice(name, precision, engine.PRECISIONS)
 
 
 def _check_config(config) -> GPTConfig:
@@ -37,7 +33,7 @@ def _check_config(config) -> GPTConfig:
 
 def model_dtype(precision: str) -> torch.dtype:
     """The dtype of the model's parameters under ``precision`` (fp32 under autocast)."""
-    return engine.precision_of(_check_precision(precision)).params
+    return engine.precision_of(precision).params
 
 
 def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", every: int = 1,
@@ -57,7 +53,7 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
         ValueError: naming the argument.
     """
     _check_config(config)
-    spec = engine.precision_of(_check_precision(precision))
+    spec = engine.precision_of(precision)
     ckpt._check_mode(mode, every, None, config.n_layers)
     device = as_device("device", device)
     lr = number("lr", lr, minimum=0.0)
@@ -77,7 +73,7 @@ def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
     computes (fp16-mixed, autocast-fp16); keep the dict for the whole run, so that the
     scaler keeps its scale from step to step.
     """
-    spec = engine.precision_of(_check_precision(precision))
+    spec = engine.precision_of(precision)
     device = as_device("device", device)
     options = {"amp_dtype": spec.compute if spec.autocast else None, "grad_scaler": None}
     if spec.grad_scaler:

@@ -90,6 +90,17 @@ def test_resident_model_states_are_what_a_real_step_leaves(precision):
             "autocast-bf16": 12}[precision] * P == m.model_states - 4 * n
 
 
+def test_the_searchs_lower_bound_is_below_every_predicted_step():
+    # Written out (ZeRO's accounting): resident params + master + m + v, and the gradients at
+    # the optimizer step (fp32 master gradients in mixed precision), bytes per parameter.
+    assert fit._STATE_BYTES == {"fp32": (12, 4), "fp16-mixed": (14, 4), "bf16-mixed": (14, 4),
+                                "bf16": (6, 2), "autocast-fp16": (12, 4), "autocast-bf16": (12, 4)}
+    for precision, (mode, every) in itertools.product(fit.FIT_PRECISIONS, fit.FIT_POLICIES):
+        predicted = engine.predict_step_memory(SMALL, 1, precision=precision, mode=mode,
+                                               every=every)
+        assert fit._lower_bound(SMALL, precision) <= predicted.total, (precision, mode)
+
+
 def test_mixed_precision_model_states_are_16_bytes_per_parameter_measured():
     model, optimizer = step_setup.build(SMALL, precision="bf16-mixed")
     x = torch.randint(0, SMALL.vocab_size, (2, SMALL.seq_len))

@@ -7,11 +7,14 @@ from hypothesis import strategies as st
 
 from course_lib.memory import (
     OPTIMIZERS,
+    PRECISION,
     PRECISIONS,
     ZERO_STAGES,
     TrainingMemory,
     bytes_per_param,
+    mixed_precision_for,
     model_state_bytes,
+    precision_of,
     training_memory,
     transformer_activation_bytes,
 )
@@ -160,6 +163,22 @@ def test_meta_device_step_measures_a_billion_parameter_model():
     measured = model_state_bytes(model, optimizer, master_params=master, include_step=False)
     assert measured == training_memory(preset.published_params, precision="bf16-mixed")
     assert measured.total == 16 * 1_235_814_400
+
+
+def test_each_device_has_its_mixed_precision():
+    assert mixed_precision_for("T4") == "fp16-mixed"  # no bf16 tensor cores: fp16 and a GradScaler
+    assert mixed_precision_for("A100 80GB") == mixed_precision_for(None) == "bf16-mixed"
+    with pytest.raises(ValueError, match="gpu must be"):
+        mixed_precision_for("TPU v5")
+
+
+def test_precision_table_gives_the_bytes_of_each_model_state():
+    assert PRECISIONS == tuple(PRECISION)
+    assert {name: p.element_bytes for name, p in PRECISION.items()} == {
+        "fp32": (4, 4, 0, 4), "fp16-mixed": (2, 2, 4, 4), "bf16-mixed": (2, 2, 4, 4),
+        "bf16": (2, 2, 0, 2), "autocast-fp16": (4, 4, 0, 4), "autocast-bf16": (4, 4, 0, 4)}
+    with pytest.raises(ValueError, match="precisions must be one of"):
+        precision_of("fp16", name="precisions")
 
 
 def test_tied_weights_and_views_count_once():
