@@ -393,6 +393,10 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     before the step is the baseline. Same idea as PyTorch's ``MemTracker``
     (``torch.distributed._tools.mem_tracker``), which sorts by module and role;
     here every byte is attributed exactly and the whole timeline is kept.
+
+    A mixed-precision optimizer (:class:`course_lib.mixed_precision.MasterWeightAdamW`) keeps
+    fp32 master weights: they are filed with the optimizer state, as the ZeRO paper counts
+    them (its ``K`` bytes per parameter), and their fp32 gradients with the gradients.
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -402,7 +406,8 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     baseline = dict.fromkeys(CATEGORIES, 0)
     baseline["parameters"] = storage_bytes(params)
     baseline["gradients"] = storage_bytes(p.grad for p in params if p.grad is not None)
-    baseline["optimizer_state"] = storage_bytes(_optimizer_tensors(optimizer))
+    master = list(getattr(optimizer, "master", ()))
+    baseline["optimizer_state"] = storage_bytes(_optimizer_tensors(optimizer) + master)
 
     tracker = LiveTensorTracker()
     category: dict[int, str] = {}
@@ -421,6 +426,10 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     category.setdefault(record.index, "activations")
         elif name == "optimizer":
             mark((p.grad for p in params if p.grad is not None), "gradients")
+            prepare = getattr(optimizer, "prepare_grads", None)
+            if callable(prepare):  # fp32 master gradients now, as course_lib.training.train does
+                prepare()
+                mark((m.grad for m in master if m.grad is not None), "gradients")
         elif name == "zero_grad":
             mark(_optimizer_tensors(optimizer), "optimizer_state")
         tracker.phase = "optimizer" if name == "zero_grad" else name

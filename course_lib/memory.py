@@ -222,15 +222,22 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     """Measured model states: the storage bytes of what a training step keeps alive.
 
     * ``params``: the model's parameters (a tied weight counts once);
-    * ``grads``: their ``.grad`` tensors, and those of ``master_params`` if set;
-    * ``master_weights``: ``master_params``, an fp32 copy the optimizer updates
-      (mixed precision done by hand, as Megatron-LM and DeepSpeed do);
+    * ``grads``: their ``.grad`` tensors, and those of the master weights;
+    * ``master_weights``: fp32 copies of the parameters that the optimizer updates (mixed
+      precision, as Megatron-LM and DeepSpeed do it): the ``master`` list of an optimizer
+      that keeps one (:class:`course_lib.mixed_precision.MasterWeightAdamW`), and
+      ``master_params``, for copies made by hand;
     * ``optimizer_states``: every tensor in ``optimizer.state``. AdamW also keeps a
       scalar ``step`` tensor per parameter tensor (4 bytes each, a counter, not a
       per-element state); ``include_step=False`` leaves those out.
 
-    Works on real tensors and on the ``meta`` device (storages there have a size
-    but no memory), so a 70B optimizer step can be "measured" without allocating.
+    Each storage counts once (:func:`course_lib.units.storage_bytes`). Works on real tensors
+    and on the ``meta`` device (storages there have a size but no memory), so a 70B optimizer
+    step can be "measured" without allocating.
+
+    Raises:
+        ValueError: naming ``model`` (not an ``nn.Module``), ``optimizer`` (not a
+            ``torch.optim.Optimizer`` or None) or ``master_params`` (not tensors).
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -240,6 +247,7 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     params, master = list(model.parameters()), list(master_params)
     if not all(isinstance(t, torch.Tensor) for t in master):
         raise ValueError("master_params must be an iterable of tensors")
+    master += getattr(optimizer, "master", [])
     states = [] if optimizer is None else [
         value for state in optimizer.state.values() for key, value in state.items()
         if isinstance(value, torch.Tensor) and (include_step or key != "step")]

@@ -106,11 +106,11 @@ def test_mixed_precision_model_states_are_16_bytes_per_parameter_measured():
     x = torch.randint(0, SMALL.vocab_size, (2, SMALL.seq_len))
     model(x, x)[1].backward()
     P = gpt_param_count(SMALL)
-    before_step = model_state_bytes(model, optimizer.optimizer, master_params=optimizer.master)
+    before_step = model_state_bytes(model, optimizer)
     assert before_step.total == 2 * P + 2 * P + 4 * P  # bf16 weights and grads, fp32 master
+    assert model_state_bytes(model, optimizer, master_params=optimizer.master) == before_step
     optimizer.step()
-    after = model_state_bytes(model, optimizer.optimizer, master_params=optimizer.master,
-                              include_step=False)
+    after = model_state_bytes(model, optimizer, include_step=False)
     assert after.total == 2 * P + 4 * P + 8 * P  # Adam's m and v in fp32; the gradients are gone
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in zip(model.parameters(), optimizer.master))
@@ -118,6 +118,8 @@ def test_mixed_precision_model_states_are_16_bytes_per_parameter_measured():
 
 def test_master_weight_adamw_is_adamw_on_fp32_copies():
     model, optimizer = step_setup.build(SMALL, precision="bf16-mixed", lr=1e-2)
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.param_groups[0]["params"] == \
+        optimizer.master
     reference = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
     adamw = torch.optim.AdamW(reference, lr=1e-2, foreach=False)
     x = torch.randint(0, SMALL.vocab_size, (4, SMALL.seq_len))
