@@ -75,7 +75,7 @@ from . import checkpointing as ckpt
 from . import kernels
 from .device import GPU, resolve_gpu
 from .memory import PRECISION, PRECISIONS, precision_of  # noqa: F401 (re-exported)
-from .models import GPTConfig, param_numels
+from .models import GPTConfig, check_config, param_numels
 from .units import dtype_bytes
 from .validation import MAX_BATCH, MAX_BYTES, MAX_COUNT, boolean, choice, integer, positive_int
 
@@ -463,10 +463,6 @@ def _adamw_scratch(param_bytes: tuple[int, ...]) -> int:
 
 # --------------------------------------------------------------------------- checkpointing
 
-def _regions(L: int, mode: str, every: int, segments: int | None) -> list[list[int]]:
-    return ckpt._regions(L, mode, every, ckpt._check_mode(mode, every, segments, L))
-
-
 @functools.lru_cache(maxsize=1024)
 def _block_terms(one_key: tuple, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
     """``(block, rebuilt, left)`` bytes for one checkpointed region of one block.
@@ -525,7 +521,7 @@ def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
     """:func:`course_lib.checkpointing.predict_kept_bytes`, from per-piece sums: every region
     keeps its first block's checkpointed items and nothing of its other blocks."""
     outside, block, wrapped = _kept_pieces(_config_key(replace(config, n_layers=1)), b, s, t, mode)
-    regions = [] if mode == "none" else _regions(config.n_layers, mode, every, segments)
+    regions = ckpt._regions(config.n_layers, mode, every, segments)
     covered = sum(len(region) for region in regions)
     return outside + (config.n_layers - covered) * block + len(regions) * wrapped
 
@@ -563,7 +559,7 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
         bw.head(r)
     else:
         bw.chunked_head(r, loss_chunk)
-    regions = [] if mode == "none" else _regions(config.n_layers, mode, every, segments)
+    regions = ckpt._regions(config.n_layers, mode, every, segments)
     last = {region[-1]: region for region in regions}
     first = {region[0] for region in regions}
     one_key = _config_key(replace(config, n_layers=1))
@@ -753,8 +749,7 @@ def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
 
 def _validate(config, micro_batch_size, accumulation_steps, precision, mode, every, segments,
               seq_len, gpu, first_step, foreach, loss_chunk=None):
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
+    check_config(config)
     b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     precision_of(precision)

@@ -29,7 +29,7 @@ from . import engine
 from .device import resolve_gpu
 from .engine import StepMemory, predict_step_memory
 from .memory import training_memory
-from .models import CONFIG_MAXIMUM, GPTConfig, gpt_param_count
+from .models import CONFIG_MAXIMUM, GPTConfig, check_config, gpt_param_count
 from .units import format_bytes
 from .validation import (
     MAX_BATCH,
@@ -60,12 +60,6 @@ MAX_SEARCH_VALUES = 1024
 
 # --------------------------------------------------------------------------- validation
 
-def _check_config(config) -> GPTConfig:
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    return config
-
-
 def _check_policies(policies) -> tuple:
     modes = ckpt.MODES
     if (isinstance(policies, str) or not isinstance(policies, Sequence) or not policies or any(
@@ -75,10 +69,6 @@ def _check_policies(policies) -> tuple:
         raise ValueError(f"policies must be a non-empty sequence of (mode, every) pairs with mode "
                          f"in {modes}, got {policies!r}")
     return tuple(policies)
-
-
-def _label(mode: str, every: int) -> str:
-    return mode if mode in ("none", "sqrt") else f"{mode}/{every}"
 
 
 def _recompute_fraction(config: GPTConfig, mode: str, every: int, seq_len: int) -> float:
@@ -102,7 +92,7 @@ class BatchFit:
     @property
     def label(self) -> str:
         """The policy as ``mode/every`` ("blocks/2"), or the mode alone for none and sqrt."""
-        return _label(self.mode, self.every)
+        return ckpt.policy_label(self.mode, self.every)
 
 
 def _largest(fits: Callable[[int], bool], candidates: Sequence[int]) -> int:
@@ -129,7 +119,7 @@ def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp3
     one :class:`BatchFit` per policy of ``policies`` (``(mode, every)`` pairs),
     in their order.
     """
-    _check_config(config)
+    check_config(config)
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     positive_int("max_batch", max_batch, maximum=MAX_BATCH)
     positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
@@ -182,7 +172,7 @@ class Fit:
     @property
     def label(self) -> str:
         """The checkpointing policy as ``mode/every`` ("blocks/2"), or the mode alone."""
-        return _label(self.mode, self.every)
+        return ckpt.policy_label(self.mode, self.every)
 
     def summary(self) -> str:
         c = self.config

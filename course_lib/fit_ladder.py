@@ -19,10 +19,9 @@ from . import checkpointing as ckpt
 from . import engine, levers
 from .device import GPUS, resolve_gpu
 from .engine import StepMemory
-from .fit import FIT_POLICIES, _label
+from .fit import FIT_POLICIES
 from .memory import MAX_WORLD_SIZE, mixed_precision_for
-from .models import GPTConfig, gpt_param_count, param_numels
-from .step_setup import _check_config
+from .models import GPTConfig, check_config, gpt_param_count, param_numels
 from .units import dtype_bytes, format_bytes
 from .validation import (
     MAX_BATCH,
@@ -201,7 +200,7 @@ def predict_plan(config: GPTConfig, batch_size: int, plan: Plan = Plan(), *, gpu
         ValueError: naming the argument: a bad config, batch, plan field or combination
             (optimizer in backward with accumulation).
     """
-    _check_config(config)
+    check_config(config)
     positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
@@ -240,7 +239,7 @@ def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
             do not divide ``batch_size``.
     """
 
-    _check_config(config)
+    check_config(config)
     positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
     spec_gpu = levers.gpu_spec(gpu)
@@ -338,7 +337,7 @@ def _ladder_rungs(config, batch_size, gpu, seq_len, *, loss_chunk, lora_rank, wo
         levers_.append((f"accumulation: {batch_size} x 1 sequence", "accumulation",
                         dict(accumulation_steps=batch_size)))
     for mode, every in FIT_POLICIES[1:]:
-        levers_.append((f"checkpointing {_label(mode, every)}", "checkpointing",
+        levers_.append((f"checkpointing {ckpt.policy_label(mode, every)}", "checkpointing",
                         dict(mode=mode, every=every)))
     levers_ += [(f"chunked loss ({loss_chunk} tokens)", "chunked loss", dict(loss_chunk=loss_chunk)),
                 ("optimizer step in backward", "optimizer in backward", dict(in_backward=True)),
@@ -391,7 +390,7 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
         >>> result.fits, result.rungs[0].time_paid < 0
         (True, True)
     """
-    _check_config(config)
+    check_config(config)
     choice("gpu", gpu, tuple(GPUS))
     positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .models import GPTConfig, random_tokens
+from .models import GPTConfig, check_config, random_tokens
 from .step_setup import build, measure_steady_step, train_options
 from .units import storage_bytes, storage_key
 from .validation import (
@@ -633,8 +633,7 @@ def lora_parameter_count(config: GPTConfig, rank: int,
         ValueError: bad ``config``, ``rank`` (an int from 1 to ``MAX_COUNT``) or a target that
             is not one of :data:`LORA_TARGETS`.
     """
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
+    check_config(config)
     positive_int("rank", rank, maximum=MAX_COUNT)
     if (not isinstance(targets, tuple | list) or not targets
             or any(not isinstance(t, str) or t not in LORA_TARGETS for t in targets)):
@@ -653,8 +652,7 @@ def frozen_linear_flops(config: GPTConfig, n_tokens: int) -> int:
     Raises:
         ValueError: bad ``config`` or ``n_tokens``.
     """
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
+    check_config(config)
     N, h = positive_int("n_tokens", n_tokens, maximum=MAX_TOKENS), config.d_model
     return 2 * N * (config.n_layers * 12 * h * h + h * config.vocab_size)
 

@@ -19,16 +19,10 @@ from . import engine
 from .checkpointing import enable_checkpointing
 from .measure import peak_memory, resident_bytes
 from .mixed_precision import MasterWeightAdamW
-from .models import GPT, MAX_SEED, GPTConfig, random_tokens
+from .models import GPT, MAX_SEED, GPTConfig, check_config, random_tokens
 from .training import make_grad_scaler, train
 from .validation import MAX_BATCH, function, integer, number, positive_int
 from .validation import device as as_device
-
-
-def _check_config(config) -> GPTConfig:
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    return config
 
 
 def model_dtype(precision: str) -> torch.dtype:
@@ -52,7 +46,7 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
     Raises:
         ValueError: naming the argument.
     """
-    _check_config(config)
+    check_config(config)
     spec = engine.precision_of(precision)
     ckpt._check_mode(mode, every, None, config.n_layers)
     device = as_device("device", device)
@@ -131,7 +125,7 @@ def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     Raises:
         ValueError: naming the argument.
     """
-    _check_config(config)
+    check_config(config)
     b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     if b * K > MAX_BATCH:

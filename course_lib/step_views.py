@@ -30,7 +30,7 @@ import torch
 
 from .device import GPUS, resolve_gpu
 from .memory import mixed_precision_for
-from .models import GPTConfig
+from .models import GPTConfig, check_config
 from .playground import (
     DeviceSpeed,
     MeasuredStep,
@@ -208,10 +208,13 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
         ``measure()`` (what the button does).
 
     Raises:
-        ValueError: for an empty ``models``, or ``model``/``gpu`` not among the choices.
+        ValueError: for an empty ``models`` or one that maps a name to anything but a
+            ``GPTConfig``, or ``model``/``gpu`` not among the choices.
     """
-    if not models or not all(isinstance(c, GPTConfig) for c in models.values()):
-        raise ValueError("models must map at least one name to a GPTConfig")
+    if not isinstance(models, dict) or not models:
+        raise ValueError(f"models must map at least one name to a GPTConfig, got {models!r:.80}")
+    for name, config in models.items():
+        check_config(config, f"models[{name!r}]")
     device = torch.device(device)
     here = f"this device ({speed.name})"
     targets = {here: "cuda" if device.type == "cuda" else None, **{n: n for n in GPUS}}

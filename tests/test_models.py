@@ -4,11 +4,23 @@ import torch
 from course_lib.models import (
     GPT,
     GPTConfig,
+    check_config,
     count_parameters,
     gpt_param_count,
     param_numels,
     random_tokens,
 )
+
+
+def test_check_config_returns_a_config_and_names_the_parameter():
+    config = GPTConfig()
+    assert check_config(config) is config
+    for bad in ({"n_layers": 2}, None, "gpt2", GPT):
+        with pytest.raises(ValueError, match="config must be a course_lib.models.GPTConfig"):
+            check_config(bad)
+    with pytest.raises(ValueError, match="model_config must be a course_lib.models.GPTConfig, "
+                                         "got dict"):
+        check_config({}, "model_config")
 
 
 @pytest.mark.parametrize("bias", [True, False])

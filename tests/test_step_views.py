@@ -110,6 +110,8 @@ def test_tradeoff_explorer_redraws_and_measures(speed):
         sv.tradeoff_explorer(models, speed=speed, gpu="V100")
     with pytest.raises(ValueError, match="models must map"):
         sv.tradeoff_explorer({}, speed=speed)
+    with pytest.raises(ValueError, match=r"models\['tiny'\] must be a course_lib.models.GPTConfig"):
+        sv.tradeoff_explorer({"tiny": {"n_layers": 2}}, speed=speed)
 
 
 def test_tradeoff_figure_is_static_and_drawn():
