@@ -464,16 +464,15 @@ def _adamw_scratch(param_bytes: tuple[int, ...]) -> int:
 # --------------------------------------------------------------------------- checkpointing
 
 @functools.lru_cache(maxsize=1024)
-def _block_terms(one_key: tuple, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
+def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
     """``(block, rebuilt, left)`` bytes for one checkpointed region of one block.
 
     ``block``: what a plain block keeps; ``rebuilt``: what recomputation adds when
     the backward pass reaches the region; ``left``: what the region still holds
     after its blocks' backward freed what a plain block frees (selective: matmul
     outputs no backward needs; attention: the QKV output its checkpoint held). Depends on
-    one block only: ``one_key`` is the model's config with one layer (cached).
+    one block only: ``config`` is the model's with one layer (cached).
     """
-    config = _config(one_key)
     gpu = t.gpu
     block = act.total_bytes(act._block_saved(config, b, s, t), act.STEP_KINDS, gpu)
     h = config.d_model
@@ -504,10 +503,9 @@ def _chunked_kept(config: GPTConfig, b: int, s: int, t) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _kept_pieces(one_key: tuple, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
+def _kept_pieces(one: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
     """``(outside the blocks, a plain block, a checkpointed region's first block)``: bytes kept
     from forward to backward (:func:`course_lib.checkpointing.kept_items`), per piece."""
-    one = _config(one_key)
     kw = dict(seq_len=s, dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
     embed, per_block, head, _, block = ckpt._layout(one, b, mode, 1, None, s, t.compute, t.gpu,
                                                     t.autocast)
@@ -520,18 +518,18 @@ def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
                 segments: int | None) -> int:
     """:func:`course_lib.checkpointing.predict_kept_bytes`, from per-piece sums: every region
     keeps its first block's checkpointed items and nothing of its other blocks."""
-    outside, block, wrapped = _kept_pieces(_config_key(replace(config, n_layers=1)), b, s, t, mode)
+    outside, block, wrapped = _kept_pieces(replace(config, n_layers=1), b, s, t, mode)
     regions = ckpt._regions(config.n_layers, mode, every, segments)
     covered = sum(len(region) for region in regions)
     return outside + (config.n_layers - covered) * block + len(regions) * wrapped
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_effect(one_key: tuple, b: int, s: int, t, params: torch.dtype, mode: str,
+def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: str,
                   rerun: int | None, released: bool, left: int, tail: int) -> _Effect:
     """One block's backward pass (:meth:`_Replay.effect`), with its region's recomputation
     (``rerun`` bytes) before it and what its checkpoint still held (``released``) after it."""
-    bw = _Backward(_config(one_key), b, s, t, params)
+    bw = _Backward(one, b, s, t, params)
 
     def one_block(r: _Replay) -> None:
         if rerun is not None:  # the backward pass unpacks a tensor of the region: it runs again
@@ -562,10 +560,10 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
     regions = ckpt._regions(config.n_layers, mode, every, segments)
     last = {region[-1]: region for region in regions}
     first = {region[0] for region in regions}
-    one_key = _config_key(replace(config, n_layers=1))
+    one = replace(config, n_layers=1)  # every block is alike: one is replayed (cached)
     block = rebuilt = left = tail = 0
     if regions:
-        block, rebuilt, left = _block_terms(one_key, b, s, t, mode)
+        block, rebuilt, left = _block_terms(one, b, s, t, mode)
         # Without dropout the rerun stops before the block's last matmul (torch.utils.checkpoint
         # stops early once the backward has all it needs): its cached output is never consumed.
         tail = bw.Xc if config.dropout == 0 else 0
@@ -581,7 +579,7 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
             itertools.groupby(reversed(range(config.n_layers)), key=kind_of)]
 
     def run_effect(kind, n) -> _Effect:
-        return _block_effect(one_key, b, s, t, params, mode, *kind, left, tail).repeat(n)
+        return _block_effect(one, b, s, t, params, mode, *kind, left, tail).repeat(n)
 
     top, i = config.n_layers - 1, 0
     while i < len(runs):
@@ -656,16 +654,6 @@ def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
 
 # --------------------------------------------------------------------------- the step
 
-def _config_key(config: GPTConfig) -> tuple:
-    return tuple(sorted(vars(config).items()))
-
-
-@functools.lru_cache(maxsize=4096)
-def _config(key: tuple) -> GPTConfig:
-    """The :class:`~course_lib.models.GPTConfig` of a cache key (made and checked once)."""
-    return GPTConfig(**dict(key))
-
-
 @dataclass(frozen=True)
 class _Sizes:
     """The parameters of one model as a device allocates them in one dtype, in bytes."""
@@ -677,10 +665,9 @@ class _Sizes:
 
 
 @functools.lru_cache(maxsize=1024)
-def _param_sizes(key: tuple, element_bytes: int, gpu: GPU | None) -> _Sizes:
-    """:class:`_Sizes` of the config ``key`` (cached: a planner asks for the same model at many
-    batch sizes, and thousands of tensors need not be summed each time)."""
-    config = _config(key)
+def _param_sizes(config: GPTConfig, element_bytes: int, gpu: GPU | None) -> _Sizes:
+    """:class:`_Sizes` of ``config`` (cached: a planner asks for the same model at many batch
+    sizes, and thousands of tensors need not be summed each time)."""
 
     def sizes(n_layers: int) -> list[int]:
         return [kernels.allocated(n * element_bytes, gpu)
@@ -696,15 +683,14 @@ def _param_sizes(key: tuple, element_bytes: int, gpu: GPU | None) -> _Sizes:
 
 
 @functools.lru_cache(maxsize=8192)
-def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
+def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: int,
              segments: int | None, s: int, gpu: GPU | None, first_step: bool,
              foreach: bool, loss_chunk: int | None = None) -> dict[str, StepMemory]:
-    config = _config(key)  # GPTConfig is mutable, so the caches are keyed by its fields
     spec = PRECISION[precision]
     _, _, t = act._check(config, b, s, spec.compute, gpu, spec.autocast)
 
     def sizes(dtype) -> _Sizes:
-        return _param_sizes(key, dtype_bytes(dtype), gpu)
+        return _param_sizes(config, dtype_bytes(dtype), gpu)
 
     params, states = sizes(spec.params), sizes(spec.state)
     P = params.total
@@ -769,7 +755,7 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
         if PRECISION[precision].autocast:
             raise ValueError(f"loss_chunk is predicted without autocast only, got "
                              f"precision={precision!r}")
-    return (_config_key(config), b, K, precision, mode, every, segments, s, gpu,
+    return (config, b, K, precision, mode, every, segments, s, gpu,
             bool(first_step), bool(foreach), loss_chunk)
 
 

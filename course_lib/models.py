@@ -44,12 +44,14 @@ CONFIG_MAXIMUM = {"vocab_size": 2**22, "seq_len": 2**20, "d_model": 2**16, "n_he
 MAX_SEED = 2**63 - 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class GPTConfig:
     """Shape of a course GPT; every field is validated (``ValueError`` names the field).
 
     Sizes are ints (never bools or floats) from 1 to :data:`CONFIG_MAXIMUM`; ``dropout`` a
     finite number in ``[0, 1)``; ``attention`` one of :data:`ATTENTION_KINDS`; ``bias`` a bool.
+    Frozen: a changed shape is a new config (``dataclasses.replace(config, n_layers=4)``, checked
+    again), and a config is hashable, so the planners' caches are keyed by the config itself.
 
     Example::
 

@@ -134,15 +134,13 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
     if gpu is not None and gpu.free_memory is not None:  # what is free does not change a step
         gpu = replace(gpu, free_memory=None)
     engine.precision_of(precision)
-    return _candidates(tuple(sorted(vars(config).items())), batch_size, seq_len, precision, gpu,
-                       tuple(modes))
+    return _candidates(config, batch_size, seq_len, precision, gpu, tuple(modes))
 
 
 @functools.lru_cache(maxsize=256)
-def _candidates(key: tuple, batch_size: int, seq_len: int | None, precision: str, gpu,
+def _candidates(config: GPTConfig, batch_size: int, seq_len: int | None, precision: str, gpu,
                 modes: tuple) -> tuple:
     """:func:`candidates`, cached: a widget asks for the same model at every budget."""
-    config = GPTConfig(**dict(key))
     seq_len = config.seq_len if seq_len is None else seq_len
     spec = engine.precision_of(precision)
     L = config.n_layers

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,6 +12,18 @@ from course_lib.models import (
     param_numels,
     random_tokens,
 )
+
+
+def test_config_is_frozen_hashable_and_replaced_not_changed():
+    config = GPTConfig(n_layers=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.n_layers = 4
+    deeper = dataclasses.replace(config, n_layers=4)
+    assert (config.n_layers, deeper.n_layers) == (2, 4)
+    assert hash(GPTConfig(n_layers=2)) == hash(config) and {config: "two"}[GPTConfig(n_layers=2)]
+    assert deeper != config
+    with pytest.raises(ValueError, match="n_layers"):  # replace checks the new config again
+        dataclasses.replace(config, n_layers=0)
 
 
 def test_check_config_returns_a_config_and_names_the_parameter():
