@@ -7,6 +7,8 @@ precisions of :data:`course_lib.memory.PRECISIONS`).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 
@@ -87,7 +89,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
             with torch.enable_grad():
                 loss = closure()
         self.prepare_grads()
-        super().step()
+        _adamw_step(self)
         for p, master in zip(self.model_params, self.master):
             p.copy_(master)
             master.grad = None
@@ -95,13 +97,20 @@ class MasterWeightAdamW(torch.optim.AdamW):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The gradients of the master weights and of the model, both."""
-        super().zero_grad(set_to_none)
-        for p in self.model_params:
-            if p.grad is not None:
+        # Not Optimizer.zero_grad: it adds a profiler record, which step_ops would count as an
+        # operator of every step.
+        for t in (*self.model_params, *self.master):
+            if t.grad is not None:
                 if set_to_none:
-                    p.grad = None
+                    t.grad = None
                 else:
-                    p.grad.zero_()
+                    t.grad.zero_()
+
+    def __getstate__(self) -> dict:
+        # torch.optim.Optimizer keeps only its defaults, state and param groups: copies
+        # (copy.deepcopy, pickle) also need the model's parameters and the master list.
+        return {**super().__getstate__(), "model_params": self.model_params,
+                "master": self.master}
 
     def state_dict(self) -> dict:
         """AdamW's state dict and the fp32 master weights (``"master_weights"``, in order)."""
@@ -126,6 +135,14 @@ class MasterWeightAdamW(torch.optim.AdamW):
             with torch.no_grad():
                 for master, value in zip(self.master, saved):
                     master.copy_(value)
+
+
+def _adamw_step(optimizer: MasterWeightAdamW) -> None:
+    """``torch.optim.AdamW.step`` without the profiler record that ``torch.optim`` wraps around
+    each optimizer class's ``step`` (once an instance exists): :meth:`MasterWeightAdamW.step`
+    has its own, and a step records one optimizer step, whichever optimizers the process made."""
+    inspect.unwrap(torch.optim.AdamW.step, stop=lambda f: not getattr(f, "hooked", False))(
+        optimizer)
 
 
 __all__ = ["MasterWeightAdamW"]

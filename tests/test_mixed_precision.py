@@ -101,3 +101,27 @@ def test_a_closure_is_run_with_gradients_and_its_loss_returned():
 
     loss = optimizer.step(closure)
     assert loss.item() > 0 and any(not torch.equal(a, b) for a, b in zip(before, optimizer.master))
+
+
+def test_a_step_is_one_optimizer_step_for_the_profiler_whatever_optimizers_exist():
+    # torch.optim wraps AdamW.step in a profiler record once any AdamW exists; step_ops counts
+    # those records as operators, so a mixed-precision step must make exactly one.
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+    model, optimizer = _mixed()
+    x, y = random_tokens(SMALL, 2)
+    model(x, y)[1].backward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        optimizer.step()
+        optimizer.zero_grad()
+    names = [e.name for e in prof.events() if e.name.startswith("Optimizer.")]
+    assert names == ["Optimizer.step#MasterWeightAdamW.step"]
+
+
+def test_a_copy_keeps_its_own_master_weights_and_state():
+    model, optimizer = _mixed()
+    x, y = random_tokens(SMALL, 2)
+    training_step(model, optimizer, x, y)
+    twin = copy.deepcopy(optimizer)
+    assert twin.param_groups[0]["params"] == twin.master  # the same tensors, copied once
+    assert all(a is not b and torch.equal(a, b) for a, b in zip(twin.master, optimizer.master))
+    assert twin.state[twin.master[0]]["step"] == 1
