@@ -7,11 +7,11 @@ lecture named:
 
 =====================  =========================================================
 ``validation``         the shared input checks (``ValueError`` naming the parameter)
-``units``              byte counts and their human-readable form
+``units``              byte counts (of distinct storages too) and their human-readable form
 ``device``             00: which device and training dtype this kernel uses; the GPU presets
 ``models``             01-08: the course GPT (nanoGPT-style), its parameter count, token data
 ``model_zoo``          01: GPT-2 and Llama presets, counted on the ``meta`` device
-``memory``             01: analytic bytes of params, grads, optimizer, activations
+``memory``             01: the precisions; analytic bytes of params, grads, optimizer, activations
 ``mixed_precision``    01: AdamW on fp32 master weights of a 16-bit model
 ``kernels``            02-06: which attention kernel, dtypes and block sizes PyTorch uses where
 ``activations``        02: the course GPT's saved activations, op by op, on the CPU or a GPU

@@ -47,7 +47,7 @@ import torch
 
 from . import kernels
 from .device import GPU, resolve_gpu
-from .models import GPTConfig
+from .models import GPTConfig, check_config
 from .units import as_dtype, dtype_bytes
 from .validation import MAX_BATCH, boolean, positive_int
 
@@ -125,17 +125,11 @@ class _Dtypes:
 
 # --------------------------------------------------------------------------- validation
 
-def _check_config(config) -> GPTConfig:
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    return config
-
-
 def _check(config, batch_size, seq_len, dtype, gpu, autocast=False, *,
            names=("batch_size", "seq_len")) -> tuple[int, int, _Dtypes]:
     """Every argument of a prediction checked: ``batch_size`` from 1 to
     :data:`course_lib.validation.MAX_BATCH`, ``seq_len`` from 1 to ``config.seq_len``."""
-    _check_config(config)
+    check_config(config)
     positive_int(names[0], batch_size, maximum=MAX_BATCH)
     positive_int(names[1], seq_len)
     if seq_len > config.seq_len:
@@ -179,7 +173,7 @@ def _dropout_saved(name: str, shape: tuple, p: float, dtype: torch.dtype,
 
 def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     """The kernel ``F.scaled_dot_product_attention`` picks: :func:`course_lib.kernels.sdpa_kernel`."""
-    return kernels.sdpa_kernel(_check_config(config), dtype, gpu)
+    return kernels.sdpa_kernel(check_config(config), dtype, gpu)
 
 
 def _core_saved(config: GPTConfig, b: int, s: int, t: _Dtypes) -> list[Saved]:
@@ -271,7 +265,7 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     input, second linear's input (GELU's output), dropout mask. Residual adds keep nothing.
     Under autocast each linear also keeps a 16-bit copy of its weight.
     """
-    seq_len = _check_config(config).seq_len if seq_len is None else seq_len
+    seq_len = check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
     return _block_saved(config, b, s, t)
 
@@ -279,7 +273,7 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
 def embedding_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                     dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
     """Token and position embeddings keep their indices (int64); the dropout after them its mask."""
-    seq_len = _check_config(config).seq_len if seq_len is None else seq_len
+    seq_len = check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
     return [Saved("tok_emb", "token ids (the input)", (b, s), _INDEX, kind="input"),
             Saved("pos_emb", "positions (arange)", (s,), _INDEX),
@@ -295,7 +289,7 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     (keeps the same tensor, the targets, and a 0-d fp32 ``total_weight``). The
     logits themselves are not kept.
     """
-    seq_len = _check_config(config).seq_len if seq_len is None else seq_len
+    seq_len = check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
     h, V = config.d_model, config.vocab_size
     return [*_layernorm_saved("ln_f", b, s, h, t),
@@ -308,7 +302,7 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
 def model_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                 dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
     """Everything the whole GPT keeps for ``loss.backward()``: embeddings, every block, head and loss."""
-    _check_config(config)
+    check_config(config)
     args = (config, batch_size, seq_len, dtype, gpu)
     blocks = block_saved(*args, autocast=autocast)
     return [*embedding_saved(*args, autocast=autocast), *(blocks * config.n_layers),
@@ -348,7 +342,7 @@ def korthikanti_terms(config: GPTConfig, batch_size: int, seq_len: int | None = 
     * ``"causal mask"``: the ``s^2`` bool mask that ``masked_fill`` keeps;
     * ``"scale scalar"``: the 8-byte float64 tensor holding ``1/sqrt(d)``.
     """
-    seq_len = _check_config(config).seq_len if seq_len is None else seq_len
+    seq_len = check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu)
     if config.dropout == 0 or dtype_bytes(t.compute) != 2:
         raise ValueError("korthikanti_terms is for the paper's setting: config.dropout > 0 and a "

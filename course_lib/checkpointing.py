@@ -53,8 +53,8 @@ from . import activations as act
 from . import kernels
 from .device import resolve_gpu
 from .measure import LiveTensorTracker
-from .models import CONFIG_MAXIMUM, GPTConfig
-from .units import dtype_bytes
+from .models import CONFIG_MAXIMUM, GPTConfig, check_config
+from .units import dtype_bytes, storage_bytes
 from .validation import MAX_COUNT, choice, positive_int, tensor
 
 #: The most blocks a model has (:data:`course_lib.models.CONFIG_MAXIMUM`).
@@ -203,11 +203,6 @@ def _checkpointed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
 
 # --------------------------------------------------------------------------- predictions
 
-def _check_config(config) -> None:
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-
-
 def _check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> int | None:
     choice("mode", mode, MODES)
     positive_int("every", every, maximum=MAX_COUNT)
@@ -219,13 +214,31 @@ def _check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> i
     return segments
 
 
-def _regions(n_layers: int, mode: str, every: int, segments: int | None) -> list[list[int]]:
-    """The checkpointed regions, as lists of block indices (attention mode: the blocks whose core)."""
+def _regions(n_layers: int, mode: str, every: int = 1,
+             segments: int | None = None) -> list[list[int]]:
+    """The checkpointed regions of checked arguments, as lists of block indices (attention mode:
+    the blocks whose core); ``segments`` None in ``sqrt`` mode is :func:`sqrt_segments`'s."""
     if mode == "none":
         return []
     if mode == "sqrt":
+        segments = sqrt_segments(n_layers) if segments is None else segments
         return sequential_segments(n_layers, segments)[:-1]
     return [[i] for i in checkpointed_blocks(n_layers, every)]
+
+
+def policy_label(mode: str, every: int = 1) -> str:
+    """A checkpointing policy as the tables print it: ``"blocks/2"`` (``mode/every``), or the
+    mode alone for ``none`` and ``sqrt``, where ``every`` does not apply.
+
+    Args:
+        mode: one of :data:`MODES`. every: a positive int.
+
+    Raises:
+        ValueError: naming ``mode`` or ``every``.
+    """
+    choice("mode", mode, MODES)
+    positive_int("every", every, maximum=MAX_COUNT)
+    return mode if mode in ("none", "sqrt") else f"{mode}/{every}"
 
 
 def _matmul_outputs(config: GPTConfig, b: int, s: int, t) -> list:
@@ -260,7 +273,7 @@ def _layout(config: GPTConfig, batch_size: int, mode: str, every: int, segments:
     """``(embed, per_block, head, regions, full_block)``: the items kept by the embeddings, by each
     block (a list per block; blocks inside a ``sqrt`` segment but its first keep nothing), by the
     head; the checkpointed regions; and the items of one block without checkpointing."""
-    _check_config(config)
+    check_config(config)
     seq_len = config.seq_len if seq_len is None else seq_len
     args = (config, batch_size, seq_len, dtype, gpu)
     embed = act.embedding_saved(*args, autocast=autocast)
@@ -376,7 +389,7 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     not saved) or the whole fused kernel; ``selective`` reruns no matmul (their
     outputs are kept) but a fused kernel runs again.
     """
-    _check_config(config)
+    check_config(config)
     L = config.n_layers
     segments = _check_mode(mode, every, segments, L)
     seq_len = config.seq_len if seq_len is None else seq_len
@@ -432,5 +445,4 @@ def measure_kept_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
                          f"{tuple(targets.shape)}")
     with LiveTensorTracker() as tracker:
         logits, loss = model(inputs, targets)
-    outputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (logits, loss)}
-    return tracker.live - sum(outputs.values())
+    return tracker.live - storage_bytes((logits, loss))

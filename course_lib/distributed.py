@@ -35,6 +35,7 @@ import torch.distributed as dist
 from .models import GPT, GPTConfig, random_tokens
 from .ranks import MAX_WORLD_SIZE
 from .training import batches_of, train
+from .units import storage_bytes
 
 # --- pieces the workers use -------------------------------------------------------------------
 
@@ -171,13 +172,8 @@ def local_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
     except ImportError:  # torch < 2.5
         from torch.distributed._tensor import DTensor
 
-    logical, storages = 0, {}
-    for t in tensors:
-        local = t.to_local() if isinstance(t, DTensor) else t
-        logical += local.numel() * local.element_size()
-        storage = local.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-    return logical, sum(storages.values())
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local), storage_bytes(local)
 
 
 def _state_row(model: torch.nn.Module, optimizer_states: Iterable[torch.Tensor], *,

@@ -42,7 +42,8 @@ every tensor (:mod:`course_lib.kernels`). The CUDA context, cuBLAS workspaces an
 the allocator's cached but unallocated blocks are outside ``total``: lecture 06
 shows them next to it.
 
-Precisions (:data:`PRECISIONS`; bytes per parameter of model states, gradients included):
+Precisions (:data:`PRECISIONS`, the table of :data:`course_lib.memory.PRECISION`, re-exported
+here with :func:`precision_of`; bytes per parameter of model states, gradients included):
 
 =================  ======================================================  ==============
 ``"fp32"``         fp32 model and AdamW                                    16
@@ -73,45 +74,13 @@ from . import activations as act
 from . import checkpointing as ckpt
 from . import kernels
 from .device import GPU, resolve_gpu
-from .models import GPTConfig, param_numels
+from .memory import PRECISION, PRECISIONS, precision_of  # noqa: F401 (re-exported)
+from .models import GPTConfig, check_config, param_numels
 from .units import dtype_bytes
 from .validation import MAX_BATCH, MAX_BYTES, MAX_COUNT, boolean, choice, integer, positive_int
 
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "autocast-fp16", "autocast-bf16")
 MODES = ckpt.MODES
-
-
-@dataclass(frozen=True)
-class Precision:
-    """What a precision means for memory: the dtypes of each model state and of the compute."""
-
-    name: str
-    params: torch.dtype      # the model's parameters (and so its gradients)
-    compute: torch.dtype     # matmul inputs and outputs
-    master: bool             # fp32 master copies of the parameters
-    state: torch.dtype       # AdamW's m and v
-    autocast: bool           # the forward pass runs under torch.autocast
-    grad_scaler: bool        # fp16: the loss is scaled (GradScaler)
-
-
-_F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
-PRECISION = {
-    "fp32": Precision("fp32", _F32, _F32, False, _F32, False, False),
-    "fp16-mixed": Precision("fp16-mixed", _F16, _F16, True, _F32, False, True),
-    "bf16-mixed": Precision("bf16-mixed", _BF16, _BF16, True, _F32, False, False),
-    "bf16": Precision("bf16", _BF16, _BF16, False, _BF16, False, False),
-    "autocast-fp16": Precision("autocast-fp16", _F32, _F16, False, _F32, True, True),
-    "autocast-bf16": Precision("autocast-bf16", _F32, _BF16, False, _F32, True, False),
-}
-
-
-def precision_of(precision: str) -> Precision:
-    """The :class:`Precision` named ``precision`` (one of :data:`PRECISIONS`).
-
-    Raises:
-        ValueError: for any other name.
-    """
-    return PRECISION[choice("precision", precision, PRECISIONS)]
+_F32 = torch.float32
 
 
 @dataclass(frozen=True)
@@ -494,21 +463,16 @@ def _adamw_scratch(param_bytes: tuple[int, ...]) -> int:
 
 # --------------------------------------------------------------------------- checkpointing
 
-def _regions(L: int, mode: str, every: int, segments: int | None) -> list[list[int]]:
-    return ckpt._regions(L, mode, every, ckpt._check_mode(mode, every, segments, L))
-
-
 @functools.lru_cache(maxsize=1024)
-def _block_terms(one_key: tuple, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
+def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
     """``(block, rebuilt, left)`` bytes for one checkpointed region of one block.
 
     ``block``: what a plain block keeps; ``rebuilt``: what recomputation adds when
     the backward pass reaches the region; ``left``: what the region still holds
     after its blocks' backward freed what a plain block frees (selective: matmul
     outputs no backward needs; attention: the QKV output its checkpoint held). Depends on
-    one block only: ``one_key`` is the model's config with one layer (cached).
+    one block only: ``config`` is the model's with one layer (cached).
     """
-    config = _config(one_key)
     gpu = t.gpu
     block = act.total_bytes(act._block_saved(config, b, s, t), act.STEP_KINDS, gpu)
     h = config.d_model
@@ -539,10 +503,9 @@ def _chunked_kept(config: GPTConfig, b: int, s: int, t) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _kept_pieces(one_key: tuple, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
+def _kept_pieces(one: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
     """``(outside the blocks, a plain block, a checkpointed region's first block)``: bytes kept
     from forward to backward (:func:`course_lib.checkpointing.kept_items`), per piece."""
-    one = _config(one_key)
     kw = dict(seq_len=s, dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
     embed, per_block, head, _, block = ckpt._layout(one, b, mode, 1, None, s, t.compute, t.gpu,
                                                     t.autocast)
@@ -557,18 +520,18 @@ def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
     keeps its first block's checkpointed items and nothing of its other blocks."""
     # none, blocks and sqrt keep the same pieces (a region's first block keeps its input)
     piece_mode = "blocks" if mode in ("none", "sqrt") else mode
-    outside, block, wrapped = _kept_pieces(_one_layer_key(config), b, s, t, piece_mode)
-    regions = [] if mode == "none" else _regions(config.n_layers, mode, every, segments)
+    outside, block, wrapped = _kept_pieces(_one_layer(config), b, s, t, piece_mode)
+    regions = ckpt._regions(config.n_layers, mode, every, segments)
     covered = sum(len(region) for region in regions)
     return outside + (config.n_layers - covered) * block + len(regions) * wrapped
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_effect(one_key: tuple, b: int, s: int, t, params: torch.dtype, mode: str,
+def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: str,
                   rerun: int | None, released: bool, left: int, tail: int) -> _Effect:
     """One block's backward pass (:meth:`_Replay.effect`), with its region's recomputation
     (``rerun`` bytes) before it and what its checkpoint still held (``released``) after it."""
-    bw = _Backward(_config(one_key), b, s, t, params)
+    bw = _Backward(one, b, s, t, params)
 
     def one_block(r: _Replay) -> None:
         if rerun is not None:  # the backward pass unpacks a tensor of the region: it runs again
@@ -596,13 +559,13 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
         bw.head(r)
     else:
         bw.chunked_head(r, loss_chunk)
-    regions = [] if mode == "none" else _regions(config.n_layers, mode, every, segments)
+    regions = ckpt._regions(config.n_layers, mode, every, segments)
     last = {region[-1]: region for region in regions}
     first = {region[0] for region in regions}
-    one_key = _one_layer_key(config)
+    one = _one_layer(config)  # every block is alike: one is replayed (cached)
     block = rebuilt = left = tail = 0
     if regions:
-        block, rebuilt, left = _block_terms(one_key, b, s, t, mode)
+        block, rebuilt, left = _block_terms(one, b, s, t, mode)
         # Without dropout the rerun stops before the block's last matmul (torch.utils.checkpoint
         # stops early once the backward has all it needs): its cached output is never consumed.
         tail = bw.Xc if config.dropout == 0 else 0
@@ -618,7 +581,7 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
             itertools.groupby(reversed(range(config.n_layers)), key=kind_of)]
 
     def run_effect(kind, n) -> _Effect:
-        return _block_effect(one_key, b, s, t, params, mode, *kind, left, tail).repeat(n)
+        return _block_effect(one, b, s, t, params, mode, *kind, left, tail).repeat(n)
 
     top, i = config.n_layers - 1, 0
     while i < len(runs):
@@ -693,24 +656,10 @@ def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
 
 # --------------------------------------------------------------------------- the step
 
-def _config_key(config: GPTConfig) -> tuple:
-    return tuple(sorted(vars(config).items()))
-
-
-def _one_layer_key(config: GPTConfig) -> tuple:
-    """The cache key of ``config`` with one block: the per-block pieces every depth shares."""
-    return _one_layer(_config_key(config))
-
-
 @functools.lru_cache(maxsize=4096)
-def _one_layer(key: tuple) -> tuple:
-    return tuple((name, 1 if name == "n_layers" else value) for name, value in key)
-
-
-@functools.lru_cache(maxsize=4096)
-def _config(key: tuple) -> GPTConfig:
-    """The :class:`~course_lib.models.GPTConfig` of a cache key (made and checked once)."""
-    return GPTConfig(**dict(key))
+def _one_layer(config: GPTConfig) -> GPTConfig:
+    """``config`` with one block: the per-block pieces every depth shares (made and checked once)."""
+    return replace(config, n_layers=1)
 
 
 @dataclass(frozen=True)
@@ -724,10 +673,9 @@ class _Sizes:
 
 
 @functools.lru_cache(maxsize=1024)
-def _param_sizes(key: tuple, element_bytes: int, gpu: GPU | None) -> _Sizes:
-    """:class:`_Sizes` of the config ``key`` (cached: a planner asks for the same model at many
-    batch sizes, and thousands of tensors need not be summed each time)."""
-    config = _config(key)
+def _param_sizes(config: GPTConfig, element_bytes: int, gpu: GPU | None) -> _Sizes:
+    """:class:`_Sizes` of ``config`` (cached: a planner asks for the same model at many batch
+    sizes, and thousands of tensors need not be summed each time)."""
 
     def sizes(n_layers: int) -> list[int]:
         return [kernels.allocated(n * element_bytes, gpu)
@@ -742,29 +690,28 @@ def _param_sizes(key: tuple, element_bytes: int, gpu: GPU | None) -> _Sizes:
                   len(two) + extra * count)
 
 
-def _model_states(key: tuple, precision: str, gpu: GPU | None) -> tuple[_Sizes, int, int]:
+def _model_states(config: GPTConfig, precision: str, gpu: GPU | None) -> tuple[_Sizes, int, int]:
     """``(the parameters' sizes, master weights' bytes, optimizer state's bytes)`` of a steady
     step: AdamW's ``m`` and ``v``, and its step counters where they live on the device."""
     spec = PRECISION[precision]
-    params = _param_sizes(key, dtype_bytes(spec.params), gpu)
-    states = _param_sizes(key, dtype_bytes(spec.state), gpu)
+    params = _param_sizes(config, dtype_bytes(spec.params), gpu)
+    states = _param_sizes(config, dtype_bytes(spec.state), gpu)
     steps = states.count * kernels.allocated(4, gpu) if kernels.optimizer_steps_on_device(gpu) else 0
-    master = _param_sizes(key, 4, gpu).total if spec.master else 0
+    master = _param_sizes(config, 4, gpu).total if spec.master else 0
     return params, master, 2 * states.total + steps
 
 
 @functools.lru_cache(maxsize=8192)
-def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
+def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: int,
              segments: int | None, s: int, gpu: GPU | None, first_step: bool,
              foreach: bool, loss_chunk: int | None = None) -> dict[str, StepMemory]:
-    config = _config(key)  # GPTConfig is mutable, so the caches are keyed by its fields
     spec = PRECISION[precision]
     _, _, t = act._check(config, b, s, spec.compute, gpu, spec.autocast)
 
     def sizes(dtype) -> _Sizes:
-        return _param_sizes(key, dtype_bytes(dtype), gpu)
+        return _param_sizes(config, dtype_bytes(dtype), gpu)
 
-    params, master, state = _model_states(key, precision, gpu)
+    params, master, state = _model_states(config, precision, gpu)
     P = params.total
     resident = dict(parameters=P, master_weights=master,
                     optimizer_state=0 if first_step else state, first_step=first_step)
@@ -805,12 +752,11 @@ def _moments(key: tuple, b: int, K: int, precision: str, mode: str, every: int,
 
 
 @functools.lru_cache(maxsize=8192)
-def _floor(key: tuple, b: int, K: int, precision: str, mode: str, every: int, s: int,
+def _floor(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: int, s: int,
            gpu: GPU | None) -> int:
-    config = _config(key)
     spec = PRECISION[precision]
     _, _, t = act._check(config, b, s, spec.compute, gpu, spec.autocast)
-    params, master, state = _model_states(key, precision, gpu)
+    params, master, state = _model_states(config, precision, gpu)
     kept = _kept_bytes(config, b, s, t, mode, every, None)
     return (params.total + master + state + (params.total if K > 1 else 0) + kept
             + kernels.allocated(4, gpu))
@@ -846,16 +792,15 @@ def predict_floor(config: GPTConfig, micro_batch_size: int, accumulation_steps: 
         >>> predict_floor(cfg, 4, mode="blocks") <= predict_step_memory(cfg, 4, mode="blocks").total
         True
     """
-    key, b, K, precision, mode, every, _, s, gpu, _, _, _ = _validate(
+    config, b, K, precision, mode, every, _, s, gpu, _, _, _ = _validate(
         config, micro_batch_size, accumulation_steps, precision, mode, every, None, seq_len, gpu,
         False, False)
-    return _floor(key, b, K, precision, mode, every, s, gpu)
+    return _floor(config, b, K, precision, mode, every, s, gpu)
 
 
 def _validate(config, micro_batch_size, accumulation_steps, precision, mode, every, segments,
               seq_len, gpu, first_step, foreach, loss_chunk=None):
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
+    check_config(config)
     b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     precision_of(precision)
@@ -875,7 +820,7 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
         if PRECISION[precision].autocast:
             raise ValueError(f"loss_chunk is predicted without autocast only, got "
                              f"precision={precision!r}")
-    return (_config_key(config), b, K, precision, mode, every, segments, s, gpu,
+    return (config, b, K, precision, mode, every, segments, s, gpu,
             bool(first_step), bool(foreach), loss_chunk)
 
 

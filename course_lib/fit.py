@@ -25,19 +25,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from . import checkpointing as ckpt
 from . import engine
 from .device import resolve_gpu
 from .engine import StepMemory, predict_step_memory
-from .models import CONFIG_MAXIMUM, GPTConfig, gpt_param_count
+from .memory import training_memory
+from .models import CONFIG_MAXIMUM, GPTConfig, check_config, gpt_param_count
 from .units import format_bytes
 from .validation import (
     MAX_BATCH,
     MAX_BYTES,
     MAX_COUNT,
-    choice,
     number,
     optional_positive_int,
     positive_int,
@@ -63,16 +61,6 @@ MAX_SEARCH_VALUES = 1024
 
 # --------------------------------------------------------------------------- validation
 
-def _check_precision(precision, name: str = "precision") -> str:
-    return choice(name, precision, FIT_PRECISIONS)
-
-
-def _check_config(config) -> GPTConfig:
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    return config
-
-
 def _check_policies(policies) -> tuple:
     modes = ckpt.MODES
     if (isinstance(policies, str) or not isinstance(policies, Sequence) or not policies or any(
@@ -82,15 +70,6 @@ def _check_policies(policies) -> tuple:
         raise ValueError(f"policies must be a non-empty sequence of (mode, every) pairs with mode "
                          f"in {modes}, got {policies!r}")
     return tuple(policies)
-
-
-def model_dtype(precision: str) -> torch.dtype:
-    """The dtype of the model's parameters under ``precision`` (fp32 under autocast)."""
-    return engine.precision_of(_check_precision(precision)).params
-
-
-def _label(mode: str, every: int) -> str:
-    return mode if mode in ("none", "sqrt") else f"{mode}/{every}"
 
 
 def _recompute_fraction(config: GPTConfig, mode: str, every: int, seq_len: int) -> float:
@@ -114,7 +93,7 @@ class BatchFit:
     @property
     def label(self) -> str:
         """The policy as ``mode/every`` ("blocks/2"), or the mode alone for none and sqrt."""
-        return _label(self.mode, self.every)
+        return ckpt.policy_label(self.mode, self.every)
 
 
 def _largest(fits: Callable[[int], bool], candidates: Sequence[int]) -> int:
@@ -141,11 +120,11 @@ def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp3
     one :class:`BatchFit` per policy of ``policies`` (``(mode, every)`` pairs),
     in their order.
     """
-    _check_config(config)
+    check_config(config)
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     positive_int("max_batch", max_batch, maximum=MAX_BATCH)
     positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
-    _check_precision(precision)
+    engine.precision_of(precision)
     policies = _check_policies(policies)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
                                                                   maximum=config.seq_len)
@@ -194,7 +173,7 @@ class Fit:
     @property
     def label(self) -> str:
         """The checkpointing policy as ``mode/every`` ("blocks/2"), or the mode alone."""
-        return _label(self.mode, self.every)
+        return ckpt.policy_label(self.mode, self.every)
 
     def summary(self) -> str:
         c = self.config
@@ -333,9 +312,17 @@ def _settings(config: GPTConfig, budget: int, effective_batch: int, precision: s
     return None
 
 
-#: Bytes per parameter of (resident model states, gradients at the optimizer step), per precision.
-_STATE_BYTES = {"fp32": (12, 4), "fp16-mixed": (14, 4), "bf16-mixed": (14, 4), "bf16": (6, 2),
-                "autocast-fp16": (12, 4), "autocast-bf16": (12, 4)}
+def _state_bytes(precision: str) -> tuple[int, int]:
+    """Bytes per parameter of (resident model states, gradients at the optimizer step) of AdamW
+    in ``precision``, from :func:`course_lib.memory.training_memory`: in mixed precision the
+    step's gradients are the master weights' fp32 ones."""
+    one = training_memory(1, optimizer="adamw", precision=precision)
+    at_step = one.master_weights if engine.precision_of(precision).master else one.grads
+    return one.params + one.master_weights + one.optimizer_states, at_step
+
+
+#: :func:`_state_bytes` of every precision, once (the search asks for thousands of models).
+_STATE_BYTES = {precision: _state_bytes(precision) for precision in FIT_PRECISIONS}
 
 
 def _lower_bound(config: GPTConfig, precision: str) -> int:
@@ -391,7 +378,7 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
         raise ValueError(f"precisions must be a non-empty sequence of {FIT_PRECISIONS}, "
                          f"got {precisions!r}")
     for p in precisions:
-        _check_precision(p, "precisions")
+        engine.precision_of(p, "precisions")
     policies = _check_policies(policies)
     optional_positive_int("max_accumulation_steps", max_accumulation_steps,
                           maximum=MAX_EFFECTIVE_BATCH)

@@ -17,12 +17,11 @@ import torch
 from . import activations as act
 from . import checkpointing as ckpt
 from . import engine, levers
-from .device import GPUS, pick_dtype, resolve_gpu
+from .device import GPUS, resolve_gpu
 from .engine import StepMemory
-from .fit import FIT_POLICIES, _label
-from .memory import MAX_WORLD_SIZE
-from .models import GPTConfig, gpt_param_count, param_numels
-from .step_setup import _check_config, _check_precision
+from .fit import FIT_POLICIES
+from .memory import MAX_WORLD_SIZE, mixed_precision_for
+from .models import GPTConfig, check_config, gpt_param_count, param_numels
 from .units import dtype_bytes, format_bytes
 from .validation import (
     MAX_BATCH,
@@ -76,7 +75,7 @@ class Plan:
     world_size: int = 1
 
     def __post_init__(self):
-        _check_precision(self.precision)
+        engine.precision_of(self.precision)
         positive_int("accumulation_steps", self.accumulation_steps, maximum=MAX_BATCH)
         choice("mode", self.mode, ckpt.MODES)
         positive_int("every", self.every, maximum=MAX_COUNT)
@@ -103,7 +102,7 @@ def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: 
         config, b, K, precision=plan.precision, mode=plan.mode, every=plan.every,
         seq_len=seq_len, gpu=gpu, loss_chunk=plan.loss_chunk))
     numels = param_numels(config)
-    pb, sb = dtype_bytes(spec.params), dtype_bytes(spec.state)
+    pb, _, mb, sb = spec.element_bytes  # params, grads, master weights, each state tensor
     if plan.in_backward:  # no moment holds every gradient: one parameter's at a time
         largest = max(numels)
         opt = moments.pop("optimizer")
@@ -111,7 +110,7 @@ def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: 
             moments[name] = replace(moments[name],
                                     gradients=min(moments[name].gradients, largest * pb))
         # the largest parameter's step (the tied embedding's comes last, after the activations)
-        scratch = engine.adamw_scratch_bytes([largest * sb] * 2) + largest * 4 * spec.master
+        scratch = engine.adamw_scratch_bytes([largest * sb] * 2) + largest * mb
         moments["optimizer"] = replace(opt, moment="optimizer step in backward (largest tensor)",
                                        gradients=largest * pb, transient=scratch)
     if plan.lora_rank:  # A (r x in) and B (out x r) beside every block linear
@@ -140,7 +139,7 @@ def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: 
         if plan.lora_rank:
             # frozen base in the model's dtype; adapters trained (gradients, state, masters)
             fields_["parameters"] = m.parameters + trainable * pb
-            fields_["master_weights"] = trainable * 4 if spec.master else 0
+            fields_["master_weights"] = trainable * mb
             fields_["gradients"] = min(m.gradients, trainable * pb)
             fields_["activations"] = m.activations + (
                 4 * config.n_layers * b * seq_len * plan.lora_rank * dtype_bytes(spec.compute)
@@ -201,7 +200,7 @@ def predict_plan(config: GPTConfig, batch_size: int, plan: Plan = Plan(), *, gpu
         ValueError: naming the argument: a bad config, batch, plan field or combination
             (optimizer in backward with accumulation).
     """
-    _check_config(config)
+    check_config(config)
     positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
@@ -240,7 +239,7 @@ def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
             do not divide ``batch_size``.
     """
 
-    _check_config(config)
+    check_config(config)
     positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
     spec_gpu = levers.gpu_spec(gpu)
@@ -335,13 +334,13 @@ class Ladder:
 
 
 def _ladder_rungs(config, batch_size, gpu, seq_len, *, loss_chunk, lora_rank, world_size):
-    half = "fp16-mixed" if pick_dtype(GPUS[gpu]) == torch.float16 else "bf16-mixed"
+    half = mixed_precision_for(GPUS[gpu])
     levers_ = [(f"precision {half}", "precision", dict(precision=half))]
     if batch_size > 1:
         levers_.append(("accumulation: 1 sequence per micro-batch", "accumulation",
                         dict(accumulation_steps=batch_size)))
     for mode, every in FIT_POLICIES[1:]:
-        levers_.append((f"checkpointing {_label(mode, every)}", "checkpointing",
+        levers_.append((f"checkpointing {ckpt.policy_label(mode, every)}", "checkpointing",
                         dict(mode=mode, every=every)))
     levers_ += [(f"chunked loss ({loss_chunk} tokens)", "chunked loss", dict(loss_chunk=loss_chunk)),
                 ("optimizer step in backward", "optimizer in backward", dict(in_backward=True)),
@@ -394,7 +393,7 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
         >>> result.fits, result.rungs[0].time_paid < 0
         (True, True)
     """
-    _check_config(config)
+    check_config(config)
     choice("gpu", gpu, tuple(GPUS))
     positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from .device import GPU, resolve_gpu
-from .models import GPTConfig
+from .models import GPTConfig, check_config
 from .units import as_dtype
 from .validation import device as as_device
 from .validation import integer, positive_int
@@ -48,12 +48,6 @@ MAX_DETECT_ELEMENTS = 2**28
 def _gpu(gpu) -> GPU | None:
     """``gpu`` as :func:`course_lib.device.resolve_gpu` takes it (fast for None and a GPU)."""
     return gpu if gpu is None or type(gpu) is GPU else resolve_gpu(gpu)
-
-
-def _config(config) -> GPTConfig:
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    return config
 
 
 def mask_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
@@ -183,7 +177,7 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
         >>> sdpa_kernel(cfg, torch.bfloat16, "T4"), sdpa_kernel(cfg, torch.float16, "T4")
         ('math', 'efficient')
     """
-    _config(config)
+    check_config(config)
     dtype = as_dtype(dtype)
     if dtype not in (torch.float32, *_HALF):
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
@@ -201,7 +195,7 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
 
 def attention_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     """"explicit" for the hand-written attention, else :func:`sdpa_kernel`."""
-    if _config(config).attention == "explicit":
+    if check_config(config).attention == "explicit":
         as_dtype(dtype)
         _gpu(gpu)
         return "explicit"
@@ -226,7 +220,7 @@ def detect_sdpa_kernel(config: GPTConfig, dtype, batch_size: int = 1,
     Raises:
         ValueError: naming the argument; for ``device="cuda"`` without a CUDA device.
     """
-    _config(config)
+    check_config(config)
     dtype = as_dtype(dtype)
     if dtype not in (torch.float32, *_HALF):
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")

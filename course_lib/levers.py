@@ -37,14 +37,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
-from .models import GPTConfig, random_tokens
+from .models import GPTConfig, check_config, random_tokens
 from .step_setup import build, measure_steady_step, train_options
+from .units import storage_bytes, storage_key
 from .validation import (
     MAX_BATCH,
     MAX_BYTES,
@@ -460,9 +462,11 @@ class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
         self.packed += 1
         self.moved_bytes += tensor.numel() * tensor.element_size()
         storage = tensor.untyped_storage()
-        key = (storage.data_ptr(), tensor.device)
-        if key not in self._seen:
-            self._seen[key] = storage.nbytes()
+        seen = self._seen.get(storage_key(tensor))
+        # A weak reference: holding the storage would keep on the device what is offloaded,
+        # and a freed storage's key may come back for a new one, which counts again.
+        if seen is None or seen() is not storage:
+            self._seen[storage_key(tensor)] = weakref.ref(storage)
             self.packed_bytes += storage.nbytes()
         if tensor.device == self.device:
             return tensor.device, tensor  # already there: nothing to move
@@ -510,11 +514,7 @@ def optimizer_state_bytes(optimizer) -> int:
         raise ValueError(f"optimizer must have a .state mapping, got {type(optimizer).__name__}")
     tensors = [t for s in state.values() for v in s.values() for t in _flat_tensors(v)]
     tensors += [t for m in getattr(optimizer, "master", ()) for t in _flat_tensors(m)]
-    storages = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        storages[(storage.data_ptr(), t.device)] = storage.nbytes()
-    return sum(storages.values())
+    return storage_bytes(tensors)
 
 
 #: torchao's block-wise quantized AdamW: bits per state element, its block (elements per fp32
@@ -633,8 +633,7 @@ def lora_parameter_count(config: GPTConfig, rank: int,
         ValueError: bad ``config``, ``rank`` (an int from 1 to ``MAX_COUNT``) or a target that
             is not one of :data:`LORA_TARGETS`.
     """
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
+    check_config(config)
     positive_int("rank", rank, maximum=MAX_COUNT)
     if (not isinstance(targets, tuple | list) or not targets
             or any(not isinstance(t, str) or t not in LORA_TARGETS for t in targets)):
@@ -653,8 +652,7 @@ def frozen_linear_flops(config: GPTConfig, n_tokens: int) -> int:
     Raises:
         ValueError: bad ``config`` or ``n_tokens``.
     """
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
+    check_config(config)
     N, h = positive_int("n_tokens", n_tokens, maximum=MAX_TOKENS), config.d_model
     return 2 * N * (config.n_layers * 12 * h * h + h * config.vocab_size)
 

@@ -20,13 +20,15 @@ autograd saved) and temporaries, over time and at the peak.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
+
+from .units import storage_bytes, storage_key
 
 # Ops whose tensor argument is a storage made outside the dispatcher (``torch.tensor([...])``
 # builds it in C++ then "lifts" it): their output is a new allocation, not a foreign tensor.
@@ -251,7 +253,7 @@ def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
     """
     if not isinstance(output, torch.Tensor) or output.grad_fn is None:
         raise ValueError("output must be a tensor that requires grad (has a grad_fn)")
-    param_storages = {p.untyped_storage().data_ptr() for p in params if p.device.type != "meta"}
+    param_storages = {storage_key(p) for p in params}
     rows, seen_nodes, stack = [], set(), [output.grad_fn]
     while stack:
         node = stack.pop()
@@ -260,13 +262,13 @@ def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
         seen_nodes.add(node)
         for name, value in _saved_values(node):
             for item in value if isinstance(value, tuple | list) else (value,):
-                if isinstance(item, torch.Tensor) and item.device.type != "meta":
-                    storage = item.untyped_storage()
+                if isinstance(item, torch.Tensor):
+                    key = storage_key(item)
                     rows.append(SavedTensor(
                         node=type(node).__name__, name=name,
-                        shape=tuple(item.shape), dtype=item.dtype, nbytes=storage.nbytes(),
-                        is_parameter=storage.data_ptr() in param_storages,
-                        storage_id=storage.data_ptr()))
+                        shape=tuple(item.shape), dtype=item.dtype,
+                        nbytes=item.untyped_storage().nbytes(),
+                        is_parameter=key in param_storages, storage_id=key))
         stack.extend(fn for fn, _ in node.next_functions)
     return rows
 
@@ -317,15 +319,6 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return loss.item()
 
 
-def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    storages = {}
-    for t in tensors:
-        storage = _storage_of(t)
-        if storage is not None:
-            storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
-
-
 def resident_bytes(model: torch.nn.Module, optimizer) -> int:
     """Bytes that stay on the model's device between steps: parameters, master weights (an
     optimizer with a ``master`` list) and optimizer state, each storage once.
@@ -337,12 +330,9 @@ def resident_bytes(model: torch.nn.Module, optimizer) -> int:
 
     device = next(model.parameters()).device
     tensors = [*model.parameters(), *getattr(optimizer, "master", ()),
-               *(v for s in optimizer.state.values() for v in s.values()
-                 if isinstance(v, torch.Tensor))]
-    block = CUDA_BLOCK if device.type == "cuda" else 1
-    storages = {t.untyped_storage().data_ptr(): -(-t.untyped_storage().nbytes() // block) * block
-                for t in tensors if t.device == device}
-    return sum(storages.values())
+               *_optimizer_tensors(optimizer)]
+    return storage_bytes((t for t in tensors if t.device == device),
+                         block=CUDA_BLOCK if device.type == "cuda" else 1)
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -403,6 +393,10 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     before the step is the baseline. Same idea as PyTorch's ``MemTracker``
     (``torch.distributed._tools.mem_tracker``), which sorts by module and role;
     here every byte is attributed exactly and the whole timeline is kept.
+
+    A mixed-precision optimizer (:class:`course_lib.mixed_precision.MasterWeightAdamW`) keeps
+    fp32 master weights: they are filed with the optimizer state, as the ZeRO paper counts
+    them (its ``K`` bytes per parameter), and their fp32 gradients with the gradients.
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -410,9 +404,10 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     params = list(model.parameters())
     baseline = dict.fromkeys(CATEGORIES, 0)
-    baseline["parameters"] = _unique_bytes(params)
-    baseline["gradients"] = _unique_bytes(p.grad for p in params if p.grad is not None)
-    baseline["optimizer_state"] = _unique_bytes(_optimizer_tensors(optimizer))
+    baseline["parameters"] = storage_bytes(params)
+    baseline["gradients"] = storage_bytes(p.grad for p in params if p.grad is not None)
+    master = list(getattr(optimizer, "master", ()))
+    baseline["optimizer_state"] = storage_bytes(_optimizer_tensors(optimizer) + master)
 
     tracker = LiveTensorTracker()
     category: dict[int, str] = {}
@@ -431,6 +426,10 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     category.setdefault(record.index, "activations")
         elif name == "optimizer":
             mark((p.grad for p in params if p.grad is not None), "gradients")
+            prepare = getattr(optimizer, "prepare_grads", None)
+            if callable(prepare):  # fp32 master gradients now, as course_lib.training.train does
+                prepare()
+                mark((m.grad for m in master if m.grad is not None), "gradients")
         elif name == "zero_grad":
             mark(_optimizer_tensors(optimizer), "optimizer_state")
         tracker.phase = "optimizer" if name == "zero_grad" else name
@@ -441,9 +440,9 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def _live_records(tracker: LiveTensorTracker):
-    """``(record, data_ptr)`` for every storage the tracker counted that is still alive."""
+    """``(record, storage_key(storage))`` for every storage the tracker counted that is still alive."""
     for storage, record in list(tracker._ours.items()):
-        yield record, storage.data_ptr()
+        yield record, storage_key(storage)
 
 
 def _summarise(tracker: LiveTensorTracker, category: dict, baseline: dict) -> StepBreakdown:

@@ -24,6 +24,10 @@ table): bf16 parameters add each 16-bit gradient into the fp32 buffer and free i
 copies them into fp32 main gradients, ``2 + 2 + 4 + 4 + 4 + 4 = 20``.
 fp32 Adam is also 16 (``4 + 4 + 8``), SGD 8, SGD with momentum 12.
 
+The table is :data:`PRECISION`'s, whose dtypes every module reads (the memory engine,
+the training set-up of :mod:`course_lib.step_setup`, the planners): one
+:class:`Precision` per name, from which the bytes above are derived.
+
 ``"mixed"`` here is the recipe of Megatron-LM and DeepSpeed: a 16-bit model plus
 an fp32 master copy. ``torch.autocast`` is different: it keeps the parameters in
 fp32 and casts them per op, so its model states are those of ``"fp32"``.
@@ -43,7 +47,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .validation import MAX_COUNT, positive_int
+from .device import pick_dtype, resolve_gpu
+from .units import dtype_bytes, storage_bytes
+from .validation import MAX_COUNT, choice, positive_int
 
 #: The most parameters :func:`training_memory` counts (about 10**15, a thousand times GPT-4's).
 MAX_PARAMS = 2**50
@@ -51,23 +57,75 @@ MAX_PARAMS = 2**50
 MAX_WORLD_SIZE = 2**24
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "autocast-fp16", "autocast-bf16")
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 #: State tensors per parameter tensor that each optimizer keeps (momentum buffer; Adam's m, v).
 STATE_TENSORS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
 
-#: Bytes per element: (params, grads, master weights, each optimizer state tensor).
-_BYTES = {
-    "fp32": (4, 4, 0, 4),
-    "fp16-mixed": (2, 2, 4, 4),
-    "bf16-mixed": (2, 2, 4, 4),
-    "bf16": (2, 2, 0, 2),
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a precision means for memory: the dtypes of each model state and of the compute."""
+
+    name: str
+    params: torch.dtype      # the model's parameters (and so its gradients)
+    compute: torch.dtype     # matmul inputs and outputs
+    master: bool             # fp32 master copies of the parameters
+    state: torch.dtype       # each optimizer state tensor (AdamW's m and v)
+    autocast: bool           # the forward pass runs under torch.autocast
+    grad_scaler: bool        # fp16 computes: the loss is scaled (GradScaler)
+
+    @property
+    def element_bytes(self) -> tuple[int, int, int, int]:
+        """Bytes per parameter of ``(params, grads, master weights, each optimizer state
+        tensor)``: gradients have the parameters' dtype, master weights are fp32."""
+        weight = dtype_bytes(self.params)
+        return weight, weight, dtype_bytes(torch.float32) * self.master, dtype_bytes(self.state)
+
+
+_F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
+#: Every precision of the course by name: the one table of its dtypes (see the module doc).
+PRECISION = {
+    "fp32": Precision("fp32", _F32, _F32, False, _F32, False, False),
+    "fp16-mixed": Precision("fp16-mixed", _F16, _F16, True, _F32, False, True),
+    "bf16-mixed": Precision("bf16-mixed", _BF16, _BF16, True, _F32, False, False),
+    "bf16": Precision("bf16", _BF16, _BF16, False, _BF16, False, False),
     # torch.autocast keeps the model in fp32; its 16-bit weight copies are activations
-    "autocast-fp16": (4, 4, 0, 4),
-    "autocast-bf16": (4, 4, 0, 4),
+    "autocast-fp16": Precision("autocast-fp16", _F32, _F16, False, _F32, True, True),
+    "autocast-bf16": Precision("autocast-bf16", _F32, _BF16, False, _F32, True, False),
 }
+PRECISIONS = tuple(PRECISION)
+
+
+def precision_of(precision: str, name: str = "precision") -> Precision:
+    """The :class:`Precision` named ``precision`` (one of :data:`PRECISIONS`).
+
+    Raises:
+        ValueError: naming ``name`` (the caller's parameter), for any other value.
+    """
+    return PRECISION[choice(name, precision, PRECISIONS)]
+
+
+def mixed_precision_for(gpu=None) -> str:
+    """The mixed precision of :data:`PRECISIONS` a device trains in: ``"fp16-mixed"`` (with a
+    GradScaler) on a GPU without bf16 tensor cores (a T4), ``"bf16-mixed"`` on Ampere and newer
+    and on the CPU (which has no fp16 speed to speak of); :func:`course_lib.device.pick_dtype`
+    decides.
+
+    Args:
+        gpu: None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda" (this kernel's
+            GPU) or a :class:`~course_lib.device.GPU`.
+
+    Raises:
+        ValueError: naming ``gpu``, for anything else.
+    """
+    card = resolve_gpu(gpu)
+    if card is None:
+        return "bf16-mixed"
+    return "fp16-mixed" if pick_dtype(card) == torch.float16 else "bf16-mixed"
+
 
 
 @dataclass(frozen=True)
@@ -136,7 +194,7 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
     N = _count("world_size", world_size, MAX_WORLD_SIZE)
     if not isinstance(fp32_grad_buffer, bool):
         raise ValueError(f"fp32_grad_buffer must be True or False, got {fp32_grad_buffer!r}")
-    param_b, grad_b, master_b, state_b = _BYTES[precision]
+    param_b, grad_b, master_b, state_b = PRECISION[precision].element_bytes
     if fp32_grad_buffer and grad_b == 2:
         grad_b = 6 if precision == "fp16-mixed" else 4
     shard = -(-P // N) if stage else P  # ceil(P / N) in exact integers
@@ -159,29 +217,27 @@ def bytes_per_param(optimizer: str = "adamw", precision: str = "fp32", *,
                            fp32_grad_buffer=fp32_grad_buffer).total
 
 
-def _storage_bytes(tensors) -> int:
-    """Sum of ``untyped_storage().nbytes()`` over distinct storages (views count once)."""
-    seen = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        seen[storage._cdata] = storage.nbytes()  # _cdata identifies a storage, also on meta
-    return sum(seen.values())
-
-
 def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                       master_params=(), include_step: bool = True) -> TrainingMemory:
     """Measured model states: the storage bytes of what a training step keeps alive.
 
     * ``params``: the model's parameters (a tied weight counts once);
-    * ``grads``: their ``.grad`` tensors, and those of ``master_params`` if set;
-    * ``master_weights``: ``master_params``, an fp32 copy the optimizer updates
-      (mixed precision done by hand, as Megatron-LM and DeepSpeed do);
+    * ``grads``: their ``.grad`` tensors, and those of the master weights;
+    * ``master_weights``: fp32 copies of the parameters that the optimizer updates (mixed
+      precision, as Megatron-LM and DeepSpeed do it): the ``master`` list of an optimizer
+      that keeps one (:class:`course_lib.mixed_precision.MasterWeightAdamW`), and
+      ``master_params``, for copies made by hand;
     * ``optimizer_states``: every tensor in ``optimizer.state``. AdamW also keeps a
       scalar ``step`` tensor per parameter tensor (4 bytes each, a counter, not a
       per-element state); ``include_step=False`` leaves those out.
 
-    Works on real tensors and on the ``meta`` device (storages there have a size
-    but no memory), so a 70B optimizer step can be "measured" without allocating.
+    Each storage counts once (:func:`course_lib.units.storage_bytes`). Works on real tensors
+    and on the ``meta`` device (storages there have a size but no memory), so a 70B optimizer
+    step can be "measured" without allocating.
+
+    Raises:
+        ValueError: naming ``model`` (not an ``nn.Module``), ``optimizer`` (not a
+            ``torch.optim.Optimizer`` or None) or ``master_params`` (not tensors).
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -191,14 +247,15 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     params, master = list(model.parameters()), list(master_params)
     if not all(isinstance(t, torch.Tensor) for t in master):
         raise ValueError("master_params must be an iterable of tensors")
+    master += getattr(optimizer, "master", [])
     states = [] if optimizer is None else [
         value for state in optimizer.state.values() for key, value in state.items()
         if isinstance(value, torch.Tensor) and (include_step or key != "step")]
     return TrainingMemory(
-        params=_storage_bytes(params),
-        grads=_storage_bytes(p.grad for p in params + master if p.grad is not None),
-        optimizer_states=_storage_bytes(states),
-        master_weights=_storage_bytes(master),
+        params=storage_bytes(params),
+        grads=storage_bytes(p.grad for p in params + master if p.grad is not None),
+        optimizer_states=storage_bytes(states),
+        master_weights=storage_bytes(master),
     )
 
 

@@ -44,12 +44,14 @@ CONFIG_MAXIMUM = {"vocab_size": 2**22, "seq_len": 2**20, "d_model": 2**16, "n_he
 MAX_SEED = 2**63 - 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class GPTConfig:
     """Shape of a course GPT; every field is validated (``ValueError`` names the field).
 
     Sizes are ints (never bools or floats) from 1 to :data:`CONFIG_MAXIMUM`; ``dropout`` a
     finite number in ``[0, 1)``; ``attention`` one of :data:`ATTENTION_KINDS`; ``bias`` a bool.
+    Frozen: a changed shape is a new config (``dataclasses.replace(config, n_layers=4)``, checked
+    again), and a config is hashable, so the planners' caches are keyed by the config itself.
 
     Example::
 
@@ -186,9 +188,26 @@ class GPT(nn.Module):
         return logits, loss
 
 
-def _check_config(config) -> GPTConfig:
+def check_config(config, name: str = "config") -> GPTConfig:
+    """``config`` if it is a :class:`GPTConfig` (the check every function taking one makes).
+
+    Args:
+        config: what the caller passed.
+        name: the caller's parameter, for the message.
+
+    Returns:
+        ``config``.
+
+    Raises:
+        ValueError: naming ``name``, for anything but a :class:`GPTConfig`.
+
+    Example::
+
+        check_config(GPTConfig()).n_layers  # 2
+    """
     if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+        raise ValueError(f"{name} must be a course_lib.models.GPTConfig, got "
+                         f"{type(config).__name__}")
     return config
 
 
@@ -206,7 +225,7 @@ def gpt_param_count(config: GPTConfig) -> int:
     two LayerNorms ``4h``; the head is tied to the embedding; the final LayerNorm
     adds ``2h``. Without biases: ``L*12h^2`` and LayerNorm weights only.
     """
-    h, L = _check_config(config).d_model, config.n_layers
+    h, L = check_config(config).d_model, config.n_layers
     per_layer = 12 * h * h + (13 * h if config.bias else 2 * h)
     final_ln = 2 * h if config.bias else h
     return config.vocab_size * h + config.seq_len * h + L * per_layer + final_ln
@@ -221,7 +240,7 @@ def param_numels(config: GPTConfig) -> list[int]:
     then the final LayerNorm. Biases only when ``config.bias``. Sums to
     :func:`gpt_param_count`; closed form, so planners can call it thousands of times.
     """
-    h, bias = _check_config(config).d_model, config.bias
+    h, bias = check_config(config).d_model, config.bias
 
     def linear(n_in, n_out):
         return [n_in * n_out] + ([n_out] if bias else [])
@@ -252,7 +271,7 @@ def random_tokens(config: GPTConfig, batch_size: int, seq_len: int | None = None
 
         x, y = random_tokens(GPTConfig(), 4, seed=1)
     """
-    _check_config(config)
+    check_config(config)
     positive_int("batch_size", batch_size, maximum=2**20)
     T = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
                                                             maximum=config.seq_len)

@@ -30,7 +30,7 @@ from . import checkpointing as ckpt
 from . import engine
 from .device import resolve_gpu
 from .engine import StepMemory
-from .models import GPTConfig
+from .models import GPTConfig, check_config
 from .units import format_bytes
 from .validation import MAX_BATCH, MAX_BYTES, positive_int
 
@@ -62,7 +62,8 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return self.mode if self.mode in ("none", "sqrt") else f"{self.mode}/{self.every}"
+        """The policy as ``mode/every`` ("blocks/2"), or the mode alone for none and sqrt."""
+        return ckpt.policy_label(self.mode, self.every)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def predict_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: 
     ``batch_size``: an int from 1 to :data:`course_lib.validation.MAX_BATCH`; the other
     arguments as :func:`course_lib.engine.predict_step_memory` takes them (``ValueError`` naming
     the argument otherwise)."""
-    _check_config(config)
+    check_config(config)
     positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     return engine.predict_step_memory(config, batch_size, precision=precision, mode=mode,
                                       every=every, seq_len=seq_len, gpu=gpu, first_step=True)
@@ -122,7 +123,7 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
     ``blocks``; ``none`` and ``sqrt`` come once. Sorted by :attr:`Candidate.cost`.
     ``precision`` and ``gpu`` as :func:`course_lib.engine.predict_step_memory` takes them.
     """
-    _check_config(config)
+    check_config(config)
     if not isinstance(modes, tuple | list) or not modes or any(
             not isinstance(m, str) or m not in PLAN_MODES for m in modes):
         raise ValueError(f"modes must be a non-empty subset of {PLAN_MODES}, got {modes!r}")
@@ -133,15 +134,13 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
     if gpu is not None and gpu.free_memory is not None:  # what is free does not change a step
         gpu = replace(gpu, free_memory=None)
     engine.precision_of(precision)
-    return _candidates(tuple(sorted(vars(config).items())), batch_size, seq_len, precision, gpu,
-                       tuple(modes))
+    return _candidates(config, batch_size, seq_len, precision, gpu, tuple(modes))
 
 
 @functools.lru_cache(maxsize=256)
-def _candidates(key: tuple, batch_size: int, seq_len: int | None, precision: str, gpu,
+def _candidates(config: GPTConfig, batch_size: int, seq_len: int | None, precision: str, gpu,
                 modes: tuple) -> tuple:
     """:func:`candidates`, cached: a widget asks for the same model at every budget."""
-    config = GPTConfig(**dict(key))
     seq_len = config.seq_len if seq_len is None else seq_len
     spec = engine.precision_of(precision)
     L = config.n_layers
@@ -153,14 +152,9 @@ def _candidates(key: tuple, batch_size: int, seq_len: int | None, precision: str
             peak = predict_peak(config, batch_size, mode, every, seq_len=seq_len,
                                 precision=precision, gpu=gpu)
             kept = ckpt.predict_kept_bytes(config, batch_size, mode, every, **kw)
-            regions = len(engine._regions(L, mode, every, None)) if mode != "none" else 0
+            regions = len(ckpt._regions(L, mode, every))
             out.append(Candidate(mode, every, peak.step_peak, kept, extra, flops - extra, regions))
     return tuple(sorted(out, key=lambda c: (c.cost, c.peak_bytes)))
-
-
-def _check_config(config) -> None:
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
 
 
 def _tie_key(value) -> tuple:
@@ -228,7 +222,7 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
     :class:`NothingFits` (a ``ValueError``) when no policy fits, and ``ValueError``
     naming the argument for bad input.
     """
-    _check_config(config)
+    check_config(config)
     positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     options = candidates(config, batch_size, seq_len=seq_len, precision=precision, gpu=gpu,
                          modes=modes)

@@ -39,7 +39,7 @@ from .device import GPU, GPUS, resolve_gpu
 from .engine import StepMemory, precision_of, predict_step_memory
 from .kernels import attention_kernel
 from .measure import peak_memory, resident_bytes
-from .models import GPT, MAX_SEED, GPTConfig, gpt_param_count
+from .models import GPT, MAX_SEED, GPTConfig, check_config, gpt_param_count
 from .step_setup import build, measure_step_memory, train_options
 from .toy_data import markov_tokens
 from .training import batches_of, make_grad_scaler, train
@@ -126,9 +126,7 @@ class Playground:
     def __init__(self, config: GPTConfig | None = None, *, samples: int = 384, lr: float = 1e-2,
                  seed: int = 0, device: torch.device | str = "cpu"):
         self.config = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=4) \
-            if config is None else config
-        if not isinstance(self.config, GPTConfig):
-            raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+            if config is None else check_config(config)
         self.samples = positive_int("samples", samples, maximum=MAX_SAMPLES)
         lr = number("lr", lr, above=0.0)
         seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
@@ -342,8 +340,7 @@ def step_ops(config: GPTConfig, checkpointing: str = "none",
         >>> step_ops(GPTConfig(n_layers=4))[0] > step_ops(GPTConfig(n_layers=2))[0]
         True
     """
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+    check_config(config)
     _check_choices(checkpointing, precision)
     key = (config.dropout > 0, config.attention, config.bias, checkpointing, precision)
     one, two = _ops(1, *key), _ops(2, *key)
@@ -366,8 +363,7 @@ def micro_batch_flops(config: GPTConfig, micro_batch_size: int, checkpointing: s
     as 0, the fused kernel's work is counted as on a GPU (an A100's rules), since the
     arithmetic is the same.
     """
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+    check_config(config)
     positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     spec = precision_of(precision)
     card = resolve_gpu(gpu)
@@ -485,8 +481,7 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
         >>> cost.effective_batch, cost.seconds > cost.compute_seconds
         (32, True)
     """
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+    check_config(config)
     b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     _check_choices(checkpointing, precision)
@@ -592,8 +587,7 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
     :func:`course_lib.training.train` after one warm-up step, on the model and optimizer of
     :func:`course_lib.step_setup.build` (synchronised on CUDA).
     """
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+    check_config(config)
     b = positive_int("micro_batch_size", micro_batch_size)
     K = positive_int("accumulation_steps", accumulation_steps)
     positive_int("steps", steps)

@@ -19,25 +19,15 @@ from . import engine
 from .checkpointing import enable_checkpointing
 from .measure import peak_memory, resident_bytes
 from .mixed_precision import MasterWeightAdamW
-from .models import GPT, MAX_SEED, GPTConfig, random_tokens
+from .models import GPT, MAX_SEED, GPTConfig, check_config, random_tokens
 from .training import make_grad_scaler, train
-from .validation import MAX_BATCH, choice, function, integer, number, positive_int
+from .validation import MAX_BATCH, function, integer, number, positive_int
 from .validation import device as as_device
-
-
-def _check_precision(precision, name: str = "precision") -> str:
-    return choice(name, precision, engine.PRECISIONS)
-
-
-def _check_config(config) -> GPTConfig:
-    if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__}")
-    return config
 
 
 def model_dtype(precision: str) -> torch.dtype:
     """The dtype of the model's parameters under ``precision`` (fp32 under autocast)."""
-    return engine.precision_of(_check_precision(precision)).params
+    return engine.precision_of(precision).params
 
 
 def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", every: int = 1,
@@ -56,8 +46,8 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
     Raises:
         ValueError: naming the argument.
     """
-    _check_config(config)
-    spec = engine.precision_of(_check_precision(precision))
+    check_config(config)
+    spec = engine.precision_of(precision)
     ckpt._check_mode(mode, every, None, config.n_layers)
     device = as_device("device", device)
     lr = number("lr", lr, minimum=0.0)
@@ -77,7 +67,7 @@ def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
     computes (fp16-mixed, autocast-fp16); keep the dict for the whole run, so that the
     scaler keeps its scale from step to step.
     """
-    spec = engine.precision_of(_check_precision(precision))
+    spec = engine.precision_of(precision)
     device = as_device("device", device)
     options = {"amp_dtype": spec.compute if spec.autocast else None, "grad_scaler": None}
     if spec.grad_scaler:
@@ -135,7 +125,7 @@ def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     Raises:
         ValueError: naming the argument.
     """
-    _check_config(config)
+    check_config(config)
     b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     if b * K > MAX_BATCH:

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import ipywidgets as widgets
 import torch
 
-from .device import GPUS, pick_dtype, resolve_gpu
-from .models import GPTConfig
+from .device import GPUS, resolve_gpu
+from .memory import mixed_precision_for
+from .models import GPTConfig, check_config
 from .playground import (
     DeviceSpeed,
     MeasuredStep,
@@ -52,15 +53,6 @@ _PARTS = (("compute", "compute_seconds", "#4c72b0"), ("operators", "overhead_sec
           ("optimizer", "optimizer_seconds", "#8c8c8c"))
 
 
-def mixed_precision(gpu) -> str:
-    """The mixed precision a device trains in: fp16 with a GradScaler on a T4 (no bf16 tensor
-    cores), bf16 on Ampere and newer GPUs, bf16 on the CPU (which has no fp16 speed to speak of)."""
-    card = resolve_gpu(gpu)
-    if card is None:
-        return "bf16-mixed"
-    return "fp16-mixed" if pick_dtype(card) == torch.float16 else "bf16-mixed"
-
-
 @dataclass(frozen=True)
 class Tradeoff:
     """The explorer's numbers for one setting: this step, the plain step, and the card's memory."""
@@ -76,12 +68,12 @@ def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, 
              speed: DeviceSpeed | None = None) -> Tradeoff:
     """This step and the plain one (a batch of ``b K`` in one pass, no checkpointing), predicted.
 
-    ``precision``: "fp32" or "mixed" (:func:`mixed_precision` of the device) or any of
-    :data:`course_lib.engine.PRECISIONS`. Other arguments as
+    ``precision``: "fp32" or "mixed" (the device's: :func:`course_lib.memory.mixed_precision_for`)
+    or any of :data:`course_lib.engine.PRECISIONS`. Other arguments as
     :func:`course_lib.playground.optimizer_step_cost`.
     """
     card = resolve_gpu(gpu)
-    resolved = mixed_precision(card) if precision == "mixed" else precision
+    resolved = mixed_precision_for(card) if precision == "mixed" else precision
     kw = dict(precision=resolved, gpu=card, speed=speed)
     step = optimizer_step_cost(config, micro_batch_size, accumulation_steps,
                                checkpointing=checkpointing, **kw)
@@ -216,10 +208,13 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
         ``measure()`` (what the button does).
 
     Raises:
-        ValueError: for an empty ``models``, or ``model``/``gpu`` not among the choices.
+        ValueError: for an empty ``models`` or one that maps a name to anything but a
+            ``GPTConfig``, or ``model``/``gpu`` not among the choices.
     """
-    if not models or not all(isinstance(c, GPTConfig) for c in models.values()):
-        raise ValueError("models must map at least one name to a GPTConfig")
+    if not isinstance(models, dict) or not models:
+        raise ValueError(f"models must map at least one name to a GPTConfig, got {models!r:.80}")
+    for name, config in models.items():
+        check_config(config, f"models[{name!r}]")
     device = torch.device(device)
     here = f"this device ({speed.name})"
     targets = {here: "cuda" if device.type == "cuda" else None, **{n: n for n in GPUS}}

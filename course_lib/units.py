@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .validation import integer, number
+from .validation import integer, number, positive_int
 
 KiB = 1024
 MiB = 1024**2
@@ -69,6 +69,87 @@ def tensor_bytes(shape, dtype: torch.dtype | str = torch.float32) -> int:
     for d in dims:
         n *= d
     return n * dtype_bytes(dtype)
+
+
+def storage_key(tensor: torch.Tensor | torch.UntypedStorage) -> int:
+    """The identity of the storage ``tensor`` lives in: equal for every view of one storage.
+
+    It is the address of PyTorch's C++ storage object (``untyped_storage()._cdata``, the number
+    PyTorch's own ``torch.multiprocessing.reductions.StorageWeakRef`` hashes). The storage's
+    data pointer cannot serve: on the ``meta`` device it is 0 for every storage, an empty
+    storage has 0 on every device, and a CPU and a CUDA storage may have equal addresses.
+    Keys are distinct among storages alive at the same time (a freed storage's address may be
+    reused), so keep the tensors while their keys are compared.
+
+    Args:
+        tensor: a ``torch.Tensor`` with a storage (strided: not sparse), on any device, or a
+            ``torch.UntypedStorage`` (its own key).
+
+    Returns:
+        An int.
+
+    Raises:
+        ValueError: naming ``tensor``, for a non-tensor or a tensor without a storage.
+
+    Example::
+
+        x = torch.zeros(4, 4)
+        storage_key(x[1:]) == storage_key(x.t())  # True: views of one storage
+    """
+    if isinstance(tensor, torch.UntypedStorage):
+        return tensor._cdata
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"tensor must be a torch.Tensor or a torch.UntypedStorage, got "
+                         f"{type(tensor).__name__}")
+    try:
+        return tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError) as exc:
+        raise ValueError(f"tensor must have a storage (a strided tensor), got layout "
+                         f"{tensor.layout}") from exc
+
+
+def storage_bytes(tensors, *, block: int = 1) -> int:
+    """Bytes of the distinct storages that ``tensors`` live in: each storage once, whole.
+
+    ``sum(untyped_storage().nbytes())`` over the distinct :func:`storage_key` s. Views of one
+    storage count once, and at the size of the whole storage (what it holds in memory, also
+    when the views cover only part of it). On the ``meta`` device storages have a size and no
+    memory: they are counted at that size, each one, which is how a 70B model's states are
+    "measured" without allocating them. ``block`` rounds each storage up to a multiple of
+    ``block`` bytes (512: what the CUDA caching allocator hands out,
+    :data:`course_lib.kernels.CUDA_BLOCK`).
+
+    Args:
+        tensors: an iterable of tensors with storages (a generator is fine).
+        block: bytes, an int >= 1.
+
+    Returns:
+        Bytes, an int.
+
+    Raises:
+        ValueError: naming ``tensors`` (not an iterable of tensors with storages) or
+            ``block``.
+
+    Example::
+
+        x = torch.zeros(10)  # 40 bytes
+        storage_bytes([x, x[2:], torch.zeros(3, dtype=torch.bfloat16)])  # 46
+        storage_bytes([x], block=512)  # 512
+    """
+    block = positive_int("block", block)
+    if isinstance(tensors, torch.Tensor) or not hasattr(tensors, "__iter__"):
+        raise ValueError(f"tensors must be an iterable of tensors, got {type(tensors).__name__}")
+    storages = {}
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"tensors must hold torch.Tensors, got {type(t).__name__}")
+        try:
+            key = storage_key(t)
+        except ValueError as exc:
+            raise ValueError(f"tensors must have storages (strided tensors), got layout "
+                             f"{t.layout}") from exc
+        storages[key] = t.untyped_storage().nbytes()
+    return sum(-(-n // block) * block for n in storages.values())
 
 
 def format_bytes(n: int | float, precision: int = 2) -> str:

@@ -65,6 +65,22 @@ def test_per_block_checkpointing_keeps_one_input_per_block():
     assert none - every2 == 3 * (block - b * s * h * 4)
 
 
+def test_regions_and_labels_of_each_policy():
+    assert ckpt._regions(10, "none") == []
+    assert ckpt._regions(10, "blocks", 3) == ckpt._regions(10, "selective", 3) == [[0], [3], [6], [9]]
+    # sqrt: the segments checkpoint_sequential checkpoints (its last one runs plainly)
+    assert ckpt._regions(10, "sqrt") == ckpt._regions(10, "sqrt", segments=3) == [
+        [0, 1, 2], [3, 4, 5]]
+    assert ckpt._regions(10, "sqrt", segments=2) == [[0, 1, 2, 3, 4]]
+    assert [ckpt.policy_label(m, e) for m, e in (("none", 1), ("sqrt", 1), ("blocks", 2),
+                                                 ("selective", 1), ("attention", 4))] == [
+        "none", "sqrt", "blocks/2", "selective/1", "attention/4"]
+    with pytest.raises(ValueError, match="mode must be one of"):
+        ckpt.policy_label("every", 2)
+    with pytest.raises(ValueError, match="every must be a positive int"):
+        ckpt.policy_label("blocks", 0)
+
+
 def test_sqrt_segments_follow_checkpoint_sequential():
     assert [ckpt.sqrt_segments(n) for n in (1, 4, 9, 10, 16, 64)] == [1, 2, 3, 3, 4, 8]
     assert ckpt.sequential_segments(10, 3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]

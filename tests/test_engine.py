@@ -211,6 +211,16 @@ def test_engine_against_the_cuda_allocator():
     assert abs(errors[worst]) <= 0.05, (worst, errors[worst])
 
 
+def test_predictions_are_cached_by_the_config_itself():
+    engine._moments.cache_clear()
+    first = engine.predict_step_memory(GPTConfig(n_layers=3), 2, precision="bf16-mixed")
+    again = engine.predict_step_memory(GPTConfig(n_layers=3), 2, precision="bf16-mixed")
+    info = engine._moments.cache_info()  # an equal config, another object: the cached answer
+    assert first == again and (info.hits, info.misses) == (1, 1)
+    deeper = engine.predict_step_memory(GPTConfig(n_layers=4), 2, precision="bf16-mixed")
+    assert deeper.total > first.total and engine._moments.cache_info().misses == 2
+
+
 def test_parameter_sizes_from_two_blocks_equal_every_tensor_summed():
     """The engine sums one block's tensors times the depth; against every tensor, one by one."""
     for n_layers, bias, gpu in [(1, True, None), (2, False, "T4"), (7, True, "H100 80GB")]:
@@ -219,8 +229,7 @@ def test_parameter_sizes_from_two_blocks_equal_every_tensor_summed():
         for element_bytes in (2, 4):
             sizes = [engine.kernels.allocated(n * element_bytes, engine.resolve_gpu(gpu))
                      for n in param_numels(cfg)]
-            got = engine._param_sizes(engine._config_key(cfg), element_bytes,
-                                      engine.resolve_gpu(gpu))
+            got = engine._param_sizes(cfg, element_bytes, engine.resolve_gpu(gpu))
             assert (got.total, got.last, got.count) == (sum(sizes), sizes[-1], len(sizes))
             assert got.adamw_scratch == engine.adamw_scratch_bytes(sizes)
 

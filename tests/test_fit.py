@@ -14,7 +14,7 @@ from course_lib import engine, fit, guard, mixed_precision, models, step_setup
 from course_lib.memory import model_state_bytes
 from course_lib.models import GPT, GPTConfig, gpt_param_count
 from course_lib.training import train
-from course_lib.units import MiB
+from course_lib.units import MiB, storage_bytes
 
 SMALL = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=3)
 POLICIES = [("none", 1), ("selective", 1), ("blocks", 2), ("blocks", 1), ("sqrt", 1)]
@@ -71,11 +71,6 @@ def test_memory_is_flat_in_accumulation_steps_from_two_on():
     assert measured[0] == measured[1]
 
 
-def _bytes(tensors) -> int:
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    return sum(storages.values())
-
-
 @pytest.mark.parametrize("precision", fit.FIT_PRECISIONS)
 def test_resident_model_states_are_what_a_real_step_leaves(precision):
     # Independent: the storages a trained model and its optimizer hold between steps, measured
@@ -87,12 +82,23 @@ def test_resident_model_states_are_what_a_real_step_leaves(precision):
     master = getattr(optimizer, "master", [])
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     m = engine.predict_step_memory(SMALL, 1, precision=precision)
-    assert m.parameters == _bytes(model.parameters())
-    assert m.master_weights == _bytes(master)
-    assert m.optimizer_state == _bytes(state)
+    assert m.parameters == storage_bytes(model.parameters())
+    assert m.master_weights == storage_bytes(master)
+    assert m.optimizer_state == storage_bytes(state)
     P, n = gpt_param_count(SMALL), len(models.param_numels(SMALL))
     assert {"fp32": 12, "fp16-mixed": 14, "bf16-mixed": 14, "bf16": 6, "autocast-fp16": 12,
             "autocast-bf16": 12}[precision] * P == m.model_states - 4 * n
+
+
+def test_the_searchs_lower_bound_is_below_every_predicted_step():
+    # Written out (ZeRO's accounting): resident params + master + m + v, and the gradients at
+    # the optimizer step (fp32 master gradients in mixed precision), bytes per parameter.
+    assert fit._STATE_BYTES == {"fp32": (12, 4), "fp16-mixed": (14, 4), "bf16-mixed": (14, 4),
+                                "bf16": (6, 2), "autocast-fp16": (12, 4), "autocast-bf16": (12, 4)}
+    for precision, (mode, every) in itertools.product(fit.FIT_PRECISIONS, fit.FIT_POLICIES):
+        predicted = engine.predict_step_memory(SMALL, 1, precision=precision, mode=mode,
+                                               every=every)
+        assert fit._lower_bound(SMALL, precision) <= predicted.total, (precision, mode)
 
 
 def test_mixed_precision_model_states_are_16_bytes_per_parameter_measured():
@@ -100,11 +106,11 @@ def test_mixed_precision_model_states_are_16_bytes_per_parameter_measured():
     x = torch.randint(0, SMALL.vocab_size, (2, SMALL.seq_len))
     model(x, x)[1].backward()
     P = gpt_param_count(SMALL)
-    before_step = model_state_bytes(model, optimizer.optimizer, master_params=optimizer.master)
+    before_step = model_state_bytes(model, optimizer)
     assert before_step.total == 2 * P + 2 * P + 4 * P  # bf16 weights and grads, fp32 master
+    assert model_state_bytes(model, optimizer, master_params=optimizer.master) == before_step
     optimizer.step()
-    after = model_state_bytes(model, optimizer.optimizer, master_params=optimizer.master,
-                              include_step=False)
+    after = model_state_bytes(model, optimizer, include_step=False)
     assert after.total == 2 * P + 4 * P + 8 * P  # Adam's m and v in fp32; the gradients are gone
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in zip(model.parameters(), optimizer.master))
@@ -112,6 +118,8 @@ def test_mixed_precision_model_states_are_16_bytes_per_parameter_measured():
 
 def test_master_weight_adamw_is_adamw_on_fp32_copies():
     model, optimizer = step_setup.build(SMALL, precision="bf16-mixed", lr=1e-2)
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.param_groups[0]["params"] == \
+        optimizer.master
     reference = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
     adamw = torch.optim.AdamW(reference, lr=1e-2, foreach=False)
     x = torch.randint(0, SMALL.vocab_size, (4, SMALL.seq_len))

@@ -13,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from course_lib.grading import lecture01, lecture02, lecture04
 from course_lib.measure import peak_memory
 from course_lib.models import GPT, random_tokens
+from course_lib.units import storage_bytes
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -22,11 +23,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def _storage_bytes(tensors) -> int:
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    return sum(storages.values())
 
 
 # --------------------------------------------------------------------------- lecture 01
@@ -56,7 +52,7 @@ def _measured_bytes_per_param(optimizer: str, precision: str) -> Fraction:
     params = list(model.parameters())
     states = [v for s in opt.state.values() for k, v in s.items()
               if isinstance(v, torch.Tensor) and k != "step"]
-    kept = _storage_bytes(params + [p.grad for p in params] + master + states)
+    kept = storage_bytes(params + [p.grad for p in params] + master + states)
     return Fraction(kept, sum(p.numel() for p in params))
 
 
@@ -106,7 +102,7 @@ def _steady_step_bytes(config, batch: int, dtype: torch.dtype, seq_len: int) -> 
         opt.zero_grad(set_to_none=True)
 
     step()  # AdamW creates m and v in its first step
-    held = _storage_bytes([*model.parameters(),
+    held = storage_bytes([*model.parameters(),
                            *(v for s in opt.state.values() for v in s.values())])
     return held + peak_memory(step, device="cpu")
 
@@ -148,7 +144,7 @@ def test_lecture04_segment_costs_are_measured():
         opt.zero_grad(set_to_none=True)
 
     step()
-    held = _storage_bytes([*model.parameters(),
+    held = storage_bytes([*model.parameters(),
                            *(v for s in opt.state.values() for v in s.values())])
     measured = {}
     for k in range(1, config.n_layers + 1):

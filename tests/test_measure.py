@@ -18,22 +18,22 @@ from course_lib.measure import (
     training_step,
 )
 from course_lib.models import GPT, GPTConfig, random_tokens
+from course_lib.units import storage_bytes, storage_key
 
 
 def _hook_saved_bytes(fn, params=()) -> int:
     """Independent count: distinct non-parameter storages autograd packs while ``fn()`` runs."""
-    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
-    storages = {}
+    weights = {storage_key(p) for p in params}
+    packed = []
 
     def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in param_ptrs:
-            storages[storage.data_ptr()] = storage.nbytes()
+        if storage_key(t) not in weights:
+            packed.append(t)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
-    return out, sum(storages.values())
+    return out, storage_bytes(packed)
 
 
 # --------------------------------------------------------------------------- the tracker

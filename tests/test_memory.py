@@ -7,16 +7,21 @@ from hypothesis import strategies as st
 
 from course_lib.memory import (
     OPTIMIZERS,
+    PRECISION,
     PRECISIONS,
     ZERO_STAGES,
     TrainingMemory,
     bytes_per_param,
+    mixed_precision_for,
     model_state_bytes,
+    precision_of,
     training_memory,
     transformer_activation_bytes,
 )
+from course_lib.mixed_precision import MasterWeightAdamW
 from course_lib.model_zoo import PRESETS, build_model
 from course_lib.models import GPT, GPTConfig, count_parameters, random_tokens
+from course_lib.units import storage_bytes
 
 GB = 10**9
 SMALL = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_layers=2)
@@ -114,24 +119,26 @@ def test_measured_step_equals_analytic(name, make, dtype, precision):
 
 @pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "bf16-mixed"),
                                              (torch.float16, "fp16-mixed")])
-@pytest.mark.parametrize("keep_fp32_grads", [False, True])
-def test_master_weight_recipe_measured(dtype, precision, keep_fp32_grads):
+def test_master_weight_recipe_measured(dtype, precision):
     model16 = GPT(SMALL).to(dtype)
-    master = [p.detach().float().requires_grad_() for p in model16.parameters()]
-    optimizer = torch.optim.AdamW(master)
+    optimizer = MasterWeightAdamW(model16.parameters())
+    P = count_parameters(model16)
+    _step(model16, optimizer)  # AdamW's m and v now exist; the step freed every gradient
+    assert model_state_bytes(model16, optimizer, include_step=False).total == (
+        2 * P + 4 * P + 8 * P)  # 16-bit weights, fp32 master, m and v
     x, y = random_tokens(SMALL, 2)
-    model16(x, y)[1].backward()
-    for p16, p32 in zip(model16.parameters(), master):
-        p32.grad = p16.grad.float()
-        if keep_fp32_grads and dtype == torch.bfloat16:  # Megatron: added into main_grad, freed
-            p16.grad = None
-    optimizer.step()
-    if not keep_fp32_grads:
-        for p32 in master:
-            p32.grad = None
-    measured = model_state_bytes(model16, optimizer, master_params=master, include_step=False)
-    assert measured == training_memory(count_parameters(model16), precision=precision,
-                                       fp32_grad_buffer=keep_fp32_grads)
+    model16(x, y)[1].backward()  # the next step's 16-bit gradients: the model states of training
+    measured = model_state_bytes(model16, optimizer, include_step=False)
+    assert measured == training_memory(P, precision=precision)
+    # Megatron-LM's fp16 path keeps its fp16 gradients beside fp32 copies: 20 bytes per parameter.
+    fp32_copies = [p.grad.float() for p in model16.parameters()]
+    assert measured.total + storage_bytes(fp32_copies) == training_memory(
+        P, precision="fp16-mixed", fp32_grad_buffer=True).total
+    # The optimizer step's own gradients: fp32 on the master weights, the 16-bit ones freed, as
+    # Megatron-LM's bf16 main_grad buffer keeps them (18 bytes per parameter).
+    optimizer.prepare_grads()
+    assert model_state_bytes(model16, optimizer, include_step=False) == training_memory(
+        P, precision="bf16-mixed", fp32_grad_buffer=True)
 
 
 def test_autocast_keeps_fp32_model_states():
@@ -149,17 +156,34 @@ def test_autocast_keeps_fp32_model_states():
 def test_meta_device_step_measures_a_billion_parameter_model():
     preset = PRESETS["Llama 3.2 1B"]
     model = build_model(preset.config, dtype=torch.bfloat16)
-    master = [p.detach().float().requires_grad_() for p in model.parameters()]
-    for p16, p32 in zip(model.parameters(), master):
-        p16.grad = torch.empty_like(p16)
-        p32.grad = p16.grad.float()
-    optimizer = torch.optim.AdamW(master)
-    optimizer.step()
-    for p32 in master:
-        p32.grad = None
-    measured = model_state_bytes(model, optimizer, master_params=master, include_step=False)
+    optimizer = MasterWeightAdamW(model.parameters())
+
+    def backward():  # what backward leaves: a 16-bit gradient per weight (shapes only, on meta)
+        for p in model.parameters():
+            p.grad = torch.empty_like(p)
+
+    backward()
+    optimizer.step()  # AdamW makes m and v
+    backward()  # the next step's gradients
+    measured = model_state_bytes(model, optimizer, include_step=False)
     assert measured == training_memory(preset.published_params, precision="bf16-mixed")
     assert measured.total == 16 * 1_235_814_400
+
+
+def test_each_device_has_its_mixed_precision():
+    assert mixed_precision_for("T4") == "fp16-mixed"  # no bf16 tensor cores: fp16 and a GradScaler
+    assert mixed_precision_for("A100 80GB") == mixed_precision_for(None) == "bf16-mixed"
+    with pytest.raises(ValueError, match="gpu must be"):
+        mixed_precision_for("TPU v5")
+
+
+def test_precision_table_gives_the_bytes_of_each_model_state():
+    assert PRECISIONS == tuple(PRECISION)
+    assert {name: p.element_bytes for name, p in PRECISION.items()} == {
+        "fp32": (4, 4, 0, 4), "fp16-mixed": (2, 2, 4, 4), "bf16-mixed": (2, 2, 4, 4),
+        "bf16": (2, 2, 0, 2), "autocast-fp16": (4, 4, 0, 4), "autocast-bf16": (4, 4, 0, 4)}
+    with pytest.raises(ValueError, match="precisions must be one of"):
+        precision_of("fp16", name="precisions")
 
 
 def test_tied_weights_and_views_count_once():

@@ -1,14 +1,40 @@
+import dataclasses
+
 import pytest
 import torch
 
 from course_lib.models import (
     GPT,
     GPTConfig,
+    check_config,
     count_parameters,
     gpt_param_count,
     param_numels,
     random_tokens,
 )
+
+
+def test_config_is_frozen_hashable_and_replaced_not_changed():
+    config = GPTConfig(n_layers=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.n_layers = 4
+    deeper = dataclasses.replace(config, n_layers=4)
+    assert (config.n_layers, deeper.n_layers) == (2, 4)
+    assert hash(GPTConfig(n_layers=2)) == hash(config) and {config: "two"}[GPTConfig(n_layers=2)]
+    assert deeper != config
+    with pytest.raises(ValueError, match="n_layers"):  # replace checks the new config again
+        dataclasses.replace(config, n_layers=0)
+
+
+def test_check_config_returns_a_config_and_names_the_parameter():
+    config = GPTConfig()
+    assert check_config(config) is config
+    for bad in ({"n_layers": 2}, None, "gpt2", GPT):
+        with pytest.raises(ValueError, match="config must be a course_lib.models.GPTConfig"):
+            check_config(bad)
+    with pytest.raises(ValueError, match="model_config must be a course_lib.models.GPTConfig, "
+                                         "got dict"):
+        check_config({}, "model_config")
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -229,7 +229,7 @@ def test_measured_speed_and_step_on_this_cpu():
     (dict(gpu="V100"), "gpu must be"),
     (dict(utilisation=1.5), "utilisation"),
     (dict(speed="fast"), "speed must be"),
-    (dict(config={"n_layers": 2}), "config must be a GPTConfig"),
+    (dict(config={"n_layers": 2}), "config must be a course_lib.models.GPTConfig"),
 ])
 def test_optimizer_step_cost_rejects_bad_input(kwargs, match):
     args = dict(config=GPT2, micro_batch_size=2, accumulation_steps=2, gpu="T4") | kwargs

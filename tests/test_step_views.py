@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from course_lib import memory
 from course_lib import playground as pgm
 from course_lib import step_views as sv
 from course_lib.models import GPT, GPTConfig
@@ -78,7 +79,7 @@ def test_tradeoff_compares_with_one_plain_batch():
     assert (t.plain.micro_batch_size, t.plain.accumulation_steps, t.plain.checkpointing) == (
         16, 1, "none")
     assert sv.tradeoff(GPT2, 2, 8, precision="mixed", gpu="H100 80GB").precision == "bf16-mixed"
-    assert sv.mixed_precision(None) == "bf16-mixed"
+    assert memory.mixed_precision_for(None) == "bf16-mixed"
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,8 @@ def test_tradeoff_explorer_redraws_and_measures(speed):
         sv.tradeoff_explorer(models, speed=speed, gpu="V100")
     with pytest.raises(ValueError, match="models must map"):
         sv.tradeoff_explorer({}, speed=speed)
+    with pytest.raises(ValueError, match=r"models\['tiny'\] must be a course_lib.models.GPTConfig"):
+        sv.tradeoff_explorer({"tiny": {"n_layers": 2}}, speed=speed)
 
 
 def test_tradeoff_figure_is_static_and_drawn():

@@ -29,6 +29,82 @@ def test_bad_shape():
         units.tensor_bytes(3)
 
 
+# --- distinct storages ----------------------------------------------------------------------
+
+def _numel_bytes(tensors) -> int:
+    """Independent count for tensors that each own a whole storage: numel * element_size."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_storage_bytes_of_distinct_tensors_is_their_numel_times_element_size(device):
+    tensors = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in (
+        ((3, 4), torch.float32), ((7,), torch.bfloat16), ((2, 5), torch.float64),
+        ((11,), torch.int8), ((0,), torch.float32), ((0,), torch.float16))]
+    assert units.storage_bytes(tensors) == _numel_bytes(tensors) == 48 + 14 + 80 + 11
+    assert units.storage_bytes(iter(tensors)) == units.storage_bytes(tensors)  # any iterable
+    assert units.storage_bytes([]) == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_views_of_one_storage_count_once_and_whole(device):
+    base = torch.empty(10, 10, device=device)
+    views = [base, base[2:5], base.t(), base.view(100), base[0, 3:4], base.detach()]
+    assert units.storage_bytes(views) == 400
+    assert units.storage_bytes([base[2:5]]) == 400  # the part a view shows is not the memory
+    assert len({units.storage_key(v) for v in views}) == 1
+    assert units.storage_key(base.untyped_storage()) == units.storage_key(base)
+
+
+def test_meta_storages_are_told_apart_where_their_data_pointers_are_not():
+    a, b = torch.empty(8, device="meta"), torch.empty(8, device="meta")
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() == 0
+    assert units.storage_key(a) != units.storage_key(b)
+    assert units.storage_bytes([a, b, a[4:]]) == 64
+
+
+def test_storage_bytes_mixes_devices_and_parameters():
+    weight = torch.nn.Parameter(torch.zeros(6))
+    tensors = [weight, weight.t(), torch.zeros(6), torch.zeros(6, device="meta")]
+    assert units.storage_bytes(tensors) == 3 * 24
+
+
+@pytest.mark.parametrize("sizes,block,expected", [([1], 512, 512), ([512], 512, 512),
+                                                   ([513, 40], 512, 1024 + 512), ([3], 1, 3),
+                                                   ([0], 512, 0)])
+def test_storage_bytes_rounds_each_storage_to_the_block(sizes, block, expected):
+    tensors = [torch.empty(n, dtype=torch.int8) for n in sizes]
+    assert units.storage_bytes(tensors + [t[1:] for t in tensors if t.numel() > 1],
+                               block=block) == expected
+
+
+@pytest.mark.gpu
+def test_storage_bytes_on_cuda_and_the_cpu_together():
+    gpu, cpu = torch.zeros(100, device="cuda"), torch.zeros(100)
+    assert units.storage_bytes([gpu, gpu[10:], cpu, cpu.view(10, 10)]) == 800
+    assert units.storage_key(gpu) != units.storage_key(cpu)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (torch.zeros(3), "tensors must be an iterable"), (3, "tensors must be an iterable"),
+    ([torch.zeros(3), "x"], "tensors must hold torch.Tensors"),
+    ([torch.zeros(2, 2).to_sparse()], "tensors must have storages"),
+])
+def test_storage_bytes_rejects_what_it_cannot_count(bad, match):
+    with pytest.raises(ValueError, match=match):
+        units.storage_bytes(bad)
+
+
+def test_storage_key_and_block_name_the_parameter():
+    with pytest.raises(ValueError, match="tensor must be a torch.Tensor"):
+        units.storage_key([1])
+    with pytest.raises(ValueError, match="tensor must have a storage"):
+        units.storage_key(torch.zeros(2, 2).to_sparse())
+    for block in (0, 1.5, True):
+        with pytest.raises(ValueError, match="block"):
+            units.storage_bytes([torch.zeros(1)], block=block)
+
+
 @pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1536, "1.50 KiB"),
                                     (3 * 2**20, "3.00 MiB"), (80 * 10**9, "74.51 GiB"),
                                     (-2048, "-2.00 KiB")])

@@ -22,6 +22,7 @@ import torch.nn as nn
 from ..engine import predict_step_memory
 from ..measure import saved_bytes
 from ..models import GPT, MLP, GPTConfig, random_tokens
+from ..units import storage_bytes, storage_key
 from . import expect, grader
 
 
@@ -53,9 +54,8 @@ def _hook_truth(build):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out, params = build()
-    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in seen}
-    return out, params, sum(n for ptr, n in storages.items() if ptr not in param_ptrs)
+    weights = {storage_key(p) for p in params}
+    return out, params, storage_bytes(t for t in seen if storage_key(t) not in weights)
 
 
 def _sequential():

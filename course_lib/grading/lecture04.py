@@ -16,7 +16,7 @@ import copy
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..measure import LiveTensorTracker
+from ..checkpointing import measure_kept_bytes
 from ..models import GPT, GPTConfig, random_tokens
 from . import expect, grader
 
@@ -26,14 +26,6 @@ def _per_block_reference(blocks, x):
     for block in blocks:
         x = checkpoint(block, x, use_reentrant=False)
     return x
-
-
-def _kept_bytes(model, x, y) -> int:
-    """Measured bytes a forward pass leaves alive for the backward pass, logits and loss aside."""
-    with LiveTensorTracker() as tracker:
-        logits, loss = model(x, y)
-    outputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (logits, loss)}
-    return tracker.live - sum(outputs.values())
 
 
 @grader
@@ -62,7 +54,7 @@ def check_checkpoint_blocks(fn):
     # 2. It really checkpoints, block by block: only one (b, s, h) input per block stays kept.
     reference = copy.deepcopy(plain)
     reference.run_blocks = lambda x: _per_block_reference(reference.blocks, x)
-    kept, truth, plain_kept = (_kept_bytes(m, x, y) for m in (model, reference, plain))
+    kept, truth, plain_kept = (measure_kept_bytes(m, x, y) for m in (model, reference, plain))
     expect(kept != plain_kept, f"the model keeps {kept:,} bytes between forward and backward, as "
            "many as without checkpointing", hint="call torch.utils.checkpoint.checkpoint on each block")
     expect(kept == truth, f"the model keeps {kept:,} bytes between forward and backward; checkpointing "
