@@ -156,3 +156,14 @@ def test_the_import_check_catches_a_later_import(tmp_path):
     module.parent.mkdir()
     module.write_text("def f():\n    from .levers import gpu_spec\n\nfrom course_lib.fit import fit_model\n")
     assert _course_lib_imports(module) == {"levers", "fit"}
+
+
+def test_contributing_shows_the_module_index():
+    """CONTRIBUTING.md's module map: the index's modules in its order, with its words."""
+    import course_lib
+
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    table = text[text.index("<!-- module map -->"):text.index("<!-- end of the module map -->")]
+    rows = re.findall(r"^\| `(\w+)` \| ([\d-]+|all) \| (.*) \|$", table, re.M)
+    index = re.findall(r"^``(\w+)``\s+(?:([\d-]+): )?(.*)$", course_lib.__doc__, re.M)
+    assert [(m, lecture or "all", what.replace("``", "`")) for m, lecture, what in index] == rows
