@@ -1,11 +1,10 @@
-"""What the model benchmarks (1 and 4) share: the device and threads they run on, the clock,
+"""What the model benchmarks (1 and 4) share: the device and threads they run on,
 and one result file holding a run per device, so that GPU figures sit beside CPU ones."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -39,24 +38,6 @@ def setup(device: str) -> dict:
         info["gpu"] = torch.cuda.get_device_name()
         info["cuda"] = torch.version.cuda
     return info
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def seconds(fn, device: str) -> tuple[float, float]:
-    """Wall-clock and CPU seconds of ``fn()``, the GPU's queued work included in the first.
-
-    The CPU time (``time.process_time``, all the process's threads) is the better clock on a CPU
-    that other work shares: it does not count the time the process waited for a core.
-    """
-    sync(device)
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    sync(device)
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def save(name: str, device: str, run: dict, out: Path | None, quick: bool) -> Path | None:

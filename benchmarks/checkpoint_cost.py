@@ -46,13 +46,15 @@ from dataclasses import asdict
 
 import torch
 from bench_common import table
-from bench_device import arguments, save, seconds, setup
+from bench_device import arguments, save, setup
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib import checkpointing as ckpt
+from course_lib import timing
 from course_lib.device import pick_dtype
 from course_lib.measure import peak_memory
 from course_lib.models import GPT, GPTConfig, random_tokens
+from course_lib.timing import StepTimes
 from course_lib.units import MiB
 
 #: ``(mode, every)`` per policy, the plain model first.
@@ -90,20 +92,17 @@ def memory(model, x, y, device: str) -> tuple[int, int]:
     return kept, peak_memory(lambda: _step(model, x, y), device=device)
 
 
-def step_times(model, x, y, policies, device: str, rounds: int) -> dict[str, list[tuple]]:
-    """``(wall, CPU)`` seconds of one forward + backward per policy and round; policies
-    interleaved, in an order rotated every round."""
-    times = {label(*p): [] for p in policies}
-    for policy in policies:
-        ckpt.enable_checkpointing(model, *policy)
-        for _ in range(WARM_UP_STEPS):
-            _step(model, x, y)
-    for r in range(rounds):
-        order = policies[r % len(policies):] + policies[:r % len(policies)]
-        for policy in order:
-            ckpt.enable_checkpointing(model, *policy)
-            model.zero_grad(set_to_none=True)
-            times[label(*policy)].append(seconds(lambda: _step(model, x, y), device))
+def step_times(model, x, y, policies, device: str, rounds: int) -> StepTimes:
+    """Seconds of one forward + backward per policy and round (``course_lib.timing``: warmed
+    up, synchronized, policies interleaved in an order rotated every round)."""
+    by_label = {label(*p): p for p in policies}
+
+    def switch(name: str) -> None:
+        ckpt.enable_checkpointing(model, *by_label[name])
+        model.zero_grad(set_to_none=True)
+
+    times = timing.step_times({name: lambda: _step(model, x, y) for name in by_label},
+                              repeats=rounds, warmup=WARM_UP_STEPS, before=switch, device=device)
     model.zero_grad(set_to_none=True)
     return times
 
@@ -134,8 +133,8 @@ def evaluate(config: GPTConfig, batch: int, dtype, device: str = "cpu", rounds: 
         gpu_count = ckpt.step_flops(config, batch, mode, every, dtype=dtype, gpu=fused_gpu)[0]
         kept, peak = memory(model, x, y, device)
         rows.append({"policy": label(mode, every), "mode": mode, "every": every,
-                     "seconds": [wall for wall, _ in times[label(mode, every)]],
-                     "cpu_seconds": [cpu for _, cpu in times[label(mode, every)]],
+                     "seconds": times.wall[label(mode, every)],
+                     "cpu_seconds": times.cpu[label(mode, every)],
                      "flops_counted": counted, "flops_predicted": predicted,
                      "flops_recomputed": recomputed, "flops_fused_kernel_counted": gpu_count,
                      "flop_source": ("FlopCounterMode" if kernel_counted

@@ -8,6 +8,7 @@ lecture named:
 =====================  =========================================================
 ``validation``         the shared input checks (``ValueError`` naming the parameter)
 ``units``              byte counts (of distinct storages too) and their human-readable form
+``claims``             01-07: a claim, the lecture's measurement of it, and the verdict
 ``device``             00: which device and training dtype this kernel uses; the GPU presets
 ``models``             01-08: the course GPT (nanoGPT-style), its parameter count, token data
 ``model_zoo``          01: GPT-2 and Llama presets, counted on the ``meta`` device
@@ -16,6 +17,7 @@ lecture named:
 ``kernels``            02-06: which attention kernel, dtypes and block sizes PyTorch uses where
 ``activations``        02: the course GPT's saved activations, op by op, on the CPU or a GPU
 ``measure``            02: peak memory, saved tensors, categorised breakdowns
+``timing``             03-05: step times, warmed up, synchronized and interleaved
 ``accumulation``       03: gradient accumulation and its bugs
 ``toy_data``           03: a toy language with a known loss floor, to train on
 ``training``           03-07: the shared training loop (accumulation, AMP, no_sync)

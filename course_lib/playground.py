@@ -26,8 +26,6 @@ Checkpointing uses :func:`course_lib.checkpointing.enable_checkpointing`
 from __future__ import annotations
 
 import functools
-import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,6 +39,7 @@ from .kernels import attention_kernel
 from .measure import peak_memory, resident_bytes
 from .models import GPT, MAX_SEED, GPTConfig, check_config, gpt_param_count
 from .step_setup import build, measure_step_memory, train_options
+from .timing import step_times
 from .toy_data import markov_tokens
 from .training import batches_of, make_grad_scaler, train
 from .units import dtype_bytes
@@ -510,17 +509,8 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
 
 
 def _best_seconds(fn, repeats: int, device: torch.device) -> float:
-    """The fastest of ``repeats`` timed calls of ``fn`` (after one warm-up call)."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    best = math.inf
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
+    """The fastest wall-clock seconds of ``repeats`` timed calls of ``fn`` (after one warm-up)."""
+    return step_times({"fn": fn}, repeats=repeats, device=device).best("wall")["fn"]
 
 
 def measure_device_speed(device: torch.device | str = "cpu", *, matmul_size: int | None = None,

@@ -1,0 +1,170 @@
+"""Step times, measured fairly: warmed up, synchronized, interleaved.
+
+Timing a training step honestly takes three precautions, and each lecture that compares step
+times (03's accumulation, 04's and 05's checkpointing, the benchmarks) needs all three:
+
+* **Warm-up.** The first call of a step pays one-off costs: the allocator growing its pool,
+  cuBLAS choosing kernels, the first ``torch.utils.checkpoint`` call importing and caching.
+  Each step runs ``warmup`` times, untimed, before any timed run.
+* **Synchronization.** CUDA kernels run asynchronously: ``time.perf_counter()`` after a
+  call measures only the launch unless ``torch.cuda.synchronize()`` waits for the queued
+  work first, before the clock starts and again before it stops (PyTorch's benchmarking
+  recipe, ``torch.utils.benchmark``, does the same).
+* **Interleaving.** On a shared machine the speed drifts (other processes, CPU frequency,
+  the GPU's clocks); timing all runs of A and then all runs of B turns a drift into a
+  difference between A and B. Here every round times each step once, in an order rotated
+  by one every round, so a drift falls on all of them alike.
+
+Two clocks are kept per run: the wall clock (``time.perf_counter``), what a learner waits
+for, and the process's CPU time (``time.process_time``, all threads), which on a CPU that
+other work shares does not count the time the process waited for a core. On a CPU the
+process time is the steadier measure of the work itself; on CUDA only the wall clock sees
+the GPU's work. :meth:`StepTimes.median` and :meth:`StepTimes.best` take either, and choose
+by device by default.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from .validation import choice, function, integer, positive_int
+from .validation import device as as_device
+
+CLOCKS = ("auto", "wall", "cpu")
+
+
+def synchronize(device: str | torch.device = "cpu") -> None:
+    """Wait for the work queued on ``device`` (CUDA); nothing to wait for elsewhere.
+
+    Args:
+        device (str or torch.device): the device whose queue to drain.
+
+    Raises:
+        ValueError: ``device`` is not a device.
+    """
+    device = as_device("device", device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds of every timed run of each step, wall clock and CPU time.
+
+    Attributes:
+        wall (dict[str, list[float]]): per step name, the wall-clock seconds of each run, in
+            the order they ran.
+        cpu (dict[str, list[float]]): the same runs' CPU seconds of this process.
+        device (str): the device type the steps ran on (``"cuda"`` makes ``"auto"`` the
+            wall clock).
+    """
+
+    wall: dict[str, list[float]]
+    cpu: dict[str, list[float]]
+    device: str
+
+    def seconds(self, clock: str = "auto") -> dict[str, list[float]]:
+        """Every run's seconds on ``clock``: ``"wall"``, ``"cpu"``, or ``"auto"`` (the wall
+        clock on CUDA, the CPU time elsewhere).
+
+        Raises:
+            ValueError: ``clock`` is not one of :data:`CLOCKS`.
+        """
+        clock = choice("clock", clock, CLOCKS)
+        if clock == "auto":
+            clock = "wall" if self.device == "cuda" else "cpu"
+        return self.wall if clock == "wall" else self.cpu
+
+    def median(self, clock: str = "auto") -> dict[str, float]:
+        """Median seconds per step on ``clock`` (see :meth:`seconds`)."""
+        return {name: statistics.median(t) for name, t in self.seconds(clock).items()}
+
+    def best(self, clock: str = "auto") -> dict[str, float]:
+        """Fastest run's seconds per step on ``clock``: the least disturbed run."""
+        return {name: min(t) for name, t in self.seconds(clock).items()}
+
+    def ratio(self, name: str, baseline: str, clock: str = "auto") -> float:
+        """Median of ``name`` over the median of ``baseline``, the runs paired by round.
+
+        The median of the per-round ratios: each round ran both steps close together, so a
+        drift between rounds cancels in each ratio.
+
+        Raises:
+            ValueError: ``name`` or ``baseline`` is not a timed step.
+        """
+        runs = self.seconds(clock)
+        name, baseline = choice("name", name, list(runs)), choice("baseline", baseline, list(runs))
+        return statistics.median(a / b for a, b in zip(runs[name], runs[baseline], strict=True))
+
+
+def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1,
+               before: Callable[[str], object] | None = None,
+               device: str | torch.device = "cpu") -> StepTimes:
+    """Time each step of ``steps`` ``repeats`` times, warmed up, synchronized and interleaved.
+
+    Each step runs ``warmup`` times untimed; then ``repeats`` rounds time every step once, the
+    order rotated by one step per round (round ``r`` starts with step ``r mod len(steps)``).
+    Each timed run is ``synchronize(device)``, clocks read, ``step()``,
+    ``synchronize(device)``, clocks read. ``before(name)``, when given, runs untimed before
+    every run of step ``name`` (to switch a shared model to that step's policy, or to clear
+    gradients).
+
+    Args:
+        steps (Mapping[str, Callable[[], object]]): the steps by name, each a call with no
+            arguments.
+        repeats (int): timed runs per step, at least 1.
+        warmup (int): untimed runs per step before the first timed one, at least 0.
+        before (Callable[[str], object], optional): run, untimed, before each run of a step.
+        device (str or torch.device): where the steps run; ``"cuda"`` synchronizes.
+
+    Returns:
+        StepTimes: every run's wall-clock and CPU seconds.
+
+    Raises:
+        ValueError: ``steps`` empty or holding a non-callable, ``repeats`` < 1, ``warmup`` < 0,
+            ``before`` not callable, or a bad ``device``.
+
+    Example::
+
+        times = step_times({"none": plain_step, "blocks": checkpointed_step}, repeats=7)
+        times.ratio("blocks", "none")   # the recomputation's cost, about 1.3 on a CPU
+    """
+    if not isinstance(steps, Mapping) or not steps:
+        raise ValueError(f"steps must be a non-empty mapping of name -> callable, got {steps!r}")
+    for name, step in steps.items():
+        function(f"steps[{name!r}]", step)
+    repeats = positive_int("repeats", repeats)
+    warmup = integer("warmup", warmup, minimum=0)
+    function("before", before, optional=True)
+    device = as_device("device", device)
+    names = list(steps)
+
+    def prepare(name: str) -> None:
+        if before is not None:
+            before(name)
+
+    for name in names:
+        for _ in range(warmup):
+            prepare(name)
+            steps[name]()
+    wall = {name: [] for name in names}
+    cpu = {name: [] for name in names}
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            prepare(name)
+            synchronize(device)
+            wall_start, cpu_start = time.perf_counter(), time.process_time()
+            steps[name]()
+            synchronize(device)
+            wall[name].append(time.perf_counter() - wall_start)
+            cpu[name].append(time.process_time() - cpu_start)
+    return StepTimes(wall, cpu, device.type)
+
+
+__all__ = ["CLOCKS", "synchronize", "StepTimes", "step_times"]
