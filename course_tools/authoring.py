@@ -164,6 +164,42 @@ def stamp_slides(nb) -> None:
         cell.metadata["slideshow"] = {"slide_type": kind}
 
 
+#: The first line of a check cell: Colab shows it as the collapsed cell's title, and
+#: JupyterLab (4.0 on) shows a collapsed cell's first line.
+CHECK_TITLE = "#@title Check: "
+
+
+def is_check_cell(cell) -> bool:
+    """A code cell that holds a lecture's assertions, out of the narrative's way."""
+    return cell.cell_type == "code" and cell.source.startswith(CHECK_TITLE)
+
+
+def stamp_check_cells(nb) -> int:
+    """Collapse every check cell by default: its code hidden, its title line and output shown.
+
+    ``metadata.jupyter.source_hidden`` is JupyterLab's collapsed input (nbformat 4.5), and
+    ``metadata.cellView = "form"`` Colab's; every other code cell loses both, so a cell that
+    stops being a check cell opens again. Returns the number of check cells.
+    """
+    count = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        jupyter = cell.metadata.get("jupyter", {})
+        if is_check_cell(cell):
+            count += 1
+            cell.metadata["jupyter"] = {**jupyter, "source_hidden": True}
+            cell.metadata["cellView"] = "form"
+        else:
+            jupyter.pop("source_hidden", None)
+            if jupyter:
+                cell.metadata["jupyter"] = jupyter
+            else:
+                cell.metadata.pop("jupyter", None)
+            cell.metadata.pop("cellView", None)
+    return count
+
+
 class AuthoringError(ValueError):
     """A solution notebook breaks the marker rules, or an exercise holds foreign changes."""
 
@@ -395,6 +431,7 @@ def execute_in_place(path, timeout: int = 300, attempts: int = 3) -> None:
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
     stamp_slides(nb)
+    stamp_check_cells(nb)
     _replace_if_unchanged(path, before, _dumps(nb))
 
 

@@ -150,6 +150,25 @@ def test_sections_in_the_middle_of_a_cell_get_their_own_slides():
     assert len(nb.cells) == 3
 
 
+def test_check_cells_are_collapsed_and_other_cells_open():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("#@title Check: one is one\nassert 1 == 1"),
+                nbformat.v4.new_code_cell("# Check: not the title line\nx = 1"),
+                nbformat.v4.new_code_cell("#@title Check: x\nassert x"),
+                nbformat.v4.new_markdown_cell("#@title Check: markdown is never a check cell")]
+    nb.cells[1].metadata.update(jupyter={"source_hidden": True, "outputs_hidden": False},
+                                cellView="form")  # was a check cell, its title since removed
+    nb.cells[2].metadata["jupyter"] = {"outputs_hidden": False}
+    assert authoring.stamp_check_cells(nb) == 2
+    assert nb.cells[0].metadata == {"jupyter": {"source_hidden": True}, "cellView": "form"}
+    assert nb.cells[1].metadata == {"jupyter": {"outputs_hidden": False}}
+    assert nb.cells[2].metadata == {"jupyter": {"outputs_hidden": False, "source_hidden": True},
+                                    "cellView": "form"}
+    assert nb.cells[3].metadata == {}
+    assert authoring.stamp_check_cells(nb) == 2 and nb.cells[1].metadata == {
+        "jupyter": {"outputs_hidden": False}}  # idempotent
+
+
 def _stamped(sol):
     authoring.generate(sol, sol.parent / "exercises")
     return nbformat.read(sol / "01_t.ipynb", 4)

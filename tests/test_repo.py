@@ -167,3 +167,64 @@ def test_contributing_shows_the_module_index():
     rows = re.findall(r"^\| `(\w+)` \| ([\d-]+|all) \| (.*) \|$", table, re.M)
     index = re.findall(r"^``(\w+)``\s+(?:([\d-]+): )?(.*)$", course_lib.__doc__, re.M)
     assert [(m, lecture or "all", what.replace("``", "`")) for m, lecture, what in index] == rows
+
+
+def _guide_table(number: str) -> list[tuple[str, int]]:
+    """``(section, minutes)`` rows of the timing table under the guide's ``## NN ·`` heading."""
+    guide = (ROOT / "docs" / "instructor_guide.md").read_text()
+    part = re.split(r"^## ", guide, flags=re.M)
+    section = next(p for p in part if p.startswith(f"{number} · "))
+    rows = re.findall(r"^\| (.+?) \| \**(\d+)\** \|$", section, flags=re.M)
+    return [(name.strip("*"), int(minutes)) for name, minutes in rows]
+
+
+def _timing_problems(headings: list[str], rows: list[tuple[str, int]]) -> list[str]:
+    """What is wrong with a lecture's timing table: a ``##`` section with no row, rows out of
+    the lecture's order, a total that is not the sum, or more than an hour."""
+    *sections, (total_name, total) = rows
+    problems = [] if total_name == "total" else ["the last row is not the total"]
+    if sum(m for _, m in sections) != total:
+        problems.append(f"rows sum to {sum(m for _, m in sections)}, total says {total}")
+    if total > 60:
+        problems.append(f"{total} minutes: more than an hour")
+    if not sections or not sections[0][0].startswith("title"):
+        problems.append("the first row is not the title")
+    last = 0
+    for heading in headings:
+        found = [i for i, (name, _) in enumerate(sections) if heading in name]
+        if not found:
+            problems.append(f"no row for section {heading!r}")
+        elif found[-1] < last:
+            problems.append(f"section {heading!r} is out of the lecture's order")
+        else:
+            last = next(i for i in found if i >= last)
+    return problems
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.name)
+def test_instructor_guide_times_every_section_of_the_lecture_within_an_hour(path):
+    headings = [re.sub(r"\s*<a id=.*?</a>", "", line[3:]).strip()
+                for cell in read(path).cells if cell.cell_type == "markdown"
+                for line in cell.source.split("\n") if line.startswith("## ")]
+    assert headings
+    assert _timing_problems(headings, _guide_table(path.name[:2])) == []
+
+
+def test_the_timing_check_catches_a_missing_or_misordered_section():
+    rows = [("title and overview", 3), ("1. A", 20), ("2. B", 30), ("Summary, Next", 2),
+            ("total", 55)]
+    assert _timing_problems(["1. A", "2. B", "Summary", "Next"], rows) == []
+    assert _timing_problems(["1. A", "2. B", "3. C"], rows) == ["no row for section '3. C'"]
+    assert _timing_problems(["2. B", "1. A"], rows) == ["section '1. A' is out of the lecture's order"]
+    rows[-1] = ("total", 65)
+    assert _timing_problems(["1. A"], rows) == ["rows sum to 55, total says 65",
+                                                "65 minutes: more than an hour"]
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.name)
+def test_check_cells_are_committed_collapsed(path):
+    nb = read(path)
+    before = [dict(c.metadata) for c in nb.cells]
+    authoring.stamp_check_cells(nb)
+    assert [dict(c.metadata) for c in nb.cells] == before, (
+        f"run `python -m course_tools.authoring outputs {path.relative_to(ROOT)}`")
