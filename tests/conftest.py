@@ -7,6 +7,16 @@ import torch
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module of tiny-model tests: on a loaded 2-core machine a second
+    thread costs more than it saves."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -23,13 +23,7 @@ POLICIES = [("none", 1), ("selective", 1), ("blocks", 2), ("blocks", 1), ("sqrt"
 SLACK = 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models: on a loaded 2-core machine a second thread costs more than it saves.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("bias", [True, False])

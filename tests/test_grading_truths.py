@@ -15,14 +15,7 @@ from course_lib.measure import peak_memory
 from course_lib.models import GPT, random_tokens
 from course_lib.units import storage_bytes
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models: on a loaded 2-core machine a second thread costs more than it saves.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --------------------------------------------------------------------------- lecture 01

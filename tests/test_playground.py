@@ -4,7 +4,6 @@ import functools
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_lib import playground as pgm
 from course_lib import step_setup
@@ -94,18 +93,6 @@ def test_bad_settings(playground):
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
 
 
-class _CountOps(TorchDispatchMode):
-    """Counts the aten operators that run, views aside (they launch no kernel)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += not func.is_view
-        return func(*args, **(kwargs or {}))
-
-
 def _counted_ops(config, precision, mode):
     """``(per micro-batch, per optimizer step)`` operators of a real step of ``config``'s depth,
     counted on a tiny model of its structure (widths change no operator): steps of one and of
@@ -117,7 +104,7 @@ def _counted_ops(config, precision, mode):
         step = functools.partial(train, model, optimizer, [(x, x)], micro_batch_size=1,
                                  accumulation_steps=K, **step_setup.train_options(precision))
         step()  # AdamW's state exists from here on
-        with _CountOps() as counter:
+        with pgm._OpCounter() as counter:  # counted at the config's own widths
             step()
         counts.append(counter.ops)
     return counts[1] - counts[0], 2 * counts[0] - counts[1]
