@@ -280,8 +280,6 @@ PENDING = {
     "course_lib.step_setup",
     "course_lib.step_views",
     "course_lib.training",
-    "course_lib.units",
-    "course_lib.validation",
     "course_lib.widgets",
 }
 
