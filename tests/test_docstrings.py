@@ -269,7 +269,6 @@ PENDING = {
     "course_lib.grading.lecture08",
     "course_lib.guard",
     "course_lib.levers",
-    "course_lib.measure",
     "course_lib.memory_timeline",
     "course_lib.planner",
     "course_lib.playground",
