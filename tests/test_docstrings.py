@@ -250,7 +250,6 @@ def problems(obj, kind: str) -> list[str]:
 #: Modules whose docstrings are still being brought to the sections (issue 13): checked by
 #: ``test_pending_modules_are_still_pending`` so that a finished one leaves this list.
 PENDING = {
-    "course_lib.accumulation",
     "course_lib.allocator",
     "course_lib.checkpointing",
     "course_lib.distributed",
@@ -276,7 +275,6 @@ PENDING = {
     "course_lib.ranks",
     "course_lib.step_setup",
     "course_lib.step_views",
-    "course_lib.training",
     "course_lib.widgets",
 }
 
