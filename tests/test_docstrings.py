@@ -267,7 +267,6 @@ PENDING = {
     "course_lib.guard",
     "course_lib.levers",
     "course_lib.planner",
-    "course_lib.playground",
     "course_lib.policies",
     "course_lib.ranks",
     "course_lib.step_views",
