@@ -266,10 +266,7 @@ PENDING = {
     "course_lib.grading.lecture08",
     "course_lib.guard",
     "course_lib.levers",
-    "course_lib.planner",
-    "course_lib.policies",
     "course_lib.ranks",
-    "course_lib.step_views",
 }
 
 
