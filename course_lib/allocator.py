@@ -220,7 +220,11 @@ class StepReport:
         return self.resident + self.after.peak_allocated - self.before.allocated
 
     def rows(self) -> list[tuple[str, int]]:
-        """``(what, bytes)`` from the prediction to what ``nvidia-smi`` shows, one layer at a time."""
+        """``(what, bytes)`` from the prediction to what ``nvidia-smi`` shows, one layer at a time.
+
+        Returns:
+            list of tuple: six ``(description, bytes)`` rows.
+        """
         return [
             ("predicted by the engine (the step's tensors, model states included)", self.predicted),
             ("measured: model states + the step's max_memory_allocated", self.measured),
@@ -232,7 +236,11 @@ class StepReport:
         ]
 
     def table(self) -> str:
-        """:meth:`rows` as aligned text, binary units with exact bytes beside them."""
+        """:meth:`rows` as aligned text, binary units with exact bytes beside them.
+
+        Returns:
+            str: one line per row.
+        """
         return "\n".join(f"{what:72s} {format_bytes(n):>11s} {n:>15,d} B" for what, n in self.rows())
 
 
@@ -389,6 +397,12 @@ class Probe:
     def stage(self, name: str) -> Reading:
         """The :class:`Reading` of stage ``name``.
 
+        Args:
+            name (str): one of the probe's stage names.
+
+        Returns:
+            Reading: its reading.
+
         Raises:
             ValueError: for a name that is not one of the stages.
         """
@@ -400,7 +414,17 @@ class Probe:
 
     def process_bytes(self, reading: Reading) -> int:
         """What the process occupies on the device at ``reading``, as ``nvidia-smi`` lists it
-        per process: the free bytes it took since before CUDA initialised."""
+        per process: the free bytes it took since before CUDA initialised.
+
+        Args:
+            reading (Reading): one of this probe's readings.
+
+        Returns:
+            int: bytes, ``free_before_init - reading.free``.
+
+        Raises:
+            ValueError: naming ``reading``, for anything but a :class:`Reading`.
+        """
         _check_reading(reading)
         return self.free_before_init - reading.free
 
@@ -427,12 +451,20 @@ class Probe:
         return self.stage("growing requests").cached
 
     def rows(self) -> list[tuple[str, int, int, int, int]]:
-        """``(stage, allocated, reserved, process on the device, outside the allocator)`` per stage."""
+        """``(stage, allocated, reserved, process on the device, outside the allocator)`` per stage.
+
+        Returns:
+            list of tuple: one row per stage, in bytes.
+        """
         return [(name, r.allocated, r.reserved, self.process_bytes(r),
                  self.process_bytes(r) - r.reserved) for name, r in self.stages]
 
     def table(self) -> str:
-        """:meth:`rows` as aligned text in binary units."""
+        """:meth:`rows` as aligned text in binary units.
+
+        Returns:
+            str: a header and one line per stage.
+        """
         head = (f"{'stage':18s} {'allocated':>11s} {'reserved':>11s} {'process (smi)':>14s} "
                 f"{'outside alloc.':>14s}")
         lines = [head] + [f"{name:18s} " + " ".join(f"{format_bytes(n):>{w}s}" for n, w in
@@ -443,6 +475,13 @@ class Probe:
     @classmethod
     def from_dict(cls, data: Mapping) -> Probe:
         """The :class:`Probe` of the JSON object the probing process prints.
+
+        Args:
+            data (Mapping): the parsed JSON: ``expandable_segments``, ``free_before_init`` and
+                ``stages`` (``[name, reading]`` pairs).
+
+        Returns:
+            Probe: the probe.
 
         Raises:
             ValueError: for an object without the fields of a probe.
