@@ -215,8 +215,11 @@ class StepReport:
 
     @property
     def measured(self) -> int:
-        """What the prediction is compared with: ``resident`` plus the step's own peak
-        (``max_memory_allocated`` minus what was allocated before the step)."""
+        """What the prediction is compared with: ``resident`` plus the step's own peak.
+
+        The step's own peak is ``max_memory_allocated`` minus what was allocated before the
+        step.
+        """
         return self.resident + self.after.peak_allocated - self.before.allocated
 
     def rows(self) -> list[tuple[str, int]]:
@@ -413,8 +416,9 @@ class Probe:
         raise ValueError(f"name must be one of {[s for s, _ in self.stages]}, got {name!r}")
 
     def process_bytes(self, reading: Reading) -> int:
-        """What the process occupies on the device at ``reading``, as ``nvidia-smi`` lists it
-        per process: the free bytes it took since before CUDA initialised.
+        """What the process occupies on the device at ``reading``, as ``nvidia-smi`` lists it.
+
+        The free bytes it took since before CUDA initialised.
 
         Args:
             reading (Reading): one of this probe's readings.
@@ -500,8 +504,10 @@ def _check_reading(reading) -> None:
 
 
 def context_bytes(free_before_init: int, reading: Reading) -> int:
-    """Bytes a process holds on the device outside its allocator: the free bytes it took since
-    before it initialised CUDA, minus what its allocator reserved.
+    """Bytes a process holds on the device outside its allocator.
+
+    The free bytes it took since before it initialised CUDA, minus what its allocator
+    reserved.
 
     Args:
         free_before_init: the device's free bytes just before the process initialised CUDA.

@@ -505,8 +505,11 @@ class CheckpointCost:
 
     @property
     def flop_ratio(self) -> float:
-        """``flops / flops_plain``: the step's compute against no checkpointing (1.33 = one more
-        forward). Wall time follows it only where the step is compute-bound."""
+        """``flops / flops_plain``: the step's compute against no checkpointing.
+
+        1.33 is one more forward pass. Wall time follows it only where the step is
+        compute-bound.
+        """
         return self.flops / self.flops_plain
 
 

@@ -124,15 +124,19 @@ class StepMemory:
 
     @property
     def before_step(self) -> int:
-        """Bytes that existed before the step: parameters, master weights and, in steady
-        state, the optimizer state."""
+        """Bytes that existed before the step.
+
+        Parameters, master weights and, in steady state, the optimizer state.
+        """
         return (self.parameters + self.master_weights
                 + (0 if self.first_step else self.optimizer_state))
 
     @property
     def step_peak(self) -> int:
-        """``total - before_step``: what :func:`course_lib.measure.peak_memory` measures
-        around the step."""
+        """``total - before_step``: what :func:`course_lib.measure.peak_memory` measures.
+
+        The peak around the step, above what existed before it.
+        """
         return self.total - self.before_step
 
     def as_dict(self) -> dict[str, int]:
@@ -802,8 +806,9 @@ def _floor(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: 
 def predict_floor(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
                   precision: str = "fp32", mode: str = "none", every: int = 1,
                   seq_len: int | None = None, gpu=None) -> int:
-    """A lower bound, in bytes, on :func:`predict_step_memory`'s ``total``, at a fraction of
-    its cost: the moment the backward pass starts.
+    """A lower bound, in bytes, on :func:`predict_step_memory`'s ``total``, cheaply computed.
+
+    The bound is the moment the backward pass starts, at a fraction of the prediction's cost.
 
     ``floor = resident model states + the accumulated gradient (K > 1) + the activations kept
     for the backward pass (:func:`course_lib.checkpointing.predict_kept_bytes`) + the loss``:

@@ -354,8 +354,9 @@ class Rung:
 
 @dataclass(frozen=True)
 class Ladder:
-    """What :func:`ladder` found: every lever alone and the combination that brings the step
-    under the GPU's memory.
+    """What :func:`ladder` found: every lever alone, and the combination that fits.
+
+    The combination adds levers one by one until the step is under the GPU's memory.
 
     Attributes:
         config (GPTConfig): the model.

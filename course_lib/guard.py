@@ -26,8 +26,10 @@ _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 class MemoryBudgetExceeded(RuntimeError):
-    """More memory than the budget: predicted before running (:func:`check_budget`) or reached
-    while running (:class:`BudgetTracker`, ``at`` names the op).
+    """More memory than the budget, predicted or reached.
+
+    Predicted before running (:func:`check_budget`) or reached while running
+    (:class:`BudgetTracker`, ``at`` names the op).
 
     Args:
         needed_bytes (int): the bytes needed (predicted) or live (when it was crossed).
@@ -50,8 +52,9 @@ class MemoryBudgetExceeded(RuntimeError):
 
 
 def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
-    """Raise :class:`MemoryBudgetExceeded` if ``needed`` is over ``budget_bytes``: the planner's
-    verdict before anything runs.
+    """Raise :class:`MemoryBudgetExceeded` if ``needed`` is over ``budget_bytes``.
+
+    The planner's verdict before anything runs.
 
     Args:
         needed (int or StepMemory): bytes, or a prediction (its ``total``).
@@ -72,8 +75,10 @@ def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
 
 
 class BudgetTracker(LiveTensorTracker):
-    """A :class:`~course_lib.measure.LiveTensorTracker` that raises :class:`MemoryBudgetExceeded`
-    as soon as the live tensors it counts exceed ``budget_bytes``.
+    """A :class:`~course_lib.measure.LiveTensorTracker` that enforces ``budget_bytes``.
+
+    It raises :class:`MemoryBudgetExceeded` as soon as the live tensors it counts exceed
+    ``budget_bytes``.
 
     An out-of-memory error for devices without a memory limit (the CPU), at the op that
     crossed the line.

@@ -347,8 +347,9 @@ def use_chunked_loss(model: nn.Module, chunk_size: int | None) -> nn.Module:
 def measure_chunked_loss_step(config: GPTConfig, micro_batch_size: int, loss_chunk: int,
                               accumulation_steps: int = 1, *, precision: str = "fp32",
                               device: str | torch.device = "cpu") -> int:
-    """Measured peak bytes of a steady-state step whose loss is chunked, beside
-    ``course_lib.engine.predict_step_memory(..., loss_chunk=loss_chunk)``.
+    """Measured peak bytes of a steady-state step whose loss is chunked.
+
+    To compare with ``course_lib.engine.predict_step_memory(..., loss_chunk=loss_chunk)``.
 
     As :func:`course_lib.step_setup.measure_step_memory`, with the model switched to
     :func:`chunked_cross_entropy` (:func:`use_chunked_loss`): each micro-batch's mean loss,

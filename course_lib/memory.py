@@ -89,8 +89,9 @@ class Precision:
 
     @property
     def element_bytes(self) -> tuple[int, int, int, int]:
-        """Bytes per parameter of ``(params, grads, master weights, each optimizer state
-        tensor)``: gradients have the parameters' dtype, master weights are fp32.
+        """Bytes per parameter of ``(params, grads, master weights, each optimizer state tensor)``.
+
+        Gradients have the parameters' dtype, master weights are fp32.
         """
         weight = dtype_bytes(self.params)
         return weight, weight, dtype_bytes(torch.float32) * self.master, dtype_bytes(self.state)

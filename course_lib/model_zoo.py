@@ -158,8 +158,9 @@ class LlamaBlock(nn.Module):
         self.down = nn.Linear(config.d_ff, h, bias=False)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
-        """Causal grouped-query attention of ``x``: each key/value head serves
-        ``n_heads // n_kv_heads`` query heads.
+        """Causal grouped-query attention of ``x``.
+
+        Each key/value head serves ``n_heads // n_kv_heads`` query heads.
 
         Args:
             x (torch.Tensor): ``(B, T, d_model)`` normalised activations.

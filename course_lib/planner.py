@@ -137,8 +137,9 @@ class NothingFits(ValueError):
 
 def predict_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                  seq_len: int | None = None, precision: str = "fp32", gpu=None) -> StepMemory:
-    """The engine's prediction for the planner's step: the first AdamW step of ``GPT(config)``
-    under checkpointing ``mode`` (``.step_peak`` is the planner's figure).
+    """The engine's prediction for the planner's step (``.step_peak`` is the planner's figure).
+
+    The step is the first AdamW step of ``GPT(config)`` under checkpointing ``mode``.
 
     Args:
         config (GPTConfig): the model.

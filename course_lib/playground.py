@@ -355,8 +355,10 @@ def _preset_of(gpu: GPU) -> GPU | None:
 
 
 def device_speed(gpu, *, op_seconds: float = OP_SECONDS) -> DeviceSpeed:
-    """The datasheet :class:`DeviceSpeed` of a GPU: a preset name, a :class:`~course_lib.device.GPU`
-    or "cuda" (this kernel's card, matched to the preset of the same chip).
+    """The datasheet :class:`DeviceSpeed` of a GPU.
+
+    A preset name, a :class:`~course_lib.device.GPU` or "cuda" (this kernel's card, matched to
+    the preset of the same chip).
 
     fp16 runs on tensor cores; bf16 too from compute capability 8.0 (a T4 has no bf16 tensor
     cores: its fp32 rate); fp32 at the fp32 rate (PyTorch keeps TF32 off for matmuls unless
@@ -583,8 +585,10 @@ class StepCost:
 
     @property
     def achieved_utilisation(self) -> float:
-        """FLOPs per second over the device's matmul rate (model FLOPs utilisation, with
-        the recomputation counted)."""
+        """FLOPs per second over the device's matmul rate.
+
+        Model FLOPs utilisation, with the recomputation counted.
+        """
         rate = self.speed.flops(precision_of(self.precision).compute)
         return self.flops / (self.seconds * rate)
 

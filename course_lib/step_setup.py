@@ -138,8 +138,9 @@ def measure_steady_step(model: torch.nn.Module, optimizer, step: Callable[[], ob
 def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
                         precision: str = "fp32", mode: str = "none", every: int = 1,
                         device: str | torch.device = "cpu") -> int:
-    """Measured peak bytes of a steady-state step, to compare with
-    :func:`course_lib.engine.predict_step_memory`.
+    """Measured peak bytes of a steady-state step.
+
+    To compare with :func:`course_lib.engine.predict_step_memory`.
 
     Builds the model and optimizer (:func:`build`) and measures the second step of
     :func:`course_lib.training.train` with :func:`train_options` (:func:`measure_steady_step`).

@@ -397,8 +397,10 @@ class StepRecording:
 
 
 def parameter_groups(model: torch.nn.Module) -> dict[str, list[str]]:
-    """Group name -> parameter names: the embeddings, each block's attention and MLP, and the
-    LayerNorms (all of them, one group).
+    """Group name -> parameter names, for the step-through's bars.
+
+    The embeddings, each block's attention and MLP, and the LayerNorms (all of them, one
+    group).
 
     Args:
         model (torch.nn.Module): a course GPT (names as ``GPT.named_parameters()``).
@@ -428,8 +430,10 @@ def _norms(tensors: dict[str, torch.Tensor | None], groups: dict[str, list[str]]
 def record_accumulation_step(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                              micro_batch_size: int, mode: str = "right",
                              lr: float = 1e-2) -> StepRecording:
-    """Run one AdamW step of ``K = B / micro_batch_size`` micro-batches on a copy of ``model``
-    with the loop ``mode`` of :data:`LOOPS`, recording ``.grad`` after every line.
+    """Run and record one AdamW step of ``K = B / micro_batch_size`` micro-batches.
+
+    It runs on a copy of ``model`` with the loop ``mode`` of :data:`LOOPS`, recording
+    ``.grad`` after every line.
 
     Each group's gradient norm is divided by that group's norm of the whole batch's gradient
     (one forward and backward pass over ``inputs``), so a right loop ends at 1 in every

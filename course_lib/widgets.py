@@ -79,8 +79,10 @@ class Backgrounds:
 
     @staticmethod
     def key(fig: Figure) -> tuple:
-        """What the background of ``fig`` depends on: size, dpi, and per axes its limits, scales,
-        ticks, tick labels, non-animated labels and texts; the figure's non-animated texts.
+        """What the background of ``fig`` depends on, as a hashable key.
+
+        Size, dpi, and per axes its limits, scales, ticks, tick labels, non-animated labels and
+        texts; the figure's non-animated texts.
 
         Args:
             fig (matplotlib.figure.Figure): the figure.

@@ -144,8 +144,10 @@ def _measured_cases():
 
 @grader
 def check_largest_batch(fn):
-    """``fn(config, seq_len, capacity, precision, gpu)``: the largest micro-batch whose predicted
-    step (the engine's ``total`` on ``gpu``) fits ``capacity`` bytes, 0 if none.
+    """``fn(config, seq_len, capacity, precision, gpu)``: the largest micro-batch that fits.
+
+    The largest micro-batch whose predicted step (the engine's ``total`` on ``gpu``) fits
+    ``capacity`` bytes, 0 if none.
 
     Args:
         fn (callable): the learner's ``largest_batch``, called as above.

@@ -246,9 +246,10 @@ class _StepRecorder:
 
 @grader
 def check_epoch_windows(fn):
-    """``fn(model, optimizer, inputs, targets, micro_batch_size, accumulation_steps)`` trains one
-    epoch: a step every K micro-batches and one for a last partial window, each with the mean
-    gradient of its window's sequences.
+    """``fn(model, optimizer, inputs, targets, micro_batch_size, accumulation_steps)``: one epoch.
+
+    It trains one epoch: a step every K micro-batches and one for a last partial window, each
+    with the mean gradient of its window's sequences.
 
     Args:
         fn (callable): the learner's ``train_epoch``, called as above.

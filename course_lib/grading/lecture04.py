@@ -105,9 +105,10 @@ SEGMENT_COSTS = {
 
 @grader
 def check_choose_segments(fn):
-    """``fn(config, batch_size, budget)``: of the segment counts whose predicted step peak (the
-    engine's ``total``) fits ``budget`` bytes, the one with the least recomputation (fewer
-    segments on a tie), else None.
+    """``fn(config, batch_size, budget)``: the cheapest segment count that fits ``budget``.
+
+    Of the segment counts whose predicted step peak (the engine's ``total``) fits ``budget``
+    bytes, the one with the least recomputation (fewer segments on a tie), else None.
 
     Args:
         fn (callable): the learner's ``choose_segments``, called as above.
