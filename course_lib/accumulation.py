@@ -94,9 +94,9 @@ def token_counts(targets: torch.Tensor, micro_batch_size: int, ignore_index: int
     """Non-ignored targets in each micro-batch (one device sync for all of them).
 
     Args:
-        targets: ``(B, ...)`` integer targets.
-        micro_batch_size: samples per micro-batch; must divide ``B``.
-        ignore_index: the target value that is not a token (an int, never a bool).
+        targets (torch.Tensor): ``(B, ...)`` integer targets.
+        micro_batch_size (int): samples per micro-batch; must divide ``B``.
+        ignore_index (int): the target value that is not a token (an int, never a bool).
 
     Returns:
         ``[n_0, ..., n_{K-1}]``, the tokens of each micro-batch.
@@ -318,11 +318,11 @@ def pad_to_lengths(inputs: torch.Tensor, targets: torch.Tensor, lengths, *, pad_
     logits of the kept positions.
 
     Args:
-        inputs: ``(B, T)`` token ids.
-        targets: ``(B, T)`` target ids.
+        inputs (torch.Tensor): ``(B, T)`` token ids.
+        targets (torch.Tensor): ``(B, T)`` target ids.
         lengths: ``B`` ints in ``[0, T]`` (a list, or an integer tensor); no bool, float or NaN.
-        pad_token: the input id of a padded position (an int64 int).
-        ignore_index: the target of a padded position (an int64 int).
+        pad_token (int): the input id of a padded position (an int64 int).
+        ignore_index (int): the target of a padded position (an int64 int).
 
     Returns:
         ``(padded inputs, padded targets)``, new tensors.

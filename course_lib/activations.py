@@ -101,7 +101,8 @@ def total_bytes(items: list[Saved], kinds: tuple = KINDS, gpu: GPU | None = None
     Args:
         items (list of Saved): what a ``*_saved`` function returned.
         kinds (tuple of str): the kinds to count, of :data:`KINDS`.
-        gpu: None (exact bytes), or what :func:`course_lib.device.resolve_gpu` takes.
+        gpu (str or GPU, optional): None (exact bytes), or what
+            :func:`course_lib.device.resolve_gpu` takes.
 
     Returns:
         int: bytes.
@@ -192,7 +193,8 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     Args:
         config (GPTConfig): the course GPT's shape.
         dtype (torch.dtype or str): the dtype of q, k and v.
-        gpu: None for the CPU, or what :func:`course_lib.device.resolve_gpu` takes.
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes.
 
     Returns:
         str: one of :data:`course_lib.kernels.SDPA_KERNELS`.
@@ -260,7 +262,8 @@ def attention_core_saved(config: GPTConfig, b: int, s: int, dtype, gpu=None, *,
         b (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
         s (int): tokens per sequence, from 1 to ``config.seq_len``.
         dtype (torch.dtype or str): fp32, bf16 or fp16 (with ``autocast``, the autocast dtype).
-        gpu: None for the CPU's kernels, or what :func:`course_lib.device.resolve_gpu` takes.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes.
         autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
 
     Returns:
@@ -313,8 +316,9 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
         seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
         dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
             the autocast dtype (16-bit) of a model kept in fp32.
-        gpu: None for the CPU's kernels, or what :func:`course_lib.device.resolve_gpu` takes
-            (a name of :data:`course_lib.device.GPUS`, "cuda", a ``GPU``).
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
         autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
 
     Returns:
@@ -339,8 +343,9 @@ def embedding_saved(config: GPTConfig, batch_size: int, seq_len: int | None = No
         seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
         dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
             the autocast dtype (16-bit) of a model kept in fp32.
-        gpu: None for the CPU's kernels, or what :func:`course_lib.device.resolve_gpu` takes
-            (a name of :data:`course_lib.device.GPUS`, "cuda", a ``GPU``).
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
         autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
 
     Returns:
@@ -373,8 +378,9 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
         seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
         dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
             the autocast dtype (16-bit) of a model kept in fp32.
-        gpu: None for the CPU's kernels, or what :func:`course_lib.device.resolve_gpu` takes
-            (a name of :data:`course_lib.device.GPUS`, "cuda", a ``GPU``).
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
         autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
 
     Returns:
@@ -404,8 +410,9 @@ def model_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
         seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
         dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
             the autocast dtype (16-bit) of a model kept in fp32.
-        gpu: None for the CPU's kernels, or what :func:`course_lib.device.resolve_gpu` takes
-            (a name of :data:`course_lib.device.GPUS`, "cuda", a ``GPU``).
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
         autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
 
     Returns:
@@ -433,8 +440,9 @@ def block_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None = 
         seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
         dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
             the autocast dtype (16-bit) of a model kept in fp32.
-        gpu: None for the CPU's kernels, or what :func:`course_lib.device.resolve_gpu` takes
-            (a name of :data:`course_lib.device.GPUS`, "cuda", a ``GPU``).
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
         autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
 
     Returns:
@@ -461,8 +469,9 @@ def predict_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None 
         seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
         dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
             the autocast dtype (16-bit) of a model kept in fp32.
-        gpu: None for the CPU's kernels, or what :func:`course_lib.device.resolve_gpu` takes
-            (a name of :data:`course_lib.device.GPUS`, "cuda", a ``GPU``).
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
         autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
 
     Returns:
@@ -498,7 +507,8 @@ def korthikanti_terms(config: GPTConfig, batch_size: int, seq_len: int | None = 
         batch_size (int): sequences b, from 1 to :data:`course_lib.validation.MAX_BATCH`.
         seq_len (int, optional): tokens s, from 1 to ``config.seq_len`` (None: that).
         dtype (torch.dtype or str): a 16-bit dtype (bf16 or fp16).
-        gpu: None for the CPU's kernels, or what :func:`course_lib.device.resolve_gpu` takes.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes.
 
     Returns:
         dict: bytes by name: ``"paper"`` (the formula), each difference above, and ``"block"``

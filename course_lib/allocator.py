@@ -68,7 +68,7 @@ class NotOnCUDA:
     It is falsy, and its ``reason`` (also its ``str``) says what is missing.
 
     Attributes:
-        reason: one sentence, starting with "not on CUDA".
+        reason (str): one sentence, starting with "not on CUDA".
     """
 
     reason: str
@@ -84,8 +84,8 @@ def not_on_cuda(device: torch.device | str | int | None = None) -> NotOnCUDA | N
     """``None`` if ``device`` is a usable CUDA device, else the :class:`NotOnCUDA` that says why not.
 
     Args:
-        device: a CUDA device (``"cuda"``, ``"cuda:1"``, an index) or another device;
-            None means ``"cuda"``.
+        device (torch.device or str or int, optional): a CUDA device (``"cuda"``, ``"cuda:1"``, an
+            index) or another device; None means ``"cuda"``.
 
     Returns:
         None, or a :class:`NotOnCUDA`.
@@ -126,12 +126,12 @@ class Reading:
     """One reading of the caching allocator and of the driver, in bytes.
 
     Attributes:
-        allocated: ``torch.cuda.memory_allocated``: bytes of live tensors (512-byte blocks).
-        reserved: ``torch.cuda.memory_reserved``: bytes the allocator holds from the driver.
-        free: free bytes of the whole device (``torch.cuda.mem_get_info``).
-        total: bytes of the device as the card reports them.
-        peak_allocated: ``torch.cuda.max_memory_allocated`` since the last reset.
-        peak_reserved: ``torch.cuda.max_memory_reserved`` since the last reset.
+        allocated (int): ``torch.cuda.memory_allocated``: bytes of live tensors (512-byte blocks).
+        reserved (int): ``torch.cuda.memory_reserved``: bytes the allocator holds from the driver.
+        free (int): free bytes of the whole device (``torch.cuda.mem_get_info``).
+        total (int): bytes of the device as the card reports them.
+        peak_allocated (int): ``torch.cuda.max_memory_allocated`` since the last reset.
+        peak_reserved (int): ``torch.cuda.max_memory_reserved`` since the last reset.
 
     Raises:
         ValueError: for a negative or non-int field, ``free > total`` or ``allocated > reserved``.
@@ -173,7 +173,7 @@ def read(device: torch.device | str | int | None = None) -> Reading | NotOnCUDA:
     """The allocator's and the driver's figures for ``device`` now.
 
     Args:
-        device: a CUDA device; None means the current one.
+        device (torch.device or str or int, optional): a CUDA device; None means the current one.
 
     Returns:
         A :class:`Reading`, or a :class:`NotOnCUDA` without CUDA.
@@ -201,11 +201,11 @@ class StepReport:
     """A training step's memory as the engine counts it and as the allocator and driver see it.
 
     Attributes:
-        predicted: the engine's bytes at the step's peak (``StepMemory.total``).
-        resident: bytes of the model states before the step (parameters, master weights,
+        predicted (int): the engine's bytes at the step's peak (``StepMemory.total``).
+        resident (int): bytes of the model states before the step (parameters, master weights,
             optimizer state), as :func:`course_lib.measure.resident_bytes` counts them.
-        before: the :class:`Reading` just before the step (peak statistics reset).
-        after: the :class:`Reading` just after it.
+        before (Reading): the :class:`Reading` just before the step (peak statistics reset).
+        after (Reading): the :class:`Reading` just after it.
     """
 
     predicted: int
@@ -254,10 +254,12 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
     Run a step first (AdamW creates its state in it), so that this one is a steady-state step.
 
     Args:
-        fn: the step, a callable without arguments.
-        predicted: the engine's peak bytes for it (``engine.predict_step_memory(...).total``).
-        resident: bytes of the model states before the step (``course_lib.measure.resident_bytes``).
-        device: the CUDA device it runs on; None means the current one.
+        fn (callable): the step, a callable without arguments.
+        predicted (int): the engine's peak bytes for it (``engine.predict_step_memory(...).total``).
+        resident (int): bytes of the model states before the step
+            (``course_lib.measure.resident_bytes``).
+        device (torch.device or str or int, optional): the CUDA device it runs on; None means the
+            current one.
 
     Returns:
         A :class:`StepReport`, or a :class:`NotOnCUDA` without CUDA (``fn`` is not run).
@@ -295,7 +297,7 @@ def parse_alloc_conf(value: str | None) -> dict[str, str]:
     """``PYTORCH_CUDA_ALLOC_CONF``'s ``"key:value,key:value"`` as a dict (empty for None or "").
 
     Args:
-        value: the variable's value, or None when it is not set.
+        value (str, optional): the variable's value, or None when it is not set.
 
     Returns:
         ``{key: value}`` in the order given.
@@ -328,8 +330,8 @@ def alloc_conf_env(env: Mapping[str, str], expandable_segments: bool) -> dict[st
     earlier ``expandable_segments`` setting is replaced.
 
     Args:
-        env: an environment, such as ``os.environ``.
-        expandable_segments: True or False.
+        env (Mapping): an environment, such as ``os.environ``.
+        expandable_segments (bool): True or False.
 
     Returns:
         A new dict.
@@ -363,7 +365,7 @@ def expandable_segments_enabled(env: Mapping[str, str]) -> bool:
     The first of :data:`ALLOC_CONF_VARS` that ``env`` sets decides, as in PyTorch 2.8 and later.
 
     Args:
-        env: an environment, such as ``os.environ``.
+        env (Mapping): an environment, such as ``os.environ``.
 
     Returns:
         True if its ``expandable_segments`` option is "True" or "true".
@@ -387,10 +389,10 @@ class Probe:
     """What :func:`probe` measured in a fresh process, stage by stage.
 
     Attributes:
-        expandable_segments: whether the process ran with ``expandable_segments:True``.
-        free_before_init: the device's free bytes just before the process initialised CUDA.
-        stages: ``(name, Reading)`` in order: "CUDA initialised", "first matmul" (its tensors
-            freed), "growing requests" (the last one alive), "empty_cache".
+        expandable_segments (bool): whether the process ran with ``expandable_segments:True``.
+        free_before_init (int): the device's free bytes just before the process initialised CUDA.
+        stages (tuple): ``(name, Reading)`` in order: "CUDA initialised", "first matmul" (its
+            tensors freed), "growing requests" (the last one alive), "empty_cache".
     """
 
     expandable_segments: bool
@@ -510,8 +512,8 @@ def context_bytes(free_before_init: int, reading: Reading) -> int:
     reserved.
 
     Args:
-        free_before_init: the device's free bytes just before the process initialised CUDA.
-        reading: a :class:`Reading` of the process afterwards.
+        free_before_init (int): the device's free bytes just before the process initialised CUDA.
+        reading (Reading): a :class:`Reading` of the process afterwards.
 
     Returns:
         The CUDA context and the code of the kernels loaded so far (plus whatever other
@@ -547,10 +549,11 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
     allocate meanwhile (it waits for the child).
 
     Args:
-        expandable_segments: run the process with ``expandable_segments:True``.
-        device: the CUDA device index.
-        sizes_mib: the growing requests, in MiB (positive ints, at most :data:`MAX_PROBE_MIB`).
-        timeout: seconds to wait for the process (a finite number > 0, at most
+        expandable_segments (bool): run the process with ``expandable_segments:True``.
+        device (int): the CUDA device index.
+        sizes_mib (sequence of int): the growing requests, in MiB (positive ints, at most
+            :data:`MAX_PROBE_MIB`).
+        timeout (float): seconds to wait for the process (a finite number > 0, at most
             :data:`MAX_PROBE_SECONDS`).
 
     Returns:

@@ -398,7 +398,8 @@ def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every:
         seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
         dtype (torch.dtype or str): the activations' dtype (fp32, bf16, fp16); with
             ``autocast``, the autocast dtype.
-        gpu: None for the CPU's kernels, or what :func:`course_lib.device.resolve_gpu` takes.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes.
         autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
 
     Returns:
@@ -430,7 +431,8 @@ def kept_items(config: GPTConfig, batch_size: int, mode: str = "none", every: in
         seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
         dtype (torch.dtype or str): the activations' dtype (fp32, bf16, fp16); with
             ``autocast``, the autocast dtype.
-        gpu: None for the CPU's kernels, or what :func:`course_lib.device.resolve_gpu` takes.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes.
         autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
 
     Returns:
@@ -545,7 +547,8 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
         seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
         dtype (torch.dtype or str): the activations' dtype (fp32, bf16, fp16); with
             ``autocast``, the autocast dtype.
-        gpu: None for the CPU's kernels, or what :func:`course_lib.device.resolve_gpu` takes.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes.
         autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
 
     Returns:

@@ -236,8 +236,8 @@ def resolve_gpu(gpu) -> GPU | None:
     """What a prediction runs on: None for the CPU, else a :class:`GPU`.
 
     Args:
-        gpu: None or "cpu" (the CPU's kernels), a name of :data:`GPUS`, "cuda" (this kernel's
-            GPU, :func:`live_gpu`), or a :class:`GPU`.
+        gpu (str or GPU, optional): None or "cpu" (the CPU's kernels), a name of :data:`GPUS`,
+            "cuda" (this kernel's GPU, :func:`live_gpu`), or a :class:`GPU`.
 
     Returns:
         GPU or None: the card (``gpu`` itself when it is one), or None for the CPU.

@@ -141,8 +141,8 @@ class GradientReader(torch.optim.Optimizer):
     is taken.
 
     Args:
-        model: the ``torch.nn.Module`` whose gradients are read (a DDP model or a plain one);
-            every parameter must have a gradient at each step.
+        model (torch.nn.Module): the ``torch.nn.Module`` whose gradients are read (a DDP model or a
+            plain one); every parameter must have a gradient at each step.
 
     Raises:
         ValueError: if ``model`` is not a ``torch.nn.Module`` with parameters.

@@ -824,7 +824,7 @@ def predict_floor(config: GPTConfig, micro_batch_size: int, accumulation_steps: 
         precision (str): one of :data:`PRECISIONS`.
         mode, every: the checkpointing (:data:`MODES`).
         seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
-        gpu: as :func:`predict_step_memory`'s.
+        gpu (str or GPU, optional): as :func:`predict_step_memory`'s.
 
     Returns:
         int: bytes.
@@ -889,7 +889,8 @@ def predict_moments(config: GPTConfig, micro_batch_size: int, accumulation_steps
         mode, every, segments: checkpointing, as
             :func:`course_lib.checkpointing.enable_checkpointing`.
         seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
-        gpu: None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda" or a ``GPU``.
+        gpu (str or GPU, optional): None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda"
+            or a ``GPU``.
         first_step (bool): the first step of a fresh optimizer.
         foreach (bool): AdamW's multi-tensor implementation.
         loss_chunk (int, optional): the chunked loss's tokens per chunk.
@@ -917,21 +918,22 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     :class:`course_lib.mixed_precision.MasterWeightAdamW` in mixed precision).
 
     Args:
-        config: the model.
-        micro_batch_size: sequences per forward and backward pass (1 to
+        config (GPTConfig): the model.
+        micro_batch_size (int): sequences per forward and backward pass (1 to
             :data:`course_lib.validation.MAX_BATCH`).
-        accumulation_steps: passes per optimizer step (1 to ``MAX_BATCH``).
-        precision: one of :data:`PRECISIONS`.
+        accumulation_steps (int): passes per optimizer step (1 to ``MAX_BATCH``).
+        precision (str): one of :data:`PRECISIONS`.
         mode, every, segments: checkpointing, as :func:`course_lib.checkpointing.enable_checkpointing`.
-        seq_len: tokens per sequence (default ``config.seq_len``).
-        gpu: where the step runs: None (the CPU), a name of :data:`course_lib.device.GPUS`,
-            "cuda" (this kernel's GPU) or a :class:`~course_lib.device.GPU`.
-        first_step: the first step of a fresh optimizer (``m`` and ``v`` made in it) rather
+        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
+        gpu (str or GPU, optional): where the step runs: None (the CPU), a name of
+            :data:`course_lib.device.GPUS`, "cuda" (this kernel's GPU) or a
+            :class:`~course_lib.device.GPU`.
+        first_step (bool): the first step of a fresh optimizer (``m`` and ``v`` made in it) rather
             than a steady-state step.
-        foreach: AdamW's multi-tensor implementation (PyTorch's default on CUDA), whose
+        foreach (bool): AdamW's multi-tensor implementation (PyTorch's default on CUDA), whose
             scratch is one copy of ``v``, instead of the per-tensor one.
-        loss_chunk: the loss of :func:`course_lib.levers.chunked_cross_entropy` with chunks
-            of this many tokens (:func:`course_lib.levers.use_chunked_loss`), instead of
+        loss_chunk (int, optional): the loss of :func:`course_lib.levers.chunked_cross_entropy` with
+            chunks of this many tokens (:func:`course_lib.levers.use_chunked_loss`), instead of
             ``F.cross_entropy`` over the whole logits; not with the autocast precisions.
 
     Returns:

@@ -135,7 +135,8 @@ def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp3
         policies (sequence of tuple): ``(mode, every)`` pairs.
         max_batch (int): the largest micro-batch tried, up to
             :data:`course_lib.validation.MAX_BATCH`.
-        gpu: None (the CPU's kernels), a preset name or a :class:`~course_lib.device.GPU`.
+        gpu (str or GPU, optional): None (the CPU's kernels), a preset name or a
+            :class:`~course_lib.device.GPU`.
 
     Returns:
         list of BatchFit: one per policy, in their order.
@@ -436,8 +437,8 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
         policies (sequence of tuple): ``(mode, every)`` checkpointing policies.
         max_accumulation_steps (int, optional): the most accumulation steps (None: no limit),
             up to :data:`MAX_EFFECTIVE_BATCH`.
-        gpu: where it trains, as :func:`predict_step_memory` takes it (the budget is still
-            ``budget_bytes``).
+        gpu (str or GPU, optional): where it trains, as :func:`predict_step_memory` takes it (the
+            budget is still ``budget_bytes``).
 
     Returns:
         Fit: the model, its setting and its predicted memory.

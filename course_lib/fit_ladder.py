@@ -224,7 +224,7 @@ def predict_plan(config: GPTConfig, batch_size: int, plan: Plan = Plan(), *, gpu
         config (GPTConfig): the model.
         batch_size (int): sequences per optimizer step.
         plan (Plan): the settings.
-        gpu: where the step runs (as the engine's ``gpu``).
+        gpu (str or GPU, optional): where the step runs (as the engine's ``gpu``).
         seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
 
     Returns:

@@ -58,8 +58,9 @@ def mask_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
 
     Args:
         dtype (torch.dtype or str): the dropout's input dtype.
-        gpu: None for the CPU, or what :func:`course_lib.device.resolve_gpu` takes (a name of
-            :data:`course_lib.device.GPUS`, "cuda", a :class:`~course_lib.device.GPU`).
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
 
     Returns:
         torch.dtype: ``torch.bool`` (1 byte per element) on CUDA, ``dtype`` on the CPU.
@@ -80,8 +81,9 @@ def stats_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
 
     Args:
         dtype (torch.dtype or str): the LayerNorm's input dtype.
-        gpu: None for the CPU, or what :func:`course_lib.device.resolve_gpu` takes (a name of
-            :data:`course_lib.device.GPUS`, "cuda", a :class:`~course_lib.device.GPU`).
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
 
     Returns:
         torch.dtype: ``torch.float32`` on CUDA for 16-bit input, else ``dtype``.
@@ -102,8 +104,9 @@ def allocated(nbytes: int, gpu: GPU | None = None) -> int:
 
     Args:
         nbytes (int): the tensor's bytes, a non-negative int (not a bool).
-        gpu: None for the CPU, or what :func:`course_lib.device.resolve_gpu` takes (a name of
-            :data:`course_lib.device.GPUS`, "cuda", a :class:`~course_lib.device.GPU`).
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
 
     Returns:
         int: the bytes it occupies.
@@ -132,8 +135,9 @@ def optimizer_steps_on_device(gpu: GPU | None = None) -> bool:
     ``fused=True``.
 
     Args:
-        gpu: None for the CPU, or what :func:`course_lib.device.resolve_gpu` takes (a name of
-            :data:`course_lib.device.GPUS`, "cuda", a :class:`~course_lib.device.GPU`).
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
 
     Returns:
         bool: True for the CPU (``gpu`` None or "cpu").
@@ -151,8 +155,9 @@ def autocast_softmax_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
 
     Args:
         dtype (torch.dtype or str): the softmax's input dtype (the autocast dtype).
-        gpu: None for the CPU, or what :func:`course_lib.device.resolve_gpu` takes (a name of
-            :data:`course_lib.device.GPUS`, "cuda", a :class:`~course_lib.device.GPU`).
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
 
     Returns:
         torch.dtype: ``torch.float32`` on CUDA, ``dtype`` on the CPU.
@@ -229,9 +234,11 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     * **math**: everything else, fp32 inside for 16-bit inputs.
 
     Args:
-        config: the course GPT's :class:`~course_lib.models.GPTConfig` (its head size and dropout).
+        config (GPTConfig): the course GPT's :class:`~course_lib.models.GPTConfig` (its head size
+            and dropout).
         dtype: the dtype of q, k and v (under autocast: the autocast dtype).
-        gpu: None for the CPU, or what :func:`course_lib.device.resolve_gpu` takes.
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes.
 
     Returns:
         One of :data:`SDPA_KERNELS`.
@@ -266,8 +273,9 @@ def attention_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     Args:
         config (GPTConfig): the course GPT's shape (its ``attention``).
         dtype (torch.dtype or str): the dtype of q, k and v.
-        gpu: None for the CPU, or what :func:`course_lib.device.resolve_gpu` takes (a name of
-            :data:`course_lib.device.GPUS`, "cuda", a :class:`~course_lib.device.GPU`).
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
 
     Returns:
         str: ``"explicit"`` or one of :data:`SDPA_KERNELS`.

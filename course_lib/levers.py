@@ -76,7 +76,7 @@ class OptimizerInBackward:
         handles (list): the hooks' removable handles.
 
     Attributes:
-        optimizers: ``{parameter: optimizer}``, one optimizer over that parameter alone.
+        optimizers (dict): ``{parameter: optimizer}``, one optimizer over that parameter alone.
         steps: optimizer steps taken so far (one per parameter per backward pass).
     """
 
@@ -127,8 +127,8 @@ def optimizer_in_backward(model: nn.Module,
     gradient norm (no moment has all the gradients).
 
     Args:
-        model: the module whose parameters to train.
-        make_optimizer: ``make_optimizer(params)`` with ``params`` a list of one
+        model (nn.Module): the module whose parameters to train.
+        make_optimizer (callable): ``make_optimizer(params)`` with ``params`` a list of one
             parameter, returning a ``torch.optim.Optimizer`` (or any object with
             ``step()`` and ``zero_grad(set_to_none=...)``), e.g.
             ``lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False)``.
@@ -249,13 +249,14 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     (to float rounding), for one more ``hidden @ weight.T`` (``2 N h V`` FLOPs).
 
     Args:
-        hidden: ``(N, h)`` or ``(B, T, h)`` final hidden states (any float dtype; the
+        hidden (torch.Tensor): ``(N, h)`` or ``(B, T, h)`` final hidden states (any float dtype; the
             log-softmax runs in fp32).
-        weight: ``(V, h)`` output embedding (the LM head's weight), same dtype as ``hidden``.
-        targets: ``(N,)`` or ``(B, T)`` integer class ids; ``ignore_index`` marks
+        weight (torch.Tensor): ``(V, h)`` output embedding (the LM head's weight), same dtype as
+            ``hidden``.
+        targets (torch.Tensor): ``(N,)`` or ``(B, T)`` integer class ids; ``ignore_index`` marks
             positions left out of the mean.
-        chunk_size: rows per chunk, a positive int; ``>= N`` means one chunk.
-        ignore_index: target value to leave out (default -100, as ``F.cross_entropy``).
+        chunk_size (int): rows per chunk, a positive int; ``>= N`` means one chunk.
+        ignore_index (int): target value to leave out (default -100, as ``F.cross_entropy``).
 
     Returns:
         The 0-d mean (fp32; fp64 for fp64 inputs) over non-ignored targets (nan if all are ignored, as
@@ -321,8 +322,8 @@ def use_chunked_loss(model: nn.Module, chunk_size: int | None) -> nn.Module:
     combines with it. ``model.loss_chunk`` holds the chunk size in force.
 
     Args:
-        model: a :class:`course_lib.models.GPT`.
-        chunk_size: rows (tokens) per chunk, or None for the plain loss.
+        model (nn.Module): a :class:`course_lib.models.GPT`.
+        chunk_size (int, optional): rows (tokens) per chunk, or None for the plain loss.
 
     Returns:
         ``model``.
@@ -585,9 +586,9 @@ def low_bit_state_bytes(numels: list[int], bits: int, *, param_bytes: int = 4) -
     the maps, 4-bit ``2 x (0.5 + 4/128)`` = 1.06 bytes, against 8 for fp32 AdamW.
 
     Args:
-        numels: elements of each parameter tensor.
-        bits: 32, 8 or 4.
-        param_bytes: bytes per element of the parameters (4 for fp32).
+        numels (list of int): elements of each parameter tensor.
+        bits (int): 32, 8 or 4.
+        param_bytes (int): bytes per element of the parameters (4 for fp32).
 
     Returns:
         Bytes, as :func:`optimizer_state_bytes` measures after the first step.

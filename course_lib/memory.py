@@ -140,8 +140,8 @@ def mixed_precision_for(gpu=None) -> str:
     :func:`course_lib.device.pick_dtype` decides.
 
     Args:
-        gpu: None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda" (this kernel's
-            GPU) or a :class:`~course_lib.device.GPU`.
+        gpu (str or GPU, optional): None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda"
+            (this kernel's GPU) or a :class:`~course_lib.device.GPU`.
 
     Returns:
         str: ``"fp16-mixed"`` or ``"bf16-mixed"``.

@@ -308,7 +308,7 @@ def check_config(config, name: str = "config") -> GPTConfig:
 
     Args:
         config: what the caller passed.
-        name: the caller's parameter, for the message.
+        name (str): the caller's parameter, for the message.
 
     Returns:
         ``config``.
@@ -404,11 +404,13 @@ def random_tokens(config: GPTConfig, batch_size: int, seq_len: int | None = None
     """``(inputs, targets)`` of random token ids, shifted by one as in language modelling.
 
     Args:
-        config: the model's shape (its ``vocab_size``; its ``seq_len`` if ``seq_len`` is None).
-        batch_size: sequences, an int from 1 to 2**20.
-        seq_len: tokens per sequence, from 1 to ``config.seq_len``.
-        seed: an int in ``[0, 2**63 - 1]``.
-        device: where the tensors go (``"cpu"``, ``"cuda"``, a ``torch.device``).
+        config (GPTConfig): the model's shape (its ``vocab_size``; its ``seq_len`` if ``seq_len`` is
+            None).
+        batch_size (int): sequences, an int from 1 to 2**20.
+        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len``.
+        seed (int): an int in ``[0, 2**63 - 1]``.
+        device (torch.device or str): where the tensors go (``"cpu"``, ``"cuda"``, a
+            ``torch.device``).
 
     Returns:
         ``(inputs, targets)``, two ``(batch_size, seq_len)`` int64 tensors.

@@ -148,7 +148,7 @@ def predict_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: 
         every (int): its stride.
         seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
         precision (str): as :func:`course_lib.engine.predict_step_memory` takes it.
-        gpu: as :func:`course_lib.engine.predict_step_memory` takes it.
+        gpu (str or GPU, optional): as :func:`course_lib.engine.predict_step_memory` takes it.
 
     Returns:
         StepMemory: the prediction, with ``first_step=True``.
@@ -174,8 +174,8 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
         batch_size (int): from 1 to :data:`course_lib.validation.MAX_BATCH`.
         seq_len (int, optional): from 1 to ``config.seq_len`` (None: that).
         precision (str): as :func:`course_lib.engine.predict_step_memory` takes it.
-        gpu: as :func:`course_lib.engine.predict_step_memory` takes it (a live card's free
-            memory is ignored).
+        gpu (str or GPU, optional): as :func:`course_lib.engine.predict_step_memory` takes it (a
+            live card's free memory is ignored).
         modes (tuple of str): a non-empty subset of :data:`PLAN_MODES`.
 
     Returns:
@@ -289,7 +289,7 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
         budget_bytes (int): the memory the step may allocate above what lives before it (the
             parameters), in bytes, from 1 to :data:`course_lib.validation.MAX_BYTES`.
         precision (str): as :func:`course_lib.engine.predict_step_memory` takes it.
-        gpu: as :func:`course_lib.engine.predict_step_memory` takes it.
+        gpu (str or GPU, optional): as :func:`course_lib.engine.predict_step_memory` takes it.
         modes (tuple of str): the modes to consider, of :data:`PLAN_MODES`.
 
     Returns:

@@ -300,17 +300,17 @@ class DeviceSpeed:
     """The four numbers of a device that the time model of :func:`optimizer_step_cost` uses.
 
     Attributes:
-        name: the device.
+        name (str): the device.
         fp32_flops, fp16_flops, bf16_flops: FLOP/s of matmuls in each dtype (peak for a GPU
             preset, measured on a large matmul for :func:`measure_device_speed`).
-        memory_bandwidth: bytes/s between the device and its memory.
-        op_seconds: seconds each operator costs whatever its size (dispatch, launch).
-        measured: True when measured on this kernel's device, False for a datasheet.
-        source: where the figures come from.
-        region_seconds: ``((mode, seconds), ...)``: what ``torch.utils.checkpoint`` costs per
-            checkpointed region and micro-batch beyond the operators it reruns (its own
-            Python work: saved-tensor hooks, RNG state, a policy's dispatch mode). Measured
-            for this device; empty (0) for a datasheet speed, where it is not known.
+        memory_bandwidth (float): bytes/s between the device and its memory.
+        op_seconds (float): seconds each operator costs whatever its size (dispatch, launch).
+        measured (bool): True when measured on this kernel's device, False for a datasheet.
+        source (str): where the figures come from.
+        region_seconds (tuple): ``((mode, seconds), ...)``: what ``torch.utils.checkpoint`` costs
+            per checkpointed region and micro-batch beyond the operators it reruns (its own Python
+            work: saved-tensor hooks, RNG state, a policy's dispatch mode). Measured for this
+            device; empty (0) for a datasheet speed, where it is not known.
     """
 
     name: str
@@ -365,7 +365,7 @@ def device_speed(gpu, *, op_seconds: float = OP_SECONDS) -> DeviceSpeed:
     ``torch.backends.cuda.matmul.allow_tf32`` is set).
 
     Args:
-        gpu: a name of :data:`course_lib.device.GPUS`, a ``GPU``, or "cuda".
+        gpu (str or GPU): a name of :data:`course_lib.device.GPUS`, a ``GPU``, or "cuda".
         op_seconds (float): seconds per operator, in (0, 1] (default :data:`OP_SECONDS`).
 
     Returns:
@@ -486,7 +486,8 @@ def micro_batch_flops(config: GPTConfig, micro_batch_size: int, checkpointing: s
         micro_batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
         checkpointing (str): a checkpointing mode.
         precision (str): one of :data:`course_lib.memory.PRECISIONS`.
-        gpu: None for the CPU, or what :func:`course_lib.device.resolve_gpu` takes.
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes.
 
     Returns:
         tuple of int: ``(flops, recomputed)``.
@@ -622,18 +623,18 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
     device it runs on (:func:`measure_step_cost`) and shows both.
 
     Args:
-        config: the model (a :class:`~course_lib.models.GPTConfig`).
-        micro_batch_size: ``b``, sequences per forward and backward pass.
-        accumulation_steps: ``K``, micro-batches per optimizer step.
-        checkpointing: one of :data:`CHECKPOINTING`.
-        precision: one of :data:`course_lib.engine.PRECISIONS`.
-        gpu: where it runs: a preset name of :data:`course_lib.device.GPUS`, a
-            :class:`~course_lib.device.GPU`, "cuda", or None/"cpu" (the CPU; then ``speed``
-            is required).
-        speed: the device's :class:`DeviceSpeed`; default: the GPU's datasheet
-            (:func:`device_speed`).
-        utilisation: ``u`` in (0, 1]; default :data:`UTILISATION` for a datasheet speed and
-            1 for a measured one (measured on a large matmul, it is already achieved).
+        config (GPTConfig): the model (a :class:`~course_lib.models.GPTConfig`).
+        micro_batch_size (int): ``b``, sequences per forward and backward pass.
+        accumulation_steps (int): ``K``, micro-batches per optimizer step.
+        checkpointing (str): one of :data:`CHECKPOINTING`.
+        precision (str): one of :data:`course_lib.engine.PRECISIONS`.
+        gpu (str or GPU, optional): where it runs: a preset name of :data:`course_lib.device.GPUS`,
+            a :class:`~course_lib.device.GPU`, "cuda", or None/"cpu" (the CPU; then ``speed`` is
+            required).
+        speed (DeviceSpeed, optional): the device's :class:`DeviceSpeed`; default: the GPU's
+            datasheet (:func:`device_speed`).
+        utilisation (float, optional): ``u`` in (0, 1]; default :data:`UTILISATION` for a datasheet
+            speed and 1 for a measured one (measured on a large matmul, it is already achieved).
 
     Returns:
         A :class:`StepCost` (``peak_bytes``, ``seconds`` and the terms above).

@@ -84,7 +84,7 @@ def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, 
         precision (str): "fp32" or "mixed" (the device's:
             :func:`course_lib.memory.mixed_precision_for`) or any of
             :data:`course_lib.engine.PRECISIONS`.
-        gpu: None (the CPU; then ``speed`` is required), or what
+        gpu (str or GPU, optional): None (the CPU; then ``speed`` is required), or what
             :func:`course_lib.device.resolve_gpu` takes.
         speed (DeviceSpeed, optional): as :func:`course_lib.playground.optimizer_step_cost`.
 
@@ -230,10 +230,11 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     """The one-glance trade-off widget of lecture 03 (see the module doc).
 
     Args:
-        models: the model menu, name -> config (the first runs on this device).
-        speed: this device's measured speed (:func:`course_lib.playground.measure_device_speed`).
-        device: this kernel's device: "this device" in the GPU menu, and where the button
-            measures.
+        models (dict): the model menu, name -> config (the first runs on this device).
+        speed (DeviceSpeed): this device's measured speed
+            (:func:`course_lib.playground.measure_device_speed`).
+        device (torch.device or str): this kernel's device: "this device" in the GPU menu, and where
+            the button measures.
         model, gpu: the menus' first values (default: the first model, "this device").
 
     Returns:
@@ -528,9 +529,9 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
     """The step-through widget of lecture 03 (see the module doc).
 
     Args:
-        recordings: loop mode -> :func:`record_accumulation_step` of the same batch, each with
-            the same number of frames (the modes of :data:`LOOPS`).
-        interval_ms: the Play widget's time per frame.
+        recordings (dict): loop mode -> :func:`record_accumulation_step` of the same batch, each
+            with the same number of frames (the modes of :data:`LOOPS`).
+        interval_ms (int): the Play widget's time per frame.
 
     Returns:
         A ``VBox``: a Play button and a frame slider (linked in the browser), the loop menu,

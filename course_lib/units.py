@@ -76,7 +76,7 @@ def tensor_bytes(shape, dtype: torch.dtype | str = torch.float32) -> int:
 
     Args:
         shape: a sequence of ints >= 0 (a ``torch.Size``, a tuple, a list); no bool or float.
-        dtype: a ``torch.dtype`` or one of its names (``"bf16"``).
+        dtype (torch.dtype or str): a ``torch.dtype`` or one of its names (``"bf16"``).
 
     Returns:
         The bytes, an int.
@@ -108,8 +108,8 @@ def storage_key(tensor: torch.Tensor | torch.UntypedStorage) -> int:
     reused), so keep the tensors while their keys are compared.
 
     Args:
-        tensor: a ``torch.Tensor`` with a storage (strided: not sparse), on any device, or a
-            ``torch.UntypedStorage`` (its own key).
+        tensor (torch.Tensor or torch.UntypedStorage): a ``torch.Tensor`` with a storage (strided:
+            not sparse), on any device, or a ``torch.UntypedStorage`` (its own key).
 
     Returns:
         An int.
@@ -147,7 +147,7 @@ def storage_bytes(tensors, *, block: int = 1) -> int:
 
     Args:
         tensors: an iterable of tensors with storages (a generator is fine).
-        block: bytes, an int >= 1.
+        block (int): bytes, an int >= 1.
 
     Returns:
         Bytes, an int.

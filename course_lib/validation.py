@@ -26,10 +26,10 @@ def integer(name: str, value, *, minimum: int | None = None, maximum: int | None
     """``value`` as an ``int`` if it is an integer (not a bool) in ``[minimum, maximum]``.
 
     Args:
-        name: the parameter's name, for the message.
+        name (str): the parameter's name, for the message.
         value: what the caller passed.
-        minimum: the smallest allowed value (``None``: no bound).
-        maximum: the largest allowed value (``None``: no bound).
+        minimum (int, optional): the smallest allowed value (``None``: no bound).
+        maximum (int, optional): the largest allowed value (``None``: no bound).
 
     Returns:
         ``int(value)``.

@@ -198,16 +198,17 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
     """Controls over a figure that ``draw(fig, **values)`` redraws on every change.
 
     Args:
-        draw: ``draw(fig, **values)`` draws on the cleared figure; with ``setup``,
+        draw (callable): ``draw(fig, **values)`` draws on the cleared figure; with ``setup``,
             ``draw(artists, **values)`` updates the artists ``setup`` made (the figure is
             not cleared).
-        controls: maps each keyword of ``draw`` to the widget that sets it.
-        figsize: inches, at matplotlib's ``figure.dpi``.
-        layout: ``None``, ``"constrained"`` or ``"tight"``. ``None`` is fastest: the engines
-            lay the figure out with a hidden extra draw, so ``draw`` (or ``setup``) places
+        controls (dict): maps each keyword of ``draw`` to the widget that sets it.
+        figsize (tuple): inches, at matplotlib's ``figure.dpi``.
+        layout (str, optional): ``None``, ``"constrained"`` or ``"tight"``. ``None`` is fastest: the
+            engines lay the figure out with a hidden extra draw, so ``draw`` (or ``setup``) places
             the axes with ``fig.subplots_adjust``.
-        columns: controls per row.
-        setup: ``setup(fig) -> artists``, called once, before the first ``draw``.
+        columns (int): controls per row.
+        setup (callable, optional): ``setup(fig) -> artists``, called once, before the first
+            ``draw``.
 
     Returns:
         A ``VBox`` with ``redraw()`` (tests and benchmarks call it), ``figure``, ``image``

@@ -55,7 +55,7 @@ def expect(condition: bool, message: str, *, hint: str | None = None) -> None:
     """Fail the check with ``message`` (and ``hint``) unless ``condition`` holds.
 
     Args:
-        condition: taken for its truth (a learner's answer compared may be a numpy or torch
+        condition (bool): taken for its truth (a learner's answer compared may be a numpy or torch
             bool).
         message (str): what went wrong.
         hint (str, optional): what to look at.
@@ -87,7 +87,7 @@ def grader(body: Callable[..., None]) -> Callable[..., bool]:
     """Turn a check body that raises :class:`CheckFailed` into a check that prints and returns a bool.
 
     Args:
-        body: a function named ``check_NAME`` that calls :func:`expect`.
+        body (callable): a function named ``check_NAME`` that calls :func:`expect`.
 
     Returns:
         The check, registered in :data:`CHECKS`.
