@@ -69,8 +69,17 @@ def _logits(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
 def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: int):
     """``[(inputs_k, targets_k)]``: the ``K = B / micro_batch_size`` micro-batches of a batch, in order.
 
-    ``ValueError`` when ``micro_batch_size`` is below 1 or does not divide the
-    batch size ``B`` (the leading dimension), or when inputs and targets differ in ``B``.
+    Args:
+        inputs (torch.Tensor): ``(B, ...)`` inputs.
+        targets (torch.Tensor): ``(B, ...)`` targets.
+        micro_batch_size (int): samples per micro-batch; must divide ``B``.
+
+    Returns:
+        list of tuple: the micro-batches, views of the tensors.
+
+    Raises:
+        ValueError: when ``micro_batch_size`` is below 1 or does not divide the
+            batch size ``B`` (the leading dimension), or when inputs and targets differ in ``B``.
     """
     _check_batch(inputs, targets)
     positive_int("micro_batch_size", micro_batch_size)
@@ -85,9 +94,9 @@ def token_counts(targets: torch.Tensor, micro_batch_size: int, ignore_index: int
     """Non-ignored targets in each micro-batch (one device sync for all of them).
 
     Args:
-        targets: ``(B, ...)`` integer targets.
-        micro_batch_size: samples per micro-batch; must divide ``B``.
-        ignore_index: the target value that is not a token (an int, never a bool).
+        targets (torch.Tensor): ``(B, ...)`` integer targets.
+        micro_batch_size (int): samples per micro-batch; must divide ``B``.
+        ignore_index (int): the target value that is not a token (an int, never a bool).
 
     Returns:
         ``[n_0, ..., n_{K-1}]``, the tokens of each micro-batch.
@@ -125,8 +134,25 @@ def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
 
     Logits are upcast to fp32 only from 16-bit types, so an fp64 model stays fp64.
     A micro-batch without tokens contributes a loss of 0 (and zero gradients)
-    under ``"tokens"``; its mean is undefined (0/0) under the other two, which
-    raise ``ValueError``.
+    under ``"tokens"``; its mean is undefined (0/0) under the other two.
+
+    Args:
+        model (torch.nn.Module): returns logits (or a tuple whose first item is the logits)
+            from ``model(inputs)``.
+        inputs (torch.Tensor): ``(B, ...)`` inputs.
+        targets (torch.Tensor): ``(B, ...)`` integer targets.
+        normalize (str): one of :data:`NORMALIZATIONS`.
+        total_tokens (int, optional): N, the whole batch's non-ignored targets; required for
+            ``"tokens"``, an int >= 1.
+        accumulation_steps (int): K, a positive int.
+        ignore_index (int): the target value that is not a token (an int64).
+
+    Returns:
+        torch.Tensor: a scalar loss.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value or ``total_tokens=None`` with
+            ``"tokens"``; for a micro-batch without tokens under the two means.
     """
     _check_normalize(normalize)
     positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
@@ -167,8 +193,21 @@ def accumulated_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch
     frozen ones (``requires_grad=False``) are left out. A weight shared by two
     modules (the course GPT's tied embedding) appears once, under its first name.
 
-    ``ValueError`` when ``micro_batch_size`` is below 1 or does not divide the
-    batch, when ``normalize`` is unknown, or when the batch has no target token.
+    Args:
+        model (torch.nn.Module): returns logits (or a tuple whose first item is the logits)
+            from ``model(inputs)``.
+        inputs (torch.Tensor): ``(B, ...)`` inputs.
+        targets (torch.Tensor): ``(B, ...)`` integer targets.
+        micro_batch_size (int): samples per micro-batch; must divide ``B``.
+        normalize (str): one of :data:`NORMALIZATIONS`.
+        ignore_index (int): the target value that is not a token (an int64).
+
+    Returns:
+        dict: parameter name -> gradient tensor.
+
+    Raises:
+        ValueError: when ``micro_batch_size`` is below 1 or does not divide the
+            batch, when ``normalize`` is unknown, or when the batch has no target token.
     """
     named = _check_model(model)
     _check_normalize(normalize)
@@ -195,6 +234,20 @@ def full_batch_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.
 
     Written independently of :func:`micro_batch_loss` (``F.cross_entropy`` with
     its default mean reduction); ``.grad`` is left untouched.
+
+    Args:
+        model (torch.nn.Module): returns logits (or a tuple whose first item is the logits)
+            from ``model(inputs)``.
+        inputs (torch.Tensor): ``(B, ...)`` inputs.
+        targets (torch.Tensor): ``(B, ...)`` integer targets.
+        ignore_index (int): the target value that is not a token (an int64).
+
+    Returns:
+        dict: parameter name -> gradient tensor (zeros for parameters that take no part).
+
+    Raises:
+        ValueError: naming ``model``, ``inputs``/``targets`` (not tensors of one batch size)
+            or ``ignore_index``.
     """
     named = _check_model(model)
     _check_batch(inputs, targets)
@@ -218,13 +271,37 @@ def _same_names(a: dict, b: dict) -> None:
 
 
 def max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """``max |a - b|`` over all entries of two ``{name: tensor}`` dicts with the same keys."""
+    """``max |a - b|`` over all entries of two ``{name: tensor}`` dicts with the same keys.
+
+    Args:
+        a (dict): name -> tensor.
+        b (dict): name -> tensor of the same shape, same names.
+
+    Returns:
+        float: the largest absolute difference, computed in fp64.
+
+    Raises:
+        ValueError: naming ``a`` or ``b`` (not a non-empty dict of tensors), or when their
+            names differ.
+    """
     _same_names(a, b)
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
 def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """``||a - b|| / ||b||`` over all parameters together (Euclidean norm of the flattened dicts)."""
+    """``||a - b|| / ||b||`` over all parameters together (Euclidean norm of the flattened dicts).
+
+    Args:
+        a (dict): name -> tensor.
+        b (dict): the reference, name -> tensor, same names.
+
+    Returns:
+        float: the relative difference, computed in fp64.
+
+    Raises:
+        ValueError: naming ``a`` or ``b`` (not a non-empty dict of tensors), or when their
+            names differ.
+    """
     _same_names(a, b)
     diff = sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a) ** 0.5
     norm = sum((b[k].double() ** 2).sum() for k in b) ** 0.5
@@ -241,11 +318,11 @@ def pad_to_lengths(inputs: torch.Tensor, targets: torch.Tensor, lengths, *, pad_
     logits of the kept positions.
 
     Args:
-        inputs: ``(B, T)`` token ids.
-        targets: ``(B, T)`` target ids.
+        inputs (torch.Tensor): ``(B, T)`` token ids.
+        targets (torch.Tensor): ``(B, T)`` target ids.
         lengths: ``B`` ints in ``[0, T]`` (a list, or an integer tensor); no bool, float or NaN.
-        pad_token: the input id of a padded position (an int64 int).
-        ignore_index: the target of a padded position (an int64 int).
+        pad_token (int): the input id of a padded position (an int64 int).
+        ignore_index (int): the target of a padded position (an int64 int).
 
     Returns:
         ``(padded inputs, padded targets)``, new tensors.

@@ -60,13 +60,18 @@ _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 class Saved:
     """One storage autograd keeps for backward: which op saves it, what it is, its shape and dtype.
 
-    ``kind`` is "activation" for what the forward pass allocates, "input" for the
-    token ids and targets (saved too, so ``saved_bytes`` counts them, but allocated
-    before the step), "weight copy" for the 16-bit copy of a weight that autocast
-    makes and a matmul saves (its size does not depend on the batch), and "scalar"
-    for the 0-d float64 tensor autograd wraps around a Python number (a host tensor
-    made outside the dispatcher: the live-tensor tracker does not see it, and on
-    CUDA it is not GPU memory).
+    Attributes:
+        op (str): the op (or module) that saves it (``"ln1"``, ``"attn core"``).
+        what (str): what the tensor is (``"input"``, ``"mean"``).
+        shape (tuple): its shape.
+        dtype (torch.dtype): its dtype.
+        kind (str): one of :data:`KINDS`: "activation" for what the forward pass allocates,
+            "input" for the token ids and targets (saved too, so ``saved_bytes`` counts them,
+            but allocated before the step), "weight copy" for the 16-bit copy of a weight that
+            autocast makes and a matmul saves (its size does not depend on the batch), and
+            "scalar" for the 0-d float64 tensor autograd wraps around a Python number (a host
+            tensor made outside the dispatcher: the live-tensor tracker does not see it, and on
+            CUDA it is not GPU memory).
     """
 
     op: str
@@ -77,6 +82,7 @@ class Saved:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the storage: ``prod(shape) * dtype_bytes(dtype)``."""
         return math.prod(self.shape) * dtype_bytes(self.dtype)
 
 
@@ -89,7 +95,17 @@ STEP_KINDS = ("activation", "weight copy")
 def total_bytes(items: list[Saved], kinds: tuple = KINDS, gpu: GPU | None = None) -> int:
     """Sum of ``nbytes`` over the ``items`` whose ``kind`` is in ``kinds`` (default: all).
 
-    With a ``gpu``, each storage counts as the CUDA allocator holds it (rounded up to 512 bytes).
+    With a ``gpu``, each storage counts as the CUDA allocator holds it (rounded up to 512 bytes,
+    :func:`course_lib.kernels.allocated`).
+
+    Args:
+        items (list of Saved): what a ``*_saved`` function returned.
+        kinds (tuple of str): the kinds to count, of :data:`KINDS`.
+        gpu (str or GPU, optional): None (exact bytes), or what
+            :func:`course_lib.device.resolve_gpu` takes.
+
+    Returns:
+        int: bytes.
 
     Raises:
         ValueError: naming ``items`` (not a list or tuple of :class:`Saved`), ``kinds`` (not a
@@ -172,7 +188,20 @@ def _dropout_saved(name: str, shape: tuple, p: float, dtype: torch.dtype,
 
 
 def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
-    """The kernel ``F.scaled_dot_product_attention`` picks: :func:`course_lib.kernels.sdpa_kernel`."""
+    """The kernel ``F.scaled_dot_product_attention`` picks: :func:`course_lib.kernels.sdpa_kernel`.
+
+    Args:
+        config (GPTConfig): the course GPT's shape.
+        dtype (torch.dtype or str): the dtype of q, k and v.
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes.
+
+    Returns:
+        str: one of :data:`course_lib.kernels.SDPA_KERNELS`.
+
+    Raises:
+        ValueError: naming ``config``, ``dtype`` or ``gpu``, for a bad value.
+    """
     return kernels.sdpa_kernel(check_config(config), dtype, gpu)
 
 
@@ -227,6 +256,22 @@ def attention_core_saved(config: GPTConfig, b: int, s: int, dtype, gpu=None, *,
     the heads transposed; a matmul needs them as ``(b*a, s, d)`` batches and
     copies them (``3*bsh`` elements) unless ``b == 1`` or ``a == 1``, when the
     batches are views and the one QKV output storage (also ``3*bsh``) is kept.
+
+    Args:
+        config (GPTConfig): the course GPT's shape.
+        b (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        s (int): tokens per sequence, from 1 to ``config.seq_len``.
+        dtype (torch.dtype or str): fp32, bf16 or fp16 (with ``autocast``, the autocast dtype).
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes.
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+
+    Returns:
+        list of Saved: the saved storages, in forward order.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
+            ``dtype``).
     """
     b, s, t = _check(config, b, s, dtype, gpu, autocast, names=("b", "s"))
     return _core_saved(config, b, s, t)
@@ -264,6 +309,24 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     input; its dropout mask; LayerNorm 2; the MLP: first linear's input, GELU's
     input, second linear's input (GELU's output), dropout mask. Residual adds keep nothing.
     Under autocast each linear also keeps a 16-bit copy of its weight.
+
+    Args:
+        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
+        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
+            the autocast dtype (16-bit) of a model kept in fp32.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+
+    Returns:
+        list of Saved: the saved storages of one block.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
+            ``dtype``).
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
@@ -272,7 +335,27 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
 
 def embedding_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                     dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
-    """Token and position embeddings keep their indices (int64); the dropout after them its mask."""
+    """Token and position embeddings keep their indices (int64); the dropout after them its mask.
+
+    Args:
+        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
+        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
+            the autocast dtype (16-bit) of a model kept in fp32.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+
+    Returns:
+        list of Saved: the token ids (kind "input"), the positions and the dropout mask (when
+        ``config.dropout > 0``).
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
+            ``dtype``).
+    """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
     return [Saved("tok_emb", "token ids (the input)", (b, s), _INDEX, kind="input"),
@@ -288,6 +371,24 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     fp32 output, ``bsV * 4`` bytes, whatever the model's dtype) then ``nll_loss``
     (keeps the same tensor, the targets, and a 0-d fp32 ``total_weight``). The
     logits themselves are not kept.
+
+    Args:
+        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
+        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
+            the autocast dtype (16-bit) of a model kept in fp32.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+
+    Returns:
+        list of Saved: the head's and the loss's saved storages.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
+            ``dtype``).
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
@@ -301,7 +402,27 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
 
 def model_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                 dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
-    """Everything the whole GPT keeps for ``loss.backward()``: embeddings, every block, head and loss."""
+    """Everything the whole GPT keeps for ``loss.backward()``: embeddings, every block, head and loss.
+
+    Args:
+        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
+        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
+            the autocast dtype (16-bit) of a model kept in fp32.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+
+    Returns:
+        list of Saved: :func:`embedding_saved`, ``n_layers`` times :func:`block_saved`, then
+        :func:`head_saved`.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
+            ``dtype``).
+    """
     check_config(config)
     args = (config, batch_size, seq_len, dtype, gpu)
     blocks = block_saved(*args, autocast=autocast)
@@ -311,7 +432,26 @@ def model_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
 
 def block_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                       dtype=torch.float32, gpu=None, *, autocast: bool = False) -> int:
-    """Bytes one block keeps for backward: the sum of :func:`block_saved`."""
+    """Bytes one block keeps for backward: the sum of :func:`block_saved`.
+
+    Args:
+        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
+        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
+            the autocast dtype (16-bit) of a model kept in fp32.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+
+    Returns:
+        int: bytes, exact (not rounded to allocator blocks).
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
+            ``dtype``).
+    """
     return total_bytes(block_saved(config, batch_size, seq_len, dtype, gpu, autocast=autocast))
 
 
@@ -322,6 +462,28 @@ def predict_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None 
     Equals ``course_lib.measure.saved_bytes(loss, model.parameters())`` for
     ``GPT(config).to(dtype)`` in training mode on the CPU (or ``GPT(config)`` under
     ``torch.autocast("cpu", dtype)`` with ``autocast=True``), to the byte.
+
+    Args:
+        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
+        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
+            the autocast dtype (16-bit) of a model kept in fp32.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+            "cuda", a ``GPU``).
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+
+    Returns:
+        int: bytes, the sum of :func:`model_saved`.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
+            ``dtype``).
+
+    Example::
+
+        predict_saved_bytes(GPTConfig(), batch_size=8, dtype=torch.bfloat16)
     """
     return total_bytes(model_saved(config, batch_size, seq_len, dtype, gpu, autocast=autocast))
 
@@ -331,9 +493,7 @@ def korthikanti_terms(config: GPTConfig, batch_size: int, seq_len: int | None = 
     """Where one block departs from Korthikanti et al.'s ``s*b*h*(34 + 5*a*s/h)`` bytes.
 
     The paper's setting: explicit attention, dropout on, 16-bit activations
-    (``config.attention`` is taken as "explicit"; ``ValueError`` without dropout
-    or with fp32). Returns bytes: ``"paper"`` (the formula), each difference, and
-    ``"block"`` (:func:`block_saved_bytes`), with ``paper + differences == block``:
+    (``config.attention`` is taken as "explicit"). The differences, in bytes:
 
     * ``"dropout masks"``: the paper counts 1 byte per mask element (two ``sbh``
       masks and one ``as^2b``); on the CPU masks have the activation's dtype (2 bytes);
@@ -341,6 +501,21 @@ def korthikanti_terms(config: GPTConfig, batch_size: int, seq_len: int | None = 
       values), which the paper leaves out; fp32 on CUDA, the activation dtype on the CPU;
     * ``"causal mask"``: the ``s^2`` bool mask that ``masked_fill`` keeps;
     * ``"scale scalar"``: the 8-byte float64 tensor holding ``1/sqrt(d)``.
+
+    Args:
+        config (GPTConfig): the course GPT's shape, with ``dropout > 0``.
+        batch_size (int): sequences b, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        seq_len (int, optional): tokens s, from 1 to ``config.seq_len`` (None: that).
+        dtype (torch.dtype or str): a 16-bit dtype (bf16 or fp16).
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes.
+
+    Returns:
+        dict: bytes by name: ``"paper"`` (the formula), each difference above, and ``"block"``
+        (:func:`block_saved_bytes`), with ``paper + differences == block``.
+
+    Raises:
+        ValueError: naming the parameter for a bad value, or without dropout or with fp32.
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = _check(config, batch_size, seq_len, dtype, gpu)

@@ -68,7 +68,7 @@ class NotOnCUDA:
     It is falsy, and its ``reason`` (also its ``str``) says what is missing.
 
     Attributes:
-        reason: one sentence, starting with "not on CUDA".
+        reason (str): one sentence, starting with "not on CUDA".
     """
 
     reason: str
@@ -84,8 +84,8 @@ def not_on_cuda(device: torch.device | str | int | None = None) -> NotOnCUDA | N
     """``None`` if ``device`` is a usable CUDA device, else the :class:`NotOnCUDA` that says why not.
 
     Args:
-        device: a CUDA device (``"cuda"``, ``"cuda:1"``, an index) or another device;
-            None means ``"cuda"``.
+        device (torch.device or str or int, optional): a CUDA device (``"cuda"``, ``"cuda:1"``, an
+            index) or another device; None means ``"cuda"``.
 
     Returns:
         None, or a :class:`NotOnCUDA`.
@@ -126,12 +126,12 @@ class Reading:
     """One reading of the caching allocator and of the driver, in bytes.
 
     Attributes:
-        allocated: ``torch.cuda.memory_allocated``: bytes of live tensors (512-byte blocks).
-        reserved: ``torch.cuda.memory_reserved``: bytes the allocator holds from the driver.
-        free: free bytes of the whole device (``torch.cuda.mem_get_info``).
-        total: bytes of the device as the card reports them.
-        peak_allocated: ``torch.cuda.max_memory_allocated`` since the last reset.
-        peak_reserved: ``torch.cuda.max_memory_reserved`` since the last reset.
+        allocated (int): ``torch.cuda.memory_allocated``: bytes of live tensors (512-byte blocks).
+        reserved (int): ``torch.cuda.memory_reserved``: bytes the allocator holds from the driver.
+        free (int): free bytes of the whole device (``torch.cuda.mem_get_info``).
+        total (int): bytes of the device as the card reports them.
+        peak_allocated (int): ``torch.cuda.max_memory_allocated`` since the last reset.
+        peak_reserved (int): ``torch.cuda.max_memory_reserved`` since the last reset.
 
     Raises:
         ValueError: for a negative or non-int field, ``free > total`` or ``allocated > reserved``.
@@ -173,7 +173,7 @@ def read(device: torch.device | str | int | None = None) -> Reading | NotOnCUDA:
     """The allocator's and the driver's figures for ``device`` now.
 
     Args:
-        device: a CUDA device; None means the current one.
+        device (torch.device or str or int, optional): a CUDA device; None means the current one.
 
     Returns:
         A :class:`Reading`, or a :class:`NotOnCUDA` without CUDA.
@@ -201,11 +201,11 @@ class StepReport:
     """A training step's memory as the engine counts it and as the allocator and driver see it.
 
     Attributes:
-        predicted: the engine's bytes at the step's peak (``StepMemory.total``).
-        resident: bytes of the model states before the step (parameters, master weights,
+        predicted (int): the engine's bytes at the step's peak (``StepMemory.total``).
+        resident (int): bytes of the model states before the step (parameters, master weights,
             optimizer state), as :func:`course_lib.measure.resident_bytes` counts them.
-        before: the :class:`Reading` just before the step (peak statistics reset).
-        after: the :class:`Reading` just after it.
+        before (Reading): the :class:`Reading` just before the step (peak statistics reset).
+        after (Reading): the :class:`Reading` just after it.
     """
 
     predicted: int
@@ -215,12 +215,19 @@ class StepReport:
 
     @property
     def measured(self) -> int:
-        """What the prediction is compared with: ``resident`` plus the step's own peak
-        (``max_memory_allocated`` minus what was allocated before the step)."""
+        """What the prediction is compared with: ``resident`` plus the step's own peak.
+
+        The step's own peak is ``max_memory_allocated`` minus what was allocated before the
+        step.
+        """
         return self.resident + self.after.peak_allocated - self.before.allocated
 
     def rows(self) -> list[tuple[str, int]]:
-        """``(what, bytes)`` from the prediction to what ``nvidia-smi`` shows, one layer at a time."""
+        """``(what, bytes)`` from the prediction to what ``nvidia-smi`` shows, one layer at a time.
+
+        Returns:
+            list of tuple: six ``(description, bytes)`` rows.
+        """
         return [
             ("predicted by the engine (the step's tensors, model states included)", self.predicted),
             ("measured: model states + the step's max_memory_allocated", self.measured),
@@ -232,7 +239,11 @@ class StepReport:
         ]
 
     def table(self) -> str:
-        """:meth:`rows` as aligned text, binary units with exact bytes beside them."""
+        """:meth:`rows` as aligned text, binary units with exact bytes beside them.
+
+        Returns:
+            str: one line per row.
+        """
         return "\n".join(f"{what:72s} {format_bytes(n):>11s} {n:>15,d} B" for what, n in self.rows())
 
 
@@ -243,10 +254,12 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
     Run a step first (AdamW creates its state in it), so that this one is a steady-state step.
 
     Args:
-        fn: the step, a callable without arguments.
-        predicted: the engine's peak bytes for it (``engine.predict_step_memory(...).total``).
-        resident: bytes of the model states before the step (``course_lib.measure.resident_bytes``).
-        device: the CUDA device it runs on; None means the current one.
+        fn (callable): the step, a callable without arguments.
+        predicted (int): the engine's peak bytes for it (``engine.predict_step_memory(...).total``).
+        resident (int): bytes of the model states before the step
+            (``course_lib.measure.resident_bytes``).
+        device (torch.device or str or int, optional): the CUDA device it runs on; None means the
+            current one.
 
     Returns:
         A :class:`StepReport`, or a :class:`NotOnCUDA` without CUDA (``fn`` is not run).
@@ -284,7 +297,7 @@ def parse_alloc_conf(value: str | None) -> dict[str, str]:
     """``PYTORCH_CUDA_ALLOC_CONF``'s ``"key:value,key:value"`` as a dict (empty for None or "").
 
     Args:
-        value: the variable's value, or None when it is not set.
+        value (str, optional): the variable's value, or None when it is not set.
 
     Returns:
         ``{key: value}`` in the order given.
@@ -317,8 +330,8 @@ def alloc_conf_env(env: Mapping[str, str], expandable_segments: bool) -> dict[st
     earlier ``expandable_segments`` setting is replaced.
 
     Args:
-        env: an environment, such as ``os.environ``.
-        expandable_segments: True or False.
+        env (Mapping): an environment, such as ``os.environ``.
+        expandable_segments (bool): True or False.
 
     Returns:
         A new dict.
@@ -352,7 +365,7 @@ def expandable_segments_enabled(env: Mapping[str, str]) -> bool:
     The first of :data:`ALLOC_CONF_VARS` that ``env`` sets decides, as in PyTorch 2.8 and later.
 
     Args:
-        env: an environment, such as ``os.environ``.
+        env (Mapping): an environment, such as ``os.environ``.
 
     Returns:
         True if its ``expandable_segments`` option is "True" or "true".
@@ -376,10 +389,10 @@ class Probe:
     """What :func:`probe` measured in a fresh process, stage by stage.
 
     Attributes:
-        expandable_segments: whether the process ran with ``expandable_segments:True``.
-        free_before_init: the device's free bytes just before the process initialised CUDA.
-        stages: ``(name, Reading)`` in order: "CUDA initialised", "first matmul" (its tensors
-            freed), "growing requests" (the last one alive), "empty_cache".
+        expandable_segments (bool): whether the process ran with ``expandable_segments:True``.
+        free_before_init (int): the device's free bytes just before the process initialised CUDA.
+        stages (tuple): ``(name, Reading)`` in order: "CUDA initialised", "first matmul" (its
+            tensors freed), "growing requests" (the last one alive), "empty_cache".
     """
 
     expandable_segments: bool
@@ -388,6 +401,12 @@ class Probe:
 
     def stage(self, name: str) -> Reading:
         """The :class:`Reading` of stage ``name``.
+
+        Args:
+            name (str): one of the probe's stage names.
+
+        Returns:
+            Reading: its reading.
 
         Raises:
             ValueError: for a name that is not one of the stages.
@@ -399,8 +418,19 @@ class Probe:
         raise ValueError(f"name must be one of {[s for s, _ in self.stages]}, got {name!r}")
 
     def process_bytes(self, reading: Reading) -> int:
-        """What the process occupies on the device at ``reading``, as ``nvidia-smi`` lists it
-        per process: the free bytes it took since before CUDA initialised."""
+        """What the process occupies on the device at ``reading``, as ``nvidia-smi`` lists it.
+
+        The free bytes it took since before CUDA initialised.
+
+        Args:
+            reading (Reading): one of this probe's readings.
+
+        Returns:
+            int: bytes, ``free_before_init - reading.free``.
+
+        Raises:
+            ValueError: naming ``reading``, for anything but a :class:`Reading`.
+        """
         _check_reading(reading)
         return self.free_before_init - reading.free
 
@@ -427,12 +457,20 @@ class Probe:
         return self.stage("growing requests").cached
 
     def rows(self) -> list[tuple[str, int, int, int, int]]:
-        """``(stage, allocated, reserved, process on the device, outside the allocator)`` per stage."""
+        """``(stage, allocated, reserved, process on the device, outside the allocator)`` per stage.
+
+        Returns:
+            list of tuple: one row per stage, in bytes.
+        """
         return [(name, r.allocated, r.reserved, self.process_bytes(r),
                  self.process_bytes(r) - r.reserved) for name, r in self.stages]
 
     def table(self) -> str:
-        """:meth:`rows` as aligned text in binary units."""
+        """:meth:`rows` as aligned text in binary units.
+
+        Returns:
+            str: a header and one line per stage.
+        """
         head = (f"{'stage':18s} {'allocated':>11s} {'reserved':>11s} {'process (smi)':>14s} "
                 f"{'outside alloc.':>14s}")
         lines = [head] + [f"{name:18s} " + " ".join(f"{format_bytes(n):>{w}s}" for n, w in
@@ -443,6 +481,13 @@ class Probe:
     @classmethod
     def from_dict(cls, data: Mapping) -> Probe:
         """The :class:`Probe` of the JSON object the probing process prints.
+
+        Args:
+            data (Mapping): the parsed JSON: ``expandable_segments``, ``free_before_init`` and
+                ``stages`` (``[name, reading]`` pairs).
+
+        Returns:
+            Probe: the probe.
 
         Raises:
             ValueError: for an object without the fields of a probe.
@@ -461,12 +506,14 @@ def _check_reading(reading) -> None:
 
 
 def context_bytes(free_before_init: int, reading: Reading) -> int:
-    """Bytes a process holds on the device outside its allocator: the free bytes it took since
-    before it initialised CUDA, minus what its allocator reserved.
+    """Bytes a process holds on the device outside its allocator.
+
+    The free bytes it took since before it initialised CUDA, minus what its allocator
+    reserved.
 
     Args:
-        free_before_init: the device's free bytes just before the process initialised CUDA.
-        reading: a :class:`Reading` of the process afterwards.
+        free_before_init (int): the device's free bytes just before the process initialised CUDA.
+        reading (Reading): a :class:`Reading` of the process afterwards.
 
     Returns:
         The CUDA context and the code of the kernels loaded so far (plus whatever other
@@ -502,10 +549,11 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
     allocate meanwhile (it waits for the child).
 
     Args:
-        expandable_segments: run the process with ``expandable_segments:True``.
-        device: the CUDA device index.
-        sizes_mib: the growing requests, in MiB (positive ints, at most :data:`MAX_PROBE_MIB`).
-        timeout: seconds to wait for the process (a finite number > 0, at most
+        expandable_segments (bool): run the process with ``expandable_segments:True``.
+        device (int): the CUDA device index.
+        sizes_mib (sequence of int): the growing requests, in MiB (positive ints, at most
+            :data:`MAX_PROBE_MIB`).
+        timeout (float): seconds to wait for the process (a finite number > 0, at most
             :data:`MAX_PROBE_SECONDS`).
 
     Returns:

@@ -73,17 +73,40 @@ SAVE_MATMULS = MATMULS
 
 @dataclass(frozen=True)
 class CheckpointSettings:
-    """What :func:`enable_checkpointing` installed on a model (``model.checkpointing``)."""
+    """What :func:`enable_checkpointing` installed on a model (``model.checkpointing``).
+
+    Attributes:
+        mode (str): one of :data:`MODES`.
+        every (int): the stride of the checkpointed blocks (``blocks``, ``selective``,
+            ``attention`` modes).
+        segments (int or None): the number of segments, ``sqrt`` mode only.
+        policy (tuple or callable or None): what is saved, ``selective`` mode only: a tuple of
+            ``OpOverload`` s or a policy function.
+    """
 
     mode: str = "none"
     every: int = 1
-    segments: int | None = None  # sqrt mode only
-    policy: tuple | Callable | None = None  # selective mode only
+    segments: int | None = None
+    policy: tuple | Callable | None = None
 
 
 def check_ops(ops: Sequence, name: str = "ops") -> tuple:
-    """``ops`` as a tuple of ``OpOverload`` s; ``ValueError`` (naming ``name``) for a packet
-    such as ``torch.ops.aten.mm``, which never equals the overload that actually runs."""
+    """``ops`` as a tuple of ``OpOverload`` s, such as ``torch.ops.aten.mm.default``.
+
+    A packet such as ``torch.ops.aten.mm`` is refused: it never equals the overload that
+    actually runs, so a policy listing it would silently save nothing.
+
+    Args:
+        ops (sequence): the ops.
+        name (str): the caller's parameter, for the message.
+
+    Returns:
+        tuple: the ops.
+
+    Raises:
+        ValueError: naming ``name``, for a str or non-sequence, a packet, or anything but an
+            ``OpOverload``.
+    """
     if isinstance(ops, str) or not isinstance(ops, Sequence):
         raise ValueError(f"{name} must be a list of OpOverloads, got {ops!r}")
     for op in ops:
@@ -97,7 +120,14 @@ def check_ops(ops: Sequence, name: str = "ops") -> tuple:
 def sqrt_segments(n_layers: int) -> int:
     """The segment count of ``sqrt`` mode: ``round(sqrt(n_layers))``, at least 1 (Chen et al. 2016).
 
-    ``n_layers``: an int from 1 to :data:`MAX_LAYERS`; ``ValueError`` naming it otherwise.
+    Args:
+        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
+
+    Returns:
+        int: the number of segments.
+
+    Raises:
+        ValueError: naming ``n_layers``, for a value out of range.
     """
     positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     return max(1, round(math.sqrt(n_layers)))
@@ -107,7 +137,20 @@ def checkpointed_blocks(n_layers: int, every: int = 1) -> list[int]:
     """Indices of the blocks that ``blocks``/``selective``/``attention`` mode wrap: 0, every, 2*every, ...
 
     ``every=1`` wraps all ``n_layers`` blocks; ``every=k`` wraps ``ceil(n_layers / k)`` of them.
-    ``n_layers`` from 1 to :data:`MAX_LAYERS`, ``every`` a positive int.
+
+    Args:
+        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
+        every (int): the stride, a positive int.
+
+    Returns:
+        list of int: the block indices.
+
+    Raises:
+        ValueError: naming ``n_layers`` or ``every``, for a value out of range.
+
+    Example::
+
+        checkpointed_blocks(5, every=2)  # [0, 2, 4]
     """
     positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     positive_int("every", every, maximum=MAX_COUNT)
@@ -120,7 +163,20 @@ def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
     It makes ``segments - 1`` segments of ``n_layers // segments`` blocks, checkpointed, and
     runs the rest (the last segment, which may be longer) *without* checkpointing: its
     activations are needed first in the backward pass anyway.
-    ``n_layers`` from 1 to :data:`MAX_LAYERS`, ``segments`` from 1 to ``n_layers``.
+
+    Args:
+        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
+        segments (int): from 1 to ``n_layers``.
+
+    Returns:
+        list of list of int: the block indices of each segment, the last one not checkpointed.
+
+    Raises:
+        ValueError: naming ``n_layers`` or ``segments``, for a value out of range.
+
+    Example::
+
+        sequential_segments(5, 2)  # [[0, 1], [2, 3, 4]]
     """
     positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     positive_int("segments", segments)
@@ -136,17 +192,34 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
                          policy: Sequence | Callable | None = None) -> nn.Module:
     """Switch the course GPT ``model`` to checkpointing ``mode`` (see the module doc); returns it.
 
-    ``every``: in ``blocks``, ``selective`` and ``attention`` modes, wrap blocks
-    0, every, 2*every, ... (:func:`checkpointed_blocks`). ``segments``: in
-    ``sqrt`` mode, the number of segments (default :func:`sqrt_segments`).
-    ``policy``: in ``selective`` mode, what to save: a list of ``OpOverload``
-    such as ``torch.ops.aten.mm.default`` (default :data:`SAVE_MATMULS`), or a
-    policy function ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``.
-
     The change is per instance (``model.run_blocks`` and each block's
     ``attn.core`` are replaced), idempotent, and reversible: a later call
     replaces the previous mode, ``mode="none"`` restores the plain model.
     ``model.checkpointing`` holds the :class:`CheckpointSettings` in force.
+
+    Args:
+        model (torch.nn.Module): a course GPT (a module with a ``blocks`` ModuleList).
+        mode (str): one of :data:`MODES`.
+        every (int): in ``blocks``, ``selective`` and ``attention`` modes, wrap blocks
+            0, every, 2*every, ... (:func:`checkpointed_blocks`).
+        segments (int, optional): in ``sqrt`` mode, the number of segments (default
+            :func:`sqrt_segments`).
+        policy (sequence or callable, optional): in ``selective`` mode, what to save: a list of
+            ``OpOverload`` such as ``torch.ops.aten.mm.default`` (default :data:`SAVE_MATMULS`),
+            or a policy function ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``.
+
+    Returns:
+        torch.nn.Module: ``model`` itself.
+
+    Raises:
+        ValueError: naming the parameter: a model without ``blocks``, an unknown ``mode``, a bad
+            ``every`` or ``segments``, ``segments`` outside ``sqrt`` mode, ``policy`` outside
+            ``selective`` mode, or a policy that is neither OpOverloads nor callable.
+
+    Example::
+
+        enable_checkpointing(model, "blocks", every=2)
+        enable_checkpointing(model, "none")  # back to the plain model
     """
     blocks = getattr(model, "blocks", None)
     if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
@@ -227,11 +300,16 @@ def _regions(n_layers: int, mode: str, every: int = 1,
 
 
 def policy_label(mode: str, every: int = 1) -> str:
-    """A checkpointing policy as the tables print it: ``"blocks/2"`` (``mode/every``), or the
-    mode alone for ``none`` and ``sqrt``, where ``every`` does not apply.
+    """A checkpointing policy as the tables print it: ``"blocks/2"`` (``mode/every``).
+
+    The mode alone for ``none`` and ``sqrt``, where ``every`` does not apply.
 
     Args:
-        mode: one of :data:`MODES`. every: a positive int.
+        mode (str): one of :data:`MODES`.
+        every (int): a positive int.
+
+    Returns:
+        str: the label.
 
     Raises:
         ValueError: naming ``mode`` or ``every``.
@@ -308,7 +386,28 @@ def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every:
     ``sqrt`` segment keeps its first block's input (its other blocks nothing), the
     last segment everything; ``selective`` keeps the input and the matmul outputs
     (:data:`SAVE_MATMULS`); ``attention`` keeps everything but the attention core's own tensors.
-    ``gpu`` and ``autocast`` as in :func:`course_lib.activations.block_saved`.
+
+    Args:
+        config (GPTConfig): the course GPT's shape.
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        mode (str): one of :data:`MODES`.
+        every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
+            0, every, 2*every, ... (:func:`checkpointed_blocks`).
+        segments (int, optional): in ``sqrt`` mode, the number of segments (default
+            :func:`sqrt_segments`), from 1 to ``n_layers``.
+        seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
+        dtype (torch.dtype or str): the activations' dtype (fp32, bf16, fp16); with
+            ``autocast``, the autocast dtype.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes.
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+
+    Returns:
+        list of list: per block, the :class:`~course_lib.activations.Saved` items it keeps.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``segments`` outside ``sqrt`` mode
+            included).
     """
     return _layout(config, batch_size, mode, every, segments, seq_len, dtype, gpu, autocast)[1]
 
@@ -316,9 +415,33 @@ def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every:
 def kept_items(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
                gpu=None, autocast: bool = False) -> list:
-    """The storages that ``GPT(config)`` under checkpointing ``mode`` keeps from forward to backward:
-    the embeddings', each block's (:func:`kept_by_block`), and the LM head's and loss's, which
-    are never checkpointed."""
+    """The storages that ``GPT(config)`` under checkpointing ``mode`` keeps from forward to backward.
+
+    The embeddings', each block's (:func:`kept_by_block`), and the LM head's and loss's, which
+    are never checkpointed.
+
+    Args:
+        config (GPTConfig): the course GPT's shape.
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        mode (str): one of :data:`MODES`.
+        every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
+            0, every, 2*every, ... (:func:`checkpointed_blocks`).
+        segments (int, optional): in ``sqrt`` mode, the number of segments (default
+            :func:`sqrt_segments`), from 1 to ``n_layers``.
+        seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
+        dtype (torch.dtype or str): the activations' dtype (fp32, bf16, fp16); with
+            ``autocast``, the autocast dtype.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes.
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+
+    Returns:
+        list: :class:`~course_lib.activations.Saved` items.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``segments`` outside ``sqrt`` mode
+            included).
+    """
     embed, per_block, head, _, _ = _layout(config, batch_size, mode, every, segments, seq_len,
                                            dtype, gpu, autocast)
     return [*embed, *(item for items in per_block for item in items), *head]
@@ -328,11 +451,27 @@ def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", e
                        **kwargs) -> int:
     """Bytes held between forward and backward under ``mode`` (token ids, targets, logits excluded).
 
-    The sum of :func:`kept_items` as the device allocates it (rounded per storage on a GPU);
-    ``kwargs``: ``segments``, ``seq_len``, ``dtype``, ``gpu``, ``autocast`` as there.
+    The sum of :func:`kept_items` as the device allocates it (rounded per storage on a GPU).
     Per-block checkpointing of ``L`` blocks keeps ``L * b*s*h`` elements instead of ``L``
     times :func:`course_lib.activations.block_saved_bytes`; ``sqrt`` with ``k`` segments keeps
-    ``(k - 1)`` inputs plus the last ``L - (k-1)*(L//k)`` blocks whole (Chen et al. 2016, section 4).
+    ``(k - 1)`` inputs plus the last ``L - (k-1)*(L//k)`` blocks whole (Chen et al. 2016,
+    section 4).
+
+    Args:
+        config (GPTConfig): the course GPT's shape.
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        mode (str): one of :data:`MODES`.
+        every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
+            0, every, 2*every, ... (:func:`checkpointed_blocks`).
+        **kwargs: ``segments``, ``seq_len``, ``dtype``, ``gpu``, ``autocast``, as for
+            :func:`kept_items`.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``segments`` outside ``sqrt`` mode
+            included).
     """
     gpu = resolve_gpu(kwargs.get("gpu"))
     embed, per_block, head, _, _ = _layout(config, batch_size, mode, every,
@@ -350,10 +489,15 @@ def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", e
 class CheckpointCost:
     """Predicted cost of one forward+backward of the GPT under a checkpointing mode.
 
-    ``kept_bytes``: activations held from forward to backward (:func:`predict_kept_bytes`);
-    ``flops``: FLOPs of forward, backward and recomputation (:func:`step_flops`);
-    ``flops_plain``: the same without checkpointing. The peak of the whole step is the
-    memory engine's (:func:`course_lib.engine.predict_step_memory`).
+    The peak of the whole step is the memory engine's
+    (:func:`course_lib.engine.predict_step_memory`).
+
+    Attributes:
+        mode (str): the checkpointing mode, one of :data:`MODES`.
+        kept_bytes (int): activations held from forward to backward, in bytes
+            (:func:`predict_kept_bytes`).
+        flops (int): FLOPs of forward, backward and recomputation (:func:`step_flops`).
+        flops_plain (int): the same without checkpointing.
     """
 
     mode: str
@@ -363,8 +507,11 @@ class CheckpointCost:
 
     @property
     def flop_ratio(self) -> float:
-        """``flops / flops_plain``: the step's compute against no checkpointing (1.33 = one more
-        forward). Wall time follows it only where the step is compute-bound."""
+        """``flops / flops_plain``: the step's compute against no checkpointing.
+
+        1.33 is one more forward pass. Wall time follows it only where the step is
+        compute-bound.
+        """
         return self.flops / self.flops_plain
 
 
@@ -380,14 +527,36 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     backward pass costs twice the forward, except a fused attention kernel,
     counted at 2.5x (it recomputes the scores). ``FlopCounterMode`` has no formula
     for the CPU flash kernel (``sdpa`` on the CPU without dropout): 0 there.
-    ``gpu`` (None: the CPU) decides the attention kernel (:func:`course_lib.kernels.sdpa_kernel`).
 
     Recomputation: a region reruns its forward only up to the last tensor its
     backward needs (``torch.utils.checkpoint`` stops early): without dropout the
     last linear of a checkpointed region (the MLP's output projection,
     ``8*b*s*h^2``) is not rerun; ``attention`` reruns ``Q K^T`` (``P V``'s output is
     not saved) or the whole fused kernel; ``selective`` reruns no matmul (their
-    outputs are kept) but a fused kernel runs again.
+    outputs are kept) but a fused kernel runs again. ``gpu`` (None: the CPU) decides the
+    attention kernel (:func:`course_lib.kernels.sdpa_kernel`).
+
+    Args:
+        config (GPTConfig): the course GPT's shape.
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        mode (str): one of :data:`MODES`.
+        every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
+            0, every, 2*every, ... (:func:`checkpointed_blocks`).
+        segments (int, optional): in ``sqrt`` mode, the number of segments (default
+            :func:`sqrt_segments`), from 1 to ``n_layers``.
+        seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
+        dtype (torch.dtype or str): the activations' dtype (fp32, bf16, fp16); with
+            ``autocast``, the autocast dtype.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes.
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+
+    Returns:
+        tuple of int: ``(flops, recomputed)``, FLOPs.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``segments`` outside ``sqrt`` mode
+            included).
     """
     check_config(config)
     L = config.n_layers
@@ -418,7 +587,21 @@ def checkpoint_cost(config: GPTConfig, batch_size: int, mode: str = "none", ever
                     **kwargs) -> CheckpointCost:
     """Predicted kept bytes and compute of ``mode`` for ``GPT(config)``: a :class:`CheckpointCost`.
 
-    ``kwargs``: ``segments``, ``seq_len``, ``dtype``, ``gpu``, ``autocast`` as :func:`kept_items`.
+    Args:
+        config (GPTConfig): the course GPT's shape.
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        mode (str): one of :data:`MODES`.
+        every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
+            0, every, 2*every, ... (:func:`checkpointed_blocks`).
+        **kwargs: ``segments``, ``seq_len``, ``dtype``, ``gpu``, ``autocast``, as for
+            :func:`kept_items`.
+
+    Returns:
+        CheckpointCost: kept bytes, FLOPs with and without the recomputation.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (``segments`` outside ``sqrt`` mode
+            included).
     """
     flops, extra = step_flops(config, batch_size, mode, every, **kwargs)
     return CheckpointCost(mode, predict_kept_bytes(config, batch_size, mode, every, **kwargs),
@@ -435,6 +618,18 @@ def measure_kept_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
     then dropped without a backward. Compare with :func:`predict_kept_bytes`.
     (``measure.saved_bytes`` cannot do this under checkpointing: reading a saved
     tensor of a checkpointed region through ``grad_fn._saved_*`` recomputes it.)
+
+    Args:
+        model (torch.nn.Module): returns ``(logits, loss)`` from ``model(inputs, targets)``.
+        inputs (torch.Tensor): ``(B, T)`` token ids.
+        targets (torch.Tensor): ``(B, T)`` token ids.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming ``model`` (not a module), ``inputs`` or ``targets`` (not 2-d integer
+            tensors of one shape).
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")

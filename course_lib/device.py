@@ -38,7 +38,11 @@ _KINDS = ("cuda", "mps", "cpu")
 
 
 def in_colab() -> bool:
-    """True when running inside Google Colab (its ``google.colab`` module is loaded)."""
+    """True when running inside Google Colab (its ``google.colab`` module is loaded).
+
+    Returns:
+        bool: whether ``google.colab`` is in ``sys.modules``.
+    """
     return "google.colab" in sys.modules
 
 
@@ -50,8 +54,21 @@ def _mps_available() -> bool:
 def pick_device(prefer: str | None = None) -> torch.device:
     """The best available device: CUDA > MPS > CPU, or ``prefer`` if it is available.
 
-    ``prefer`` is one of "cuda", "mps", "cpu" or None; asking for a device that
-    this machine lacks raises ``ValueError`` rather than silently falling back.
+    Asking for a device that this machine lacks raises ``ValueError`` rather than silently
+    falling back, so a notebook that needs a GPU says so.
+
+    Args:
+        prefer (str, optional): ``"cuda"``, ``"mps"``, ``"cpu"`` or ``None`` (the best one).
+
+    Returns:
+        torch.device: ``cuda``, ``mps`` or ``cpu`` (no index).
+
+    Raises:
+        ValueError: naming ``prefer``, for another value or a device this machine lacks.
+
+    Example::
+
+        pick_device("cpu")  # device(type='cpu')
     """
     if prefer is not None:
         if not isinstance(prefer, str) or prefer not in _KINDS:
@@ -71,25 +88,41 @@ def pick_device(prefer: str | None = None) -> torch.device:
 class GPU:
     """A CUDA card as the memory engine sees it.
 
-    Attributes:
-        name: what the course calls it ("T4", "H100 80GB") or the driver's name for a live card.
-        total_memory: bytes of device memory as the card reports it
-            (``torch.cuda.get_device_properties(i).total_memory``, ``nvidia-smi``'s "Total").
-        capability: the compute capability ``(major, minor)``: 7.5 is Turing (T4), 8.0 Ampere
-            (A100), 8.9 Ada (L4), 9.0 Hopper (H100, H200). It decides the attention kernel and
-            whether bf16 runs on tensor cores.
-        free_memory: bytes free when it was read (``torch.cuda.mem_get_info``), live cards only.
-        live: True when read from this kernel's GPU (:func:`live_gpu`), False for a preset.
-        fp32_flops: peak dense fp32 FLOP/s without tensor cores (what fp32 matmuls get:
-            PyTorch leaves TF32 off for matmuls by default), from the datasheet; None if unknown.
-        tensor_flops: peak dense fp16/bf16 tensor-core FLOP/s, without the 2:4 sparsity that
-            datasheets quote first (their sparse figure halved); None if unknown.
-        memory_bandwidth: peak device-memory bandwidth in bytes/s (decimal, as quoted).
-        datasheet: where the three figures come from.
-
     The speed fields are optional and come last, so ``GPU(name, total_memory, capability)``
     still builds a card (without them a time prediction needs a measured speed,
     :func:`course_lib.playground.measure_device_speed`).
+
+    Attributes:
+        name (str): what the course calls it ("T4", "H100 80GB") or the driver's name for a live
+            card.
+        total_memory (int): bytes of device memory as the card reports it
+            (``torch.cuda.get_device_properties(i).total_memory``, ``nvidia-smi``'s "Total"),
+            from 1 to :data:`course_lib.validation.MAX_BYTES`. It is the budget every "does it
+            fit" question is asked against.
+        capability (tuple of int): the compute capability ``(major, minor)``, each 0 to 99: 7.5
+            is Turing (T4), 8.0 Ampere (A100), 8.9 Ada (L4), 9.0 Hopper (H100, H200). It decides
+            the attention kernel and whether bf16 runs on tensor cores.
+        free_memory (int, optional): bytes free when it was read (``torch.cuda.mem_get_info``),
+            live cards only; at most ``total_memory``.
+        live (bool): True when read from this kernel's GPU (:func:`live_gpu`), False for a preset.
+        fp32_flops (float, optional): peak dense fp32 FLOP/s without tensor cores (what fp32
+            matmuls get: PyTorch leaves TF32 off for matmuls by default), from the datasheet;
+            None if unknown.
+        tensor_flops (float, optional): peak dense fp16/bf16 tensor-core FLOP/s, without the 2:4
+            sparsity that datasheets quote first (their sparse figure halved); None if unknown.
+        memory_bandwidth (float, optional): peak device-memory bandwidth in bytes/s (decimal, as
+            quoted).
+        datasheet (str, optional): where the three figures come from.
+
+    Raises:
+        ValueError: naming the field, for a non-str ``name`` or ``datasheet``, a ``total_memory``
+            that is not a positive int of bytes, a ``capability`` that is not a pair of ints
+            from 0 to 99, a ``free_memory`` outside ``[0, total_memory]``, a non-bool ``live``,
+            or a speed that is not a positive finite number or None.
+
+    Example::
+
+        GPU("my card", 24 * GiB, (8, 6))  # GiB from course_lib.units
     """
 
     name: str
@@ -166,8 +199,14 @@ GPUS: dict[str, GPU] = {
 def live_gpu(device: torch.device | str | int = "cuda") -> GPU:
     """This kernel's GPU as a :class:`GPU`: name, total and free memory, compute capability.
 
+    The datasheet speeds are not filled in (``None``): the driver does not report them.
+
     Args:
-        device: a CUDA device: ``"cuda"``, ``"cuda:1"``, a ``torch.device`` or an index (an int >= 0).
+        device (torch.device or str or int): a CUDA device: ``"cuda"``, ``"cuda:1"``, a
+            ``torch.device`` or an index (an int from 0 to 1023).
+
+    Returns:
+        GPU: with ``live=True`` and ``free_memory`` read now, in bytes.
 
     Raises:
         ValueError: naming ``device`` for anything else, or if this machine has no CUDA device.
@@ -197,11 +236,18 @@ def resolve_gpu(gpu) -> GPU | None:
     """What a prediction runs on: None for the CPU, else a :class:`GPU`.
 
     Args:
-        gpu: None or "cpu" (the CPU's kernels), a name of :data:`GPUS`, "cuda" (this kernel's
-            GPU, :func:`live_gpu`), or a :class:`GPU`.
+        gpu (str or GPU, optional): None or "cpu" (the CPU's kernels), a name of :data:`GPUS`,
+            "cuda" (this kernel's GPU, :func:`live_gpu`), or a :class:`GPU`.
+
+    Returns:
+        GPU or None: the card (``gpu`` itself when it is one), or None for the CPU.
 
     Raises:
         ValueError: for an unknown name, or "cuda" on a machine without CUDA.
+
+    Example::
+
+        resolve_gpu("T4").capability  # (7, 5)
     """
     if gpu is None or isinstance(gpu, GPU):
         return gpu
@@ -216,6 +262,13 @@ def resolve_gpu(gpu) -> GPU | None:
 
 def cuda_has_native_bf16(device: torch.device | str = "cuda") -> bool:
     """True on GPUs with bf16 tensor cores (compute capability 8.0+); False on a T4 (7.5).
+
+    Args:
+        device (torch.device or str): a CUDA device (``"cuda"``, ``"cuda:1"``).
+
+    Returns:
+        bool: whether its major compute capability is 8 or more; False on a machine without
+        CUDA.
 
     Raises:
         ValueError: naming ``device`` for anything but a CUDA device.
@@ -232,6 +285,20 @@ def pick_dtype(device: torch.device | str | GPU) -> torch.dtype:
 
     ``device`` may also be a :class:`GPU` (a preset of :data:`GPUS`): ``GPUS["T4"]`` gives
     ``torch.float16``, Ampere and newer ``torch.bfloat16``.
+
+    Args:
+        device (torch.device or str or GPU): the device to train on, or a card.
+
+    Returns:
+        torch.dtype: ``torch.bfloat16``, ``torch.float16`` or ``torch.float32``.
+
+    Raises:
+        ValueError: naming ``device``, for something that is not a device, or a device type
+            other than cuda, mps or cpu.
+
+    Example::
+
+        pick_dtype(GPUS["T4"])  # torch.float16
     """
     if isinstance(device, GPU):
         return torch.bfloat16 if device.has_native_bf16 else torch.float16
@@ -252,14 +319,34 @@ def pick_dtype(device: torch.device | str | GPU) -> torch.dtype:
 def needs_grad_scaler(dtype: torch.dtype) -> bool:
     """fp16 training needs loss scaling; bf16 and fp32 do not.
 
-    ``dtype``: a ``torch.dtype`` or one of its names ("fp16"); ``ValueError`` naming it otherwise.
+    fp16's 5-bit exponent flushes small gradients to zero unless the loss is scaled up first
+    (Micikevicius et al. 2018, "Mixed Precision Training").
+
+    Args:
+        dtype (torch.dtype or str): the training dtype or one of its names (``"fp16"``).
+
+    Returns:
+        bool: True for ``torch.float16`` only.
+
+    Raises:
+        ValueError: naming ``dtype``, as :func:`course_lib.units.as_dtype` does.
     """
     return as_dtype(dtype) == torch.float16
 
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What :func:`describe` found: the device, its dtype and its memory in bytes."""
+    """What :func:`describe` found: the device, its dtype and its memory in bytes.
+
+    Attributes:
+        device (torch.device): the device the notebook trains on.
+        dtype (torch.dtype): the training dtype :func:`pick_dtype` chose for it.
+        grad_scaler (bool): whether that dtype needs a ``torch.amp.GradScaler`` (fp16).
+        name (str): the GPU's name, "Apple GPU (MPS)", or the CPU's.
+        total_memory (int or None): device memory in bytes (CUDA only; None for host memory).
+        in_colab (bool): whether the kernel runs in Google Colab.
+        torch_version (str): ``torch.__version__``.
+    """
 
     device: torch.device
     dtype: torch.dtype
@@ -270,6 +357,11 @@ class DeviceInfo:
     torch_version: str
 
     def summary(self) -> str:
+        """The six-line summary :func:`print_summary` prints (device, memory, dtype, versions).
+
+        Returns:
+            str: the lines, joined by newlines.
+        """
         mem = format_bytes(self.total_memory) if self.total_memory else "n/a (host memory)"
         dtype = str(self.dtype).replace("torch.", "")
         scaler = " with GradScaler" if self.grad_scaler else ""
@@ -287,8 +379,15 @@ class DeviceInfo:
 def describe(device: torch.device | str | None = None) -> DeviceInfo:
     """A :class:`DeviceInfo` for ``device`` (default: :func:`pick_device`).
 
+    Args:
+        device (torch.device or str, optional): the device to describe; None for the best one.
+
+    Returns:
+        DeviceInfo: the device, its training dtype, its memory in bytes (CUDA) and versions.
+
     Raises:
-        ValueError: naming ``device`` for something that is not a device ("gpu", a number).
+        ValueError: naming ``device`` for something that is not a device ("gpu", a number), a
+            CUDA device on a machine without one, or a device type other than cuda, mps or cpu.
     """
     device = pick_device() if device is None else as_device("device", device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -316,7 +415,17 @@ def describe(device: torch.device | str | None = None) -> DeviceInfo:
 
 
 def print_summary(device: torch.device | str | None = None) -> DeviceInfo:
-    """Print the one-screen summary of :func:`describe` and return the info."""
+    """Print the one-screen summary of :func:`describe` and return the info.
+
+    Args:
+        device (torch.device or str, optional): as for :func:`describe`.
+
+    Returns:
+        DeviceInfo: what was printed.
+
+    Raises:
+        ValueError: as :func:`describe` does.
+    """
     info = describe(device)
     print(info.summary())
     return info

@@ -45,7 +45,14 @@ class AllReduceCounter:
 
     ``AllReduceCounter(ddp_model)`` registers itself; each call averages the
     bucket exactly as DDP's default does (``allreduce_hook``: divide by the
-    world size, all-reduce the sum), so the training is unchanged.
+    world size, all-reduce the sum), so the training is unchanged. ``calls`` and ``bytes``
+    hold the counts.
+
+    Args:
+        ddp_model (torch.nn.parallel.DistributedDataParallel): the model to count for.
+
+    Raises:
+        ValueError: naming ``ddp_model``, for anything but a ``DistributedDataParallel``.
     """
 
     def __init__(self, ddp_model):
@@ -59,6 +66,7 @@ class AllReduceCounter:
         ddp_model.register_comm_hook(self, AllReduceCounter._hook)
 
     def reset(self) -> None:
+        """Set ``calls`` and ``bytes`` back to 0."""
         self.calls = self.bytes = 0
 
     @staticmethod
@@ -75,10 +83,17 @@ def average_gradients(params: Iterable[torch.Tensor], all_reduce_sum: Callable,
                       world_size: int) -> None:
     """Replace each ``p.grad`` by its mean over the ranks: all-reduce the sum, divide by N.
 
-    ``all_reduce_sum(tensor)`` sums ``tensor`` over the ranks in place
-    (``torch.distributed.all_reduce``'s default ``ReduceOp.SUM``). Parameters
-    without a gradient (frozen, or unused) are skipped. This is what DDP does,
+    Parameters without a gradient (frozen, or unused) are skipped. This is what DDP does,
     one bucket of gradients at a time, overlapped with the backward pass.
+
+    Args:
+        params (iterable of torch.Tensor): the parameters (``model.parameters()``).
+        all_reduce_sum (callable): ``all_reduce_sum(tensor)`` sums ``tensor`` over the ranks in
+            place (``torch.distributed.all_reduce``'s default ``ReduceOp.SUM``).
+        world_size (int): N, from 1 to :data:`MAX_WORLD_SIZE`.
+
+    Raises:
+        ValueError: naming ``world_size``, for a bad value.
     """
     if (not isinstance(world_size, int) or isinstance(world_size, bool)
             or not 1 <= world_size <= MAX_WORLD_SIZE):
@@ -91,12 +106,26 @@ def average_gradients(params: Iterable[torch.Tensor], all_reduce_sum: Callable,
 
 
 def flat_grads(model: torch.nn.Module) -> torch.Tensor:
-    """All gradients of ``model`` (every parameter must have one) as one flat fp32 copy."""
+    """All gradients of ``model`` (every parameter must have one) as one flat fp32 copy.
+
+    Args:
+        model (torch.nn.Module): a model after a backward pass.
+
+    Returns:
+        torch.Tensor: 1-d, fp32, in parameter order.
+    """
     return torch.cat([p.grad.detach().flatten().float() for p in model.parameters()])
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
-    """All parameters of ``model`` as one flat fp32 tensor (a copy), in parameter order."""
+    """All parameters of ``model`` as one flat fp32 tensor (a copy), in parameter order.
+
+    Args:
+        model (torch.nn.Module): any model.
+
+    Returns:
+        torch.Tensor: 1-d, fp32.
+    """
     return torch.cat([p.detach().flatten().float() for p in model.parameters()])
 
 
@@ -112,8 +141,8 @@ class GradientReader(torch.optim.Optimizer):
     is taken.
 
     Args:
-        model: the ``torch.nn.Module`` whose gradients are read (a DDP model or a plain one);
-            every parameter must have a gradient at each step.
+        model (torch.nn.Module): the ``torch.nn.Module`` whose gradients are read (a DDP model or a
+            plain one); every parameter must have a gradient at each step.
 
     Raises:
         ValueError: if ``model`` is not a ``torch.nn.Module`` with parameters.
@@ -160,6 +189,15 @@ def local_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
     local tensors live in, which is larger when the shards are padded (FSDP2
     pads each parameter's dim-0 chunk to the size of the largest one) or share
     a bigger buffer.
+
+    Args:
+        tensors (iterable of torch.Tensor): tensors or ``DTensor`` s.
+
+    Returns:
+        tuple of int: ``(logical, allocated)`` bytes.
+
+    Raises:
+        ValueError: naming ``tensors``, for a str, dict, non-iterable or non-tensors.
     """
     if isinstance(tensors, str | bytes | dict) or not hasattr(tensors, "__iter__"):
         raise ValueError(f"tensors must be an iterable of tensors, got {tensors!r}")
@@ -205,7 +243,17 @@ def _moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def all_reduce_demo(rank: int, world_size: int) -> dict:
-    """Each rank holds ``[rank + 1, 10 * (rank + 1)]``: returned before and after ``all_reduce``."""
+    """Each rank holds ``[rank + 1, 10 * (rank + 1)]``: returned before and after ``all_reduce``.
+
+    Args:
+        rank (int): this process's rank, from 0 to ``world_size - 1`` (given by
+            :class:`course_lib.ranks.Ranks`).
+        world_size (int): the number of ranks N.
+
+    Returns:
+        dict: ``rank``, ``pid``, the tensor ``before`` and ``after`` the all-reduce (the sum
+        over the ranks).
+    """
     t = torch.tensor([rank + 1.0, 10.0 * (rank + 1)])
     before = t.clone()
     dist.all_reduce(t)  # ReduceOp.SUM, in place, on every rank
@@ -223,12 +271,11 @@ def ddp_accumulation(rank: int, world_size: int, *, config: GPTConfig, micro_bat
     rank's tokens, which is the micro-batch's mean loss / K here, as every
     micro-batch holds the same number of tokens.
 
-    ``config`` is a :class:`GPTConfig`. The global batch of ``world_size *
-    micro_batch * accum_steps`` sequences (``random_tokens(config, ..., seed=seed)``)
-    is cut into one contiguous slice per rank (:func:`course_lib.training.batches_of`),
-    each run as ``accum_steps`` micro-batches. Returns, per variant, the flat
-    gradient after one accumulation cycle (read by a :class:`GradientReader`)
-    and the all-reduces (calls and bytes) it made:
+    The global batch of ``world_size * micro_batch * accum_steps`` sequences
+    (``random_tokens(config, ..., seed=seed)``) is cut into one contiguous slice per rank
+    (:func:`course_lib.training.batches_of`), each run as ``accum_steps`` micro-batches.
+    The variants, each the flat gradient after one accumulation cycle (read by a
+    :class:`GradientReader`) and the all-reduces (calls and bytes) it made:
 
     * ``"no_sync"``: loss / K, all micro-batches but the last under ``no_sync()``;
     * ``"sync_every_micro_batch"``: loss / K, no ``no_sync``;
@@ -239,8 +286,23 @@ def ddp_accumulation(rank: int, world_size: int, *, config: GPTConfig, micro_bat
     ``"warmup_all_reduces"``: the all-reduces of a first backward, before DDP
     rebuilds its buckets. Then ``steps`` AdamW steps with ``no_sync``
     accumulation (batch ``seed + step``); ``"params_after"`` are the weights.
-    ``bucket_cap_mb`` is small so that this small model is split into several
-    buckets, as a large one is with the default 25 MB.
+
+    Args:
+        rank (int): this process's rank, from 0 to ``world_size - 1`` (given by
+            :class:`course_lib.ranks.Ranks`).
+        world_size (int): the number of ranks N.
+        config (GPTConfig): the model.
+        micro_batch (int): sequences per micro-batch on each rank.
+        accum_steps (int): K, micro-batches per optimizer step.
+        steps (int): AdamW steps of the training run.
+        lr (float): AdamW's learning rate.
+        bucket_cap_mb (float): DDP's bucket size in MB; small so that this small model is split
+            into several buckets, as a large one is with the default 25 MB.
+        seed (int): seeds the model and the batches.
+
+    Returns:
+        dict: per variant, ``{"grads", "all_reduces", "bytes"}`` (``"manual"``: ``grads``
+        only); ``"warmup_all_reduces"``, ``"params_after"`` and ``"n_params"``.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -311,6 +373,18 @@ def sharded_states(rank: int, world_size: int, *, config: GPTConfig, micro_batch
     construction (its communication buckets, ``"*_bucket_bytes"``) and the
     backward pass (``.grad``) leave allocated. ``"fsdp_rows"``: each parameter's
     full shape and local shard shape on this rank.
+
+    Args:
+        rank (int): this process's rank, from 0 to ``world_size - 1`` (given by
+            :class:`course_lib.ranks.Ranks`).
+        world_size (int): the number of ranks N.
+        config (GPTConfig): the model.
+        micro_batch (int): sequences per rank in the step.
+        lr (float): AdamW's learning rate.
+        seed (int): seeds the model (the same on every rank) and, plus the rank, the data.
+
+    Returns:
+        dict: the four rows above, ``"n_params"`` and ``"fsdp_rows"``.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -87,9 +87,20 @@ _F32 = torch.float32
 class StepMemory:
     """Predicted bytes at one moment of a training step (see the module doc for each field).
 
-    ``first_step``: the step is the first of a fresh optimizer (AdamW creates ``m``
-    and ``v`` in it), so before it only the parameters and master weights exist;
-    otherwise (steady state) the optimizer state exists before the step too.
+    Attributes:
+        moment (str): which moment of the step: "backward", "backward 2+", "optimizer" or
+            "forward" (:func:`predict_moments`).
+        parameters (int): bytes of the model's parameters.
+        master_weights (int): bytes of the fp32 master copies (mixed precision only).
+        optimizer_state (int): bytes of AdamW's ``m`` and ``v`` (and its ``step`` counters where
+            they are device memory).
+        gradients (int): bytes of the weight gradients alive at this moment.
+        activations (int): bytes autograd keeps for backward at this moment.
+        transient (int): bytes of gradients in flight between ops and of kernel and optimizer
+            scratch.
+        first_step (bool): the step is the first of a fresh optimizer (AdamW creates ``m``
+            and ``v`` in it), so before it only the parameters and master weights exist;
+            otherwise (steady state) the optimizer state exists before the step too.
     """
 
     moment: str
@@ -113,25 +124,44 @@ class StepMemory:
 
     @property
     def before_step(self) -> int:
-        """Bytes that existed before the step: parameters, master weights and, in steady
-        state, the optimizer state."""
+        """Bytes that existed before the step.
+
+        Parameters, master weights and, in steady state, the optimizer state.
+        """
         return (self.parameters + self.master_weights
                 + (0 if self.first_step else self.optimizer_state))
 
     @property
     def step_peak(self) -> int:
-        """``total - before_step``: what :func:`course_lib.measure.peak_memory` measures
-        around the step."""
+        """``total - before_step``: what :func:`course_lib.measure.peak_memory` measures.
+
+        The peak around the step, above what existed before it.
+        """
         return self.total - self.before_step
 
     def as_dict(self) -> dict[str, int]:
-        """The six categories by name, for tables and stacked bars."""
+        """The six categories by name, for tables and stacked bars.
+
+        Returns:
+            dict: ``parameters``, ``master_weights``, ``optimizer_state``, ``gradients``,
+            ``activations``, ``transient`` -> bytes.
+        """
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in ("moment", "first_step")}
 
 
 def breakdown_rows(memory: StepMemory) -> list[tuple[str, int]]:
-    """``(category, bytes)`` of a :class:`StepMemory` for a stacked bar, zero categories left out."""
+    """``(category, bytes)`` of a :class:`StepMemory` for a stacked bar, zero categories left out.
+
+    Args:
+        memory (StepMemory): a prediction.
+
+    Returns:
+        list of tuple: ``(name, bytes)``, names with spaces (``"optimizer state"``).
+
+    Raises:
+        ValueError: naming ``memory``, for anything but a :class:`StepMemory`.
+    """
     if not isinstance(memory, StepMemory):
         raise ValueError(f"memory must be a course_lib.engine.StepMemory, got "
                          f"{type(memory).__name__}")
@@ -445,8 +475,19 @@ def adamw_scratch_bytes(param_bytes: list[int]) -> int:
     holds two parameter-sized temporaries at once, while the previous parameter's
     ``denom`` is still referenced: ``max_i(P[i-1] + 2*P[i])``.
 
-    ``param_bytes``: a non-empty list of byte counts (ints from 0 to
-    :data:`course_lib.validation.MAX_BYTES`), one per parameter in the optimizer's order.
+    Args:
+        param_bytes (list of int): a non-empty list of byte counts (ints from 0 to
+            :data:`course_lib.validation.MAX_BYTES`), one per parameter in the optimizer's order.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming ``param_bytes``, for an empty list, a non-list or a bad count.
+
+    Example::
+
+        adamw_scratch_bytes([400, 40])  # 800: 2 * 400 for the first parameter
     """
     if isinstance(param_bytes, str) or not isinstance(param_bytes, list | tuple) or not param_bytes:
         raise ValueError(f"param_bytes must be a non-empty list of ints (bytes), got "
@@ -765,8 +806,9 @@ def _floor(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: 
 def predict_floor(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
                   precision: str = "fp32", mode: str = "none", every: int = 1,
                   seq_len: int | None = None, gpu=None) -> int:
-    """A lower bound, in bytes, on :func:`predict_step_memory`'s ``total``, at a fraction of
-    its cost: the moment the backward pass starts.
+    """A lower bound, in bytes, on :func:`predict_step_memory`'s ``total``, cheaply computed.
+
+    The bound is the moment the backward pass starts, at a fraction of the prediction's cost.
 
     ``floor = resident model states + the accumulated gradient (K > 1) + the activations kept
     for the backward pass (:func:`course_lib.checkpointing.predict_kept_bytes`) + the loss``:
@@ -776,13 +818,16 @@ def predict_floor(config: GPTConfig, micro_batch_size: int, accumulation_steps: 
     steady-state step (``first_step=False``), without chunked loss.
 
     Args:
-        config: the model. micro_batch_size: sequences per forward pass. accumulation_steps:
-            micro-batches per step. precision: one of :data:`PRECISIONS`. mode, every: the
-            checkpointing (:data:`MODES`). seq_len: tokens per sequence (default
-            ``config.seq_len``). gpu: as :func:`predict_step_memory`'s.
+        config (GPTConfig): the model.
+        micro_batch_size (int): sequences per forward pass.
+        accumulation_steps (int): micro-batches per step.
+        precision (str): one of :data:`PRECISIONS`.
+        mode, every: the checkpointing (:data:`MODES`).
+        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
+        gpu (str or GPU, optional): as :func:`predict_step_memory`'s.
 
     Returns:
-        Bytes (int).
+        int: bytes.
 
     Raises:
         ValueError: naming the argument.
@@ -829,10 +874,32 @@ def predict_moments(config: GPTConfig, micro_batch_size: int, accumulation_steps
                     segments: int | None = None, seq_len: int | None = None, gpu=None,
                     first_step: bool = False, foreach: bool = False,
                     loss_chunk: int | None = None) -> dict[str, StepMemory]:
-    """The moments of a step that compete for its peak, by name: "backward" (and "backward 2+"
-    for later micro-batches), "optimizer", and "forward" where SDPA's math kernel runs.
+    """The moments of a step that compete for its peak, by name.
 
-    Arguments as :func:`predict_step_memory`; the peak is the largest ``total``.
+    "backward" (and "backward 2+" for later micro-batches), "optimizer", and "forward" where
+    SDPA's math kernel runs. The peak is the largest ``total``
+    (:func:`predict_step_memory`).
+
+    Args:
+        config (GPTConfig): the model.
+        micro_batch_size (int): sequences per forward and backward pass (1 to
+            :data:`course_lib.validation.MAX_BATCH`).
+        accumulation_steps (int): passes per optimizer step (1 to ``MAX_BATCH``).
+        precision (str): one of :data:`PRECISIONS`.
+        mode, every, segments: checkpointing, as
+            :func:`course_lib.checkpointing.enable_checkpointing`.
+        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
+        gpu (str or GPU, optional): None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda"
+            or a ``GPU``.
+        first_step (bool): the first step of a fresh optimizer.
+        foreach (bool): AdamW's multi-tensor implementation.
+        loss_chunk (int, optional): the chunked loss's tokens per chunk.
+
+    Returns:
+        dict: moment name -> :class:`StepMemory`.
+
+    Raises:
+        ValueError: naming the argument, as :func:`predict_step_memory`.
     """
     return dict(_moments(*_validate(config, micro_batch_size, accumulation_steps, precision, mode,
                                     every, segments, seq_len, gpu, first_step, foreach,
@@ -851,21 +918,22 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     :class:`course_lib.mixed_precision.MasterWeightAdamW` in mixed precision).
 
     Args:
-        config: the model.
-        micro_batch_size: sequences per forward and backward pass (1 to
+        config (GPTConfig): the model.
+        micro_batch_size (int): sequences per forward and backward pass (1 to
             :data:`course_lib.validation.MAX_BATCH`).
-        accumulation_steps: passes per optimizer step (1 to ``MAX_BATCH``).
-        precision: one of :data:`PRECISIONS`.
+        accumulation_steps (int): passes per optimizer step (1 to ``MAX_BATCH``).
+        precision (str): one of :data:`PRECISIONS`.
         mode, every, segments: checkpointing, as :func:`course_lib.checkpointing.enable_checkpointing`.
-        seq_len: tokens per sequence (default ``config.seq_len``).
-        gpu: where the step runs: None (the CPU), a name of :data:`course_lib.device.GPUS`,
-            "cuda" (this kernel's GPU) or a :class:`~course_lib.device.GPU`.
-        first_step: the first step of a fresh optimizer (``m`` and ``v`` made in it) rather
+        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
+        gpu (str or GPU, optional): where the step runs: None (the CPU), a name of
+            :data:`course_lib.device.GPUS`, "cuda" (this kernel's GPU) or a
+            :class:`~course_lib.device.GPU`.
+        first_step (bool): the first step of a fresh optimizer (``m`` and ``v`` made in it) rather
             than a steady-state step.
-        foreach: AdamW's multi-tensor implementation (PyTorch's default on CUDA), whose
+        foreach (bool): AdamW's multi-tensor implementation (PyTorch's default on CUDA), whose
             scratch is one copy of ``v``, instead of the per-tensor one.
-        loss_chunk: the loss of :func:`course_lib.levers.chunked_cross_entropy` with chunks
-            of this many tokens (:func:`course_lib.levers.use_chunked_loss`), instead of
+        loss_chunk (int, optional): the loss of :func:`course_lib.levers.chunked_cross_entropy` with
+            chunks of this many tokens (:func:`course_lib.levers.use_chunked_loss`), instead of
             ``F.cross_entropy`` over the whole logits; not with the autocast precisions.
 
     Returns:

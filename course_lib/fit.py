@@ -82,12 +82,20 @@ def _recompute_fraction(config: GPTConfig, mode: str, every: int, seq_len: int) 
 
 @dataclass(frozen=True)
 class BatchFit:
-    """The largest micro-batch of one checkpointing policy (0 if not even one sequence fits)."""
+    """The largest micro-batch of one checkpointing policy (0 if not even one sequence fits).
+
+    Attributes:
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        micro_batch_size (int): the largest micro-batch that fits; 0 if none does.
+        memory (StepMemory or None): predicted at that micro-batch (None when it is 0).
+        recompute_fraction (float): the policy's recomputed FLOPs over a plain step's.
+    """
 
     mode: str
     every: int
     micro_batch_size: int
-    memory: StepMemory | None  # predicted at that micro-batch (None when it is 0)
+    memory: StepMemory | None
     recompute_fraction: float
 
     @property
@@ -115,10 +123,26 @@ def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp3
     """For each checkpointing policy, the largest micro-batch whose predicted step fits ``budget_bytes``.
 
     Predicted peak memory grows with the micro-batch, so each is found by
-    bisection over ``1 .. max_batch`` with :func:`predict_step_memory` for ``gpu``
-    (None: the CPU's kernels; a preset name or a :class:`~course_lib.device.GPU`). Returns
-    one :class:`BatchFit` per policy of ``policies`` (``(mode, every)`` pairs),
-    in their order.
+    bisection over ``1 .. max_batch`` with :func:`predict_step_memory`.
+
+    Args:
+        config (GPTConfig): the model.
+        budget_bytes (int): the memory, in bytes, from 1 to
+            :data:`course_lib.validation.MAX_BYTES`.
+        precision (str): one of :data:`course_lib.engine.PRECISIONS`.
+        accumulation_steps (int): micro-batches per optimizer step.
+        seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
+        policies (sequence of tuple): ``(mode, every)`` pairs.
+        max_batch (int): the largest micro-batch tried, up to
+            :data:`course_lib.validation.MAX_BATCH`.
+        gpu (str or GPU, optional): None (the CPU's kernels), a preset name or a
+            :class:`~course_lib.device.GPU`.
+
+    Returns:
+        list of BatchFit: one per policy, in their order.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
     """
     check_config(config)
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
@@ -149,7 +173,20 @@ def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp3
 
 @dataclass(frozen=True)
 class Fit:
-    """What :func:`fit_model` chose: a GPT, how to train it, and its predicted memory (bytes)."""
+    """What :func:`fit_model` chose: a GPT, how to train it, and its predicted memory (bytes).
+
+    Attributes:
+        config (GPTConfig): the model.
+        n_params (int): its parameters.
+        precision (str): the precision to train in.
+        micro_batch_size (int): sequences per forward and backward pass.
+        accumulation_steps (int): micro-batches per optimizer step.
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        memory (StepMemory): the predicted step.
+        budget_bytes (int): the budget it was fitted to.
+        recompute_fraction (float): recomputed FLOPs over a plain step's.
+    """
 
     config: GPTConfig
     n_params: int
@@ -164,10 +201,12 @@ class Fit:
 
     @property
     def peak_bytes(self) -> int:
+        """Predicted peak bytes of the step: ``memory.total``."""
         return self.memory.total
 
     @property
     def effective_batch(self) -> int:
+        """Sequences per optimizer step: ``micro_batch_size * accumulation_steps``."""
         return self.micro_batch_size * self.accumulation_steps
 
     @property
@@ -176,6 +215,11 @@ class Fit:
         return ckpt.policy_label(self.mode, self.every)
 
     def summary(self) -> str:
+        """Five lines: the model, the precision, the batch, the checkpointing and the peak.
+
+        Returns:
+            str: the lines joined by newlines.
+        """
         c = self.config
         return "\n".join([
             f"model      : {self.n_params / 1e6:,.2f}M parameters: d_model={c.d_model}, "
@@ -228,6 +272,19 @@ def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int
     count the loss changes by only a few percent for aspect ratios between about
     20 and 200 (GPT-2 124M: 64, GPT-3 175B: 128); outside, a "largest" model
     would be a needle (one very wide layer) or a thread (a hundred narrow ones).
+
+    Args:
+        widths (sequence of int): ``d_model`` values to try (those ``head_size`` divides); at
+            most :data:`MAX_SEARCH_VALUES` ints within :data:`course_lib.models.CONFIG_MAXIMUM`.
+        depths (sequence of int): ``n_layers`` values to try; the same limits.
+        head_size (int): ``d_model // n_heads``; 64 as GPT-2 and GPT-3.
+        aspect_ratio (tuple, optional): ``(low, high)``, two finite numbers ``0 < low <= high``
+            bounding ``d_model / n_layers``; None: no bound.
+        seq_len (int): the context length of every shape.
+        vocab_size (int): the vocabulary of every shape.
+
+    Returns:
+        list of GPTConfig: largest first.
 
     Raises:
         ValueError: naming the argument: ``widths`` and ``depths`` must be non-empty sequences
@@ -348,19 +405,12 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     ``vocab_size`` fixed). "Largest" is the most parameters. A configuration fits
     if one setting's :func:`predict_step_memory` is at most the budget; a setting
     is a precision of ``precisions``, a micro-batch ``b`` dividing
-    ``effective_batch`` (sequences per optimizer step) with ``effective_batch // b``
-    accumulation steps (at most ``max_accumulation_steps``; None: no limit), and a
+    ``effective_batch`` with ``effective_batch // b`` accumulation steps, and a
     checkpointing policy of ``policies``. For the largest fitting model the
     setting chosen is: the first precision of ``precisions`` that fits (the order
     is a preference: ``"bf16-mixed"`` before ``"fp32"`` by default; pure
     ``"bf16"`` only if listed), then the policy with the least recompute, then
-    the largest micro-batch. ``gpu``: where it trains, as :func:`predict_step_memory`
-    takes it (the budget is still ``budget_bytes``). Returns a :class:`Fit`; raises
-    ``ValueError`` if nothing fits, and ``ValueError`` naming the argument for a bad one:
-    counts are ints, not bools or floats, with stated maxima (``effective_batch`` and
-    ``max_accumulation_steps`` up to :data:`MAX_EFFECTIVE_BATCH`, ``seq_len`` and
-    ``vocab_size`` up to :data:`course_lib.models.CONFIG_MAXIMUM`, ``budget_bytes`` up to
-    :data:`course_lib.validation.MAX_BYTES`, at most :data:`MAX_SEARCH_VALUES` widths and depths).
+    the largest micro-batch.
 
     Search: memory grows with depth at a fixed width and with width at a fixed depth,
     so each width's deepest fitting model is found by bisection above the deepest
@@ -369,6 +419,33 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     :func:`course_lib.engine.predict_floor` is over the budget is not predicted);
     widths are visited from the largest model the closed-form :func:`_lower_bound`
     allows them, and the search stops once that cannot beat the best found.
+
+    Args:
+        budget_bytes (int): the memory, in bytes, up to :data:`course_lib.validation.MAX_BYTES`.
+        seq_len (int): tokens per sequence, up to :data:`course_lib.models.CONFIG_MAXIMUM`.
+        effective_batch (int): sequences per optimizer step, up to
+            :data:`MAX_EFFECTIVE_BATCH`.
+        vocab_size (int): the vocabulary, up to :data:`course_lib.models.CONFIG_MAXIMUM`.
+        widths (sequence of int): ``d_model`` values to try (those ``head_size`` divides); at
+            most :data:`MAX_SEARCH_VALUES` ints within :data:`course_lib.models.CONFIG_MAXIMUM`.
+        depths (sequence of int): ``n_layers`` values to try; the same limits.
+        head_size (int): ``d_model // n_heads``; 64 as GPT-2 and GPT-3.
+        aspect_ratio (tuple, optional): ``(low, high)``, two finite numbers ``0 < low <= high``
+            bounding ``d_model / n_layers``; None: no bound.
+        precisions (sequence of str): of :data:`course_lib.engine.PRECISIONS`, in order of
+            preference.
+        policies (sequence of tuple): ``(mode, every)`` checkpointing policies.
+        max_accumulation_steps (int, optional): the most accumulation steps (None: no limit),
+            up to :data:`MAX_EFFECTIVE_BATCH`.
+        gpu (str or GPU, optional): where it trains, as :func:`predict_step_memory` takes it (the
+            budget is still ``budget_bytes``).
+
+    Returns:
+        Fit: the model, its setting and its predicted memory.
+
+    Raises:
+        ValueError: if nothing fits, and naming the argument for a bad one: counts are ints,
+            not bools or floats, with the maxima above.
     """
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])

@@ -49,29 +49,60 @@ class Plan:
     """One way to run a training step: a setting per lever (the defaults are the plain step).
 
     ``precision``, ``accumulation_steps``, ``mode``/``every`` and ``loss_chunk`` are the memory
-    engine's; ``in_backward`` (:func:`course_lib.levers.optimizer_in_backward`),
-    ``state_bits`` (32, 8 or 4: :func:`course_lib.levers.low_bit_state_bytes`),
-    ``offload_activations`` (``save_on_cpu``), ``offload_optimizer`` (optimizer states and
-    master weights on the host, the step on the CPU), ``lora_rank`` (adapters on every
-    block linear, the rest frozen) and ``zero_stage`` over ``world_size`` GPUs adjust its
-    moments with the closed forms of :func:`predict_plan`.
+    engine's; ``in_backward``, ``state_bits``, ``offload_activations``, ``offload_optimizer``,
+    ``lora_rank`` and ``zero_stage`` over ``world_size`` GPUs adjust its moments with the
+    closed forms of :func:`predict_plan`. Each field's comment says what it does and why one
+    would change it.
 
-    Every field is checked when the plan is made (``ValueError`` naming it): counts are ints,
-    not bools (``accumulation_steps`` up to :data:`course_lib.validation.MAX_BATCH`,
-    ``world_size`` up to :data:`course_lib.memory.MAX_WORLD_SIZE`), switches are bools.
+    Raises:
+        ValueError: naming the field: an unknown ``precision`` or ``mode``; a count that is not
+            an int (not a bool) in range (``accumulation_steps`` up to
+            :data:`course_lib.validation.MAX_BATCH`, ``world_size`` up to
+            :data:`course_lib.memory.MAX_WORLD_SIZE`, ``zero_stage`` 0 to 3); ``state_bits``
+            not 32, 8 or 4; a switch that is not a bool.
+
+    Example::
+
+        Plan(precision="bf16-mixed", mode="blocks", state_bits=8)
     """
 
+    #: One of :data:`course_lib.engine.PRECISIONS`. ``"bf16-mixed"`` halves weights,
+    #: gradients and activations but adds fp32 master weights: 16 bytes per parameter of
+    #: model states, as fp32 AdamW, with half the activations; pure ``"bf16"`` 8.
     precision: str = "fp32"
+    #: Micro-batches per optimizer step K (``batch_size`` must divide by it): activations
+    #: shrink to one micro-batch's, at the cost of K smaller (less efficient) passes.
     accumulation_steps: int = 1
+    #: Activation checkpointing mode (:data:`course_lib.checkpointing.MODES`): fewer kept
+    #: activations, paid with recomputation in the backward pass.
     mode: str = "none"
+    #: Checkpoint every ``every``-th block (``blocks``, ``selective``, ``attention`` modes):
+    #: larger saves less memory and recomputes less.
     every: int = 1
+    #: Tokens per chunk of the chunked loss (:func:`course_lib.levers.chunked_cross_entropy`),
+    #: or None for the plain loss: the full ``N x V`` logits never exist at once; helps most
+    #: with large vocabularies.
     loss_chunk: int | None = None
+    #: Step each parameter in the backward pass as soon as its gradient is ready
+    #: (:func:`course_lib.levers.optimizer_in_backward`): only one gradient lives at a time.
+    #: Not with accumulation.
     in_backward: bool = False
+    #: Bits per optimizer state value: 32, 8 or 4 (torchao's ``AdamW8bit``/``AdamW4bit``;
+    #: :func:`course_lib.levers.low_bit_state_bytes`): AdamW's ``m`` and ``v`` shrink 4 or 8x.
     state_bits: int = 32
+    #: Keep saved activations in host memory (``save_on_cpu``): the device holds about one
+    #: block's at a time, paid with PCIe transfers.
     offload_activations: bool = False
+    #: Keep optimizer states and master weights on the host and step there: removes them from
+    #: the device, paid with transfers and a CPU step.
     offload_optimizer: bool = False
+    #: Rank of LoRA adapters on every block linear, the rest frozen (None: full training):
+    #: gradients and optimizer states only for the adapters. Changes what is trained.
     lora_rank: int | None = None
+    #: ZeRO stage 0-3 over ``world_size`` GPUs: shards optimizer states (1), gradients (2)
+    #: and parameters (3). Needs several GPUs.
     zero_stage: int = 0
+    #: GPUs the ZeRO shards are divided over, from 1 to :data:`course_lib.memory.MAX_WORLD_SIZE`.
     world_size: int = 1
 
     def __post_init__(self):
@@ -190,11 +221,14 @@ def predict_plan(config: GPTConfig, batch_size: int, plan: Plan = Plan(), *, gpu
       one block's parameters gathered.
 
     Args:
-        config: the model. batch_size: sequences per optimizer step. plan: the settings.
-        gpu: where the step runs (as the engine's ``gpu``). seq_len: tokens per sequence.
+        config (GPTConfig): the model.
+        batch_size (int): sequences per optimizer step.
+        plan (Plan): the settings.
+        gpu (str or GPU, optional): where the step runs (as the engine's ``gpu``).
+        seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
 
     Returns:
-        The :class:`StepMemory` of the worst moment.
+        StepMemory: the worst moment.
 
     Raises:
         ValueError: naming the argument: a bad config, batch, plan field or combination
@@ -232,6 +266,17 @@ def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
     optimizer offloading the gradients out and the parameters back (``2 P x`` bytes), ZeRO
     moves ``2 P`` (stages 1, 2) or ``3 P`` (stage 3) parameter-sized messages per GPU.
     Micro-batches and element-wise work (the optimizer, quantization) are not counted.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): sequences per optimizer step.
+        plan (Plan): the settings.
+        gpu (str): a preset name of :data:`course_lib.levers.GPU_SPECS`.
+        seq_len (int, optional): tokens per sequence, at most ``config.seq_len``.
+        utilization (float): share of the datasheet peak FLOP/s reached, in (0, 1].
+
+    Returns:
+        float: seconds.
 
     Raises:
         ValueError: naming the argument: a GPU without figures, a ``utilization`` outside
@@ -280,10 +325,17 @@ def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
 class Rung:
     """One lever of :func:`ladder`, applied alone to the plain step.
 
-    ``bytes_saved``: predicted peak bytes it removes (negative: it adds); ``time_paid``:
-    the step's predicted time it adds, as a fraction of the plain step's (negative: it
-    speeds the step up); ``how``: "engine" where the memory engine predicts the lever
-    itself, "engine + formula" where a closed form adjusts the engine's moments.
+    Attributes:
+        lever (str): the lever's name.
+        group (str): levers of one group replace each other in the combination (two
+            checkpointing modes, say).
+        plan (Plan): the plain step with this lever.
+        memory (StepMemory): its predicted peak moment.
+        bytes_saved (int): predicted peak bytes it removes (negative: it adds).
+        time_paid (float): the step's predicted time it adds, as a fraction of the plain step's
+            (negative: it speeds the step up).
+        how (str): "engine" where the memory engine predicts the lever itself, "engine +
+            formula" where a closed form adjusts the engine's moments.
     """
 
     lever: str
@@ -302,9 +354,25 @@ class Rung:
 
 @dataclass(frozen=True)
 class Ladder:
-    """What :func:`ladder` found: every lever alone (``rungs``, cheapest first; ``listed``, the
-    same in the course's order, which a chart keeps from one setting to the next) and the
-    combination, lever by lever, that brings the step under the GPU's memory."""
+    """What :func:`ladder` found: every lever alone, and the combination that fits.
+
+    The combination adds levers one by one until the step is under the GPU's memory.
+
+    Attributes:
+        config (GPTConfig): the model.
+        gpu (str): the GPU preset's name.
+        budget_bytes (int): the memory to fit in, in bytes.
+        batch_size (int): sequences per optimizer step.
+        seq_len (int): tokens per sequence.
+        baseline (StepMemory): the plain step's peak.
+        rungs (tuple of Rung): every lever alone, cheapest first.
+        steps (tuple): the combination, lever by lever: ``((lever, StepMemory after adding it,
+            time paid so far), ...)``.
+        plan (Plan): the combination's settings.
+        fits (bool): whether the combination's peak is within ``budget_bytes``.
+        listed (tuple of Rung): the rungs in the course's order, which a chart keeps from one
+            setting to the next.
+    """
 
     config: GPTConfig
     gpu: str
@@ -313,7 +381,7 @@ class Ladder:
     seq_len: int
     baseline: StepMemory
     rungs: tuple
-    steps: tuple          # ((lever, StepMemory after adding it, time paid so far), ...)
+    steps: tuple
     plan: Plan
     fits: bool
     listed: tuple = ()
@@ -324,7 +392,11 @@ class Ladder:
         return self.steps[-1][1] if self.steps else self.baseline
 
     def table(self) -> str:
-        """The rungs as a text table: saved bytes, time paid, bytes per time."""
+        """The rungs as a text table: saved bytes, time paid, bytes per time.
+
+        Returns:
+            str: a header and one line per rung.
+        """
         w = max(len(r.lever) for r in self.rungs)
         lines = [f"{'lever':{w}s} {'saves':>11s} {'time paid':>10s} {'peak':>11s}  how"]
         for r in self.rungs:
@@ -374,15 +446,20 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
     lower), until the step fits ``budget_bytes`` (default the GPU's memory).
 
     Args:
-        config: the model. gpu: a preset name of :data:`course_lib.device.GPUS`.
-        batch_size: sequences per optimizer step. seq_len: tokens per sequence.
-        budget_bytes: device bytes to fit in (default ``GPUS[gpu].total_memory``).
-        loss_chunk: tokens per chunk of the chunked loss. lora_rank: the adapters' rank.
-        world_size: GPUs for the ZeRO rungs. utilization: share of the GPU's peak FLOP/s
-            the step reaches (:func:`step_seconds`).
+        config (GPTConfig): the model.
+        gpu (str): a preset name of :data:`course_lib.device.GPUS`.
+        batch_size (int): sequences per optimizer step.
+        seq_len (int, optional): tokens per sequence, at most ``config.seq_len``.
+        budget_bytes (int, optional): device bytes to fit in (default
+            ``GPUS[gpu].total_memory``).
+        loss_chunk (int): tokens per chunk of the chunked loss.
+        lora_rank (int): the adapters' rank.
+        world_size (int): GPUs for the ZeRO rungs.
+        utilization (float): share of the GPU's peak FLOP/s the step reaches
+            (:func:`step_seconds`).
 
     Returns:
-        A :class:`Ladder`.
+        Ladder: the rungs, the combination and whether it fits.
 
     Raises:
         ValueError: naming the argument.

@@ -26,8 +26,17 @@ _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 class MemoryBudgetExceeded(RuntimeError):
-    """More memory than the budget: predicted before running (:func:`check_budget`) or reached
-    while running (:class:`BudgetTracker`, ``at`` names the op). Bytes in ``needed_bytes``."""
+    """More memory than the budget, predicted or reached.
+
+    Predicted before running (:func:`check_budget`) or reached while running
+    (:class:`BudgetTracker`, ``at`` names the op).
+
+    Args:
+        needed_bytes (int): the bytes needed (predicted) or live (when it was crossed).
+        budget_bytes (int): the budget, in bytes.
+        what (str): what was run, for the message.
+        at (str, optional): the op at which the budget was crossed; None for a prediction.
+    """
 
     def __init__(self, needed_bytes: int, budget_bytes: int, what: str = "the step", *,
                  at: str | None = None):
@@ -43,8 +52,19 @@ class MemoryBudgetExceeded(RuntimeError):
 
 
 def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
-    """Raise :class:`MemoryBudgetExceeded` if ``needed`` (bytes, or a :class:`StepMemory`)
-    is over ``budget_bytes``: the planner's verdict before anything runs."""
+    """Raise :class:`MemoryBudgetExceeded` if ``needed`` is over ``budget_bytes``.
+
+    The planner's verdict before anything runs.
+
+    Args:
+        needed (int or StepMemory): bytes, or a prediction (its ``total``).
+        budget_bytes (int): the budget, from 1 to :data:`course_lib.validation.MAX_BYTES`.
+        what (str): what would run, for the message.
+
+    Raises:
+        MemoryBudgetExceeded: when ``needed`` is over the budget.
+        ValueError: naming ``needed``, ``budget_bytes`` or ``what``, for a bad value.
+    """
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     text("what", what)
     needed = needed.total if isinstance(needed, StepMemory) else needed
@@ -55,9 +75,21 @@ def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
 
 
 class BudgetTracker(LiveTensorTracker):
-    """A :class:`~course_lib.measure.LiveTensorTracker` that raises :class:`MemoryBudgetExceeded`
-    as soon as the live tensors it counts exceed ``budget_bytes``: an out-of-memory error for
-    devices without a memory limit (the CPU), at the op that crossed the line."""
+    """A :class:`~course_lib.measure.LiveTensorTracker` that enforces ``budget_bytes``.
+
+    It raises :class:`MemoryBudgetExceeded` as soon as the live tensors it counts exceed
+    ``budget_bytes``.
+
+    An out-of-memory error for devices without a memory limit (the CPU), at the op that
+    crossed the line.
+
+    Args:
+        budget_bytes (int): the budget, from 1 to :data:`course_lib.validation.MAX_BYTES`.
+        what (str): what runs, for the message.
+
+    Raises:
+        ValueError: naming ``budget_bytes`` or ``what``, for a bad value.
+    """
 
     def __init__(self, budget_bytes: int, what: str = "the work"):
         budget_bytes = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
@@ -73,8 +105,14 @@ class BudgetTracker(LiveTensorTracker):
 
 @dataclass
 class Trial:
-    """What :func:`run_within_budget` saw: ``ok``, the measured ``peak_bytes`` (when it ran to
-    the end), a one-line ``message``, and ``fn``'s ``result``."""
+    """What :func:`run_within_budget` saw.
+
+    Attributes:
+        ok (bool): whether ``fn`` ran to the end within the budget.
+        peak_bytes (int or None): the measured peak, in bytes, when it ran to the end.
+        message (str): one line saying what happened.
+        result: what ``fn`` returned (None after a failure).
+    """
 
     ok: bool
     peak_bytes: int | None
@@ -95,6 +133,19 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
     raises :class:`MemoryBudgetExceeded`. After a failure the references are
     dropped, ``gc.collect()`` runs and, on CUDA, ``torch.cuda.empty_cache()``
     returns the cached blocks, so the kernel goes on. Other errors propagate.
+
+    Args:
+        fn (callable): the work, called with no arguments.
+        budget_bytes (int): the budget, from 1 to :data:`course_lib.validation.MAX_BYTES`.
+        what (str): what runs, for the messages.
+        device (str or torch.device, optional): where it runs (None: CUDA if available, else
+            the CPU).
+
+    Returns:
+        Trial: whether it fitted, its peak, a message and ``fn``'s result.
+
+    Raises:
+        ValueError: naming the argument, for a bad value, or ``device="cuda"`` without CUDA.
     """
     function("fn", fn)
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)

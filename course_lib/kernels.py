@@ -55,6 +55,19 @@ def mask_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
 
     On the CPU ``F.dropout`` multiplies by a scaled noise tensor of the input's
     dtype and saves it; on CUDA the fused ``native_dropout`` saves a ``bool`` mask.
+
+    Args:
+        dtype (torch.dtype or str): the dropout's input dtype.
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
+
+    Returns:
+        torch.dtype: ``torch.bool`` (1 byte per element) on CUDA, ``dtype`` on the CPU.
+
+    Raises:
+        ValueError: naming ``dtype`` (not a dtype :func:`course_lib.units.as_dtype` takes) or
+            ``gpu`` (not one :func:`course_lib.device.resolve_gpu` takes).
     """
     dtype = as_dtype(dtype)
     return torch.bool if _gpu(gpu) is not None else dtype
@@ -65,6 +78,19 @@ def stats_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
 
     CUDA keeps them in the accumulation type (fp32 for fp16 and bf16 input); the CPU
     kernel keeps them in the input's dtype.
+
+    Args:
+        dtype (torch.dtype or str): the LayerNorm's input dtype.
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
+
+    Returns:
+        torch.dtype: ``torch.float32`` on CUDA for 16-bit input, else ``dtype``.
+
+    Raises:
+        ValueError: naming ``dtype`` (not a dtype :func:`course_lib.units.as_dtype` takes) or
+            ``gpu`` (not one :func:`course_lib.device.resolve_gpu` takes).
     """
     dtype = as_dtype(dtype)
     return torch.float32 if _gpu(gpu) is not None and dtype in _HALF else dtype
@@ -73,8 +99,25 @@ def stats_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
 def allocated(nbytes: int, gpu: GPU | None = None) -> int:
     """Bytes a tensor of ``nbytes`` takes: exact on the CPU, rounded up to 512 on CUDA.
 
-    A zero-byte tensor takes nothing on either. ``nbytes``: a non-negative int (not a bool);
-    ``gpu``: None (the CPU), or what :func:`course_lib.device.resolve_gpu` takes.
+    On CUDA the caching allocator hands out multiples of :data:`CUDA_BLOCK` (512) bytes:
+    ``ceil(nbytes / 512) * 512``. A zero-byte tensor takes nothing on either.
+
+    Args:
+        nbytes (int): the tensor's bytes, a non-negative int (not a bool).
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
+
+    Returns:
+        int: the bytes it occupies.
+
+    Raises:
+        ValueError: naming ``nbytes`` (not a non-negative int) or ``gpu``.
+
+    Example::
+
+        allocated(100, "T4")  # 512
+        allocated(100)  # 100
     """
     if type(nbytes) is not int:
         nbytes = integer("nbytes", nbytes, minimum=0)
@@ -86,14 +129,43 @@ def allocated(nbytes: int, gpu: GPU | None = None) -> int:
 
 
 def optimizer_steps_on_device(gpu: GPU | None = None) -> bool:
-    """Whether AdamW's per-tensor ``step`` counters are device memory: yes on the CPU, no on
-    CUDA, where they stay on the host unless ``capturable=True`` or ``fused=True``."""
+    """Whether AdamW's per-tensor ``step`` counters are device memory.
+
+    Yes on the CPU; no on CUDA, where they stay on the host unless ``capturable=True`` or
+    ``fused=True``.
+
+    Args:
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
+
+    Returns:
+        bool: True for the CPU (``gpu`` None or "cpu").
+
+    Raises:
+        ValueError: naming ``gpu``, for a value :func:`course_lib.device.resolve_gpu` refuses.
+    """
     return _gpu(gpu) is None
 
 
 def autocast_softmax_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
-    """The output dtype of ``softmax`` on ``dtype`` input under ``torch.autocast``: fp32 on CUDA
-    (softmax is on CUDA's fp32 list), unchanged on the CPU (not on the CPU's lists)."""
+    """The output dtype of ``softmax`` on ``dtype`` input under ``torch.autocast``.
+
+    fp32 on CUDA (softmax is on CUDA's fp32 list), unchanged on the CPU (not on the CPU's lists).
+
+    Args:
+        dtype (torch.dtype or str): the softmax's input dtype (the autocast dtype).
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
+
+    Returns:
+        torch.dtype: ``torch.float32`` on CUDA, ``dtype`` on the CPU.
+
+    Raises:
+        ValueError: naming ``dtype`` (not a dtype :func:`course_lib.units.as_dtype` takes) or
+            ``gpu`` (not one :func:`course_lib.device.resolve_gpu` takes).
+    """
     dtype = as_dtype(dtype)
     return torch.float32 if _gpu(gpu) is not None else dtype
 
@@ -162,9 +234,11 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     * **math**: everything else, fp32 inside for 16-bit inputs.
 
     Args:
-        config: the course GPT's :class:`~course_lib.models.GPTConfig` (its head size and dropout).
+        config (GPTConfig): the course GPT's :class:`~course_lib.models.GPTConfig` (its head size
+            and dropout).
         dtype: the dtype of q, k and v (under autocast: the autocast dtype).
-        gpu: None for the CPU, or what :func:`course_lib.device.resolve_gpu` takes.
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes.
 
     Returns:
         One of :data:`SDPA_KERNELS`.
@@ -194,7 +268,22 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
 
 
 def attention_kernel(config: GPTConfig, dtype, gpu=None) -> str:
-    """"explicit" for the hand-written attention, else :func:`sdpa_kernel`."""
+    """"explicit" for the hand-written attention, else :func:`sdpa_kernel`.
+
+    Args:
+        config (GPTConfig): the course GPT's shape (its ``attention``).
+        dtype (torch.dtype or str): the dtype of q, k and v.
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
+
+    Returns:
+        str: ``"explicit"`` or one of :data:`SDPA_KERNELS`.
+
+    Raises:
+        ValueError: naming ``config``, ``dtype`` or ``gpu``, for a bad value (as
+            :func:`sdpa_kernel`).
+    """
     if check_config(config).attention == "explicit":
         as_dtype(dtype)
         _gpu(gpu)
@@ -212,13 +301,20 @@ def detect_sdpa_kernel(config: GPTConfig, dtype, batch_size: int = 1,
     the tests marked ``gpu``).
 
     Args:
-        config: the model. dtype: fp32, fp16 or bf16. batch_size: sequences, a positive int.
-        seq_len: tokens per sequence, at most ``config.seq_len`` (None: that).
-        device: "cuda", "cpu" or a ``torch.device``. q, k and v hold at most
-            :data:`MAX_DETECT_ELEMENTS` elements together.
+        config (GPTConfig): the model (its width, heads and dropout).
+        dtype (torch.dtype or str): fp32, fp16 or bf16.
+        batch_size (int): sequences, a positive int.
+        seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
+        device (str or torch.device): "cuda", "cpu" or a ``torch.device``. q, k and v hold at
+            most :data:`MAX_DETECT_ELEMENTS` elements together (``batch_size * seq_len * 3 *
+            d_model``).
+
+    Returns:
+        str: ``"math"``, ``"flash"``, ``"efficient"`` or ``"cudnn"``.
 
     Raises:
-        ValueError: naming the argument; for ``device="cuda"`` without a CUDA device.
+        ValueError: naming the argument; for ``device="cuda"`` without a CUDA device, or for
+            more than :data:`MAX_DETECT_ELEMENTS` elements.
     """
     check_config(config)
     dtype = as_dtype(dtype)

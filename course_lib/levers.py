@@ -69,8 +69,14 @@ MAX_TOKENS = MAX_COUNT
 class OptimizerInBackward:
     """What :func:`optimizer_in_backward` installed: one optimizer and one hook per parameter.
 
+    Made by :func:`optimizer_in_backward`, not by hand.
+
+    Args:
+        optimizers (dict): ``{parameter: optimizer}``, one optimizer over that parameter alone.
+        handles (list): the hooks' removable handles.
+
     Attributes:
-        optimizers: ``{parameter: optimizer}``, one optimizer over that parameter alone.
+        optimizers (dict): ``{parameter: optimizer}``, one optimizer over that parameter alone.
         steps: optimizer steps taken so far (one per parameter per backward pass).
     """
 
@@ -91,7 +97,11 @@ class OptimizerInBackward:
         return bool(self._handles)
 
     def state_dict(self) -> dict:
-        """Each optimizer's ``state_dict()``, in parameter order (for checkpoints)."""
+        """Each optimizer's ``state_dict()``, in parameter order (for checkpoints).
+
+        Returns:
+            dict: parameter index -> that parameter's optimizer state dict.
+        """
         return {i: opt.state_dict() for i, opt in enumerate(self.optimizers.values())}
 
 
@@ -117,8 +127,8 @@ def optimizer_in_backward(model: nn.Module,
     gradient norm (no moment has all the gradients).
 
     Args:
-        model: the module whose parameters to train.
-        make_optimizer: ``make_optimizer(params)`` with ``params`` a list of one
+        model (nn.Module): the module whose parameters to train.
+        make_optimizer (callable): ``make_optimizer(params)`` with ``params`` a list of one
             parameter, returning a ``torch.optim.Optimizer`` (or any object with
             ``step()`` and ``zero_grad(set_to_none=...)``), e.g.
             ``lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False)``.
@@ -239,13 +249,14 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     (to float rounding), for one more ``hidden @ weight.T`` (``2 N h V`` FLOPs).
 
     Args:
-        hidden: ``(N, h)`` or ``(B, T, h)`` final hidden states (any float dtype; the
+        hidden (torch.Tensor): ``(N, h)`` or ``(B, T, h)`` final hidden states (any float dtype; the
             log-softmax runs in fp32).
-        weight: ``(V, h)`` output embedding (the LM head's weight), same dtype as ``hidden``.
-        targets: ``(N,)`` or ``(B, T)`` integer class ids; ``ignore_index`` marks
+        weight (torch.Tensor): ``(V, h)`` output embedding (the LM head's weight), same dtype as
+            ``hidden``.
+        targets (torch.Tensor): ``(N,)`` or ``(B, T)`` integer class ids; ``ignore_index`` marks
             positions left out of the mean.
-        chunk_size: rows per chunk, a positive int; ``>= N`` means one chunk.
-        ignore_index: target value to leave out (default -100, as ``F.cross_entropy``).
+        chunk_size (int): rows per chunk, a positive int; ``>= N`` means one chunk.
+        ignore_index (int): target value to leave out (default -100, as ``F.cross_entropy``).
 
     Returns:
         The 0-d mean (fp32; fp64 for fp64 inputs) over non-ignored targets (nan if all are ignored, as
@@ -311,8 +322,8 @@ def use_chunked_loss(model: nn.Module, chunk_size: int | None) -> nn.Module:
     combines with it. ``model.loss_chunk`` holds the chunk size in force.
 
     Args:
-        model: a :class:`course_lib.models.GPT`.
-        chunk_size: rows (tokens) per chunk, or None for the plain loss.
+        model (nn.Module): a :class:`course_lib.models.GPT`.
+        chunk_size (int, optional): rows (tokens) per chunk, or None for the plain loss.
 
     Returns:
         ``model``.
@@ -337,21 +348,25 @@ def use_chunked_loss(model: nn.Module, chunk_size: int | None) -> nn.Module:
 def measure_chunked_loss_step(config: GPTConfig, micro_batch_size: int, loss_chunk: int,
                               accumulation_steps: int = 1, *, precision: str = "fp32",
                               device: str | torch.device = "cpu") -> int:
-    """Measured peak bytes of a steady-state step whose loss is chunked, beside
-    ``course_lib.engine.predict_step_memory(..., loss_chunk=loss_chunk)``.
+    """Measured peak bytes of a steady-state step whose loss is chunked.
+
+    To compare with ``course_lib.engine.predict_step_memory(..., loss_chunk=loss_chunk)``.
 
     As :func:`course_lib.step_setup.measure_step_memory`, with the model switched to
     :func:`chunked_cross_entropy` (:func:`use_chunked_loss`): each micro-batch's mean loss,
     divided by ``accumulation_steps``, is backpropagated, then the optimizer steps.
 
     Args:
-        config: the model. micro_batch_size: sequences per forward pass. loss_chunk: tokens
-            per chunk. accumulation_steps: micro-batches per step. precision: a precision of
-            :data:`course_lib.engine.PRECISIONS` without autocast or loss scaling (fp32,
-            bf16, bf16-mixed). device: where it runs.
+        config (GPTConfig): the model.
+        micro_batch_size (int): sequences per forward pass.
+        loss_chunk (int): tokens per chunk.
+        accumulation_steps (int): micro-batches per step.
+        precision (str): a precision of :data:`course_lib.engine.PRECISIONS` without autocast
+            or loss scaling (fp32, bf16, bf16-mixed).
+        device (str or torch.device): where it runs.
 
     Returns:
-        Bytes (int).
+        int: bytes.
 
     Raises:
         ValueError: naming the argument; ``precision`` that autocasts or scales the loss.
@@ -384,9 +399,20 @@ def logits_bytes(n_tokens: int, vocab_size: int, dtype=torch.float32) -> int:
     The plain loss of the course GPT holds several tensors of this size at its worst
     moment (lecture 08 counts them; the memory engine replays them).
 
+    Args:
+        n_tokens (int): N, from 1 to :data:`MAX_TOKENS`.
+        vocab_size (int): V, from 1 to ``CONFIG_MAXIMUM["vocab_size"]``.
+        dtype (torch.dtype or str): the logits' dtype.
+
+    Returns:
+        int: bytes.
+
     Raises:
-        ValueError: for a count that is not a positive int (``n_tokens`` at most
-            :data:`MAX_TOKENS`, ``vocab_size`` at most ``CONFIG_MAXIMUM["vocab_size"]``).
+        ValueError: for a count that is not a positive int in range, or a bad ``dtype``.
+
+    Example::
+
+        logits_bytes(8 * 1024, 50257)  # 1646821376: 1.5 GiB of fp32 logits
     """
     from .models import CONFIG_MAXIMUM
     from .units import dtype_bytes
@@ -408,6 +434,13 @@ def transfer_seconds(nbytes: int, bytes_per_second: float) -> float:
     A lower bound: real copies reach 80-90 % of a PCIe link from pinned memory and
     less from pageable memory (the driver stages them through a pinned buffer).
 
+    Args:
+        nbytes (int): bytes, from 0 to :data:`course_lib.validation.MAX_BYTES`.
+        bytes_per_second (float): the link's bandwidth, a finite positive number.
+
+    Returns:
+        float: seconds.
+
     Raises:
         ValueError: ``nbytes`` negative, not an int or above
             :data:`course_lib.validation.MAX_BYTES`; ``bytes_per_second`` not a finite
@@ -425,12 +458,18 @@ class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
 
     A hand-written version of ``torch.autograd.graph.save_on_cpu``: ``pack`` copies
     each saved tensor to ``device`` (pinned host memory when ``pin_memory`` and CUDA
-    is there), ``unpack`` copies it back to where it came from. Parameters (which
-    ``save_on_cpu`` copies too, every step) are left where they are when
-    ``skip_parameters``. Each storage is packed once, however many tensors view it.
+    is there), ``unpack`` copies it back to where it came from. Each storage is packed once,
+    however many tensors view it.
 
     On a CPU-only machine the tensors already are on the host: nothing moves, and the
     counts say what would move from a GPU.
+
+    Args:
+        device (str or torch.device): where saved tensors go (the host, ``"cpu"``).
+        pin_memory (bool): copy into pinned host memory (faster, asynchronous copies); only
+            where CUDA is available.
+        skip_parameters (bool): leave parameters (and views of them) where they are
+            (``save_on_cpu`` copies them too, every step).
 
     Attributes:
         packed_bytes: bytes of the distinct storages packed: what the device no longer
@@ -438,6 +477,9 @@ class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
         moved_bytes: bytes copied to the host, tensor by tensor (a storage that two ops
             save is copied twice, as ``save_on_cpu`` does); they come back in the backward pass.
         packed: number of tensors packed; skipped: parameters (and views of them) left in place.
+
+    Raises:
+        ValueError: naming ``device``, ``pin_memory`` or ``skip_parameters``, for a bad value.
     """
 
     def __init__(self, device: str | torch.device = "cpu", *, pin_memory: bool = True,
@@ -506,6 +548,12 @@ def optimizer_state_bytes(optimizer) -> int:
     inner tensors are counted (codes, scales, quantization map), not its nominal
     shape. Step counters are included (4 bytes each for AdamW).
 
+    Args:
+        optimizer (torch.optim.Optimizer): any optimizer with a ``state`` mapping.
+
+    Returns:
+        int: bytes.
+
     Raises:
         ValueError: for an object without a ``state`` mapping.
     """
@@ -538,9 +586,9 @@ def low_bit_state_bytes(numels: list[int], bits: int, *, param_bytes: int = 4) -
     the maps, 4-bit ``2 x (0.5 + 4/128)`` = 1.06 bytes, against 8 for fp32 AdamW.
 
     Args:
-        numels: elements of each parameter tensor.
-        bits: 32, 8 or 4.
-        param_bytes: bytes per element of the parameters (4 for fp32).
+        numels (list of int): elements of each parameter tensor.
+        bits (int): 32, 8 or 4.
+        param_bytes (int): bytes per element of the parameters (4 for fp32).
 
     Returns:
         Bytes, as :func:`optimizer_state_bytes` measures after the first step.
@@ -576,7 +624,14 @@ def low_bit_adamw(bits: int):
     extensions it cannot load on a CPU machine silenced (they do not concern these
     optimizers). torchao's step is ``torch.compile``-d per parameter shape (tens of
     seconds per shape on a small CPU); lecture 08 runs it eagerly
-    (``torch.compiler.set_stance("force_eager")``), which computes the same update.
+    (``torch.compiler.set_stance("force_eager")``, :func:`eager_compile`), which computes the
+    same update.
+
+    Args:
+        bits (int): 8 or 4.
+
+    Returns:
+        type: the optimizer class.
 
     Raises:
         ValueError: for ``bits`` other than 8 or 4.
@@ -603,7 +658,13 @@ def low_bit_adamw(bits: int):
 
 @contextlib.contextmanager
 def eager_compile():
-    """Run ``torch.compile``-d functions eagerly inside the block (torchao's low-bit step)."""
+    """Run ``torch.compile``-d functions eagerly inside the block (torchao's low-bit step).
+
+    ``torch.compiler.set_stance("force_eager")``, or dynamo disabled on torch < 2.6.
+
+    Yields:
+        None; the block runs eagerly.
+    """
     set_stance = getattr(torch.compiler, "set_stance", None)
     if set_stance is None:  # torch < 2.6: fall back to disabling dynamo
         with torch._dynamo.config.patch(disable=True):
@@ -629,9 +690,20 @@ def lora_parameter_count(config: GPTConfig, rank: int,
     (Hu et al. 2021, section 4.1). Per block of the course GPT with all four linears:
     ``rank x (h + 3h + h + h + h + 4h + 4h + h)`` = ``16 h rank``.
 
+    Args:
+        config (GPTConfig): the model.
+        rank (int): the adapters' rank r, an int from 1 to ``MAX_COUNT``.
+        targets (tuple of str): the block linears adapted, of :data:`LORA_TARGETS`.
+
+    Returns:
+        int: adapter parameters, all layers.
+
     Raises:
-        ValueError: bad ``config``, ``rank`` (an int from 1 to ``MAX_COUNT``) or a target that
-            is not one of :data:`LORA_TARGETS`.
+        ValueError: bad ``config``, ``rank`` or a target that is not one of :data:`LORA_TARGETS`.
+
+    Example::
+
+        lora_parameter_count(GPTConfig(d_model=64, n_layers=2), 8)  # 16384 = 2 * 16 * 64 * 8
     """
     check_config(config)
     positive_int("rank", rank, maximum=MAX_COUNT)
@@ -649,6 +721,13 @@ def frozen_linear_flops(config: GPTConfig, n_tokens: int) -> int:
     Each linear ``(in x out)`` computes ``2 N in out`` FLOPs for the weight gradient;
     per block ``2 N x 12 h^2``, and ``2 N h V`` for the tied LM head.
 
+    Args:
+        config (GPTConfig): the model.
+        n_tokens (int): tokens N in the batch, from 1 to :data:`MAX_TOKENS`.
+
+    Returns:
+        int: FLOPs.
+
     Raises:
         ValueError: bad ``config`` or ``n_tokens``.
     """
@@ -664,10 +743,13 @@ def frozen_linear_flops(config: GPTConfig, n_tokens: int) -> int:
 class GPUSpec:
     """Datasheet figures of a GPU preset that turn bytes and FLOPs into time (peaks, dense).
 
-    ``fp32_flops``/``half_flops``: FLOP/s without and with 16-bit tensor cores (fp16 on
-    a T4, bf16 elsewhere); ``host_link``: bytes/s per direction to the host (PCIe);
-    ``peer_link``: bytes/s per GPU to its peers (NVLink on SXM parts, else PCIe).
     Sources: NVIDIA's T4, L4, A100 and H100/H200 datasheets.
+
+    Attributes:
+        fp32_flops (float): FLOP/s without tensor cores.
+        half_flops (float): FLOP/s with 16-bit tensor cores (fp16 on a T4, bf16 elsewhere).
+        host_link (float): bytes/s per direction to the host (PCIe).
+        peer_link (float): bytes/s per GPU to its peers (NVLink on SXM parts, else PCIe).
     """
 
     fp32_flops: float
@@ -689,6 +771,12 @@ GPU_SPECS = {
 
 def gpu_spec(name: str) -> GPUSpec:
     """The :class:`GPUSpec` of a preset of :data:`course_lib.device.GPUS`.
+
+    Args:
+        name (str): a key of :data:`GPU_SPECS`.
+
+    Returns:
+        GPUSpec: its figures.
 
     Raises:
         ValueError: for a name without figures.

@@ -105,7 +105,15 @@ class LiveTensorTracker(TorchDispatchMode):
         self.peak = max(self.peak, self.live)
 
     def record_of(self, tensor: torch.Tensor) -> _Storage | None:
-        """The record of the storage ``tensor`` lives in, if this tracker counted it."""
+        """The record of the storage ``tensor`` lives in, if this tracker counted it.
+
+        Args:
+            tensor (torch.Tensor): any tensor.
+
+        Returns:
+            The storage's record (its size in bytes, birth, death and phases), or None for a
+            foreign storage (made before the tracker started) or a tensor without a storage.
+        """
         storage = _storage_of(tensor)
         return None if storage is None else self._ours.get(storage)
 
@@ -153,14 +161,29 @@ def _device_kind(device) -> str | None:
 def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None = None) -> int:
     """Peak bytes allocated while ``fn()`` runs, above what was live when it started.
 
-    ``device``: "cuda" reads the CUDA allocator, "cpu" or "mps" uses
-    :class:`LiveTensorTracker`; None (default) reads the allocator if the work
-    allocated anything on CUDA, else the tracker. The tracker and the allocator
-    agree on tensor bytes; the allocator adds its 512-byte block rounding and any
-    library workspaces (cuBLAS), which are real memory on the GPU. One difference
-    of definition: the allocator's figure drops when ``fn`` frees memory that was
-    live before it started; the tracker ignores such frees (it counts the work's
-    own allocations), so for work that frees old tensors it reads higher.
+    The tracker and the allocator agree on tensor bytes; the allocator adds its 512-byte block
+    rounding and any library workspaces (cuBLAS), which are real memory on the GPU. One
+    difference of definition: the allocator's figure drops when ``fn`` frees memory that was
+    live before it started; the tracker ignores such frees (it counts the work's own
+    allocations), so for work that frees old tensors it reads higher.
+
+    Args:
+        fn (callable): the work, called with no arguments.
+        device (str or torch.device, optional): "cuda" reads the CUDA allocator
+            (``torch.cuda.max_memory_allocated``), "cpu" or "mps" uses
+            :class:`LiveTensorTracker`; None (default) reads the allocator if the work
+            allocated anything on CUDA, else the tracker.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming ``fn`` (not callable) or ``device`` (not cuda, cpu, mps or None), or
+            for ``device="cuda"`` on a machine without CUDA.
+
+    Example::
+
+        peak_memory(lambda: torch.zeros(1024, 1024), device="cpu")  # 4194304
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable with no arguments, got {fn!r}")
@@ -191,15 +214,27 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
 
 @dataclass(frozen=True)
 class SavedTensor:
-    """One tensor an autograd node keeps for the backward pass."""
+    """One tensor an autograd node keeps for the backward pass.
 
-    node: str        # the backward node, e.g. "AddmmBackward0"
-    name: str        # its attribute, e.g. "mat1"
+    Attributes:
+        node (str): the backward node's class, e.g. ``"AddmmBackward0"``.
+        name (str): its attribute, e.g. ``"mat1"`` (``_saved_`` dropped).
+        shape (tuple): the tensor's shape.
+        dtype (torch.dtype): the tensor's dtype.
+        nbytes (int): bytes of the whole storage it lives in.
+        is_parameter (bool): whether the storage is one of the ``params`` given (it costs no
+            memory beyond the model's).
+        storage_id (int): :func:`course_lib.units.storage_key` of its storage: equal for
+            tensors that share a storage.
+    """
+
+    node: str
+    name: str
     shape: tuple
     dtype: torch.dtype
-    nbytes: int      # bytes of the whole storage it lives in
+    nbytes: int
     is_parameter: bool
-    storage_id: int  # equal for tensors that share a storage
+    storage_id: int
 
     @property
     def op(self) -> str:
@@ -241,15 +276,25 @@ def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
 
     Walks the graph from ``output.grad_fn`` and reads each node's ``_saved_*``
     attributes (PyTorch exposes them for introspection; custom functions expose
-    ``saved_tensors``). ``params`` (e.g. ``model.parameters()``) marks saved
-    tensors that are parameters: those cost no extra memory. Tensors shared by
-    several nodes appear once per node; sum unique ``storage_id`` s
-    (:func:`saved_bytes`) for the memory. Tensors saved through
+    ``saved_tensors``). Tensors shared by several nodes appear once per node; sum unique
+    ``storage_id`` s (:func:`saved_bytes`) for the memory. Tensors saved through
     ``saved_tensors_hooks`` are not listed and not unpacked: inside a non-reentrant
     checkpoint region they are placeholders, and unpacking one would recompute the
     region (the region's inputs, which it does keep, are held by the checkpoint
     itself; ``course_lib.checkpointing.measure_kept_bytes`` measures them). After
     ``backward()`` the graph has let go of its tensors and nothing is listed.
+
+    Args:
+        output (torch.Tensor): a tensor with a ``grad_fn`` (the loss).
+        params (iterable of torch.Tensor): tensors to mark as parameters (e.g.
+            ``model.parameters()``): those cost no extra memory.
+
+    Returns:
+        list of SavedTensor: one row per saved tensor per node.
+
+    Raises:
+        ValueError: naming ``output``, for a non-tensor or a tensor without a ``grad_fn``;
+            for ``params`` holding something without a storage.
     """
     if not isinstance(output, torch.Tensor) or output.grad_fn is None:
         raise ValueError("output must be a tensor that requires grad (has a grad_fn)")
@@ -278,6 +323,23 @@ def saved_bytes(output: torch.Tensor, params=(), *, include_parameters: bool = F
 
     A storage shared by several saved tensors (views, or one tensor saved by two
     nodes) counts once, at its full ``nbytes``: that is the memory it holds.
+
+    Args:
+        output (torch.Tensor): a tensor with a ``grad_fn`` (the loss).
+        params (iterable of torch.Tensor): the parameters, whose storages are left out.
+        include_parameters (bool): count the parameters' storages too.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming ``include_parameters`` (not a bool) or ``output`` (no ``grad_fn``).
+
+    Example::
+
+        x, y = random_tokens(config, 4)
+        logits, loss = model(x, y)
+        saved_bytes(loss, model.parameters())
     """
     if not isinstance(include_parameters, bool):
         raise ValueError(f"include_parameters must be True or False, got {include_parameters!r}")
@@ -297,13 +359,23 @@ PHASES = ("forward", "backward", "optimizer")
 def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   inputs: torch.Tensor, targets: torch.Tensor, *,
                   on_phase: Callable[[str, torch.Tensor | None], None] | None = None) -> float:
-    """The course's canonical step: forward to the loss, backward, ``optimizer.step()``,
-    ``zero_grad(set_to_none=True)``. Keeps only the loss (a model may return
-    ``(logits, loss)``, as the course GPT does); returns its value.
+    """The course's canonical step: forward, backward, ``optimizer.step()``, ``zero_grad``.
 
-    ``on_phase(name, loss)``, if given, is called as each of :data:`PHASES` begins
-    (``loss`` is None before the forward pass) and with ``"zero_grad"`` after the
-    optimizer step: :func:`step_breakdown` uses it to label its timeline.
+    Forward to the loss, ``loss.backward()``, ``optimizer.step()``,
+    ``optimizer.zero_grad(set_to_none=True)``. Keeps only the loss (a model may return ``(logits, loss)``, as the course GPT does).
+
+    Args:
+        model (torch.nn.Module): called as ``model(inputs, targets)``.
+        optimizer (torch.optim.Optimizer): steps the model's parameters.
+        inputs (torch.Tensor): the batch's inputs.
+        targets (torch.Tensor): the batch's targets.
+        on_phase (callable, optional): ``on_phase(name, loss)``, called as each of
+            :data:`PHASES` begins (``loss`` is None before the forward pass) and with
+            ``"zero_grad"`` after the optimizer step: :func:`step_breakdown` uses it to label
+            its timeline.
+
+    Returns:
+        float: the loss's value.
     """
     hook = on_phase or (lambda name, loss: None)
     hook("forward", None)
@@ -320,11 +392,20 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def resident_bytes(model: torch.nn.Module, optimizer) -> int:
-    """Bytes that stay on the model's device between steps: parameters, master weights (an
-    optimizer with a ``master`` list) and optimizer state, each storage once.
+    """Bytes that stay on the model's device between steps, each storage once.
+
+    Parameters, master weights (an optimizer with a ``master`` list) and optimizer state.
 
     On CUDA each storage counts as the caching allocator holds it (rounded up to 512 bytes),
     and AdamW's ``step`` counters, which live on the host there, are left out.
+
+    Args:
+        model (torch.nn.Module): a model with at least one parameter; its first parameter's
+            device is the device counted.
+        optimizer (torch.optim.Optimizer): its optimizer.
+
+    Returns:
+        int: bytes.
     """
     from .kernels import CUDA_BLOCK
 
@@ -344,14 +425,17 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 class StepBreakdown:
     """Where the bytes of one training step went, from :func:`step_breakdown` (all in bytes).
 
-    ``at_peak`` maps each of :data:`CATEGORIES` to its live bytes at the step's
-    peak moment (``total`` is their sum); ``baseline`` is what was live before the
-    step (parameters, and existing gradients or optimizer state, filed under
-    their categories); ``peak`` is the peak above the baseline, the figure
-    :func:`peak_memory` reports for the same step; ``peak_phase`` the phase it
-    fell in; ``phase_peaks`` the highest total per phase. ``events`` and
-    ``series`` are the timeline: live bytes per category after each allocation
-    or free (``series[category][i]``), and the phase of each event.
+    Attributes:
+        at_peak (dict): each of :data:`CATEGORIES` -> its live bytes at the step's peak
+            moment (:attr:`total` is their sum).
+        baseline (dict): what was live before the step, by category (parameters, and
+            existing gradients or optimizer state).
+        peak (int): the peak above the baseline, the figure :func:`peak_memory` reports for
+            the same step.
+        peak_phase (str): the phase (of :data:`PHASES`, or ``"zero_grad"``) it fell in.
+        phase_peaks (dict): the highest total per phase.
+        events (list): the phase of each allocation or free, in order.
+        series (dict): category -> live bytes after each event (``series[category][i]``).
     """
 
     at_peak: dict
@@ -364,10 +448,15 @@ class StepBreakdown:
 
     @property
     def total(self) -> int:
+        """Bytes live at the peak, all categories: ``sum(at_peak.values())``."""
         return sum(self.at_peak.values())
 
     def table(self) -> str:
-        """The breakdown at the peak as aligned text lines (bytes and share)."""
+        """The breakdown at the peak as aligned text lines (bytes and share).
+
+        Returns:
+            str: one line per category and a total line.
+        """
         from .units import format_bytes
 
         lines = [f"{'category':16s} {'bytes at peak':>14s} {'':>11s} share"]
@@ -397,6 +486,20 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     A mixed-precision optimizer (:class:`course_lib.mixed_precision.MasterWeightAdamW`) keeps
     fp32 master weights: they are filed with the optimizer state, as the ZeRO paper counts
     them (its ``K`` bytes per parameter), and their fp32 gradients with the gradients.
+
+    Args:
+        model (torch.nn.Module): returns the loss, or ``(logits, loss)``, from
+            ``model(inputs, targets)``.
+        optimizer (torch.optim.Optimizer): the model's optimizer.
+        inputs (torch.Tensor): the batch's inputs.
+        targets (torch.Tensor): the batch's targets.
+
+    Returns:
+        StepBreakdown: bytes by category at the peak, the baseline and the timeline.
+
+    Raises:
+        ValueError: naming ``model`` (not an ``nn.Module``) or ``optimizer`` (not a
+            ``torch.optim.Optimizer``).
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")

@@ -67,20 +67,32 @@ STATE_TENSORS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
 
 @dataclass(frozen=True)
 class Precision:
-    """What a precision means for memory: the dtypes of each model state and of the compute."""
+    """What a precision means for memory: the dtypes of each model state and of the compute.
+
+    Attributes:
+        name (str): its key in :data:`PRECISION` (``"bf16-mixed"``).
+        params (torch.dtype): the model's parameters (and so its gradients).
+        compute (torch.dtype): matmul inputs and outputs.
+        master (bool): fp32 master copies of the parameters are kept.
+        state (torch.dtype): each optimizer state tensor (AdamW's m and v).
+        autocast (bool): the forward pass runs under ``torch.autocast``.
+        grad_scaler (bool): fp16 computes: the loss is scaled (``GradScaler``).
+    """
 
     name: str
-    params: torch.dtype      # the model's parameters (and so its gradients)
-    compute: torch.dtype     # matmul inputs and outputs
-    master: bool             # fp32 master copies of the parameters
-    state: torch.dtype       # each optimizer state tensor (AdamW's m and v)
-    autocast: bool           # the forward pass runs under torch.autocast
-    grad_scaler: bool        # fp16 computes: the loss is scaled (GradScaler)
+    params: torch.dtype
+    compute: torch.dtype
+    master: bool
+    state: torch.dtype
+    autocast: bool
+    grad_scaler: bool
 
     @property
     def element_bytes(self) -> tuple[int, int, int, int]:
-        """Bytes per parameter of ``(params, grads, master weights, each optimizer state
-        tensor)``: gradients have the parameters' dtype, master weights are fp32."""
+        """Bytes per parameter of ``(params, grads, master weights, each optimizer state tensor)``.
+
+        Gradients have the parameters' dtype, master weights are fp32.
+        """
         weight = dtype_bytes(self.params)
         return weight, weight, dtype_bytes(torch.float32) * self.master, dtype_bytes(self.state)
 
@@ -102,24 +114,44 @@ PRECISIONS = tuple(PRECISION)
 def precision_of(precision: str, name: str = "precision") -> Precision:
     """The :class:`Precision` named ``precision`` (one of :data:`PRECISIONS`).
 
+    Args:
+        precision (str): ``"fp32"``, ``"fp16-mixed"``, ``"bf16-mixed"``, ``"bf16"``,
+            ``"autocast-fp16"`` or ``"autocast-bf16"``.
+        name (str): the caller's parameter, for the message.
+
+    Returns:
+        Precision: the row of :data:`PRECISION`.
+
     Raises:
         ValueError: naming ``name`` (the caller's parameter), for any other value.
+
+    Example::
+
+        precision_of("bf16-mixed").element_bytes  # (2, 2, 4, 4)
     """
     return PRECISION[choice(name, precision, PRECISIONS)]
 
 
 def mixed_precision_for(gpu=None) -> str:
-    """The mixed precision of :data:`PRECISIONS` a device trains in: ``"fp16-mixed"`` (with a
-    GradScaler) on a GPU without bf16 tensor cores (a T4), ``"bf16-mixed"`` on Ampere and newer
-    and on the CPU (which has no fp16 speed to speak of); :func:`course_lib.device.pick_dtype`
-    decides.
+    """The mixed precision of :data:`PRECISIONS` a device trains in.
+
+    ``"fp16-mixed"`` (with a GradScaler) on a GPU without bf16 tensor cores (a T4),
+    ``"bf16-mixed"`` on Ampere and newer and on the CPU (which has no fp16 speed to speak of);
+    :func:`course_lib.device.pick_dtype` decides.
 
     Args:
-        gpu: None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda" (this kernel's
-            GPU) or a :class:`~course_lib.device.GPU`.
+        gpu (str or GPU, optional): None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda"
+            (this kernel's GPU) or a :class:`~course_lib.device.GPU`.
+
+    Returns:
+        str: ``"fp16-mixed"`` or ``"bf16-mixed"``.
 
     Raises:
         ValueError: naming ``gpu``, for anything else.
+
+    Example::
+
+        mixed_precision_for("T4")  # "fp16-mixed"
     """
     card = resolve_gpu(gpu)
     if card is None:
@@ -132,7 +164,13 @@ def mixed_precision_for(gpu=None) -> str:
 class TrainingMemory:
     """Bytes of model states on one device; ``total`` is the sum of the four parts.
 
-    ``grads`` includes the fp32 gradient-accumulation buffer when there is one.
+    Attributes:
+        params (int): bytes of the parameters.
+        grads (int): bytes of the gradients, with the fp32 gradient-accumulation buffer when
+            there is one.
+        optimizer_states (int): bytes of the optimizer's state tensors (AdamW's m and v).
+        master_weights (int): bytes of the fp32 master copies (mixed precision).
+        total (int): the sum of the four, computed (not an argument).
     """
 
     params: int
@@ -146,6 +184,12 @@ class TrainingMemory:
                            + self.master_weights)
 
     def as_dict(self) -> dict[str, int]:
+        """The five fields by name, in bytes (``dataclasses.asdict``).
+
+        Returns:
+            dict: ``{"params": ..., "grads": ..., "optimizer_states": ..., "master_weights": ...,
+            "total": ...}``.
+        """
         return asdict(self)
 
 
@@ -173,19 +217,39 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
                     fp32_grad_buffer: bool = False) -> TrainingMemory:
     """Bytes per device of parameters, gradients, optimizer states and master weights.
 
-    ``n_params`` parameters (an int, or a whole float such as ``7e9``); ``optimizer``
-    one of :data:`OPTIMIZERS`; ``precision`` one of :data:`PRECISIONS` (see the
-    module table); ``zero_stage`` 0-3 over ``world_size`` data-parallel ranks
-    (ZeRO paper, section 5: stage 1 shards optimizer states and master weights,
-    stage 2 also gradients, stage 3 also parameters; stage 0 replicates all).
-    ``fp32_grad_buffer`` gives 16-bit parameters an fp32 gradient buffer (counted in
-    ``grads``), as Megatron-LM accumulates in: bf16 gradients are added into it and
-    freed (4 bytes/param instead of 2), fp16 gradients are kept beside it (2 + 4); with
-    fp32 gradients (``"fp32"``, autocast) they already are that buffer and nothing changes.
+    ``zero_stage`` 0-3 over ``world_size`` data-parallel ranks follows the ZeRO paper
+    (Rajbhandari et al. 2020, section 5): stage 1 shards optimizer states and master weights,
+    stage 2 also gradients, stage 3 also parameters; stage 0 replicates all. A sharded tensor
+    holds ``ceil(P / N)`` elements per rank.
 
     Mixed-precision AdamW: ``training_memory(P, precision="bf16-mixed").total == 16 * P``.
     Activations, temporaries and allocator overhead are not model states and are
     not counted (see :func:`transformer_activation_bytes` for activations).
+
+    Args:
+        n_params (int): parameters P, an int (or a whole float such as ``7e9``) from 1 to
+            :data:`MAX_PARAMS`.
+        optimizer (str): one of :data:`OPTIMIZERS`.
+        precision (str): one of :data:`PRECISIONS` (see the module table).
+        zero_stage (int): 0, 1, 2 or 3.
+        world_size (int): data-parallel ranks N, from 1 to :data:`MAX_WORLD_SIZE` (a whole
+            float is accepted).
+        fp32_grad_buffer (bool): give 16-bit parameters an fp32 gradient buffer (counted in
+            ``grads``), as Megatron-LM accumulates in: bf16 gradients are added into it and
+            freed (4 bytes/param instead of 2), fp16 gradients are kept beside it (2 + 4); with
+            fp32 gradients (``"fp32"``, autocast) they already are that buffer and nothing
+            changes.
+
+    Returns:
+        TrainingMemory: bytes of each model state on one device, and their ``total``.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
+
+    Example::
+
+        training_memory(7_000_000_000, precision="bf16-mixed", zero_stage=3,
+                        world_size=8).total  # 14000000000: 16 bytes * 7e9 / 8
     """
     P = _count("n_params", n_params)
     _choice("optimizer", optimizer, OPTIMIZERS)
@@ -212,7 +276,23 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
 
 def bytes_per_param(optimizer: str = "adamw", precision: str = "fp32", *,
                     fp32_grad_buffer: bool = False) -> int:
-    """Bytes of model states per parameter without sharding (mixed-precision Adam: 16)."""
+    """Bytes of model states per parameter without sharding (mixed-precision Adam: 16).
+
+    Args:
+        optimizer (str): one of :data:`OPTIMIZERS`.
+        precision (str): one of :data:`PRECISIONS`.
+        fp32_grad_buffer (bool): as for :func:`training_memory` (bf16-mixed: 18, fp16-mixed: 20).
+
+    Returns:
+        int: ``training_memory(1, ...).total``.
+
+    Raises:
+        ValueError: naming the parameter, as :func:`training_memory` does.
+
+    Example::
+
+        bytes_per_param("adamw", "bf16-mixed")  # 16
+    """
     return training_memory(1, optimizer=optimizer, precision=precision,
                            fp32_grad_buffer=fp32_grad_buffer).total
 
@@ -234,6 +314,16 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     Each storage counts once (:func:`course_lib.units.storage_bytes`). Works on real tensors
     and on the ``meta`` device (storages there have a size but no memory), so a 70B optimizer
     step can be "measured" without allocating.
+
+    Args:
+        model (torch.nn.Module): the model whose parameters and gradients are counted.
+        optimizer (torch.optim.Optimizer, optional): its optimizer, for the states (and the
+            master weights of a :class:`~course_lib.mixed_precision.MasterWeightAdamW`).
+        master_params (iterable of torch.Tensor): master copies made by hand.
+        include_step (bool): count AdamW's per-tensor ``step`` counters.
+
+    Returns:
+        TrainingMemory: the measured bytes of each model state.
 
     Raises:
         ValueError: naming ``model`` (not an ``nn.Module``), ``optimizer`` (not a
@@ -273,7 +363,24 @@ def transformer_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_
     * ``recompute="selective"`` (recompute the attention core): ``34*s*b*h``;
     * ``recompute="full"`` (keep only each layer's input): ``2*s*b*h``.
 
-    Returns the per-layer figure times ``n_layers``, an int.
+    Args:
+        seq_len (int): s, tokens per sequence, >= 1.
+        batch_size (int): b, sequences per micro-batch, >= 1.
+        d_model (int): h, the hidden size, >= 1.
+        n_heads (int): a, attention heads, >= 1.
+        n_layers (int): transformer layers, >= 1.
+        recompute (str): ``"none"``, ``"selective"`` or ``"full"``.
+
+    Returns:
+        int: the per-layer bytes times ``n_layers``.
+
+    Raises:
+        ValueError: naming the parameter, for a non-positive or non-integer size or an unknown
+            ``recompute``.
+
+    Example::
+
+        transformer_activation_bytes(2048, 1, 12288, 96, recompute="selective")  # 855638016
     """
     s, b, h, a, L = (_positive_int(n, v) for n, v in (
         ("seq_len", seq_len), ("batch_size", batch_size), ("d_model", d_model),

@@ -24,8 +24,11 @@ from .measure import LiveTensorTracker
 class Timeline:
     """Allocated bytes after each event: ``clock[i]`` -> ``allocated[i]`` (bytes).
 
-    ``unit`` says what the clock counts: "µs" (the CUDA trace's timestamps) or
-    "event" (allocations and frees, numbered in order).
+    Attributes:
+        clock (list): when each event happened, in ``unit``.
+        allocated (list of int): bytes allocated after each event.
+        unit (str): what the clock counts: "µs" (the CUDA trace's timestamps) or "event"
+            (allocations and frees, numbered in order).
     """
 
     clock: list
@@ -43,10 +46,22 @@ def timeline_from_snapshot(snapshot: dict, baseline: int = 0, device: int = 0) -
 
     Walks ``snapshot["device_traces"][device]``: ``alloc`` adds the block's
     ``size``, ``free_completed`` subtracts it (other actions, such as segment
-    maps, do not change allocated bytes). ``baseline``: bytes allocated when
-    recording started (``torch.cuda.memory_allocated()``), which the trace does
-    not hold. Sizes are the allocator's blocks (multiples of 512 bytes), the
-    same units as ``torch.cuda.memory_allocated``.
+    maps, do not change allocated bytes). Sizes are the allocator's blocks (multiples of 512
+    bytes), the same units as ``torch.cuda.memory_allocated``.
+
+    Args:
+        snapshot (dict): what ``torch.cuda.memory._snapshot()`` returned, recorded with
+            ``torch.cuda.memory._record_memory_history``.
+        baseline (int): bytes allocated when recording started
+            (``torch.cuda.memory_allocated()``), which the trace does not hold.
+        device (int): the CUDA device's index in the trace.
+
+    Returns:
+        Timeline: in µs (the trace's ``time_us``; the event index where an event has none).
+
+    Raises:
+        ValueError: naming ``snapshot`` (no ``device_traces``), ``device`` (out of range) or
+            ``baseline`` (not a non-negative int), or when the trace holds no allocation.
     """
     traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
     if traces is None:
@@ -76,6 +91,16 @@ def record_timeline(fn: Callable[[], object], *, max_entries: int = 1_000_000) -
 
     Times start at 0 (the first event). Recording is switched off afterwards,
     whatever ``fn`` does.
+
+    Args:
+        fn (callable): the work, called with no arguments.
+        max_entries (int): the most allocator events the history keeps.
+
+    Returns:
+        Timeline: bytes allocated (in allocator blocks) after each event, clock in µs.
+
+    Raises:
+        ValueError: naming ``fn`` (not callable), or on a machine without CUDA.
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable with no arguments, got {fn!r}")
@@ -100,6 +125,15 @@ def track_timeline(fn: Callable[[], object]) -> Timeline:
 
     Every device; the bytes are exact tensor storage, above what was live before
     ``fn`` (so the curve starts at 0), and the clock is the event number.
+
+    Args:
+        fn (callable): the work, called with no arguments.
+
+    Returns:
+        Timeline: with ``unit="event"``.
+
+    Raises:
+        ValueError: naming ``fn``, if it is not callable.
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable with no arguments, got {fn!r}")

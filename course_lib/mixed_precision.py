@@ -81,8 +81,15 @@ class MasterWeightAdamW(torch.optim.AdamW):
     def step(self, closure=None):
         """One AdamW step on the master weights, then the model's 16-bit weights from them.
 
-        ``closure`` (optional): re-evaluates the model and returns the loss, as for any
-        ``torch.optim`` optimizer. Returns its loss, or None.
+        Calls :meth:`prepare_grads` first (nothing to move if it was called already), and frees the
+        fp32 gradients after the copy.
+
+        Args:
+            closure (callable, optional): re-evaluates the model and returns the loss, as for any
+                ``torch.optim`` optimizer.
+
+        Returns:
+            The closure's loss, or None without a closure.
         """
         loss = None
         if closure is not None:
@@ -96,7 +103,12 @@ class MasterWeightAdamW(torch.optim.AdamW):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The gradients of the master weights and of the model, both."""
+        """The gradients of the master weights and of the model, both.
+
+        Args:
+            set_to_none (bool): set them to None (frees their memory, the default) rather than
+                zeroing them in place.
+        """
         # Not Optimizer.zero_grad: it adds a profiler record, which step_ops would count as an
         # operator of every step.
         for t in (*self.model_params, *self.master):
@@ -113,11 +125,22 @@ class MasterWeightAdamW(torch.optim.AdamW):
                 "master": self.master}
 
     def state_dict(self) -> dict:
-        """AdamW's state dict and the fp32 master weights (``"master_weights"``, in order)."""
+        """AdamW's state dict and the fp32 master weights (``"master_weights"``, in order).
+
+        Returns:
+            dict: ``torch.optim.AdamW.state_dict()`` with a ``"master_weights"`` list of tensors
+            (detached, not copied).
+        """
         return {**super().state_dict(), "master_weights": [m.detach() for m in self.master]}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load :meth:`state_dict`: AdamW's state, and the master weights if it holds them.
+
+        The model's 16-bit parameters are not changed: load the model's own ``state_dict`` too.
+
+        Args:
+            state_dict (dict): what :meth:`state_dict` returned (a plain AdamW state dict, without
+                ``"master_weights"``, loads AdamW's state only).
 
         Raises:
             ValueError: naming ``state_dict``, for master weights of other shapes.

@@ -38,17 +38,44 @@ class LlamaConfig:
     ``d_ff`` is the SwiGLU hidden size (Llama 2 7B: 11008); ``n_kv_heads`` below
     ``n_heads`` is grouped-query attention; ``tie_embeddings`` shares the token
     embedding with the output head (Llama 3.2 1B and 3B do). Sizes are ints (not bools or
-    floats) from 1 to :data:`LLAMA_MAXIMUM`; ``rope_base`` a finite number > 0.
+    floats) from 1 to :data:`LLAMA_MAXIMUM`; ``rope_base`` a finite number > 0. Each field's
+    comment says what it does and why one would change it.
+
+    Raises:
+        ValueError: naming the field, for a size that is not an int from 1 to its
+            :data:`LLAMA_MAXIMUM`, a ``d_model`` that is not ``n_heads`` times an even head size,
+            an ``n_kv_heads`` that does not divide ``n_heads``, a non-bool ``tie_embeddings`` or
+            a ``rope_base`` that is not a finite number > 0.
+
+    Example::
+
+        LlamaConfig(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32,
+                    d_ff=11008, seq_len=4096)  # Llama 2 7B
     """
 
+    #: Tokens in the vocabulary (Llama 2: 32000, Llama 3: 128256). The embedding (and an
+    #: untied head) has ``vocab_size * d_model`` parameters: a large share of a small model.
     vocab_size: int = 256
+    #: Width h of the residual stream (Llama 2 7B: 4096); parameters grow about as ``h^2``.
     d_model: int = 64
+    #: Transformer blocks (Llama 2 7B: 32); parameters and activations grow linearly with it.
     n_layers: int = 2
+    #: Query heads; ``d_model / n_heads`` must be even (rotary embeddings rotate pairs).
     n_heads: int = 4
+    #: Key/value heads; must divide ``n_heads``. Below ``n_heads`` is grouped-query attention:
+    #: K and V projections (and a KV cache) shrink by ``n_heads / n_kv_heads``.
     n_kv_heads: int = 2
+    #: SwiGLU hidden size (Llama 2 7B: 11008, about ``8h/3``); three ``h * d_ff`` matrices per
+    #: layer, the largest share of the parameters.
     d_ff: int = 172
+    #: Share the token embedding with the output head (Llama 3.2 1B and 3B do): saves
+    #: ``vocab_size * d_model`` parameters.
     tie_embeddings: bool = False
+    #: The longest sequence ``forward`` takes; there is no position embedding (rotary), so it
+    #: changes no parameter count, only what the model accepts.
     seq_len: int = 64
+    #: Rotary base (Llama 2: 10000, Llama 3: 500000); a larger base rotates slower, for longer
+    #: contexts. No effect on memory.
     rope_base: float = 10000.0
 
     def __post_init__(self):
@@ -66,14 +93,27 @@ class LlamaConfig:
 
     @property
     def d_head(self) -> int:
+        """Width of one attention head: ``d_model // n_heads``."""
         return self.d_model // self.n_heads
 
 
 def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
     """Rotary position embedding of ``(B, heads, T, d_head)`` (Su et al. 2021), Llama's layout.
 
-    ``x``: a float tensor of at least 2 dimensions with an even last one; ``base``: a finite
-    number > 0 (Llama: 10000 or 500000). ``ValueError`` naming the argument otherwise.
+    Position ``t`` rotates the pair ``(x[i], x[i + d/2])`` by the angle ``t * base**(-2i/d)``
+    (the "rotate half" layout of Hugging Face's Llama, not interleaved pairs).
+
+    Args:
+        x (torch.Tensor): a float tensor of at least 2 dimensions ``(..., T, d_head)`` with an
+            even ``d_head``.
+        base (float): a finite number > 0 (Llama: 10000 or 500000).
+
+    Returns:
+        torch.Tensor: ``x`` rotated, same shape and dtype.
+
+    Raises:
+        ValueError: naming ``x`` (not a float tensor of at least 2 dimensions with an even
+            last one) or ``base``.
     """
     tensor("x", x)
     if x.dim() < 2 or x.shape[-1] % 2 or not x.is_floating_point():
@@ -95,7 +135,16 @@ def _check_llama(config) -> LlamaConfig:
 
 
 class LlamaBlock(nn.Module):
-    """``x + attn(norm(x))``, ``x + mlp(norm(x))`` with GQA attention and a SwiGLU MLP."""
+    """``x + attn(norm(x))``, ``x + mlp(norm(x))`` with GQA attention and a SwiGLU MLP.
+
+    RMSNorm (eps 1e-5), no biases, rotary embeddings on queries and keys.
+
+    Args:
+        config (LlamaConfig): the shape of the layer.
+
+    Raises:
+        ValueError: naming ``config``, for anything but a :class:`LlamaConfig`.
+    """
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -109,6 +158,16 @@ class LlamaBlock(nn.Module):
         self.down = nn.Linear(config.d_ff, h, bias=False)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
+        """Causal grouped-query attention of ``x``.
+
+        Each key/value head serves ``n_heads // n_kv_heads`` query heads.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` normalised activations.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``, after the output projection.
+        """
         c, (B, T, _) = self.config, x.shape
         q, k, v = (proj(x).view(B, T, -1, c.d_head).transpose(1, 2)
                    for proj in (self.q, self.k, self.v))
@@ -119,13 +178,31 @@ class LlamaBlock(nn.Module):
         return self.o(y.transpose(1, 2).reshape(B, T, -1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer applied to ``x``; the MLP is ``down(silu(gate(h)) * up(h))``.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` activations.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``.
+        """
         x = x + self.attention(self.attn_norm(x))
         h = self.mlp_norm(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
 class Llama(nn.Module):
-    """``model(idx)`` -> logits; ``model(idx, targets)`` -> ``(logits, loss)``, as the course GPT."""
+    """``model(idx)`` -> logits; ``model(idx, targets)`` -> ``(logits, loss)``, as the course GPT.
+
+    Built with PyTorch's default initialisation: it is there to be counted and measured (mostly on
+    ``meta``), not trained.
+
+    Args:
+        config (LlamaConfig): the model's shape.
+
+    Raises:
+        ValueError: naming ``config``, for anything but a :class:`LlamaConfig`.
+    """
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -138,6 +215,18 @@ class Llama(nn.Module):
             self.lm_head.weight = self.tok_emb.weight
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """Logits of ``idx``, and the mean cross-entropy (in fp32) when ``targets`` are given.
+
+        Args:
+            idx (torch.Tensor): ``(B, T)`` token ids, T at most ``config.seq_len``.
+            targets (torch.Tensor, optional): ``(B, T)`` next-token ids.
+
+        Returns:
+            torch.Tensor or tuple: logits ``(B, T, vocab_size)``, or ``(logits, loss)``.
+
+        Raises:
+            ValueError: if T exceeds ``config.seq_len``.
+        """
         if idx.size(1) > self.config.seq_len:
             raise ValueError(f"sequence length {idx.size(1)} exceeds config.seq_len="
                              f"{self.config.seq_len}")
@@ -158,6 +247,19 @@ def llama_param_count(config: LlamaConfig) -> int:
     d_ff. Per layer: Q and O ``h^2`` each, K and V ``h*kv`` each, gate, up and down
     ``h*f`` each, two RMSNorm weights ``h`` each; the final RMSNorm adds ``h``, and
     the head adds ``V*h`` unless it is tied to the embedding.
+
+    Args:
+        config (LlamaConfig): the model's shape.
+
+    Returns:
+        int: the parameters, equal to ``count_parameters(Llama(config))``.
+
+    Raises:
+        ValueError: naming ``config``, for anything but a :class:`LlamaConfig`.
+
+    Example::
+
+        llama_param_count(PRESETS["Llama 2 7B"].config)  # 6738415616
     """
     if not isinstance(config, LlamaConfig):
         raise ValueError(f"config must be a LlamaConfig, got {config!r}")
@@ -168,7 +270,17 @@ def llama_param_count(config: LlamaConfig) -> int:
 
 
 def param_count(config: GPTConfig | LlamaConfig) -> int:
-    """Parameters of a course GPT or Llama config, by closed form (no model is built)."""
+    """Parameters of a course GPT or Llama config, by closed form (no model is built).
+
+    Args:
+        config (GPTConfig or LlamaConfig): the model's shape.
+
+    Returns:
+        int: :func:`course_lib.models.gpt_param_count` or :func:`llama_param_count` of it.
+
+    Raises:
+        ValueError: naming ``config``, for anything else.
+    """
     if isinstance(config, GPTConfig):
         return gpt_param_count(config)
     if isinstance(config, LlamaConfig):
@@ -182,7 +294,23 @@ def build_model(config: GPTConfig | LlamaConfig, *, device: str | torch.device =
 
     On ``"meta"`` (the default) parameters have shapes and dtypes but no storage:
     nothing is allocated and initialisation costs nothing, so 405B parameters are
-    counted in about a second. ``dtype`` is the parameters' dtype.
+    counted in about a second.
+
+    Args:
+        config (GPTConfig or LlamaConfig): the model's shape.
+        device (str or torch.device): where it is built (``"meta"``, ``"cpu"``, ``"cuda"``).
+        dtype (torch.dtype): the parameters' dtype, a floating-point one.
+
+    Returns:
+        torch.nn.Module: the :class:`GPT` or :class:`Llama`.
+
+    Raises:
+        ValueError: naming ``config``, ``device`` or ``dtype`` (not a floating-point
+            ``torch.dtype``) for a bad value.
+
+    Example::
+
+        count_parameters(build_model(PRESETS["Llama 3.1 8B"].config))  # 8030261248
     """
     if not isinstance(config, GPTConfig | LlamaConfig):
         raise ValueError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
@@ -196,7 +324,15 @@ def build_model(config: GPTConfig | LlamaConfig, *, device: str | torch.device =
 
 @dataclass(frozen=True)
 class Preset:
-    """A published model: its shape, its parameter count and where the count comes from."""
+    """A published model: its shape, its parameter count and where the count comes from.
+
+    Attributes:
+        name (str): the model's name, the key of :data:`PRESETS` ("Llama 2 7B").
+        config (GPTConfig or LlamaConfig): its shape.
+        published_params (int): the parameters of the published checkpoint, which
+            :func:`param_count` of ``config`` reproduces.
+        source (str): where ``published_params`` was read.
+    """
 
     name: str
     config: GPTConfig | LlamaConfig

@@ -52,19 +52,46 @@ class GPTConfig:
     finite number in ``[0, 1)``; ``attention`` one of :data:`ATTENTION_KINDS`; ``bias`` a bool.
     Frozen: a changed shape is a new config (``dataclasses.replace(config, n_layers=4)``, checked
     again), and a config is hashable, so the planners' caches are keyed by the config itself.
+    Each field's comment says what it does and why one would change it.
+
+    Raises:
+        ValueError: naming the field, for a size that is not an int from 1 to its
+            :data:`CONFIG_MAXIMUM`, a ``d_model`` not divisible by ``n_heads``, a ``dropout``
+            outside ``[0, 1)``, an unknown ``attention`` or a non-bool ``bias``.
 
     Example::
 
         GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
     """
 
+    #: Tokens in the vocabulary (GPT-2: 50257). The embedding, tied to the LM head, has
+    #: ``vocab_size * d_model`` parameters, and the logits ``B * T * vocab_size`` elements:
+    #: with a large vocabulary the logits are the largest activation (lecture 08's chunked loss).
     vocab_size: int = 256
+    #: Context length T, the most tokens per sequence (GPT-2: 1024). It sizes the position
+    #: embedding; activations grow linearly with it, and with ``attention="explicit"`` the
+    #: score matrices quadratically.
     seq_len: int = 64
+    #: Width h of the residual stream (GPT-2 small: 768). Parameters grow as ``12 h^2`` per
+    #: layer, activations linearly with it.
     d_model: int = 64
+    #: Attention heads (GPT-2 small: 12); must divide ``d_model``. Changes no parameter count,
+    #: but the explicit attention keeps ``n_heads * T * T`` scores per layer.
     n_heads: int = 4
+    #: Transformer blocks L (GPT-2 small: 12); parameters and activation memory grow linearly
+    #: with it, and it is the unit checkpointing works in.
     n_layers: int = 2
+    #: Dropout probability in ``[0, 1)`` on the embeddings, the attention probabilities and
+    #: the residual branches. 0 (the default; nanoGPT's for pretraining, 0.1 and more for
+    #: fine-tuning) keeps no masks; above 0 the dropout layers keep their masks for the
+    #: backward pass (more activation memory).
     dropout: float = 0.0
+    #: ``"sdpa"`` (PyTorch's fused attention, O(T) saved per head) or ``"explicit"``
+    #: (``softmax(QK^T / sqrt(d_head))`` written out, keeping the T x T matrices, as
+    #: Korthikanti et al. count them). Change it to see what the fused kernel saves.
     attention: str = "sdpa"
+    #: Biases in the Linear layers and LayerNorms, as GPT-2 has; False is a little smaller
+    #: and, as nanoGPT notes, a little better and faster.
     bias: bool = True
 
     def __post_init__(self):
@@ -81,10 +108,18 @@ class GPTConfig:
 
     @property
     def d_head(self) -> int:
+        """Width of one attention head: ``d_model // n_heads``."""
         return self.d_model // self.n_heads
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: one fused QKV projection, the core, an output projection.
+
+    Args:
+        config (GPTConfig): its ``d_model``, ``n_heads``, ``dropout``, ``bias`` and
+            ``attention`` (``"sdpa"`` or ``"explicit"``, see the module doc).
+    """
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.n_heads, self.dropout, self.kind = config.n_heads, config.dropout, config.attention
@@ -94,7 +129,21 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(config.dropout)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal attention of ``(B, heads, T, d_head)`` tensors: the part with T x T intermediates."""
+        """Causal attention of ``(B, heads, T, d_head)`` tensors: the part with T x T intermediates.
+
+        ``softmax(QK^T / sqrt(d_head)) V`` with a causal mask: written out for
+        ``attention="explicit"`` (keeping the scores and probabilities), else
+        ``F.scaled_dot_product_attention(is_causal=True)``. Dropout on the probabilities in training
+        mode only. Megatron's "selective" recomputation recomputes exactly this.
+
+        Args:
+            q (torch.Tensor): queries, ``(B, heads, T, d_head)``.
+            k (torch.Tensor): keys, same shape.
+            v (torch.Tensor): values, same shape.
+
+        Returns:
+            torch.Tensor: the attention output, ``(B, heads, T, d_head)``.
+        """
         if self.kind == "sdpa":
             p = self.dropout if self.training else 0.0
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
@@ -105,6 +154,14 @@ class CausalSelfAttention(nn.Module):
         return self.attn_drop(scores.softmax(dim=-1)) @ v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attention of ``x``: QKV projection, :meth:`core` per head, output projection, dropout.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` activations.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``.
+        """
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
@@ -113,6 +170,12 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The 4h GELU feed-forward network: ``Linear(h, 4h)``, GELU, ``Linear(4h, h)``, dropout.
+
+    Args:
+        config (GPTConfig): its ``d_model``, ``dropout`` and ``bias``.
+    """
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.fc = nn.Linear(config.d_model, 4 * config.d_model, bias=config.bias)
@@ -121,11 +184,23 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``drop(proj(gelu(fc(x))))``.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` activations.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``.
+        """
         return self.drop(self.proj(self.act(self.fc(x))))
 
 
 class Block(nn.Module):
-    """One pre-LayerNorm transformer layer."""
+    """One pre-LayerNorm transformer layer: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``.
+
+    Args:
+        config (GPTConfig): the shape of the layer.
+    """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -135,6 +210,14 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer applied to ``x``.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` activations.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``.
+        """
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
@@ -143,7 +226,16 @@ class GPT(nn.Module):
     """``model(idx)`` -> logits ``(B, T, vocab)``; ``model(idx, targets)`` -> ``(logits, loss)``.
 
     ``loss`` is the mean cross-entropy over target tokens that are not
-    ``ignore_index`` (-100), as ``F.cross_entropy`` computes it.
+    ``ignore_index`` (-100), as ``F.cross_entropy`` computes it. Weights are initialised as
+    GPT-2's (normal with std 0.02, zero biases); the LM head is tied to the token embedding.
+
+    Args:
+        config (GPTConfig): the model's shape.
+
+    Example::
+
+        model = GPT(GPTConfig())
+        logits, loss = model(*random_tokens(GPTConfig(), 4))
     """
 
     def __init__(self, config: GPTConfig):
@@ -166,13 +258,36 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def run_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """Run the transformer blocks; activation checkpointing replaces this per instance."""
+        """Run the transformer blocks; activation checkpointing replaces this per instance.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` embeddings.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``, the last block's output.
+        """
         for block in self.blocks:
             x = block(x)
         return x
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 ignore_index: int = -100):
+        """Logits of ``idx``, and the loss when ``targets`` are given.
+
+        The loss is computed in at least fp32 (16-bit logits lose too much in log-softmax).
+
+        Args:
+            idx (torch.Tensor): ``(B, T)`` token ids, T at most ``config.seq_len``.
+            targets (torch.Tensor, optional): ``(B, T)`` next-token ids.
+            ignore_index (int): target value the loss skips (default -100, as ``F.cross_entropy``).
+
+        Returns:
+            torch.Tensor or tuple: logits ``(B, T, vocab_size)`` without ``targets``, else
+            ``(logits, loss)`` with ``loss`` a scalar tensor.
+
+        Raises:
+            ValueError: if T exceeds ``config.seq_len``.
+        """
         T = idx.size(1)
         if T > self.config.seq_len:
             raise ValueError(f"sequence length {T} exceeds config.seq_len={self.config.seq_len}")
@@ -193,7 +308,7 @@ def check_config(config, name: str = "config") -> GPTConfig:
 
     Args:
         config: what the caller passed.
-        name: the caller's parameter, for the message.
+        name (str): the caller's parameter, for the message.
 
     Returns:
         ``config``.
@@ -212,7 +327,17 @@ def check_config(config, name: str = "config") -> GPTConfig:
 
 
 def count_parameters(model: nn.Module) -> int:
-    """Number of distinct parameter elements (a tied weight counts once); works on ``meta``."""
+    """Number of distinct parameter elements (a tied weight counts once); works on ``meta``.
+
+    Args:
+        model (torch.nn.Module): any module.
+
+    Returns:
+        int: ``sum(p.numel() for p in model.parameters())``.
+
+    Raises:
+        ValueError: naming ``model``, for a non-module.
+    """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters())
@@ -224,6 +349,21 @@ def gpt_param_count(config: GPTConfig) -> int:
     Per layer: QKV ``3h^2 + 3h``, output projection ``h^2 + h``, MLP ``8h^2 + 5h``,
     two LayerNorms ``4h``; the head is tied to the embedding; the final LayerNorm
     adds ``2h``. Without biases: ``L*12h^2`` and LayerNorm weights only.
+
+    Args:
+        config (GPTConfig): the model's shape (V = ``vocab_size``, T = ``seq_len``,
+            h = ``d_model``, L = ``n_layers``).
+
+    Returns:
+        int: the parameters, equal to ``count_parameters(GPT(config))``.
+
+    Raises:
+        ValueError: naming ``config``, for anything but a :class:`GPTConfig`.
+
+    Example::
+
+        gpt_param_count(GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12,
+                                  n_layers=12))  # 124439808, GPT-2 small
     """
     h, L = check_config(config).d_model, config.n_layers
     per_layer = 12 * h * h + (13 * h if config.bias else 2 * h)
@@ -239,6 +379,15 @@ def param_numels(config: GPTConfig) -> list[int]:
     out-projection (``h*h``, ``h``), LayerNorm 2, MLP (``4h*h``, ``4h``, ``4h*h``, ``h``),
     then the final LayerNorm. Biases only when ``config.bias``. Sums to
     :func:`gpt_param_count`; closed form, so planners can call it thousands of times.
+
+    Args:
+        config (GPTConfig): the model's shape.
+
+    Returns:
+        list of int: one element count per parameter tensor.
+
+    Raises:
+        ValueError: naming ``config``, for anything but a :class:`GPTConfig`.
     """
     h, bias = check_config(config).d_model, config.bias
 
@@ -255,11 +404,13 @@ def random_tokens(config: GPTConfig, batch_size: int, seq_len: int | None = None
     """``(inputs, targets)`` of random token ids, shifted by one as in language modelling.
 
     Args:
-        config: the model's shape (its ``vocab_size``; its ``seq_len`` if ``seq_len`` is None).
-        batch_size: sequences, an int from 1 to 2**20.
-        seq_len: tokens per sequence, from 1 to ``config.seq_len``.
-        seed: an int in ``[0, 2**63 - 1]``.
-        device: where the tensors go (``"cpu"``, ``"cuda"``, a ``torch.device``).
+        config (GPTConfig): the model's shape (its ``vocab_size``; its ``seq_len`` if ``seq_len`` is
+            None).
+        batch_size (int): sequences, an int from 1 to 2**20.
+        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len``.
+        seed (int): an int in ``[0, 2**63 - 1]``.
+        device (torch.device or str): where the tensors go (``"cpu"``, ``"cuda"``, a
+            ``torch.device``).
 
     Returns:
         ``(inputs, targets)``, two ``(batch_size, seq_len)`` int64 tensors.

@@ -40,15 +40,26 @@ PLAN_MODES = ("none", "selective", "attention", "blocks", "sqrt")
 
 @dataclass(frozen=True)
 class Candidate:
-    """One policy, predicted: peak bytes of a training step and FLOPs recomputed."""
+    """One policy, predicted: peak bytes of a training step and FLOPs recomputed.
+
+    Attributes:
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        peak_bytes (int): the step's predicted peak above what was live before it
+            (``StepMemory.step_peak`` of :func:`predict_peak`).
+        kept_bytes (int): activations held from forward to backward.
+        recompute_flops (int): FLOPs run again in the backward pass.
+        step_flops (int): FLOPs of the plain step (forward + backward), for the fraction.
+        regions (int): checkpointed regions (each reruns its pointwise ops).
+    """
 
     mode: str
     every: int
     peak_bytes: int
-    kept_bytes: int       # activations held from forward to backward
-    recompute_flops: int  # FLOPs run again in the backward pass
-    step_flops: int       # FLOPs of the plain step (forward + backward), for the fraction
-    regions: int          # checkpointed regions (each reruns its pointwise ops)
+    kept_bytes: int
+    recompute_flops: int
+    step_flops: int
+    regions: int
 
     @property
     def recompute_fraction(self) -> float:
@@ -68,7 +79,19 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Plan:
-    """The planner's answer: the chosen policy, its predictions, and every candidate considered."""
+    """The planner's answer: the chosen policy, its predictions, and every candidate considered.
+
+    Apply it with ``enable_checkpointing(model, plan.mode, plan.every)``.
+
+    Attributes:
+        mode (str): the chosen checkpointing mode.
+        every (int): its stride.
+        peak_bytes (int): its predicted step peak.
+        recompute_flops (int): FLOPs it recomputes.
+        recompute_fraction (float): those over the plain step's FLOPs.
+        budget_bytes (int): the budget asked for.
+        candidates (tuple of Candidate): every policy considered, cheapest first.
+    """
 
     mode: str
     every: int
@@ -79,7 +102,11 @@ class Plan:
     candidates: tuple = field(repr=False)
 
     def table(self) -> str:
-        """The candidates as text, cheapest first, the fitting ones marked."""
+        """The candidates as text, cheapest first, the fitting ones marked.
+
+        Returns:
+            str: one line per candidate: label, peak, extra FLOPs, whether it fits.
+        """
         rows = [f"{'policy':14s} {'peak':>11s} {'+FLOPs':>10s}  fits"]  # vs a plain step
         for c in self.candidates:
             mark = "<- chosen" if (c.mode, c.every) == (self.mode, self.every) else (
@@ -90,7 +117,14 @@ class Plan:
 
 
 class NothingFits(ValueError):
-    """No policy's predicted peak is within the budget; ``candidates`` says how close each came."""
+    """No policy's predicted peak is within the budget; ``candidates`` says how close each came.
+
+    A ``ValueError``, so code that catches bad input catches it too.
+
+    Args:
+        budget_bytes (int): the budget that nothing fits.
+        candidates (tuple of Candidate): every policy considered (at least one).
+    """
 
     def __init__(self, budget_bytes: int, candidates: tuple):
         self.budget_bytes, self.candidates = budget_bytes, candidates
@@ -103,12 +137,25 @@ class NothingFits(ValueError):
 
 def predict_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                  seq_len: int | None = None, precision: str = "fp32", gpu=None) -> StepMemory:
-    """The engine's prediction for the planner's step: the first AdamW step of ``GPT(config)``
-    under checkpointing ``mode`` (``.step_peak`` is the planner's figure).
+    """The engine's prediction for the planner's step (``.step_peak`` is the planner's figure).
 
-    ``batch_size``: an int from 1 to :data:`course_lib.validation.MAX_BATCH`; the other
-    arguments as :func:`course_lib.engine.predict_step_memory` takes them (``ValueError`` naming
-    the argument otherwise)."""
+    The step is the first AdamW step of ``GPT(config)`` under checkpointing ``mode``.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): an int from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
+        precision (str): as :func:`course_lib.engine.predict_step_memory` takes it.
+        gpu (str or GPU, optional): as :func:`course_lib.engine.predict_step_memory` takes it.
+
+    Returns:
+        StepMemory: the prediction, with ``first_step=True``.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
     check_config(config)
     positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     return engine.predict_step_memory(config, batch_size, precision=precision, mode=mode,
@@ -121,7 +168,21 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
 
     ``every`` runs over ``1 .. n_layers`` for ``selective``, ``attention`` and
     ``blocks``; ``none`` and ``sqrt`` come once. Sorted by :attr:`Candidate.cost`.
-    ``precision`` and ``gpu`` as :func:`course_lib.engine.predict_step_memory` takes them.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        seq_len (int, optional): from 1 to ``config.seq_len`` (None: that).
+        precision (str): as :func:`course_lib.engine.predict_step_memory` takes it.
+        gpu (str or GPU, optional): as :func:`course_lib.engine.predict_step_memory` takes it (a
+            live card's free memory is ignored).
+        modes (tuple of str): a non-empty subset of :data:`PLAN_MODES`.
+
+    Returns:
+        tuple of Candidate: cheapest first.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
     """
     check_config(config)
     if not isinstance(modes, tuple | list) or not modes or any(
@@ -179,17 +240,26 @@ def pareto_front(points) -> list:
 
     A point is dominated if another has memory <= and time <= with one of them
     strictly smaller. Used on measured (peak bytes, step seconds) of every policy.
+    Points of equal memory and time are all kept (neither beats the other). The result does
+    not depend on the input's order: it is sorted by memory, then time, then label (strings in
+    their own order, before other labels, which go by their ``repr``), and points equal in all
+    of these are equal tuples. It takes ``O(n log n)``: one pass over the points sorted by
+    memory and time.
 
-    ``points``: an iterable of tuples (or lists) ``(memory, time, ...)`` whose memory and time
-    are finite real numbers (NaN, the infinities, bools and non-numbers are refused); what
-    follows (the label) is kept as is. Points of equal memory and time are all kept (neither
-    beats the other). The result does not depend on the input's order: it is sorted by
-    memory, then time, then label (strings in their own order, before other labels, which go
-    by their ``repr``), and points equal in all of these are equal tuples. It takes
-    ``O(n log n)``: one pass over the points sorted by memory and time.
+    Args:
+        points (iterable): tuples (or lists) ``(memory, time, ...)`` whose memory and time
+            are finite real numbers (NaN, the infinities, bools and non-numbers are refused);
+            what follows (the label) is kept as is.
+
+    Returns:
+        list of tuple: the front, sorted by memory.
 
     Raises:
         ValueError: naming ``points``, for anything else.
+
+    Example::
+
+        pareto_front([(1, 5, "a"), (2, 3, "b"), (3, 4, "c")])  # [(1, 5, 'a'), (2, 3, 'b')]
     """
     try:
         points = [_point(p) for p in points]
@@ -212,15 +282,24 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
                        modes: tuple = PLAN_MODES) -> Plan:
     """The policy with the least recompute whose predicted step peak fits ``budget_bytes``.
 
-    ``config``: a :class:`course_lib.models.GPTConfig`; ``batch_size`` and
-    ``seq_len`` (None: ``config.seq_len``) the micro-batch; ``budget_bytes``: the
-    memory the step may allocate above the parameters (an int, bytes); ``precision`` and
-    ``gpu`` as :func:`course_lib.engine.predict_step_memory` takes them. Returns a
-    :class:`Plan` (``mode``, ``every``, predicted ``peak_bytes``, recomputed FLOPs
-    and their fraction of the plain step, and all ``candidates``), to apply with
-    ``enable_checkpointing(model, plan.mode, plan.every)``. Raises
-    :class:`NothingFits` (a ``ValueError``) when no policy fits, and ``ValueError``
-    naming the argument for bad input.
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): sequences in the micro-batch.
+        seq_len (int or None): tokens per sequence (None: ``config.seq_len``).
+        budget_bytes (int): the memory the step may allocate above what lives before it (the
+            parameters), in bytes, from 1 to :data:`course_lib.validation.MAX_BYTES`.
+        precision (str): as :func:`course_lib.engine.predict_step_memory` takes it.
+        gpu (str or GPU, optional): as :func:`course_lib.engine.predict_step_memory` takes it.
+        modes (tuple of str): the modes to consider, of :data:`PLAN_MODES`.
+
+    Returns:
+        Plan: ``mode``, ``every``, predicted ``peak_bytes``, recomputed FLOPs and their fraction
+        of the plain step, and all ``candidates``; apply it with
+        ``enable_checkpointing(model, plan.mode, plan.every)``.
+
+    Raises:
+        NothingFits: (a ``ValueError``) when no policy fits.
+        ValueError: naming the argument, for bad input.
     """
     check_config(config)
     positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)

@@ -54,8 +54,15 @@ MAX_SAMPLES = MAX_BATCH
 def effective_batch(micro_batch_size: int, accumulation_steps: int) -> int:
     """Samples per optimizer step: ``micro_batch_size * accumulation_steps``.
 
-    Each is an int (not a bool) from 1 to :data:`course_lib.validation.MAX_BATCH`; ``ValueError``
-    naming it otherwise.
+    Args:
+        micro_batch_size (int): from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        accumulation_steps (int): from 1 to :data:`course_lib.validation.MAX_BATCH`.
+
+    Returns:
+        int: the product.
+
+    Raises:
+        ValueError: naming the parameter, for anything but an int (not a bool) in range.
     """
     return positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH) * positive_int(
         "accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
@@ -64,7 +71,16 @@ def effective_batch(micro_batch_size: int, accumulation_steps: int) -> int:
 def optimizer_steps(samples: int, micro_batch_size: int, accumulation_steps: int) -> int:
     """Optimizer steps in a budget of ``samples``: ``samples // (micro_batch_size * accumulation_steps)``.
 
-    ``samples``: an int from 1 to :data:`MAX_SAMPLES`; the others as :func:`effective_batch`.
+    Args:
+        samples (int): from 1 to :data:`MAX_SAMPLES`.
+        micro_batch_size (int): as :func:`effective_batch`.
+        accumulation_steps (int): as :func:`effective_batch`.
+
+    Returns:
+        int: the steps (0 when the effective batch exceeds ``samples``).
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
     """
     samples = positive_int("samples", samples, maximum=MAX_SAMPLES)
     return samples // effective_batch(micro_batch_size, accumulation_steps)
@@ -78,7 +94,17 @@ def step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch,
     exists) plus :func:`course_lib.measure.peak_memory` of
     ``course_lib.training.train(model, optimizer, [batch], **train_kwargs)``.
     Run one step first for the steady state (AdamW creates ``m`` and ``v`` in
-    its first step). ``log``: a ``TrainLog`` the step is appended to.
+    its first step).
+
+    Args:
+        model (torch.nn.Module): the model.
+        optimizer (torch.optim.Optimizer): its optimizer.
+        batch (tuple): ``(inputs, targets)`` tensors.
+        log (TrainLog, optional): a ``TrainLog`` the step is appended to.
+        **train_kwargs: :func:`course_lib.training.train`'s (``micro_batch_size`` is required).
+
+    Returns:
+        int: bytes.
 
     Raises:
         ValueError: naming ``model`` (not an ``nn.Module``), ``optimizer`` (no ``step``) or
@@ -99,7 +125,20 @@ def step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch,
 
 @dataclass(frozen=True)
 class Run:
-    """One cached playground run; memory in bytes."""
+    """One cached playground run; memory in bytes.
+
+    Attributes:
+        micro_batch_size (int): sequences per forward and backward pass.
+        accumulation_steps (int): micro-batches per optimizer step.
+        checkpointing (bool): every block checkpointed (``mode="blocks"``).
+        effective_batch (int): ``micro_batch_size * accumulation_steps``.
+        optimizer_steps (int): steps the run's sample budget bought.
+        measured_peak (int): bytes of the second (steady-state) step, measured
+            (:func:`step_memory`).
+        predicted_peak (int): the engine's bytes for the same step.
+        samples_seen (tuple of int): samples trained on after each optimizer step.
+        losses (tuple of float): the loss of each optimizer step.
+    """
 
     micro_batch_size: int
     accumulation_steps: int
@@ -115,11 +154,17 @@ class Run:
 class Playground:
     """Short training runs of one GPT ``config`` on :func:`course_lib.toy_data.markov_tokens`.
 
-    ``samples``: the training budget of every run (the effective batch sets how
-    many optimizer steps it buys), an int from 1 to :data:`MAX_SAMPLES`. ``lr``: AdamW's
-    learning rate, the same for every run, a finite number > 0. ``seed``: an int from 0 to
-    :data:`course_lib.models.MAX_SEED`. ``device``: a device ("cpu", "cuda", ...).
-    Each is checked (``ValueError`` naming it).
+    Args:
+        config (GPTConfig, optional): the model; default a 4-layer GPT of width 32 on 64 tokens
+            and sequences of 32.
+        samples (int): the training budget of every run (the effective batch sets how
+            many optimizer steps it buys), an int from 1 to :data:`MAX_SAMPLES`.
+        lr (float): AdamW's learning rate, the same for every run, a finite number > 0.
+        seed (int): an int from 0 to :data:`course_lib.models.MAX_SEED`.
+        device (str or torch.device): "cpu", "cuda", ...
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
     """
 
     def __init__(self, config: GPTConfig | None = None, *, samples: int = 384, lr: float = 1e-2,
@@ -146,7 +191,19 @@ class Playground:
 
     def predict_peak(self, micro_batch_size: int, accumulation_steps: int,
                      checkpointing: bool = False) -> int:
-        """The engine's peak bytes of a steady-state step with these settings (see the module doc)."""
+        """The engine's peak bytes of a steady-state step with these settings (see the module doc).
+
+        Args:
+            micro_batch_size (int): sequences per forward and backward pass.
+            accumulation_steps (int): micro-batches per optimizer step.
+            checkpointing (bool): every block checkpointed.
+
+        Returns:
+            int: bytes (``predict_step_memory(...).total``).
+
+        Raises:
+            ValueError: naming the parameter, for a bad value.
+        """
         boolean("checkpointing", checkpointing)
         return predict_step_memory(self.config, micro_batch_size, accumulation_steps,
                                    mode="blocks" if checkpointing else "none",
@@ -154,7 +211,19 @@ class Playground:
 
     def cached(self, micro_batch_size: int, accumulation_steps: int,
                checkpointing: bool = False) -> Run | None:
-        """The run with these settings if it has been trained, else None."""
+        """The run with these settings if it has been trained, else None.
+
+        Args:
+            micro_batch_size (int): as :func:`effective_batch`.
+            accumulation_steps (int): as :func:`effective_batch`.
+            checkpointing (bool): every block checkpointed.
+
+        Returns:
+            Run or None: the cached run.
+
+        Raises:
+            ValueError: naming the parameter, for a bad value.
+        """
         effective_batch(micro_batch_size, accumulation_steps)
         boolean("checkpointing", checkpointing)
         return self.cache.get((micro_batch_size, accumulation_steps, checkpointing))
@@ -163,8 +232,22 @@ class Playground:
             on_step: Callable[[int, float], None] | None = None) -> Run:
         """Train (or fetch from the cache) one run with these settings.
 
-        ``on_step(step, loss)`` is called after every optimizer step of a new run
-        (a widget shows the progress with it).
+        The first optimizer step creates AdamW's state; the second is measured
+        (:func:`step_memory`); the rest train on.
+
+        Args:
+            micro_batch_size (int): as :func:`effective_batch`.
+            accumulation_steps (int): as :func:`effective_batch`.
+            checkpointing (bool): every block checkpointed.
+            on_step (callable, optional): ``on_step(step, loss)``, called after every optimizer step
+                of a new run (a widget shows the progress with it).
+
+        Returns:
+            Run: the run, cached under its settings.
+
+        Raises:
+            ValueError: naming the parameter, for a bad value, or when the effective batch leaves
+                fewer than two optimizer steps in ``samples``.
         """
         b = effective_batch(micro_batch_size, accumulation_steps)
         boolean("checkpointing", checkpointing)
@@ -216,17 +299,17 @@ class DeviceSpeed:
     """The four numbers of a device that the time model of :func:`optimizer_step_cost` uses.
 
     Attributes:
-        name: the device.
+        name (str): the device.
         fp32_flops, fp16_flops, bf16_flops: FLOP/s of matmuls in each dtype (peak for a GPU
             preset, measured on a large matmul for :func:`measure_device_speed`).
-        memory_bandwidth: bytes/s between the device and its memory.
-        op_seconds: seconds each operator costs whatever its size (dispatch, launch).
-        measured: True when measured on this kernel's device, False for a datasheet.
-        source: where the figures come from.
-        region_seconds: ``((mode, seconds), ...)``: what ``torch.utils.checkpoint`` costs per
-            checkpointed region and micro-batch beyond the operators it reruns (its own
-            Python work: saved-tensor hooks, RNG state, a policy's dispatch mode). Measured
-            for this device; empty (0) for a datasheet speed, where it is not known.
+        memory_bandwidth (float): bytes/s between the device and its memory.
+        op_seconds (float): seconds each operator costs whatever its size (dispatch, launch).
+        measured (bool): True when measured on this kernel's device, False for a datasheet.
+        source (str): where the figures come from.
+        region_seconds (tuple): ``((mode, seconds), ...)``: what ``torch.utils.checkpoint`` costs
+            per checkpointed region and micro-batch beyond the operators it reruns (its own Python
+            work: saved-tensor hooks, RNG state, a policy's dispatch mode). Measured for this
+            device; empty (0) for a datasheet speed, where it is not known.
     """
 
     name: str
@@ -240,12 +323,26 @@ class DeviceSpeed:
     region_seconds: tuple[tuple[str, float], ...] = ()
 
     def flops(self, dtype: torch.dtype) -> float:
-        """FLOP/s of a matmul in ``dtype`` (fp32, fp16 or bf16)."""
+        """FLOP/s of a matmul in ``dtype`` (fp32, fp16 or bf16).
+
+        Args:
+            dtype (torch.dtype): ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``.
+
+        Returns:
+            float: FLOP/s.
+        """
         return {torch.float32: self.fp32_flops, torch.float16: self.fp16_flops,
                 torch.bfloat16: self.bf16_flops}[dtype]
 
     def checkpoint_seconds(self, mode: str) -> float:
-        """Seconds per checkpointed region and micro-batch in ``mode`` (0 where unknown)."""
+        """Seconds per checkpointed region and micro-batch in ``mode`` (0 where unknown).
+
+        Args:
+            mode (str): a checkpointing mode of :data:`CHECKPOINTING`.
+
+        Returns:
+            float: seconds.
+        """
         return dict(self.region_seconds).get(mode, 0.0)
 
 
@@ -257,16 +354,26 @@ def _preset_of(gpu: GPU) -> GPU | None:
 
 
 def device_speed(gpu, *, op_seconds: float = OP_SECONDS) -> DeviceSpeed:
-    """The datasheet :class:`DeviceSpeed` of a GPU: a preset name, a :class:`~course_lib.device.GPU`
-    or "cuda" (this kernel's card, matched to the preset of the same chip).
+    """The datasheet :class:`DeviceSpeed` of a GPU.
+
+    A preset name, a :class:`~course_lib.device.GPU` or "cuda" (this kernel's card, matched to
+    the preset of the same chip).
 
     fp16 runs on tensor cores; bf16 too from compute capability 8.0 (a T4 has no bf16 tensor
     cores: its fp32 rate); fp32 at the fp32 rate (PyTorch keeps TF32 off for matmuls unless
     ``torch.backends.cuda.matmul.allow_tf32`` is set).
 
+    Args:
+        gpu (str or GPU): a name of :data:`course_lib.device.GPUS`, a ``GPU``, or "cuda".
+        op_seconds (float): seconds per operator, in (0, 1] (default :data:`OP_SECONDS`).
+
+    Returns:
+        DeviceSpeed: with ``measured=False``.
+
     Raises:
         ValueError: for the CPU (measure it: :func:`measure_device_speed`), an unknown name,
-            or a card without datasheet figures and no preset of the same chip.
+            a card without datasheet figures and no preset of the same chip, or a bad
+            ``op_seconds``.
     """
     card = resolve_gpu(gpu)
     if card is None:
@@ -335,6 +442,17 @@ def step_ops(config: GPTConfig, checkpointing: str = "none",
     same model runs the same operators, except SDPA with dropout, which is one fused kernel
     there and the math kernel's dozen operators here.
 
+    Args:
+        config (GPTConfig): the model.
+        checkpointing (str): one of :data:`CHECKPOINTING`.
+        precision (str): one of :data:`course_lib.memory.PRECISIONS`.
+
+    Returns:
+        tuple of int: ``(per micro-batch, per optimizer step)`` operator counts.
+
+    Raises:
+        ValueError: naming ``config``, ``checkpointing`` or ``precision``.
+
     Example:
         >>> step_ops(GPTConfig(n_layers=4))[0] > step_ops(GPTConfig(n_layers=2))[0]
         True
@@ -361,6 +479,20 @@ def micro_batch_flops(config: GPTConfig, micro_batch_size: int, checkpointing: s
     where ``FlopCounterMode`` has no formula for the flash kernel and counts its attention
     as 0, the fused kernel's work is counted as on a GPU (an A100's rules), since the
     arithmetic is the same.
+
+    Args:
+        config (GPTConfig): the model.
+        micro_batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        checkpointing (str): a checkpointing mode.
+        precision (str): one of :data:`course_lib.memory.PRECISIONS`.
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes.
+
+    Returns:
+        tuple of int: ``(flops, recomputed)``.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
     """
     check_config(config)
     positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
@@ -379,6 +511,20 @@ def adamw_bytes_moved(n_params: int, precision: str = "fp32") -> int:
     ``m`` and ``v``: ``7 s`` bytes with ``s`` bytes per state value (4 in fp32, 2 in pure
     bf16). With fp32 master weights it also casts the ``e``-byte gradients to fp32 and the
     master weights back (``2e + 8`` more): 40 bytes per parameter in fp16/bf16-mixed.
+
+    Args:
+        n_params (int): parameters, a positive int.
+        precision (str): one of :data:`course_lib.memory.PRECISIONS`.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming ``n_params`` or ``precision``.
+
+    Example::
+
+        adamw_bytes_moved(1000, "bf16-mixed")  # 40000
     """
     spec = precision_of(precision)
     s, e = dtype_bytes(spec.state), dtype_bytes(spec.params)
@@ -388,24 +534,43 @@ def adamw_bytes_moved(n_params: int, precision: str = "fp32") -> int:
 
 @dataclass(frozen=True)
 class StepCost:
-    """What one optimizer step costs, predicted: peak bytes and seconds (see
-    :func:`optimizer_step_cost` for the model)."""
+    """What one optimizer step costs, predicted: peak bytes and seconds.
+
+    See :func:`optimizer_step_cost` for the model.
+
+    Attributes:
+        micro_batch_size (int): sequences per forward and backward pass (b).
+        accumulation_steps (int): micro-batches per optimizer step (K).
+        checkpointing (str): the checkpointing mode.
+        precision (str): the precision.
+        memory (StepMemory): the engine's prediction; its ``total`` is :attr:`peak_bytes`.
+        flops (int): forward, backward and recomputation of all K micro-batches.
+        recompute_flops (int): the recomputation's share of ``flops``.
+        compute_seconds (float): K micro-batches' FLOPs at the utilised rate.
+        overhead_seconds (float): K micro-batches' operators at ``op_seconds`` each (and the
+            checkpointed regions' own cost).
+        optimizer_seconds (float): AdamW's bytes moved over the memory bandwidth, and its
+            operators.
+        speed (DeviceSpeed): the device's figures used.
+        utilisation (float): the fraction of the matmul rate assumed.
+    """
 
     micro_batch_size: int
     accumulation_steps: int
     checkpointing: str
     precision: str
-    memory: StepMemory          # the engine's prediction; its total is peak_bytes
-    flops: int                  # forward, backward and recomputation of all K micro-batches
+    memory: StepMemory
+    flops: int
     recompute_flops: int
-    compute_seconds: float      # K micro-batches' FLOPs at the utilised rate
-    overhead_seconds: float     # K micro-batches' operators at op_seconds each
+    compute_seconds: float
+    overhead_seconds: float
     optimizer_seconds: float
     speed: DeviceSpeed
     utilisation: float
 
     @property
     def effective_batch(self) -> int:
+        """Samples per optimizer step: ``micro_batch_size * accumulation_steps``."""
         return self.micro_batch_size * self.accumulation_steps
 
     @property
@@ -420,8 +585,10 @@ class StepCost:
 
     @property
     def achieved_utilisation(self) -> float:
-        """FLOPs per second over the device's matmul rate (model FLOPs utilisation, with
-        the recomputation counted)."""
+        """FLOPs per second over the device's matmul rate.
+
+        Model FLOPs utilisation, with the recomputation counted.
+        """
         rate = self.speed.flops(precision_of(self.precision).compute)
         return self.flops / (self.seconds * rate)
 
@@ -455,18 +622,18 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
     device it runs on (:func:`measure_step_cost`) and shows both.
 
     Args:
-        config: the model (a :class:`~course_lib.models.GPTConfig`).
-        micro_batch_size: ``b``, sequences per forward and backward pass.
-        accumulation_steps: ``K``, micro-batches per optimizer step.
-        checkpointing: one of :data:`CHECKPOINTING`.
-        precision: one of :data:`course_lib.engine.PRECISIONS`.
-        gpu: where it runs: a preset name of :data:`course_lib.device.GPUS`, a
-            :class:`~course_lib.device.GPU`, "cuda", or None/"cpu" (the CPU; then ``speed``
-            is required).
-        speed: the device's :class:`DeviceSpeed`; default: the GPU's datasheet
-            (:func:`device_speed`).
-        utilisation: ``u`` in (0, 1]; default :data:`UTILISATION` for a datasheet speed and
-            1 for a measured one (measured on a large matmul, it is already achieved).
+        config (GPTConfig): the model (a :class:`~course_lib.models.GPTConfig`).
+        micro_batch_size (int): ``b``, sequences per forward and backward pass.
+        accumulation_steps (int): ``K``, micro-batches per optimizer step.
+        checkpointing (str): one of :data:`CHECKPOINTING`.
+        precision (str): one of :data:`course_lib.engine.PRECISIONS`.
+        gpu (str or GPU, optional): where it runs: a preset name of :data:`course_lib.device.GPUS`,
+            a :class:`~course_lib.device.GPU`, "cuda", or None/"cpu" (the CPU; then ``speed`` is
+            required).
+        speed (DeviceSpeed, optional): the device's :class:`DeviceSpeed`; default: the GPU's
+            datasheet (:func:`device_speed`).
+        utilisation (float, optional): ``u`` in (0, 1]; default :data:`UTILISATION` for a datasheet
+            speed and 1 for a measured one (measured on a large matmul, it is already achieved).
 
     Returns:
         A :class:`StepCost` (``peak_bytes``, ``seconds`` and the terms above).
@@ -528,6 +695,19 @@ def measure_device_speed(device: torch.device | str = "cpu", *, matmul_size: int
 
     About a second on a CPU. The fastest of ``repeats`` runs is kept: the others include
     other work of the machine.
+
+    Args:
+        device (str or torch.device): a cpu or cuda device.
+        matmul_size (int, optional): ``n`` of the timed matmul (default 512 on the CPU, 4096 on
+            a GPU).
+        repeats (int): runs of each timing, the fastest kept; a positive int.
+
+    Returns:
+        DeviceSpeed: with ``measured=True``.
+
+    Raises:
+        ValueError: naming the parameter: a device other than cpu or cuda, a bad ``repeats``
+            or ``matmul_size``.
     """
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):
@@ -559,7 +739,13 @@ def measure_device_speed(device: torch.device | str = "cpu", *, matmul_size: int
 
 @dataclass(frozen=True)
 class MeasuredStep:
-    """One optimizer step measured on a device: peak bytes and seconds (best of the steps)."""
+    """One optimizer step measured on a device: peak bytes and seconds (best of the steps).
+
+    Attributes:
+        peak_bytes (int): resident bytes plus the measured peak of a steady-state step.
+        seconds (float): the fastest optimizer step, in seconds.
+        device (str): where it ran (``"cpu"``, ``"cuda"``).
+    """
 
     peak_bytes: int
     seconds: float
@@ -576,6 +762,21 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
     elsewhere). Time: the fastest of ``steps`` optimizer steps of
     :func:`course_lib.training.train` after one warm-up step, on the model and optimizer of
     :func:`course_lib.step_setup.build` (synchronised on CUDA).
+
+    Args:
+        config (GPTConfig): the model.
+        micro_batch_size (int): sequences per forward and backward pass.
+        accumulation_steps (int): micro-batches per optimizer step.
+        checkpointing (str): one of :data:`CHECKPOINTING`.
+        precision (str): one of :data:`course_lib.memory.PRECISIONS`.
+        device (str or torch.device): where it runs.
+        steps (int): timed steps, a positive int.
+
+    Returns:
+        MeasuredStep: peak bytes and seconds.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
     """
     check_config(config)
     b = positive_int("micro_batch_size", micro_batch_size)

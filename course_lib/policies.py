@@ -50,8 +50,19 @@ NAMED_POLICIES = ("none", "full")
 def save_ops_policy(ops: Sequence) -> Callable:
     """A policy function that saves the outputs of ``ops`` and prefers to recompute the rest.
 
-    ``ops``: ``OpOverload`` s such as :data:`MATMULS`. ``MUST_SAVE`` for them,
-    ``PREFER_RECOMPUTE`` for every other op (pointwise ops, LayerNorm, softmax).
+    ``MUST_SAVE`` for them, ``PREFER_RECOMPUTE`` for every other op (pointwise ops, LayerNorm,
+    softmax).
+
+    Args:
+        ops (sequence): ``OpOverload`` s such as :data:`MATMULS`.
+
+    Returns:
+        callable: ``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy``, with the saved ops
+        in its ``ops`` attribute.
+
+    Raises:
+        ValueError: naming ``ops``, for a packet or anything but ``OpOverload`` s
+            (:func:`course_lib.checkpointing.check_ops`).
     """
     saved = frozenset(check_ops(ops))
 
@@ -65,8 +76,15 @@ def save_ops_policy(ops: Sequence) -> Callable:
 def context_fn_for(policy) -> Callable:
     """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for ``policy``.
 
-    ``"full"``: plain checkpointing (nothing saved inside the region); a list of
-    ``OpOverload`` s or a policy function: selective checkpointing.
+    Args:
+        policy: ``"full"``: plain checkpointing (nothing saved inside the region); a list of
+            ``OpOverload`` s or a policy function: selective checkpointing.
+
+    Returns:
+        callable: ``noop_context_fn`` or a ``create_selective_checkpoint_contexts`` partial.
+
+    Raises:
+        ValueError: naming ``policy``, for a list holding anything but ``OpOverload`` s.
     """
     if isinstance(policy, str) and policy == "full":
         return noop_context_fn
@@ -102,6 +120,17 @@ def dispatched_ops(fn: Callable, *args, **kwargs) -> Counter:
 
     ``dispatched_ops(nn.Linear(8, 16), x)`` holds ``aten.addmm.default``:
     that is the name a policy must use.
+
+    Args:
+        fn (callable): the work.
+        *args: its positional arguments.
+        **kwargs: its keyword arguments.
+
+    Returns:
+        collections.Counter: ``OpOverload`` -> times dispatched.
+
+    Raises:
+        ValueError: naming ``fn``, if it is not callable.
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {fn!r}")
@@ -119,12 +148,16 @@ def _is_bookkeeping(op) -> bool:
 class PolicyCost:
     """What running ``fn`` under a checkpoint policy costs, measured (bytes, FLOPs, op counts).
 
-    ``kept_bytes``: held from the end of the forward pass until the backward pass,
-    the output itself not counted (its activations, or under checkpointing the
-    inputs and whatever the policy saves). ``peak_bytes``: peak of forward plus
-    backward above what was live before. ``recomputed``: the ops that run again in
-    the backward pass (views left out). ``recompute_flops``: their FLOPs as
-    ``FlopCounterMode`` counts them (matmuls and attention; pointwise ops count 0).
+    Attributes:
+        policy (str): the policy's label (:func:`policy_name`).
+        kept_bytes (int): held from the end of the forward pass until the backward pass,
+            the output itself not counted (its activations, or under checkpointing the
+            inputs and whatever the policy saves).
+        peak_bytes (int): peak of forward plus backward above what was live before.
+        recomputed (collections.Counter): the ops that run again in the backward pass (views
+            left out), ``OpOverload`` -> count.
+        recompute_flops (int): their FLOPs as ``FlopCounterMode`` counts them (matmuls and
+            attention; pointwise ops count 0).
     """
 
     policy: str
@@ -134,7 +167,14 @@ class PolicyCost:
     recompute_flops: int
 
     def recomputes(self, op) -> int:
-        """How many times ``op`` (an OpOverload) runs again in the backward pass."""
+        """How many times ``op`` (an OpOverload) runs again in the backward pass.
+
+        Args:
+            op (torch._ops.OpOverload): such as ``torch.ops.aten.mm.default``.
+
+        Returns:
+            int: the count (0 if it is not rerun).
+        """
         return self.recomputed.get(op, 0)
 
 
@@ -166,7 +206,17 @@ def _run(fn, inputs, context_fn):
 
 
 def policy_name(policy) -> str:
-    """A short label: "none", "full", the saved ops' names, or the policy function's name."""
+    """A short label: "none", "full", the saved ops' names, or the policy function's name.
+
+    Args:
+        policy: a str, a policy function or a list of ``OpOverload`` s.
+
+    Returns:
+        str: the label.
+
+    Raises:
+        ValueError: naming ``policy``, for a list holding anything but ``OpOverload`` s.
+    """
     if isinstance(policy, str):
         return policy
     if callable(policy):
@@ -177,12 +227,23 @@ def policy_name(policy) -> str:
 def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:
     """Measure ``fn(*inputs)`` (forward, then backward of ``out.sum()``) under ``policy``.
 
-    ``policy``: ``"none"`` (no checkpoint), ``"full"`` (checkpoint, save nothing
-    inside), a list of ``OpOverload`` s to save, or a policy function
-    ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``. The recomputed ops and
-    FLOPs are the backward pass's minus those of the same backward without a
-    checkpoint, so ``fn`` runs twice. Bytes come from the live-tensor tracker
+    The recomputed ops and FLOPs are the backward pass's minus those of the same backward
+    without a checkpoint, so ``fn`` runs twice. Bytes come from the live-tensor tracker
     (:class:`course_lib.measure.LiveTensorTracker`), exact on every device.
+
+    Args:
+        fn (callable): the region, ``fn(*inputs)`` returns a tensor.
+        *inputs: its inputs.
+        policy: ``"none"`` (no checkpoint), ``"full"`` (checkpoint, save nothing
+            inside), a list of ``OpOverload`` s to save, or a policy function
+            ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``.
+
+    Returns:
+        PolicyCost: kept and peak bytes, recomputed ops and their FLOPs.
+
+    Raises:
+        ValueError: naming ``fn`` (not callable) or ``policy`` (an unknown name, or a list of
+            anything but ``OpOverload`` s).
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {fn!r}")

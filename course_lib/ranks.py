@@ -44,7 +44,11 @@ MAX_WORLD_SIZE = 16
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (the OS picks it), for the rendezvous."""
+    """A TCP port on 127.0.0.1 that is free now (the OS picks it), for the rendezvous.
+
+    Returns:
+        int: the port number.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -136,13 +140,24 @@ class Ranks:
     rendezvous) is paid once. Tasks go to the ranks through their stdin,
     results come back as pickles in a temporary directory.
 
-    ``timeout`` (seconds) limits each :meth:`run` (the first one includes the
-    start-up) and any single collective. A run raises ``RuntimeError`` with the
-    traceback (or the last output) of the rank that failed, or ``TimeoutError``;
-    either way the processes are stopped and this object is closed.
-    :meth:`close` (or leaving the ``with``) destroys the process group and ends
+    A run raises ``RuntimeError`` with the traceback (or the last output) of the rank that
+    failed, or ``TimeoutError``; either way the processes are stopped and this object is
+    closed. :meth:`close` (or leaving the ``with``) destroys the process group and ends
     the processes; none outlives the kernel, as each rank exits when its stdin
     closes.
+
+    Args:
+        world_size (int): the number of ranks, from 1 to :data:`MAX_WORLD_SIZE`.
+        timeout (float): seconds that limit each :meth:`run` (the first one includes the
+            start-up) and any single collective; a positive number up to :data:`MAX_SECONDS`.
+
+    Raises:
+        ValueError: naming ``world_size`` or ``timeout``, for a bad value.
+
+    Example::
+
+        with Ranks(2) as ranks:
+            ranks.run(all_reduce_demo)  # from course_lib.distributed
     """
 
     def __init__(self, world_size: int = 2, *, timeout: float = 120.0):
@@ -176,10 +191,15 @@ class Ranks:
 
     @property
     def closed(self) -> bool:
+        """True once the ranks have been ended (:meth:`close`, or a failed run)."""
         return not self._procs
 
     def running(self) -> list[int]:
-        """Process ids of this object's rank processes that are still running (none once closed)."""
+        """Process ids of this object's rank processes that are still running (none once closed).
+
+        Returns:
+            list of int: the pids.
+        """
         return [p.pid for p in self._procs + self._ended if p.poll() is None]
 
     def _first_failure(self, paths: list[Path]) -> str | None:
@@ -206,7 +226,23 @@ class Ranks:
         return None
 
     def run(self, worker: Callable, *, timeout: float | None = None, **kwargs) -> list:
-        """``[worker(rank, world_size, **kwargs) for each rank]``, computed on the ranks."""
+        """``[worker(rank, world_size, **kwargs) for each rank]``, computed on the ranks.
+
+        Args:
+            worker (callable): a function defined at module level in an importable module (the
+                ranks import it by name), called as ``worker(rank, world_size, **kwargs)``.
+            timeout (float, optional): seconds for this run (None: the object's ``timeout``).
+            **kwargs: passed to ``worker``; they must be picklable.
+
+        Returns:
+            list: each rank's return value, in rank order.
+
+        Raises:
+            ValueError: when the ranks are closed, ``worker`` is not an importable module-level
+                function, ``timeout`` is bad or ``kwargs`` are not picklable.
+            RuntimeError: with the failing rank's traceback or last output.
+            TimeoutError: when the ranks do not finish within the timeout.
+        """
         if self.closed:
             raise ValueError("these ranks are closed (after close() or a failed run); "
                              "start new ones with Ranks(...)")
@@ -246,7 +282,12 @@ class Ranks:
         return [o["result"] for o in outcomes]
 
     def close(self, wait: float = 10.0) -> None:
-        """End the ranks: ask them to leave the group and exit; kill any left after ``wait`` s."""
+        """End the ranks: ask them to leave the group and exit; kill any left after ``wait`` s.
+
+        Args:
+            wait (float): seconds to wait for the ranks to exit before killing them (0: kill at
+                once).
+        """
         procs, self._procs = self._procs, []
         self._ended += procs
         for p in procs:
@@ -277,8 +318,20 @@ class Ranks:
 def launch(worker: Callable, world_size: int = 2, *, timeout: float = 120.0, **kwargs) -> list:
     """Start ``world_size`` ranks, run ``worker(rank, world_size, **kwargs)`` on them, end them.
 
-    ``Ranks(world_size, timeout=timeout).run(worker, **kwargs)`` in one call:
-    the list of each rank's return value, in rank order. Errors as :class:`Ranks`.
+    ``Ranks(world_size, timeout=timeout).run(worker, **kwargs)`` in one call.
+
+    Args:
+        worker (callable): as :meth:`Ranks.run`.
+        world_size (int): the number of ranks.
+        timeout (float): seconds, as :class:`Ranks`.
+        **kwargs: passed to ``worker``.
+
+    Returns:
+        list: each rank's return value, in rank order.
+
+    Raises:
+        ValueError: as :class:`Ranks` and :meth:`Ranks.run`; also ``RuntimeError`` and
+            ``TimeoutError`` as :meth:`Ranks.run`.
     """
     _check_importable(worker)
     with Ranks(world_size, timeout=timeout) as ranks:

@@ -26,7 +26,17 @@ from .validation import device as as_device
 
 
 def model_dtype(precision: str) -> torch.dtype:
-    """The dtype of the model's parameters under ``precision`` (fp32 under autocast)."""
+    """The dtype of the model's parameters under ``precision`` (fp32 under autocast).
+
+    Args:
+        precision (str): one of :data:`course_lib.engine.PRECISIONS`.
+
+    Returns:
+        torch.dtype: ``precision_of(precision).params``.
+
+    Raises:
+        ValueError: naming ``precision``, for an unknown one.
+    """
     return engine.precision_of(precision).params
 
 
@@ -37,11 +47,21 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
     The model is ``GPT(config)`` in :func:`model_dtype` on ``device`` with
     :func:`course_lib.checkpointing.enable_checkpointing`; the optimizer is
     ``torch.optim.AdamW(foreach=False)`` (the per-tensor implementation, whose
-    scratch the prediction counts), or :class:`course_lib.mixed_precision.MasterWeightAdamW` for the mixed
-    precisions. Train it with :func:`train_options` (autocast, loss scaling).
+    scratch the prediction counts), or :class:`course_lib.mixed_precision.MasterWeightAdamW`
+    for the mixed precisions. Train it with :func:`train_options` (autocast, loss scaling).
 
-    ``seed``: an int from 0 to :data:`course_lib.models.MAX_SEED` (not a bool or a float);
-    ``lr``: a finite number >= 0; ``device``: a device ("cpu", "cuda", a ``torch.device``).
+    Args:
+        config (GPTConfig): the model.
+        precision (str): one of :data:`course_lib.engine.PRECISIONS`.
+        mode (str): the checkpointing mode (:data:`course_lib.checkpointing.MODES`).
+        every (int): its stride, a positive int.
+        device (str or torch.device): "cpu", "cuda", a ``torch.device``.
+        lr (float): the learning rate, a finite number >= 0.
+        seed (int): seeds ``torch.manual_seed`` before the weights are drawn, an int from 0 to
+            :data:`course_lib.models.MAX_SEED` (not a bool or a float).
+
+    Returns:
+        tuple: ``(model, optimizer)``.
 
     Raises:
         ValueError: naming the argument.
@@ -66,6 +86,16 @@ def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
     ``amp_dtype`` for the autocast precisions, and a fresh ``GradScaler`` wherever fp16
     computes (fp16-mixed, autocast-fp16); keep the dict for the whole run, so that the
     scaler keeps its scale from step to step.
+
+    Args:
+        precision (str): one of :data:`course_lib.engine.PRECISIONS`.
+        device (str or torch.device): where training runs (the scaler's device type).
+
+    Returns:
+        dict: ``{"amp_dtype": ..., "grad_scaler": ...}``.
+
+    Raises:
+        ValueError: naming ``precision`` or ``device``.
     """
     spec = engine.precision_of(precision)
     device = as_device("device", device)
@@ -86,12 +116,14 @@ def measure_steady_step(model: torch.nn.Module, optimizer, step: Callable[[], ob
     :func:`course_lib.engine.predict_step_memory` predicts (its ``total``).
 
     Args:
-        model: the model ``step`` trains. optimizer: its optimizer.
-        step: one optimizer step (forward, backward of every micro-batch, ``optimizer.step()``,
-            ``zero_grad``). device: where it runs.
+        model (torch.nn.Module): the model ``step`` trains.
+        optimizer (torch.optim.Optimizer): its optimizer.
+        step (callable): one optimizer step (forward, backward of every micro-batch,
+            ``optimizer.step()``, ``zero_grad``), called with no arguments.
+        device (str or torch.device): where it runs.
 
     Returns:
-        Bytes (int).
+        int: bytes.
 
     Raises:
         ValueError: ``step`` not callable, or a bad ``device``.
@@ -106,21 +138,25 @@ def measure_steady_step(model: torch.nn.Module, optimizer, step: Callable[[], ob
 def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
                         precision: str = "fp32", mode: str = "none", every: int = 1,
                         device: str | torch.device = "cpu") -> int:
-    """Measured peak bytes of a steady-state step, to compare with
-    :func:`course_lib.engine.predict_step_memory`.
+    """Measured peak bytes of a steady-state step.
+
+    To compare with :func:`course_lib.engine.predict_step_memory`.
 
     Builds the model and optimizer (:func:`build`) and measures the second step of
     :func:`course_lib.training.train` with :func:`train_options` (:func:`measure_steady_step`).
     The ``micro_batch_size * accumulation_steps`` sequences are seeded random tokens.
 
     Args:
-        config: the model. micro_batch_size: sequences per forward pass.
-        accumulation_steps: micro-batches per optimizer step. precision: one of
-            :data:`course_lib.engine.PRECISIONS`. mode, every: checkpointing
-            (:func:`course_lib.checkpointing.enable_checkpointing`). device: where it runs.
+        config (GPTConfig): the model.
+        micro_batch_size (int): sequences per forward pass.
+        accumulation_steps (int): micro-batches per optimizer step; ``micro_batch_size *
+            accumulation_steps`` at most :data:`course_lib.validation.MAX_BATCH`.
+        precision (str): one of :data:`course_lib.engine.PRECISIONS`.
+        mode, every: checkpointing (:func:`course_lib.checkpointing.enable_checkpointing`).
+        device (str or torch.device): where it runs.
 
     Returns:
-        Bytes (int).
+        int: bytes.
 
     Raises:
         ValueError: naming the argument.

@@ -55,12 +55,20 @@ _PARTS = (("compute", "compute_seconds", "#4c72b0"), ("operators", "overhead_sec
 
 @dataclass(frozen=True)
 class Tradeoff:
-    """The explorer's numbers for one setting: this step, the plain step, and the card's memory."""
+    """The explorer's numbers for one setting: this step, the plain step, and the card's memory.
+
+    Attributes:
+        step (StepCost): the setting's predicted cost.
+        plain (StepCost): the same batch ``b K`` in one pass, no checkpointing.
+        precision (str): the precision both use (``"mixed"`` resolved to the device's).
+        capacity (int or None): bytes of the GPU (free bytes for a live card; None: the CPU, no
+            line drawn).
+    """
 
     step: StepCost
     plain: StepCost
     precision: str
-    capacity: int | None  # bytes of the GPU (None: the CPU, no line drawn)
+    capacity: int | None
 
 
 def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
@@ -68,9 +76,23 @@ def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, 
              speed: DeviceSpeed | None = None) -> Tradeoff:
     """This step and the plain one (a batch of ``b K`` in one pass, no checkpointing), predicted.
 
-    ``precision``: "fp32" or "mixed" (the device's: :func:`course_lib.memory.mixed_precision_for`)
-    or any of :data:`course_lib.engine.PRECISIONS`. Other arguments as
-    :func:`course_lib.playground.optimizer_step_cost`.
+    Args:
+        config (GPTConfig): the model.
+        micro_batch_size (int): b, sequences per pass.
+        accumulation_steps (int): K, micro-batches per optimizer step.
+        checkpointing (str): one of :data:`course_lib.playground.CHECKPOINTING`.
+        precision (str): "fp32" or "mixed" (the device's:
+            :func:`course_lib.memory.mixed_precision_for`) or any of
+            :data:`course_lib.engine.PRECISIONS`.
+        gpu (str or GPU, optional): None (the CPU; then ``speed`` is required), or what
+            :func:`course_lib.device.resolve_gpu` takes.
+        speed (DeviceSpeed, optional): as :func:`course_lib.playground.optimizer_step_cost`.
+
+    Returns:
+        Tradeoff: both steps' costs and the card's capacity in bytes.
+
+    Raises:
+        ValueError: naming the argument, as :func:`course_lib.playground.optimizer_step_cost`.
     """
     card = resolve_gpu(gpu)
     resolved = mixed_precision_for(card) if precision == "mixed" else precision
@@ -118,8 +140,20 @@ def _setup_tradeoff(fig, animated: bool = True) -> dict:
 
 
 def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (9.5, 3.6)):
-    """The explorer's picture of one setting as a static ``Figure`` (for a page or a file):
-    ``tradeoff_figure(tradeoff(...), "GPT-2 124M on an A100").savefig("tradeoff.png")``."""
+    """The explorer's picture of one setting as a static ``Figure`` (for a page or a file).
+
+    Args:
+        t (Tradeoff): what :func:`tradeoff` returned.
+        what (str): the title, what the setting is.
+        figsize (tuple): the figure's size in inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas, not shown.
+
+    Example::
+
+        tradeoff_figure(tradeoff(...), "GPT-2 124M on an A100").savefig("tradeoff.png")
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -196,10 +230,11 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     """The one-glance trade-off widget of lecture 03 (see the module doc).
 
     Args:
-        models: the model menu, name -> config (the first runs on this device).
-        speed: this device's measured speed (:func:`course_lib.playground.measure_device_speed`).
-        device: this kernel's device: "this device" in the GPU menu, and where the button
-            measures.
+        models (dict): the model menu, name -> config (the first runs on this device).
+        speed (DeviceSpeed): this device's measured speed
+            (:func:`course_lib.playground.measure_device_speed`).
+        device (torch.device or str): this kernel's device: "this device" in the GPU menu, and where
+            the button measures.
         model, gpu: the menus' first values (default: the first model, "this device").
 
     Returns:
@@ -324,19 +359,36 @@ _WRONG_LINE = {"right": None, "no / K (bug)": 3, "zero_grad in the loop (bug)": 
 
 @dataclass(frozen=True)
 class Frame:
-    """One moment of the step: the code lines running, and the state they leave."""
+    """One moment of the step: the code lines running, and the state they leave.
 
-    lines: tuple[int, ...]          # indices into the loop's code
+    Attributes:
+        lines (tuple of int): indices into the loop's code (:data:`LOOPS`).
+        caption (str): what happens, in words.
+        micro_batch (int or None): the micro-batch running (0-based), None outside the loop.
+        done (int): micro-batches whose backward has run.
+        grad (tuple of float): per group: ``||.grad|| / ||full-batch gradient||``.
+        moved (tuple of float): per group: ``||w - w_before|| / ||w_before||``.
+    """
+
+    lines: tuple[int, ...]
     caption: str
-    micro_batch: int | None         # the micro-batch running (0-based), None outside the loop
-    done: int                       # micro-batches whose backward has run
-    grad: tuple[float, ...]         # per group: ||.grad|| / ||full-batch gradient||
-    moved: tuple[float, ...]        # per group: ||w - w_before|| / ||w_before||
+    micro_batch: int | None
+    done: int
+    grad: tuple[float, ...]
+    moved: tuple[float, ...]
 
 
 @dataclass(frozen=True)
 class StepRecording:
-    """A recorded optimizer step of ``K`` micro-batches, as frames (one loop ``mode``)."""
+    """A recorded optimizer step of ``K`` micro-batches, as frames (one loop ``mode``).
+
+    Attributes:
+        mode (str): the loop, a key of :data:`LOOPS`.
+        groups (tuple of str): the parameter groups (:func:`parameter_groups`).
+        K (int): micro-batches.
+        micro_batch_size (int): sequences per micro-batch.
+        frames (tuple of Frame): the moments, in order.
+    """
 
     mode: str
     groups: tuple[str, ...]
@@ -346,8 +398,17 @@ class StepRecording:
 
 
 def parameter_groups(model: torch.nn.Module) -> dict[str, list[str]]:
-    """Group name -> parameter names: the embeddings, each block's attention and MLP, and the
-    LayerNorms (all of them, one group)."""
+    """Group name -> parameter names, for the step-through's bars.
+
+    The embeddings, each block's attention and MLP, and the LayerNorms (all of them, one
+    group).
+
+    Args:
+        model (torch.nn.Module): a course GPT (names as ``GPT.named_parameters()``).
+
+    Returns:
+        dict: group name -> list of parameter names, embeddings first, LayerNorms last.
+    """
     groups: dict[str, list[str]] = {}
     for name, _ in model.named_parameters():
         parts = name.split(".")
@@ -370,17 +431,31 @@ def _norms(tensors: dict[str, torch.Tensor | None], groups: dict[str, list[str]]
 def record_accumulation_step(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                              micro_batch_size: int, mode: str = "right",
                              lr: float = 1e-2) -> StepRecording:
-    """Run one AdamW step of ``K = B / micro_batch_size`` micro-batches on a copy of ``model``
-    with the loop ``mode`` of :data:`LOOPS`, recording ``.grad`` after every line.
+    """Run and record one AdamW step of ``K = B / micro_batch_size`` micro-batches.
+
+    It runs on a copy of ``model`` with the loop ``mode`` of :data:`LOOPS`, recording
+    ``.grad`` after every line.
 
     Each group's gradient norm is divided by that group's norm of the whole batch's gradient
     (one forward and backward pass over ``inputs``), so a right loop ends at 1 in every
-    group; the weights' change is relative to their norm before the step. ``model(x, y)``
-    must return ``(logits, loss)`` with the loss a mean, as the course GPT does.
+    group; the weights' change is relative to their norm before the step. ``model`` itself is
+    not changed.
+
+    Args:
+        model (torch.nn.Module): ``model(x, y)`` must return ``(logits, loss)`` with the loss a
+            mean, as the course GPT does.
+        inputs (torch.Tensor): ``(B, T)`` token ids.
+        targets (torch.Tensor): ``(B, T)`` targets.
+        micro_batch_size (int): must divide ``B`` into 2 or more micro-batches.
+        mode (str): a key of :data:`LOOPS`.
+        lr (float): AdamW's learning rate.
+
+    Returns:
+        StepRecording: the frames of the step.
 
     Raises:
         ValueError: for an unknown ``mode`` or a ``micro_batch_size`` that does not divide
-            the batch.
+            the batch into 2 or more.
     """
     if mode not in LOOPS:
         raise ValueError(f"mode must be one of {list(LOOPS)}, got {mode!r}")
@@ -454,9 +529,9 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
     """The step-through widget of lecture 03 (see the module doc).
 
     Args:
-        recordings: loop mode -> :func:`record_accumulation_step` of the same batch, each with
-            the same number of frames (the modes of :data:`LOOPS`).
-        interval_ms: the Play widget's time per frame.
+        recordings (dict): loop mode -> :func:`record_accumulation_step` of the same batch, each
+            with the same number of frames (the modes of :data:`LOOPS`).
+        interval_ms (int): the Play widget's time per frame.
 
     Returns:
         A ``VBox``: a Play button and a frame slider (linked in the browser), the loop menu,

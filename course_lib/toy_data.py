@@ -29,12 +29,13 @@ def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branc
     that knows nothing. Shapes ``(n_sequences, seq_len)``, targets shifted by one.
 
     Args:
-        n_sequences: sequences, an int from 1 to 2**24.
-        seq_len: tokens per sequence, from 1 to 2**20.
-        vocab_size: tokens of the language, from 1 to 2**16.
-        branching: successors per token, from 1 to ``vocab_size``.
-        seed: an int in ``[0, 2**63 - 1]``.
-        device: where the tensors go (``"cpu"``, ``"cuda"``, a ``torch.device``).
+        n_sequences (int): sequences, an int from 1 to 2**24.
+        seq_len (int): tokens per sequence, from 1 to 2**20.
+        vocab_size (int): tokens of the language, from 1 to 2**16.
+        branching (int): successors per token, from 1 to ``vocab_size``.
+        seed (int): an int in ``[0, 2**63 - 1]``.
+        device (torch.device or str): where the tensors go (``"cpu"``, ``"cuda"``, a
+            ``torch.device``).
 
     Returns:
         ``(inputs, targets)``, two ``(n_sequences, seq_len)`` int64 tensors;
@@ -72,7 +73,7 @@ def markov_entropy(branching: int = 2) -> float:
     the cross-entropy of any model on this language is at least that.
 
     Args:
-        branching: successors per token, an int from 1 to 2**40.
+        branching (int): successors per token, an int from 1 to 2**40.
 
     Returns:
         ``ln(branching)``, in nats per token (a float).

@@ -60,7 +60,17 @@ def make_grad_scaler(device_type: str = "cuda", **kwargs):
 
     ``torch.amp.GradScaler(device)`` is the current spelling; older releases
     only have ``torch.cuda.amp.GradScaler`` (CUDA) and ``torch.cpu.amp.GradScaler``.
-    ``kwargs`` (``init_scale``, ``growth_interval``, ...) are passed on.
+
+    Args:
+        device_type (str): ``"cuda"`` or ``"cpu"``.
+        **kwargs: passed on to the scaler (``init_scale``, ``growth_interval``, ...).
+
+    Returns:
+        The ``GradScaler``.
+
+    Raises:
+        ValueError: naming ``device_type``, for another value, or when this torch has no
+            GradScaler for it.
     """
     if device_type not in ("cuda", "cpu"):
         raise ValueError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
@@ -76,15 +86,25 @@ def make_grad_scaler(device_type: str = "cuda", **kwargs):
 
 @dataclass
 class TrainLog:
-    """What :func:`train` did: one entry per optimizer step (losses are Python floats)."""
+    """What :func:`train` did: one entry per optimizer step (losses are Python floats).
 
-    losses: list[float] = field(default_factory=list)   # the loss of each effective batch
-    tokens: list[int] = field(default_factory=list)     # non-ignored targets per step
-    micro_batches: list[int] = field(default_factory=list)  # micro-batches per step (K, or
-    #                                                         fewer in a last partial window)
-    skipped: list[bool] = field(default_factory=list)   # True where GradScaler skipped the step
-    scales: list[float] = field(default_factory=list)   # GradScaler scale after each step
-    micro_steps: int = 0                                # forward+backward passes in total
+    Attributes:
+        losses (list of float): the loss of each effective batch.
+        tokens (list of int): non-ignored targets per step.
+        micro_batches (list of int): micro-batches per step (K, or fewer in a last partial
+            window).
+        skipped (list of bool): True where the GradScaler skipped the step (inf or NaN found).
+        scales (list of float): the GradScaler's scale after each step (empty without one).
+        micro_steps (int): forward and backward passes in total.
+        seconds (float): wall-clock seconds spent in :func:`train`, summed over calls.
+    """
+
+    losses: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    micro_batches: list[int] = field(default_factory=list)
+    skipped: list[bool] = field(default_factory=list)
+    scales: list[float] = field(default_factory=list)
+    micro_steps: int = 0
     seconds: float = 0.0
 
     @property
@@ -107,18 +127,49 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
     samples, as one batch of ``n`` would. Every other batch must hold exactly
     ``micro_batch_size * accumulation_steps`` samples.
 
-    ``grad_scaler``: ``"auto"`` makes one (:func:`make_grad_scaler`) when
-    ``amp_dtype`` is fp16 and uses none otherwise; pass a ``GradScaler`` to
-    use (and inspect) your own, or None for none; a step counts as skipped when
-    the scaler lowered its scale (it found an inf or NaN). ``on_step(step, loss)``
-    is called after each optimizer step. ``log``: a :class:`TrainLog` to append
-    to (to continue a run); the log is returned.
-
     With ``normalize="tokens"``, ``N`` is the batch's own token count. Under DDP
     each rank divides by its own ``N`` and DDP averages the ranks' gradients:
     the global token mean only when every rank holds the same number of tokens.
     A micro-batch of padding only still runs (its loss is 0), so that with
     ``no_sync`` the last micro-batch always triggers the all-reduce.
+
+    Args:
+        model (torch.nn.Module): returns logits (or a tuple whose first item is the logits)
+            from ``model(inputs)``.
+        optimizer (torch.optim.Optimizer): steps the parameters; a
+            :class:`~course_lib.mixed_precision.MasterWeightAdamW` gets its ``prepare_grads``
+            called before clipping and unscaling.
+        batches (iterable of tuple): ``(inputs, targets)`` batches (:func:`batches_of`).
+        micro_batch_size (int): samples per forward and backward pass, a positive int.
+        accumulation_steps (int): micro-batches K per optimizer step, a positive int.
+        normalize (str): one of :data:`course_lib.accumulation.NORMALIZATIONS` (see
+            :func:`course_lib.accumulation.micro_batch_loss`); ``"tokens"`` is correct.
+        ignore_index (int): the target value that is not a token (an int64).
+        amp_dtype (torch.dtype, optional): None, ``torch.float16`` or ``torch.bfloat16``: the
+            forward pass under ``torch.autocast`` in it.
+        grad_scaler: ``"auto"`` makes one (:func:`make_grad_scaler`) when ``amp_dtype`` is
+            fp16 and uses none otherwise; pass a ``GradScaler`` to use (and inspect) your own.
+            A step counts as skipped when the scaler lowered its scale (it found an inf or
+            NaN). (None behaves as ``"auto"``: it too makes one for fp16.)
+        no_sync (bool): skip DDP's all-reduce on every micro-batch but the last (the model
+            must have ``no_sync()``, as ``DistributedDataParallel``).
+        max_grad_norm (float, optional): clip the gradients' total norm to it (> 0), on the
+            true (unscaled, fp32 master) gradients.
+        progress (bool): show a tqdm progress bar.
+        on_step (callable, optional): ``on_step(step, loss)``, called after each optimizer step.
+        log (TrainLog, optional): a log to append to (to continue a run).
+
+    Returns:
+        TrainLog: ``log`` (or a new one), with one entry per optimizer step.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value; ``no_sync=True`` for a model
+            without ``no_sync()``; a batch of the wrong size.
+
+    Example::
+
+        log = train(model, optimizer, batches_of(x, y, 32), micro_batch_size=8,
+                    accumulation_steps=4)
     """
     positive_int("micro_batch_size", micro_batch_size, maximum=MAX_COUNT)
     positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
@@ -219,15 +270,19 @@ def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, *,
     """The consecutive ``(inputs, targets)`` batches of ``batch_size``.
 
     Args:
-        inputs, targets: tensors with the samples along dimension 0.
-        batch_size: samples per batch.
-        drop_last: drop a remainder of fewer than ``batch_size`` samples (the default, as
+        inputs (torch.Tensor): the samples along dimension 0.
+        targets (torch.Tensor): their targets, along dimension 0.
+        batch_size (int): samples per batch.
+        drop_last (bool): drop a remainder of fewer than ``batch_size`` samples (the default, as
             ``torch.utils.data.DataLoader(drop_last=True)``); with False it is a last, shorter
             batch: the last partial window that :func:`train` weights by what it holds.
 
+    Returns:
+        list of tuple: ``[(inputs_i, targets_i), ...]``, slices (views) of the tensors.
+
     Raises:
-        ValueError: if ``batch_size`` is not a positive int, or no whole batch fits while
-            ``drop_last`` is True.
+        ValueError: if ``batch_size`` is not a positive int, ``drop_last`` not a bool, or no
+            whole batch fits while ``drop_last`` is True.
     """
     positive_int("batch_size", batch_size)
     if drop_last not in (True, False):

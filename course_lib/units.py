@@ -32,7 +32,23 @@ _DTYPES = {
 
 
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    """``torch.float32`` or one of its names ("fp32", "bf16", ...) as a ``torch.dtype``."""
+    """``torch.float32`` or one of its names (``"fp32"``, ``"bf16"``, ...) as a ``torch.dtype``.
+
+    Args:
+        dtype (torch.dtype or str): a dtype, or one of ``"fp32"``, ``"float32"``, ``"fp16"``,
+            ``"float16"``, ``"bf16"``, ``"bfloat16"``, ``"fp64"``, ``"float64"``, ``"int8"``,
+            ``"bool"``.
+
+    Returns:
+        The ``torch.dtype``.
+
+    Raises:
+        ValueError: naming ``dtype``, for any other value.
+
+    Example::
+
+        as_dtype("bf16")  # torch.bfloat16
+    """
     if isinstance(dtype, torch.dtype):
         return dtype
     if isinstance(dtype, str) and dtype in _DTYPES:
@@ -41,7 +57,17 @@ def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def dtype_bytes(dtype: torch.dtype | str) -> int:
-    """Bytes per element of ``dtype`` (fp32: 4, bf16/fp16: 2, int8/bool: 1)."""
+    """Bytes per element of ``dtype`` (fp32: 4, bf16/fp16: 2, int8/bool: 1).
+
+    Args:
+        dtype (torch.dtype or str): a dtype or a name :func:`as_dtype` takes.
+
+    Returns:
+        The bytes per element, an int (``dtype.itemsize``).
+
+    Raises:
+        ValueError: naming ``dtype``, as :func:`as_dtype` does.
+    """
     return as_dtype(dtype).itemsize
 
 
@@ -50,7 +76,7 @@ def tensor_bytes(shape, dtype: torch.dtype | str = torch.float32) -> int:
 
     Args:
         shape: a sequence of ints >= 0 (a ``torch.Size``, a tuple, a list); no bool or float.
-        dtype: a ``torch.dtype`` or one of its names (``"bf16"``).
+        dtype (torch.dtype or str): a ``torch.dtype`` or one of its names (``"bf16"``).
 
     Returns:
         The bytes, an int.
@@ -82,8 +108,8 @@ def storage_key(tensor: torch.Tensor | torch.UntypedStorage) -> int:
     reused), so keep the tensors while their keys are compared.
 
     Args:
-        tensor: a ``torch.Tensor`` with a storage (strided: not sparse), on any device, or a
-            ``torch.UntypedStorage`` (its own key).
+        tensor (torch.Tensor or torch.UntypedStorage): a ``torch.Tensor`` with a storage (strided:
+            not sparse), on any device, or a ``torch.UntypedStorage`` (its own key).
 
     Returns:
         An int.
@@ -121,7 +147,7 @@ def storage_bytes(tensors, *, block: int = 1) -> int:
 
     Args:
         tensors: an iterable of tensors with storages (a generator is fine).
-        block: bytes, an int >= 1.
+        block (int): bytes, an int >= 1.
 
     Returns:
         Bytes, an int.
@@ -155,12 +181,22 @@ def storage_bytes(tensors, *, block: int = 1) -> int:
 def format_bytes(n: int | float, precision: int = 2) -> str:
     """``1536`` -> ``"1.50 KiB"``: binary units, as PyTorch's memory summaries use.
 
+    Units are GiB (2**30), MiB (2**20) and KiB (2**10) bytes; below 1 KiB the bytes are printed
+    whole (``"512 B"``). Negative numbers keep their sign.
+
     Args:
-        n: bytes, a finite number (not a bool).
-        precision: digits after the point, an int from 0 to 12.
+        n (int or float): bytes, a finite number (not a bool).
+        precision (int): digits after the point, an int from 0 to 12.
+
+    Returns:
+        str: the size, such as ``"1.50 KiB"``.
 
     Raises:
         ValueError: naming the parameter, for a bad value.
+
+    Example::
+
+        format_bytes(3 * GiB // 2)  # "1.50 GiB"
     """
     if not isinstance(n, int) or isinstance(n, bool):
         n = number("n", n)

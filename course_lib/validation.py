@@ -26,10 +26,10 @@ def integer(name: str, value, *, minimum: int | None = None, maximum: int | None
     """``value`` as an ``int`` if it is an integer (not a bool) in ``[minimum, maximum]``.
 
     Args:
-        name: the parameter's name, for the message.
+        name (str): the parameter's name, for the message.
         value: what the caller passed.
-        minimum: the smallest allowed value (``None``: no bound).
-        maximum: the largest allowed value (``None``: no bound).
+        minimum (int, optional): the smallest allowed value (``None``: no bound).
+        maximum (int, optional): the largest allowed value (``None``: no bound).
 
     Returns:
         ``int(value)``.
@@ -58,8 +58,22 @@ def integer(name: str, value, *, minimum: int | None = None, maximum: int | None
 def positive_int(name: str, value, *, maximum: int | None = None) -> int:
     """``value`` if it is an ``int`` (not a bool) of at least 1 (and at most ``maximum``).
 
+    Unlike :func:`integer`, it takes plain ``int`` only (not numpy's or a 0-d tensor).
+
+    Args:
+        name (str): the parameter's name, for the message.
+        value: what the caller passed.
+        maximum (int, optional): the largest allowed value (``None``: no bound).
+
+    Returns:
+        ``value``, an int >= 1.
+
     Raises:
-        ValueError: naming ``name`` otherwise.
+        ValueError: naming ``name``, for a non-int, a bool, a value below 1 or above ``maximum``.
+
+    Example::
+
+        positive_int("batch_size", 8, maximum=MAX_BATCH)  # 8
     """
     if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (
             maximum is not None and value > maximum):
@@ -72,11 +86,27 @@ def number(name: str, value, *, minimum: float | None = None, maximum: float | N
            above: float | None = None, below: float | None = None) -> float:
     """``value`` as a ``float`` if it is a finite real number (not a bool) within the bounds.
 
-    ``minimum``/``maximum`` are inclusive bounds, ``above``/``below`` exclusive ones.
+    ``minimum``/``maximum`` are inclusive bounds, ``above``/``below`` exclusive ones. A numpy or
+    0-d torch scalar is taken as its Python value.
+
+    Args:
+        name (str): the parameter's name, for the message.
+        value: what the caller passed.
+        minimum (float, optional): ``value`` must be ``>= minimum``.
+        maximum (float, optional): ``value`` must be ``<= maximum``.
+        above (float, optional): ``value`` must be ``> above``.
+        below (float, optional): ``value`` must be ``< below``.
+
+    Returns:
+        ``float(value)``.
 
     Raises:
         ValueError: naming ``name``, for a bool, a non-number, NaN, an infinity or a value out
             of range.
+
+    Example::
+
+        number("dropout", 0.1, minimum=0.0, below=1.0)  # 0.1
     """
     if hasattr(value, "dtype") and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         item = value.item()  # a numpy or torch scalar
@@ -96,14 +126,41 @@ def number(name: str, value, *, minimum: float | None = None, maximum: float | N
 
 
 def boolean(name: str, value) -> bool:
-    """``value`` if it is a ``bool``; ``ValueError`` naming ``name`` otherwise (no truthiness)."""
+    """``value`` if it is a ``bool`` (no truthiness: ``1`` and ``"yes"`` are refused).
+
+    Args:
+        name (str): the parameter's name, for the message.
+        value: what the caller passed.
+
+    Returns:
+        ``value``, a bool.
+
+    Raises:
+        ValueError: naming ``name``, for anything but ``True`` or ``False``.
+    """
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
     return value
 
 
 def choice(name: str, value, options) -> str:
-    """``value`` if it is one of ``options``; ``ValueError`` naming ``name`` and the options."""
+    """``value`` if it is a str and one of ``options``.
+
+    Args:
+        name (str): the parameter's name, for the message.
+        value: what the caller passed.
+        options (sequence of str): the allowed values.
+
+    Returns:
+        ``value``, a str.
+
+    Raises:
+        ValueError: naming ``name`` and the options, for a non-str or a str not in ``options``.
+
+    Example::
+
+        choice("attention", "sdpa", ("explicit", "sdpa"))  # "sdpa"
+    """
     try:
         ok = isinstance(value, str) and value in options
     except TypeError:
@@ -114,8 +171,19 @@ def choice(name: str, value, options) -> str:
 
 
 def device(name: str, value):
-    """``torch.device(value)`` for a ``torch.device`` or a string naming one (``"cpu"``,
-    ``"cuda:0"``); ``ValueError`` naming ``name`` for anything else (``"gpu"``, a bool)."""
+    """``torch.device(value)`` for a ``torch.device`` or a string naming one.
+
+    Args:
+        name (str): the parameter's name, for the message.
+        value (torch.device or str): ``"cpu"``, ``"cuda"``, ``"cuda:0"``, ``"mps"``, ...
+
+    Returns:
+        A ``torch.device``.
+
+    Raises:
+        ValueError: naming ``name``, for a non-str (a bool, an int) or a string torch does not
+            parse as a device (``"gpu"``).
+    """
     import torch
 
     if isinstance(value, torch.device):
@@ -131,8 +199,21 @@ def device(name: str, value):
 
 
 def tensor(name: str, value, *, integral: bool = False, dim: int | None = None):
-    """``value`` if it is a ``torch.Tensor`` (of an integer dtype if ``integral``, with ``dim``
-    dimensions if given); ``ValueError`` naming ``name`` otherwise."""
+    """``value`` if it is a ``torch.Tensor`` of the expected kind.
+
+    Args:
+        name (str): the parameter's name, for the message.
+        value: what the caller passed.
+        integral (bool): require an integer dtype (token ids): no floating, complex or bool.
+        dim (int, optional): the number of dimensions required (``None``: any).
+
+    Returns:
+        ``value``, the tensor.
+
+    Raises:
+        ValueError: naming ``name``, for a non-tensor, a non-integer dtype when ``integral``, or
+            another number of dimensions than ``dim``.
+    """
     import torch
 
     if not isinstance(value, torch.Tensor):
@@ -146,28 +227,75 @@ def tensor(name: str, value, *, integral: bool = False, dim: int | None = None):
 
 
 def optional_positive_int(name: str, value, *, maximum: int | None = None) -> int | None:
-    """``None``, or :func:`positive_int` of ``value``."""
+    """``None``, or :func:`positive_int` of ``value``.
+
+    Args:
+        name (str): the parameter's name, for the message.
+        value (int or None): what the caller passed.
+        maximum (int, optional): the largest allowed value.
+
+    Returns:
+        ``None`` or an int >= 1.
+
+    Raises:
+        ValueError: naming ``name``, as :func:`positive_int` does.
+    """
     return None if value is None else positive_int(name, value, maximum=maximum)
 
 
 def text(name: str, value) -> str:
-    """``value`` if it is a ``str``; ``ValueError`` naming ``name`` otherwise."""
+    """``value`` if it is a ``str``.
+
+    Args:
+        name (str): the parameter's name, for the message.
+        value: what the caller passed.
+
+    Returns:
+        ``value``, a str.
+
+    Raises:
+        ValueError: naming ``name``, for anything but a str.
+    """
     if not isinstance(value, str):
         raise ValueError(f"{name} must be a str, got {value!r}")
     return value
 
 
 def function(name: str, value, *, optional: bool = False):
-    """``value`` if it is callable (or ``None`` when ``optional``); ``ValueError`` naming ``name``."""
+    """``value`` if it is callable (or ``None`` when ``optional``).
+
+    Args:
+        name (str): the parameter's name, for the message.
+        value: what the caller passed.
+        optional (bool): whether ``None`` is allowed.
+
+    Returns:
+        ``value``, a callable or ``None``.
+
+    Raises:
+        ValueError: naming ``name``, for a non-callable (or ``None`` unless ``optional``).
+    """
     if (value is None and optional) or callable(value):
         return value
     raise ValueError(f"{name} must be callable{' or None' if optional else ''}, got {value!r}")
 
 
 def items(name: str, value, *, min_len: int = 0, max_len: int = MAX_COUNT) -> list:
-    """``list(value)`` for a list, tuple, range or other non-string sequence of ``min_len`` to
-    ``max_len`` items; ``ValueError`` naming ``name`` for a str, a mapping, a set (no order),
-    a scalar or a length out of range."""
+    """``list(value)`` for a list, tuple, range or other non-string sequence.
+
+    Args:
+        name (str): the parameter's name, for the message.
+        value: what the caller passed.
+        min_len (int): the fewest items allowed.
+        max_len (int): the most items allowed (default :data:`MAX_COUNT`).
+
+    Returns:
+        A new list of the items.
+
+    Raises:
+        ValueError: naming ``name``, for a str or bytes, a mapping, a set (no order), a
+            non-sequence (a scalar, a generator) or a length outside ``[min_len, max_len]``.
+    """
     import collections.abc as abc
 
     if isinstance(value, str | bytes | abc.Mapping | abc.Set) or not isinstance(value,

@@ -50,7 +50,14 @@ MAX_INCHES = 50
 
 
 def show_error(exc: Exception) -> None:
-    """How a widget reports bad input: one line, no traceback."""
+    """How a widget reports bad input: one line, no traceback.
+
+    A ``ValueError`` (the course's input checks) is printed as its message alone; any other
+    exception with its type.
+
+    Args:
+        exc (Exception): what the widget's callback raised.
+    """
     kind = "" if isinstance(exc, ValueError) else f"{type(exc).__name__}: "
     print(f"⚠ {kind}{exc}")
 
@@ -62,6 +69,9 @@ class Backgrounds:
     background, is kept as pixels under a key made of what a ``draw`` function commonly
     changes besides animated artists: each axes' limits, scales, ticks, tick labels, axis
     labels and titles, and the figure's texts. Anything else that changes must be animated.
+
+    Args:
+        size (int): how many backgrounds are kept (least recently used dropped first).
     """
 
     def __init__(self, size: int = 8):
@@ -69,6 +79,17 @@ class Backgrounds:
 
     @staticmethod
     def key(fig: Figure) -> tuple:
+        """What the background of ``fig`` depends on, as a hashable key.
+
+        Size, dpi, and per axes its limits, scales, ticks, tick labels, non-animated labels and
+        texts; the figure's non-animated texts.
+
+        Args:
+            fig (matplotlib.figure.Figure): the figure.
+
+        Returns:
+            tuple: a hashable key.
+        """
         parts: list = [tuple(fig.get_size_inches()), fig.dpi]
         for ax in fig.axes:
             texts = (ax.xaxis.label, ax.yaxis.label, ax.title, ax._left_title, ax._right_title)
@@ -83,23 +104,44 @@ class Backgrounds:
         return tuple(parts)
 
     def get(self, key):
+        """The background saved under ``key`` (now the most recently used), or None.
+
+        Args:
+            key (tuple): a :meth:`key`.
+
+        Returns:
+            The saved region (``canvas.copy_from_bbox``), or None.
+        """
         if key in self.saved:
             self.saved.move_to_end(key)
         return self.saved.get(key)
 
     def put(self, key, region) -> None:
+        """Save ``region`` under ``key``, dropping the least recently used beyond ``size``.
+
+        Args:
+            key (tuple): a :meth:`key`.
+            region: the canvas region (``canvas.copy_from_bbox(fig.bbox)``).
+        """
         self.saved[key] = region
         while len(self.saved) > self.size:
             self.saved.popitem(last=False)
 
 
 def nice_ceiling(x: float) -> float:
-    """The smallest of 1, 2 or 5 times a power of ten that is at least ``x``: an axis limit that
-    moves in few steps, so that a widget's kept pictures of its axes (:class:`Backgrounds`) are
-    reused as its numbers change.
+    """The smallest of 1, 2 or 5 times a power of ten that is at least ``x``.
+
+    An axis limit that moves in few steps, so that a widget's kept pictures of its axes
+    (:class:`Backgrounds`) are reused as its numbers change.
+
+    Args:
+        x (float): a positive finite number.
+
+    Returns:
+        float: the limit.
 
     Raises:
-        ValueError: if ``x`` is not a positive number.
+        ValueError: if ``x`` is not a positive finite number.
 
     Example:
         >>> nice_ceiling(3.2), nice_ceiling(0.07), nice_ceiling(5)
@@ -122,6 +164,13 @@ def render_png(fig: Figure, backgrounds: Backgrounds | None = None) -> bytes:
     (matplotlib's blitting, as its animations use it); the pixels are encoded as RGB.
     zlib level 1: a chart of flat colours compresses almost as well as at the
     default level 6, in less time.
+
+    Args:
+        fig (matplotlib.figure.Figure): the figure (an Agg canvas for blitting).
+        backgrounds (Backgrounds, optional): the cache of still parts; None draws everything.
+
+    Returns:
+        bytes: the PNG file.
     """
     animated = [] if backgrounds is None else fig.findobj(lambda a: a.get_animated())
     buffer = io.BytesIO()
@@ -149,16 +198,17 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
     """Controls over a figure that ``draw(fig, **values)`` redraws on every change.
 
     Args:
-        draw: ``draw(fig, **values)`` draws on the cleared figure; with ``setup``,
+        draw (callable): ``draw(fig, **values)`` draws on the cleared figure; with ``setup``,
             ``draw(artists, **values)`` updates the artists ``setup`` made (the figure is
             not cleared).
-        controls: maps each keyword of ``draw`` to the widget that sets it.
-        figsize: inches, at matplotlib's ``figure.dpi``.
-        layout: ``None``, ``"constrained"`` or ``"tight"``. ``None`` is fastest: the engines
-            lay the figure out with a hidden extra draw, so ``draw`` (or ``setup``) places
+        controls (dict): maps each keyword of ``draw`` to the widget that sets it.
+        figsize (tuple): inches, at matplotlib's ``figure.dpi``.
+        layout (str, optional): ``None``, ``"constrained"`` or ``"tight"``. ``None`` is fastest: the
+            engines lay the figure out with a hidden extra draw, so ``draw`` (or ``setup``) places
             the axes with ``fig.subplots_adjust``.
-        columns: controls per row.
-        setup: ``setup(fig) -> artists``, called once, before the first ``draw``.
+        columns (int): controls per row.
+        setup (callable, optional): ``setup(fig) -> artists``, called once, before the first
+            ``draw``.
 
     Returns:
         A ``VBox`` with ``redraw()`` (tests and benchmarks call it), ``figure``, ``image``

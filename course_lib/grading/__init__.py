@@ -38,7 +38,12 @@ PASS, FAIL, TODO = "✓", "✗", "…"
 
 
 class CheckFailed(Exception):
-    """Raised inside a check body; the wrapper turns it into a printed ✗ line."""
+    """Raised inside a check body; the wrapper turns it into a printed ✗ line.
+
+    Args:
+        message (str): what went wrong, shown after the check's name.
+        hint (str, optional): what to look at, shown after "Hint:".
+    """
 
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
@@ -49,8 +54,20 @@ class CheckFailed(Exception):
 def expect(condition: bool, message: str, *, hint: str | None = None) -> None:
     """Fail the check with ``message`` (and ``hint``) unless ``condition`` holds.
 
-    ``condition`` is taken for its truth (a learner's answer compared may be a numpy or torch
-    bool); ``message`` is a str and ``hint`` a str or None (``ValueError`` naming them otherwise).
+    Args:
+        condition (bool): taken for its truth (a learner's answer compared may be a numpy or torch
+            bool).
+        message (str): what went wrong.
+        hint (str, optional): what to look at.
+
+    Raises:
+        CheckFailed: when ``condition`` is false (the check's wrapper catches it).
+        ValueError: naming ``message`` (not a str) or ``hint`` (not a str or None).
+
+    Example::
+
+        expect(fn((2, 3), torch.float32) == 24, "a (2, 3) fp32 tensor has 24 bytes",
+               hint="multiply the element count by the bytes per element")
     """
     if not isinstance(message, str):
         raise ValueError(f"message must be a str, got {message!r}")
@@ -70,7 +87,7 @@ def grader(body: Callable[..., None]) -> Callable[..., bool]:
     """Turn a check body that raises :class:`CheckFailed` into a check that prints and returns a bool.
 
     Args:
-        body: a function named ``check_NAME`` that calls :func:`expect`.
+        body (callable): a function named ``check_NAME`` that calls :func:`expect`.
 
     Returns:
         The check, registered in :data:`CHECKS`.

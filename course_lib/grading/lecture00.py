@@ -9,7 +9,16 @@ from . import expect, grader
 
 @grader
 def check_tensor_nbytes(fn):
-    """``fn(shape, dtype)`` must return the bytes of a dense tensor of that shape and dtype."""
+    """``fn(shape, dtype)`` must return the bytes of a dense tensor of that shape and dtype.
+
+    Args:
+        fn (callable): the learner's ``tensor_nbytes``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     cases = [((2, 3), torch.float32), ((1024, 1024), torch.bfloat16), ((7,), torch.float16),
              ((3, 5, 2), torch.float64), ((4, 4), torch.int8), ((0, 9), torch.float32)]
     for shape, dtype in cases:
@@ -22,7 +31,16 @@ def check_tensor_nbytes(fn):
 
 @grader
 def check_pick_training_dtype(fn):
-    """``fn(device_type, has_native_bf16)`` picks the mixed-precision dtype the course uses."""
+    """``fn(device_type, has_native_bf16)`` picks the mixed-precision dtype the course uses.
+
+    Args:
+        fn (callable): the learner's ``pick_training_dtype``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     cases = {("cpu", False): torch.float32, ("cpu", True): torch.float32,
              ("cuda", True): torch.bfloat16, ("cuda", False): torch.float16}
     for (device_type, bf16), truth in cases.items():

@@ -44,7 +44,16 @@ def _int_answer(name: str, got, args: str) -> None:
 
 @grader
 def check_bytes_per_param(fn):
-    """``fn(optimizer, precision)``: bytes of model states per parameter, unsharded."""
+    """``fn(optimizer, precision)``: bytes of model states per parameter, unsharded.
+
+    Args:
+        fn (callable): the learner's ``bytes_per_param``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     for precision, row in _TABLE.items():
         for optimizer, truth in zip(_OPTIMIZERS, row):
             got = fn(optimizer, precision)
@@ -61,7 +70,16 @@ def check_bytes_per_param(fn):
 
 @grader
 def check_zero_bytes_per_device(fn):
-    """``fn(n_params, zero_stage, world_size)``: mixed-precision Adam, ZeRO paper formulas."""
+    """``fn(n_params, zero_stage, world_size)``: mixed-precision Adam, ZeRO paper formulas.
+
+    Args:
+        fn (callable): the learner's ``zero_bytes_per_device``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     cases = [(7_500_000_000, stage, 64) for stage in range(4)]  # the paper's example
     cases += [(1_000_000_000, stage, n) for stage in range(4) for n in (1, 8)]
     cases += [(6_000_000, stage, 3) for stage in (0, 1, 2, 3)]
@@ -85,7 +103,16 @@ def _fits(n: int, capacity: int, optimizer: str, precision: str) -> bool:
 
 @grader
 def check_largest_model(fn):
-    """``fn(capacity_bytes, optimizer, precision)``: the most parameters whose states fit."""
+    """``fn(capacity_bytes, optimizer, precision)``: the most parameters whose states fit.
+
+    Args:
+        fn (callable): the learner's ``largest_model``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     cases = [(16 * GB, "adamw", "bf16-mixed"), (80 * GB, "adamw", "bf16-mixed"),
              (80 * GB + 7, "adamw", "fp32"), (40 * GB + 9, "sgd-momentum", "fp16-mixed"),
              (141 * GB + 3, "adam", "bf16"), (24 * GB + 5, "sgd", "bf16"),
@@ -116,7 +143,16 @@ def _fewest_gpus(P: int, capacity: int, stage: int) -> int | None:
 
 @grader
 def check_gpus_needed(fn):
-    """``fn(n_params, capacity_bytes, zero_stage)``: fewest ranks whose per-device states fit."""
+    """``fn(n_params, capacity_bytes, zero_stage)``: fewest ranks whose per-device states fit.
+
+    Args:
+        fn (callable): the learner's ``gpus_needed``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     cases = [(68_976_648_192, 80 * GB, s) for s in range(4)]      # Llama 2 70B on 80 GB GPUs
     cases += [(6_738_415_616, 40 * GB, s) for s in range(4)]      # Llama 2 7B on 40 GB GPUs
     cases += [(1_235_814_400, 16 * GB, s) for s in range(4)]      # Llama 3.2 1B on a T4

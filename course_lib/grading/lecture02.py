@@ -28,7 +28,16 @@ from . import expect, grader
 
 @grader
 def check_mlp_saved_bytes(fn):
-    """``fn(batch, seq, d_model, dtype, dropout)``: bytes the course MLP saves for backward on the CPU."""
+    """``fn(batch, seq, d_model, dtype, dropout)``: bytes the course MLP saves for backward on the CPU.
+
+    Args:
+        fn (callable): the learner's ``mlp_saved_bytes``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     cases = [(2, 8, 16, torch.float32, 0.0), (3, 5, 32, torch.float32, 0.1),
              (1, 7, 24, torch.bfloat16, 0.2), (4, 3, 8, torch.bfloat16, 0.0)]
     for b, s, h, dtype, p in cases:
@@ -84,7 +93,16 @@ def _gpt_sdpa():
 
 @grader
 def check_distinct_saved_bytes(fn):
-    """``fn(output, params)``: bytes of the distinct non-parameter storages autograd keeps."""
+    """``fn(output, params)``: bytes of the distinct non-parameter storages autograd keeps.
+
+    Args:
+        fn (callable): the learner's ``distinct_saved_bytes``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     for name, build in [("nn.Sequential(Linear, ReLU, Linear, Tanh, Linear)", _sequential),
                         ("the course MLP with dropout", _mlp_with_dropout),
                         ("a bf16 GPT with sdpa attention", _gpt_sdpa)]:
@@ -126,8 +144,19 @@ def _measured_cases():
 
 @grader
 def check_largest_batch(fn):
-    """``fn(config, seq_len, capacity, precision, gpu)``: the largest micro-batch whose predicted
-    step (the engine's ``total`` on ``gpu``) fits ``capacity`` bytes, 0 if none."""
+    """``fn(config, seq_len, capacity, precision, gpu)``: the largest micro-batch that fits.
+
+    The largest micro-batch whose predicted step (the engine's ``total`` on ``gpu``) fits
+    ``capacity`` bytes, 0 if none.
+
+    Args:
+        fn (callable): the learner's ``largest_batch``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12,
                      dropout=0.1, attention="sdpa")
     wide = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8,

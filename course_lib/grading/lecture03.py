@@ -77,7 +77,16 @@ def _compare_grads(model, reference, what: str, K: int):
 
 @grader
 def check_accumulate_gradients(fn):
-    """``fn(model, inputs, targets, micro_batch_size)`` fills ``.grad`` by accumulation, returns the loss."""
+    """``fn(model, inputs, targets, micro_batch_size)`` fills ``.grad`` by accumulation, returns the loss.
+
+    Args:
+        fn (callable): the learner's ``accumulate_gradients``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     for batch, micro, seed in ((8, 2, 0), (8, 4, 1), (6, 1, 2), (4, 4, 3)):
         model = _gpt(seed)
         x, y = _tokens(batch, seed)
@@ -111,7 +120,16 @@ def _padded_tokens(lengths: list[int], seed: int):
 
 @grader
 def check_accumulate_padded(fn):
-    """``fn(model, inputs, targets, micro_batch_size)``: the same with padded targets (-100)."""
+    """``fn(model, inputs, targets, micro_batch_size)``: the same with padded targets (-100).
+
+    Args:
+        fn (callable): the learner's ``accumulate_padded``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     cases = (([8, 8, 1, 2, 8, 3, 5, 1], 2, 0),   # short and long micro-batches
              ([1, 8, 2, 7, 3, 6], 3, 1),
              ([8, 5, 0, 0, 2, 8, 4, 1], 2, 2))   # one micro-batch is all padding
@@ -181,7 +199,16 @@ def _conv_model() -> tuple[nn.Module, set[str]]:
 
 @grader
 def check_batch_coupled_modules(fn):
-    """``fn(model, x)``: the names of the leaf modules whose output for one sample depends on the others."""
+    """``fn(model, x)``: the names of the leaf modules whose output for one sample depends on the others.
+
+    Args:
+        fn (callable): the learner's ``batch_coupled_modules``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     cases = ((_coupling_model, torch.randn(8, 6, generator=torch.Generator().manual_seed(0))),
              (_conv_model, torch.randn(4, 3, 5, 5, generator=torch.Generator().manual_seed(1))))
     for build, x in cases:
@@ -219,9 +246,19 @@ class _StepRecorder:
 
 @grader
 def check_epoch_windows(fn):
-    """``fn(model, optimizer, inputs, targets, micro_batch_size, accumulation_steps)`` trains one
-    epoch: a step every K micro-batches and one for a last partial window, each with the mean
-    gradient of its window's sequences."""
+    """``fn(model, optimizer, inputs, targets, micro_batch_size, accumulation_steps)``: one epoch.
+
+    It trains one epoch: a step every K micro-batches and one for a last partial window, each
+    with the mean gradient of its window's sequences.
+
+    Args:
+        fn (callable): the learner's ``train_epoch``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     cases = ((20, 2, 4), (14, 2, 3), (16, 2, 4), (12, 4, 2))  # windows 4,4,2 / 3,3,1 / 4,4 / 2
     for n, micro, K in cases:
         model = _gpt(n)

@@ -30,7 +30,16 @@ def _per_block_reference(blocks, x):
 
 @grader
 def check_checkpoint_blocks(fn):
-    """``fn(blocks, x)`` runs the blocks in order, each one a separate non-reentrant checkpoint."""
+    """``fn(blocks, x)`` runs the blocks in order, each one a separate non-reentrant checkpoint.
+
+    Args:
+        fn (callable): the learner's ``checkpoint_blocks``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     config = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=3, dropout=0.1)
     plain = GPT(config)
     model = copy.deepcopy(plain)
@@ -96,9 +105,19 @@ SEGMENT_COSTS = {
 
 @grader
 def check_choose_segments(fn):
-    """``fn(config, batch_size, budget)``: of the segment counts whose predicted step peak (the
-    engine's ``total``) fits ``budget`` bytes, the one with the least recomputation (fewer
-    segments on a tie), else None."""
+    """``fn(config, batch_size, budget)``: the cheapest segment count that fits ``budget``.
+
+    Of the segment counts whose predicted step peak (the engine's ``total``) fits ``budget``
+    bytes, the one with the least recomputation (fewer segments on a tie), else None.
+
+    Args:
+        fn (callable): the learner's ``choose_segments``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     config, batch = SEGMENTS_CONFIG, SEGMENTS_BATCH
     peak = {k: nbytes for k, (nbytes, _) in SEGMENT_COSTS.items()}
     flops = {k: count for k, (_, count) in SEGMENT_COSTS.items()}

@@ -16,7 +16,17 @@ _RECOMPUTE = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE
 
 @grader
 def check_save_matmuls_policy(policy):
-    """``policy(ctx, op, *args, **kwargs)`` saves mm, addmm and bmm outputs and recomputes the rest."""
+    """``policy(ctx, op, *args, **kwargs)`` saves mm, addmm and bmm outputs and recomputes the rest.
+
+    Args:
+        policy (callable): the learner's selective-checkpointing policy function, called as
+            above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     from ..models import GPT, GPTConfig
     from ..policies import policy_cost
 
@@ -57,7 +67,16 @@ def _peak(n_layers, every, block_bytes, input_bytes, fixed_bytes):
 
 @grader
 def check_choose_every(fn):
-    """``fn(n_layers, block_bytes, input_bytes, fixed_bytes, budget_bytes)`` -> largest fitting every."""
+    """``fn(n_layers, block_bytes, input_bytes, fixed_bytes, budget_bytes)`` -> largest fitting every.
+
+    Args:
+        fn (callable): the learner's ``choose_every``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     rng = random.Random(5)
     cases = [(6, 100, 10, 50, 700), (6, 100, 10, 50, 5000), (6, 100, 10, 50, 100),
              (12, 300, 20, 1000, 3500), (7, 64, 8, 0, 300), (1, 100, 10, 5, 105)]
@@ -86,7 +105,16 @@ def _front(points):
 
 @grader
 def check_pareto_front(fn):
-    """``fn(points)`` -> the non-dominated ``(memory, time, label)`` points, sorted by memory."""
+    """``fn(points)`` -> the non-dominated ``(memory, time, label)`` points, sorted by memory.
+
+    Args:
+        fn (callable): the learner's ``pareto_front``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     rng = random.Random(7)
     cases = [[(10, 1.0, "none"), (4, 1.3, "full"), (6, 1.1, "half"), (7, 1.2, "worse")],
              [(5, 1.0, "a"), (5, 1.2, "same memory, slower"), (3, 1.2, "b")],

@@ -25,6 +25,14 @@ def check_ddp_accumulation_plan(fn):
     """``fn(world_size, micro_batch, accum_steps, n_buckets, use_no_sync)``.
 
     Returns ``(effective batch, all-reduces per optimizer step on each rank)``.
+
+    Args:
+        fn (callable): the learner's ``ddp_accumulation_plan``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = [(2, 2, 4, 4, True), (2, 2, 4, 4, False), (8, 1, 16, 10, True),
              (8, 1, 16, 10, False), (4, 8, 1, 3, True), (4, 8, 1, 3, False), (3, 5, 2, 1, False)]
@@ -106,7 +114,16 @@ def _run_ranks(fn, world_size: int, grads: list[list]) -> list[list]:
 
 @grader
 def check_average_gradients(fn):
-    """``fn(params, all_reduce_sum, world_size)`` leaves the mean over ranks in every ``p.grad``."""
+    """``fn(params, all_reduce_sum, world_size)`` leaves the mean over ranks in every ``p.grad``.
+
+    Args:
+        fn (callable): the learner's ``average_gradients``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     g = torch.Generator().manual_seed(7)
     for world_size in (2, 3):
         shapes = [(4, 3), (5,), None, (2, 2, 2)]  # None: a frozen parameter without a gradient
@@ -138,7 +155,16 @@ def _chunk_numels(shape: tuple, world_size: int) -> list[int]:
 
 @grader
 def check_fsdp_local_numel(fn):
-    """``fn(shape, world_size)`` -> the elements of that parameter on each rank under FSDP2."""
+    """``fn(shape, world_size)`` -> the elements of that parameter on each rank under FSDP2.
+
+    Args:
+        fn (callable): the learner's ``fsdp_local_numel``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     cases = [((257, 64), 2), ((64,), 2), ((10,), 3), ((5, 3), 4), ((3,), 4), ((1, 8), 2),
              ((50257, 768), 8), ((7, 2, 2), 3)]
     for shape, N in cases:

@@ -44,7 +44,16 @@ def _adamw(params):
 
 @grader
 def check_fuse_optimizer(fn):
-    """``fn(model, make_optimizer)`` makes ``loss.backward()`` also take the optimizer step."""
+    """``fn(model, make_optimizer)`` makes ``loss.backward()`` also take the optimizer step.
+
+    Args:
+        fn (callable): the learner's ``fuse_optimizer``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     torch.manual_seed(0)
     model = _Tied()
     reference = copy.deepcopy(model)
@@ -99,7 +108,16 @@ class _LargestTensor(TorchDispatchMode):
 
 @grader
 def check_chunked_loss(fn):
-    """``fn(hidden, weight, targets, chunk_size)``: the mean cross-entropy, one chunk at a time."""
+    """``fn(hidden, weight, targets, chunk_size)``: the mean cross-entropy, one chunk at a time.
+
+    Args:
+        fn (callable): the learner's ``chunked_loss``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     g = torch.Generator().manual_seed(3)
     N, h, V = 13, 8, 60
     for chunk, scale, ignored in [(5, 1.0, [2, 11]), (13, 1.0, []), (4, 300.0, [0]),
@@ -136,7 +154,16 @@ _LOW_BIT = {8: (256, 256), 4: (128, 16)}
 
 @grader
 def check_quantized_state_bytes(fn):
-    """``fn(numel, bits)``: bytes of AdamW's ``m`` and ``v`` for one fp32 parameter tensor."""
+    """``fn(numel, bits)``: bytes of AdamW's ``m`` and ``v`` for one fp32 parameter tensor.
+
+    Args:
+        fn (callable): the learner's ``quantized_state_bytes``, called as above.
+        quiet (bool): keyword only, print nothing (the grader's switch).
+
+    Returns:
+        bool: True when every case passed. One line is printed (✓, ✗ with a
+        hint, or … not done yet); nothing is raised into the notebook.
+    """
     cases = [(4096, 8), (4096, 4), (1 << 20, 8), (1 << 20, 4), (100, 8), (4095 * 256, 4),
              (2048, 4), (4100, 8), (768 * 2304, 8), (50257 * 768, 4), (12800, 8)]
     for numel, bits in cases:
