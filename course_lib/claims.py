@@ -25,6 +25,10 @@ class Claim:
         verdict (str): what the course concludes ("right", "wrong: ...", "half-true: ...").
         holds (bool): whether the measurement supports the verdict: the test of the figures
             that the verdict rests on.
+
+    Raises:
+        ValueError: ``said``, ``measured`` or ``verdict`` is not a ``str``, or ``holds`` is not
+            a ``bool``.
     """
 
     said: str
@@ -38,7 +42,11 @@ class Claim:
         boolean("holds", self.holds)
 
     def report(self) -> str:
-        """The claim in the course's layout: the claim, then ``measured:`` and ``verdict :``."""
+        """The claim in the course's layout.
+
+        Returns:
+            str: the claim, then indented ``measured:`` and ``verdict :`` lines.
+        """
         return f"{self.said}\n    measured: {self.measured}\n    verdict : {self.verdict}\n"
 
 

@@ -69,8 +69,14 @@ class StepTimes:
     device: str
 
     def seconds(self, clock: str = "auto") -> dict[str, list[float]]:
-        """Every run's seconds on ``clock``: ``"wall"``, ``"cpu"``, or ``"auto"`` (the wall
-        clock on CUDA, the CPU time elsewhere).
+        """Every run's seconds on one clock.
+
+        Args:
+            clock (str): ``"wall"``, ``"cpu"``, or ``"auto"`` (the wall clock on CUDA, the CPU
+                time elsewhere).
+
+        Returns:
+            dict[str, list[float]]: per step name, the seconds of each run in the order they ran.
 
         Raises:
             ValueError: ``clock`` is not one of :data:`CLOCKS`.
@@ -81,21 +87,49 @@ class StepTimes:
         return self.wall if clock == "wall" else self.cpu
 
     def median(self, clock: str = "auto") -> dict[str, float]:
-        """Median seconds per step on ``clock`` (see :meth:`seconds`)."""
+        """Median seconds of each step's runs.
+
+        Args:
+            clock (str): which clock (see :meth:`seconds`).
+
+        Returns:
+            dict[str, float]: seconds per step name.
+
+        Raises:
+            ValueError: ``clock`` is not one of :data:`CLOCKS`.
+        """
         return {name: statistics.median(t) for name, t in self.seconds(clock).items()}
 
     def best(self, clock: str = "auto") -> dict[str, float]:
-        """Fastest run's seconds per step on ``clock``: the least disturbed run."""
+        """Seconds of each step's fastest run: the run the machine disturbed least.
+
+        Args:
+            clock (str): which clock (see :meth:`seconds`).
+
+        Returns:
+            dict[str, float]: seconds per step name.
+
+        Raises:
+            ValueError: ``clock`` is not one of :data:`CLOCKS`.
+        """
         return {name: min(t) for name, t in self.seconds(clock).items()}
 
     def ratio(self, name: str, baseline: str, clock: str = "auto") -> float:
-        """Median of ``name`` over the median of ``baseline``, the runs paired by round.
+        """How many times longer step ``name`` takes than step ``baseline``.
 
-        The median of the per-round ratios: each round ran both steps close together, so a
-        drift between rounds cancels in each ratio.
+        The median of the per-round ratios ``seconds[name][r] / seconds[baseline][r]``: each
+        round ran both steps close together, so a drift between rounds cancels in each ratio.
+
+        Args:
+            name (str): the step to compare.
+            baseline (str): the step it is compared with.
+            clock (str): which clock (see :meth:`seconds`).
+
+        Returns:
+            float: the median ratio (1.0: as fast).
 
         Raises:
-            ValueError: ``name`` or ``baseline`` is not a timed step.
+            ValueError: ``name`` or ``baseline`` is not a timed step, or a bad ``clock``.
         """
         runs = self.seconds(clock)
         name, baseline = choice("name", name, list(runs)), choice("baseline", baseline, list(runs))
