@@ -406,10 +406,21 @@ def resident_bytes(model: torch.nn.Module, optimizer) -> int:
 
     Returns:
         int: bytes.
+
+    Raises:
+        ValueError: ``model`` is not a ``torch.nn.Module`` with a parameter, or ``optimizer`` is
+            not a ``torch.optim.Optimizer``.
     """
     from .kernels import CUDA_BLOCK
 
-    device = next(model.parameters()).device
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    first = next(model.parameters(), None)
+    if first is None:
+        raise ValueError("model must have at least one parameter, got a module with none")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    device = first.device
     tensors = [*model.parameters(), *getattr(optimizer, "master", ()),
                *_optimizer_tensors(optimizer)]
     return storage_bytes((t for t in tensors if t.device == device),

@@ -225,9 +225,10 @@ class Llama(nn.Module):
             torch.Tensor or tuple: logits ``(B, T, vocab_size)``, or ``(logits, loss)``.
 
         Raises:
-            ValueError: if T exceeds ``config.seq_len``.
+            ValueError: if ``idx`` is not a 2-D tensor of token ids, or T exceeds
+                ``config.seq_len``.
         """
-        if idx.size(1) > self.config.seq_len:
+        if tensor("idx", idx, integral=True, dim=2).size(1) > self.config.seq_len:
             raise ValueError(f"sequence length {idx.size(1)} exceeds config.seq_len="
                              f"{self.config.seq_len}")
         x = self.tok_emb(idx)

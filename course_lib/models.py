@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .validation import boolean, choice, integer, number, positive_int
+from .validation import boolean, choice, integer, number, positive_int, tensor
 from .validation import device as as_device
 
 ATTENTION_KINDS = ("explicit", "sdpa")
@@ -286,9 +286,10 @@ class GPT(nn.Module):
             ``(logits, loss)`` with ``loss`` a scalar tensor.
 
         Raises:
-            ValueError: if T exceeds ``config.seq_len``.
+            ValueError: if ``idx`` is not a 2-D tensor of token ids, or T exceeds
+                ``config.seq_len``.
         """
-        T = idx.size(1)
+        T = tensor("idx", idx, integral=True, dim=2).size(1)
         if T > self.config.seq_len:
             raise ValueError(f"sequence length {T} exceeds config.seq_len={self.config.seq_len}")
         pos = torch.arange(T, device=idx.device)

@@ -12,6 +12,7 @@ from course_lib.measure import (
     CATEGORIES,
     LiveTensorTracker,
     peak_memory,
+    resident_bytes,
     saved_bytes,
     saved_tensors,
     step_breakdown,
@@ -280,6 +281,16 @@ def test_step_breakdown_rejects_bad_arguments():
         step_breakdown(lambda a, b: a, opt, x, y)
     with pytest.raises(ValueError, match="optimizer"):
         step_breakdown(model, None, x, y)
+
+
+def test_resident_bytes_rejects_bad_arguments():
+    model, opt = _fresh(CFG)
+    for bad_model, match in ((lambda x: x, "model must be a torch.nn.Module"),
+                             (nn.ReLU(), "at least one parameter")):
+        with pytest.raises(ValueError, match=match):
+            resident_bytes(bad_model, opt)
+    with pytest.raises(ValueError, match="optimizer"):
+        resident_bytes(model, {"lr": 1e-3})
 
 
 def test_saved_tensors_skips_checkpointed_regions_without_recomputing():

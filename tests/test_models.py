@@ -93,3 +93,14 @@ def test_too_long_a_sequence_is_refused():
     model = GPT(GPTConfig(seq_len=8))
     with pytest.raises(ValueError, match="seq_len"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+@pytest.mark.parametrize("idx, match", [
+    ([[1, 2, 3]], "idx must be a torch.Tensor"),
+    (torch.zeros(2, 3), "integers"),
+    (torch.zeros(3, dtype=torch.long), "2 dimensions"),
+])
+def test_forward_rejects_what_is_not_a_batch_of_token_ids(idx, match):
+    config = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=1)
+    with pytest.raises(ValueError, match=match):
+        GPT(config)(idx)
