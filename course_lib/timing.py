@@ -6,9 +6,9 @@ times (03's accumulation, 04's and 05's checkpointing, the benchmarks) needs all
 * **Warm-up.** The first call of a step pays one-off costs: the allocator growing its pool,
   cuBLAS choosing kernels, the first ``torch.utils.checkpoint`` call importing and caching.
   Each step runs ``warmup`` times, untimed, before any timed run.
-* **Synchronization.** CUDA kernels run asynchronously: ``time.perf_counter()`` after a
-  call measures only the launch unless ``torch.cuda.synchronize()`` waits for the queued
-  work first, before the clock starts and again before it stops (PyTorch's benchmarking
+* **Synchronization.** CUDA (and MPS) kernels run asynchronously: ``time.perf_counter()``
+  after a call measures only the launch unless ``torch.cuda.synchronize()`` waits for the
+  queued work first, before the clock starts and again before it stops (PyTorch's benchmarking
   recipe, ``torch.utils.benchmark``, does the same).
 * **Interleaving.** On a shared machine the speed drifts (other processes, CPU frequency,
   the GPU's clocks); timing all runs of A and then all runs of B turns a drift into a
@@ -18,9 +18,9 @@ times (03's accumulation, 04's and 05's checkpointing, the benchmarks) needs all
 Two clocks are kept per run: the wall clock (``time.perf_counter``), what a learner waits
 for, and the process's CPU time (``time.process_time``, all threads), which on a CPU that
 other work shares does not count the time the process waited for a core. On a CPU the
-process time is the steadier measure of the work itself; on CUDA only the wall clock sees
+process time is the steadier measure of the work itself; on a GPU only the wall clock sees
 the GPU's work. :meth:`StepTimes.median` and :meth:`StepTimes.best` take either, and choose
-by device by default.
+by device by default (the wall clock on CUDA and MPS).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ CLOCKS = ("auto", "wall", "cpu")
 
 
 def synchronize(device: str | torch.device = "cpu") -> None:
-    """Wait for the work queued on ``device`` (CUDA); nothing to wait for elsewhere.
+    """Wait for the work queued on ``device``: CUDA and MPS run kernels asynchronously, the CPU
+    has nothing queued.
 
     Args:
         device (str or torch.device): the device whose queue to drain.
@@ -50,6 +51,8 @@ def synchronize(device: str | torch.device = "cpu") -> None:
     device = as_device("device", device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,8 @@ class StepTimes:
         wall (dict[str, list[float]]): per step name, the wall-clock seconds of each run, in
             the order they ran.
         cpu (dict[str, list[float]]): the same runs' CPU seconds of this process.
-        device (str): the device type the steps ran on (``"cuda"`` makes ``"auto"`` the
-            wall clock).
+        device (str): the device type the steps ran on (``"cuda"`` or ``"mps"`` makes
+            ``"auto"`` the wall clock).
     """
 
     wall: dict[str, list[float]]
@@ -72,8 +75,8 @@ class StepTimes:
         """Every run's seconds on one clock.
 
         Args:
-            clock (str): ``"wall"``, ``"cpu"``, or ``"auto"`` (the wall clock on CUDA, the CPU
-                time elsewhere).
+            clock (str): ``"wall"``, ``"cpu"``, or ``"auto"`` (the wall clock on CUDA and MPS,
+                the CPU time on the CPU).
 
         Returns:
             dict[str, list[float]]: per step name, the seconds of each run in the order they ran.
@@ -83,7 +86,7 @@ class StepTimes:
         """
         clock = choice("clock", clock, CLOCKS)
         if clock == "auto":
-            clock = "wall" if self.device == "cuda" else "cpu"
+            clock = "cpu" if self.device == "cpu" else "wall"
         return self.wall if clock == "wall" else self.cpu
 
     def median(self, clock: str = "auto") -> dict[str, float]:
@@ -154,7 +157,8 @@ def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, w
         repeats (int): timed runs per step, at least 1.
         warmup (int): untimed runs per step before the first timed one, at least 0.
         before (Callable[[str], object], optional): run, untimed, before each run of a step.
-        device (str or torch.device): where the steps run; ``"cuda"`` synchronizes.
+        device (str or torch.device): where the steps run; on ``"cuda"`` and ``"mps"`` every
+            timed run waits for the device's queue (:func:`synchronize`).
 
     Returns:
         StepTimes: every run's wall-clock and CPU seconds.

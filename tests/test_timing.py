@@ -3,8 +3,9 @@
 import time
 
 import pytest
+import torch
 
-from course_lib.timing import StepTimes, step_times
+from course_lib.timing import StepTimes, step_times, synchronize
 
 
 def test_rounds_are_interleaved_and_rotated_after_the_warm_up():
@@ -59,3 +60,15 @@ def test_bad_clock_or_name():
         times.median("gpu")
     with pytest.raises(ValueError, match="baseline"):
         times.ratio("a", "b")
+
+
+@pytest.mark.parametrize("device, waited", [("cpu", []), ("cuda", ["cuda"]), ("mps", ["mps"])])
+def test_synchronize_waits_for_the_gpu_queues_only(monkeypatch, device, waited):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("cuda"))
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: calls.append("mps"))
+    synchronize(device)
+    assert calls == waited
+    times = step_times({"a": lambda: None}, repeats=2, warmup=0, device=device)
+    assert calls == waited * 5  # and before and after each timed run
+    assert times.median() == times.median("cpu" if device == "cpu" else "wall")
