@@ -42,7 +42,6 @@ DeepSpeed and FSDP do), so the figures are exact integers.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -193,17 +192,11 @@ class TrainingMemory:
         return asdict(self)
 
 
-def _positive_int(name: str, value, maximum: int = MAX_COUNT) -> int:
-    """:func:`positive_int`, also for integer types other than ``int`` (numpy's, say)."""
-    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    return positive_int(name, int(value) if integral else value, maximum=maximum)
-
-
 def _count(name: str, value, maximum: int = MAX_PARAMS) -> int:
     """A positive int; whole floats such as ``7e9`` are accepted and converted."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    return _positive_int(name, value, maximum)
+    return positive_int(name, value, maximum=maximum)
 
 
 def _choice(name: str, value, allowed: tuple):
@@ -382,7 +375,7 @@ def transformer_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_
 
         transformer_activation_bytes(2048, 1, 12288, 96, recompute="selective")  # 855638016
     """
-    s, b, h, a, L = (_positive_int(n, v) for n, v in (
+    s, b, h, a, L = (positive_int(n, v, maximum=MAX_COUNT) for n, v in (
         ("seq_len", seq_len), ("batch_size", batch_size), ("d_model", d_model),
         ("n_heads", n_heads), ("n_layers", n_layers)))
     if recompute not in RECOMPUTE_MODES:

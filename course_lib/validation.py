@@ -22,6 +22,17 @@ MAX_BATCH = 2**24
 MAX_BYTES = 2**60
 
 
+def _as_int(value) -> int | None:
+    """``value`` as an ``int`` if it is an integer (a Python, numpy or 0-d torch integer, never
+    a bool or a float, even a whole one); ``None`` otherwise."""
+    if hasattr(value, "dtype") and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        item = value.item()  # a numpy or torch integer scalar
+        value = item if isinstance(item, int) and not isinstance(item, bool) else value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
 def integer(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """``value`` as an ``int`` if it is an integer (not a bool) in ``[minimum, maximum]``.
 
@@ -42,12 +53,10 @@ def integer(name: str, value, *, minimum: int | None = None, maximum: int | None
 
         integer("seed", 3, minimum=0)  # 3
     """
-    if hasattr(value, "dtype") and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        item = value.item()  # a numpy or torch integer scalar
-        value = item if isinstance(item, int) and not isinstance(item, bool) else value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    as_int = _as_int(value)
+    if as_int is None:
         raise ValueError(f"{name} must be an int, got {value!r}")
-    value = int(value)
+    value = as_int
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         low = "-inf" if minimum is None else f"{minimum:,}"
         high = "inf" if maximum is None else f"{maximum:,}"
@@ -56,9 +65,9 @@ def integer(name: str, value, *, minimum: int | None = None, maximum: int | None
 
 
 def positive_int(name: str, value, *, maximum: int | None = None) -> int:
-    """``value`` if it is an ``int`` (not a bool) of at least 1 (and at most ``maximum``).
-
-    Unlike :func:`integer`, it takes plain ``int`` only (not numpy's or a 0-d tensor).
+    """``value`` as an ``int`` if it is an integer (not a bool) of at least 1 (and at most
+    ``maximum``); numpy's and 0-d torch integers are taken as their value, as :func:`integer`
+    takes them.
 
     Args:
         name (str): the parameter's name, for the message.
@@ -66,20 +75,21 @@ def positive_int(name: str, value, *, maximum: int | None = None) -> int:
         maximum (int, optional): the largest allowed value (``None``: no bound).
 
     Returns:
-        ``value``, an int >= 1.
+        ``int(value)``, at least 1.
 
     Raises:
-        ValueError: naming ``name``, for a non-int, a bool, a value below 1 or above ``maximum``.
+        ValueError: naming ``name``, for a non-integer, a bool, a float (even a whole one), a
+            value below 1 or above ``maximum``.
 
     Example::
 
         positive_int("batch_size", 8, maximum=MAX_BATCH)  # 8
     """
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (
-            maximum is not None and value > maximum):
+    as_int = _as_int(value)
+    if as_int is None or as_int < 1 or (maximum is not None and as_int > maximum):
         bound = "" if maximum is None else f" of at most {maximum:,}"
         raise ValueError(f"{name} must be a positive int{bound}, got {value!r}")
-    return value
+    return as_int
 
 
 def number(name: str, value, *, minimum: float | None = None, maximum: float | None = None,

@@ -229,3 +229,18 @@ def test_live_gpu_reads_the_device():
     assert gpu.capability == (props.major, props.minor)
     assert 0 < gpu.free_memory <= gpu.total_memory
     assert device.pick_dtype(gpu) == device.pick_dtype("cuda")
+
+
+def test_positive_int_takes_integers_as_integer_does():
+    import numpy as np
+
+    from course_lib.validation import integer, positive_int
+
+    for value in (3, np.int64(3), np.int32(3), torch.tensor(3)):
+        assert positive_int("n", value) == integer("n", value) == 3
+        assert type(positive_int("n", value)) is int
+    for bad in (0, -1, True, 3.0, np.float64(3), torch.tensor(3.0), torch.tensor([3]), "3", None):
+        with pytest.raises(ValueError, match="n must be a positive int"):
+            positive_int("n", bad)
+    with pytest.raises(ValueError, match="at most 4"):
+        positive_int("n", np.int64(5), maximum=4)
