@@ -150,7 +150,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
         grad_scaler: ``"auto"`` makes one (:func:`make_grad_scaler`) when ``amp_dtype`` is
             fp16 and uses none otherwise; pass a ``GradScaler`` to use (and inspect) your own.
             A step counts as skipped when the scaler lowered its scale (it found an inf or
-            NaN). (None behaves as ``"auto"``: it too makes one for fp16.)
+            NaN). ``None`` uses none, even in fp16 (to show what loss scaling prevents).
         no_sync (bool): skip DDP's all-reduce on every micro-batch but the last (the model
             must have ``no_sync()``, as ``DistributedDataParallel``).
         max_grad_norm (float, optional): clip the gradients' total norm to it (> 0), on the
@@ -182,12 +182,12 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
                          "(torch.nn.parallel.DistributedDataParallel)")
     if max_grad_norm is not None:
         number("max_grad_norm", max_grad_norm, above=0.0)
-    if grad_scaler == "auto":
-        grad_scaler = None
+    auto_scaler = isinstance(grad_scaler, str) and grad_scaler == "auto"
+    if auto_scaler:
+        auto_scaler, grad_scaler = amp_dtype == torch.float16, None
     elif grad_scaler is not None and not all(
             hasattr(grad_scaler, m) for m in ("scale", "unscale_", "step", "update")):
         raise ValueError(f"grad_scaler must be 'auto', None or a GradScaler, got {grad_scaler!r}")
-    auto_scaler = amp_dtype == torch.float16 and grad_scaler is None
     log = TrainLog() if log is None else log
     batch_size = micro_batch_size * accumulation_steps
     params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -285,3 +285,16 @@ def test_fp16_autocast_with_scaler_on_cuda():
                    accumulation_steps=2, amp_dtype=torch.float16)
     assert log.scales and all(math.isfinite(v) for v in log.losses)
     assert log.losses[-1] < log.losses[0]
+
+
+def test_auto_makes_a_scaler_for_fp16_only_and_none_means_none():
+    batches = tr.batches_of(*_data(), 8)
+    scales = {}
+    for amp_dtype in (torch.float16, torch.bfloat16):
+        for scaler in ("auto", None):
+            model, opt = _setup(torch.float32)
+            log = tr.train(model, opt, batches, micro_batch_size=4, accumulation_steps=2,
+                           amp_dtype=amp_dtype, grad_scaler=scaler)
+            scales[amp_dtype, scaler] = len(log.scales)
+    assert scales == {(torch.float16, "auto"): 4, (torch.float16, None): 0,  # 4 steps
+                      (torch.bfloat16, "auto"): 0, (torch.bfloat16, None): 0}
