@@ -93,9 +93,10 @@ def test_widget_latency_times_every_control_and_the_reference(tmp_path):
     import widget_latency
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import gc\n"
         "import ipywidgets as widgets\n"
         "from course_lib.widgets import live_plot\n"
-        "live_plot(lambda fig, n, on: fig.subplots().plot([0, n]),\n"
+        "live_plot(lambda fig, n, on: (on and gc.collect(), fig.subplots().plot([0, n])),\n"
         "          {'n': widgets.IntSlider(value=1, min=1, max=9),\n"
         "           'on': widgets.Checkbox(value=False)})")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -108,6 +109,14 @@ def test_widget_latency_times_every_control_and_the_reference(tmp_path):
     named = widget_latency.ROOT / "notebooks" / path.name  # results name notebooks by repo path
     kinds = {w["cell"]: w["kind"] for w in widget_latency.widgets_of(named, rows)}
     assert kinds == {0: "formula", -1: "reference"}
+    # Checking the box runs a full collection inside the change: timed apart, and taken out of
+    # the first visit that the target judges.
+    on = next(r for r in rows if r["control"] == "on")
+    assert len(on["gc_ms"]) == len(on["ms"]) and on["gc_ms"][0] > 0  # the first value: True
+    widget = next(w for w in widget_latency.widgets_of(named, rows) if w["cell"] == 0)
+    assert widget["full_gc_count"] >= 1
+    assert on["first_ms"][0] - on["gc_ms"][0] - 0.1 <= widget["first_max_without_gc_ms"] \
+        <= widget["first_max_ms"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on machines without CUDA")
