@@ -7,6 +7,7 @@ lecture named:
 
 =====================  =========================================================
 ``validation``         the shared input checks (``ValueError`` naming the parameter)
+``docstrings``         docstring pieces that several functions share, written once
 ``units``              byte counts (of distinct storages too) and their human-readable form
 ``claims``             01-07: a claim, the lecture's measurement of it, and the verdict
 ``device``             00: which device and training dtype this kernel uses; the GPU presets

@@ -47,6 +47,7 @@ import torch
 
 from . import kernels
 from .device import GPU, resolve_gpu
+from .docstrings import fill_doc
 from .models import GPTConfig, check_config
 from .units import as_dtype, dtype_bytes
 from .validation import MAX_BATCH, boolean, positive_int
@@ -300,6 +301,21 @@ def _block_saved(config: GPTConfig, b: int, s: int, t: _Dtypes) -> list[Saved]:
     return items
 
 
+# The shape arguments of every count below, described once (:func:`course_lib.docstrings.fill_doc`).
+_SHAPE_ARGS = """\
+config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
+batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
+dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
+    the autocast dtype (16-bit) of a model kept in fp32.
+gpu (str or GPU, optional): None for the CPU's kernels, or what
+    :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
+    "cuda", a ``GPU``).
+autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+"""
+
+
+@fill_doc(shape_args=_SHAPE_ARGS)
 def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                 dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
     """Every storage one transformer ``Block`` keeps for backward, in forward order.
@@ -311,15 +327,7 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     Under autocast each linear also keeps a 16-bit copy of its weight.
 
     Args:
-        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
-        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
-            the autocast dtype (16-bit) of a model kept in fp32.
-        gpu (str or GPU, optional): None for the CPU's kernels, or what
-            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
-            "cuda", a ``GPU``).
-        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+        {shape_args}
 
     Returns:
         list of Saved: the saved storages of one block.
@@ -333,20 +341,13 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     return _block_saved(config, b, s, t)
 
 
+@fill_doc(shape_args=_SHAPE_ARGS)
 def embedding_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                     dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
     """Token and position embeddings keep their indices (int64); the dropout after them its mask.
 
     Args:
-        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
-        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
-            the autocast dtype (16-bit) of a model kept in fp32.
-        gpu (str or GPU, optional): None for the CPU's kernels, or what
-            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
-            "cuda", a ``GPU``).
-        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+        {shape_args}
 
     Returns:
         list of Saved: the token ids (kind "input"), the positions and the dropout mask (when
@@ -363,6 +364,7 @@ def embedding_saved(config: GPTConfig, batch_size: int, seq_len: int | None = No
             *_dropout_saved("emb dropout", (b, s, config.d_model), config.dropout, t.stream, t)]
 
 
+@fill_doc(shape_args=_SHAPE_ARGS)
 def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
     """Final LayerNorm, the tied LM head (an ``mm``: it keeps its input), and the loss.
@@ -373,15 +375,7 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     logits themselves are not kept.
 
     Args:
-        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
-        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
-            the autocast dtype (16-bit) of a model kept in fp32.
-        gpu (str or GPU, optional): None for the CPU's kernels, or what
-            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
-            "cuda", a ``GPU``).
-        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+        {shape_args}
 
     Returns:
         list of Saved: the head's and the loss's saved storages.
@@ -400,20 +394,13 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
             Saved("nll_loss", "total_weight", (), _FP32)]
 
 
+@fill_doc(shape_args=_SHAPE_ARGS)
 def model_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                 dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
     """Everything the whole GPT keeps for ``loss.backward()``: embeddings, every block, head and loss.
 
     Args:
-        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
-        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
-            the autocast dtype (16-bit) of a model kept in fp32.
-        gpu (str or GPU, optional): None for the CPU's kernels, or what
-            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
-            "cuda", a ``GPU``).
-        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+        {shape_args}
 
     Returns:
         list of Saved: :func:`embedding_saved`, ``n_layers`` times :func:`block_saved`, then
@@ -430,20 +417,13 @@ def model_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
             *head_saved(*args, autocast=autocast)]
 
 
+@fill_doc(shape_args=_SHAPE_ARGS)
 def block_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                       dtype=torch.float32, gpu=None, *, autocast: bool = False) -> int:
     """Bytes one block keeps for backward: the sum of :func:`block_saved`.
 
     Args:
-        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
-        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
-            the autocast dtype (16-bit) of a model kept in fp32.
-        gpu (str or GPU, optional): None for the CPU's kernels, or what
-            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
-            "cuda", a ``GPU``).
-        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+        {shape_args}
 
     Returns:
         int: bytes, exact (not rounded to allocator blocks).
@@ -455,6 +435,7 @@ def block_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None = 
     return total_bytes(block_saved(config, batch_size, seq_len, dtype, gpu, autocast=autocast))
 
 
+@fill_doc(shape_args=_SHAPE_ARGS)
 def predict_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                         dtype=torch.float32, gpu=None, *, autocast: bool = False) -> int:
     """Bytes the whole model keeps for backward, token ids and targets included.
@@ -464,15 +445,7 @@ def predict_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None 
     ``torch.autocast("cpu", dtype)`` with ``autocast=True``), to the byte.
 
     Args:
-        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
-        dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
-            the autocast dtype (16-bit) of a model kept in fp32.
-        gpu (str or GPU, optional): None for the CPU's kernels, or what
-            :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
-            "cuda", a ``GPU``).
-        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+        {shape_args}
 
     Returns:
         int: bytes, the sum of :func:`model_saved`.

@@ -52,6 +52,7 @@ from torch.utils.checkpoint import (
 from . import activations as act
 from . import kernels
 from .device import resolve_gpu
+from .docstrings import fill_doc
 from .measure import LiveTensorTracker
 from .models import CONFIG_MAXIMUM, GPTConfig, check_config
 from .units import dtype_bytes, storage_bytes
@@ -376,6 +377,28 @@ def _layout(config: GPTConfig, batch_size: int, mode: str, every: int, segments:
     return embed, per_block, head, regions, block
 
 
+# The arguments that the predictions below share, described once
+# (:func:`course_lib.docstrings.fill_doc`).
+_POLICY_ARGS = """\
+config (GPTConfig): the course GPT's shape.
+batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+mode (str): one of :data:`MODES`.
+every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
+    0, every, 2*every, ... (:func:`checkpointed_blocks`).
+"""
+_KERNEL_ARGS = """\
+segments (int, optional): in ``sqrt`` mode, the number of segments (default
+    :func:`sqrt_segments`), from 1 to ``n_layers``.
+seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
+dtype (torch.dtype or str): the activations' dtype (fp32, bf16, fp16); with
+    ``autocast``, the autocast dtype.
+gpu (str or GPU, optional): None for the CPU's kernels, or what
+    :func:`course_lib.device.resolve_gpu` takes.
+autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+"""
+
+
+@fill_doc(policy_args=_POLICY_ARGS, kernel_args=_KERNEL_ARGS)
 def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                   segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
                   gpu=None, autocast: bool = False) -> list[list]:
@@ -388,19 +411,8 @@ def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every:
     (:data:`SAVE_MATMULS`); ``attention`` keeps everything but the attention core's own tensors.
 
     Args:
-        config (GPTConfig): the course GPT's shape.
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        mode (str): one of :data:`MODES`.
-        every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
-            0, every, 2*every, ... (:func:`checkpointed_blocks`).
-        segments (int, optional): in ``sqrt`` mode, the number of segments (default
-            :func:`sqrt_segments`), from 1 to ``n_layers``.
-        seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
-        dtype (torch.dtype or str): the activations' dtype (fp32, bf16, fp16); with
-            ``autocast``, the autocast dtype.
-        gpu (str or GPU, optional): None for the CPU's kernels, or what
-            :func:`course_lib.device.resolve_gpu` takes.
-        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+        {policy_args}
+        {kernel_args}
 
     Returns:
         list of list: per block, the :class:`~course_lib.activations.Saved` items it keeps.
@@ -412,6 +424,7 @@ def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every:
     return _layout(config, batch_size, mode, every, segments, seq_len, dtype, gpu, autocast)[1]
 
 
+@fill_doc(policy_args=_POLICY_ARGS, kernel_args=_KERNEL_ARGS)
 def kept_items(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
                gpu=None, autocast: bool = False) -> list:
@@ -421,19 +434,8 @@ def kept_items(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     are never checkpointed.
 
     Args:
-        config (GPTConfig): the course GPT's shape.
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        mode (str): one of :data:`MODES`.
-        every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
-            0, every, 2*every, ... (:func:`checkpointed_blocks`).
-        segments (int, optional): in ``sqrt`` mode, the number of segments (default
-            :func:`sqrt_segments`), from 1 to ``n_layers``.
-        seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
-        dtype (torch.dtype or str): the activations' dtype (fp32, bf16, fp16); with
-            ``autocast``, the autocast dtype.
-        gpu (str or GPU, optional): None for the CPU's kernels, or what
-            :func:`course_lib.device.resolve_gpu` takes.
-        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+        {policy_args}
+        {kernel_args}
 
     Returns:
         list: :class:`~course_lib.activations.Saved` items.
@@ -447,6 +449,7 @@ def kept_items(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     return [*embed, *(item for items in per_block for item in items), *head]
 
 
+@fill_doc(policy_args=_POLICY_ARGS)
 def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1,
                        **kwargs) -> int:
     """Bytes held between forward and backward under ``mode`` (token ids, targets, logits excluded).
@@ -458,11 +461,7 @@ def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", e
     section 4).
 
     Args:
-        config (GPTConfig): the course GPT's shape.
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        mode (str): one of :data:`MODES`.
-        every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
-            0, every, 2*every, ... (:func:`checkpointed_blocks`).
+        {policy_args}
         **kwargs: ``segments``, ``seq_len``, ``dtype``, ``gpu``, ``autocast``, as for
             :func:`kept_items`.
 
@@ -515,6 +514,7 @@ class CheckpointCost:
         return self.flops / self.flops_plain
 
 
+@fill_doc(policy_args=_POLICY_ARGS, kernel_args=_KERNEL_ARGS)
 def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
                gpu=None, autocast: bool = False) -> tuple[int, int]:
@@ -537,19 +537,8 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     attention kernel (:func:`course_lib.kernels.sdpa_kernel`).
 
     Args:
-        config (GPTConfig): the course GPT's shape.
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        mode (str): one of :data:`MODES`.
-        every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
-            0, every, 2*every, ... (:func:`checkpointed_blocks`).
-        segments (int, optional): in ``sqrt`` mode, the number of segments (default
-            :func:`sqrt_segments`), from 1 to ``n_layers``.
-        seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
-        dtype (torch.dtype or str): the activations' dtype (fp32, bf16, fp16); with
-            ``autocast``, the autocast dtype.
-        gpu (str or GPU, optional): None for the CPU's kernels, or what
-            :func:`course_lib.device.resolve_gpu` takes.
-        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+        {policy_args}
+        {kernel_args}
 
     Returns:
         tuple of int: ``(flops, recomputed)``, FLOPs.
@@ -583,16 +572,13 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     return plain + extra, extra
 
 
+@fill_doc(policy_args=_POLICY_ARGS)
 def checkpoint_cost(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1,
                     **kwargs) -> CheckpointCost:
     """Predicted kept bytes and compute of ``mode`` for ``GPT(config)``: a :class:`CheckpointCost`.
 
     Args:
-        config (GPTConfig): the course GPT's shape.
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        mode (str): one of :data:`MODES`.
-        every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
-            0, every, 2*every, ... (:func:`checkpointed_blocks`).
+        {policy_args}
         **kwargs: ``segments``, ``seq_len``, ``dtype``, ``gpu``, ``autocast``, as for
             :func:`kept_items`.
 

@@ -918,11 +918,8 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     :class:`course_lib.mixed_precision.MasterWeightAdamW` in mixed precision).
 
     Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): sequences per forward and backward pass (1 to
-            :data:`course_lib.validation.MAX_BATCH`).
-        accumulation_steps (int): passes per optimizer step (1 to ``MAX_BATCH``).
-        precision (str): one of :data:`PRECISIONS`.
+        config, micro_batch_size, accumulation_steps, precision: the step, as for
+            :func:`predict_moments`.
         mode, every, segments: checkpointing, as :func:`course_lib.checkpointing.enable_checkpointing`.
         seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
         gpu (str or GPU, optional): where the step runs: None (the CPU), a name of

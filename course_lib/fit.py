@@ -426,12 +426,8 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
         effective_batch (int): sequences per optimizer step, up to
             :data:`MAX_EFFECTIVE_BATCH`.
         vocab_size (int): the vocabulary, up to :data:`course_lib.models.CONFIG_MAXIMUM`.
-        widths (sequence of int): ``d_model`` values to try (those ``head_size`` divides); at
-            most :data:`MAX_SEARCH_VALUES` ints within :data:`course_lib.models.CONFIG_MAXIMUM`.
-        depths (sequence of int): ``n_layers`` values to try; the same limits.
-        head_size (int): ``d_model // n_heads``; 64 as GPT-2 and GPT-3.
-        aspect_ratio (tuple, optional): ``(low, high)``, two finite numbers ``0 < low <= high``
-            bounding ``d_model / n_layers``; None: no bound.
+        widths, depths, head_size, aspect_ratio: the shapes to search, as for
+            :func:`search_space`.
         precisions (sequence of str): of :data:`course_lib.engine.PRECISIONS`, in order of
             preference.
         policies (sequence of tuple): ``(mode, every)`` checkpointing policies.

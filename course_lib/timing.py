@@ -96,7 +96,7 @@ class StepTimes:
             clock (str): which clock (see :meth:`seconds`).
 
         Returns:
-            dict[str, float]: seconds per step name.
+            dict[str, float]: per step name, the median seconds of its runs.
 
         Raises:
             ValueError: ``clock`` is not one of :data:`CLOCKS`.
@@ -110,7 +110,7 @@ class StepTimes:
             clock (str): which clock (see :meth:`seconds`).
 
         Returns:
-            dict[str, float]: seconds per step name.
+            dict[str, float]: per step name, the seconds of its fastest run.
 
         Raises:
             ValueError: ``clock`` is not one of :data:`CLOCKS`.

@@ -26,6 +26,8 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+import re
+import textwrap
 import traceback
 from collections.abc import Callable
 
@@ -90,7 +92,8 @@ def grader(body: Callable[..., None]) -> Callable[..., bool]:
         body (callable): a function named ``check_NAME`` that calls :func:`expect`.
 
     Returns:
-        The check, registered in :data:`CHECKS`.
+        The check, registered in :data:`CHECKS`; its docstring is ``body``'s with the ``quiet``
+        switch and what every check returns added (:data:`CHECK_DOC`).
 
     Raises:
         ValueError: if ``body`` is not named ``check_NAME``, or NAME is one of :data:`RESERVED`
@@ -131,9 +134,30 @@ def grader(body: Callable[..., None]) -> Callable[..., bool]:
         say(f"{PASS} {name}: passed.")
         return True
 
+    check.__doc__ = _with_check_doc(body.__doc__)
     check.is_check = True
     CHECKS[body.__name__] = check
     return check
+
+
+#: What every check adds to its body's docstring: the grader's switch and the return value.
+CHECK_DOC = """\
+Keyword Args:
+    quiet (bool): print nothing (the grader's switch).
+
+Returns:
+    bool: True when every case passed. One line is printed (✓, ✗ with a hint, or … not done
+    yet); nothing is raised into the notebook.
+"""
+
+
+def _with_check_doc(doc: str | None) -> str | None:
+    """``doc`` with :data:`CHECK_DOC` appended, indented as its ``Args:`` line."""
+    if doc is None:  # python -OO
+        return None
+    args = re.search(r"^( *)Args:$", doc, re.M)
+    indent = args.group(1) if args else ""
+    return f"{doc.rstrip()}\n\n{textwrap.indent(CHECK_DOC, indent)}{indent}"
 
 
 def _load_lecture_checks() -> None:

@@ -13,11 +13,6 @@ def check_tensor_nbytes(fn):
 
     Args:
         fn (callable): the learner's ``tensor_nbytes``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = [((2, 3), torch.float32), ((1024, 1024), torch.bfloat16), ((7,), torch.float16),
              ((3, 5, 2), torch.float64), ((4, 4), torch.int8), ((0, 9), torch.float32)]
@@ -35,11 +30,6 @@ def check_pick_training_dtype(fn):
 
     Args:
         fn (callable): the learner's ``pick_training_dtype``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = {("cpu", False): torch.float32, ("cpu", True): torch.float32,
              ("cuda", True): torch.bfloat16, ("cuda", False): torch.float16}

@@ -48,11 +48,6 @@ def check_bytes_per_param(fn):
 
     Args:
         fn (callable): the learner's ``bytes_per_param``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     for precision, row in _TABLE.items():
         for optimizer, truth in zip(_OPTIMIZERS, row):
@@ -74,11 +69,6 @@ def check_zero_bytes_per_device(fn):
 
     Args:
         fn (callable): the learner's ``zero_bytes_per_device``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = [(7_500_000_000, stage, 64) for stage in range(4)]  # the paper's example
     cases += [(1_000_000_000, stage, n) for stage in range(4) for n in (1, 8)]
@@ -107,11 +97,6 @@ def check_largest_model(fn):
 
     Args:
         fn (callable): the learner's ``largest_model``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = [(16 * GB, "adamw", "bf16-mixed"), (80 * GB, "adamw", "bf16-mixed"),
              (80 * GB + 7, "adamw", "fp32"), (40 * GB + 9, "sgd-momentum", "fp16-mixed"),
@@ -147,11 +132,6 @@ def check_gpus_needed(fn):
 
     Args:
         fn (callable): the learner's ``gpus_needed``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = [(68_976_648_192, 80 * GB, s) for s in range(4)]      # Llama 2 70B on 80 GB GPUs
     cases += [(6_738_415_616, 40 * GB, s) for s in range(4)]      # Llama 2 7B on 40 GB GPUs

@@ -32,11 +32,6 @@ def check_mlp_saved_bytes(fn):
 
     Args:
         fn (callable): the learner's ``mlp_saved_bytes``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = [(2, 8, 16, torch.float32, 0.0), (3, 5, 32, torch.float32, 0.1),
              (1, 7, 24, torch.bfloat16, 0.2), (4, 3, 8, torch.bfloat16, 0.0)]
@@ -97,11 +92,6 @@ def check_distinct_saved_bytes(fn):
 
     Args:
         fn (callable): the learner's ``distinct_saved_bytes``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     for name, build in [("nn.Sequential(Linear, ReLU, Linear, Tanh, Linear)", _sequential),
                         ("the course MLP with dropout", _mlp_with_dropout),
@@ -151,11 +141,6 @@ def check_largest_batch(fn):
 
     Args:
         fn (callable): the learner's ``largest_batch``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12,
                      dropout=0.1, attention="sdpa")

@@ -81,11 +81,6 @@ def check_accumulate_gradients(fn):
 
     Args:
         fn (callable): the learner's ``accumulate_gradients``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     for batch, micro, seed in ((8, 2, 0), (8, 4, 1), (6, 1, 2), (4, 4, 3)):
         model = _gpt(seed)
@@ -124,11 +119,6 @@ def check_accumulate_padded(fn):
 
     Args:
         fn (callable): the learner's ``accumulate_padded``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = (([8, 8, 1, 2, 8, 3, 5, 1], 2, 0),   # short and long micro-batches
              ([1, 8, 2, 7, 3, 6], 3, 1),
@@ -203,11 +193,6 @@ def check_batch_coupled_modules(fn):
 
     Args:
         fn (callable): the learner's ``batch_coupled_modules``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = ((_coupling_model, torch.randn(8, 6, generator=torch.Generator().manual_seed(0))),
              (_conv_model, torch.randn(4, 3, 5, 5, generator=torch.Generator().manual_seed(1))))
@@ -253,11 +238,6 @@ def check_epoch_windows(fn):
 
     Args:
         fn (callable): the learner's ``train_epoch``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = ((20, 2, 4), (14, 2, 3), (16, 2, 4), (12, 4, 2))  # windows 4,4,2 / 3,3,1 / 4,4 / 2
     for n, micro, K in cases:

@@ -34,11 +34,6 @@ def check_checkpoint_blocks(fn):
 
     Args:
         fn (callable): the learner's ``checkpoint_blocks``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     config = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=3, dropout=0.1)
     plain = GPT(config)
@@ -112,11 +107,6 @@ def check_choose_segments(fn):
 
     Args:
         fn (callable): the learner's ``choose_segments``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     config, batch = SEGMENTS_CONFIG, SEGMENTS_BATCH
     peak = {k: nbytes for k, (nbytes, _) in SEGMENT_COSTS.items()}

@@ -21,11 +21,6 @@ def check_save_matmuls_policy(policy):
     Args:
         policy (callable): the learner's selective-checkpointing policy function, called as
             above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     from ..models import GPT, GPTConfig
     from ..policies import policy_cost
@@ -71,11 +66,6 @@ def check_choose_every(fn):
 
     Args:
         fn (callable): the learner's ``choose_every``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     rng = random.Random(5)
     cases = [(6, 100, 10, 50, 700), (6, 100, 10, 50, 5000), (6, 100, 10, 50, 100),
@@ -109,11 +99,6 @@ def check_pareto_front(fn):
 
     Args:
         fn (callable): the learner's ``pareto_front``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     rng = random.Random(7)
     cases = [[(10, 1.0, "none"), (4, 1.3, "full"), (6, 1.1, "half"), (7, 1.2, "worse")],

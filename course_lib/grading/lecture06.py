@@ -34,11 +34,6 @@ def check_step_peak(fn):
 
     Args:
         fn (callable): the learner's ``step_peak``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = [(100, 50, 30, 10, 1), (100, 50, 30, 10, 4), (100, 5, 30, 20, 2), (1000, 400, 300, 200, 1),
              (1000, 400, 300, 200, 8), (7, 3, 2, 9, 3)]
@@ -75,11 +70,6 @@ def check_largest_micro_batch(fn):
 
     Args:
         fn (callable): the learner's ``largest_micro_batch``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = [(_quadratic(1000, 300), 2500, 16), (_quadratic(1000, 300), 1000 + 1200 + 16, 16),
              (_quadratic(1000, 300), 2700, 12), (_quadratic(10, 1), 10**6, 24),
@@ -125,11 +115,6 @@ def check_train_or_report(fn):
 
     Args:
         fn (callable): the learner's ``train_or_report``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     expect(fn(lambda: 42) == 42, "when the work succeeds, return what it returned",
            hint="return work()")

@@ -28,11 +28,6 @@ def check_ddp_accumulation_plan(fn):
 
     Args:
         fn (callable): the learner's ``ddp_accumulation_plan``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = [(2, 2, 4, 4, True), (2, 2, 4, 4, False), (8, 1, 16, 10, True),
              (8, 1, 16, 10, False), (4, 8, 1, 3, True), (4, 8, 1, 3, False), (3, 5, 2, 1, False)]
@@ -118,11 +113,6 @@ def check_average_gradients(fn):
 
     Args:
         fn (callable): the learner's ``average_gradients``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     g = torch.Generator().manual_seed(7)
     for world_size in (2, 3):
@@ -159,11 +149,6 @@ def check_fsdp_local_numel(fn):
 
     Args:
         fn (callable): the learner's ``fsdp_local_numel``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = [((257, 64), 2), ((64,), 2), ((10,), 3), ((5, 3), 4), ((3,), 4), ((1, 8), 2),
              ((50257, 768), 8), ((7, 2, 2), 3)]

@@ -48,11 +48,6 @@ def check_fuse_optimizer(fn):
 
     Args:
         fn (callable): the learner's ``fuse_optimizer``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     torch.manual_seed(0)
     model = _Tied()
@@ -112,11 +107,6 @@ def check_chunked_loss(fn):
 
     Args:
         fn (callable): the learner's ``chunked_loss``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     g = torch.Generator().manual_seed(3)
     N, h, V = 13, 8, 60
@@ -158,11 +148,6 @@ def check_quantized_state_bytes(fn):
 
     Args:
         fn (callable): the learner's ``quantized_state_bytes``, called as above.
-        quiet (bool): keyword only, print nothing (the grader's switch).
-
-    Returns:
-        bool: True when every case passed. One line is printed (✓, ✗ with a
-        hint, or … not done yet); nothing is raised into the notebook.
     """
     cases = [(4096, 8), (4096, 4), (1 << 20, 8), (1 << 20, 4), (100, 8), (4095 * 256, 4),
              (2048, 4), (4100, 8), (768 * 2304, 8), (50257 * 768, 4), (12800, 8)]
