@@ -5,9 +5,11 @@ not part of ``course_lib`` (the learner's runtime, which Colab pip-installs with
 or nbformat). Every command takes the course folder explicitly.
 
 solutions/ is the single source of every exercise notebook. In a solution cell,
-the code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (always inside a
+the code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (directly inside a
 function body, so that an unfinished exercise still defines its name) becomes a
-stub that raises ``NotImplementedError``; ``### BEGIN HIDDEN TESTS`` ...
+stub that raises ``NotImplementedError``; a marker variant (other hashes, other case, trailing
+text), a marker inside a string, and a cell that would not change or not compile are refused
+before anything is written, so no solution can reach exercises/; ``### BEGIN HIDDEN TESTS`` ...
 ``### END HIDDEN TESTS`` blocks are removed. The markers are nbgrader's, and the
 cells carry nbgrader's metadata, so an instructor can also release and autograde
 solutions/ with nbgrader itself.
@@ -30,13 +32,16 @@ Command line (from the course folder, or with ``--course DIR``)::
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import hashlib
+import io
 import json
 import math
 import os
 import re
 import sys
+import tokenize
 from pathlib import Path
 
 import nbformat
@@ -204,6 +209,67 @@ class AuthoringError(ValueError):
     """A solution notebook breaks the marker rules, or an exercise holds foreign changes."""
 
 
+#: Any line that looks like a marker: a comment naming BEGIN/END SOLUTION or HIDDEN TESTS,
+#: whatever its hashes, case or trailing text. Only the four exact markers are allowed; a
+#: variant would be taken for plain code and written, solution and all, into exercises/.
+_MARKER_LIKE = re.compile(r"#+\s*(BEGIN|END)\s+(SOLUTION|HIDDEN\s+TESTS)\b", re.IGNORECASE)
+_MARKERS = (BEGIN_SOLUTION, END_SOLUTION, BEGIN_HIDDEN, END_HIDDEN)
+
+
+def _comment_lines(source: str, where: str) -> set[int]:
+    """The numbers of the lines that hold a comment token (not a ``#`` inside a string)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError) as exc:
+        raise AuthoringError(f"{where}: the solution cell is not valid Python ({exc})") from None
+    return {tok.start[0] for tok in tokens if tok.type == tokenize.COMMENT}
+
+
+def _check_markers(source: str, where: str) -> None:
+    """Refuse marker variants, markers inside strings and solution markers outside a ``def``.
+
+    A marker is honoured only as the whole of a comment line. ``### BEGIN SOLUTION`` must sit
+    directly in the body of a function (found with :mod:`ast`: the innermost statement around
+    it is a ``def``, at its body's indentation), so that the stub that replaces the block is
+    the function's body and the unfinished exercise still defines the name and still parses.
+    """
+    lines = source.splitlines()
+    marked = [(n, line) for n, line in enumerate(lines, 1) if _MARKER_LIKE.search(line)]
+    if not marked:
+        return
+    for number, line in marked:
+        if line.strip() not in _MARKERS:
+            raise AuthoringError(
+                f"{where}: line {number}: {line.strip()!r} is not a marker; write exactly one "
+                f"of {', '.join(repr(m) for m in _MARKERS)} alone on its line")
+    for begin, end in ((BEGIN_SOLUTION, END_SOLUTION), (BEGIN_HIDDEN, END_HIDDEN)):
+        _replace_blocks(source, begin, end, False, where)  # pairs: raises on a stray marker
+    comments = _comment_lines(source, where)
+    for number, line in marked:
+        if number not in comments:
+            raise AuthoringError(f"{where}: line {number}: {line.strip()} sits inside a string")
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise AuthoringError(f"{where}: the solution cell is not valid Python ({exc})") from None
+    blocks = [node for node in ast.walk(tree) if isinstance(node, ast.stmt)
+              and any(isinstance(getattr(node, f, None), list) and getattr(node, f)
+                      and isinstance(getattr(node, f)[0], ast.stmt)
+                      for f in ("body", "orelse", "finalbody", "handlers", "cases"))]
+    for number, line in marked:
+        if line.strip() != BEGIN_SOLUTION:
+            continue
+        around = [node for node in blocks if node.lineno < number <= node.end_lineno]
+        inner = max(around, key=lambda node: node.lineno, default=None)
+        indent = len(line) - len(line.lstrip())
+        if (not isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef)
+                or indent != inner.body[0].col_offset):
+            what = "module level" if inner is None else f"a {type(inner).__name__} block"
+            raise AuthoringError(
+                f"{where}: line {number}: {BEGIN_SOLUTION} is at {what}; it must sit directly "
+                "inside a function body, so that the unfinished exercise still defines its name")
+
+
 def _replace_blocks(source: str, begin: str, end: str, stub: bool, where: str) -> str:
     out, inside, indent = [], False, ""
     for number, line in enumerate(source.splitlines(), 1):
@@ -213,10 +279,6 @@ def _replace_blocks(source: str, begin: str, end: str, stub: bool, where: str) -
                 raise AuthoringError(f"{where}: line {number}: {begin} inside another block")
             inside, indent = True, line[: len(line) - len(line.lstrip())]
             if stub:
-                if not indent:
-                    raise AuthoringError(
-                        f"{where}: line {number}: {begin} must sit inside a function body, "
-                        "so that the unfinished exercise still defines its name")
                 out.append(indent + STUB)
         elif stripped == end:
             if not inside:
@@ -227,6 +289,27 @@ def _replace_blocks(source: str, begin: str, end: str, stub: bool, where: str) -
     if inside:
         raise AuthoringError(f"{where}: {begin} is never closed by {end}")
     return "\n".join(out)
+
+
+def _exercise_source(source: str, where: str) -> str:
+    """A solution cell's code with its solutions stubbed and its hidden tests removed.
+
+    Raises:
+        AuthoringError: if a marker breaks the rules of :func:`_check_markers`, or if the
+            result still holds a marker, equals the solution, or does not compile: whatever
+            the cause, no solution reaches exercises/.
+    """
+    _check_markers(source, where)
+    exercise = _replace_blocks(source, BEGIN_SOLUTION, END_SOLUTION, True, where)
+    exercise = _replace_blocks(exercise, BEGIN_HIDDEN, END_HIDDEN, False, where)
+    if BEGIN_SOLUTION in source and (exercise == source or _MARKER_LIKE.search(exercise)):
+        raise AuthoringError(f"{where}: the solution cell did not change when its blocks were "
+                             "replaced; its solution would reach the exercise")
+    try:
+        compile(exercise, where, "exec")
+    except SyntaxError as exc:
+        raise AuthoringError(f"{where}: the exercise cell does not compile ({exc})") from None
+    return exercise
 
 
 def cell_kind(cell) -> str:
@@ -310,8 +393,7 @@ def make_exercise(solution, name: str = "solution"):
         if cell_kind(cell) == "check":
             check_points(cell, where)
         if cell.cell_type == "code":
-            source = _replace_blocks(cell.source, BEGIN_SOLUTION, END_SOLUTION, True, where)
-            cell.source = _replace_blocks(source, BEGIN_HIDDEN, END_HIDDEN, False, where)
+            cell.source = _exercise_source(cell.source, where)
             cell.outputs = []
             cell.execution_count = None
         cell.metadata.pop("execution", None)
@@ -350,14 +432,20 @@ def generate(solutions_dir, exercises_dir, *, force: bool = False,
         The solution and exercise notebooks that changed (or would change).
 
     Raises:
-        AuthoringError: before writing anything, if a solution breaks the marker rules or
-            an exercise notebook holds foreign changes and ``force`` is False.
+        AuthoringError: before writing anything, if a solution breaks the marker rules (a
+            marker variant, a marker in a string or outside a ``def``, a cell that would not
+            change or not compile) or an exercise notebook holds foreign changes and ``force``
+            is False.
+        TypeError: if ``force`` or ``write`` is not a bool (``"no"`` is truthy).
         ValueError: if ``solutions_dir`` is not a folder.
 
     Example::
 
         generate(Path("solutions"), Path("exercises"), write=False)  # [] when up to date
     """
+    for name, value in (("force", force), ("write", write)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
     solutions_dir, exercises_dir = Path(solutions_dir), Path(exercises_dir)
     if not solutions_dir.is_dir():
         raise ValueError(f"solutions_dir must be a folder, got {str(solutions_dir)!r}")

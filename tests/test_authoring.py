@@ -267,3 +267,74 @@ def test_the_command_takes_the_course_folder(tmp_path, dirs, capsys):
     assert authoring._main(["--course", str(tmp_path), "exercises"]) == 0
     assert authoring._main(["--course", str(tmp_path), "check"]) == 0
     assert authoring._main(["--course", str(tmp_path / "nope"), "check"]) == 2
+
+
+@pytest.mark.parametrize("source,message", [
+    # marker variants: taken for plain code, they would carry the solution into exercises/
+    ("def f():\n    ### BEGIN SOLUTION (your code)\n    return 1\n    ### END SOLUTION",
+     "cell 1: line 2: .* is not a marker"),
+    ("def f():\n    #### BEGIN SOLUTION\n    return 1\n    #### END SOLUTION", "not a marker"),
+    ("def f():\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION", "not a marker"),
+    ("def f():\n    ### begin solution\n    return 1\n    ### end solution", "not a marker"),
+    ("def f():\n    return 1  ### BEGIN SOLUTION\n", "not a marker"),
+    ("x = 1\n#### BEGIN HIDDEN TESTS\nassert x\n### END HIDDEN TESTS", "not a marker"),
+    # markers the line-based replacement would misread
+    ('def f():\n    s = """\n    ### BEGIN SOLUTION\n    """\n    return 1\n    ### END SOLUTION',
+     "inside a string"),
+    ("if True:\n    ### BEGIN SOLUTION\n    x = 1\n    ### END SOLUTION", "at a If block"),
+    ("for i in range(2):\n    ### BEGIN SOLUTION\n    x = i\n    ### END SOLUTION",
+     "at a For block"),
+    ("class A:\n    ### BEGIN SOLUTION\n    x = 1\n    ### END SOLUTION", "at a ClassDef block"),
+    ("def f(x):\n    if x:\n        ### BEGIN SOLUTION\n        return 1\n        ### END SOLUTION\n"
+     "    return 0", "at a If block"),
+    ("def f():\n    ### BEGIN SOLUTION\n    return (1\n    ### END SOLUTION", "not valid Python"),
+])
+def test_marker_variants_and_misplaced_markers_are_refused(tmp_path, source, message):
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    nbformat.write(_solution(source), sol / "bad.ipynb")
+    with pytest.raises(authoring.AuthoringError, match=message):
+        authoring.generate(sol, tmp_path / "exercises")
+    assert not (tmp_path / "exercises").exists()
+
+
+def test_markers_in_nested_functions_and_methods_are_accepted(tmp_path):
+    source = ("class A:\n    def area(self, w, h):\n        ### BEGIN SOLUTION\n"
+              "        return w * h\n        ### END SOLUTION\n\n"
+              "def outer():\n    def inner():\n        ### BEGIN SOLUTION\n        return 2\n"
+              "        ### END SOLUTION\n    return inner")
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    nbformat.write(_solution(source), sol / "ok.ipynb")
+    authoring.generate(sol, tmp_path / "exercises")
+    code = nbformat.read(tmp_path / "exercises" / "ok.ipynb", 4).cells[1].source
+    assert "w * h" not in code and "return 2" not in code and code.count(authoring.STUB) == 2
+    compile(code, "exercise", "exec")
+
+
+def test_no_committed_exercise_holds_a_solution_line():
+    """Every line between the markers in solutions/ is absent from the exercise cell."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "solutions").glob("*.ipynb")):
+        solution = nbformat.read(path, 4)
+        exercise = nbformat.read(root / "exercises" / path.name, 4)
+        pairs = zip([c for c in solution.cells if c.cell_type == "code"],
+                    [c for c in exercise.cells if c.cell_type == "code"], strict=True)
+        for sol_cell, ex_cell in pairs:
+            inside = False
+            for line in sol_cell.source.splitlines():
+                if line.strip() in (authoring.BEGIN_SOLUTION, authoring.END_SOLUTION):
+                    inside = line.strip() == authoring.BEGIN_SOLUTION
+                elif inside and len(line.strip()) > 12:
+                    assert line not in ex_cell.source.splitlines(), (path.name, line)
+            assert "SOLUTION" not in ex_cell.source
+
+
+@pytest.mark.parametrize("kwargs", [{"force": "no"}, {"write": "no"}, {"force": 1},
+                                    {"write": None}])
+def test_generate_takes_bools_only(dirs, kwargs):
+    sol, ex = dirs
+    with pytest.raises(TypeError, match=next(iter(kwargs))):
+        authoring.generate(sol, ex, **kwargs)
+    assert not ex.exists()
