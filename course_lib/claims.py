@@ -2,17 +2,25 @@
 
 Every lecture ends with a claim check: the statements about training memory that circulate in
 articles and forum answers, each set against a figure the lecture's cells computed. A
-:class:`Claim` holds the four parts, and :func:`check_claims` prints them in one layout and
-fails on the first claim whose measurement does not support its verdict, so a lecture cannot
-print a verdict its own numbers contradict (nbval re-runs every lecture in CI).
+:class:`Claim` holds the four parts, and :func:`check_claims` shows them as one table and fails
+on the first claim whose measurement does not support its verdict, so a lecture cannot show a
+verdict its own numbers contradict (nbval re-runs every lecture in CI).
+
+Verdicts speak one vocabulary, the words the lectures' prose uses: **true**, **false** or
+**half-true**, optionally followed by ``": "`` and the reason (``"false: it changes only the
+communication"``).
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .validation import boolean, items, text
+
+#: The words a verdict starts with.
+VERDICTS = ("true", "false", "half-true")
 
 
 @dataclass(frozen=True)
@@ -22,13 +30,14 @@ class Claim:
     Attributes:
         said (str): the claim, as learners meet it.
         measured (str): the evidence, formatted from figures the lecture computed.
-        verdict (str): what the course concludes ("right", "wrong: ...", "half-true: ...").
+        verdict (str): ``"true"``, ``"false"`` or ``"half-true"``, optionally followed by
+            ``": "`` and the reason.
         holds (bool): whether the measurement supports the verdict: the test of the figures
             that the verdict rests on.
 
     Raises:
-        ValueError: ``said``, ``measured`` or ``verdict`` is not a ``str``, or ``holds`` is not
-            a ``bool``.
+        ValueError: ``said``, ``measured`` or ``verdict`` is not a ``str``, ``verdict`` does
+            not start with one of :data:`VERDICTS`, or ``holds`` is not a ``bool``.
     """
 
     said: str
@@ -39,10 +48,23 @@ class Claim:
     def __post_init__(self):
         for name in ("said", "measured", "verdict"):
             text(name, getattr(self, name))
+        if self.word not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, optionally followed by ': ' "
+                             f"and the reason, got {self.verdict!r}")
         boolean("holds", self.holds)
 
+    @property
+    def word(self) -> str:
+        """The verdict's first word: ``"true"``, ``"false"`` or ``"half-true"``."""
+        return self.verdict.split(":", 1)[0].strip()
+
+    @property
+    def reason(self) -> str:
+        """What follows the verdict's word (``""`` if nothing does)."""
+        return self.verdict.split(":", 1)[1].strip() if ":" in self.verdict else ""
+
     def report(self) -> str:
-        """The claim in the course's layout.
+        """The claim as plain text.
 
         Returns:
             str: the claim, then indented ``measured:`` and ``verdict :`` lines.
@@ -50,10 +72,40 @@ class Claim:
         return f"{self.said}\n    measured: {self.measured}\n    verdict : {self.verdict}\n"
 
 
-def check_claims(claims: Iterable[Claim]) -> list[Claim]:
-    """Print every claim with its evidence and verdict; fail if any measurement contradicts it.
+class ClaimTable:
+    """Claims shown as a table: an HTML table in a notebook, the plain-text layout elsewhere.
 
-    All claims are printed first, so the failing one is read in context.
+    Args:
+        claims (list[Claim]): the rows, in order.
+    """
+
+    _COLOURS = {"true": "#1a7f37", "false": "#cf222e", "half-true": "#9a6700"}
+
+    def __init__(self, claims: list[Claim]):
+        self.claims = claims
+
+    def __repr__(self) -> str:
+        return "\n".join(claim.report() for claim in self.claims)
+
+    def _repr_html_(self) -> str:
+        cell = 'style="text-align:left; vertical-align:top; padding:4px 8px"'
+        rows = []
+        for claim in self.claims:
+            word = (f'<b style="color:{self._COLOURS[claim.word]}">{claim.word}</b>')
+            reason = f"<br>{html.escape(claim.reason)}" if claim.reason else ""
+            rows.append(f"<tr><td {cell}>{html.escape(claim.said)}</td>"
+                        f"<td {cell}>{html.escape(claim.measured)}</td>"
+                        f"<td {cell}>{word}{reason}</td></tr>")
+        head = "".join(f"<th {cell}>{name}</th>" for name in ("claim", "measured here", "verdict"))
+        return (f'<table style="border-collapse:collapse; max-width:100%"><thead><tr>{head}</tr>'
+                f"</thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def check_claims(claims: Iterable[Claim]) -> list[Claim]:
+    """Show every claim with its evidence and verdict; fail if any measurement contradicts it.
+
+    All claims are shown first (a table in a notebook, plain text elsewhere), so the failing
+    one is read in context.
 
     Args:
         claims (Iterable[Claim]): the lecture's claims, in the order to show them.
@@ -68,18 +120,26 @@ def check_claims(claims: Iterable[Claim]) -> list[Claim]:
     Example::
 
         check_claims([Claim('"Adam stores two extra copies of the weights"',
-                            f"m + v = {states:,} B = 2 x {weights:,} B", "right",
+                            f"m + v = {states:,} B = 2 x {weights:,} B", "true",
                             states == 2 * weights)])
     """
     claims = items("claims", claims, min_len=1)
     for claim in claims:
         if not isinstance(claim, Claim):
             raise ValueError(f"claims must hold Claim records, got {type(claim).__name__}")
-    for claim in claims:
-        print(claim.report())
+    table = ClaimTable(claims)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # pragma: no cover - IPython ships with every notebook
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display(table)
+    else:
+        print(repr(table))
     failed = [claim.said for claim in claims if not claim.holds]
     assert not failed, f"the measurements contradict the verdict of: {'; '.join(failed)}"
     return claims
 
 
-__all__ = ["Claim", "check_claims"]
+__all__ = ["VERDICTS", "Claim", "ClaimTable", "check_claims"]

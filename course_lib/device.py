@@ -95,10 +95,12 @@ class GPU:
     Attributes:
         name (str): what the course calls it ("T4", "H100 80GB") or the driver's name for a live
             card.
-        total_memory (int): bytes of device memory as the card reports it
-            (``torch.cuda.get_device_properties(i).total_memory``, ``nvidia-smi``'s "Total"),
-            from 1 to :data:`course_lib.validation.MAX_BYTES`. It is the budget every "does it
-            fit" question is asked against.
+        total_memory (int): bytes of device memory as PyTorch reports it
+            (``torch.cuda.get_device_properties(i).total_memory``, the "total capacity" of an
+            out-of-memory message), from 1 to :data:`course_lib.validation.MAX_BYTES`. It is the
+            budget every "does it fit" question about a preset is asked against; it is a few
+            hundred MiB under ``nvidia-smi``'s "Total" (``smi_memory``), which counts memory the
+            driver keeps for itself.
         capability (tuple of int): the compute capability ``(major, minor)``, each 0 to 99: 7.5
             is Turing (T4), 8.0 Ampere (A100), 8.9 Ada (L4), 9.0 Hopper (H100, H200). It decides
             the attention kernel and whether bf16 runs on tensor cores.
@@ -113,6 +115,9 @@ class GPU:
         memory_bandwidth (float, optional): peak device-memory bandwidth in bytes/s (decimal, as
             quoted).
         datasheet (str, optional): where the three figures come from.
+        smi_memory (int, optional): ``nvidia-smi``'s "Total" in bytes (MiB x 2**20), printed
+            beside ``total_memory`` because it is the figure learners see first; at least
+            ``total_memory``. None for a live card (the driver's tool is not asked).
 
     Raises:
         ValueError: naming the field, for a non-str ``name`` or ``datasheet``, a ``total_memory``
@@ -134,6 +139,7 @@ class GPU:
     tensor_flops: float | None = None
     memory_bandwidth: float | None = None
     datasheet: str | None = None
+    smi_memory: int | None = None
 
     def __post_init__(self):
         text("name", self.name)
@@ -158,6 +164,8 @@ class GPU:
                 raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
         if self.datasheet is not None:
             text("datasheet", self.datasheet)
+        if self.smi_memory is not None:
+            integer("smi_memory", self.smi_memory, minimum=self.total_memory, maximum=MAX_BYTES)
 
     @property
     def has_native_bf16(self) -> bool:
@@ -165,10 +173,13 @@ class GPU:
         return self.capability >= (8, 0)
 
 
-#: The GPUs learners train on, by the name the widgets show. Memory is what the card
-#: reports (MiB x 2**20 bytes), not the decimal gigabytes on the box: an "80 GB" A100 holds
-#: 81920 MiB = 85.9e9 bytes, a "16 GB" T4 15360 MiB (Colab leaves about 15 GiB to a notebook,
-#: see lecture 06).
+#: The GPUs learners train on, by the name the widgets show. ``total_memory`` is what PyTorch
+#: reports (``get_device_properties().total_memory``, an OOM message's "total capacity"),
+#: read from published ``_CudaDeviceProperties`` and OOM messages; it varies by a few tens of
+#: MiB with the driver, so the lowest figure seen is kept (a budget too high is an OOM). A
+#: Colab T4 reports about 14.58-14.75 GiB against nvidia-smi's 15360 MiB, an A100 80GB about
+#: 79.15-79.25 GiB against 81920 MiB. On a live card the budget is what
+#: ``torch.cuda.mem_get_info()`` says is free (:func:`live_gpu`).
 #: Speeds are NVIDIA's datasheet peaks (dense: the tensor figures with 2:4 sparsity halved),
 #: SXM boards for the A100, H100 and H200; no run of the course measured them (see
 #: :func:`course_lib.playground.measure_device_speed` for this kernel's device).
@@ -181,18 +192,24 @@ _H100 = ("NVIDIA H100 Tensor Core GPU datasheet (SXM): FP32 67 TFLOPS, BF16/FP16
 _H200 = ("NVIDIA H200 Tensor Core GPU datasheet (SXM): FP32 67 TFLOPS, BF16/FP16 1,979 TFLOPS "
          "with sparsity, 4.8 TB/s")
 GPUS: dict[str, GPU] = {
-    "T4": GPU("T4", 15360 * MiB, (7, 5), fp32_flops=8.1e12, tensor_flops=65e12,
-              memory_bandwidth=320e9, datasheet=_T4),
-    "L4": GPU("L4", 23034 * MiB, (8, 9), fp32_flops=30.3e12, tensor_flops=121e12,
-              memory_bandwidth=300e9, datasheet=_L4),
-    "A100 40GB": GPU("A100 40GB", 40960 * MiB, (8, 0), fp32_flops=19.5e12, tensor_flops=312e12,
-                     memory_bandwidth=1555e9, datasheet=_A100.format("1,555")),
-    "A100 80GB": GPU("A100 80GB", 81920 * MiB, (8, 0), fp32_flops=19.5e12, tensor_flops=312e12,
-                     memory_bandwidth=2039e9, datasheet=_A100.format("2,039")),
-    "H100 80GB": GPU("H100 80GB", 81559 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
-                     memory_bandwidth=3.35e12, datasheet=_H100),
-    "H200": GPU("H200", 143771 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
-                memory_bandwidth=4.8e12, datasheet=_H200),
+    "T4": GPU("T4", 14930 * MiB, (7, 5), fp32_flops=8.1e12, tensor_flops=65e12,
+              memory_bandwidth=320e9, datasheet=_T4,
+              smi_memory=15360 * MiB),
+    "L4": GPU("L4", 22563 * MiB, (8, 9), fp32_flops=30.3e12, tensor_flops=121e12,
+              memory_bandwidth=300e9, datasheet=_L4,
+              smi_memory=23034 * MiB),
+    "A100 40GB": GPU("A100 40GB", 40536 * MiB, (8, 0), fp32_flops=19.5e12, tensor_flops=312e12,
+                     memory_bandwidth=1555e9, datasheet=_A100.format("1,555"),
+                     smi_memory=40960 * MiB),
+    "A100 80GB": GPU("A100 80GB", 81050 * MiB, (8, 0), fp32_flops=19.5e12, tensor_flops=312e12,
+                     memory_bandwidth=2039e9, datasheet=_A100.format("2,039"),
+                     smi_memory=81920 * MiB),
+    "H100 80GB": GPU("H100 80GB", 81082 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
+                     memory_bandwidth=3.35e12, datasheet=_H100,
+                     smi_memory=81559 * MiB),
+    "H200": GPU("H200", 143156 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
+                memory_bandwidth=4.8e12, datasheet=_H200,
+                smi_memory=143771 * MiB),
 }
 
 
@@ -332,6 +349,58 @@ def needs_grad_scaler(dtype: torch.dtype) -> bool:
         ValueError: naming ``dtype``, as :func:`course_lib.units.as_dtype` does.
     """
     return as_dtype(dtype) == torch.float16
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a measurement on a device may stray from its prediction or from itself.
+
+    The one place where the lectures' checks read their slack, so that a check never stops
+    "Run all" on a GPU over noise that the CPU does not have.
+
+    Attributes:
+        memory (float): relative excess of a measured peak over the engine's prediction. 0 on
+            the CPU, where the live-tensor tracker counts every byte the prediction counts; 5 %
+            on CUDA, where the caching allocator rounds blocks to 512 bytes and cuBLAS and the
+            kernels take workspaces; 10 % on MPS, whose allocator the engine does not model.
+        flat (float): relative spread allowed among peaks that the theory says are equal
+            (memory "flat in K"): 1 % on the CPU, 5 % on a GPU.
+        deterministic (bool): whether two identical runs give bitwise equal results. True on
+            the CPU; False on CUDA and MPS, where atomics in some backward kernels (flash
+            attention's among them) add in a different order each run. Where it is False,
+            compare a run with a plain rerun of itself, not with a bitwise equality.
+    """
+
+    memory: float
+    flat: float
+    deterministic: bool
+
+
+_TOLERANCES = {"cpu": Tolerance(0.0, 0.01, True), "cuda": Tolerance(0.05, 0.05, False),
+               "mps": Tolerance(0.10, 0.05, False)}
+
+
+def tolerance(device: torch.device | str) -> Tolerance:
+    """The slack a lecture's checks allow on ``device`` (see :class:`Tolerance`).
+
+    Args:
+        device (torch.device or str): where the measurement ran (``"cpu"``, ``"cuda:0"``,
+            ``"mps"``).
+
+    Returns:
+        Tolerance: the memory, flatness and determinism rules of that kind of device.
+
+    Raises:
+        ValueError: naming ``device``, for anything but a CPU, CUDA or MPS device.
+
+    Example::
+
+        assert measured <= predicted * (1 + tolerance(DEVICE).memory)
+    """
+    kind = as_device("device", device).type
+    if kind not in _TOLERANCES:
+        raise ValueError(f"device must be a cpu, cuda or mps device, got {device!r}")
+    return _TOLERANCES[kind]
 
 
 @dataclass(frozen=True)

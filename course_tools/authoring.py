@@ -565,8 +565,9 @@ def _main(argv=None) -> int:
                 print(f"stale: {shown(path)} (run `make exercises`)")
             return 1 if stale else 0
         else:
-            paths = args.notebooks or sorted((course / "notebooks").glob("*.ipynb")) + sorted(
-                solutions.glob("*.ipynb"))
+            paths = args.notebooks or (sorted((course / "notebooks").glob("*.ipynb"))
+                                       + sorted((course / "notebooks" / "deeper").glob("*.ipynb"))
+                                       + sorted(solutions.glob("*.ipynb")))
             for path in paths:
                 print(f"executing {path} ...", flush=True)
                 execute_in_place(path)

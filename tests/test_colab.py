@@ -28,7 +28,7 @@ import zipfile
 import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
-from notebook_tools import EXERCISES, LECTURES, ROOT, SOLUTIONS
+from notebook_tools import COMPANIONS, EXERCISES, LECTURES, ROOT, SOLUTIONS
 from packaging.requirements import Requirement
 
 from course_lib import COURSE_REPO
@@ -36,7 +36,7 @@ from course_tools import authoring
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-NOTEBOOKS = LECTURES + SOLUTIONS + EXERCISES
+NOTEBOOKS = LECTURES + COMPANIONS + SOLUTIONS + EXERCISES
 MODULES = sorted((ROOT / "course_lib").rglob("*.py"))
 COLAB_URL = re.compile(r"https://colab\.research\.google\.com/github/([^/\s)]+/[^/\s)]+)/blob/"
                        r"([^/\s)]+)/([^\s)]+)")

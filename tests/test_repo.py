@@ -7,12 +7,16 @@ import sys
 import types
 
 import pytest
-from notebook_tools import EXERCISES, LECTURES, ROOT, SOLUTIONS, read
+from notebook_tools import COMPANIONS, EXERCISES, LECTURES, ROOT, SOLUTIONS, read
 
 from course_lib import COURSE_REPO
 from course_tools import authoring
 
-ALL_NOTEBOOKS = LECTURES + SOLUTIONS + EXERCISES
+ALL_NOTEBOOKS = LECTURES + COMPANIONS + SOLUTIONS + EXERCISES
+
+
+def _rel(path) -> str:
+    return path.relative_to(ROOT).as_posix()
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 
@@ -49,16 +53,15 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
-@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=_rel)
 def test_notebook_has_its_own_colab_badge_and_the_bootstrap_cell(path):
     nb = read(path)
-    relpath = f"{path.parent.name}/{path.name}"
-    assert authoring.colab_url(relpath) in nb.cells[0].source
+    assert authoring.colab_url(_rel(path)) in nb.cells[0].source
     first_code = next(c for c in nb.cells if c.cell_type == "code")
     assert first_code.source == authoring.bootstrap_source()
 
 
-@pytest.mark.parametrize("path", LECTURES + SOLUTIONS, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", LECTURES + COMPANIONS + SOLUTIONS, ids=_rel)
 def test_lectures_and_solutions_are_committed_executed(path):
     code = [c for c in read(path).cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code), f"run `make outputs NB={path.relative_to(ROOT)}`"
@@ -94,7 +97,7 @@ def test_bootstrap_installs_only_the_course_on_colab(monkeypatch):
     assert kwargs == {"check": True}
 
 
-@pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", LECTURES + COMPANIONS, ids=_rel)
 def test_lectures_export_to_slides(path, tmp_path):
     nb = read(path)
     slides = [c for c in nb.cells if c.metadata.get("slideshow", {}).get("slide_type") == "slide"]
@@ -221,7 +224,7 @@ def test_the_timing_check_catches_a_missing_or_misordered_section():
                                                 "65 minutes: more than an hour"]
 
 
-@pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", LECTURES + COMPANIONS, ids=_rel)
 def test_check_cells_are_committed_collapsed(path):
     nb = read(path)
     before = [dict(c.metadata) for c in nb.cells]
