@@ -538,8 +538,61 @@ def _run_and_save(run: _Run, nb, chosen, slot, executed: Path | None, relpath: s
             notes.append("no executed notebook came back")
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
+            target.write_text(inert_notebook(text), encoding="utf-8", errors="backslashreplace")
     return notes
+
+
+#: Output formats a browser runs or renders as markup: an executed notebook returned to
+#: learners carries none of them (``nbconvert --to html`` would keep a learner's ``<script>``).
+ACTIVE_OUTPUTS = ("text/html", "application/javascript", "text/javascript", "image/svg+xml",
+                  "text/markdown", "text/latex", "application/vnd.jupyter.widget-view+json",
+                  "application/vnd.jupyter.widget-state+json")
+REMOVED_NOTE = "[{} output removed by the grader: only text and images are returned]"
+
+
+def inert_notebook(text: str) -> str:
+    """An executed notebook without active content, for returning to learners.
+
+    Rich outputs that a browser would run or render as markup (:data:`ACTIVE_OUTPUTS`) are
+    removed, each leaving a ``text/plain`` note where nothing else was left; the widget state
+    is dropped; raw cells become markdown; and markdown cells' HTML tags are escaped, so that a
+    ``<script>`` or an ``onerror`` handler shows as text in JupyterLab and in
+    ``nbconvert --to html`` alike. Text, PNG and JPEG outputs stay.
+
+    Args:
+        text: the executed notebook's JSON.
+
+    Returns:
+        The cleaned notebook's JSON (the input unchanged if it does not parse: it is then not
+        a notebook any tool renders).
+    """
+    try:
+        nb = nbformat.reads(text, as_version=4)
+    except Exception:  # noqa: BLE001 - a broken notebook is returned as it came
+        return text
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.cell_type == "raw":
+            cell.cell_type = "markdown"
+            cell.pop("outputs", None)
+            cell.pop("execution_count", None)
+        if cell.cell_type == "markdown":
+            cell.source = cell.source.replace("&", "&amp;").replace("<", "&lt;")
+            cell.pop("attachments", None)
+            continue
+        for output in cell.get("outputs", []):
+            data = output.get("data")
+            if not isinstance(data, dict):
+                continue
+            removed = [mime for mime in list(data) if mime in ACTIVE_OUTPUTS
+                       or not (mime.startswith("text/plain") or mime in ("image/png",
+                                                                         "image/jpeg"))]
+            for mime in removed:
+                del data[mime]
+            if removed and not data:
+                data["text/plain"] = REMOVED_NOTE.format(", ".join(removed))
+            output.get("metadata", {}).clear()
+    return nbformat.writes(nb)
 
 
 def find_notebooks(root: Path) -> list[Path]:
@@ -689,8 +742,51 @@ def columns(results: list[Submission]) -> list[tuple[str, str]]:
     return out
 
 
+def _text(value):
+    """``value`` as text any UTF-8 file can hold: what cannot be encoded (a lone surrogate in
+    an exception message, the byte 0xff of a file name decoded by ``os.fsdecode``) is written
+    as its backslash escape instead of failing the whole file."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+def _replace_file(out: Path, write) -> None:
+    """Write ``out`` through a temporary file beside it, renamed into place once complete: an
+    error half-way leaves an older file whole and no temporary behind."""
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_results(results: list[Submission], out) -> None:
+    """Save the results as JSON, before any formatting: ``out`` keeps every score and note even
+    if a later step fails. Non-ASCII text is escaped (``ensure_ascii``), lone surrogates too.
+
+    Args:
+        results: what :func:`grade` returned.
+        out: the JSON file to write (replaced atomically).
+    """
+    data = [{"submission": sub.path, "notebook": sub.notebook, "total": sub.total,
+             "max": sub.max_points, "seconds": sub.seconds, "notes": sub.notes,
+             "checks": {c.name: {"points": c.points, "status": c.status} for c in sub.checks}}
+            for sub in results]
+    _replace_file(Path(out), lambda f: json.dump(data, f, indent=1, ensure_ascii=True))
+
+
 def write_csv(results: list[Submission], out) -> list[str]:
     """Write the scores, one row per submission; return the check columns' headers in order.
+
+    The file is UTF-8, with any text that UTF-8 cannot hold escaped, and is written to a
+    temporary file renamed into place: whatever a submission's notes or file name hold, the
+    CSV is complete or the older one stays as it was.
 
     Args:
         results: what :func:`grade` returned.
@@ -706,9 +802,9 @@ def write_csv(results: list[Submission], out) -> list[str]:
         rows.append([sub.path, sub.notebook, *(_num(points[n]) if n in points else ""
                                                for n, _ in cols),
                      _num(sub.total), _num(sub.max_points), sub.seconds, sub.notes])
-    with open(out, "w", newline="") as f:
-        csv.writer(f).writerows([[spreadsheet_safe(v) for v in row] for row in rows])
-    return [h for _, h in cols]
+    safe = [[spreadsheet_safe(_text(v)) for v in row] for row in rows]
+    _replace_file(Path(out), lambda f: csv.writer(f).writerows(safe))
+    return [_text(h) for _, h in cols]
 
 
 def _num(x: float):
@@ -806,9 +902,11 @@ def main(argv=None) -> int:
     except (ValueError, authoring.AuthoringError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    write_results(results, Path(args.out).with_suffix(".json"))  # first: nothing formatted yet
     write_csv(results, args.out)
     print(summary(results))
-    print(f"\nwrote {args.out} ({len(results)} submissions)")
+    print(f"\nwrote {args.out} and {Path(args.out).with_suffix('.json')} "
+          f"({len(results)} submissions)")
     return 0
 
 
