@@ -72,6 +72,16 @@ from .sandbox import UNSAFE_WARNING, Channel, Limits, Sandbox, kill
 INTERRUPT_GRACE = 10.0
 #: Seconds a sandbox may take to start its first process (import the course, start a kernel).
 STARTUP = 120.0
+#: With a cgroup, time limits count the sandbox's CPU seconds, so that a machine shared with
+#: other sandboxes or other work does not make an honest check run out of time; a sandbox that
+#: sleeps or waits (using no CPU) is stopped at this many times its limit in wall-clock time.
+WALL_BACKSTOP = 3.0
+NO_CGROUP_WARNING = """\
+WARNING: no cgroup for the sandboxes ({}).
+  Each process is still limited (memory, processes, file size, CPU time), but not the sandbox as
+  a whole: many processes of one submission together can use more memory than --memory, crowd
+  the CPU of its neighbours, and time limits count wall-clock time. Grade as root (cgroup v1) or
+  in a delegated cgroup v2 subtree (systemd-run --user --scope -p Delegate=yes ...)."""
 #: Submissions larger than this are not read.
 MAX_NOTEBOOK_BYTES = 32 << 20
 #: Characters of a check's message kept in the notes.
@@ -291,6 +301,33 @@ def _read_submission(path: Path):
 # --- one grading run --------------------------------------------------------------------------
 
 
+class _Deadline:
+    """A time limit of one sandbox: its cgroup's CPU seconds where it has a cgroup (load from
+    elsewhere does not count), with a wall-clock backstop of :data:`WALL_BACKSTOP` times the
+    limit; wall-clock seconds where it has none."""
+
+    def __init__(self, proc, seconds: float):
+        self.cgroup = getattr(proc, "cgroup", None)
+        self.seconds, self.start_wall = seconds, time.monotonic()
+        self.start_cpu = self.cgroup.cpu_seconds() if self.cgroup is not None else 0.0
+        self.wall = self.start_wall + seconds * (WALL_BACKSTOP if self.cgroup is not None else 1)
+
+    def expired(self) -> bool:
+        if time.monotonic() >= self.wall:
+            return True
+        return (self.cgroup is not None
+                and self.cgroup.cpu_seconds() - self.start_cpu >= self.seconds)
+
+
+def _next(channel: Channel, *deadlines: _Deadline) -> dict | None:
+    """The sandbox's next message, or None once the pipe closes or any deadline has passed."""
+    while True:
+        wake = min([time.monotonic() + 0.5] + [d.wall for d in deadlines])
+        message = channel.next(wake)
+        if message is not None or channel.closed or any(d.expired() for d in deadlines):
+            return message
+
+
 class _Run:
     """The state of one ``grade()`` call: the sandbox, the course copy, the assignments."""
 
@@ -356,14 +393,13 @@ class _Run:
                "notebook_bytes": MAX_NOTEBOOK_BYTES}
         proc, channel, job_dir = self._phase(
             "run", job, nb, slot, MAX_NOTEBOOK_BYTES + self.limits.notebook_output_bytes * 2)
-        deadline = time.monotonic() + self.timeout
-        cell_deadline = time.monotonic() + STARTUP
+        deadline = _Deadline(proc, self.timeout)
+        cell_deadline = _Deadline(proc, STARTUP)
         notes, executed, current, finished = [], None, None, False
         timed_out, cut = [], []
         try:
             while True:
-                message = channel.next(min(deadline, cell_deadline))
-                now = time.monotonic()
+                message = _next(channel, deadline, cell_deadline)
                 if message is None:
                     if channel.overflow:
                         notes.append("it sent more than the grader reads: stopped")
@@ -373,7 +409,7 @@ class _Run:
                             notes.append("the notebook run ended early" + (
                                 f" at cell {current}" if current is not None else "")
                                 + (f" ({why})" if why else ""))
-                    elif now >= deadline:
+                    elif deadline.expired():
                         notes.append(f"stopped at the notebook time limit ({self.timeout:g} s)"
                                      + (f" in cell {current}" if current is not None else ""))
                     elif current is not None:
@@ -388,7 +424,7 @@ class _Run:
                     cell_deadline = deadline
                 elif event == "cell":
                     current = index
-                    cell_deadline = now + self.cell_timeout + INTERRUPT_GRACE
+                    cell_deadline = _Deadline(proc, self.cell_timeout + INTERRUPT_GRACE)
                 elif event == "cell_done":
                     current, cell_deadline = None, deadline
                     if message.get("timed_out") is True:
@@ -406,9 +442,13 @@ class _Run:
                 elif event == "failed":
                     notes.append(f"the notebook could not be run ({str(message.get('detail'))[:200]})")
         finally:
+            out_of_memory = proc.cgroup is not None and proc.cgroup.out_of_memory()
             kill(proc)
             channel.close()
             shutil.rmtree(job_dir, ignore_errors=True)
+        if out_of_memory:
+            notes.append(f"the sandbox ran out of memory ({self.limits.memory_bytes:,} bytes for "
+                         "all its processes): the kernel killed one of them")
         if timed_out:
             notes.insert(0, f"cells {_cells(timed_out)} interrupted at the cell time limit")
         if cut:
@@ -422,12 +462,14 @@ class _Run:
                "cell_timeout": self.cell_timeout, "message_chars": MESSAGE_CHARS}
         proc, channel, job_dir = self._phase("judge", job, None, slot, 1 << 20)
         results, problem = {}, ""
-        deadline = time.monotonic() + STARTUP
+        deadline = _Deadline(proc, STARTUP)
         try:
             while True:
-                message = channel.next(deadline)
+                message = _next(channel, deadline)
                 if message is None:
                     why = channel.error_text()
+                    if proc.cgroup is not None and proc.cgroup.out_of_memory():
+                        why = f"out of the sandbox's memory ({self.limits.memory_bytes:,} bytes)"
                     problem = ("the check process stopped answering" if not channel.closed
                                else "the check process ended early") + (f" ({why})" if why else "")
                     break
@@ -446,7 +488,7 @@ class _Run:
                 elif event == "end":
                     break
                 if event in ("ready", "check", "checks"):
-                    deadline = time.monotonic() + self.cell_timeout + INTERRUPT_GRACE
+                    deadline = _Deadline(proc, self.cell_timeout + INTERRUPT_GRACE)
         finally:
             kill(proc)
             channel.close()
@@ -677,6 +719,8 @@ def grade(folder, *, course, assignment: str | None = None, timeout: float = 600
         print(UNSAFE_WARNING, file=sys.stderr, flush=True)
     hidden = [course, resolved] + ([executed] if executed else [])
     run = _Run(course, hidden, limits, unsafe_no_sandbox, timeout, cell_timeout)
+    if run.sandbox.cgroups.version is None:
+        print(NO_CGROUP_WARNING.format(run.sandbox.cgroups.reason), file=sys.stderr, flush=True)
     for slot in range(jobs):
         run.slots.put(slot)
     base = folder.parent if folder.is_file() else folder

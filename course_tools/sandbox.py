@@ -17,9 +17,17 @@ The sandbox (``bwrap``, Debian package ``bubblewrap``) sees:
 It runs as an unprivileged user with no capabilities: as root, bwrap sets the sandbox up and
 ``setpriv`` drops to uid ``SANDBOX_UID + slot`` (one uid per parallel slot, so the process
 limit of one submission cannot starve another), with an empty bounding set and
-``no_new_privs``; as another user, bwrap's user namespace maps it to uid 65534. ``inside.py``
-then applies the resource limits (memory, processes, file size, CPU time) before any of the
-submission's code runs.
+``no_new_privs``; as another user, bwrap's user namespace maps it to uid 65534. Each grading
+run draws a fresh range of these uids (:func:`fresh_uid_base`), so that the process limit of one
+run never counts another's processes. ``inside.py`` then applies the per-process resource limits
+(address space, processes, file size, CPU time) before any of the submission's code runs.
+
+Where the grader may make cgroups (root with cgroup v1, or a delegated cgroup v2 subtree, see
+:class:`Cgroups`), every sandbox also runs in a cgroup of its own: its memory limit bounds the
+whole sandbox (the kernel's OOM killer acts inside it, never on a neighbour or the grader), its
+process count is its own, it has an equal CPU weight, and the grader reads its CPU time, so that
+time limits count CPU time where the machine is shared. Without one, the grader warns and
+relies on the per-process limits and wall-clock time.
 
 Without bubblewrap the grader refuses to run, unless told ``unsafe=True``
 (``--unsafe-no-sandbox``): then the same processes run directly, with the same resource
@@ -156,6 +164,9 @@ class Sandbox:
         self.bwrap = None if unsafe else find_bwrap()
         self.root = hasattr(os, "geteuid") and os.geteuid() == 0
         self.env_paths = environment_paths(hidden) if not unsafe else []
+        self.cgroups = Cgroups()
+        self.started = 0
+        self.uid_base = fresh_uid_base(MAX_SLOTS) if self.root else None
         if unsafe:
             return
         if self.bwrap is None:
@@ -212,7 +223,7 @@ class Sandbox:
         if not self.root:
             args += ["--unshare-user", "--uid", "65534", "--gid", "65534"]
         else:
-            uid = str(SANDBOX_UID + slot)
+            uid = str(self.uid_base + slot)
             args += ["--", self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                      "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
         return args
@@ -233,26 +244,289 @@ class Sandbox:
     def start(self, command: str, job_dir: Path, slot: int, fd: int,
               scratch: Path | None = None) -> subprocess.Popen:
         """Start ``inside.py COMMAND /job/job.json FD`` in a fresh sandbox (``scratch``: the
-        working folder in unsafe mode)."""
+        working folder in unsafe mode).
+
+        Where :class:`Cgroups` found a usable hierarchy, the sandbox runs in a cgroup of its own
+        (``proc.cgroup``; None otherwise): a shell joins it, then ``exec`` turns it into bubblewrap, so
+        every process of the sandbox is inside from the first one on.
+        """
+        self.started += 1
+        cgroup = self.cgroups.make(f"course-grade-{os.getpid()}-{self.started}", self.limits)
         if self.unsafe:
             scratch = Path(scratch)
             (scratch / "work").mkdir(parents=True, exist_ok=True)
             env = self.environment(str(scratch / "work"), str(self.run_dir / "course"))
             argv = [sys.executable, "-I", str(self.run_dir / "grader" / "inside.py"), command,
                     str(job_dir / "job.json"), str(fd)]
-            return subprocess.Popen(argv, cwd=scratch / "work", env=env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, pass_fds=(fd,),
-                                    start_new_session=True)
-        argv = self._bwrap_args(job_dir, slot) + [
-            python_executable(), "-I", "/grader/inside.py", command, "/job/job.json", str(fd)]
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, pass_fds=(fd,), start_new_session=True,
-                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+            kwargs = {"cwd": scratch / "work"}
+        else:
+            argv = self._bwrap_args(job_dir, slot) + [
+                python_executable(), "-I", "/grader/inside.py", command, "/job/job.json", str(fd)]
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            kwargs = {}
+        if cgroup is not None:
+            argv = ["/bin/sh", "-c", JOIN_CGROUP, "sh", *cgroup.procs_files(), "--", *argv]
+        try:
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    pass_fds=(fd,), start_new_session=True, **kwargs)
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
+            raise
+        proc.cgroup = cgroup  # None where no cgroup could be made
+        return proc
+
+
+#: The most sandboxes one grading run starts at once (its ``jobs``), each with its own uid.
+MAX_SLOTS = 64
+#: Joins the cgroups named before ``--`` (their cgroup.procs files), then runs what follows;
+#: exit 97 if a cgroup cannot be joined, so that no sandbox runs outside its limits.
+JOIN_CGROUP = ('while [ "$1" != -- ]; do echo $$ > "$1" || exit 97; shift; done; shift; '
+               'exec "$@"')
+
+
+# --- a cgroup per sandbox -----------------------------------------------------------------------
+
+#: The controllers each sandbox's cgroup uses: memory for the whole sandbox, a process count,
+#: a CPU weight and the CPU time it used.
+CGROUP_V1 = ("memory", "pids", "cpu", "cpuacct")
+CGROUP_V2 = ("memory", "pids", "cpu")
+#: The CPU weight of every sandbox (cgroup v1 ``cpu.shares``; v2 ``cpu.weight`` is 100): equal
+#: weights, so that a sandbox running 240 busy processes gets the CPU of one sandbox, not of 240.
+CPU_SHARES = 1024
+
+
+def _own_cgroup(version: str, controller: str, proc_cgroup: str) -> str | None:
+    """This process's path in ``controller``'s hierarchy, read from ``/proc/self/cgroup``."""
+    for line in proc_cgroup.splitlines():
+        number, names, path = (line.split(":", 2) + ["", ""])[:3]
+        if version == "v2" and number == "0" and names == "":
+            return path
+        if version == "v1" and controller in names.split(","):
+            return path
+    return None
+
+
+class Cgroups:
+    """Where this grader may make a cgroup for each sandbox, and how (cgroup v1 or v2).
+
+    A cgroup bounds the whole sandbox, which per-process resource limits cannot: its memory
+    (every process together; the kernel's OOM killer then acts inside the sandbox only), its
+    process count (``pids.max``, counted per sandbox, not per uid machine-wide) and its share of
+    the CPU (an equal weight per sandbox); and it tells how much CPU time the sandbox used, so
+    that time limits can count CPU time on a shared machine.
+
+    The grader needs write access to a cgroup hierarchy with these controllers: root with cgroup
+    v1 (``/sys/fs/cgroup/memory``, ``pids``, ``cpu``, ``cpuacct``), or a cgroup v2 subtree with
+    the memory, pids and cpu controllers delegated to it (root, or ``systemd-run --user
+    --scope -p Delegate=yes``). Each grading run makes a folder of its own below the grader's
+    own cgroup, and one folder per sandbox below that.
+
+    Args:
+        root (str): where the hierarchies are mounted (``/sys/fs/cgroup``; a test passes a
+            folder laid out the same way).
+        proc_cgroup (str, optional): the text of ``/proc/self/cgroup`` (read when None).
+
+    Attributes:
+        version (str or None): ``"v1"``, ``"v2"``, or None when no usable hierarchy was found.
+        reason (str): why none is usable ("" when one is).
+    """
+
+    def __init__(self, root: str = "/sys/fs/cgroup", proc_cgroup: str | None = None):
+        self.root, self.version, self.reason, self.bases = Path(root), None, "", {}
+        if proc_cgroup is None:
+            try:
+                proc_cgroup = Path("/proc/self/cgroup").read_text()
+            except OSError:
+                proc_cgroup = ""
+        v1 = {c: _own_cgroup("v1", c, proc_cgroup) for c in CGROUP_V1}
+        if all(v1.values()) and all((self.root / c).is_dir() for c in CGROUP_V1):
+            self.version = "v1"
+            self.bases = {c: self.root / c / v1[c].lstrip("/") for c in CGROUP_V1}
+        else:
+            own = _own_cgroup("v2", "", proc_cgroup)
+            unified = self.root if (self.root / "cgroup.controllers").exists() else (
+                self.root / "unified")
+            base = unified / own.lstrip("/") if own is not None else None
+            if base is not None and (unified / "cgroup.controllers").exists():
+                offered = (base / "cgroup.controllers").read_text().split() if (
+                    base / "cgroup.controllers").exists() else []
+                if set(CGROUP_V2) <= set(offered):
+                    self.version, self.bases = "v2", {"": base}
+                else:
+                    self.reason = (f"the cgroup v2 subtree {base} offers {offered or 'no'} "
+                                   f"controllers, not {list(CGROUP_V2)}")
+            else:
+                self.reason = "no cgroup v1 memory/pids/cpu/cpuacct hierarchy and no cgroup v2"
+        if self.version is not None and not all(os.access(b, os.W_OK)
+                                                for b in self.bases.values()):
+            self.reason = f"no write access to {', '.join(map(str, self.bases.values()))}"
+            self.version = None
+
+    def make(self, name: str, limits: Limits) -> Cgroup | None:
+        """A new cgroup ``name`` below the grader's own, with ``limits``; None if it fails.
+
+        Raises nothing: a machine where the cgroup cannot be made grades with per-process
+        limits (the reason is kept in :attr:`reason`).
+        """
+        if self.version is None:
+            return None
+        try:
+            if self.version == "v2":
+                self._delegate()
+            return Cgroup(self, name, limits)
+        except OSError as exc:
+            self.reason = f"could not make a cgroup: {exc}"
+            return None
+
+    def _delegate(self) -> None:
+        """cgroup v2: enable the controllers for the grader's children. A cgroup that holds
+        processes cannot, so the grader's processes move to a leaf ``grader`` first."""
+        base = self.bases[""]
+        wanted = set(CGROUP_V2)
+        if wanted <= set((base / "cgroup.subtree_control").read_text().split()):
+            return
+        leaf = base / "grader"
+        leaf.mkdir(exist_ok=True)
+        for pid in (base / "cgroup.procs").read_text().split():
+            _write(leaf / "cgroup.procs", pid, must=False)  # one that just ended is fine
+        _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in CGROUP_V2))
+
+
+class Cgroup:
+    """One sandbox's cgroup (made by :meth:`Cgroups.make`): limits, CPU time, removal."""
+
+    def __init__(self, cgroups: Cgroups, name: str, limits: Limits):
+        self.version = cgroups.version
+        self.dirs = {c: base / name for c, base in cgroups.bases.items()}
+        made = []
+        try:
+            for folder in self.dirs.values():
+                folder.mkdir()
+                made.append(folder)
+            if self.version == "v1":
+                _write(self.dirs["memory"] / "memory.limit_in_bytes", limits.memory_bytes)
+                _write(self.dirs["memory"] / "memory.memsw.limit_in_bytes", limits.memory_bytes,
+                       must=False)  # only with swap accounting: no escape into swap
+                _write(self.dirs["pids"] / "pids.max", limits.processes)
+                _write(self.dirs["cpu"] / "cpu.shares", CPU_SHARES)
+            else:
+                folder = self.dirs[""]
+                _write(folder / "memory.max", limits.memory_bytes)
+                _write(folder / "memory.swap.max", 0, must=False)
+                _write(folder / "pids.max", limits.processes)
+                _write(folder / "cpu.weight", 100)
+        except OSError:
+            for folder in reversed(made):
+                _rmdir(folder)
+            raise
+
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` files a process writes its pid to, to join this cgroup."""
+        return [str(folder / "cgroup.procs") for folder in self.dirs.values()]
+
+    def cpu_seconds(self) -> float:
+        """CPU time used by every process of the sandbox so far, in seconds (0 if unreadable)."""
+        try:
+            if self.version == "v1":
+                return int((self.dirs["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
+            for line in (self.dirs[""] / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+        except (OSError, ValueError):
+            pass
+        return 0.0
+
+    def out_of_memory(self) -> bool:
+        """Whether the kernel's OOM killer killed a process of this sandbox."""
+        name = "memory.oom_control" if self.version == "v1" else "memory.events"
+        folder = self.dirs["memory" if self.version == "v1" else ""]
+        try:
+            for line in (folder / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and int(value) > 0:
+                    return True
+        except (OSError, ValueError):
+            pass
+        return False
+
+    def pids(self) -> list[int]:
+        """The processes in the cgroup now."""
+        folder = self.dirs["pids" if self.version == "v1" else ""]
+        try:
+            return [int(p) for p in (folder / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def remove(self) -> None:
+        """Kill whatever is left in the cgroup, then remove it."""
+        for _ in range(50):
+            left = self.pids()
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.02)
+        for folder in self.dirs.values():
+            _rmdir(folder)
+
+
+def _write(path: Path, value, must: bool = True) -> None:
+    try:
+        path.write_text(str(value))
+    except OSError:
+        if must:
+            raise
+
+
+def _rmdir(folder: Path) -> None:
+    for _ in range(50):
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)  # the last process is still leaving
+
+
+def fresh_uid_base(slots: int, used: set[int] | None = None) -> int:
+    """The first uid of a range of ``slots`` uids that no process of this machine runs as.
+
+    Each grading run draws its own range, so that the process limit of one run's sandboxes
+    (``RLIMIT_NPROC`` counts a uid machine-wide) never counts another run's processes.
+
+    Args:
+        slots (int): how many consecutive uids the run needs (one per parallel slot).
+        used (set of int, optional): uids in use (read from ``/proc`` when None).
+
+    Returns:
+        int: a uid from :data:`SANDBOX_UID` up, below 2**31.
+    """
+    import secrets
+
+    if used is None:
+        used = set()
+        for entry in os.scandir("/proc") if os.path.isdir("/proc") else []:
+            if entry.name.isdigit():
+                try:
+                    used.add(os.stat(entry.path).st_uid)
+                except OSError:
+                    pass
+    while True:
+        base = SANDBOX_UID + slots * secrets.randbelow((2**31 - SANDBOX_UID) // slots - 1)
+        if not any(base <= uid < base + slots for uid in used):
+            return base
 
 
 def kill(proc: subprocess.Popen) -> None:
-    """Kill a sandbox: bwrap's session (``--die-with-parent`` takes its PID namespace along)."""
+    """Kill a sandbox: bwrap's session (``--die-with-parent`` takes its PID namespace along),
+    then whatever is left in its cgroup, which is removed."""
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -262,6 +536,9 @@ def kill(proc: subprocess.Popen) -> None:
             except OSError:
                 pass
     proc.wait()
+    cgroup = getattr(proc, "cgroup", None)
+    if cgroup is not None:
+        cgroup.remove()
 
 
 class Channel:

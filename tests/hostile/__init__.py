@@ -14,7 +14,8 @@ A module holds:
   ``""`` puts the notebook at the top of the submissions folder), ``EDIT(nb)`` (changes to the
   notebook's metadata), ``PROBLEM`` (the start of the row's notes, for a notebook that is not
   graded), ``NOTES`` (text its notes must hold), ``MARKERS`` (the attack starts processes whose
-  command line holds the marker).
+  command line holds the marker), ``REQUIRES = "cgroup"`` (an attack that only a cgroup per
+  sandbox withstands: left out where the grader cannot make one, as its warning says).
 
 Sources may hold ``@@COURSE@@`` (the course folder being graded with), ``@@SUBMISSIONS@@``,
 ``@@SELF@@`` (this notebook's path), ``@@VICTIM@@`` (another student's notebook), ``@@SCORES@@``
@@ -36,9 +37,14 @@ BASE = "00_setup.ipynb"
 
 def attacks() -> dict[str, ModuleType]:
     """Every attack module of this folder, by name."""
+    from course_tools.sandbox import Cgroups
+
+    cgroups = Cgroups().version is not None
     found = {}
     for info in pkgutil.iter_modules(__path__):
-        found[info.name] = importlib.import_module(f"{__name__}.{info.name}")
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if getattr(module, "REQUIRES", None) != "cgroup" or cgroups:
+            found[info.name] = module
     return found
 
 
