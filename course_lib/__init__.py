@@ -11,6 +11,7 @@ lecture named:
 ``units``              byte counts (of distinct storages too) and their human-readable form
 ``claims``             01-07: a claim, the lecture's measurement of it, and the verdict
 ``device``             00: which device and training dtype this kernel uses; the GPU presets
+``fused``              05: the course's own Triton kernel (bias + GELU), one op to a policy
 ``models``             01-08: the course GPT (nanoGPT-style), its parameter count, token data
 ``model_zoo``          01: GPT-2 and Llama presets, counted on the ``meta`` device
 ``memory``             01: the precisions; analytic bytes of params, grads, optimizer, activations

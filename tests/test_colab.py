@@ -49,6 +49,9 @@ COLAB_PREINSTALLED = {"torch": "2.6.0", "numpy": "2.0.2", "matplotlib": "3.10.0"
                       # torchao as Colab's GPU runtime lists it in its published pip freeze (2026)
                       "torchao": "0.10.0"}
 IMPORT_NAME = {}  # distribution -> module, where they differ (none yet)
+# Preinstalled on Colab but not required by the package: imported only inside
+# ``try: ... except ImportError``, so that course_lib still imports where they are missing.
+COLAB_OPTIONAL = {"triton": "3.6.0"}  # Colab's GPU runtime, beside its torch
 
 # ipywidgets API that 8.1 has and Colab's 7.7.1 lacks. Derived by importing both releases and
 # comparing dir(ipywidgets), each widget class's class_trait_names() and its style class's.
@@ -183,7 +186,20 @@ def test_the_package_pip_builds_holds_every_module_and_needs_only_the_runtime(tm
 def _allowed_modules() -> set[str]:
     runtime = {Requirement(r).name.lower() for r in _project()["dependencies"]}
     return set(sys.stdlib_module_names) | {IMPORT_NAME.get(n, n) for n in runtime} | {
-        "IPython", "course_lib"}
+        "IPython", "course_lib"} | set(COLAB_OPTIONAL)
+
+
+def test_optional_packages_are_imported_only_where_their_absence_is_handled():
+    for path in MODULES:
+        tree = ast.parse(path.read_text())
+        guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
+                   and any(isinstance(h.type, ast.Name) and h.type.id == "ImportError"
+                           for h in t.handlers) for s in t.body for n in ast.walk(s)}
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            if any(n.split(".")[0] in COLAB_OPTIONAL for n in names):
+                assert id(node) in guarded, f"{_rel(path)}: import {names} outside try/except"
 
 
 def _imports(tree) -> set[str]:
