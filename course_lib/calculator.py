@@ -11,9 +11,13 @@ first. The labels stand in a column right of the axes, spread apart where cards 
   corrected "14 + 14 + 56 GB" count);
 * :func:`zero_figure`: the bytes per GPU of ZeRO stages 0-3 against the number of GPUs;
 * :func:`calculator`: the widget, a model size, an optimizer, a precision, a ZeRO stage and a
-  number of GPUs over one bar, redrawn by :func:`course_lib.widgets.live_plot`.
+  number of GPUs over one bar, redrawn by :func:`course_lib.widgets.live_plot`;
+  :func:`calculator_figure` is its picture of one setting.
 
-Drawing only: the numbers come from :func:`course_lib.memory.training_memory`.
+Two figures without GPUs: :func:`bytes_per_param_figure` (what each precision keeps per
+parameter) and :func:`activations_figure` (what the forward pass keeps for the backward pass,
+by dtype). Drawing only: the numbers come from :mod:`course_lib.memory` and the lecture's
+measurements.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from .memory import (
     training_memory,
 )
 from .model_zoo import PRESETS
-from .units import GB, GiB
+from .units import GB, GiB, MiB, format_bytes
 from .validation import choice, items, positive_int, text
 from .widgets import live_plot, nice_ceiling, render_png
 
@@ -81,7 +85,8 @@ def _gpu(gpu) -> GPU:
 
 
 def _gpus(gpus) -> list[GPU]:
-    cards = [_gpu(g) for g in items("gpus", tuple(GPUS) if gpus is None else gpus, max_len=12)]
+    cards = [_gpu(g) for g in items("gpus", tuple(GPUS) if gpus is None else gpus, min_len=1,
+                                    max_len=12)]
     return sorted(cards, key=lambda g: g.total_memory)
 
 
@@ -108,6 +113,10 @@ def _bars(name: str, bars) -> dict:
 
 def _new_figure(figsize) -> Figure:
     """A Figure on its own Agg canvas, which a notebook shows as a PNG when a cell returns it."""
+    if not (isinstance(figsize, tuple | list) and len(figsize) == 2 and all(
+            isinstance(x, int | float) and not isinstance(x, bool) and 1 <= x <= 30
+            for x in figsize)):
+        raise ValueError(f"figsize must be two numbers of inches from 1 to 30, got {figsize!r}")
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)
     _show_figures_in_notebooks()
@@ -300,8 +309,6 @@ def activations_figure(saved: dict, *, title: str = "", figsize: tuple = (8.4, 2
             for k, v in saved.items())):
         raise ValueError(f"saved must be a dict of one to six labels to {{dtype name: bytes}}, "
                          f"got {saved!r:.200}")
-    from .units import MiB, format_bytes
-
     fig = _new_figure(figsize)
     ax = fig.add_axes((0.16, 0.2, 0.62, 0.62))
     names = list(saved)[::-1]  # the first recipe on top
@@ -475,7 +482,7 @@ def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> wi
     wide = {"description_width": "initial"}
     size = widgets.SelectionSlider(options=sorted(sizes.items(), key=lambda item: item[1]),
                                    value=start, description="parameters (billions)",
-                                   style=wide, layout=_width(440))
+                                   style=wide, layout=_width(480))
     menu = widgets.Dropdown(options=[("custom size", None)] + [
         (name, p.published_params / 1e9) for name, p in PRESETS.items()],
         value=start, description="model", style=wide, layout=_width(260))

@@ -64,6 +64,10 @@ def test_states_figure_rejects_what_it_cannot_draw():
         calc.states_figure({"x": training_memory(10)}, gpus=["V100"])
     with pytest.raises(ValueError, match="title must be a str"):
         calc.states_figure({"x": training_memory(10)}, title=3)
+    with pytest.raises(ValueError, match="gpus"):
+        calc.states_figure({"x": training_memory(10)}, gpus=[])
+    with pytest.raises(ValueError, match="figsize"):
+        calc.states_figure({"x": training_memory(10)}, figsize=(0, 3))
 
 
 def test_labels_of_close_cards_spread_even_when_every_line_is_at_the_bottom():
