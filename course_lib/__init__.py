@@ -24,6 +24,7 @@ lecture named:
 ``toy_data``           03: a toy language with a known loss floor, to train on
 ``training``           03-07: the shared training loop (accumulation, AMP, no_sync)
 ``widgets``            01-08: ``live_plot``, the thin ipywidgets view every widget uses
+``calculator``         01: the model states against GPU memory: lecture 01's figures and calculator
 ``checkpointing``      04: five checkpointing modes; kept bytes and FLOPs predicted
 ``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
 ``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target

@@ -10,6 +10,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.flop_counter import FlopCounterMode
 
+from course_lib.device import GPUS
 from course_lib.grading import lecture01, lecture02, lecture04
 from course_lib.measure import peak_memory
 from course_lib.models import GPT, random_tokens
@@ -69,8 +70,8 @@ def _fewest_by_trying(P: int, capacity: int, stage: int, most: int = 10**5) -> i
 
 
 def test_lecture01_fewest_gpus_is_the_first_count_that_fits():
-    GB = 10**9
-    cases = [(68_976_648_192, 80 * GB), (6_738_415_616, 40 * GB), (1_235_814_400, 16 * GB),
+    a100_80, a100_40, t4 = (GPUS[n].total_memory for n in ("A100 80GB", "A100 40GB", "T4"))
+    cases = [(68_976_648_192, a100_80), (6_738_415_616, a100_40), (1_235_814_400, t4),
              (7_500_000_000, 31_406_250_000), (7_500_000_000, 31_406_249_999),
              (7_500_000_000, 1_875_000_000), (1_000, 16_000), (1_000, 15_999), (999, 3_997)]
     for P, capacity in cases:

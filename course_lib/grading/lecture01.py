@@ -6,15 +6,19 @@ off the ZeRO paper's accounting (Rajbhandari et al. 2020, section 3.1), the
 paper's per-stage formulas, and the largest model and the fewest GPUs from
 those two in exact integer arithmetic. ``tests/test_grading_truths.py`` measures
 the table on real optimizer steps and the formulas against the paper's figures.
+
+Capacities follow the lectures' convention: a card's memory is what PyTorch reports for it
+(``course_lib.device.GPUS[name].total_memory``, an A100 80GB 79.15 GiB, not 80 * 10**9
+bytes), and any other capacity is a byte count stated as such.
 """
 
 from __future__ import annotations
 
 import numbers
 
+from ..device import GPUS
+from ..units import GiB
 from . import expect, grader
-
-GB = 10**9
 
 #: Bytes per parameter: 16-bit or fp32 weights and gradients, an fp32 master copy
 #: in the mixed recipes, and the optimizer's state tensors (0, 1 or 2) in the
@@ -80,7 +84,7 @@ def check_zero_bytes_per_device(fn):
         args = f"{P}, zero_stage={stage}, world_size={N}"
         _int_answer("zero_bytes_per_device", got, args)
         expect(got == truth, f"zero_bytes_per_device({args}) returned {got}, expected {truth} "
-               f"(= {truth / GB:g} GB)",
+               f"(= {truth / GiB:.2f} GiB)",
                hint="16 bytes/param = 2 (16-bit weights) + 2 (16-bit grads) + K = 12 (fp32 master, "
                     "m, v); stage 1 shards the K bytes, stage 2 also the grads, stage 3 also the "
                     "weights; stage 0 shards nothing")
@@ -98,10 +102,14 @@ def check_largest_model(fn):
     Args:
         fn (callable): the learner's ``largest_model``, called as above.
     """
-    cases = [(16 * GB, "adamw", "bf16-mixed"), (80 * GB, "adamw", "bf16-mixed"),
-             (80 * GB + 7, "adamw", "fp32"), (40 * GB + 9, "sgd-momentum", "fp16-mixed"),
-             (141 * GB + 3, "adam", "bf16"), (24 * GB + 5, "sgd", "bf16"),
-             (40 * GB + 5, "sgd", "fp32")]
+    cases = [(GPUS["T4"].total_memory, "adamw", "bf16-mixed"),             # what PyTorch
+             (GPUS["A100 80GB"].total_memory, "adamw", "bf16-mixed"),      # reports for a card
+             (GPUS["H100 80GB"].total_memory, "adamw", "fp32"),
+             (GPUS["T4"].total_memory, "sgd-momentum", "fp16-mixed"),
+             (GPUS["H200"].total_memory, "adam", "bf16"),
+             (GPUS["L4"].total_memory, "sgd", "bf16"),
+             (80_000_000_007, "adamw", "fp32"), (40_000_000_009, "sgd-momentum", "fp16-mixed"),
+             (24_000_000_005, "sgd", "bf16"), (40_000_000_005, "sgd", "fp32")]  # bytes as such
     for capacity, optimizer, precision in cases:
         got = fn(capacity, optimizer, precision)
         args = f"{capacity}, {optimizer!r}, {precision!r}"
@@ -133,10 +141,11 @@ def check_gpus_needed(fn):
     Args:
         fn (callable): the learner's ``gpus_needed``, called as above.
     """
-    cases = [(68_976_648_192, 80 * GB, s) for s in range(4)]      # Llama 2 70B on 80 GB GPUs
-    cases += [(6_738_415_616, 40 * GB, s) for s in range(4)]      # Llama 2 7B on 40 GB GPUs
-    cases += [(1_235_814_400, 16 * GB, s) for s in range(4)]      # Llama 3.2 1B on a T4
-    cases += [(1_000_000_000, 80 * GB, s) for s in range(4)]      # fits on one GPU
+    a100_80, a100_40, t4 = (GPUS[n].total_memory for n in ("A100 80GB", "A100 40GB", "T4"))
+    cases = [(68_976_648_192, a100_80, s) for s in range(4)]      # Llama 2 70B on A100 80GBs
+    cases += [(6_738_415_616, a100_40, s) for s in range(4)]      # Llama 2 7B on A100 40GBs
+    cases += [(1_235_814_400, t4, s) for s in range(4)]           # Llama 3.2 1B on T4s
+    cases += [(1_000_000_000, a100_80, s) for s in range(4)]      # fits on one GPU
     cases += [(7_500_000_000, 31_406_250_000, 1), (7_500_000_000, 31_406_249_999, 1),
               (7_500_000_000, 1_875_000_000, 3)]                  # exactly at the ZeRO paper's figures
     for P, capacity, stage in cases:

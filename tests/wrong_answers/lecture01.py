@@ -79,6 +79,14 @@ def _largest_without_master(capacity_bytes, optimizer, precision):
     return capacity_bytes // _no_master(optimizer, precision)
 
 
+def _capacity_in_whole_gb(capacity_bytes, optimizer, precision):  # "an 80 GB card"
+    return capacity_bytes // 10**9 * 10**9 // _recipe_bytes(optimizer, precision)
+
+
+def _capacity_in_whole_gib(capacity_bytes, optimizer, precision):  # nvidia-smi's round figure
+    return -(-capacity_bytes // 2**30) * 2**30 // _recipe_bytes(optimizer, precision)
+
+
 # --- gpus_needed(n_params, capacity_bytes, zero_stage) -----------------------------------
 
 def _all_stages_shard_everything(n_params, capacity_bytes, zero_stage):
@@ -138,6 +146,10 @@ WRONG = {
         ("returns a float", {"largest_model": _float_division}),
         ("counts only the weights", {"largest_model": _weights_only}),
         ("forgets the master weights", {"largest_model": _largest_without_master}),
+        ("rounds the capacity down to whole GB, as cards are named",
+         {"largest_model": _capacity_in_whole_gb}),
+        ("rounds the capacity up to whole GiB, as nvidia-smi shows it",
+         {"largest_model": _capacity_in_whole_gib}),
     ],
     "check_gpus_needed": [
         ("treats every stage as fully sharded", {"gpus_needed": _all_stages_shard_everything}),
