@@ -29,6 +29,7 @@ lecture named:
 ``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
 ``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target
 ``step_setup``         02-08: the real model and optimizer a prediction is for; its measured step
+``activation_views``   02: lecture 02's figures and its out-of-memory widget
 ``playground``         03: the accumulation playground; one step's cost, memory and time
 ``step_views``         03: the trade-off explorer and the step-through of one step
 ``policies``           05: op-level selective-checkpointing policies and their cost

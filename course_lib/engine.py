@@ -29,7 +29,8 @@ How it predicts. Three moments of a step compete (the largest is the peak):
   from above by keeping the first pass's new gradients on top (tight when the
   pass peaks early, at the loss);
 * **optimizer**: gradients, AdamW's ``m`` and ``v``, and its scratch
-  (:func:`adamw_scratch_bytes`, or one state-sized copy for ``foreach``); in
+  (:func:`adamw_scratch_bytes`, or one copy of ``v`` for ``foreach``, PyTorch's default on
+  CUDA); in
   mixed precision the gradients are the fp32 copies of the master weights';
 * **forward**, only where SDPA's math kernel runs (the CPU with dropout, bf16 on
   a T4): the last block's attention scratch.
@@ -780,7 +781,8 @@ def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every
     optimizer = dict(resident, optimizer_state=state)
     if spec.master:  # fp32 copies of the gradients replace the 16-bit ones one tensor at a time
         master_grads = sizes(_F32)
-        scratch = max(2 * params.last, master_grads.adamw_scratch)
+        scratch = max(2 * params.last,
+                      master_grads.total if foreach else master_grads.adamw_scratch)
         out["optimizer"] = StepMemory("optimizer step (fp32 master gradients)", **optimizer,
                                       gradients=master_grads.total, activations=0,
                                       transient=scratch + loss)
@@ -927,8 +929,9 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
             :class:`~course_lib.device.GPU`.
         first_step (bool): the first step of a fresh optimizer (``m`` and ``v`` made in it) rather
             than a steady-state step.
-        foreach (bool): AdamW's multi-tensor implementation (PyTorch's default on CUDA), whose
-            scratch is one copy of ``v``, instead of the per-tensor one.
+        foreach (bool): AdamW's multi-tensor implementation (PyTorch's default on CUDA,
+            :func:`course_lib.kernels.adamw_foreach`), whose scratch is one copy of ``v`` (of
+            the fp32 master weights' ``v`` in mixed precision), instead of the per-tensor one.
         loss_chunk (int, optional): the loss of :func:`course_lib.levers.chunked_cross_entropy` with
             chunks of this many tokens (:func:`course_lib.levers.use_chunked_loss`), instead of
             ``F.cross_entropy`` over the whole logits; not with the autocast precisions.

@@ -13,6 +13,9 @@ LayerNorm mean and 1/std           input's dtype                fp32 for 16-bit 
 softmax under ``torch.autocast``   stays 16-bit                 fp32 (CUDA's autocast fp32 list)
 allocation                         exact bytes                  multiples of 512 bytes
 AdamW's ``step`` counter           on the device (4 bytes)      on the host (not GPU memory)
+AdamW's default implementation     per tensor (``foreach``      multi-tensor (``foreach=True``):
+                                   False): ``sqrt(v)`` of one   ``sqrt(v)`` of every parameter
+                                   parameter at a time          of the group at once
 =================================  ===========================  ==================================
 
 Sources: ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (kernel
@@ -20,7 +23,8 @@ filters and their order), ``aten/src/ATen/autocast_mode.cpp`` (autocast op
 lists per device), ``c10/cuda/CUDACachingAllocator.cpp`` (``kMinBlockSize =
 512``: every block is rounded up to it, and ``max_memory_allocated`` counts the
 rounded sizes), ``torch/optim/adam.py`` (``step`` is a CPU tensor unless
-``capturable`` or ``fused``).
+``capturable`` or ``fused``), ``torch/optim/optimizer.py`` (``_default_to_fused_or_foreach``:
+foreach when every parameter is on CUDA).
 """
 
 from __future__ import annotations
@@ -146,6 +150,35 @@ def optimizer_steps_on_device(gpu: GPU | None = None) -> bool:
         ValueError: naming ``gpu``, for a value :func:`course_lib.device.resolve_gpu` refuses.
     """
     return _gpu(gpu) is None
+
+
+def adamw_foreach(gpu: GPU | None = None) -> bool:
+    """Whether ``torch.optim.AdamW`` left at its default runs the multi-tensor ("foreach") code.
+
+    PyTorch picks its implementation at the first ``step()`` when ``foreach`` is not given
+    (``_default_to_fused_or_foreach``): the multi-tensor one when every parameter is a CUDA
+    tensor, the per-tensor loop on the CPU. They compute the same update with different
+    scratch: the loop holds ``denom = sqrt(v) / c + eps`` for one parameter at a time (two
+    temporaries the size of that parameter), the multi-tensor code computes ``sqrt(v)`` for
+    every parameter of the group at once, one more copy of ``v`` (4 bytes per parameter for
+    fp32 state). :func:`course_lib.engine.predict_step_memory` takes the choice as ``foreach``.
+
+    Args:
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
+            :class:`~course_lib.device.GPU`).
+
+    Returns:
+        bool: False for the CPU, True for a GPU.
+
+    Raises:
+        ValueError: naming ``gpu``, for a value :func:`course_lib.device.resolve_gpu` refuses.
+
+    Example:
+        >>> adamw_foreach(None), adamw_foreach("T4")
+        (False, True)
+    """
+    return _gpu(gpu) is not None
 
 
 def autocast_softmax_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:

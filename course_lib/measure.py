@@ -350,6 +350,44 @@ def saved_bytes(output: torch.Tensor, params=(), *, include_parameters: bool = F
     return sum(unique.values())
 
 
+def saved_table(output: torch.Tensor, params=(), *, parameters: bool = False) -> str:
+    """:func:`saved_tensors` as a text table, in forward order, one row per saved tensor.
+
+    Columns: the backward node that keeps it (``Backward0`` dropped), its slot as PyTorch names
+    it, shape, dtype, the bytes of its storage, and a letter per storage (A, B, ... in order of
+    first appearance): two rows with one letter are one piece of memory, kept once. Lecture 02
+    reads it aloud.
+
+    Args:
+        output (torch.Tensor): a tensor with a ``grad_fn`` (the loss).
+        params (iterable of torch.Tensor): the parameters.
+        parameters (bool): list the rows that hold a parameter too (letter ``param``).
+
+    Returns:
+        str: a header line, then one line per row.
+
+    Raises:
+        ValueError: as :func:`saved_tensors`, or naming ``parameters`` (not a bool).
+    """
+    if not isinstance(parameters, bool):
+        raise ValueError(f"parameters must be True or False, got {parameters!r}")
+    rows = [r for r in reversed(saved_tensors(output, params)) if parameters or not r.is_parameter]
+    letters: dict[int, str] = {}
+
+    def letter(row: SavedTensor) -> str:
+        if row.is_parameter:
+            return "param"
+        n = letters.setdefault(row.storage_id, len(letters))
+        return chr(65 + n % 26) + (str(n // 26) if n >= 26 else "")
+
+    cells = [(r.node.removesuffix("0").removesuffix("Backward"), r.name, str(r.shape),
+              str(r.dtype).removeprefix("torch."), f"{r.nbytes:,d}", letter(r)) for r in rows]
+    head = ("kept by", "slot", "shape", "dtype", "bytes", "storage")
+    widths = [max(len(c[i]) for c in [head, *cells]) for i in range(6)]
+    return "\n".join(f"{c[0]:{widths[0]}s}  {c[1]:{widths[1]}s}  {c[2]:{widths[2]}s}  "
+                     f"{c[3]:{widths[3]}s}  {c[4]:>{widths[4]}s}  {c[5]}" for c in [head, *cells])
+
+
 # --------------------------------------------------------------------------- one training step
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")

@@ -91,6 +91,29 @@ def test_foreach_adamw_scratch_is_one_copy_of_v():
     assert engine.predict_moments(cfg, 1, foreach=True)["optimizer"].transient > per_tensor
 
 
+
+def test_foreach_master_weight_adamw_scratch_is_one_copy_of_the_fp32_v():
+    """Mixed precision with foreach=True: the optimizer step's scratch is sqrt(v) of every fp32
+    master weight at once; measured at batch 1, where that step is the peak."""
+    from course_lib.mixed_precision import MasterWeightAdamW
+    from course_lib.training import train
+
+    cfg = GPTConfig(vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=2)
+    totals = {}
+    for foreach in (False, True):
+        torch.manual_seed(0)
+        model = GPT(cfg).to(torch.bfloat16)
+        opt = MasterWeightAdamW(model.parameters(), lr=1e-3, foreach=foreach)
+        x, y = random_tokens(cfg, 1)
+        measured = step_setup.measure_steady_step(
+            model, opt, lambda m=model, o=opt, x=x, y=y: train(m, o, [(x, y)], micro_batch_size=1))
+        predicted = engine.predict_step_memory(cfg, 1, precision="bf16-mixed", foreach=foreach)
+        assert abs(predicted.total - measured) <= 16, (foreach, predicted, measured)
+        totals[foreach] = predicted
+    assert totals[True].moment.startswith("optimizer")
+    v = 4 * sum(param_numels(cfg))
+    assert totals[True].transient - totals[False].transient >= v // 2
+
 # --------------------------------------------------------------------------- every precision
 
 PRECISION_CASES = [("explicit", 0.0, "none"), ("sdpa", 0.0, "none"), ("explicit", 0.1, "none"),

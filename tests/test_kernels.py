@@ -96,3 +96,25 @@ def test_live_gpu_kernel_is_the_one_pytorch_picks(dropout):
     for dtype in {F32, pick_dtype("cuda")}:
         assert kernels.sdpa_kernel(cfg, dtype, live_gpu()) == kernels.detect_sdpa_kernel(
             cfg, dtype, 2, 128), dtype
+
+
+def _adamw_picks_foreach(params) -> bool:
+    """What torch.optim decides for an AdamW left at its default (``foreach=None``)."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    return _default_to_fused_or_foreach(params, differentiable=False)[1]
+
+
+def test_adamw_default_implementation_per_device():
+    assert kernels.adamw_foreach(None) is False and kernels.adamw_foreach("cpu") is False
+    assert all(kernels.adamw_foreach(gpu) is True for gpu in GPUS)
+    assert kernels.adamw_foreach(None) == _adamw_picks_foreach([torch.zeros(3)])
+    with pytest.raises(ValueError, match="gpu"):
+        kernels.adamw_foreach("P100")
+
+
+@pytest.mark.gpu
+def test_adamw_default_implementation_on_the_live_gpu():
+    from course_lib.device import live_gpu
+
+    assert kernels.adamw_foreach(live_gpu()) == _adamw_picks_foreach([torch.zeros(3, device="cuda")])

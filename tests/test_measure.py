@@ -14,6 +14,7 @@ from course_lib.measure import (
     peak_memory,
     resident_bytes,
     saved_bytes,
+    saved_table,
     saved_tensors,
     step_breakdown,
     training_step,
@@ -177,6 +178,22 @@ def test_saved_tensors_of_a_small_mlp_row_by_row():
     second = next(r for r in rows if r.op == "addmm" and r.shape == (5, 32))
     assert relu.storage_id == second.storage_id
     assert saved_bytes(out, model.parameters()) == (5 * 16 + 5 * 32 + 5 * 8 + 5 * 8) * 4
+
+
+def test_saved_table_lists_rows_in_forward_order_with_a_letter_per_storage():
+    model = _mlp()
+    out = model(torch.randn(5, 16))
+    lines = saved_table(out, model.parameters()).splitlines()
+    assert lines[0].split() == ["kept", "by", "slot", "shape", "dtype", "bytes", "storage"]
+    rows = [line.split() for line in lines[1:]]
+    assert [(r[0], r[1], r[-1]) for r in rows] == [
+        ("Addmm", "mat1", "A"), ("Relu", "result", "B"), ("Addmm", "mat1", "B"),
+        ("Gelu", "self", "C"), ("Addmm", "mat1", "D")]  # GELU keeps its input, not its output
+    assert rows[0][-2] == f"{5 * 16 * 4:,}"
+    with_params = saved_table(out, model.parameters(), parameters=True).splitlines()
+    assert len(with_params) == len(lines) + 2 and sum("param" in x for x in with_params) == 2
+    with pytest.raises(ValueError, match="parameters"):
+        saved_table(out, parameters=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
