@@ -95,14 +95,15 @@ class GPTConfig:
     bias: bool = True
 
     def __post_init__(self):
-        for name, maximum in CONFIG_MAXIMUM.items():
-            positive_int(name, getattr(self, name), maximum=maximum)
+        for name, maximum in CONFIG_MAXIMUM.items():  # kept as what validation returns: an
+            # int, so that torch.tensor(2) or numpy.int64(2) cannot ride along into the sums
+            object.__setattr__(self, name, positive_int(name, getattr(self, name),
+                                                        maximum=maximum))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model must be divisible by n_heads, got d_model={self.d_model}, "
                              f"n_heads={self.n_heads}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float):
-            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
-        number("dropout", self.dropout, minimum=0.0, below=1.0)
+        object.__setattr__(self, "dropout", number("dropout", self.dropout, minimum=0.0,
+                                                   below=1.0))
         choice("attention", self.attention, ATTENTION_KINDS)
         boolean("bias", self.bias)
 
@@ -286,22 +287,57 @@ class GPT(nn.Module):
             ``(logits, loss)`` with ``loss`` a scalar tensor.
 
         Raises:
-            ValueError: if ``idx`` is not a 2-D tensor of token ids, or T exceeds
-                ``config.seq_len``.
+            ValueError: if ``idx`` is not a non-empty 2-D int64 (or int32) tensor of ids in
+                ``[0, vocab_size)``, T exceeds ``config.seq_len``, or ``targets`` are not int64
+                ids of ``idx``'s shape (``ignore_index`` allowed).
         """
-        T = tensor("idx", idx, integral=True, dim=2).size(1)
+        B, T = tensor("idx", idx, integral=True, dim=2).shape
         if T > self.config.seq_len:
             raise ValueError(f"sequence length {T} exceeds config.seq_len={self.config.seq_len}")
+        if B == 0 or T == 0:  # the mean loss of no tokens would be NaN
+            raise ValueError(f"idx must hold at least one token, got shape {tuple(idx.shape)}")
+        if idx.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"idx must hold int64 (or int32) token ids, got {idx.dtype}")
+        if targets is not None:
+            tensor("targets", targets, integral=True)
+            if targets.shape != idx.shape or targets.dtype != torch.int64:
+                raise ValueError(f"targets must be int64 of idx's shape {tuple(idx.shape)}, got "
+                                 f"{targets.dtype} of shape {tuple(targets.shape)}")
+        vocab = self.config.vocab_size
+        if idx.device.type == "cuda":  # out of range there is a device-side assert, not an error
+            _check_ids(idx, targets, vocab, ignore_index)
         pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        try:
+            x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        except IndexError:
+            _check_ids(idx, None, vocab, ignore_index)
+            raise
         logits = self.lm_head(self.ln_f(self.run_blocks(x)))
         if targets is None:
             return logits
         # The loss in at least fp32 (16-bit logits lose too much in log-softmax), fp64 kept as is.
         wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        loss = F.cross_entropy(wide.view(-1, wide.size(-1)), targets.view(-1),
-                               ignore_index=ignore_index)
+        try:
+            loss = F.cross_entropy(wide.view(-1, wide.size(-1)), targets.view(-1),
+                                   ignore_index=ignore_index)
+        except (IndexError, RuntimeError):
+            _check_ids(idx, targets, vocab, ignore_index)
+            raise
         return logits, loss
+
+
+def _check_ids(idx, targets, vocab: int, ignore_index: int) -> None:
+    """Raise ValueError naming ``idx`` or ``targets`` for a token id outside ``[0, vocab)``
+    (``ignore_index`` allowed among the targets)."""
+    low, high = int(idx.min()), int(idx.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(f"idx must hold token ids in [0, {vocab}), got ids from {low} to {high}")
+    if targets is not None:
+        kept = targets[targets != ignore_index]
+        if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= vocab):
+            raise ValueError(f"targets must hold token ids in [0, {vocab}) or ignore_index "
+                             f"({ignore_index}), got ids from {int(kept.min())} to "
+                             f"{int(kept.max())}")
 
 
 def check_config(config, name: str = "config") -> GPTConfig:

@@ -123,7 +123,10 @@ def number(name: str, value, *, minimum: float | None = None, maximum: float | N
         value = item if isinstance(item, int | float) and not isinstance(item, bool) else value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float's range
+        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     for bound, bad, words in ((minimum, lambda b: value < b, ">="), (maximum, lambda b: value > b,

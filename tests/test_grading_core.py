@@ -45,3 +45,40 @@ def test_lecture_checks_are_registered_and_exported():
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_every_check_has_a_docstring(name):
     assert CHECKS[name].__doc__, f"{name} needs a docstring saying what it expects"
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no message for you")
+
+
+def _exits(x):
+    exit(3)
+
+
+def _unprintable(x):
+    raise _Unprintable()
+
+
+def _surrogate(x):
+    raise ValueError("\ud800")
+
+
+@pytest.mark.parametrize("fn, shown", [(_exits, "SystemExit: 3"),
+                                       (_unprintable, "_Unprintable: <its message could not"),
+                                       (_surrogate, "ValueError: \\ud800")])
+def test_no_learner_exception_escapes_a_check(capsys, fn, shown):
+    assert check_double(fn) is False
+    out = capsys.readouterr().out
+    assert shown in out and "✗ double" in out
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_every_course_check_keeps_exit_and_a_broken_exception_inside(name, capsys):
+    """All the course's checks: a learner function that calls exit() or raises an exception
+    whose __str__ fails gets a False, never an exception out of the check."""
+    def hostile(*args, **kwargs):
+        raise _Unprintable()
+
+    for fn in (_exits, hostile):
+        assert CHECKS[name](fn, quiet=True) is False

@@ -104,3 +104,32 @@ def test_forward_rejects_what_is_not_a_batch_of_token_ids(idx, match):
     config = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=1)
     with pytest.raises(ValueError, match=match):
         GPT(config)(idx)
+
+
+def test_config_keeps_plain_ints_whatever_int_it_was_given():
+    import numpy as np
+
+    cfg = GPTConfig(n_layers=torch.tensor(2), d_model=np.int64(64), dropout=np.float32(0.5))
+    assert type(cfg.n_layers) is int and type(cfg.d_model) is int and type(cfg.dropout) is float
+    assert cfg == GPTConfig(n_layers=2, dropout=0.5)
+
+
+@pytest.mark.parametrize("idx, targets, match", [
+    (torch.zeros(0, 4, dtype=torch.long), None, "at least one token"),
+    (torch.zeros(2, 4, dtype=torch.uint8), None, "int64"),
+    (torch.full((2, 4), 256), None, r"idx must hold token ids in \[0, 256\)"),
+    (torch.full((2, 4), -1), None, "from -1"),
+    (torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long), "targets must"),
+    (torch.zeros(2, 4, dtype=torch.long), torch.full((2, 4), 300), "targets must hold token"),
+])
+def test_forward_refuses_ids_it_cannot_embed_or_score(idx, targets, match):
+    model = GPT(GPTConfig(vocab_size=256, seq_len=8, d_model=16, n_heads=2, n_layers=1))
+    with pytest.raises(ValueError, match=match):
+        model(idx, targets)
+
+
+def test_ignore_index_targets_are_still_accepted():
+    model = GPT(GPTConfig(vocab_size=256, seq_len=8, d_model=16, n_heads=2, n_layers=1))
+    targets = torch.zeros(2, 4, dtype=torch.long)
+    targets[0, 0] = -100
+    assert torch.isfinite(model(torch.zeros(2, 4, dtype=torch.long), targets)[1])

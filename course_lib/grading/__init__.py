@@ -79,6 +79,25 @@ def expect(condition: bool, message: str, *, hint: str | None = None) -> None:
         raise CheckFailed(message, hint)
 
 
+def _describe(exc: BaseException) -> str:
+    """``Type: message (line N of f)`` for an exception from a learner's code, whatever its
+    ``__str__`` does (raises, returns a non-str, holds text a terminal cannot print)."""
+    try:
+        message = str(exc)
+    except BaseException:  # noqa: BLE001 - a hostile __str__
+        message = "<its message could not be read>"
+    if not isinstance(message, str):
+        message = "<its message is not text>"
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")[:500]
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    try:
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        text += f" (line {where.lineno} of {where.name})"
+    except (IndexError, TypeError, AttributeError):
+        pass
+    return text
+
+
 def _is_todo(exc: BaseException) -> bool:
     # The generated stubs raise NotImplementedError; a learner's helper that
     # forgot a return is a different failure and gets a different message.
@@ -122,14 +141,15 @@ def grader(body: Callable[..., None]) -> Callable[..., bool]:
             hint = f" Hint: {exc.hint}" if exc.hint else ""
             say(f"{FAIL} {name}: {exc.message}.{hint}")
             return False
-        except Exception as exc:  # the learner's code may raise anything
+        except KeyboardInterrupt:  # the learner stopping the cell, not an answer
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the learner's code may raise anything,
+            # exit() (SystemExit) included: a check reports it and never lets it out
             if _is_todo(exc):
                 say(f"{TODO} {name}: not done yet (replace the `raise NotImplementedError` "
                     "in the exercise cell with your code, run it, then run this cell).")
                 return False
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            say(f"{FAIL} {name}: your code raised {type(exc).__name__}: {exc} "
-                f"(line {where.lineno} of {where.name}).")
+            say(f"{FAIL} {name}: your code raised {_describe(exc)}.")
             return False
         say(f"{PASS} {name}: passed.")
         return True
