@@ -31,7 +31,7 @@ lecture named:
 ``step_setup``         02-08: the real model and optimizer a prediction is for; its measured step
 ``activation_views``   02: lecture 02's figures and its out-of-memory widget
 ``playground``         03: the accumulation playground; one step's cost, memory and time
-``step_views``         03: the trade-off explorer and the step-through of one step
+``step_views``         03: the trade-off explorer, the step-through of one step, the playground view
 ``policies``           05: op-level selective-checkpointing policies and their cost
 ``planner``            05: the cheapest checkpointing policy that fits a memory budget
 ``fit``                06: the largest GPT, or the largest batch, that trains within a budget

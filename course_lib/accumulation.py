@@ -351,3 +351,80 @@ def pad_to_lengths(inputs: torch.Tensor, targets: torch.Tensor, lengths, *, pad_
     lengths = torch.tensor(lengths, device=inputs.device, dtype=torch.long)
     pad = torch.arange(T, device=inputs.device)[None, :] >= lengths[:, None]
     return inputs.masked_fill(pad, pad_token), targets.masked_fill(pad, ignore_index)
+
+
+def weight_gap(a: nn.Module, b: nn.Module) -> float:
+    """``max |w_a - w_b|`` over the parameters of two models of the same architecture.
+
+    How far two training runs that started from the same weights ended apart: lecture 03
+    compares accumulated with big-batch training with it.
+
+    Args:
+        a (torch.nn.Module): a model.
+        b (torch.nn.Module): a model with parameters of the same names and shapes.
+
+    Returns:
+        float: the largest absolute difference of any weight, computed in fp64.
+
+    Raises:
+        ValueError: naming ``a`` or ``b`` (not an ``nn.Module`` with parameters), or when their
+            parameters' names or shapes differ.
+
+    Example::
+
+        weight_gap(model, model)  # 0.0
+    """
+    named = {}
+    for name, model in (("a", a), ("b", b)):
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"{name} must be a torch.nn.Module, got {type(model).__name__}")
+        named[name] = {n: p.detach() for n, p in model.named_parameters()}
+        if not named[name]:
+            raise ValueError(f"{name} must have parameters, got none")
+    shapes = [{n: tuple(p.shape) for n, p in named[k].items()} for k in ("a", "b")]
+    if shapes[0] != shapes[1]:
+        raise ValueError("a and b must have parameters of the same names and shapes")
+    return max_abs_difference(named["a"], named["b"])
+
+
+#: The ``GradScaler`` methods :func:`count_scaler_calls` counts.
+SCALER_METHODS = ("scale", "unscale_", "step", "update")
+
+
+def count_scaler_calls(scaler) -> dict[str, int]:
+    """Count, from now on, how often a training loop calls ``scaler``'s methods.
+
+    The methods of :data:`SCALER_METHODS` of this one ``torch.amp.GradScaler`` are wrapped (in
+    place, on the instance) so that each call adds one to its entry of the returned dict. With
+    accumulation a right loop scales every micro-batch's loss and unscales, steps and updates
+    once per effective batch (PyTorch's AMP examples, "Gradient accumulation").
+
+    Args:
+        scaler: a ``torch.amp.GradScaler`` (anything with the four methods).
+
+    Returns:
+        dict: method name -> calls so far, updated as the loop runs.
+
+    Raises:
+        ValueError: naming ``scaler``, when it lacks one of the methods.
+
+    Example::
+
+        calls = count_scaler_calls(scaler)
+        train(model, opt, batches, micro_batch_size=4, accumulation_steps=4, grad_scaler=scaler)
+        calls  # {'scale': 12, 'unscale_': 3, 'step': 3, 'update': 3} for 3 steps of K = 4
+    """
+    missing = [m for m in SCALER_METHODS if not callable(getattr(scaler, m, None))]
+    if missing:
+        raise ValueError(f"scaler must be a GradScaler (with {', '.join(SCALER_METHODS)}), "
+                         f"got {type(scaler).__name__} without {', '.join(missing)}")
+    calls = dict.fromkeys(SCALER_METHODS, 0)
+    for name in SCALER_METHODS:
+        method = getattr(scaler, name)
+
+        def counted(*args, _name=name, _method=method, **kwargs):
+            calls[_name] += 1
+            return _method(*args, **kwargs)
+
+        setattr(scaler, name, counted)
+    return calls

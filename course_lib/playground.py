@@ -39,11 +39,20 @@ from .kernels import attention_kernel
 from .measure import peak_memory, resident_bytes
 from .models import GPT, MAX_SEED, GPTConfig, check_config, gpt_param_count
 from .step_setup import build, measure_step_memory, train_options
-from .timing import step_times
+from .timing import CLOCKS, step_times
 from .toy_data import markov_tokens
 from .training import batches_of, make_grad_scaler, train
 from .units import dtype_bytes
-from .validation import MAX_BATCH, MAX_COUNT, boolean, function, integer, number, positive_int
+from .validation import (
+    MAX_BATCH,
+    MAX_COUNT,
+    boolean,
+    choice,
+    function,
+    integer,
+    number,
+    positive_int,
+)
 from .validation import device as as_device
 
 #: The most samples a playground trains on, and the largest micro-batch and accumulation
@@ -285,12 +294,16 @@ class Playground:
 #: is the same for every block, so that counting the ops of a 1- and 2-layer model suffices).
 CHECKPOINTING = ("none", "blocks", "selective", "attention")
 #: Fraction of the datasheet's peak FLOP/s that a training step's matmuls reach on a GPU
-#: preset: model FLOPs utilisation of 46 % (PaLM 540B on TPU v4, Chowdhery et al. 2022) and
-#: 52 % (GPT-3-style 175B on A100s, Narayanan et al. 2021) are among the best published.
+#: preset. An assumption, not a measurement: model FLOPs utilisation of 46.2 % (PaLM 540B on
+#: TPU v4, Chowdhery et al. 2022, "PaLM") and 52 % of the A100's peak (a 175B GPT on 3072
+#: A100s, Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+#: Using Megatron-LM") are among the best published. On this kernel's device the rate is
+#: measured instead (:func:`measure_device_speed`).
 UTILISATION = 0.5
-#: Seconds each operator costs on a GPU whatever its size: PyTorch's eager dispatch on the
-#: CPU plus the kernel launch, of the order of 10 microseconds (an assumption for the
-#: presets; :func:`measure_device_speed` measures it on this kernel's device).
+#: Seconds each operator costs on a GPU whatever its size. An assumption for the presets, not a
+#: measurement: PyTorch's eager dispatch on the CPU plus one kernel launch, which alone costs a
+#: few microseconds (NVIDIA, "Getting Started with CUDA Graphs", 2019), of the order of 10
+#: microseconds together. :func:`measure_device_speed` measures it on this kernel's device.
 OP_SECONDS = 10e-6
 
 
@@ -675,9 +688,9 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
                     speed=speed, utilisation=float(utilisation))
 
 
-def _best_seconds(fn, repeats: int, device: torch.device) -> float:
-    """The fastest wall-clock seconds of ``repeats`` timed calls of ``fn`` (after one warm-up)."""
-    return step_times({"fn": fn}, repeats=repeats, device=device).best("wall")["fn"]
+def _best_seconds(fn, repeats: int, device: torch.device, clock: str = "wall") -> float:
+    """The fastest seconds of ``repeats`` timed calls of ``fn`` (after one warm-up), on ``clock``."""
+    return step_times({"fn": fn}, repeats=repeats, device=device).best(clock)["fn"]
 
 
 def measure_device_speed(device: torch.device | str = "cpu", *, matmul_size: int | None = None,
@@ -754,14 +767,17 @@ class MeasuredStep:
 
 def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
                       checkpointing: str = "none", precision: str = "fp32",
-                      device: torch.device | str = "cpu", steps: int = 3) -> MeasuredStep:
+                      device: torch.device | str = "cpu", steps: int = 3,
+                      clock: str = "wall") -> MeasuredStep:
     """Run the setting of :func:`optimizer_step_cost` on ``device`` and measure it.
 
     Memory: :func:`course_lib.step_setup.measure_step_memory` (resident bytes plus the measured
     peak of a steady-state step: the CUDA allocator on CUDA, the live-tensor tracker
     elsewhere). Time: the fastest of ``steps`` optimizer steps of
     :func:`course_lib.training.train` after one warm-up step, on the model and optimizer of
-    :func:`course_lib.step_setup.build` (synchronised on CUDA).
+    :func:`course_lib.step_setup.build` (synchronised on CUDA), on ``clock``: the wall clock,
+    or with ``"auto"`` this process's CPU time on the CPU (which other work on the machine
+    disturbs less) and the wall clock on a GPU.
 
     Args:
         config (GPTConfig): the model.
@@ -771,6 +787,7 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
         precision (str): one of :data:`course_lib.memory.PRECISIONS`.
         device (str or torch.device): where it runs.
         steps (int): timed steps, a positive int.
+        clock (str): one of :data:`course_lib.timing.CLOCKS` (see above).
 
     Returns:
         MeasuredStep: peak bytes and seconds.
@@ -782,6 +799,7 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
     b = positive_int("micro_batch_size", micro_batch_size)
     K = positive_int("accumulation_steps", accumulation_steps)
     positive_int("steps", steps)
+    choice("clock", clock, CLOCKS)
     _check_choices(checkpointing, precision)
     device = torch.device(device)
     peak = measure_step_memory(config, b, K, precision=precision, mode=checkpointing,
@@ -790,5 +808,6 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
     options = train_options(precision, device)
     x, y = markov_tokens(b * K, config.seq_len, config.vocab_size, device=device)
     seconds = _best_seconds(lambda: train(model, optimizer, [(x, y)], micro_batch_size=b,
-                                          accumulation_steps=K, **options), steps, device)
+                                          accumulation_steps=K, **options), steps, device,
+                            clock)
     return MeasuredStep(peak, seconds, str(device))

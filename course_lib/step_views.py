@@ -1,20 +1,26 @@
-"""03: two views of one optimizer step with gradient accumulation.
+"""03: the widgets of lecture 03, each a thin view over one back end.
 
-* :func:`tradeoff_explorer`: the step's cost at a glance. Micro-batch ``b``,
-  accumulation steps ``K`` and checkpointing set two pairs of bars, **peak memory**
-  and **time per optimizer step**, each against the plain step (one batch of
-  ``b K``, no checkpointing), for a model and a GPU preset or this kernel's device:
-  :func:`course_lib.playground.optimizer_step_cost` predicts both, and a button
+* :func:`tradeoff_explorer`: one optimizer step's two costs at a glance. A model, a card, a
+  precision, the micro-batch ``b`` and the accumulation steps ``K`` set two panels, each
+  comparing ``K`` micro-batches of ``b`` with one batch of ``b K`` in one pass (the step that
+  accumulation replaces): the **peak memory** in bytes, against the card's memory as PyTorch
+  reports it (:data:`course_lib.device.GPUS`' ``total_memory``, nvidia-smi's figure beside it; a
+  live card's free memory), with the verdict, fits or does not fit; and the **time per
+  optimizer step**. :func:`course_lib.playground.optimizer_step_cost` predicts both, and a button
   measures the setting on this device (:func:`course_lib.playground.measure_step_cost`).
 * :func:`step_through`: one optimizer step of ``K`` micro-batches, frame by frame (an
-  ``ipywidgets.Play`` and a slider), with the training loop beside it and its current
-  line highlighted: the gradient buffer fills micro-batch by micro-batch (the real
-  gradient norms of a recorded run, :func:`record_accumulation_step`), the weights move
-  only at ``optimizer.step()``, ``zero_grad`` empties the buffer. Two wrong loops show
-  where their gradient goes wrong.
+  ``ipywidgets.Play`` and a slider), with the training loop above the figure and its current
+  line highlighted: the gradient buffer fills micro-batch by micro-batch (the real gradient
+  norms of a recorded run, :func:`record_accumulation_step`), the weights move only at
+  ``optimizer.step()``, ``zero_grad`` empties the buffer. Two wrong loops show where their
+  gradient goes wrong.
+* :func:`playground_view`: the sliders of a :class:`course_lib.playground.Playground`, its loss
+  curves against the samples seen, and one step's peak memory, predicted and measured.
 
-Both draw with :func:`course_lib.widgets.live_plot`'s ``setup``/``draw`` pair: the axes,
-bars and texts are made once, and a change only sets their heights and texts.
+All draw with :func:`course_lib.widgets.live_plot`'s ``setup``/``draw`` pair: the axes, bars and
+texts are made once, and a change only sets their heights and texts. Figures are at most 8.6
+inches wide and their text at least 8 points, so that they read without scaling at 1280-1440
+pixels with JupyterLab's sidebar open.
 """
 
 from __future__ import annotations
@@ -27,60 +33,185 @@ from dataclasses import dataclass
 
 import ipywidgets as widgets
 import torch
+from matplotlib.collections import LineCollection
+from matplotlib.ticker import FuncFormatter
 
 from .device import GPUS, resolve_gpu
+from .engine import predict_step_memory
 from .memory import mixed_precision_for
 from .models import GPTConfig, check_config
 from .playground import (
     DeviceSpeed,
     MeasuredStep,
+    Playground,
     StepCost,
     measure_step_cost,
     optimizer_step_cost,
     step_ops,
 )
-from .units import format_bytes
-from .validation import positive_int
-from .widgets import live_plot
+from .toy_data import markov_entropy
+from .units import GiB, KiB, MiB, format_bytes
+from .validation import boolean, number, positive_int
+from .widgets import live_plot, nice_ceiling
+
+# --------------------------------------------------------------------------- shared
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as people read them: ``"850 µs"``, ``"742 ms"``, ``"1.86 s"``, ``"31.0 min"``.
+
+    Three significant digits up to a minute; minutes with one decimal up to an hour, hours
+    beyond.
+
+    Args:
+        seconds (float): a finite number of seconds, at least 0.
+
+    Returns:
+        str: the duration with its unit.
+
+    Raises:
+        ValueError: naming ``seconds``, for a negative or non-finite value.
+
+    Example:
+        >>> format_duration(1860.0), format_duration(0.0421)
+        ('31.0 min', '42.1 ms')
+    """
+    seconds = number("seconds", seconds, minimum=0.0)
+    if seconds / 60 >= 59.95:  # what would print as "60.0 min"
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 59.95:  # what would print as "60.0 s"
+        return f"{seconds / 60:.1f} min"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        value = seconds / scale
+        if value >= 0.9995 or unit == "µs":  # 0.9995 prints as "1.00", not "1000" below
+            digits = 0 if value >= 99.95 else 1 if value >= 9.995 else 2
+            return f"{value:.{digits}f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _duration_tick(seconds: float, _=None) -> str:
+    """A time axis's tick: :func:`format_duration` without trailing zeros (``"2 s"``, ``"0"``)."""
+    if seconds <= 0:
+        return "0"
+    value, unit = format_duration(seconds).split(" ")
+    return f"{value.rstrip('0').rstrip('.') if '.' in value else value} {unit}"
+
+
+def _byte_unit(n: float) -> tuple[int, str]:
+    """The binary unit a memory axis up to ``n`` bytes is labelled in."""
+    for size, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if n >= size:
+            return size, name
+    return 1, "bytes"
+
+
+def _animate(artists: dict, *names: str) -> None:
+    """Mark the artists a draw function changes: drawn over the still picture of the rest."""
+    for name in names:
+        items = artists[name]
+        for item in items if isinstance(items, (list, tuple)) or hasattr(items, "patches") else [items]:
+            for artist in getattr(item, "patches", [item]):
+                artist.set_animated(True)
+
+
+def _on_top(text, x: float, value: float, top: float, words: str) -> None:
+    """A number over a bar; for a bar above the panel, boxed inside its top, with an arrow."""
+    over = value > top * 0.88
+    text.set_position((x, top * 0.96 if over else value))
+    text.set_verticalalignment("top" if over else "bottom")
+    text.set_bbox(dict(boxstyle="round,pad=0.25", fc="white", ec="0.6", lw=0.6) if over else None)
+    text.set_text(("↑ " if over else "") + words)
+
 
 # --------------------------------------------------------------------------- the trade-off
 
-#: The checkpointing choices the explorer offers: label -> mode of course_lib.checkpointing.
+#: The checkpointing choices the explorer offers when asked to (lecture 04 teaches them):
+#: label -> mode of :mod:`course_lib.checkpointing`.
 CHECKPOINT_CHOICES = {"none": "none", "every block": "blocks", "selective": "selective"}
 #: Longest a measurement may be predicted to take on this device before the button declines.
 MEASURE_LIMIT_SECONDS = 20.0
+#: The micro-batch sizes and accumulation steps the explorer's sliders offer.
+SIZES = (1, 2, 4, 8, 16, 32, 64)
 _PARTS = (("compute", "compute_seconds", "#4c72b0"), ("operators", "overhead_seconds", "#dd8452"),
           ("optimizer", "optimizer_seconds", "#8c8c8c"))
+_FITS, _TOO_BIG, _NO_LIMIT = "#55a868", "#c44e52", "#8c8c8c"
 
 
 @dataclass(frozen=True)
 class Tradeoff:
-    """The explorer's numbers for one setting: this step, the plain step, and the card's memory.
+    """The explorer's numbers for one setting: this step, the one-batch step, and the card.
 
     Attributes:
-        step (StepCost): the setting's predicted cost.
-        plain (StepCost): the same batch ``b K`` in one pass, no checkpointing.
-        precision (str): the precision both use (``"mixed"`` resolved to the device's).
-        capacity (int or None): bytes of the GPU (free bytes for a live card; None: the CPU, no
-            line drawn).
+        step (StepCost): the setting's predicted cost: ``K`` micro-batches of ``b``.
+        plain (StepCost): one batch of ``b K`` in one pass, no checkpointing.
+        precision (str): the precision both use (``"mixed"`` resolved to the card's).
+        target (str): where it runs: a preset's name, a live card's, or ``"the CPU"``.
+        capacity (int or None): the bytes a step may use: a preset's ``total_memory`` (what
+            PyTorch reports), a live card's free memory; None on the CPU (no limit drawn).
+        smi_memory (int or None): nvidia-smi's total for a preset (drawn beside ``capacity``), a
+            live card's total memory; None on the CPU.
+        live (bool): whether ``capacity`` is this kernel's GPU's free memory.
     """
 
     step: StepCost
     plain: StepCost
     precision: str
-    capacity: int | None
+    target: str = "the CPU"
+    capacity: int | None = None
+    smi_memory: int | None = None
+    live: bool = False
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the step's predicted peak is within ``capacity`` (None on the CPU)."""
+        return None if self.capacity is None else self.step.peak_bytes <= self.capacity
+
+    @property
+    def plain_fits(self) -> bool | None:
+        """Whether the one-batch step's predicted peak is within ``capacity`` (None on the CPU)."""
+        return None if self.capacity is None else self.plain.peak_bytes <= self.capacity
+
+    def capacity_label(self) -> str:
+        """The capacity line's label: PyTorch's figure, then nvidia-smi's (or the live total).
+
+        Returns:
+            str: two lines, or ``""`` on the CPU.
+        """
+        if self.capacity is None:
+            return ""
+        if self.live:
+            return (f"{self.target}: {format_bytes(self.capacity)} free\n"
+                    f"(of {format_bytes(self.smi_memory)})")
+        smi = f"\n(nvidia-smi: {format_bytes(self.smi_memory)})" if self.smi_memory else ""
+        return f"{self.target}: {format_bytes(self.capacity)}{smi}"
+
+    def verdict(self) -> str:
+        """One line: does each step fit, in words.
+
+        Returns:
+            str: the accumulated step's verdict, then the one batch's.
+        """
+        b, K, B = (self.step.micro_batch_size, self.step.accumulation_steps,
+                   self.step.effective_batch)
+        if self.capacity is None:
+            return f"on the CPU no memory limit is drawn (host memory): {B} sequences per step"
+        where = f"in the {self.target}'s {format_bytes(self.capacity)}" + (
+            " free" if self.live else "")
+        word = {True: "fits", False: "does not fit"}
+        return (f"{K} micro-batch{'es' if K > 1 else ''} of {b}: {word[self.fits]} {where};  "
+                f"one batch of {B}: {word[self.plain_fits]}")
 
 
 def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
              checkpointing: str = "none", precision: str = "fp32", gpu=None,
              speed: DeviceSpeed | None = None) -> Tradeoff:
-    """This step and the plain one (a batch of ``b K`` in one pass, no checkpointing), predicted.
+    """This step and the one-batch step (``b K`` in one pass, no checkpointing), predicted.
 
     Args:
         config (GPTConfig): the model.
         micro_batch_size (int): b, sequences per pass.
         accumulation_steps (int): K, micro-batches per optimizer step.
-        checkpointing (str): one of :data:`course_lib.playground.CHECKPOINTING`.
+        checkpointing (str): one of :data:`course_lib.playground.CHECKPOINTING` (lecture 04).
         precision (str): "fp32" or "mixed" (the device's:
             :func:`course_lib.memory.mixed_precision_for`) or any of
             :data:`course_lib.engine.PRECISIONS`.
@@ -89,7 +220,7 @@ def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, 
         speed (DeviceSpeed, optional): as :func:`course_lib.playground.optimizer_step_cost`.
 
     Returns:
-        Tradeoff: both steps' costs and the card's capacity in bytes.
+        Tradeoff: both steps' costs and the card's memory in bytes.
 
     Raises:
         ValueError: naming the argument, as :func:`course_lib.playground.optimizer_step_cost`.
@@ -100,51 +231,129 @@ def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, 
     step = optimizer_step_cost(config, micro_batch_size, accumulation_steps,
                                checkpointing=checkpointing, **kw)
     plain = optimizer_step_cost(config, micro_batch_size * accumulation_steps, 1, **kw)
-    return Tradeoff(step, plain, resolved, None if card is None else
-                    (card.free_memory if card.live else card.total_memory))
+    if card is None:
+        return Tradeoff(step, plain, resolved)
+    if card.live:
+        return Tradeoff(step, plain, resolved, card.name, card.free_memory, card.total_memory,
+                        True)
+    return Tradeoff(step, plain, resolved, card.name, card.total_memory, card.smi_memory)
 
 
-#: The y range of the two panels, in multiples of the plain step: fixed, so that only the bars
-#: and numbers are redrawn (a bar above the range is cut, its number says how far it goes).
-MEMORY_RANGE, TIME_RANGE = 1.6, 4.0
+def memory_top(config: GPTConfig, t: Tradeoff, largest: int = max(SIZES)) -> int:
+    """The top of the memory panel, in bytes: fixed for a card, a model and a precision.
+
+    On a card, a quarter above its capacity, so the capacity line stays put and a step that
+    does not fit shows as a bar through it; on the CPU, above one batch of ``largest``
+    sequences, the largest micro-batch the sliders offer. It does not depend on ``K``: a step
+    whose memory does not change with ``K`` keeps its bar's height when ``K`` moves.
+
+    Args:
+        config (GPTConfig): the model of ``t``.
+        t (Tradeoff): a setting (its precision and card are used).
+        largest (int): the largest micro-batch the view offers, a positive int.
+
+    Returns:
+        int: bytes, a 1, 2 or 5 times a power of ten of the panel's unit.
+
+    Raises:
+        ValueError: naming ``config`` (not a ``GPTConfig``) or ``largest`` (not a positive int).
+    """
+    check_config(config)
+    largest = positive_int("largest", largest)
+    if t.capacity is not None:
+        top = 1.25 * t.capacity
+    else:
+        one = predict_step_memory(config, largest, 1, precision=t.precision)
+        top = 1.15 * one.total
+    unit, _ = _byte_unit(top)
+    return int(nice_ceiling(top / unit) * unit)
 
 
 def _setup_tradeoff(fig, animated: bool = True) -> dict:
     mem, tim = fig.subplots(1, 2)
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.14, top=0.76, wspace=0.22)
+    fig.subplots_adjust(left=0.075, right=0.99, bottom=0.17, top=0.75, wspace=0.28)
     a = {"mem": mem, "time": tim}
-    a["mem_bars"] = mem.bar([0, 1], [1, 1], width=0.6, color=["0.75", "#55a868"])
+    a["mem_bars"] = mem.bar([0, 1], [0, 0], width=0.6, color=[_NO_LIMIT, _NO_LIMIT])
     a["cap"] = mem.axhline(math.nan, color="k", ls="--", lw=1)
-    a["cap_text"] = mem.text(1.45, 0, "", ha="right", va="bottom", fontsize=8)
+    a["cap_text"] = mem.text(2.45, 0, "", ha="right", va="bottom", fontsize=8.5)
+    a["mem_labels"] = [mem.text(i, 0, "", ha="center", va="bottom", fontsize=8.5)
+                       for i in (0, 1)]
+    a["mem_measured"], = mem.plot([1], [math.nan], "k_", ms=34, mew=2.5)
     a["time_bars"] = [tim.bar([0, 1], [0, 0], width=0.6, color=color, label=label)
                       for label, _, color in _PARTS]
-    a["mem_measured"], = mem.plot([1], [math.nan], "k_", ms=40, mew=2.5)
-    a["time_measured"], = tim.plot([1], [math.nan], "k_", ms=40, mew=2.5, label="measured here")
-    a["measured_labels"] = [ax.text(1.32, 0, "", ha="left", va="center", fontsize=7.5)
-                            for ax in (mem, tim)]
-    a["mem_labels"] = [mem.text(i, 0, "", ha="center", va="bottom", fontsize=8) for i in (0, 1)]
-    a["time_labels"] = [tim.text(i, 0, "", ha="center", va="bottom", fontsize=8) for i in (0, 1)]
-    for ax, top, what in ((mem, MEMORY_RANGE, "peak memory of the step"),
-                          (tim, TIME_RANGE, "time per optimizer step")):
-        ax.set(xlim=(-0.5, 1.5), ylim=(0, top), ylabel="x the plain step")
-        ax.set_xticks([0, 1], ["the plain step:\none batch, no checkpointing", "this step"],
-                      fontsize=8)
-        ax.axhline(1, color="0.6", lw=0.8, zorder=0)
-        ax.set_title(what, fontsize=10)
-    tim.legend(loc="upper left", fontsize=7, ncol=2, frameon=False, markerscale=0.3)
-    a["title"] = fig.text(0.5, 0.98, "", ha="center", va="top", fontsize=9.5)
+    a["time_measured"], = tim.plot([1], [math.nan], "k_", ms=34, mew=2.5, label="measured")
+    a["time_labels"] = [tim.text(i, 0, "", ha="center", va="bottom", fontsize=8.5)
+                        for i in (0, 1)]
+    for ax, title in ((mem, "peak memory of one optimizer step"),
+                      (tim, "time per optimizer step (a model)")):
+        ax.set_xlim(-0.5, 2.5)
+        ax.set_xticks([0, 1], ["one batch\nof b K", "K x b\naccumulated"])
+        ax.tick_params(labelsize=8.5)
+        ax.set_title(title, fontsize=10)
+    tim.yaxis.set_major_formatter(FuncFormatter(_duration_tick))
+    tim.legend(loc="upper right", fontsize=8.5, frameon=False, markerscale=0.3)
+    a["title"] = fig.text(0.5, 0.985, "", ha="center", va="top", fontsize=10)
+    a["verdict"] = fig.text(0.5, 0.895, "", ha="center", va="top", fontsize=9.5)
     if animated:
-        _animate(a, "mem_bars", "cap", "cap_text", "time_bars", "mem_measured", "time_measured",
-                 "mem_labels", "time_labels", "measured_labels", "title")
+        _animate(a, "mem_bars", "cap", "cap_text", "mem_labels", "mem_measured", "time_bars",
+                 "time_measured", "time_labels", "title", "verdict")
     return a
 
 
-def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (9.5, 3.6)):
+def _draw_tradeoff(a: dict, t: Tradeoff, measured: MeasuredStep | None, what: str,
+                   top: int) -> None:
+    step, plain = t.step, t.plain
+    b, K, B = step.micro_batch_size, step.accumulation_steps, step.effective_batch
+    ckpt = "" if step.checkpointing == "none" else f", checkpointing {step.checkpointing}"
+    a["title"].set_text(f"{what}\n{K} micro-batch{'es' if K > 1 else ''} of {b}{ckpt} "
+                        f"(= {B} sequences per step) against one batch of {B}")
+    a["verdict"].set_text(t.verdict())
+    a["verdict"].set_color("k" if t.fits is None else _FITS if t.fits else _TOO_BIG)
+    mem, tim = a["mem"], a["time"]
+    unit, name = _byte_unit(top)
+    mem.set_ylim(0, top / unit)
+    mem.set_ylabel(name, fontsize=9)
+    for ax in (mem, tim):
+        ax.set_xticks([0, 1], [f"one batch\nof {B}", f"{K} x {b}\naccumulated"])
+    for i, (cost, fits) in enumerate(((plain, t.plain_fits), (step, t.fits))):
+        bar = a["mem_bars"][i]
+        bar.set_height(min(cost.peak_bytes, top) / unit)
+        bar.set_color(_NO_LIMIT if fits is None else _FITS if fits else _TOO_BIG)
+        extra = (f"\nmeasured {format_bytes(measured.peak_bytes)}" if measured and i else "")
+        _on_top(a["mem_labels"][i], i, cost.peak_bytes / unit, top / unit,
+                format_bytes(cost.peak_bytes) + extra)
+    if t.capacity is None:
+        a["cap"].set_ydata([math.nan] * 2)
+        a["cap_text"].set_text("")
+    else:
+        a["cap"].set_ydata([t.capacity / unit] * 2)
+        a["cap_text"].set_position((2.45, t.capacity / unit))
+        a["cap_text"].set_text(t.capacity_label())
+    a["mem_measured"].set_ydata([min(measured.peak_bytes, top) / unit if measured else math.nan])
+    seconds = [plain.seconds, step.seconds] + ([measured.seconds] if measured else [])
+    time_top = nice_ceiling(1.3 * max(seconds))
+    tim.set_ylim(0, time_top)
+    bottom = [0.0, 0.0]
+    for bars, (_, field, _) in zip(a["time_bars"], _PARTS):
+        for i, (bar, cost) in enumerate(zip(bars, (plain, step))):
+            height = getattr(cost, field)
+            bar.set_y(bottom[i])
+            bar.set_height(height)
+            bottom[i] += height
+    for i, cost in enumerate((plain, step)):
+        ratio = "" if i == 0 else f" (x{step.seconds / plain.seconds:.2f})"
+        extra = f"\nmeasured {format_duration(measured.seconds)}" if measured and i else ""
+        _on_top(a["time_labels"][i], i, cost.seconds, time_top,
+                format_duration(cost.seconds) + ratio + extra)
+    a["time_measured"].set_ydata([measured.seconds if measured else math.nan])
+
+
+def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (8.6, 3.7)):
     """The explorer's picture of one setting as a static ``Figure`` (for a page or a file).
 
     Args:
         t (Tradeoff): what :func:`tradeoff` returned.
-        what (str): the title, what the setting is.
+        what (str): the title's first line: the model, precision and card.
         figsize (tuple): the figure's size in inches.
 
     Returns:
@@ -159,83 +368,33 @@ def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (9.5, 3.6)):
 
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)
-    _draw_tradeoff(_setup_tradeoff(fig, animated=False), t, None, what)
+    top = int(1.25 * t.capacity if t.capacity is not None else
+              1.3 * max(t.step.peak_bytes, t.plain.peak_bytes))
+    unit, _ = _byte_unit(top)
+    top = int(nice_ceiling(top / unit) * unit)
+    _draw_tradeoff(_setup_tradeoff(fig, animated=False), t, None, what, top)
     return fig
-
-
-def _animate(artists: dict, *names: str) -> None:
-    """Mark the artists a draw function changes: drawn over the still picture of the rest."""
-    for name in names:
-        items = artists[name]
-        for item in items if isinstance(items, (list, tuple)) or hasattr(items, "patches") else [items]:
-            for artist in getattr(item, "patches", [item]):
-                artist.set_animated(True)
-
-
-def _label(text, x: float, value: float, top: float, words: str) -> None:
-    """A number over a bar; over the top of the panel, at its top with an arrow."""
-    text.set_position((x, min(value, top * 0.9)))
-    text.set_text(words + (" ↑" if value > top * 0.9 else ""))
-
-
-def _draw_tradeoff(a: dict, t: Tradeoff, measured: MeasuredStep | None, what: str) -> None:
-    step, plain = t.step, t.plain
-    b, K = step.micro_batch_size, step.accumulation_steps
-    checkpointing = "" if step.checkpointing == "none" else f", checkpointing {step.checkpointing}"
-    a["title"].set_text(f"{what}\neffective batch {b} x {K} = {step.effective_batch} sequences: "
-                        f"{K} micro-batch{'es' if K > 1 else ''} of {b}{checkpointing}, "
-                        f"against one batch of {step.effective_batch}")
-    mem_ratio = step.peak_bytes / plain.peak_bytes
-    a["mem_bars"][1].set_height(mem_ratio)
-    for i, n in enumerate((plain.peak_bytes, step.peak_bytes)):
-        _label(a["mem_labels"][i], i, n / plain.peak_bytes, MEMORY_RANGE,
-               format_bytes(n) + ("" if i == 0 else f" (x{mem_ratio:.2f})"))
-    if t.capacity is not None and t.capacity / plain.peak_bytes < MEMORY_RANGE:
-        a["cap"].set_ydata([t.capacity / plain.peak_bytes] * 2)
-        a["cap_text"].set_position((1.45, t.capacity / plain.peak_bytes))
-        a["cap_text"].set_text(f"the GPU: {format_bytes(t.capacity)}")
-    else:
-        a["cap"].set_ydata([math.nan] * 2)
-        a["cap_text"].set_text("" if t.capacity is None else
-                               f"the GPU: {format_bytes(t.capacity)}, above")
-        a["cap_text"].set_position((1.45, MEMORY_RANGE * 0.93))
-    bottom = [0.0, 0.0]
-    for bars, (_, field, _) in zip(a["time_bars"], _PARTS):
-        for i, (bar, cost) in enumerate(zip(bars, (plain, step))):
-            height = getattr(cost, field) / plain.seconds
-            bar.set_y(bottom[i])
-            bar.set_height(height)
-            bottom[i] += height
-    for i, cost in enumerate((plain, step)):
-        ratio = cost.seconds / plain.seconds
-        _label(a["time_labels"][i], i, ratio, TIME_RANGE,
-               _duration(cost.seconds) + ("" if i == 0 else f" (x{ratio:.2f})"))
-    heights = ((measured.peak_bytes / plain.peak_bytes, MEMORY_RANGE, format_bytes(measured.peak_bytes)),
-               (measured.seconds / plain.seconds, TIME_RANGE, _duration(measured.seconds))
-               ) if measured else ((math.nan, 1, ""), (math.nan, 1, ""))
-    for marker, label, (ratio, top, words) in zip((a["mem_measured"], a["time_measured"]),
-                                                  a["measured_labels"], heights):
-        marker.set_ydata([min(ratio, top * 0.97)])
-        label.set_position((1.32, min(ratio, top * 0.97) if measured else 0))
-        label.set_text(f"{words}\nmeasured" if measured else "")
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:,.3g} s" if seconds >= 1 else f"{seconds * 1e3:,.3g} ms"
 
 
 def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
                       device: torch.device | str = "cpu", model: str | None = None,
-                      gpu: str | None = None) -> widgets.VBox:
-    """The one-glance trade-off widget of lecture 03 (see the module doc).
+                      gpu: str | None = None, precision: str = "fp32",
+                      micro_batch_size: int = 4, accumulation_steps: int = 4,
+                      checkpointing: bool = False) -> widgets.VBox:
+    """The trade-off widget of lecture 03 (see the module doc).
 
     Args:
-        models (dict): the model menu, name -> config (the first runs on this device).
+        models (dict): the model menu, name -> config.
         speed (DeviceSpeed): this device's measured speed
             (:func:`course_lib.playground.measure_device_speed`).
-        device (torch.device or str): this kernel's device: "this device" in the GPU menu, and where
-            the button measures.
-        model, gpu: the menus' first values (default: the first model, "this device").
+        device (torch.device or str): this kernel's device: the GPU menu's "(here)" entry, and
+            where the button measures.
+        model, gpu (str, optional): the menus' first values (default: the first model, "here").
+        precision (str): the precision menu's first value, ``"fp32"`` or ``"mixed"``.
+        micro_batch_size, accumulation_steps (int): the sliders' first values, among
+            :data:`SIZES`.
+        checkpointing (bool): offer a checkpointing menu (lecture 04's modes); without it every
+            step runs without checkpointing.
 
     Returns:
         A ``VBox`` with ``view`` (the :func:`course_lib.widgets.live_plot` box), ``button``,
@@ -244,62 +403,77 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
 
     Raises:
         ValueError: for an empty ``models`` or one that maps a name to anything but a
-            ``GPTConfig``, or ``model``/``gpu`` not among the choices.
+            ``GPTConfig``, or a first value that is not among the choices.
     """
     if not isinstance(models, dict) or not models:
         raise ValueError(f"models must map at least one name to a GPTConfig, got {models!r:.80}")
     for name, config in models.items():
         check_config(config, f"models[{name!r}]")
+    boolean("checkpointing", checkpointing)
     device = torch.device(device)
-    here = f"this device ({speed.name})"
-    targets = {here: "cuda" if device.type == "cuda" else None, **{n: n for n in GPUS}}
+    here = speed.name if device.type == "cpu" else f"{speed.name} (here)"
+    targets = {**{n: n for n in GPUS}, here: "cuda" if device.type == "cuda" else None}
     model = next(iter(models)) if model is None else model
     gpu = here if gpu is None else gpu
-    if model not in models:
-        raise ValueError(f"model must be one of {list(models)}, got {model!r}")
-    if gpu not in targets:
-        raise ValueError(f"gpu must be one of {list(targets)}, got {gpu!r}")
-    sizes = [1, 2, 4, 8, 16, 32, 64]
+    for label, value, options in (("model", model, models), ("gpu", gpu, targets),
+                                  ("precision", precision, ("fp32", "mixed")),
+                                  ("micro_batch_size", micro_batch_size, SIZES),
+                                  ("accumulation_steps", accumulation_steps, SIZES)):
+        if value not in options:
+            raise ValueError(f"{label} must be one of {list(options)}, got {value!r}")
+    wide = {"style": {"description_width": "initial"}}
     controls = {
-        "model": widgets.Dropdown(options=list(models), value=model, description="model"),
-        "gpu": widgets.Dropdown(options=list(targets), value=gpu, description="GPU"),
+        "model": widgets.Dropdown(options=list(models), value=model, description="model",
+                                  layout=widgets.Layout(width="300px"), **wide),
+        "gpu": widgets.Dropdown(options=list(targets), value=gpu, description="GPU",
+                                layout=widgets.Layout(width="250px"), **wide),
         "precision": widgets.Dropdown(options=[("fp32", "fp32"), ("16-bit mixed", "mixed")],
-                                      value="fp32", description="precision"),
-        "micro_batch_size": widgets.SelectionSlider(options=sizes, value=4,
-                                                    description="micro-batch"),
-        "accumulation_steps": widgets.SelectionSlider(options=sizes, value=4,
-                                                      description="accum. steps"),
-        "checkpointing": widgets.ToggleButtons(options=list(CHECKPOINT_CHOICES), value="none",
-                                               description="checkpointing"),
+                                      value=precision, description="precision",
+                                      layout=widgets.Layout(width="210px"), **wide),
+        "micro_batch_size": widgets.SelectionSlider(
+            options=list(SIZES), value=micro_batch_size, description="micro-batch b", **wide),
+        "accumulation_steps": widgets.SelectionSlider(
+            options=list(SIZES), value=accumulation_steps, description="accumulation steps K",
+            **wide),
     }
+    if checkpointing:
+        controls["checkpointing"] = widgets.ToggleButtons(
+            options=list(CHECKPOINT_CHOICES), value="none", description="checkpointing", **wide)
     measured: dict[tuple, MeasuredStep] = {}
+    modes = CHECKPOINT_CHOICES.values() if checkpointing else ("none",)
     for config in models.values():  # count the operators of every choice now, not on a change
-        for mode in CHECKPOINT_CHOICES.values():
-            for precision in ("fp32", "fp16-mixed", "bf16-mixed"):
-                step_ops(config, mode, precision)
+        for mode in modes:
+            for name in ("fp32", "fp16-mixed", "bf16-mixed"):
+                step_ops(config, mode, name)
+    tops: dict[tuple, int] = {}
 
     def settings(values: dict) -> tuple[Tradeoff, tuple]:
-        target = targets[values["gpu"]]
         t = tradeoff(models[values["model"]], values["micro_batch_size"],
                      values["accumulation_steps"],
-                     checkpointing=CHECKPOINT_CHOICES[values["checkpointing"]],
-                     precision=values["precision"], gpu=target,
+                     checkpointing=CHECKPOINT_CHOICES[values.get("checkpointing", "none")],
+                     precision=values["precision"], gpu=targets[values["gpu"]],
                      speed=speed if values["gpu"] == here else None)
         key = (values["model"], t.precision, t.step.micro_batch_size,
                t.step.accumulation_steps, t.step.checkpointing)
         return t, key
 
     def draw(artists, model, gpu, precision, micro_batch_size, accumulation_steps,
-             checkpointing):
+             checkpointing="none"):
         values = dict(model=model, gpu=gpu, precision=precision,
                       micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
                       checkpointing=checkpointing)
         t, key = settings(values)
+        scale = (model, gpu, t.precision)  # the memory axis: fixed for a model, card, precision
+        if scale not in tops:
+            tops[scale] = memory_top(models[model], t)
         _draw_tradeoff(artists, t, measured.get(key) if gpu == here else None,
-                       f"{model}, {t.precision}, on {gpu}")
+                       f"{model}, {t.precision}, on {gpu}", tops[scale])
 
-    view = live_plot(draw, controls, setup=_setup_tradeoff, figsize=(9.5, 3.6))
-    button = widgets.Button(description="measure on this device", icon="stopwatch")
+    view = live_plot(draw, controls, setup=_setup_tradeoff, figsize=(8.6, 3.7))
+    button = widgets.Button(description="measure here", icon="stopwatch",
+                            tooltip="run this setting on this kernel's device and draw the "
+                                    "measurement beside the prediction",
+                            layout=widgets.Layout(width="auto"))
     status = widgets.Output()
 
     def measure(_=None) -> None:
@@ -310,18 +484,19 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
         with status:
             need = 8 * t.step.seconds  # two steps for memory (under the tracker), four timed
             if need > MEASURE_LIMIT_SECONDS:
-                print(f"not measured: {values['model']} would take about {need:.0f} s here "
-                      f"(predicted {t.step.seconds:.1f} s per step); choose a smaller model")
+                print(f"not measured: {values['model']} would take about "
+                      f"{format_duration(need)} here (predicted {format_duration(t.step.seconds)}"
+                      f" per step); choose a smaller model")
                 return
             start = time.perf_counter()
             measured[key] = measure_step_cost(
                 models[values["model"]], t.step.micro_batch_size, t.step.accumulation_steps,
                 checkpointing=t.step.checkpointing, precision=t.precision, device=device)
             m = measured[key]
-            print(f"measured on {device}: peak {format_bytes(m.peak_bytes)} (predicted "
-                  f"{format_bytes(t.step.peak_bytes)}), {m.seconds * 1e3:,.1f} ms per step "
-                  f"(predicted {t.step.seconds * 1e3:,.1f} ms), in "
-                  f"{time.perf_counter() - start:.1f} s")
+            print(f"measured here: peak {format_bytes(m.peak_bytes)} (predicted "
+                  f"{format_bytes(t.step.peak_bytes)}), {format_duration(m.seconds)} per step "
+                  f"(predicted {format_duration(t.step.seconds)}); took "
+                  f"{format_duration(time.perf_counter() - start)}")
         view.redraw()
 
     button.on_click(measure)
@@ -336,19 +511,19 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
 #: The loops the step-through shows: mode -> lines of code. Frame lines refer to their roles.
 LOOPS = {
     "right": ["optimizer.zero_grad()",
-              "for x, y in batch.split(micro_batch_size):  # K micro-batches",
-              "    loss = model(x, y)                      # forward",
-              "    (loss / K).backward()                   # .grad += gradient / K",
-              "optimizer.step()                            # the weights move, once",
-              "optimizer.zero_grad()                       # empty the buffer"],
+              "for x, y in batch.split(b):       # K micro-batches",
+              "    loss = model(x, y)            # forward",
+              "    (loss / K).backward()         # .grad += gradient / K",
+              "optimizer.step()                  # the weights move, once",
+              "optimizer.zero_grad()             # empty the buffer"],
     "no / K (bug)": ["optimizer.zero_grad()",
-                     "for x, y in batch.split(micro_batch_size):",
+                     "for x, y in batch.split(b):",
                      "    loss = model(x, y)",
-                     "    loss.backward()                         # BUG: not divided by K",
+                     "    loss.backward()               # BUG: not divided by K",
                      "optimizer.step()",
                      "optimizer.zero_grad()"],
-    "zero_grad in the loop (bug)": ["for x, y in batch.split(micro_batch_size):",
-                                    "    optimizer.zero_grad()                   # BUG: empties the buffer",
+    "zero_grad in the loop (bug)": ["for x, y in batch.split(b):",
+                                    "    optimizer.zero_grad()         # BUG: empties .grad",
                                     "    loss = model(x, y)",
                                     "    (loss / K).backward()",
                                     "optimizer.step()",
@@ -515,14 +690,16 @@ def record_accumulation_step(model: torch.nn.Module, inputs: torch.Tensor, targe
 
 
 def _code_html(mode: str, lines: tuple[int, ...]) -> str:
+    """The loop as HTML: one line per row, never wrapped (a narrow page scrolls it sideways)."""
     rows = []
     for i, text in enumerate(LOOPS[mode]):
         style = "background:#ffe9a8;" if i in lines else ""
         if i == _WRONG_LINE[mode]:
             style += "color:#c0392b;font-weight:bold;"
-        rows.append(f'<div style="{style}padding:0 4px">{html.escape(text) or "&nbsp;"}</div>')
-    return ('<pre style="font-size:11px;line-height:1.6;margin:40px 6px 0 0;border:1px solid #ddd;'
-            'padding:6px">' + "".join(rows) + "</pre>")
+        rows.append(f'<div style="{style}padding:0 6px">{html.escape(text) or "&nbsp;"}</div>')
+    return ('<pre style="font-size:12px;line-height:1.5;margin:4px 0;border:1px solid #ddd;'
+            'padding:4px 0;white-space:pre;overflow-x:auto;max-width:100%">'
+            + "".join(rows) + "</pre>")
 
 
 def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900) -> widgets.VBox:
@@ -534,9 +711,10 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
         interval_ms (int): the Play widget's time per frame.
 
     Returns:
-        A ``VBox``: a Play button and a frame slider (linked in the browser), the loop menu,
-        then the code with its current line highlighted beside the figure; with ``view`` (the
-        :func:`course_lib.widgets.live_plot` box), ``play`` and ``code`` attributes.
+        A ``VBox``: a Play button, a frame slider (linked in the browser) and the loop menu; the
+        code, its current line highlighted, across the page's width; the figure under it. With
+        ``view`` (the :func:`course_lib.widgets.live_plot` box), ``play`` and ``code``
+        attributes.
 
     Raises:
         ValueError: for no recordings, an unknown mode, or recordings of different lengths.
@@ -557,30 +735,33 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
     top_moved = max(max(f.moved) for r in recordings.values() for f in r.frames) or 1.0
 
     def setup(fig):
-        grid = fig.add_gridspec(2, 2, height_ratios=[1, 5], width_ratios=[3, 1.3])
-        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.26, top=0.88, hspace=0.5, wspace=0.3)
+        grid = fig.add_gridspec(2, 2, height_ratios=[1, 5], width_ratios=[2.4, 1])
+        fig.subplots_adjust(left=0.08, right=0.985, bottom=0.3, top=0.87, hspace=0.55,
+                            wspace=0.25)
         strip, ax, wax = (fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]),
                           fig.add_subplot(grid[1, 1]))
         a = {"boxes": strip.bar(range(K), [1] * K, width=0.9, color="0.85")}
         strip.set(xlim=(-0.5, K - 0.5), ylim=(0, 1), yticks=[], xticks=range(K),
                   xticklabels=[f"micro-batch {k + 1}" for k in range(K)])
-        strip.tick_params(length=0, labelsize=8)
-        strip.set_title(f"the batch, split into K = {K} micro-batches", fontsize=9)
+        strip.tick_params(length=0, labelsize=8.5)
+        strip.set_title(f"the batch, split into K = {K} micro-batches", fontsize=9.5)
         x = range(len(groups))
         a["grad"] = ax.bar(x, [0] * len(groups), color="#4c72b0")
         ax.axhline(1, color="k", ls="--", lw=1)
         ax.text(len(groups) - 0.5, 1, "the whole batch's gradient", ha="right", va="bottom",
-                fontsize=7)
+                fontsize=8.5)
         ax.set(ylim=(0, 1.15 * max(top, 1.0)), xticks=x)
-        ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=7)
-        ax.set_ylabel("|.grad| / |whole batch's|", fontsize=8)
-        ax.set_title(".grad: the gradient buffer, per parameter group", fontsize=9)
+        ax.set_xticklabels(groups, rotation=25, ha="right", fontsize=8)
+        ax.tick_params(axis="y", labelsize=8)
+        ax.set_ylabel("|.grad| / |whole batch's|", fontsize=8.5)
+        ax.set_title(".grad: the gradient buffer, per parameter group", fontsize=9.5)
         a["moved"] = wax.bar(x, [0] * len(groups), color="#c44e52")
         wax.set(ylim=(0, 1.2 * top_moved), xticks=x)
-        wax.set_xticklabels(groups, rotation=45, ha="right", fontsize=6)
-        wax.set_title("the weights: |w - w0| / |w0|", fontsize=9)
-        a["caption"] = fig.text(0.5, 0.02, "", ha="center", fontsize=8.5)
-        a["verdict"] = fig.text(0.5, 0.95, "", ha="center", fontsize=9)
+        wax.set_xticklabels(groups, rotation=40, ha="right", fontsize=8)
+        wax.tick_params(axis="y", labelsize=8)
+        wax.set_title("the weights: |w - w0| / |w0|", fontsize=9.5)
+        a["caption"] = fig.text(0.5, 0.015, "", ha="center", fontsize=9)
+        a["verdict"] = fig.text(0.5, 0.955, "", ha="center", fontsize=9.5)
         _animate(a, "boxes", "grad", "moved", "caption", "verdict")
         return a
 
@@ -599,9 +780,139 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
         a["verdict"].set_text(f"at optimizer.step(): |.grad| / |whole batch's| = "
                               f"{min(end):.2f} to {max(end):.2f}")
 
-    view = live_plot(draw, {"frame": frame, "mode": mode}, setup=setup, figsize=(6.6, 4.4))
+    view = live_plot(draw, {"frame": frame, "mode": mode}, setup=setup, figsize=(8.2, 4.0))
     controls_row = view.children[0]
-    box = widgets.VBox([widgets.HBox([play, *controls_row.children]),
-                        widgets.HBox([code, view.image]), view.output])
+    box = widgets.VBox([widgets.HBox([play, *controls_row.children]), code, view.image,
+                        view.output])
     box.view, box.play, box.code = view, play, code
+    return box
+
+
+# --------------------------------------------------------------------------- the playground
+
+
+def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
+                    steps: tuple = (1, 2, 4, 8), micro_batch_size: int = 8,
+                    accumulation_steps: int = 4, checkpointing: bool | None = None
+                    ) -> widgets.VBox:
+    """The playground widget of lecture 03: sliders, live loss curves and one step's memory.
+
+    The left panel draws the loss of every optimizer step against the samples seen, for the
+    setting on the sliders (the other cached runs in grey) and the toy language's floor,
+    ln 2 (:func:`course_lib.toy_data.markov_entropy`); the right one the peak memory of one
+    step, predicted by the memory engine and measured. **train this setting** trains the run
+    the sliders name (:meth:`Playground.run`), its loss shown step by step under the button.
+
+    Args:
+        playground (Playground): the runs' back end (its cache is what the view shows).
+        sizes, steps (tuple of int): the micro-batch sizes and accumulation steps the sliders
+            offer (positive ints, ascending).
+        micro_batch_size, accumulation_steps (int): the sliders' first values.
+        checkpointing (bool, optional): None: no checkbox, every run without checkpointing; True
+            or False: a "checkpoint every block" checkbox (lecture 04) with that first value.
+
+    Returns:
+        A ``VBox`` with ``view`` (the :func:`course_lib.widgets.live_plot` box), ``button``,
+        ``status`` (a ``Label``) and ``train()`` (what the button does).
+
+    Raises:
+        ValueError: naming the argument: not a :class:`Playground`, sliders' values that are not
+            ascending positive ints, a first value not among them, a bad ``checkpointing``.
+    """
+    if not isinstance(playground, Playground):
+        raise ValueError(f"playground must be a course_lib.playground.Playground, got "
+                         f"{type(playground).__name__}")
+    for name, options, first in (("sizes", sizes, micro_batch_size),
+                                 ("steps", steps, accumulation_steps)):
+        if not (isinstance(options, tuple | list) and options
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                        for v in options) and list(options) == sorted(set(options))):
+            raise ValueError(f"{name} must be ascending positive ints, got {options!r}")
+        if first not in options:
+            raise ValueError(f"the first value of {name} must be one of {list(options)}, "
+                             f"got {first!r}")
+    if checkpointing is not None:
+        boolean("checkpointing", checkpointing)
+    wide = {"style": {"description_width": "initial"}}
+    controls = {
+        "micro_batch_size": widgets.SelectionSlider(options=list(sizes), value=micro_batch_size,
+                                                    description="micro-batch b", **wide),
+        "accumulation_steps": widgets.SelectionSlider(options=list(steps),
+                                                      value=accumulation_steps,
+                                                      description="accumulation steps K",
+                                                      **wide),
+    }
+    if checkpointing is not None:
+        controls["checkpointing"] = widgets.Checkbox(value=checkpointing,
+                                                     description="checkpoint every block",
+                                                     **wide)
+    modes = (False, True) if checkpointing is not None else (False,)
+    top = max(playground.predict_peak(b, K, c) for b in sizes for K in steps for c in modes)
+    unit, unit_name = _byte_unit(top)
+
+    def setup(fig):
+        ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2.3, 1]})
+        fig.subplots_adjust(left=0.07, right=0.985, bottom=0.15, top=0.86, wspace=0.3)
+        a = {"others": ax1.add_collection(LineCollection([], colors="0.8", lw=1)),
+             "run": ax1.plot([], [], ".-", color="C0", label="this setting")[0],
+             "missing": ax1.text(0.5, 0.5, "", ha="center", transform=ax1.transAxes,
+                                 fontsize=9),
+             "title": ax1.set_title("", fontsize=10), "mode": ax2.set_title("", fontsize=10)}
+        ax1.axhline(markov_entropy(), color="C2", ls=":", lw=1.5, label="best possible: ln 2")
+        ax1.plot([], [], color="0.8", lw=1, label="other runs")
+        # lower left, above the floor line: where no loss curve passes (they start near ln 64)
+        ax1.legend(loc="lower left", bbox_to_anchor=(0, 0.17), fontsize=8.5)
+        ax1.set(xlim=(0, playground.samples * 1.02), ylim=(0, 4.5))
+        ax1.set_xlabel("samples seen", fontsize=9)
+        ax1.set_ylabel("training loss", fontsize=9)
+        a["bars"] = ax2.bar(["predicted", "measured"], [0, 0], color=["C1", "C0"])
+        a["labels"] = [ax2.text(i, 0, "", ha="center", va="bottom", fontsize=8.5) for i in (0, 1)]
+        ax2.set_ylim(0, 1.3 * top / unit)
+        ax2.set_ylabel(f"peak memory of a step ({unit_name})", fontsize=9)
+        for ax in (ax1, ax2):
+            ax.tick_params(labelsize=8.5)
+        _animate(a, "others", "run", "missing", "title", "mode", "bars", "labels")
+        return a
+
+    def draw(a, micro_batch_size, accumulation_steps, checkpointing=False):
+        b, K = micro_batch_size, accumulation_steps
+        run = playground.cached(b, K, checkpointing)
+        predicted = playground.predict_peak(b, K, checkpointing)
+        a["others"].set_segments([list(zip(r.samples_seen, r.losses))
+                                  for r in playground.cache.values()])
+        a["run"].set_data(run.samples_seen if run else [], run.losses if run else [])
+        a["missing"].set_text("" if run else "not trained yet: press 'train this setting'")
+        a["title"].set_text(f"b = {b}, K = {K}: effective batch {b * K}, "
+                            f"{playground.samples // (b * K)} optimizer steps")
+        measured = run.measured_peak if run else 0
+        for bar, label, value in zip(a["bars"], a["labels"], (predicted, measured)):
+            bar.set_height(value / unit)
+            label.set_position((label.get_position()[0], value / unit))
+            label.set_text(format_bytes(value) if value else "?")
+        a["mode"].set_text("checkpointing every block" if checkpointing else
+                           "one step's memory")
+
+    view = live_plot(draw, controls, setup=setup, figsize=(8.6, 3.5))
+    button = widgets.Button(description="train this setting", layout=widgets.Layout(width="auto"))
+    status = widgets.Label()
+
+    def train(_=None) -> None:
+        values = {name: c.value for name, c in controls.items()}
+        b, K = values["micro_batch_size"], values["accumulation_steps"]
+        steps_total = playground.samples // (b * K)
+        start = time.perf_counter()
+
+        def progress(step, loss):  # live: the label follows the run step by step
+            status.value = f"step {step}/{steps_total}: loss {loss:.3f}"
+
+        try:
+            playground.run(b, K, values.get("checkpointing", False), on_step=progress)
+            status.value += f" (trained in {format_duration(time.perf_counter() - start)})"
+        except ValueError as exc:
+            status.value = str(exc)
+        view.redraw()
+
+    button.on_click(train)
+    box = widgets.VBox([view, widgets.HBox([button, status])])
+    box.view, box.button, box.status, box.train = view, button, status, train
     return box

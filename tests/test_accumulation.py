@@ -208,3 +208,36 @@ def test_other_bad_inputs():
         acc.pad_to_lengths(x, y, [1, 2, 3, 99])
     with pytest.raises(ValueError, match="same names"):
         acc.max_abs_difference({"a": torch.zeros(1)}, {"b": torch.zeros(1)})
+
+
+def test_weight_gap_is_the_largest_weight_difference():
+    a, b = _gpt(), _gpt()
+    assert acc.weight_gap(a, b) == 0.0
+    with torch.no_grad():
+        next(b.parameters()).view(-1)[3] += 0.25
+        list(b.parameters())[-1].view(-1)[0] -= 0.5
+    assert acc.weight_gap(a, b) == pytest.approx(0.5, abs=1e-12)
+    assert acc.weight_gap(b, a) == acc.weight_gap(a, b)
+    with pytest.raises(ValueError, match="a must be a torch.nn.Module"):
+        acc.weight_gap({"w": torch.ones(1)}, b)
+    with pytest.raises(ValueError, match="b must have parameters"):
+        acc.weight_gap(a, nn.ReLU())
+    with pytest.raises(ValueError, match="same names and shapes"):
+        acc.weight_gap(nn.Linear(2, 3), nn.Linear(3, 2))
+
+
+def test_count_scaler_calls_counts_what_the_training_loop_calls():
+    from course_lib.training import batches_of, make_grad_scaler, train
+
+    model = _gpt(torch.float32)
+    scaler = make_grad_scaler("cpu", init_scale=2.0**8)
+    calls = acc.count_scaler_calls(scaler)
+    assert calls == {"scale": 0, "unscale_": 0, "step": 0, "update": 0}
+    x, y = random_tokens(CFG, 12, seed=3)
+    log = train(model, torch.optim.SGD(model.parameters(), lr=0.1), batches_of(x, y, 4),
+                micro_batch_size=2, accumulation_steps=2, grad_scaler=scaler, max_grad_norm=1.0)
+    # 3 steps of 2 micro-batches: every loss scaled, the rest once per effective batch
+    assert log.steps == 3 and calls == {"scale": 6, "unscale_": 3, "step": 3, "update": 3}
+    assert scaler.get_scale() == 2.0**8  # the scaler still works: no overflow, no growth yet
+    with pytest.raises(ValueError, match="scaler must be a GradScaler"):
+        acc.count_scaler_calls(object())

@@ -205,6 +205,10 @@ def test_measured_speed_and_step_on_this_cpu():
     run = pgm.measure_step_cost(CFG, 2, 1, steps=1)
     assert run.peak_bytes == pgm.optimizer_step_cost(CFG, 2, 1, speed=speed).peak_bytes
     assert run.seconds > 0
+    on_cpu_time = pgm.measure_step_cost(CFG, 2, 1, steps=1, clock="auto")  # process CPU time
+    assert on_cpu_time.peak_bytes == run.peak_bytes and on_cpu_time.seconds > 0
+    with pytest.raises(ValueError, match="clock must be one of"):
+        pgm.measure_step_cost(CFG, 2, 1, clock="gpu")
 
 
 @pytest.mark.parametrize("kwargs, match", [

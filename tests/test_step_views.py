@@ -1,4 +1,4 @@
-"""The two views of lecture 03: the trade-off explorer and the step-through of one step."""
+"""The views of lecture 03: the trade-off explorer, the step-through and the playground."""
 
 import numpy as np
 import pytest
@@ -9,6 +9,7 @@ from course_lib import playground as pgm
 from course_lib import step_views as sv
 from course_lib.models import GPT, GPTConfig
 from course_lib.toy_data import markov_tokens
+from course_lib.units import GiB
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=2)
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
@@ -61,6 +62,9 @@ def test_step_through_widget_follows_the_frames(recordings):
     assert box.view.image.value != first
     highlighted = [line for line in box.code.value.split("<div")[1:] if "#ffe9a8" in line]
     assert len(highlighted) == 1 and "backward()" in highlighted[0]
+    # the code never wraps (a narrow page scrolls it) and sits above the figure, full width
+    assert "white-space:pre" in box.code.value and box.children[1] is box.code
+    assert max(len(line) for lines in sv.LOOPS.values() for line in lines) <= 60
     mode.value = "no / K (bug)"
     assert "BUG: not divided by K" in box.code.value and "c0392b" in box.code.value
     assert box.view.artists["verdict"].get_text().endswith("= 4.00 to 4.00")
@@ -73,13 +77,51 @@ def test_step_through_widget_follows_the_frames(recordings):
         sv.record_accumulation_step(GPT(CFG), *markov_tokens(4, 8, 32), 3)
 
 
-def test_tradeoff_compares_with_one_plain_batch():
+def test_tradeoff_compares_with_one_plain_batch_against_the_cards_memory():
     t = sv.tradeoff(GPT2, 2, 8, checkpointing="blocks", precision="mixed", gpu="T4")
     assert t.precision == "fp16-mixed" and t.capacity == 14930 * 2**20
+    assert t.smi_memory == 15360 * 2**20 and t.target == "T4" and not t.live
     assert (t.plain.micro_batch_size, t.plain.accumulation_steps, t.plain.checkpointing) == (
         16, 1, "none")
     assert sv.tradeoff(GPT2, 2, 8, precision="mixed", gpu="H100 80GB").precision == "bf16-mixed"
     assert memory.mixed_precision_for(None) == "bf16-mixed"
+    # the lecture's opening: GPT-2 on a T4, one batch of 32 does not fit, 8 x 4 does
+    story = sv.tradeoff(GPT2, 4, 8, precision="mixed", gpu="T4")
+    assert story.fits and not story.plain_fits
+    assert story.capacity_label() == "T4: 14.58 GiB\n(nvidia-smi: 15.00 GiB)"
+    assert story.verdict() == ("8 micro-batches of 4: fits in the T4's 14.58 GiB;  "
+                               "one batch of 32: does not fit")
+    cpu = sv.tradeoff(CFG, 2, 2, speed=pgm.DeviceSpeed("cpu", 1e10, 1e9, 1e9, 1e9, 1e-5, True, "x"))
+    assert cpu.capacity is None and cpu.fits is None and cpu.capacity_label() == ""
+    assert "no memory limit" in cpu.verdict()
+
+
+def test_memory_top_is_fixed_for_a_card_and_above_the_cpus_largest_batch():
+    t4 = sv.tradeoff(GPT2, 4, 8, precision="mixed", gpu="T4")
+    assert sv.memory_top(GPT2, t4) == 20 * GiB  # 1.25 x 14.58 GiB, rounded up to 1, 2 or 5
+    assert sv.memory_top(GPT2, sv.tradeoff(GPT2, 1, 64, precision="mixed", gpu="T4")) == 20 * GiB
+    speed = pgm.DeviceSpeed("cpu", 1e10, 1e9, 1e9, 1e9, 1e-5, True, "x")
+    cpu = sv.tradeoff(CFG, 2, 2, speed=speed)
+    one = pgm.optimizer_step_cost(CFG, 64, 1, speed=speed).peak_bytes
+    assert one < sv.memory_top(CFG, cpu) <= 2 * 1.15 * one
+    with pytest.raises(ValueError, match="largest"):
+        sv.memory_top(CFG, cpu, 0)
+
+
+@pytest.mark.parametrize("seconds, text", [(1860.0, "31.0 min"), (0.0421, "42.1 ms"),
+                                           (1.86, "1.86 s"), (850e-6, "850 µs"),
+                                           (7200.0, "2.0 h"), (0.0, "0.00 µs"),
+                                           (0.9995, "1.00 s"), (59.9, "59.9 s"),
+                                           (59.96, "1.0 min"), (9.996e-3, "10.0 ms"),
+                                           (0.09996, "100 ms")])
+def test_format_duration(seconds, text):
+    assert sv.format_duration(seconds) == text
+
+
+def test_format_duration_rejects_bad_input():
+    for bad in (-1.0, float("nan"), float("inf"), "1 s", True):
+        with pytest.raises(ValueError, match="seconds"):
+            sv.format_duration(bad)
 
 
 @pytest.fixture(scope="module")
@@ -93,16 +135,17 @@ def test_tradeoff_explorer_redraws_and_measures(speed):
     models = {"tiny": CFG, "GPT-2 124M": GPT2}
     box = sv.tradeoff_explorer(models, speed=speed)
     controls, image = box.view.controls, box.view.image
+    assert "checkpointing" not in controls  # lecture 04 teaches it
+    assert all(c.style.description_width == "initial" for c in controls.values())
     seen = {image.value}
-    for name, value in (("accumulation_steps", 8), ("micro_batch_size", 1),
-                        ("checkpointing", "every block"), ("gpu", "A100 80GB"),
+    for name, value in (("accumulation_steps", 8), ("micro_batch_size", 1), ("gpu", "A100 80GB"),
                         ("precision", "mixed"), ("model", "GPT-2 124M")):
         controls[name].value = value
         assert image.value not in seen, name
         seen.add(image.value)
     assert "GPT-2 124M, bf16-mixed, on A100 80GB" in box.view.artists["title"].get_text()
     box.measure()  # GPT-2 at 1024 tokens is far too slow for this CPU: declined, said why
-    assert not box.measured and controls["gpu"].value.startswith("this device")
+    assert not box.measured and controls["gpu"].value == speed.name
     controls["model"].value = "tiny"
     box.measure()
     [(key, run)] = box.measured.items()
@@ -110,15 +153,74 @@ def test_tradeoff_explorer_redraws_and_measures(speed):
     assert np.isfinite(box.view.artists["time_measured"].get_ydata()).all()
     with pytest.raises(ValueError, match="gpu must be one of"):
         sv.tradeoff_explorer(models, speed=speed, gpu="V100")
+    with pytest.raises(ValueError, match="micro_batch_size must be one of"):
+        sv.tradeoff_explorer(models, speed=speed, micro_batch_size=3)
     with pytest.raises(ValueError, match="models must map"):
         sv.tradeoff_explorer({}, speed=speed)
     with pytest.raises(ValueError, match=r"models\['tiny'\] must be a course_lib.models.GPTConfig"):
         sv.tradeoff_explorer({"tiny": {"n_layers": 2}}, speed=speed)
 
 
+def test_the_accumulated_bar_refuses_to_budge_and_the_card_line_is_labelled(speed):
+    box = sv.tradeoff_explorer({"GPT-2 124M": GPT2}, speed=speed, gpu="T4", precision="mixed",
+                               micro_batch_size=4, accumulation_steps=2)
+    a, K = box.view.artists, box.view.controls["accumulation_steps"]
+    heights, limits = [], []
+    for value in (2, 8, 64):
+        K.value = value
+        heights.append([bar.get_height() for bar in a["mem_bars"]])
+        limits.append(a["mem"].get_ylim())
+    assert len(set(limits)) == 1 and limits[0] == (0, 20)  # GiB: the axis stays put
+    assert heights[0][1] == heights[1][1] == heights[2][1]  # the accumulated bar stays put
+    assert heights[0][0] < heights[1][0] <= heights[2][0]  # the one batch grows (then is cut)
+    assert a["cap"].get_ydata()[0] == pytest.approx(14930 / 1024)
+    assert a["cap_text"].get_text() == "T4: 14.58 GiB\n(nvidia-smi: 15.00 GiB)"
+    assert "does not fit" in a["verdict"].get_text()
+    assert "↑" in a["mem_labels"][0].get_text()  # the cut bar says so
+    with_ckpt = sv.tradeoff_explorer({"tiny": CFG}, speed=speed, checkpointing=True)
+    assert list(with_ckpt.view.controls["checkpointing"].options) == list(sv.CHECKPOINT_CHOICES)
+
+
 def test_tradeoff_figure_is_static_and_drawn():
-    t = sv.tradeoff(GPT2, 4, 16, checkpointing="blocks", precision="mixed", gpu="A100 80GB")
+    t = sv.tradeoff(GPT2, 4, 8, precision="mixed", gpu="T4")
     fig = sv.tradeoff_figure(t, "README")
     assert not fig.findobj(lambda a: a.get_animated())  # a plain figure: savefig draws it all
     heights = [bar.get_height() for bar in fig.axes[0].patches[:2]]
-    assert heights[0] == 1.0 and heights[1] == pytest.approx(t.step.peak_bytes / t.plain.peak_bytes)
+    assert heights[1] == pytest.approx(t.step.peak_bytes / GiB)  # absolute bytes, in GiB
+    assert heights[0] == pytest.approx(20)  # one batch of 32: cut at the panel's top
+    assert fig.axes[0].get_ylim() == (0, 20)
+
+
+@pytest.fixture
+def small_playground():
+    return pgm.Playground(CFG, samples=16, lr=1e-2)
+
+
+def test_playground_view_draws_runs_and_trains_on_the_button(small_playground):
+    small_playground.run(2, 2)
+    box = sv.playground_view(small_playground, sizes=(1, 2, 4), steps=(1, 2, 4),
+                             micro_batch_size=2, accumulation_steps=2)
+    controls, a = box.view.controls, box.view.artists
+    assert set(controls) == {"micro_batch_size", "accumulation_steps"}  # no checkpointing
+    assert len(a["run"].get_xdata()) == 4 and a["missing"].get_text() == ""
+    assert a["labels"][1].get_text() != "?"  # measured
+    controls["micro_batch_size"].value = 1
+    assert a["missing"].get_text().startswith("not trained yet")
+    assert a["labels"][1].get_text() == "?" and a["labels"][0].get_text() != "?"
+    box.train()
+    assert small_playground.cached(1, 2) is not None and a["missing"].get_text() == ""
+    assert box.status.value.startswith("step 8/8") and "trained in" in box.status.value
+    controls["accumulation_steps"].value = 4
+    controls["micro_batch_size"].value = 4  # 16 per step: one step in 16 samples
+    box.train()
+    assert "two optimizer steps" in box.status.value
+    checked = sv.playground_view(small_playground, sizes=(1, 2), steps=(1, 2),
+                                 micro_batch_size=2, accumulation_steps=2, checkpointing=False)
+    assert checked.view.controls["checkpointing"].value is False
+    for kwargs, match in ((dict(sizes=(2, 1)), "sizes"), (dict(steps=()), "steps"),
+                          (dict(micro_batch_size=3), "sizes"), (dict(checkpointing=1),
+                                                                "checkpointing")):
+        with pytest.raises(ValueError, match=match):
+            sv.playground_view(small_playground, **kwargs)
+    with pytest.raises(ValueError, match="playground must be"):
+        sv.playground_view("playground")

@@ -2,26 +2,29 @@
 
     .venv/bin/python docs/figures/tradeoff.py
 
-GPT-2 124M (1024 tokens) trained in bf16-mixed on the A100 80GB preset, an effective batch of
-64 as 16 micro-batches of 4 with every block checkpointed, against one batch of 64 in one pass:
-memory from the course's memory engine, time from its time model
+GPT-2 124M (1024 tokens) trained in fp16-mixed on the T4 preset, an effective batch of 32 as 8
+micro-batches of 4 against one batch of 32 in one pass: memory from the course's memory engine
+against the card's memory as PyTorch reports it, time from its time model
 (``course_lib.playground.optimizer_step_cost``), both predicted, nothing measured. The widget
-that draws the same picture live is ``course_lib.step_views.tradeoff_explorer``.
+that draws the same picture live is ``course_lib.step_views.tradeoff_explorer``; the companion
+of lecture 03 (``notebooks/deeper/03_gradient_accumulation.ipynb``, § 8) draws this figure and
+prints its numbers.
 """
 
 from pathlib import Path
 
 from course_lib import step_views
 from course_lib.model_zoo import PRESETS
+from course_lib.units import format_bytes
 
 OUT = Path(__file__).resolve().parent / "tradeoff.png"
 
 if __name__ == "__main__":
-    setting = step_views.tradeoff(PRESETS["GPT-2 124M"].config, 4, 16, checkpointing="blocks",
-                                  precision="mixed", gpu="A100 80GB")
+    setting = step_views.tradeoff(PRESETS["GPT-2 124M"].config, 4, 8, precision="mixed", gpu="T4")
     fig = step_views.tradeoff_figure(
-        setting, "GPT-2 124M (1024 tokens), bf16-mixed, on the A100 80GB preset (predicted)")
+        setting, "GPT-2 124M (1024 tokens), fp16-mixed, on the T4 preset (predicted)")
     fig.savefig(OUT, dpi=100)
     print(f"wrote {OUT.relative_to(Path.cwd()) if OUT.is_relative_to(Path.cwd()) else OUT}: "
-          f"memory x{setting.step.peak_bytes / setting.plain.peak_bytes:.2f}, "
-          f"time x{setting.step.seconds / setting.plain.seconds:.2f} of the plain step")
+          f"one batch of 32 {format_bytes(setting.plain.peak_bytes)}, 8 x 4 "
+          f"{format_bytes(setting.step.peak_bytes)}, time x"
+          f"{setting.step.seconds / setting.plain.seconds:.2f}")
