@@ -23,9 +23,10 @@ lecture named:
 ``toy_data``           03: a toy language with a known loss floor, to train on
 ``training``           03-07: the shared training loop (accumulation, AMP, no_sync)
 ``widgets``            01-08: ``live_plot``, the thin ipywidgets view every widget uses
-``checkpointing``      04: five checkpointing modes; kept bytes and FLOPs predicted
+``checkpointing``      04-05: the checkpointing modes; kept bytes, FLOPs, segment counts
 ``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
 ``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target
+``checkpoint_views``   04: the lecture's figures and its explorer (memory and compute bars)
 ``step_setup``         02-08: the real model and optimizer a prediction is for; its measured step
 ``playground``         03: the accumulation playground; one step's cost, memory and time
 ``step_views``         03: the trade-off explorer and the step-through of one step
