@@ -217,7 +217,7 @@ def explore(gpu: str = "T4", layers: int = 48, checkpointing: str = "per-block",
 
 def _setup(fig) -> dict:
     mem, flops = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1.4]})
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.12, top=0.74, wspace=0.32)
+    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.12, top=0.74, wspace=0.36)
     a = {"mem": mem, "title": fig.text(0.5, 0.975, "", ha="center", va="top", fontsize=10)}
     a["plain"] = mem.bar([0], [0], width=0.6, color="0.8")[0]
     a["parts"] = {name: mem.bar([1], [0], width=0.6, color=color)[0]
@@ -318,7 +318,7 @@ def explorer(*, gpu: str = "T4", layers: int = 48, checkpointing: str = "per-blo
         "batch_size": widgets.IntSlider(value=batch_size, min=1, max=32,
                                         description="batch", style=style),
     }
-    return live_plot(_draw, controls, setup=_setup, figsize=(9.6, 3.9))
+    return live_plot(_draw, controls, setup=_setup, figsize=(8.4, 3.8))
 
 
 __all__ = ["CHOICES", "GPT2_SMALL", "Setting", "explore", "explorer", "loglog_slope",
