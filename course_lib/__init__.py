@@ -25,9 +25,10 @@ lecture named:
 ``training``           03-07: the shared training loop (accumulation, AMP, no_sync)
 ``widgets``            01-08: ``live_plot``, the thin ipywidgets view every widget uses
 ``calculator``         01: the model states against GPU memory: lecture 01's figures and calculator
-``checkpointing``      04: five checkpointing modes; kept bytes and FLOPs predicted
+``checkpointing``      04-05: the checkpointing modes; kept bytes, FLOPs, segment counts
 ``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
 ``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target
+``checkpoint_views``   04: the lecture's figures and its explorer (memory and compute bars)
 ``step_setup``         02-08: the real model and optimizer a prediction is for; its measured step
 ``activation_views``   02: lecture 02's figures and its out-of-memory widget
 ``playground``         03: the accumulation playground; one step's cost, memory and time

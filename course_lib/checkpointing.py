@@ -5,17 +5,22 @@ its forward again during the backward pass to rebuild what the backward needs
 (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"). The
 course uses PyTorch's own machinery, ``torch.utils.checkpoint`` with
 ``use_reentrant=False``; :func:`enable_checkpointing` switches a GPT between
-five modes:
+five modes (lecture 04 teaches the first three, lecture 05 the others):
 
 ==============  ===========================================================  ==================
 mode            what is checkpointed                                         stored per layer
 ==============  ===========================================================  ==================
 ``none``        nothing                                                      all its activations
 ``blocks``      every ``every``-th transformer block (``every=1``: all)      its input
-``sqrt``        ``checkpoint_sequential`` with about sqrt(n) segments        O(sqrt(n)) in total
+``sqrt``        ``checkpoint_sequential`` in ``k`` segments                  O(sqrt(n)), right k
 ``selective``   every ``every``-th block under an op-level policy            input + matmul outputs
 ``attention``   the attention core of every ``every``-th block (Megatron)    all but the core's
 ==============  ===========================================================  ==================
+
+``sqrt`` takes ``round(sqrt(n))`` segments unless told (:func:`sqrt_segments`, Chen et al.'s
+count for a block that keeps as much as its input); :func:`best_segments` gives the count with
+the least memory for a block that keeps ``A/X`` times its input (:func:`block_ratio`), about
+``sqrt(n * A / X)``, counted with ``checkpoint_sequential``'s real cut.
 
 ``selective`` uses ``torch.utils.checkpoint.create_selective_checkpoint_contexts``
 with the outputs of the matmul ops (:data:`SAVE_MATMULS`) saved and everything
@@ -34,6 +39,7 @@ the CPU, where the same kernels run again on the same inputs).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import math
 import types
@@ -56,7 +62,7 @@ from .docstrings import fill_doc
 from .measure import LiveTensorTracker
 from .models import CONFIG_MAXIMUM, GPTConfig, check_config
 from .units import dtype_bytes, storage_bytes
-from .validation import MAX_COUNT, choice, positive_int, tensor
+from .validation import MAX_COUNT, choice, number, positive_int, tensor
 
 #: The most blocks a model has (:data:`course_lib.models.CONFIG_MAXIMUM`).
 MAX_LAYERS = CONFIG_MAXIMUM["n_layers"]
@@ -186,6 +192,69 @@ def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
     size = n_layers // segments
     cuts = [list(range(start, start + size)) for start in range(0, size * (segments - 1), size)]
     return [*cuts, list(range(size * (segments - 1), n_layers))]
+
+
+def segments_memory(n_layers: int, segments: int, block_ratio: float) -> float:
+    """What ``checkpoint_sequential`` with ``segments`` segments keeps at its peak, in block inputs.
+
+    Chen et al.'s count: ``k - 1`` segment inputs ``X`` stay kept, and at the peak one segment's
+    activations ``A`` per block are alive: the last segment's, which is not checkpointed and is
+    the longest (:func:`sequential_segments`: ``m = n - (k - 1) * (n // k)`` blocks). In units of
+    ``X``: ``(k - 1) + m * A / X``. About ``k + (n / k) * A / X``, smallest near
+    ``k = sqrt(n * A / X)``, where it grows as ``sqrt(n)``. Per-block checkpointing is about
+    ``n + A / X``. Lecture 04, section 2.
+
+    Args:
+        n_layers (int): blocks ``n``, from 1 to :data:`MAX_LAYERS`.
+        segments (int): ``k``, from 1 to ``n_layers``.
+        block_ratio (float): ``A / X``, what a plain block keeps over its input's bytes, a number
+            above 0.
+
+    Returns:
+        float: multiples of one block input.
+
+    Raises:
+        ValueError: naming ``n_layers``, ``segments`` or ``block_ratio``, for a value out of range.
+
+    Example::
+
+        segments_memory(64, 32, 16.0)  # 31 + 2 * 16 = 63.0
+    """
+    sequential_segments(n_layers, segments)  # checks both counts
+    return _segments_memory(n_layers, segments,
+                            number("block_ratio", block_ratio, above=0, maximum=MAX_COUNT))
+
+
+def _segments_memory(n: int, k: int, ratio: float) -> float:
+    return (k - 1) + (n - (k - 1) * (n // k)) * ratio
+
+
+def best_segments(n_layers: int, block_ratio: float) -> int:
+    """The segment count with the least :func:`segments_memory` (the fewer on a tie).
+
+    Near ``sqrt(n * A / X)``, but counted with ``checkpoint_sequential``'s real cut, whose last
+    segment takes what ``n // k`` leaves over (with 36 blocks, 24 segments leave 13 blocks in the
+    last one). ``round(sqrt(n))`` (:func:`sqrt_segments`) is the best count only when a block
+    keeps as much as its input (``A = X``); a transformer block keeps many times more. Lecture
+    04, section 2.
+
+    Args:
+        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
+        block_ratio (float): ``A / X``, as for :func:`segments_memory`.
+
+    Returns:
+        int: the number of segments.
+
+    Raises:
+        ValueError: naming ``n_layers`` or ``block_ratio``.
+
+    Example::
+
+        best_segments(64, 16.0)  # 32: segments of 2 blocks
+    """
+    n = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
+    ratio = number("block_ratio", block_ratio, above=0, maximum=MAX_COUNT)
+    return min(range(1, n + 1), key=lambda k: (_segments_memory(n, k, ratio), k))
 
 
 def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1, *,
@@ -484,6 +553,39 @@ def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", e
             + sum(n * act.total_bytes(kinds[k], act.STEP_KINDS, gpu) for k, n in counts.items()))
 
 
+def block_ratio(config: GPTConfig, batch_size: int, *, seq_len: int | None = None,
+                dtype=torch.float32, gpu=None, autocast: bool = False) -> float:
+    """``A / X``: the bytes a plain block keeps for backward over those of its input.
+
+    ``A`` is one block's items without checkpointing, ``X`` what a checkpointed block keeps
+    (its ``(b, s, h)`` input), both from :func:`kept_by_block`, as the device allocates them.
+    The ratio :func:`best_segments` needs. Lecture 04, section 2.
+
+    Args:
+        config (GPTConfig): the course GPT's shape.
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
+        dtype (torch.dtype or str): the activations' dtype (fp32, bf16, fp16); with
+            ``autocast``, the autocast dtype.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what
+            :func:`course_lib.device.resolve_gpu` takes.
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+
+    Returns:
+        float: the ratio, above 1.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
+    """
+    check_config(config)
+    kw = dict(seq_len=seq_len, dtype=dtype, gpu=gpu, autocast=autocast)
+    one = dataclasses.replace(config, n_layers=1)
+    gpu = resolve_gpu(gpu)
+    plain = act.total_bytes(kept_by_block(one, batch_size, "none", **kw)[0], act.STEP_KINDS, gpu)
+    kept = act.total_bytes(kept_by_block(one, batch_size, "blocks", **kw)[0], act.STEP_KINDS, gpu)
+    return plain / kept
+
+
 @dataclass(frozen=True)
 class CheckpointCost:
     """Predicted cost of one forward+backward of the GPT under a checkpointing mode.
@@ -529,9 +631,9 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     for the CPU flash kernel (``sdpa`` on the CPU without dropout): 0 there.
 
     Recomputation: a region reruns its forward only up to the last tensor its
-    backward needs (``torch.utils.checkpoint`` stops early): without dropout the
-    last linear of a checkpointed region (the MLP's output projection,
-    ``8*b*s*h^2``) is not rerun; ``attention`` reruns ``Q K^T`` (``P V``'s output is
+    backward needs (``torch.utils.checkpoint`` stops early): autograd saves an op's
+    inputs before it runs, and without dropout nothing saves the output of a region's
+    last linear (the MLP's output projection, ``8*b*s*h^2``), so it is not rerun; ``attention`` reruns ``Q K^T`` (``P V``'s output is
     not saved) or the whole fused kernel; ``selective`` reruns no matmul (their
     outputs are kept) but a fused kernel runs again. ``gpu`` (None: the CPU) decides the
     attention kernel (:func:`course_lib.kernels.sdpa_kernel`).

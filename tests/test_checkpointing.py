@@ -260,3 +260,56 @@ def test_cuda_timeline_peak_is_the_allocator_peak():
     timeline = record_timeline(lambda: model(x, y)[1].backward())
     assert timeline.peak == torch.cuda.max_memory_allocated()
     assert timeline.clock[0] == 0 and len(timeline.allocated) > 10
+
+
+def test_segments_memory_counts_checkpoint_sequentials_cut():
+    # (k - 1) kept inputs + the last segment's blocks whole, in block inputs.
+    assert ckpt.segments_memory(64, 32, 16.0) == 31 + 2 * 16.0
+    assert ckpt.segments_memory(36, 24, 1.0) == 23 + 13  # the remainder lands in the last segment
+    assert ckpt.segments_memory(10, 1, 2.0) == 20.0  # one segment: nothing checkpointed
+    for n, ratio in ((64, 16.0), (100, 9.0), (1000, 9.0), (25, 1.0)):
+        best = ckpt.best_segments(n, ratio)
+        costs = [ckpt.segments_memory(n, k, ratio) for k in range(1, n + 1)]
+        assert ckpt.segments_memory(n, best, ratio) == min(costs)
+        assert best == costs.index(min(costs)) + 1  # the fewer segments on a tie
+    assert ckpt.best_segments(64, 16.0) == 32 and ckpt.best_segments(36, 16.375) == 18
+    # With A = X the best count is about sqrt(n); with A = 16 X about sqrt(16 n).
+    assert abs(ckpt.best_segments(100, 1.0) - 10) <= 1
+    assert abs(ckpt.best_segments(1024, 16.0) - 128) <= 16
+
+
+def test_best_segments_is_the_engines_best():
+    config = GPTConfig(vocab_size=32, seq_len=64, d_model=16, n_heads=2, n_layers=1)
+    ratio = ckpt.block_ratio(config, 16)
+    assert ratio == pytest.approx(16.375)
+    for n in (4, 9, 16, 36, 64):
+        c = GPTConfig(**{**config.__dict__, "n_layers": n})
+
+        def peak(k, c=c):
+            return engine.predict_moments(c, 16, mode="sqrt", segments=k,
+                                          first_step=True)["backward"].step_peak
+        assert peak(ckpt.best_segments(n, ratio)) == min(peak(k) for k in range(1, n + 1))
+
+
+def test_block_ratio_is_what_a_block_keeps_over_its_input():
+    config = GPTConfig(**SMALL)
+    items = ckpt.kept_by_block(config, 2)[0]
+    assert ckpt.block_ratio(config, 2) == sum(i.nbytes for i in items) / (2 * 16 * 32 * 4)
+    # Under autocast the input stays fp32 while the activations are 16-bit: a smaller ratio.
+    assert ckpt.block_ratio(config, 2, dtype=torch.float16, gpu="T4", autocast=True) < \
+        ckpt.block_ratio(config, 2)
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: ckpt.segments_memory(0, 1, 1.0), "n_layers"),
+    (lambda: ckpt.segments_memory(4, 5, 1.0), "segments"),
+    (lambda: ckpt.segments_memory(4, 2, 0.0), "block_ratio"),
+    (lambda: ckpt.segments_memory(4, 2, float("nan")), "block_ratio"),
+    (lambda: ckpt.best_segments(4, -1.0), "block_ratio"),
+    (lambda: ckpt.best_segments(2000, 1.0), "n_layers"),
+    (lambda: ckpt.block_ratio({"n_layers": 2}, 2), "config"),
+    (lambda: ckpt.block_ratio(GPTConfig(**SMALL), 0), "batch_size"),
+])
+def test_segment_counts_name_a_bad_argument(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
