@@ -194,6 +194,9 @@ def climb_text(result: fit_ladder.Ladder) -> str:
 
     Returns:
         str: the rungs taken, the peak after each, and whether the step fits.
+
+    Raises:
+        ValueError: naming ``result``, for anything but a ``Ladder``.
     """
     if not isinstance(result, fit_ladder.Ladder):
         raise ValueError(f"result must be a course_lib.fit_ladder.Ladder, got {result!r:.60}")
@@ -218,6 +221,9 @@ def ladder_figure(result: fit_ladder.Ladder, model: str = "", *, fig: Figure | N
 
     Returns:
         matplotlib.figure.Figure: the figure drawn on.
+
+    Raises:
+        ValueError: naming ``result``, for anything but a ``Ladder``.
     """
     if not isinstance(result, fit_ladder.Ladder):
         raise ValueError(f"result must be a course_lib.fit_ladder.Ladder, got {result!r:.60}")
