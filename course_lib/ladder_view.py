@@ -172,10 +172,13 @@ def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
         bar.set_width(peaks[i])
         bar.set_color(_PLAIN if r is None else _NOTHING if r.bytes_saved <= 0
                       else _FREE if r.time_paid <= 0 else _PAID)
-        words = (f"  {format_bytes(result.baseline.total)}" if r is None else
-                 f"  #{result.rungs.index(r) + 1}, time {r.time_paid:+.1%}")
-        label.set_text(words)
-        label.set_x(min(peaks[i], 0.72 * right))
+        words = (format_bytes(result.baseline.total) if r is None else
+                 f"#{result.rungs.index(r) + 1}, time {r.time_paid:+.1%}")
+        inside = peaks[i] > 0.75 * right  # no room after the bar: write on it, in white
+        label.set_text(f"{words}  " if inside else f"  {words}")
+        label.set_x(peaks[i])
+        label.set_horizontalalignment("right" if inside else "left")
+        label.set_color("white" if inside else "black")
     a["ax"].set(xlim=(0, right))
     a["ax"].set_yticks(range(a["rows"]), names + [""] * (a["rows"] - len(names)))
     a["budget"].set_xdata([result.budget_bytes / GiB] * 2)
