@@ -42,6 +42,7 @@ lecture named:
 ``distributed``        07: the workers of lecture 07: DDP ``no_sync``, sharded states
 ``levers``             08: optimizer in backward, chunked loss, offloading, low-bit states, LoRA
 ``fit_ladder``         08: every lever for one model and one GPU, ranked; the mix that fits
+``ladder_view``        08: where a step's bytes are, and the fit ladder's chart and widget
 ``grading``            the checks of the graded exercises
 =====================  =========================================================
 

@@ -3,8 +3,10 @@
 :class:`Plan` is one way to run a step (a setting per lever); :func:`predict_plan` predicts
 its peak bytes (the memory engine for precision, accumulation, checkpointing and the
 chunked loss; closed forms over the engine's moments for the levers of lecture 08) and
-:func:`step_seconds` its time; :func:`ladder` ranks every lever alone by bytes saved and
-time paid and adds them, cheapest first, until the step fits the GPU.
+:func:`step_seconds` its time (from datasheet figures: a guess, not a measurement);
+:func:`ladder` ranks every lever alone by bytes saved per time paid, both against the plain
+step, and adds them in that order until the step fits the GPU. The chart and the widget of
+lecture 08 are :mod:`course_lib.ladder_view`.
 """
 
 from __future__ import annotations
@@ -253,7 +255,10 @@ def _check_plan(plan) -> Plan:
 
 def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
                  seq_len: int | None = None, utilization: float = 0.4) -> float:
-    """Predicted seconds of one optimizer step: compute plus the transfers no overlap hides.
+    """Predicted seconds of one optimizer step: compute plus the transfers, not overlapped.
+
+    A guess from datasheet figures, not a measurement: the ladder uses it to rank levers by
+    the time they add (a shared time model of the course is to replace it).
 
     Compute: the step's FLOPs (:func:`course_lib.checkpointing.step_flops` with the
     plan's recomputation; ``+ 2 N h V`` for the chunked loss's second head matmul;
@@ -348,7 +353,8 @@ class Rung:
 
     @property
     def bytes_per_time(self) -> float:
-        """Bytes saved per unit of time paid (inf for a lever that costs no time)."""
+        """Bytes saved per unit of time paid: per the plain step's whole time (``time_paid``
+        1.0); inf for a lever that costs no time."""
         return self.bytes_saved / self.time_paid if self.time_paid > 0 else math.inf
 
 
@@ -365,7 +371,7 @@ class Ladder:
         batch_size (int): sequences per optimizer step.
         seq_len (int): tokens per sequence.
         baseline (StepMemory): the plain step's peak.
-        rungs (tuple of Rung): every lever alone, cheapest first.
+        rungs (tuple of Rung): every lever alone, best first (:func:`rank_key`).
         steps (tuple): the combination, lever by lever: ``((lever, StepMemory after adding it,
             time paid so far), ...)``.
         plan (Plan): the combination's settings.
@@ -392,16 +398,23 @@ class Ladder:
         return self.steps[-1][1] if self.steps else self.baseline
 
     def table(self) -> str:
-        """The rungs as a text table: saved bytes, time paid, bytes per time.
+        """The rungs as a text table, in rank order: bytes saved, time paid, bytes per time.
+
+        "per +1 %" is the bytes saved per percent of the plain step's time paid ("free" for a
+        lever that costs no time, "-" for one that saves nothing).
 
         Returns:
-            str: a header and one line per rung.
+            str: a header and one line per rung (at most 98 characters a line).
         """
         w = max(len(r.lever) for r in self.rungs)
-        lines = [f"{'lever':{w}s} {'saves':>11s} {'time paid':>10s} {'peak':>11s}  how"]
+        lines = [f"{'lever':{w}s} {'saves':>10s} {'time':>7s} {'per +1 %':>10s} {'peak':>10s}"
+                 "  how"]
         for r in self.rungs:
-            lines.append(f"{r.lever:{w}s} {format_bytes(r.bytes_saved):>11s} "
-                         f"{r.time_paid:>+10.1%} {format_bytes(r.memory.total):>11s}  {r.how}")
+            per = ("-" if r.bytes_saved <= 0 else "free" if r.bytes_per_time == math.inf
+                   else format_bytes(r.bytes_per_time / 100))
+            lines.append(f"{r.lever:{w}s} {format_bytes(r.bytes_saved):>10s} "
+                         f"{r.time_paid:>+7.1%} {per:>10s} {format_bytes(r.memory.total):>10s}"
+                         f"  {r.how}")
         return "\n".join(lines)
 
 
@@ -430,20 +443,42 @@ def _ladder_rungs(config, batch_size, gpu, seq_len, *, loss_chunk, lora_rank, wo
 _ENGINE_GROUPS = ("precision", "accumulation", "checkpointing", "chunked loss")
 
 
+def rank_key(rung: Rung) -> tuple:
+    """Where a rung stands on the ladder: sort rungs by this key, best first.
+
+    Bytes saved per time paid, in four bands: levers that save bytes at no time (the most
+    time gained first, then the most bytes), then the levers that cost time by bytes saved
+    per unit of time paid (:attr:`Rung.bytes_per_time`, the most first), then those that
+    save nothing at this setting, and last the job-changing levers (:data:`JOB_CHANGING`) in
+    the same order among themselves.
+
+    Args:
+        rung (Rung): one lever alone.
+
+    Returns:
+        tuple: a sort key.
+    """
+    free = round(rung.time_paid, 6) <= 0  # rounded: float noise around 0 is no time paid
+    return (rung.group in JOB_CHANGING, rung.bytes_saved <= 0, not free,
+            round(rung.time_paid, 6) if free else -rung.bytes_per_time, -rung.bytes_saved)
+
+
 def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | None = None,
            budget_bytes: int | None = None, loss_chunk: int = 1024, lora_rank: int = 16,
            world_size: int = 8, utilization: float = 0.4) -> Ladder:
     """Every lever of the course for training ``config`` on ``gpu``, ranked, and the mix that fits.
 
     The plain step is fp32 AdamW, the whole batch of ``batch_size`` sequences at once,
-    nothing checkpointed, offloaded or sharded. Each lever alone (a :class:`Rung`)
-    is predicted with :func:`predict_plan` (bytes saved) and :func:`step_seconds` (time
-    paid, as a fraction of the plain step's); the rungs are ranked cheapest first (least
-    time paid, then most bytes saved), with the job-changing levers (:data:`JOB_CHANGING`:
-    LoRA trains other parameters, ZeRO needs ``world_size`` GPUs) last. The combination
-    then adds the rungs in that order, each one only if it lowers the predicted peak in the
-    company of those already in (a lever of a group already in replaces it if that is
-    lower), until the step fits ``budget_bytes`` (default the GPU's memory).
+    nothing checkpointed, offloaded or sharded: the one baseline of every saving and every
+    price. Each lever alone (a :class:`Rung`) is predicted with :func:`predict_plan` (bytes
+    saved) and :func:`step_seconds` (time paid, as a fraction of the plain step's predicted
+    time: datasheet figures, not a measurement); the rungs are ranked by bytes saved per time
+    paid (:func:`rank_key`: the levers that cost no time first, the job-changing levers,
+    :data:`JOB_CHANGING`: LoRA trains other parameters, ZeRO needs ``world_size`` GPUs,
+    last). The combination then adds the rungs in that order, each one only if it lowers the
+    predicted peak in the company of those already in (a lever of a group already in
+    replaces it if that is lower), until the step fits ``budget_bytes`` (default the GPU's
+    memory as PyTorch reports it, ``GPUS[gpu].total_memory``).
 
     Args:
         config (GPTConfig): the model.
@@ -502,7 +537,7 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
                           seconds(plan) / base_time - 1,
                           "engine" if group in _ENGINE_GROUPS else "engine + formula"))
     listed = tuple(rungs)
-    rungs.sort(key=lambda r: (r.group in JOB_CHANGING, round(r.time_paid, 6), -r.bytes_saved))
+    rungs.sort(key=rank_key)
 
     plan, current, steps = base_plan, baseline, []
     for rung in rungs:
@@ -524,4 +559,4 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
 
 
 __all__ = ["LADDER_GROUPS", "JOB_CHANGING", "Plan", "predict_plan", "step_seconds", "Rung", "Ladder",
-           "ladder"]
+           "rank_key", "ladder"]

@@ -431,8 +431,9 @@ PCIE_BYTES_PER_S = {"PCIe 3.0 x16": 15.75e9, "PCIe 4.0 x16": 31.5e9, "PCIe 5.0 x
 def transfer_seconds(nbytes: int, bytes_per_second: float) -> float:
     """Seconds to move ``nbytes`` over a link of ``bytes_per_second``: ``nbytes / bandwidth``.
 
-    A lower bound: real copies reach 80-90 % of a PCIe link from pinned memory and
-    less from pageable memory (the driver stages them through a pinned buffer).
+    A lower bound: real copies reach less than a link's theoretical rate, from pinned memory,
+    and less still from pageable memory (the driver stages them through a pinned buffer);
+    lecture 08 measures none of them.
 
     Args:
         nbytes (int): bytes, from 0 to :data:`course_lib.validation.MAX_BYTES`.
@@ -466,8 +467,9 @@ class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
 
     Args:
         device (str or torch.device): where saved tensors go (the host, ``"cpu"``).
-        pin_memory (bool): copy into pinned host memory (faster, asynchronous copies); only
-            where CUDA is available.
+        pin_memory (bool): copy into pinned host memory (faster copies that do not block the
+            CPU); only where CUDA is available. Like ``save_on_cpu``'s, the copies are issued on
+            the current CUDA stream: they run between the compute kernels, not beside them.
         skip_parameters (bool): leave parameters (and views of them) where they are
             (``save_on_cpu`` copies them too, every step).
 

@@ -313,13 +313,24 @@ def test_gpu_specs_cover_every_preset():
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
 
 
-def test_ladder_lists_every_lever_cheapest_first_and_finds_a_fit():
+def test_ladder_ranks_every_lever_by_bytes_saved_per_time_paid_and_finds_a_fit():
     result = fit_ladder.ladder(GPT2, "T4", batch_size=32)
     groups = {r.group for r in result.rungs}
     assert groups == set(fit_ladder.LADDER_GROUPS)
     ordinary = [r for r in result.rungs if r.group not in fit_ladder.JOB_CHANGING]
-    assert [r.time_paid for r in ordinary] == sorted(r.time_paid for r in ordinary)
     assert all(r.group in fit_ladder.JOB_CHANGING for r in result.rungs[len(ordinary):])
+    saving = [r for r in ordinary if r.bytes_saved > 0]
+    assert ordinary[len(saving):] == [r for r in ordinary if r.bytes_saved <= 0]  # nothing: last
+    free = [r for r in saving if r.time_paid <= 1e-6]
+    paid = saving[len(free):]
+    assert all(r.time_paid > 1e-6 for r in paid)
+    assert [r.time_paid for r in free] == sorted(r.time_paid for r in free)  # most time gained
+    ratios = [r.bytes_saved / r.time_paid for r in paid]
+    assert ratios == sorted(ratios, reverse=True) and len(paid) >= 5
+    # not cheapest first: the chunked loss (+8.8 %) saves more per time than offloading the
+    # optimizer (+0.7 %) and comes before it
+    names = [r.lever for r in result.rungs]
+    assert names.index("chunked loss (1024 tokens)") < names.index("offload optimizer states")
     assert not result.baseline.total <= result.budget_bytes  # fp32, whole batch: it does not fit
     assert result.fits and result.memory.total <= result.budget_bytes
     assert [m.total for _, m, _ in result.steps] == sorted(

@@ -5,7 +5,8 @@ backward against an ordinary AdamW step on a copy of the model, the chunked loss
 ``F.cross_entropy`` with the largest tensor the learner's code creates watched by a
 dispatch mode, the quantized state bytes from torchao's rules written out (codes, one fp32
 scale per block, one fp32 quantization map per state, only tensors of at least 4096
-elements that the block divides).
+elements that the block divides), the fit ladder's order from its three bands written out
+(free levers, then bytes saved per time paid, then levers that save nothing).
 """
 
 from __future__ import annotations
@@ -164,3 +165,44 @@ def check_quantized_state_bytes(fn):
                f"{truth} ({why})",
                hint=f"{bits}-bit: {bits}/8 byte per element, 4 bytes per block of {block}, "
                     f"{qmap} fp32 map entries; two states; small tensors stay at 4 bytes each")
+
+
+def _ladder_order(levers: list[tuple]) -> list[str]:
+    """The fit ladder's order written out in three bands (lecture 08, section 6)."""
+    free = [lv for lv in levers if lv[1] > 0 and lv[2] <= 0]
+    paid = [lv for lv in levers if lv[1] > 0 and lv[2] > 0]
+    nothing = [lv for lv in levers if lv[1] <= 0]
+    free.sort(key=lambda lv: (lv[2], -lv[1]))
+    paid.sort(key=lambda lv: -lv[1] / lv[2])
+    return [name for name, _, _ in free + paid + nothing]
+
+
+#: Cases for check_rank_levers: ``(name, bytes saved, time paid)``, each ordered without ties
+#: inside a band. The first is lecture 08's GPT-2 small on a T4, in MiB and rounded.
+_LADDER_CASES = [
+    [("precision", 9073, -0.875), ("accumulation", 35850, 0.0), ("4-bit states", 822, 0.0),
+     ("chunked loss", 18401, 0.088), ("selective", 6932, 0.043), ("offload optimizer", 949, 0.007),
+     ("blocks/1", 17306, 0.173), ("offload activations", 18452, 0.376),
+     ("in backward", 0, 0.0)],
+    [("slow but large", 1000, 0.5), ("fast and small", 100, 0.01), ("free", 10, 0.0),
+     ("adds bytes", -50, -0.2), ("saves nothing", 0, 0.3), ("faster", 5, -0.1)],
+    [("b", 300, 0.3), ("a", 200, 0.1), ("c", 100, 0.2), ("d", 0, 0.0), ("e", 400, 0.0)],
+]
+
+
+@grader
+def check_rank_levers(fn):
+    """``fn(levers)``: lever names in the fit ladder's order, best first.
+
+    Args:
+        fn (callable): the learner's ``rank_levers``, called with a list of
+            ``(name, bytes_saved, time_paid)``.
+    """
+    for case in _LADDER_CASES:
+        truth = _ladder_order(case)
+        got = fn([tuple(lv) for lv in case])
+        expect(isinstance(got, list | tuple) and list(got) == truth,
+               f"for {[name for name, _, _ in case]} you gave {got!r}, expected {truth}",
+               hint="three bands: levers that save bytes at no time (most time gained, then most "
+                    "bytes), then those that cost time (bytes_saved / time_paid, largest first), "
+                    "then those that save nothing, in the order given")

@@ -143,3 +143,41 @@ WRONG = {
         ("bits counted as bytes", {"quantized_state_bytes": _state_bytes_bits_as_bytes}),
     ],
 }
+
+
+def _rank_cheapest_first(levers):
+    return [name for name, _, _ in sorted(levers, key=lambda lv: (lv[2], -lv[1]))]
+
+
+def _rank_by_bytes_saved(levers):
+    return [name for name, _, _ in sorted(levers, key=lambda lv: -lv[1])]
+
+
+def _rank_by_ratio_everywhere(levers):
+    # bytes / time for every lever: a free lever's ratio is infinite or negative, not "first"
+    def ratio(lv):
+        return lv[1] / lv[2] if lv[2] else float("inf")
+    return [name for name, _, _ in sorted(levers, key=lambda lv: -ratio(lv))]
+
+
+def _rank_free_levers_that_save_nothing_first(levers):
+    free = sorted((lv for lv in levers if lv[2] <= 0), key=lambda lv: (lv[2], -lv[1]))
+    paid = sorted((lv for lv in levers if lv[2] > 0), key=lambda lv: -lv[1] / lv[2])
+    return [name for name, _, _ in free + paid]
+
+
+def _rank_free_levers_by_bytes(levers):
+    free = sorted((lv for lv in levers if lv[1] > 0 and lv[2] <= 0), key=lambda lv: -lv[1])
+    paid = sorted((lv for lv in levers if lv[1] > 0 and lv[2] > 0), key=lambda lv: -lv[1] / lv[2])
+    return [name for name, _, _ in free + paid + [lv for lv in levers if lv[1] <= 0]]
+
+
+WRONG["check_rank_levers"] = [
+    ("cheapest first: by time paid alone", {"rank_levers": _rank_cheapest_first}),
+    ("by bytes saved alone", {"rank_levers": _rank_by_bytes_saved}),
+    ("bytes / time for every lever, free ones included", {"rank_levers":
+                                                          _rank_by_ratio_everywhere}),
+    ("a free lever that saves nothing ranked with the free ones", {
+        "rank_levers": _rank_free_levers_that_save_nothing_first}),
+    ("free levers by bytes saved, not by time gained", {"rank_levers": _rank_free_levers_by_bytes}),
+]

@@ -1,0 +1,78 @@
+"""course_lib.ladder_view: lecture 08's opening figure, the ladder's chart and its widget."""
+
+import pytest
+
+from course_lib import engine, fit_ladder, ladder_view
+from course_lib.device import GPUS
+from course_lib.models import GPTConfig
+from course_lib.units import GiB, MiB
+
+GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+
+
+def _texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts] + [t.get_text() for t in fig.texts]
+
+
+def test_capacity_label_gives_pytorchs_memory_and_nvidia_smis():
+    label = ladder_view.capacity_label("T4")
+    assert label.startswith("T4: 14.58 GiB as PyTorch reports it")
+    assert f"nvidia-smi: {GPUS['T4'].smi_memory // MiB:,} MiB" in label
+    with pytest.raises(ValueError, match="gpu"):
+        ladder_view.capacity_label("V100")
+
+
+def test_peak_parts_stack_to_the_peak_and_label_the_card():
+    peak = engine.predict_step_memory(GPT2, 8, gpu="T4")
+    fig = ladder_view.peak_parts_figure({"GPT-2 small": peak}, "T4")
+    ax = fig.axes[0]
+    right_edge = max(p.get_x() + p.get_width() for p in ax.patches)
+    assert right_edge == pytest.approx(peak.total / GiB)
+    assert ax.lines[0].get_xdata()[0] == pytest.approx(GPUS["T4"].total_memory / GiB)
+    assert ladder_view.capacity_label("T4") in " ".join(_texts(fig))
+    assert len(ax.get_legend().get_texts()) == len(ladder_view.PARTS)
+    with pytest.raises(ValueError, match="jobs"):
+        ladder_view.peak_parts_figure({}, "T4")
+    with pytest.raises(ValueError, match="jobs"):
+        ladder_view.peak_parts_figure({"x": 1}, "T4")
+
+
+def test_the_ladder_chart_draws_each_rung_its_rank_and_the_labelled_budget():
+    result = fit_ladder.ladder(GPT2, "T4", batch_size=32)
+    fig = ladder_view.ladder_figure(result, "GPT-2 small")
+    ax = fig.axes[0]
+    widths = [bar.get_width() for bar in ax.patches[:1 + len(result.listed)]]
+    assert widths[0] == pytest.approx(result.baseline.total / GiB)
+    assert widths[1:] == pytest.approx([r.memory.total / GiB for r in result.listed])
+    texts = " ".join(_texts(fig))
+    assert "#1," in texts and f"#{len(result.rungs)}," in texts
+    assert ladder_view.capacity_label("T4") in texts
+    budget = [line for line in ax.lines if line.get_linestyle() == "--"][0]
+    assert budget.get_xdata()[0] == pytest.approx(result.budget_bytes / GiB)
+
+
+def test_climb_text_names_each_rung_and_fits_the_page():
+    result = fit_ladder.ladder(ladder_view.LADDER_MODELS["GPT-2 XL (1.5B)"], "T4", batch_size=16,
+                               seq_len=4096)
+    text = ladder_view.climb_text(result)
+    lines = text.splitlines()
+    assert len(lines) == 2 + len(result.steps) and lines[-1].startswith("fits")
+    assert all(len(line) < 100 for line in lines)
+    with pytest.raises(ValueError, match="result"):
+        ladder_view.climb_text("ladder")
+
+
+def test_the_explorer_redraws_for_every_control_and_refuses_bad_choices():
+    box = ladder_view.ladder_explorer()
+    first = box.image.value
+    for name, value in (("gpu", "H200"), ("batch_size", 1), ("seq_len", 8192),
+                        ("model", "1.2B, 128k vocabulary")):
+        box.controls[name].value = value
+        assert box.image.layout.display is None, name
+    assert box.image.value != first
+    assert "H200" in " ".join(t.get_text() for t in box.artists["ax"].texts)
+    for kwargs, name in (({"model": "GPT-5"}, "model"), ({"gpu": "V100"}, "gpu"),
+                         ({"seq_len": 100}, "seq_len"), ({"batch_size": 3}, "batch_size"),
+                         ({"models": {}}, "models")):
+        with pytest.raises(ValueError, match=name):
+            ladder_view.ladder_explorer(**kwargs)
