@@ -33,7 +33,7 @@ def test_draw_steps_stacks_every_category_to_the_total():
     fig, ax = _axes()
     scale, unit = fit_views.draw_steps(ax, steps, budget=MiB, measured={"fp32": 123_456})
     assert (scale, unit) == (MiB, "MiB")
-    for row, (label, memory) in zip((1, 0), steps.items()):
+    for row, memory in zip((1, 0), steps.values()):
         bars = [p for p in ax.patches if abs(p.get_y() + p.get_height() / 2 - row) < 1e-9]
         assert sum(p.get_width() for p in bars) == pytest.approx(memory.total / MiB)
         assert len(bars) == len(engine.breakdown_rows(memory))
