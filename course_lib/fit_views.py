@@ -8,6 +8,7 @@ planner (:func:`course_lib.fit.fit_model`); the figures only lay them out:
 * :func:`draw_steps`: one horizontal bar per step, stacked by category (parameters, master
   weights, optimizer state, gradients, activations, transient), a measured peak as a tick on
   its bar, and the budget as a labelled line;
+* :func:`draw_largest`: the largest GPT each set of techniques trains, beside its step;
 * :func:`draw_timeline`: allocated bytes over one step, with the budget, the predicted peak and
   the resident model states;
 * :func:`draw_explorer`: the widget "what fits on which GPU": the largest GPT a card trains, its
@@ -123,6 +124,40 @@ def draw_steps(ax, steps: Mapping[str, StepMemory], *, budget: int | None = None
         ax.legend(*zip(*pairs), loc="lower left", bbox_to_anchor=(0, 1.02), ncol=4, fontsize=8,
                   frameon=False)
     return scale, unit
+
+
+def draw_largest(fig, fits: Mapping[str, fit.Fit], *, budget: int,
+                 budget_label: str = "budget") -> None:
+    """The largest GPT each set of allowed techniques trains, and its step against the budget.
+
+    Two panels sharing their rows: on the left the parameters of each plan, on the right its
+    predicted step stacked by category (:func:`draw_steps`).
+
+    Args:
+        fig (matplotlib.figure.Figure): an empty figure to draw on.
+        fits (mapping): row label -> :class:`course_lib.fit.Fit` (from
+            :func:`course_lib.fit.fit_model`), top to bottom.
+        budget (int): the budget the plans were fitted to, in bytes.
+        budget_label (str): the budget line's label.
+
+    Raises:
+        ValueError: naming ``fits`` (empty, or not of Fit records) or, as :func:`draw_steps`,
+            the budget.
+    """
+    if not isinstance(fits, Mapping) or not fits or not all(
+            isinstance(k, str) and isinstance(v, fit.Fit) for k, v in fits.items()):
+        raise ValueError(f"fits must be a non-empty mapping of label -> Fit, got {fits!r}")
+    left, right = fig.subplots(1, 2, width_ratios=(1, 2), sharey=True)
+    fig.subplots_adjust(left=0.19, right=0.98, top=0.8, bottom=0.15, wspace=0.08)
+    _, unit = draw_steps(right, {name: f.memory for name, f in fits.items()}, budget=budget,
+                         budget_label=budget_label)
+    right.set_xlabel(f"its predicted step ({unit})")
+    sizes = [f.n_params / 1e6 for f in fits.values()]
+    rows = range(len(fits))[::-1]
+    left.barh(rows, sizes, color="0.5", height=0.6)
+    for row, size in zip(rows, sizes, strict=True):
+        left.text(size, row, f" {size:.2f}M", va="center", fontsize=8)
+    left.set(xlabel="largest GPT that fits (M parameters)", xlim=(0, 1.4 * max(sizes)))
 
 
 def draw_timeline(ax, clock: Sequence, allocated: Sequence[int], *, clock_unit: str,
@@ -271,4 +306,4 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
 
 
 __all__ = ["COLORS", "SEQ_LENS", "EFFECTIVE_BATCHES", "THIS_GPU", "unit_of", "draw_steps",
-           "draw_timeline", "explorer_gpus", "capacity_of", "draw_explorer"]
+           "draw_largest", "draw_timeline", "explorer_gpus", "capacity_of", "draw_explorer"]

@@ -106,3 +106,21 @@ def test_the_explorer_names_a_bad_argument(kwargs, name):
     fig = Figure()
     with pytest.raises(ValueError, match=name):
         fit_views.draw_explorer(fig, **args)
+
+
+def test_draw_largest_puts_each_plan_beside_its_step():
+    from course_lib import fit
+
+    space = dict(seq_len=32, vocab_size=64, effective_batch=4, widths=range(16, 129, 16),
+                 depths=range(1, 9), head_size=16, aspect_ratio=None)
+    fits = {"fp32": fit.fit_model(2 * MiB, precisions=("fp32",), **space),
+            "bf16": fit.fit_model(2 * MiB, precisions=("bf16",), **space)}
+    fig = Figure(figsize=(10, 3.4))
+    FigureCanvasAgg(fig)
+    fit_views.draw_largest(fig, fits, budget=2 * MiB)
+    left, right = fig.axes
+    assert [p.get_width() for p in left.patches] == [f.n_params / 1e6 for f in fits.values()]
+    assert right.get_xlabel() == "its predicted step (MiB)"
+    fig.canvas.draw()
+    with pytest.raises(ValueError, match="fits"):
+        fit_views.draw_largest(Figure(), {"a": 1}, budget=MiB)
