@@ -38,6 +38,7 @@ lecture named:
 ``fit``                06: the largest GPT, or the largest batch, that trains within a budget
 ``guard``              06: a budget checked before a step runs and enforced while it runs
 ``allocator``          06: what nvidia-smi shows beside the prediction (cache, context, cuBLAS)
+``fit_views``          06: a step's memory by category against a budget; the GPU explorer
 ``ranks``              07: start N ranks on gloo and collect their results
 ``distributed``        07: the workers of lecture 07: DDP ``no_sync``, sharded states
 ``levers``             08: optimizer in backward, chunked loss, offloading, low-bit states, LoRA

@@ -68,7 +68,8 @@ class NotOnCUDA:
     It is falsy, and its ``reason`` (also its ``str``) says what is missing.
 
     Attributes:
-        reason (str): one sentence, starting with "not on CUDA".
+        reason (str): one sentence, starting with "not on CUDA" (or, from :func:`smi_reading`,
+            "no nvidia-smi").
     """
 
     reason: str
@@ -194,6 +195,93 @@ def read(device: torch.device | str | int | None = None) -> Reading | NotOnCUDA:
                    peak_reserved=torch.cuda.max_memory_reserved(device))
 
 
+# --------------------------------------------------------------------------- nvidia-smi
+
+#: What :func:`smi_reading` asks ``nvidia-smi`` for, in MiB.
+SMI_QUERY = "memory.total,memory.used,memory.free"
+
+
+@dataclass(frozen=True)
+class SmiReading:
+    """``nvidia-smi``'s figures for one card, in bytes (it reports MiB: MiB x 2**20).
+
+    Attributes:
+        total (int): "Total": the card's memory, a few hundred MiB above what PyTorch reports
+            (``get_device_properties().total_memory``), which leaves out what the driver keeps.
+        used (int): "Used": every process's memory on the card, CUDA contexts included.
+        free (int): "Free".
+    """
+
+    total: int
+    used: int
+    free: int
+
+
+def parse_smi(output: str) -> SmiReading:
+    """The first line of ``nvidia-smi --query-gpu=memory.total,memory.used,memory.free
+    --format=csv,noheader,nounits`` (``"15360, 1234, 14126"``, in MiB) as a :class:`SmiReading`.
+
+    Args:
+        output (str): what the command printed.
+
+    Returns:
+        SmiReading: in bytes.
+
+    Raises:
+        ValueError: naming ``output``, unless its first line is three non-negative integers.
+
+    Example:
+        >>> parse_smi("15360, 0, 15095").total // MiB
+        15360
+    """
+    text("output", output)
+    line = output.strip().splitlines()[0] if output.strip() else ""
+    try:
+        total, used, free = (int(x.strip()) for x in line.split(","))
+    except ValueError:
+        raise ValueError(f"output must start with a line of three integers (MiB) separated by "
+                         f"commas, got {output!r}") from None
+    if min(total, used, free) < 0:
+        raise ValueError(f"output must hold non-negative MiB, got {output!r}")
+    return SmiReading(total * MiB, used * MiB, free * MiB)
+
+
+def smi_reading(device: torch.device | str | int | None = None, *,
+                timeout: float = 30) -> SmiReading | NotOnCUDA:
+    """What ``nvidia-smi`` shows for the card of ``device`` now: the figure learners see first.
+
+    The card is named by its UUID where PyTorch reports one (so that ``CUDA_VISIBLE_DEVICES``
+    cannot make ``nvidia-smi`` read another card), else by its index.
+
+    Args:
+        device (torch.device or str or int, optional): a CUDA device; None means the current one.
+        timeout (float): seconds to wait for ``nvidia-smi`` (a finite number > 0, at most
+            :data:`MAX_PROBE_SECONDS`).
+
+    Returns:
+        A :class:`SmiReading`, or a :class:`NotOnCUDA` without CUDA or when ``nvidia-smi``
+        cannot be run (its ``reason`` says which).
+
+    Raises:
+        ValueError: naming ``device`` or ``timeout``, for a bad value.
+    """
+    number("timeout", timeout, above=0.0, maximum=MAX_PROBE_SECONDS)
+    missing = not_on_cuda(device)
+    if missing is not None:
+        return missing
+    dev = _device(device)
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    card = f"GPU-{uuid}" if uuid is not None else str(index)
+    try:
+        done = subprocess.run(["nvidia-smi", f"--id={card}", f"--query-gpu={SMI_QUERY}",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                              timeout=timeout, check=True)
+        return parse_smi(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return NotOnCUDA(f"no nvidia-smi: it could not be read here ({type(exc).__name__})")
+
+
 # --------------------------------------------------------------------------- one step
 
 @dataclass(frozen=True)
@@ -229,22 +317,22 @@ class StepReport:
             list of tuple: six ``(description, bytes)`` rows.
         """
         return [
-            ("predicted by the engine (the step's tensors, model states included)", self.predicted),
+            ("predicted: the step's tensors, model states included", self.predicted),
             ("measured: model states + the step's max_memory_allocated", self.measured),
-            ("max_memory_allocated (also earlier cells' tensors, cuBLAS workspaces)",
-             self.after.peak_allocated),
-            ("max_memory_reserved (+ blocks cached by the allocator)", self.after.peak_reserved),
+            ("max_memory_allocated (+ earlier cells' tensors, cuBLAS)", self.after.peak_allocated),
+            ("max_memory_reserved (+ blocks the allocator caches)", self.after.peak_reserved),
             ("memory_reserved after the step (cached blocks stay)", self.after.reserved),
-            ("used on the device, nvidia-smi (+ CUDA context, other processes)", self.after.used),
+            ("used on the device as nvidia-smi shows it (+ CUDA context)", self.after.used),
         ]
 
     def table(self) -> str:
-        """:meth:`rows` as aligned text, binary units with exact bytes beside them.
+        """:meth:`rows` as aligned text, binary units with exact bytes beside them (under 100
+        characters a line).
 
         Returns:
             str: one line per row.
         """
-        return "\n".join(f"{what:72s} {format_bytes(n):>11s} {n:>15,d} B" for what, n in self.rows())
+        return "\n".join(f"{what:60s} {format_bytes(n):>11s} {n:>15,d} B" for what, n in self.rows())
 
 
 def step_report(fn: Callable[[], object], *, predicted: int, resident: int,

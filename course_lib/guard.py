@@ -35,7 +35,8 @@ class MemoryBudgetExceeded(RuntimeError):
         needed_bytes (int): the bytes needed (predicted) or live (when it was crossed).
         budget_bytes (int): the budget, in bytes.
         what (str): what was run, for the message.
-        at (str, optional): the op at which the budget was crossed; None for a prediction.
+        at (str, optional): the op in which the budget was crossed (``"gelu"``); None for a
+            prediction.
     """
 
     def __init__(self, needed_bytes: int, budget_bytes: int, what: str = "the step", *,
@@ -46,7 +47,7 @@ class MemoryBudgetExceeded(RuntimeError):
                        f"{format_bytes(needed_bytes - budget_bytes)} over the budget of "
                        f"{format_bytes(budget_bytes)}")
         else:
-            message = (f"{what} went over the budget of {format_bytes(budget_bytes)} at {at} "
+            message = (f"{what} went over the budget of {format_bytes(budget_bytes)} in {at} "
                        f"({format_bytes(needed_bytes)} live)")
         super().__init__(message)
 
@@ -99,8 +100,14 @@ class BudgetTracker(LiveTensorTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.live > self.budget_bytes:
-            raise MemoryBudgetExceeded(self.live, self.budget_bytes, self.what, at=str(func))
+            raise MemoryBudgetExceeded(self.live, self.budget_bytes, self.what, at=_op_name(func))
         return out
+
+
+def _op_name(func) -> str:
+    """An op's name as a reader knows it: ``aten.gelu.default`` -> ``gelu``."""
+    packet = getattr(func, "overloadpacket", None)
+    return getattr(packet, "__name__", None) or str(func)
 
 
 @dataclass
@@ -110,14 +117,18 @@ class Trial:
     Attributes:
         ok (bool): whether ``fn`` ran to the end within the budget.
         peak_bytes (int or None): the measured peak, in bytes, when it ran to the end.
-        message (str): one line saying what happened.
+        message (str): what happened: one line when it fitted; after running out of memory, a
+            second line with the error (:attr:`error`).
         result: what ``fn`` returned (None after a failure).
+        error (str or None): the out-of-memory error as ``"Type: its first line"``; None when
+            it fitted.
     """
 
     ok: bool
     peak_bytes: int | None
     message: str
     result: object = None
+    error: str | None = None
 
 
 def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str = "training",
@@ -167,7 +178,9 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
             start = torch.cuda.memory_allocated()
             peak = start + peak_memory(lambda: result.append(fn()), device="cuda")
         except _OOM as exc:  # the real thing: the allocator could not get a block
-            failure = f"torch.OutOfMemoryError: {str(exc).splitlines()[0]}"
+            # its first two sentences: "CUDA out of memory. Tried to allocate 2.00 GiB"
+            first = ". ".join(str(exc).splitlines()[0].split(". ")[:2])
+            failure = f"torch.OutOfMemoryError: {first}"
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, torch.device(device))
     else:
@@ -184,7 +197,8 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
         if kind == "cuda":
             torch.cuda.empty_cache()
         return Trial(False, None, f"✗ {what} ran out of memory under a budget of "
-                     f"{format_bytes(budget)}. {failure}. Memory freed; the kernel is fine.")
+                     f"{format_bytes(budget)}; memory freed, the kernel goes on\n  {failure}",
+                     error=failure)
     return Trial(True, peak, f"✓ {what} fits: peak {format_bytes(peak)} of a budget of "
                  f"{format_bytes(budget)} ({peak / budget:.0%})", result[0])
 

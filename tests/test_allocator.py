@@ -175,3 +175,29 @@ def test_probe_sees_context_workspace_and_expandable_segments():
     assert default.fragmentation >= 200 * MiB
     assert expandable.fragmentation < default.fragmentation / 2
     assert default.stage("empty_cache").reserved < default.stage("growing requests").reserved
+
+
+# --------------------------------------------------------------------------- nvidia-smi
+
+def test_parse_smi_reads_mib_as_bytes():
+    smi = al.parse_smi("15360, 1234, 14126\n")
+    assert (smi.total, smi.used, smi.free) == (15360 * MiB, 1234 * MiB, 14126 * MiB)
+    for bad in ("", "15360, 1234", "a, b, c", "1, -2, 3"):
+        with pytest.raises(ValueError, match="output"):
+            al.parse_smi(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the result on machines without CUDA")
+def test_smi_reading_without_cuda_says_why():
+    result = al.smi_reading()
+    assert not result and str(result).startswith("not on CUDA")
+    with pytest.raises(ValueError, match="timeout"):
+        al.smi_reading(timeout=0)
+
+
+@needs_cuda
+def test_smi_total_is_above_what_pytorch_reports():
+    smi = al.smi_reading()
+    if not smi:
+        pytest.skip(smi.reason)
+    assert smi.total >= torch.cuda.get_device_properties(0).total_memory

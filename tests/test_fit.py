@@ -236,6 +236,8 @@ def test_run_within_budget_catches_going_over_and_frees_the_memory():
                                   device="cpu")
     assert not trial.ok and trial.peak_bytes is None and trial.result is None
     assert "out of memory" in trial.message and "MemoryBudgetExceeded" in trial.message
+    assert trial.error.startswith("MemoryBudgetExceeded: too big went over the budget")
+    assert all(len(line) < 100 for line in trial.message.splitlines())
     gc.collect()
     assert refs[0]() is None
 
@@ -260,7 +262,8 @@ def test_budget_tracker_raises_inside_the_backward_pass():
         with guard.BudgetTracker(forward_and_backward - 1, "backward"):
             model(x, x)[1].backward()
     assert isinstance(info.value, RuntimeError) and "backward" in str(info.value)
-    assert info.value.at is not None and info.value.needed_bytes > forward_and_backward - 1
+    assert info.value.needed_bytes > forward_and_backward - 1
+    assert info.value.at and "." not in info.value.at  # the op as a reader knows it: "mm", "sum"
 
 
 def test_other_errors_are_not_taken_for_out_of_memory():

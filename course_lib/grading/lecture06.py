@@ -136,8 +136,10 @@ def check_train_or_report(fn):
             try:
                 got = fn(failing(make_error))
             except kind:
+                where = ("torch.OutOfMemoryError: out of memory on CUDA" if kind is _OOM else
+                         "course_lib.guard.MemoryBudgetExceeded: over budget on the CPU")
                 expect(False, f"a {name} escaped from your function",
-                       hint=f"catch {name} as well: out of memory on CUDA, over budget on the CPU")
+                       hint=f"catch {where}, as well as the other one")
         expect(isinstance(got, str) and "out of memory" in got.lower(),
                f"after a {name} you returned {got!r}",
                hint="return a message (a str) that says 'out of memory' and what happened")

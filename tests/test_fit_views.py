@@ -1,0 +1,126 @@
+"""course_lib.fit_views: the figures of lecture 06 draw what the engine and the planner say, on the
+figure they are given, and refuse bad input naming it."""
+
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from course_lib import engine, fit_views
+from course_lib.device import GPU, GPUS
+from course_lib.models import GPTConfig
+from course_lib.units import GiB, MiB
+
+SMALL = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=3)
+
+
+def _axes(figsize=(8, 3)):
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots()
+
+
+def test_unit_of_switches_to_gib_at_two_gib():
+    assert fit_views.unit_of(0) == (MiB, "MiB")
+    assert fit_views.unit_of(2 * GiB - 1) == (MiB, "MiB")
+    assert fit_views.unit_of(2 * GiB) == (GiB, "GiB")
+    with pytest.raises(ValueError, match="nbytes"):
+        fit_views.unit_of(-1)
+
+
+def test_draw_steps_stacks_every_category_to_the_total():
+    steps = {"fp32": engine.predict_step_memory(SMALL, 4),
+             "bf16-mixed, 2 x 2": engine.predict_step_memory(SMALL, 2, 2, precision="bf16-mixed")}
+    fig, ax = _axes()
+    scale, unit = fit_views.draw_steps(ax, steps, budget=MiB, measured={"fp32": 123_456})
+    assert (scale, unit) == (MiB, "MiB")
+    for row, memory in zip((1, 0), steps.values()):
+        bars = [p for p in ax.patches if abs(p.get_y() + p.get_height() / 2 - row) < 1e-9]
+        assert sum(p.get_width() for p in bars) == pytest.approx(memory.total / MiB)
+        assert len(bars) == len(engine.breakdown_rows(memory))
+    ticks = dict(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())))
+    assert ticks == {1: "fp32", 0: "bf16-mixed, 2 x 2"}  # the first label on top
+    names = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert names[0] == "parameters" and names[-2:] == ["measured", "budget"]
+    fig.canvas.draw()
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(steps={}), "steps"), (dict(steps={"a": 3}), "steps"),
+    (dict(budget=0), "budget"), (dict(measured={"other": 5}), "measured"),
+    (dict(measured={"a": -5}), "measured"), (dict(ax="axes"), "ax")])
+def test_draw_steps_names_a_bad_argument(kwargs, name):
+    _, ax = _axes()
+    args = dict(ax=ax, steps={"a": engine.predict_step_memory(SMALL, 1)}) | kwargs
+    with pytest.raises(ValueError, match=name):
+        fit_views.draw_steps(args.pop("ax"), args.pop("steps"), **args)
+
+
+def test_draw_timeline_draws_the_curve_and_three_labelled_lines():
+    fig, ax = _axes()
+    fit_views.draw_timeline(ax, [0, 1, 2], [5 * MiB, 6 * MiB, 5 * MiB], clock_unit="event",
+                            budget=7 * MiB, predicted=6 * MiB, resident=5 * MiB,
+                            budget_label="budget 7 MiB")
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["allocated", "budget 7 MiB", "predicted peak", "model states (between steps)"]
+    assert "allocations and frees" in ax.get_xlabel()
+    with pytest.raises(ValueError, match="one length"):
+        fit_views.draw_timeline(ax, [0, 1], [MiB], clock_unit="µs", budget=MiB, predicted=MiB,
+                                resident=MiB)
+
+
+def test_explorer_offers_the_presets_and_this_gpu_only_with_cuda():
+    assert fit_views.explorer_gpus(live=False) == dict(GPUS)
+    with pytest.raises(ValueError, match="live"):
+        fit_views.explorer_gpus(live="yes")
+
+
+def test_capacity_is_pytorchs_total_for_a_preset_and_the_free_memory_for_a_live_card():
+    t4 = GPUS["T4"]
+    memory, where = fit_views.capacity_of(t4)
+    assert memory == t4.total_memory and "nvidia-smi: 15.00 GiB" in where and "14.58 GiB" in where
+    live = GPU("Tesla T4", t4.total_memory, (7, 5), free_memory=14 * GiB, live=True)
+    memory, where = fit_views.capacity_of(live)
+    assert memory == 14 * GiB and "mem_get_info" in where
+    with pytest.raises(ValueError, match="gpu"):
+        fit_views.capacity_of("T4")
+
+
+def test_the_explorer_draws_a_plan_that_fits_its_budget(capsys):
+    fig = Figure(figsize=(9, 3.6))
+    FigureCanvasAgg(fig)
+    plan = fit_views.draw_explorer(fig, "T4", 90, 1024, 64, gpus=GPUS)
+    budget = GPUS["T4"].total_memory * 90 // 100
+    assert plan.budget_bytes == budget and plan.peak_bytes <= budget
+    assert plan.precision == "fp16-mixed"  # a T4 has no bf16 tensor cores
+    title = fig.axes[0].get_title(loc="left")
+    assert title.startswith("T4: the largest GPT that fits") and plan.label in title
+    assert "trained naively" in capsys.readouterr().out
+    fig.canvas.draw()
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(gpu="K80"), "gpu"), (dict(usable=0), "usable"), (dict(usable=101), "usable"),
+    (dict(gpus={}), "gpus")])
+def test_the_explorer_names_a_bad_argument(kwargs, name):
+    args = dict(gpu="T4", usable=90, seq_len=1024, effective_batch=64, gpus=GPUS) | kwargs
+    fig = Figure()
+    with pytest.raises(ValueError, match=name):
+        fit_views.draw_explorer(fig, **args)
+
+
+def test_draw_largest_puts_each_plan_beside_its_step():
+    from course_lib import fit
+
+    space = dict(seq_len=32, vocab_size=64, effective_batch=4, widths=range(16, 129, 16),
+                 depths=range(1, 9), head_size=16, aspect_ratio=None)
+    fits = {"fp32": fit.fit_model(2 * MiB, precisions=("fp32",), **space),
+            "bf16": fit.fit_model(2 * MiB, precisions=("bf16",), **space)}
+    fig = Figure(figsize=(10, 3.4))
+    FigureCanvasAgg(fig)
+    fit_views.draw_largest(fig, fits, budget=2 * MiB)
+    left, right = fig.axes
+    assert [p.get_width() for p in left.patches] == [f.n_params / 1e6 for f in fits.values()]
+    assert right.get_xlabel() == "its predicted step (MiB)"
+    fig.canvas.draw()
+    with pytest.raises(ValueError, match="fits"):
+        fit_views.draw_largest(Figure(), {"a": 1}, budget=MiB)
