@@ -10,8 +10,8 @@ for each the peak of one AdamW training step with the memory engine
 * **cost**: recomputed FLOPs as ``FlopCounterMode`` counts them (matmuls and
   attention kernels), then, among equal FLOPs, fewer checkpointed regions (each
   reruns its pointwise ops: LayerNorm, GELU, softmax, dropout). ``selective``
-  reruns no matmul (a fused attention kernel does run again), so it usually is
-  the cheapest policy that saves anything.
+  reruns no matmul and no attention kernel (it keeps their outputs), so it usually
+  is the cheapest policy that saves anything.
 * **peak**: the engine's ``step_peak`` of the first step on a fresh model: the
   bytes the step allocates above the parameters, which is what
   :func:`course_lib.measure.peak_memory` measures around
