@@ -16,7 +16,7 @@ from matplotlib.transforms import Bbox
 
 from . import checkpointing as ckpt
 from . import planner
-from .units import MiB, format_bytes
+from .units import GiB, MiB, format_bytes
 from .validation import integer, number
 from .widgets import live_plot
 
@@ -29,6 +29,11 @@ COLOURS = {"none": "0.2", "blocks": "C1", "sqrt": "C4", "selective": "C0", "atte
 #: Where a label may go around its point, in points: right, left, above, below, then farther.
 OFFSETS = [(6, 3), (-6, 3), (6, -11), (-6, -11), (0, 9), (0, -17), (10, 12), (-10, 12),
            (10, -20), (-10, -20), (0, 20), (0, -28)]
+
+
+def _unit(largest: int) -> tuple[int, str]:
+    """GiB for figures that reach 2 GiB, else MiB: ``(bytes per unit, its name)``."""
+    return (GiB, "GiB") if largest >= 2 * GiB else (MiB, "MiB")
 
 
 def _family(label: str) -> str:
@@ -104,7 +109,8 @@ def draw_question(ax: Axes, none: tuple, full: tuple) -> None:
         none (tuple): ``(extra FLOPs in %, peak bytes)`` of no checkpointing.
         full (tuple): the same for every block checkpointed.
     """
-    xs, ys = [none[0], full[0]], [none[1] / MiB, full[1] / MiB]
+    unit, name = _unit(none[1])
+    xs, ys = [none[0], full[0]], [none[1] / unit, full[1] / unit]
     ax.plot(xs, ys, ":", color="0.7")
     ax.plot(xs, ys, "o", color="C3", ms=7)
     ax.annotate("no checkpointing", (xs[0], ys[0]), xytext=(8, 4), textcoords="offset points",
@@ -116,7 +122,7 @@ def draw_question(ax: Axes, none: tuple, full: tuple) -> None:
     ax.text(middle[0] + 0.12 * xs[1], middle[1], "most of the saving\nfor a fraction of the price?",
             fontsize=FONT + 1, color="C0", va="center")
     ax.set(xlabel="extra compute: recomputed FLOPs (% of a plain step)",
-           ylabel="peak of a training step (MiB)", xlim=(-0.08 * xs[1], 1.25 * xs[1]),
+           ylabel=f"peak of a training step ({name})", xlim=(-0.08 * xs[1], 1.25 * xs[1]),
            ylim=(0, 1.2 * ys[0]))
     ax.tick_params(labelsize=FONT + 1)
 
@@ -151,14 +157,15 @@ def draw_policy_costs(ax: Axes, kept: dict, reruns: dict) -> None:
     """
     names = list(kept)
     ys = range(len(names))[::-1]
-    values = [kept[n] / MiB for n in names]
+    unit, unit_name = _unit(max(kept.values()))
+    values = [kept[n] / unit for n in names]
     ax.barh(ys, values, color=["0.6" if i < 2 else "C0" for i in range(len(names))], height=0.6)
     right = max(values)
     for y, n, v in zip(ys, names, values):
         ax.text(v + 0.02 * right, y, f"{format_bytes(kept[n])}; reruns {reruns[n]}",
                 fontsize=FONT, va="center")
     ax.set_yticks(list(ys), names, fontsize=FONT + 1)
-    ax.set(xlabel="kept from the forward to the backward pass, one block (MiB)",
+    ax.set(xlabel=f"kept from the forward to the backward pass, one block ({unit_name})",
            xlim=(0, 2.6 * right))
     ax.tick_params(axis="x", labelsize=FONT + 1)
 
@@ -171,19 +178,20 @@ def draw_frontier(ax: Axes, points, front_labels) -> None:
         points (list): ``(peak bytes, time ratio, label)`` per policy.
         front_labels (collection of str): the labels on the frontier, joined by a dashed line.
     """
+    unit, name = _unit(max(p[0] for p in points))
     for peak, ratio, label in points:
-        ax.plot(peak / MiB, ratio, "o", color=COLOURS[_family(label)], ms=6)
+        ax.plot(peak / unit, ratio, "o", color=COLOURS[_family(label)], ms=6)
     front = sorted((p for p in points if p[2] in front_labels), key=lambda p: p[0])
-    ax.plot([p[0] / MiB for p in front], [p[1] for p in front], "k--", lw=1,
+    ax.plot([p[0] / unit for p in front], [p[1] for p in front], "k--", lw=1,
             label="frontier: nothing both smaller and faster")
     ys = [p[1] for p in points]
     span = max(max(ys) - min(ys), 0.2)
-    ax.set(xlabel="peak of a training step (MiB)", ylabel="step time / no checkpointing",
-           xlim=(0, 1.12 * max(p[0] for p in points) / MiB),
+    ax.set(xlabel=f"peak of a training step ({name})", ylabel="step time / no checkpointing",
+           xlim=(0, 1.12 * max(p[0] for p in points) / unit),
            ylim=(min(ys) - 0.25 * span, max(ys) + 0.3 * span))
     ax.legend(fontsize=FONT, loc="upper right")
     ax.tick_params(labelsize=FONT + 1)
-    place_labels(ax, [(p[0] / MiB, p[1]) for p in points], [p[2] for p in points])
+    place_labels(ax, [(p[0] / unit, p[1]) for p in points], [p[2] for p in points])
 
 
 def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None,
@@ -211,17 +219,20 @@ def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None
     options = planner.candidates(config, batch_size, precision=precision, gpu=gpu)
     shown = planner.choices(options)
     plain = next(c for c in options if c.mode == "none").peak_bytes
+    unit, unit_name = _unit(plain)
+
+    height = max(3.2, 1.3 + 0.26 * len(shown))  # inches: about 0.26 in (19 pt) a bar
 
     def setup(fig):
         ax = fig.subplots()
-        fig.subplots_adjust(left=0.22, right=0.97, bottom=0.15, top=0.88)
+        fig.subplots_adjust(left=0.22, right=0.97, bottom=0.6 / height, top=1 - 0.5 / height)
         ys = range(len(shown))[::-1]
-        bars = ax.barh(ys, [c.peak_bytes / MiB for c in shown], color="0.85", height=0.65,
+        bars = ax.barh(ys, [c.peak_bytes / unit for c in shown], color="0.85", height=0.65,
                        linewidth=2)
         ax.set_yticks(list(ys), [f"{c.label}  +{c.recompute_fraction:.1%}" for c in shown],
                       fontsize=FONT + 1)
-        ax.set(xlim=(0, 1.12 * plain / MiB), ylim=(-0.6, len(shown) + 0.3))
-        ax.set_xlabel("predicted peak of a training step (MiB)", fontsize=FONT + 1)
+        ax.set(xlim=(0, 1.12 * plain / unit), ylim=(-0.6, len(shown) + 0.3))
+        ax.set_xlabel(f"predicted peak of a training step ({unit_name})", fontsize=FONT + 1)
         ax.text(-0.01, 1.0, "policy, + FLOPs\nrecomputed", transform=ax.transAxes, ha="right",
                 va="bottom", fontsize=FONT)
         ax.tick_params(axis="x", labelsize=FONT + 1)
@@ -247,7 +258,7 @@ def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None
             picked = plan is not None and (c.mode, c.every) == (plan.mode, plan.every)
             bar.set_facecolor("C2" if c.peak_bytes <= budget_bytes else "0.85")
             bar.set_edgecolor("k" if picked else "none")
-        x = budget_bytes / MiB
+        x = budget_bytes / unit
         line.set_xdata([x, x])
         note.set_text(f" budget {format_bytes(budget_bytes)}")
         note.set_x(x)
@@ -257,4 +268,4 @@ def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None
                                description="budget, % of the peak without checkpointing",
                                style={"description_width": "initial"},
                                layout=widgets.Layout(width="560px"))
-    return live_plot(draw, {"budget": slider}, setup=setup, figsize=(7.4, 3.9))
+    return live_plot(draw, {"budget": slider}, setup=setup, figsize=(7.4, height))
