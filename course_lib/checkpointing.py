@@ -13,7 +13,8 @@ mode            what is checkpointed                                         sto
 ``none``        nothing                                                      all its activations
 ``blocks``      every ``every``-th transformer block (``every=1``: all)      its input
 ``sqrt``        ``checkpoint_sequential`` in ``k`` segments                  O(sqrt(n)), right k
-``selective``   every ``every``-th block under an op-level policy            input + matmul outputs
+``selective``   every ``every``-th block under an op-level policy            input, matmul and
+                                                                             attention outputs
 ``attention``   the attention core of every ``every``-th block (Megatron)    all but the core's
 ==============  ===========================================================  ==================
 
@@ -23,8 +24,11 @@ the least memory for a block that keeps ``A/X`` times its input (:func:`block_ra
 ``sqrt(n * A / X)``, counted with ``checkpoint_sequential``'s real cut.
 
 ``selective`` uses ``torch.utils.checkpoint.create_selective_checkpoint_contexts``
-with the outputs of the matmul ops (:data:`SAVE_MATMULS`) saved and everything
-else (LayerNorm, GELU, softmax, dropout, ...) recomputed. ``attention`` is the
+with the outputs of the matmul ops and of the fused attention kernels (:data:`SAVE_OPS`,
+as torchtitan's default op policy) saved and everything else (LayerNorm, GELU,
+softmax, dropout, ...) recomputed; the block's last matmul (the MLP's output, which
+no backward formula reads) is recomputed rather than saved unless dropout follows
+it (:class:`SelectiveContext`). ``attention`` is the
 "selective activation recomputation" of Korthikanti et al. 2022 ("Reducing
 Activation Recomputation in Large Transformer Models"): only the attention core
 ``softmax(QK^T) V``, whose ``a*s*s`` intermediates dominate at long sequences,
@@ -49,6 +53,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import (
+    CheckpointPolicy,
     checkpoint,
     checkpoint_sequential,
     create_selective_checkpoint_contexts,
@@ -73,9 +78,26 @@ _aten = torch.ops.aten
 #: The matmul ops of the course GPT: ``mm`` (a linear without bias, the LM head),
 #: ``addmm`` (a linear with bias), ``bmm`` (``q @ k^T`` and ``probs @ v``).
 MATMULS = (_aten.mm.default, _aten.addmm.default, _aten.bmm.default)
-#: The ops whose outputs ``selective`` mode keeps: the matmuls. ``nn.Linear`` with a bias
-#: dispatches ``addmm`` (not ``mm``), and batched ``q @ k^T`` dispatches ``bmm``.
+#: The matmuls alone (``selective`` mode's saved ops before it saved the attention output too).
+#: ``nn.Linear`` with a bias dispatches ``addmm`` (not ``mm``), batched ``q @ k^T`` ``bmm``.
 SAVE_MATMULS = MATMULS
+#: The ops of a linear layer: ``mm`` (no bias) and ``addmm`` (with a bias).
+LINEAR_OPS = (_aten.mm.default, _aten.addmm.default)
+#: The fused attention kernels ``F.scaled_dot_product_attention`` dispatches as one op each (the
+#: CPU's flash kernel; CUDA's flash, memory-efficient and cuDNN kernels; MPS's; other backends'
+#: overridable one). Its math kernel is no op of its own: it dispatches ``bmm`` and ``softmax``,
+#: which a policy sees instead.
+ATTENTION_OPS = tuple(getattr(_aten, name).default for name in (
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math_for_mps", "_scaled_dot_product_fused_attention_overrideable")
+    if hasattr(_aten, name))
+#: What ``selective`` mode saves: the matmuls and the attention kernels' outputs, as the default
+#: op-level policy of torchtitan (``_op_sac_save_list`` in its Llama ``parallelize.py``) does.
+SAVE_OPS = MATMULS + ATTENTION_OPS
+#: The linears of a course GPT block, in forward order: QKV, attention output projection, MLP
+#: up-projection, MLP down-projection (the block's last matmul).
+BLOCK_LINEARS = 4
 
 
 @dataclass(frozen=True)
@@ -89,12 +111,16 @@ class CheckpointSettings:
         segments (int or None): the number of segments, ``sqrt`` mode only.
         policy (tuple or callable or None): what is saved, ``selective`` mode only: a tuple of
             ``OpOverload`` s or a policy function.
+        recompute_linear (int or None): ``selective`` mode's default policy only: the linear of
+            each block (counted from 1) that is recomputed rather than saved when no dropout
+            follows it (:class:`SelectiveContext`); None with a policy of one's own.
     """
 
     mode: str = "none"
     every: int = 1
     segments: int | None = None
     policy: tuple | Callable | None = None
+    recompute_linear: int | None = None
 
 
 def check_ops(ops: Sequence, name: str = "ops") -> tuple:
@@ -122,6 +148,65 @@ def check_ops(ops: Sequence, name: str = "ops") -> tuple:
         if not isinstance(op, torch._ops.OpOverload):
             raise ValueError(f"{name} must hold OpOverloads like torch.ops.aten.mm.default, got {op!r}")
     return tuple(ops)
+
+
+class SelectiveContext:
+    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` that saves the outputs of ``ops``.
+
+    Every other op of the region is recomputed in the backward pass (``PREFER_RECOMPUTE``). With
+    ``recompute_linear=n`` the ``n``-th linear (``mm`` or ``addmm``) of each region is recomputed
+    too, whatever ``ops`` says: in a course GPT block the 4th (:data:`BLOCK_LINEARS`) is the MLP's
+    output, which only the residual add reads, and the add's backward needs neither input; without
+    dropout after it the recomputation stops before it, so saving it buys nothing. Each call (one
+    per checkpointed region) makes a fresh policy that counts the region's linears, apart in the
+    forward pass and in the recomputation (``ctx.is_recompute``), so that both make the same
+    choice, as torchtitan's policy that recomputes every second ``mm`` does.
+
+    Args:
+        ops (sequence): ``OpOverload`` s such as :data:`SAVE_OPS`.
+        recompute_linear (int, optional): the linear to recompute, counted from 1 in each region.
+
+    Raises:
+        ValueError: naming ``ops`` (a packet or anything but ``OpOverload`` s) or
+            ``recompute_linear`` (not a positive int).
+
+    Example::
+
+        checkpoint(block, x, use_reentrant=False,
+                   context_fn=SelectiveContext(SAVE_OPS, recompute_linear=BLOCK_LINEARS))
+    """
+
+    def __init__(self, ops: Sequence = SAVE_OPS, recompute_linear: int | None = None):
+        self.ops = check_ops(ops)
+        if recompute_linear is not None:
+            positive_int("recompute_linear", recompute_linear, maximum=MAX_COUNT)
+        self.recompute_linear = recompute_linear
+
+    def policy(self) -> Callable:
+        """A fresh policy function for one region: ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``.
+
+        Returns:
+            callable: the policy.
+        """
+        saved, n = frozenset(self.ops), self.recompute_linear
+        seen = {False: 0, True: 0}  # linears met in the forward pass and in the recomputation
+
+        def policy(ctx, op, *args, **kwargs):
+            if n is not None and op in LINEAR_OPS:
+                seen[ctx.is_recompute] += 1
+                if seen[ctx.is_recompute] == n:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
+            return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return policy
+
+    def __call__(self):
+        return create_selective_checkpoint_contexts(self.policy())
+
+    def __repr__(self) -> str:
+        names = ", ".join(str(op).removeprefix("aten.").split(".")[0] for op in self.ops)
+        tail = "" if self.recompute_linear is None else f"; linear {self.recompute_linear} recomputed"
+        return f"save {names}{tail}"
 
 
 def sqrt_segments(n_layers: int) -> int:
@@ -275,8 +360,10 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
         segments (int, optional): in ``sqrt`` mode, the number of segments (default
             :func:`sqrt_segments`).
         policy (sequence or callable, optional): in ``selective`` mode, what to save: a list of
-            ``OpOverload`` such as ``torch.ops.aten.mm.default`` (default :data:`SAVE_MATMULS`),
-            or a policy function ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``.
+            ``OpOverload`` such as ``torch.ops.aten.mm.default``, or a policy function
+            ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``. Default: :data:`SAVE_OPS`, with
+            the block's last linear recomputed unless dropout follows it
+            (:class:`SelectiveContext`), the policy the predictions describe.
 
     Returns:
         torch.nn.Module: ``model`` itself.
@@ -297,14 +384,17 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
     segments = _check_mode(mode, every, segments, len(blocks))
     if policy is not None and mode != "selective":
         raise ValueError(f"policy applies to mode='selective' only, got mode={mode!r}")
+    recompute_linear = None
     if mode == "selective":
-        policy = _validate_policy(SAVE_MATMULS if policy is None else policy)
+        if policy is None:
+            policy, recompute_linear = SAVE_OPS, BLOCK_LINEARS
+        policy = _validate_policy(policy)
 
     # Undo whatever an earlier call installed: the class's methods show through again.
     model.__dict__.pop("run_blocks", None)
     for block in blocks:
         block.attn.__dict__.pop("core", None)
-    model.checkpointing = CheckpointSettings(mode, every, segments, policy)
+    model.checkpointing = CheckpointSettings(mode, every, segments, policy, recompute_linear)
     if mode == "attention":
         for i in checkpointed_blocks(len(blocks), every):
             attn = blocks[i].attn
@@ -325,16 +415,28 @@ def _checkpointed_run_blocks(self, x: torch.Tensor) -> torch.Tensor:
         return type(self).run_blocks(self, x)
     if settings.mode == "sqrt":
         return checkpoint_sequential(list(self.blocks), settings.segments, x, use_reentrant=False)
-    context_fn = noop_context_fn
-    if settings.mode == "selective":
-        policy = settings.policy if callable(settings.policy) else list(settings.policy)
-        context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+    context_fn = keep_mlp_output = noop_context_fn
+    if settings.mode == "selective" and callable(settings.policy):
+        context_fn = functools.partial(create_selective_checkpoint_contexts, settings.policy)
+    elif settings.mode == "selective":
+        # The default recomputes the MLP output, unless dropout follows it (its rerun needs it).
+        context_fn = SelectiveContext(settings.policy, settings.recompute_linear)
+        keep_mlp_output = SelectiveContext(settings.policy)
     for i, block in enumerate(self.blocks):
         if i % settings.every == 0:
-            x = checkpoint(block, x, use_reentrant=False, context_fn=context_fn)
+            fn = context_fn
+            if settings.recompute_linear is not None and _dropout_after_mlp(block):
+                fn = keep_mlp_output
+            x = checkpoint(block, x, use_reentrant=False, context_fn=fn)
         else:
             x = block(x)
     return x
+
+
+def _dropout_after_mlp(block: nn.Module) -> bool:
+    """Whether dropout runs on the block's MLP output (a course GPT block in training mode)."""
+    drop = getattr(getattr(block, "mlp", None), "drop", None)
+    return drop is None or (drop.p > 0 and drop.training)
 
 
 def _checkpointed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -389,8 +491,9 @@ def policy_label(mode: str, every: int = 1) -> str:
     return mode if mode in ("none", "sqrt") else f"{mode}/{every}"
 
 
-def _matmul_outputs(config: GPTConfig, b: int, s: int, t) -> list:
-    """What ``selective`` mode keeps inside one block: the outputs of its matmul ops."""
+def _selective_outputs(config: GPTConfig, b: int, s: int, t) -> list:
+    """What ``selective`` mode keeps inside one block: the outputs of its matmuls and of a fused
+    attention kernel (:data:`SAVE_OPS`), but the MLP's output unless dropout follows it."""
     h, a, dtype = config.d_model, config.n_heads, t.compute
     items = [act.Saved("qkv (addmm)", "output", (b, s, 3 * h), dtype)]
     kernel = kernels.attention_kernel(config, dtype, t.gpu)
@@ -398,9 +501,12 @@ def _matmul_outputs(config: GPTConfig, b: int, s: int, t) -> list:
         inner = torch.float32 if kernel == "math" and dtype_bytes(dtype) == 2 else dtype
         items += [act.Saved("q @ k^T (bmm)", "scores", (b, a, s, s), inner),
                   act.Saved("probs @ v (bmm)", "output", (b, s, h), inner)]
+    else:  # a fused kernel: its output and log-sum-exp, what its backward reads
+        items += [item for item in act._core_saved(config, b, s, t) if item.op.startswith("sdpa/")]
     items += [act.Saved("attn proj (addmm)", "output", (b, s, h), dtype),
-              act.Saved("mlp fc (addmm)", "output", (b, s, 4 * h), dtype),
-              act.Saved("mlp proj (addmm)", "output", (b, s, h), dtype)]
+              act.Saved("mlp fc (addmm)", "output", (b, s, 4 * h), dtype)]
+    if config.dropout > 0:  # the recomputation reruns the dropout, which needs it
+        items.append(act.Saved("mlp proj (addmm)", "output", (b, s, h), dtype))
     return items
 
 
@@ -433,7 +539,7 @@ def _layout(config: GPTConfig, batch_size: int, mode: str, every: int, segments:
     block_input = [act.Saved("checkpoint", "block input", (b, s, config.d_model), t.stream)]
     regions = _regions(L, mode, every, segments)
     if mode == "selective":
-        wrapped = block_input + _matmul_outputs(config, b, s, t)
+        wrapped = block_input + _selective_outputs(config, b, s, t)
     elif mode == "attention":
         wrapped = _attention_recomputed_block(config, b, s, t)
     else:
@@ -476,8 +582,9 @@ def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every:
     Built from :mod:`course_lib.activations` (one :class:`~course_lib.activations.Saved`
     per storage). A checkpointed block keeps its input ``(b, s, h)`` only; a
     ``sqrt`` segment keeps its first block's input (its other blocks nothing), the
-    last segment everything; ``selective`` keeps the input and the matmul outputs
-    (:data:`SAVE_MATMULS`); ``attention`` keeps everything but the attention core's own tensors.
+    last segment everything; ``selective`` keeps the input and the outputs of the matmuls and of a
+    fused attention kernel (:data:`SAVE_OPS`; the MLP's output only under dropout); ``attention``
+    keeps everything but the attention core's own tensors.
 
     Args:
         {policy_args}
@@ -633,10 +740,11 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     Recomputation: a region reruns its forward only up to the last tensor its
     backward needs (``torch.utils.checkpoint`` stops early): autograd saves an op's
     inputs before it runs, and without dropout nothing saves the output of a region's
-    last linear (the MLP's output projection, ``8*b*s*h^2``), so it is not rerun; ``attention`` reruns ``Q K^T`` (``P V``'s output is
-    not saved) or the whole fused kernel; ``selective`` reruns no matmul (their
-    outputs are kept) but a fused kernel runs again. ``gpu`` (None: the CPU) decides the
-    attention kernel (:func:`course_lib.kernels.sdpa_kernel`).
+    last linear (the MLP's output projection, ``8*b*s*h^2``), so it is not rerun;
+    ``attention`` reruns ``Q K^T`` (``P V``'s output is not saved) or the whole fused
+    kernel; ``selective`` reruns no matmul and no attention kernel (their outputs are kept;
+    the MLP's output, when not kept, is past the point where the recomputation stops).
+    ``gpu`` (None: the CPU) decides the attention kernel (:func:`course_lib.kernels.sdpa_kernel`).
 
     Args:
         {policy_args}
@@ -667,9 +775,7 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
         extra = sum(len(r) * (linears + core) - tail for r in regions)
     elif mode == "attention":
         extra = len(regions) * (core // 2 if kernel in ("explicit", "math") else core)
-    elif mode == "selective":
-        extra = len(regions) * (0 if kernel in ("explicit", "math") else core)
-    else:
+    else:  # none; selective keeps every matmul and attention output it would rerun
         extra = 0
     return plain + extra, extra
 

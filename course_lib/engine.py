@@ -510,10 +510,10 @@ def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, 
     """``(block, rebuilt, left)`` bytes for one checkpointed region of one block.
 
     ``block``: what a plain block keeps; ``rebuilt``: what recomputation adds when
-    the backward pass reaches the region; ``left``: what the region still holds
-    after its blocks' backward freed what a plain block frees (selective: matmul
-    outputs no backward needs; attention: the QKV output its checkpoint held). Depends on
-    one block only: ``config`` is the model's with one layer (cached).
+    the backward pass reaches the region; ``left``: what the region holds beyond a plain
+    block once rebuilt (selective: the cached matmul outputs that the rerun consumes;
+    attention: the QKV output its checkpoint held). Depends on one block only: ``config``
+    is the model's with one layer (cached).
     """
     gpu = t.gpu
     block = act.total_bytes(act._block_saved(config, b, s, t), act.STEP_KINDS, gpu)
@@ -528,11 +528,12 @@ def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, 
         core = act._core_saved(config, b, s, t)
         rebuilt = act.total_bytes([i for i in core if "QKV output" not in i.what],
                                   act.STEP_KINDS, gpu)
-    else:  # selective: the matmul outputs are kept; the rest of the block is rebuilt
+    else:  # selective: the matmul and attention outputs are kept; the rest is rebuilt
         fc_out = kernels.allocated(4 * b * s * h * dtype_bytes(t.compute), gpu)  # GELU's input
-        qkv_out = kernels.allocated(3 * b * s * h * dtype_bytes(t.compute), gpu)  # sdpa's q, k, v
-        fused = act._fused(config, t)
-        rebuilt = block - x_in - fc_out - (qkv_out if fused else 0)
+        # A fused kernel's saved tensors (q, k, v in the QKV output, its output, log-sum-exp)
+        # are all kept outputs: none is rebuilt.
+        core = act._core_saved(config, b, s, t) if act._fused(config, t) else []
+        rebuilt = block - x_in - fc_out - act.total_bytes(core, act.STEP_KINDS, gpu)
     return block, rebuilt, kept + rebuilt - block
 
 
@@ -570,21 +571,21 @@ def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
 
 @functools.lru_cache(maxsize=4096)
 def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: str,
-                  rerun: int | None, released: bool, left: int, tail: int) -> _Effect:
+                  rerun: int | None, released: bool, left: int) -> _Effect:
     """One block's backward pass (:meth:`_Replay.effect`), with its region's recomputation
     (``rerun`` bytes) before it and what its checkpoint still held (``released``) after it."""
     bw = _Backward(one, b, s, t, params)
 
     def one_block(r: _Replay) -> None:
         if rerun is not None:  # the backward pass unpacks a tensor of the region: it runs again
-            if mode == "selective":  # the rerun takes the kept matmul outputs from the cache,
-                # which lets go of those no backward formula needs as they are consumed
-                r.node("block {i}: cached matmul outputs consumed", [], [(_ACT, left - tail)])
+            if mode == "selective":  # the rerun takes the kept outputs from the cache, which
+                # lets go of those no backward formula needs as they are consumed
+                r.node("block {i}: cached outputs consumed", [], [(_ACT, left)])
             r.recompute("block {i}: recomputation", rerun,
                         before=_CORE_BACKWARD if mode == "attention" else None)
         bw.block(r)
-        if released:  # what its checkpoint still held
-            r.node("block {i}: region released", [], [(_ACT, tail if mode == "selective" else left)])
+        if released and mode == "attention":  # what its checkpoint still held
+            r.node("block {i}: region released", [], [(_ACT, left)])
 
     return _Replay.effect(one_block)
 
@@ -605,12 +606,9 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
     last = {region[-1]: region for region in regions}
     first = {region[0] for region in regions}
     one = _one_layer(config)  # every block is alike: one is replayed (cached)
-    block = rebuilt = left = tail = 0
+    block = rebuilt = left = 0
     if regions:
         block, rebuilt, left = _block_terms(one, b, s, t, mode)
-        # Without dropout the rerun stops before the block's last matmul (torch.utils.checkpoint
-        # stops early once the backward has all it needs): its cached output is never consumed.
-        tail = bw.Xc if config.dropout == 0 else 0
 
     def kind_of(i: int) -> tuple:
         rerun = rebuilt + (len(last[i]) - 1) * block if i in last else None
@@ -623,7 +621,7 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
             itertools.groupby(reversed(range(config.n_layers)), key=kind_of)]
 
     def run_effect(kind, n) -> _Effect:
-        return _block_effect(one, b, s, t, params, mode, *kind, left, tail).repeat(n)
+        return _block_effect(one, b, s, t, params, mode, *kind, left).repeat(n)
 
     top, i = config.n_layers - 1, 0
     while i < len(runs):

@@ -10,12 +10,17 @@ for each the peak of one AdamW training step with the memory engine
 * **cost**: recomputed FLOPs as ``FlopCounterMode`` counts them (matmuls and
   attention kernels), then, among equal FLOPs, fewer checkpointed regions (each
   reruns its pointwise ops: LayerNorm, GELU, softmax, dropout). ``selective``
-  reruns no matmul (a fused attention kernel does run again), so it usually is
-  the cheapest policy that saves anything.
+  reruns no matmul and no attention kernel (it keeps their outputs), so it usually
+  is the cheapest policy that saves anything.
 * **peak**: the engine's ``step_peak`` of the first step on a fresh model: the
   bytes the step allocates above the parameters, which is what
   :func:`course_lib.measure.peak_memory` measures around
-  :func:`course_lib.measure.training_step` and what lecture 05 measures.
+  :func:`course_lib.measure.training_step` and what lecture 05 measures
+  (:func:`measure_peak`).
+
+:func:`choices` keeps the policies the planner picks for some budget (every other one
+is beaten on both peak and recompute); :func:`time_ratios` times the forward and
+backward pass of several policies against no checkpointing.
 """
 
 from __future__ import annotations
@@ -26,13 +31,18 @@ import math
 import numbers
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from . import checkpointing as ckpt
-from . import engine
+from . import engine, step_setup, timing
 from .device import resolve_gpu
 from .engine import StepMemory
-from .models import GPTConfig, check_config
+from .measure import peak_memory
+from .models import GPTConfig, check_config, random_tokens
+from .training import train
 from .units import format_bytes
 from .validation import MAX_BATCH, MAX_BYTES, positive_int
+from .validation import device as as_device
 
 #: The modes the planner considers, in order of increasing recompute for one region.
 PLAN_MODES = ("none", "selective", "attention", "blocks", "sqrt")
@@ -160,6 +170,34 @@ def predict_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: 
     positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     return engine.predict_step_memory(config, batch_size, precision=precision, mode=mode,
                                       every=every, seq_len=seq_len, gpu=gpu, first_step=True)
+
+
+def recompute_fraction(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1,
+                       *, seq_len: int | None = None, precision: str = "fp32", gpu=None) -> float:
+    """The FLOPs ``mode`` recomputes over those of a plain step (forward and backward).
+
+    :func:`course_lib.checkpointing.step_flops` for the step of :func:`predict_peak`: 0.33 is
+    one extra forward pass.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
+        precision (str): as :func:`course_lib.engine.predict_step_memory` takes it.
+        gpu (str or GPU, optional): as :func:`course_lib.engine.predict_step_memory` takes it.
+
+    Returns:
+        float: recomputed FLOPs over the plain step's.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    spec = engine.precision_of(precision)
+    flops, extra = ckpt.step_flops(config, batch_size, mode, every, seq_len=seq_len,
+                                   dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
+    return extra / (flops - extra)
 
 
 def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None,
@@ -310,3 +348,111 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
             return Plan(c.mode, c.every, c.peak_bytes, c.recompute_flops, c.recompute_fraction,
                         budget_bytes, options)
     raise NothingFits(budget_bytes, options)
+
+
+def choices(options) -> tuple:
+    """The candidates that :func:`plan_checkpointing` picks for some budget, cheapest first.
+
+    Every other candidate is beaten by one of these: as cheap or cheaper to recompute, and a peak
+    no higher. With the budget at each candidate's own peak, the planner's pick is kept.
+
+    Args:
+        options (iterable of Candidate): from :func:`candidates` (cheapest first).
+
+    Returns:
+        tuple of Candidate: the planner's possible answers, in the order of ``options``.
+
+    Raises:
+        ValueError: naming ``options``, for anything but a non-empty iterable of Candidates.
+    """
+    options = tuple(options) if not isinstance(options, str) else options
+    if not isinstance(options, tuple) or not options or not all(
+            isinstance(c, Candidate) for c in options):
+        raise ValueError(f"options must be a non-empty list of Candidates, got {options!r}")
+    picked = set()
+    for budget in {c.peak_bytes for c in options}:
+        picked.add(next(i for i, c in enumerate(options) if c.peak_bytes <= budget))
+    return tuple(options[i] for i in sorted(picked))
+
+
+def measure_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
+                 precision: str = "fp32", device: str | torch.device = "cpu") -> int:
+    """Measured: the bytes the first training step allocates above the parameters.
+
+    What ``predict_peak(config, batch_size, mode, every, precision=...).step_peak`` predicts: one
+    step of :func:`course_lib.training.train` (autocast and a GradScaler as the precision
+    asks, :func:`course_lib.step_setup.train_options`) on a fresh model and optimizer of
+    :func:`course_lib.step_setup.build` (seed 0), with random tokens, measured by
+    :func:`course_lib.measure.peak_memory` (the CUDA allocator on CUDA, after a warm-up matmul
+    that makes cuBLAS's workspace; the live-tensor tracker elsewhere).
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        precision (str): one of :data:`course_lib.engine.PRECISIONS`.
+        device (str or torch.device): where it runs.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    device = as_device("device", device)
+    model, optimizer = step_setup.build(config, precision=precision, mode=mode, every=every,
+                                        device=device)
+    options = step_setup.train_options(precision, device)
+    x, y = random_tokens(config, batch_size, device=device)
+    if device.type == "cuda":  # cuBLAS allocates its workspace at the first matmul: not the step's
+        torch.ones(8, 8, device=device) @ torch.ones(8, 8, device=device)
+    return peak_memory(lambda: train(model, optimizer, [(x, y)], micro_batch_size=batch_size,
+                                     **options), device=device.type)
+
+
+def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str = "fp32",
+                device: str | torch.device = "cpu", repeats: int = 5) -> dict:
+    """Each policy's forward and backward pass timed against no checkpointing's, by label.
+
+    The models come from :func:`course_lib.step_setup.build` (seed 0) and run under autocast as
+    the precision asks; :func:`course_lib.timing.step_times` times them in turn, round after
+    round, after a warm-up (on a GPU the wall clock after synchronizing, elsewhere the process's
+    CPU time); a ratio is the median over the rounds of ``seconds / seconds of none``.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        policies (iterable): ``(mode, every)`` pairs (``("none", 1)`` is added if missing).
+        precision (str): one of :data:`course_lib.engine.PRECISIONS`.
+        device (str or torch.device): where it runs.
+        repeats (int): rounds, from 1 to 100.
+
+    Returns:
+        dict: ``{label: ratio}`` (1.0: as fast as no checkpointing), labels as
+        :func:`course_lib.checkpointing.policy_label` writes them, ``"none"`` first.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    positive_int("repeats", repeats, maximum=100)
+    device = as_device("device", device)
+    spec = engine.precision_of(precision)
+    x, y = random_tokens(config, batch_size, device=device)
+    steps = {}
+    for mode, every in [("none", 1), *(p for p in policies if tuple(p) != ("none", 1))]:
+        model, _ = step_setup.build(config, precision=precision, mode=mode, every=every,
+                                    device=device)
+        steps[ckpt.policy_label(mode, every)] = functools.partial(
+            _forward_backward, model, x, y, spec.compute if spec.autocast else None)
+    times = timing.step_times(steps, repeats=repeats, device=device)
+    return {name: times.ratio(name, "none") for name in steps}
+
+
+def _forward_backward(model, x, y, amp_dtype) -> None:
+    with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        loss = model(x, y)[1]
+    loss.backward()
+    model.zero_grad(set_to_none=True)

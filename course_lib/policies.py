@@ -15,8 +15,16 @@ backward pass. A policy is either a list of ops to save or a function
   bias, ``mm``; batched ``q @ k^T`` dispatches ``bmm``), so a policy that saves
   only ``aten.mm.default`` saves nothing in a model whose linears have biases.
 
+A policy that saves only the matmuls reruns a fused attention kernel
+(``F.scaled_dot_product_attention`` is one op, not a matmul) in the backward pass:
+:data:`SAVE_OPS` adds the kernels' outputs (:data:`ATTENTION_OPS`), as torchtitan's
+default op policy does, and ``selective`` mode's default
+(:class:`course_lib.checkpointing.SelectiveContext`) also leaves out the MLP's output,
+which no backward formula reads.
+
 :func:`dispatched_ops` shows what a piece of code dispatches; :func:`policy_cost`
-measures what a policy keeps, its peak, and which ops run again in the backward.
+measures what a policy keeps, its peak, and which ops run again in the backward;
+:class:`BytesMoved` counts the bytes ops read and write (the time of a pointwise op on a GPU).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -37,8 +46,13 @@ from torch.utils.checkpoint import (
 )
 from torch.utils.flop_counter import flop_registry
 
-# The matmuls and the op check are checkpointing's (its selective mode keeps the matmuls).
+# The saved ops, the op check and the policy of selective mode are checkpointing's.
+from .checkpointing import ATTENTION_OPS as ATTENTION_OPS
+from .checkpointing import BLOCK_LINEARS as BLOCK_LINEARS
+from .checkpointing import LINEAR_OPS as LINEAR_OPS
 from .checkpointing import MATMULS as MATMULS
+from .checkpointing import SAVE_OPS as SAVE_OPS
+from .checkpointing import SelectiveContext as SelectiveContext
 from .checkpointing import check_ops
 from .measure import LiveTensorTracker
 
@@ -78,16 +92,20 @@ def context_fn_for(policy) -> Callable:
 
     Args:
         policy: ``"full"``: plain checkpointing (nothing saved inside the region); a list of
-            ``OpOverload`` s or a policy function: selective checkpointing.
+            ``OpOverload`` s, a policy function or a :class:`SelectiveContext`: selective
+            checkpointing.
 
     Returns:
-        callable: ``noop_context_fn`` or a ``create_selective_checkpoint_contexts`` partial.
+        callable: ``noop_context_fn``, the ``SelectiveContext`` itself, or a
+        ``create_selective_checkpoint_contexts`` partial.
 
     Raises:
         ValueError: naming ``policy``, for a list holding anything but ``OpOverload`` s.
     """
     if isinstance(policy, str) and policy == "full":
         return noop_context_fn
+    if isinstance(policy, SelectiveContext):
+        return policy
     if not callable(policy):
         policy = list(check_ops(policy, "policy"))
     return functools.partial(create_selective_checkpoint_contexts, policy)
@@ -140,8 +158,8 @@ def dispatched_ops(fn: Callable, *args, **kwargs) -> Counter:
 
 
 def _is_bookkeeping(op) -> bool:
-    # Views and detaches allocate nothing and compute nothing: leave them out of "recomputed".
-    return op.is_view or op.overloadpacket in (_aten.detach, _aten.t, _aten.transpose)
+    # Views and metadata-only ops compute nothing: leave them out of "recomputed".
+    return not moves_bytes(op)
 
 
 @dataclass(frozen=True)
@@ -177,6 +195,19 @@ class PolicyCost:
         """
         return self.recomputed.get(op, 0)
 
+    def reruns(self) -> str:
+        """What runs again in the backward pass, in words: matmuls, attention kernel, the rest.
+
+        Returns:
+            str: such as ``"3 matmuls, attention, add, gelu, layer_norm"``, or ``"nothing"``.
+        """
+        matmuls = sum(self.recomputes(op) for op in MATMULS)
+        parts = [f"{matmuls} matmul{'s' * (matmuls != 1)}"] if matmuls else []
+        parts += ["attention"] if any(self.recomputes(op) for op in ATTENTION_OPS) else []
+        parts += sorted({str(op).split(".")[1].removeprefix("native_").removeprefix("_")
+                         for op in self.recomputed if op not in MATMULS + ATTENTION_OPS})
+        return ", ".join(parts) or "nothing"
+
 
 def _run(fn, inputs, context_fn):
     wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -209,7 +240,8 @@ def policy_name(policy) -> str:
     """A short label: "none", "full", the saved ops' names, or the policy function's name.
 
     Args:
-        policy: a str, a policy function or a list of ``OpOverload`` s.
+        policy: a str, a :class:`SelectiveContext`, a policy function or a list of
+            ``OpOverload`` s.
 
     Returns:
         str: the label.
@@ -217,8 +249,8 @@ def policy_name(policy) -> str:
     Raises:
         ValueError: naming ``policy``, for a list holding anything but ``OpOverload`` s.
     """
-    if isinstance(policy, str):
-        return policy
+    if isinstance(policy, str | SelectiveContext):
+        return str(policy)
     if callable(policy):
         return getattr(policy, "__name__", type(policy).__name__)
     return "save " + ", ".join(str(op) for op in check_ops(policy, "policy"))
@@ -235,8 +267,8 @@ def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:
         fn (callable): the region, ``fn(*inputs)`` returns a tensor.
         *inputs: its inputs.
         policy: ``"none"`` (no checkpoint), ``"full"`` (checkpoint, save nothing
-            inside), a list of ``OpOverload`` s to save, or a policy function
-            ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``.
+            inside), a list of ``OpOverload`` s to save, a policy function
+            ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``, or a :class:`SelectiveContext`.
 
     Returns:
         PolicyCost: kept and peak bytes, recomputed ops and their FLOPs.
@@ -256,3 +288,55 @@ def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:
     kept, peak, ops, flops = _run(fn, inputs, context_fn_for(policy))
     recomputed = Counter({op: n for op, n in (ops - plain[2]).items() if not _is_bookkeeping(op)})
     return PolicyCost(policy_name(policy), kept, peak, recomputed, flops - plain[3])
+
+
+#: Ops that relabel or allocate a storage without reading or writing its bytes, although
+#: PyTorch does not mark them as views (``_unsafe_view`` is the reshape of a matmul's output).
+METADATA_OPS = tuple(getattr(_aten, name).default for name in (
+    "_unsafe_view", "_reshape_alias", "alias", "lift_fresh", "empty_like", "new_empty",
+    "new_empty_strided") if hasattr(_aten, name)) + (_aten.empty.memory_format,
+                                                    _aten.empty_strided.default)
+
+
+def moves_bytes(op) -> bool:
+    """Whether ``op`` reads or writes tensor bytes: not a view, not a metadata-only op.
+
+    Args:
+        op (torch._ops.OpOverload): such as ``torch.ops.aten.gelu.default``.
+
+    Returns:
+        bool: False for views (``op.is_view``) and :data:`METADATA_OPS`.
+
+    Raises:
+        ValueError: naming ``op``, for anything but an ``OpOverload``.
+    """
+    if not isinstance(op, torch._ops.OpOverload):
+        raise ValueError(f"op must be an OpOverload like torch.ops.aten.gelu.default, got {op!r}")
+    return not op.is_view and op not in METADATA_OPS
+
+
+class BytesMoved(TorchDispatchMode):
+    """Bytes the ops dispatched while active read and write, per op (:func:`moves_bytes` ops only).
+
+    Each op that moves bytes counts its tensor arguments (read) and outputs (written), whole
+    tensors: the traffic of a pointwise op, which a GPU's memory bandwidth bounds. Works on the
+    ``meta`` device (shapes only). ``with BytesMoved() as m: work()`` then ``m.moved`` (a
+    ``Counter`` by op) and ``m.total``.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.moved: Counter = Counter()
+
+    @property
+    def total(self) -> int:
+        """All the bytes counted."""
+        return sum(self.moved.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if moves_bytes(func):
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            self.moved[func] += sum(t.numel() * t.element_size() for t in tensors)
+        return out

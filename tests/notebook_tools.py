@@ -16,7 +16,7 @@ LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: Lectures whose core is still being cut to size (issue "Lectures a learner finishes"): the
 #: reading rules and the guide's quotes are expected to fail for them; each leaves this set as
 #: it is rewritten, and the set must be empty when the issue closes.
-PENDING = {"05"}
+PENDING: set[str] = set()
 #: Each lecture's depth: the companion notebook it links to (notebooks/deeper/NN_*.ipynb).
 COMPANIONS = sorted((ROOT / "notebooks" / "deeper").glob("*.ipynb"))
 

@@ -313,3 +313,44 @@ def test_block_ratio_is_what_a_block_keeps_over_its_input():
 def test_segment_counts_name_a_bad_argument(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_selective_saves_the_attention_output_and_the_mlp_output_only_under_dropout(dropout):
+    config = GPTConfig(**SMALL, dropout=dropout)  # sdpa: one fused attention op
+    model = ckpt.enable_checkpointing(GPT(config), "selective")
+    assert model.checkpointing.policy == ckpt.SAVE_OPS
+    assert model.checkpointing.recompute_linear == ckpt.BLOCK_LINEARS
+    items = ckpt.kept_by_block(config, 2, "selective")[0]
+    # On the CPU, sdpa runs its flash kernel without dropout, its math kernel (bmm) with it.
+    assert any(i.op.startswith("sdpa/") and i.what == "logsumexp" for i in items) == (not dropout)
+    assert any(i.op.startswith("mlp proj") for i in items) == (dropout > 0)
+    # What the rerun computes: no matmul and no attention kernel, with or without dropout.
+    x, y = random_tokens(config, 2)
+    with FlopCounterMode(display=False) as counter:
+        model(x, y)[1].backward()
+    assert counter.get_total_flops() == ckpt.step_flops(config, 2)[0]
+    # A policy of one's own is used as given: a list keeps the MLP output too.
+    mine = ckpt.enable_checkpointing(GPT(config), "selective", policy=list(ckpt.SAVE_OPS))
+    assert mine.checkpointing.recompute_linear is None
+    own = ckpt.measure_kept_bytes(mine, x, y) - ckpt.measure_kept_bytes(model, x, y)
+    assert own == (0 if dropout > 0 else 5 * 2 * 16 * 32 * 4)  # one (b, s, h) fp32 per block
+
+
+def test_selective_context_counts_linears_apart_in_forward_and_recomputation():
+    from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+
+    context = ckpt.SelectiveContext(ckpt.SAVE_OPS, recompute_linear=2)
+    policy = context.policy()
+    forward, rerun = (SelectiveCheckpointContext(is_recompute=r) for r in (False, True))
+    addmm = torch.ops.aten.addmm.default
+    assert [policy(forward, addmm) for _ in range(3)] == [
+        CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE, CheckpointPolicy.MUST_SAVE]
+    assert policy(rerun, addmm) == CheckpointPolicy.MUST_SAVE  # its own count starts at 1
+    assert policy(forward, torch.ops.aten.gelu.default) == CheckpointPolicy.PREFER_RECOMPUTE
+    assert repr(context).startswith("save mm, addmm, bmm") and "linear 2" in repr(context)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="recompute_linear"):
+            ckpt.SelectiveContext(ckpt.SAVE_OPS, bad)
+    with pytest.raises(ValueError, match="ops"):
+        ckpt.SelectiveContext([torch.ops.aten.mm])

@@ -146,3 +146,40 @@ def test_prediction_against_the_cuda_allocator():
         measured = _measured_peak(config, 8, mode, every, device="cuda")
         predicted = planner.predict_peak(config, 8, mode, every, gpu="cuda").step_peak
         assert abs(predicted - measured) <= 0.05 * measured, (mode, every)
+
+
+def test_measure_peak_is_what_predict_peak_predicts_and_the_recompute_fraction():
+    config = GPTConfig(**SMALL, attention="explicit")
+    for mode, every in (("none", 1), ("blocks", 2), ("selective", 1)):
+        assert planner.measure_peak(config, 3, mode, every) == pytest.approx(
+            planner.predict_peak(config, 3, mode, every).step_peak, abs=8 * 4 * 4)
+    full = next(c for c in planner.candidates(config, 3) if (c.mode, c.every) == ("blocks", 1))
+    assert planner.recompute_fraction(config, 3, "blocks", 1) == full.recompute_fraction
+    assert planner.recompute_fraction(config, 3, "selective", 1) == 0
+    with pytest.raises(ValueError, match="batch_size"):
+        planner.measure_peak(config, 0)
+
+
+def test_choices_are_what_the_planner_picks_and_beat_every_other_candidate():
+    config = GPTConfig(**SMALL, attention="explicit")
+    options = planner.candidates(config, 4)
+    picks = planner.choices(options)
+    picked = {(c.mode, c.every) for c in picks}
+    for c in options:
+        plan = planner.plan_checkpointing(config, 4, None, c.peak_bytes)
+        assert (plan.mode, plan.every) in picked
+        if (c.mode, c.every) not in picked:
+            assert any(p.cost <= c.cost and p.peak_bytes <= c.peak_bytes for p in picks)
+    assert [c for c in options if (c.mode, c.every) in picked] == list(picks)
+    for bad in ([], "ab", [1, 2]):
+        with pytest.raises(ValueError, match="options"):
+            planner.choices(bad)
+
+
+def test_time_ratios_time_each_policy_against_none():
+    config = GPTConfig(**SMALL)
+    ratios = planner.time_ratios(config, 2, [("blocks", 1), ("selective", 2)], repeats=2)
+    assert list(ratios) == ["none", "blocks/1", "selective/2"] and ratios["none"] == 1.0
+    assert all(r > 0 for r in ratios.values())
+    with pytest.raises(ValueError, match="repeats"):
+        planner.time_ratios(config, 2, [], repeats=0)

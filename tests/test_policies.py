@@ -122,3 +122,44 @@ def test_gpt_tokens_helper_still_runs_under_the_recorder():
     idx, _ = random_tokens(config, 2)
     ops = policies.dispatched_ops(model, idx)
     assert ops[aten.embedding.default] == 2 and ops[aten.mm.default] == 1  # the tied LM head
+
+
+def test_saving_the_attention_kernel_stops_its_rerun_and_the_mlp_output_is_waste():
+    b, s, h = 2, 16, 32
+    block, x = _block_and_input("sdpa", b, s, h)
+    matmuls = policies.policy_cost(block, x, policy=policies.MATMULS)
+    saved = policies.policy_cost(block, x, policy=policies.SAVE_OPS)
+    course = policies.policy_cost(block, x, policy=policies.SelectiveContext(
+        policies.SAVE_OPS, policies.BLOCK_LINEARS))
+    kernel = aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert kernel in policies.ATTENTION_OPS and matmuls.recomputes(kernel) == 1
+    assert saved.recomputes(kernel) == course.recomputes(kernel) == 0
+    # Saving the kernel keeps its output (b, s, h) and its log-sum-exp (b, a, s) in fp32.
+    assert saved.kept_bytes - matmuls.kept_bytes == 4 * (b * s * h + b * 4 * s)
+    # The MLP output (b, s, h) is never read by a backward formula: the same rerun without it.
+    assert saved.kept_bytes - course.kept_bytes == 4 * b * s * h
+    assert saved.recomputed == course.recomputed
+    assert course.reruns() == "add, gelu, layer_norm" and "attention" in matmuls.reruns()
+    assert policies.policy_name(policies.SelectiveContext([aten.mm.default], 4)) == \
+        "save mm; linear 4 recomputed"
+
+
+def test_only_ops_that_move_bytes_are_counted():
+    assert not policies.moves_bytes(aten._unsafe_view.default)
+    assert not policies.moves_bytes(aten.view.default) and policies.moves_bytes(aten.gelu.default)
+    with pytest.raises(ValueError, match="op"):
+        policies.moves_bytes(aten.gelu)
+    x = torch.randn(4, 8, device="meta")
+    w = torch.randn(8, 16, device="meta")
+    with policies.BytesMoved() as moved:
+        y = (x @ w).view(2, 2, 16)  # mm reads x and w and writes y; the reshape moves nothing
+        torch.nn.functional.gelu(y)
+    assert moved.moved[aten.mm.default] == 4 * (32 + 128 + 64)
+    assert moved.moved[aten.gelu.default] == 4 * (64 + 64)
+    assert moved.total == sum(moved.moved.values()) and len(moved.moved) == 2
+
+
+def test_a_block_dispatches_no_unsafe_view_in_the_recomputed_list():
+    block, x = _block_and_input("explicit")
+    full = policies.policy_cost(block, x, policy="full")
+    assert aten._unsafe_view.default not in full.recomputed

@@ -15,13 +15,17 @@ _RECOMPUTE = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE
 
 
 @grader
-def check_save_matmuls_policy(policy):
-    """``policy(ctx, op, *args, **kwargs)`` saves mm, addmm and bmm outputs and recomputes the rest.
+def check_selective_policy(policy):
+    """``policy(ctx, op, *args, **kwargs)`` saves the matmuls and the attention kernels' outputs.
+
+    Saved: ``mm``, ``addmm``, ``bmm`` and the fused attention ops
+    (:data:`course_lib.checkpointing.ATTENTION_OPS`); everything else is recomputed.
 
     Args:
         policy (callable): the learner's selective-checkpointing policy function, called as
             above.
     """
+    from ..checkpointing import ATTENTION_OPS
     from ..models import GPT, GPTConfig
     from ..policies import policy_cost
 
@@ -32,24 +36,32 @@ def check_save_matmuls_policy(policy):
                hint="nn.Linear with a bias dispatches aten.addmm, without one aten.mm, and a "
                     "batched q @ k^T aten.bmm; `op` is an OpOverload such as "
                     "torch.ops.aten.addmm.default, and it never equals the packet torch.ops.aten.addmm")
+    for op in ATTENTION_OPS:
+        got = policy(ctx, op)
+        expect(got in _SAVE, f"for {op} your policy returned {got!r}, expected MUST_SAVE",
+               hint="F.scaled_dot_product_attention dispatches one fused op, not a matmul: save "
+                    "its output too, or the backward pass runs the attention forward again")
     for op in (_aten.gelu.default, _aten._softmax.default, _aten.native_layer_norm.default,
                _aten.add.Tensor, _aten.mul.Tensor):
         got = policy(ctx, op)
         expect(got in _RECOMPUTE, f"for {op} your policy returned {got!r}, expected PREFER_RECOMPUTE",
                hint="pointwise ops, LayerNorm and softmax are cheap to rerun: recompute them")
-    # End to end on one block of the course GPT (linears with bias, explicit attention).
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=1,
-                       attention="explicit")
-    block = GPT(config).blocks[0]
-    x = torch.randn(2, 8, 16, requires_grad=True)
-    cost = policy_cost(block, x, policy=policy)
-    for op in (_aten.addmm.default, _aten.bmm.default):
-        expect(cost.recomputes(op) == 0, f"under your policy {op} ran again "
-               f"{cost.recomputes(op)} time(s) in the backward pass",
-               hint="the matmul outputs must be saved, so that no matmul is recomputed")
-    expect(cost.recomputes(_aten.gelu.default) >= 1, "GELU was not recomputed",
-           hint="save only the matmul outputs; everything else is recomputed")
+    # End to end on one block of the course GPT (linears with bias), with either attention.
+    for attention in ("explicit", "sdpa"):
+        torch.manual_seed(0)
+        config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=1,
+                           attention=attention)
+        block = GPT(config).blocks[0]
+        x = torch.randn(2, 8, 16, requires_grad=True)
+        cost = policy_cost(block, x, policy=policy)
+        for op in (_aten.addmm.default, _aten.bmm.default, *ATTENTION_OPS):
+            expect(cost.recomputes(op) == 0, f"under your policy {op} ran again "
+                   f"{cost.recomputes(op)} time(s) in the backward pass of a block with "
+                   f"{attention} attention",
+                   hint="save the outputs of the matmuls and of the attention kernel, so that "
+                        "neither is recomputed")
+        expect(cost.recomputes(_aten.gelu.default) >= 1, "GELU was not recomputed",
+               hint="save only the matmul and attention outputs; everything else is recomputed")
 
 
 def _peak(n_layers, every, block_bytes, input_bytes, fixed_bytes):

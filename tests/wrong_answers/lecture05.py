@@ -4,6 +4,17 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
 aten = torch.ops.aten
+_KERNELS = tuple(getattr(aten, name).default for name in (
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math_for_mps", "_scaled_dot_product_fused_attention_overrideable")
+    if hasattr(aten, name))
+
+
+def _matmuls_only(ctx, op, *args, **kwargs):
+    # The fused attention kernel is no matmul: the backward pass reruns it.
+    save = op in (aten.mm.default, aten.addmm.default, aten.bmm.default)
+    return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _only_mm(ctx, op, *args, **kwargs):
@@ -13,7 +24,7 @@ def _only_mm(ctx, op, *args, **kwargs):
 
 def _packets(ctx, op, *args, **kwargs):
     # An OpOverload never equals its packet: this saves nothing, silently.
-    save = op in (aten.mm, aten.addmm, aten.bmm)
+    save = op in (aten.mm, aten.addmm, aten.bmm) or op in _KERNELS
     return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -22,7 +33,7 @@ def _save_everything(ctx, op, *args, **kwargs):
 
 
 def _inverted(ctx, op, *args, **kwargs):
-    save = op not in (aten.mm.default, aten.addmm.default, aten.bmm.default)
+    save = op not in (aten.mm.default, aten.addmm.default, aten.bmm.default, *_KERNELS)
     return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -72,11 +83,12 @@ def _extremes_only(points):
 
 
 WRONG = {
-    "check_save_matmuls_policy": [
-        ("saves aten.mm only: nn.Linear with bias dispatches addmm", {"save_matmuls_policy": _only_mm}),
-        ("compares op with OpOverloadPackets", {"save_matmuls_policy": _packets}),
-        ("saves everything", {"save_matmuls_policy": _save_everything}),
-        ("saves the pointwise ops and recomputes the matmuls", {"save_matmuls_policy": _inverted}),
+    "check_selective_policy": [
+        ("saves aten.mm only: nn.Linear with bias dispatches addmm", {"selective_policy": _only_mm}),
+        ("compares the matmuls with OpOverloadPackets", {"selective_policy": _packets}),
+        ("saves the matmuls only: reruns the fused attention", {"selective_policy": _matmuls_only}),
+        ("saves everything", {"selective_policy": _save_everything}),
+        ("saves the pointwise ops and recomputes the matmuls", {"selective_policy": _inverted}),
     ],
     "check_choose_every": [
         ("counts n // every checkpointed blocks instead of ceil(n / every)",
