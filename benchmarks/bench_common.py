@@ -22,7 +22,8 @@ def notebooks(args: list[str], default: tuple[str, ...] = ("notebooks",)) -> lis
     for item in args or default:
         path = Path(item) if Path(item).is_absolute() else ROOT / item
         if path.is_dir():
-            paths += sorted(path.glob("*.ipynb"))
+            paths += sorted(p for p in path.rglob("*.ipynb")  # companions in deeper/ too
+                            if ".ipynb_checkpoints" not in p.parts)
         elif path.suffix == ".ipynb" and path.exists():
             paths.append(path)
         else:

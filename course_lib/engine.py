@@ -856,8 +856,9 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
     if s > config.seq_len:
         raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {s}")
     boolean("first_step", first_step)
-    boolean("foreach", foreach)
     gpu = resolve_gpu(gpu)
+    # None: AdamW as PyTorch runs it by default where the step runs (foreach on a GPU)
+    foreach = kernels.adamw_foreach(gpu) if foreach is None else boolean("foreach", foreach)
     if gpu is not None and gpu.free_memory is not None:  # what is free does not change the step
         gpu = replace(gpu, free_memory=None)
     if loss_chunk is not None:
@@ -872,7 +873,7 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
 def predict_moments(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
                     precision: str = "fp32", mode: str = "none", every: int = 1,
                     segments: int | None = None, seq_len: int | None = None, gpu=None,
-                    first_step: bool = False, foreach: bool = False,
+                    first_step: bool = False, foreach: bool | None = None,
                     loss_chunk: int | None = None) -> dict[str, StepMemory]:
     """The moments of a step that compete for its peak, by name.
 
@@ -892,7 +893,8 @@ def predict_moments(config: GPTConfig, micro_batch_size: int, accumulation_steps
         gpu (str or GPU, optional): None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda"
             or a ``GPU``.
         first_step (bool): the first step of a fresh optimizer.
-        foreach (bool): AdamW's multi-tensor implementation.
+        foreach (bool, optional): AdamW's multi-tensor implementation; None: PyTorch's default
+            where the step runs (see :func:`predict_step_memory`).
         loss_chunk (int, optional): the chunked loss's tokens per chunk.
 
     Returns:
@@ -909,13 +911,13 @@ def predict_moments(config: GPTConfig, micro_batch_size: int, accumulation_steps
 def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
                         precision: str = "fp32", mode: str = "none", every: int = 1,
                         segments: int | None = None, seq_len: int | None = None, gpu=None,
-                        first_step: bool = False, foreach: bool = False,
+                        first_step: bool = False, foreach: bool | None = None,
                         loss_chunk: int | None = None) -> StepMemory:
     """Predicted peak bytes of one AdamW step of ``GPT(config)``: the largest of its moments.
 
     The step is :func:`course_lib.training.train` on the model and optimizer of
-    :func:`course_lib.step_setup.build` (``torch.optim.AdamW(foreach=False)``, or
-    :class:`course_lib.mixed_precision.MasterWeightAdamW` in mixed precision).
+    :func:`course_lib.step_setup.build` (``torch.optim.AdamW`` as PyTorch runs it by default,
+    or :class:`course_lib.mixed_precision.MasterWeightAdamW` in mixed precision).
 
     Args:
         config, micro_batch_size, accumulation_steps, precision: the step, as for
@@ -927,9 +929,10 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
             :class:`~course_lib.device.GPU`.
         first_step (bool): the first step of a fresh optimizer (``m`` and ``v`` made in it) rather
             than a steady-state step.
-        foreach (bool): AdamW's multi-tensor implementation (PyTorch's default on CUDA,
-            :func:`course_lib.kernels.adamw_foreach`), whose scratch is one copy of ``v`` (of
-            the fp32 master weights' ``v`` in mixed precision), instead of the per-tensor one.
+        foreach (bool, optional): AdamW's multi-tensor implementation, whose scratch is one copy
+            of ``v`` (of the fp32 master weights' ``v`` in mixed precision), instead of the
+            per-tensor one. None (the default): PyTorch's own choice where the step runs
+            (:func:`course_lib.kernels.adamw_foreach`: foreach on a GPU, per tensor on the CPU).
         loss_chunk (int, optional): the loss of :func:`course_lib.levers.chunked_cross_entropy` with
             chunks of this many tokens (:func:`course_lib.levers.use_chunked_loss`), instead of
             ``F.cross_entropy`` over the whole logits; not with the autocast precisions.

@@ -40,8 +40,8 @@ class MasterWeightAdamW(torch.optim.AdamW):
         params: the 16-bit model's parameters (``model.parameters()``); those that do not
             require grad are left out.
         **adamw_kwargs: ``torch.optim.AdamW``'s (``lr``, ``betas``, ``weight_decay``, ...);
-            ``foreach`` defaults to False, the per-tensor implementation whose scratch
-            :func:`course_lib.engine.predict_step_memory` counts.
+            ``foreach`` is left to PyTorch's default (per tensor on the CPU, foreach on a GPU),
+            which :func:`course_lib.engine.predict_step_memory` predicts by default.
 
     Raises:
         ValueError: naming ``params``, for anything but tensors, at least one requiring grad.
@@ -66,7 +66,6 @@ class MasterWeightAdamW(torch.optim.AdamW):
         if not self.model_params:
             raise ValueError("params must hold at least one tensor that requires grad")
         self.master = [p.detach().float().requires_grad_(True) for p in self.model_params]
-        adamw_kwargs.setdefault("foreach", False)
         super().__init__(self.master, **adamw_kwargs)
 
     @torch.no_grad()

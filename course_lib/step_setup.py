@@ -46,9 +46,10 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
 
     The model is ``GPT(config)`` in :func:`model_dtype` on ``device`` with
     :func:`course_lib.checkpointing.enable_checkpointing`; the optimizer is
-    ``torch.optim.AdamW(foreach=False)`` (the per-tensor implementation, whose
-    scratch the prediction counts), or :class:`course_lib.mixed_precision.MasterWeightAdamW`
-    for the mixed precisions. Train it with :func:`train_options` (autocast, loss scaling).
+    ``torch.optim.AdamW`` left to PyTorch's default implementation (per tensor on the CPU,
+    foreach on a GPU: the one :func:`course_lib.engine.predict_step_memory` predicts by
+    default), or :class:`course_lib.mixed_precision.MasterWeightAdamW` for the mixed
+    precisions. Train it with :func:`train_options` (autocast, loss scaling).
 
     Args:
         config (GPTConfig): the model.
@@ -77,7 +78,7 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
     enable_checkpointing(model, mode, every)
     if spec.master:
         return model, MasterWeightAdamW(model.parameters(), lr=lr)
-    return model, torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+    return model, torch.optim.AdamW(model.parameters(), lr=lr)
 
 
 def train_options(precision: str, device: str | torch.device = "cpu") -> dict:

@@ -31,11 +31,12 @@ def test_explore_segments_clips_k_and_names_the_best_count():
     s = views.explore("T4", 12, "segments", 50, 2)
     assert s.segments == 12
     config = GPTConfig(**views.GPT2_SMALL, n_layers=96)
-    deep = views.explore("T4", 96, "segments", 32, 4)
+    deep = views.explore("T4", 96, "segments", 32, 8)
     assert deep.best_segments == ckpt.best_segments(96, ckpt.block_ratio(
-        config, 4, dtype="fp16", gpu="T4", autocast=True))
-    best = views.explore("T4", 96, "segments", deep.best_segments, 4)
-    assert best.memory.total < views.explore("T4", 96, "per-block", 1, 4).memory.total
+        config, 8, dtype="fp16", gpu="T4", autocast=True))
+    # at batch 8 the backward holds the peak (at batch 4 foreach AdamW's step would, for both)
+    best = views.explore("T4", 96, "segments", deep.best_segments, 8)
+    assert best.memory.total < views.explore("T4", 96, "per-block", 1, 8).memory.total
 
 
 @pytest.mark.parametrize("kwargs,name", [

@@ -83,6 +83,15 @@ def test_adamw_scratch_is_what_a_second_step_allocates():
     assert measured == engine.adamw_scratch_bytes(sizes) == sizes[1] + 2 * sizes[2]
 
 
+def test_foreach_defaults_to_what_pytorch_runs_where_the_step_runs():
+    cfg = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2)
+    for gpu, foreach in ((None, False), ("T4", True), ("H100 80GB", True)):
+        assert engine.predict_step_memory(cfg, 2, gpu=gpu) == engine.predict_step_memory(
+            cfg, 2, gpu=gpu, foreach=foreach)
+    assert engine.predict_step_memory(cfg, 2, gpu="T4") != engine.predict_step_memory(
+        cfg, 2, gpu="T4", foreach=False)
+
+
 def test_foreach_adamw_scratch_is_one_copy_of_v():
     measured, sizes = _second_adamw_step(foreach=True)
     assert sum(sizes) <= measured <= sum(sizes) + 64  # plus a few 0-d step/bias-correction tensors
@@ -192,7 +201,7 @@ CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2)
     (dict(precision="bf16-autocast"), "precision"), (dict(mode="full"), "mode"),
     (dict(every=0), "every"), (dict(seq_len=9), "seq_len"), (dict(gpu="V100"), "gpu"),
     (dict(segments=2), "segments"), (dict(first_step="yes"), "first_step"),
-    (dict(foreach=None), "foreach")])
+    (dict(foreach="yes"), "foreach")])
 def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
     args = dict(config=CFG, micro_batch_size=1) | kwargs
     with pytest.raises(ValueError, match=name):

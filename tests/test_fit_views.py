@@ -91,7 +91,9 @@ def test_the_explorer_draws_a_plan_that_fits_its_budget(capsys):
     plan = fit_views.draw_explorer(fig, "T4", 90, 1024, 64, gpus=GPUS)
     budget = GPUS["T4"].total_memory * 90 // 100
     assert plan.budget_bytes == budget and plan.peak_bytes <= budget
-    assert plan.precision == "fp16-mixed"  # a T4 has no bf16 tensor cores
+    # a T4 has no bf16 tensor cores: fp16 mixed precision or fp32, whichever fits the larger
+    # model (with foreach AdamW, the master weights' step can cost more bytes than fp32's)
+    assert plan.precision in ("fp16-mixed", "fp32")
     title = fig.axes[0].get_title(loc="left")
     assert title.startswith("T4: the largest GPT that fits") and plan.label in title
     assert "trained naively" in capsys.readouterr().out

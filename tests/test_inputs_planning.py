@@ -209,7 +209,8 @@ CASES = {
                                     given_value(not_an_int(1, CFG.seq_len))),
     "predict_step_memory.gpu": (_step(gpu=None), "gpu", NOT_A_GPU),
     "predict_step_memory.first_step": (_step(first_step=None), "first_step", NOT_A_BOOL),
-    "predict_step_memory.foreach": (_step(foreach=None), "foreach", NOT_A_BOOL),
+    "predict_step_memory.foreach": (_step(foreach=None), "foreach",  # None: PyTorch's default
+                                    NOT_A_BOOL.filter(lambda v: v is not None)),
     "predict_step_memory.loss_chunk": (_step(loss_chunk=None), "loss_chunk",
                                        given_value(not_an_int(1, MAX_COUNT))),
     "predict_moments.micro_batch_size": (lambda v: engine.predict_moments(CFG, v),
