@@ -231,3 +231,15 @@ def test_check_cells_are_committed_collapsed(path):
     authoring.stamp_check_cells(nb)
     assert [dict(c.metadata) for c in nb.cells] == before, (
         f"run `python -m course_tools.authoring outputs {path.relative_to(ROOT)}`")
+
+
+def test_the_readme_claims_speak_the_lectures_verdict_vocabulary():
+    from course_lib.claims import VERDICTS
+
+    table = (ROOT / "README.md").read_text().split("## Claims the course checks", 1)[1]
+    rows = [line for line in table.split("\n## ", 1)[0].splitlines()
+            if line.startswith('| "')]
+    assert len(rows) > 30
+    words = [re.match(r"\| \".*?\"[^|]*\| \*\*([^*]+)\*\*", row) for row in rows]
+    assert all(words), [row[:80] for row, w in zip(rows, words) if not w]
+    assert {w.group(1) for w in words} <= set(VERDICTS)
