@@ -246,12 +246,15 @@ def full_batch_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.
         dict: parameter name -> gradient tensor (zeros for parameters that take no part).
 
     Raises:
-        ValueError: naming ``model``, ``inputs``/``targets`` (not tensors of one batch size)
-            or ``ignore_index``.
+        ValueError: naming ``model``, ``inputs``/``targets`` (not tensors of one batch size,
+            or targets with no token but ``ignore_index``) or ``ignore_index``.
     """
     named = _check_model(model)
     _check_batch(inputs, targets)
     _token_id("ignore_index", ignore_index)
+    if not bool((targets != ignore_index).any()):  # the mean over no token is NaN, not 0
+        raise ValueError(f"targets must hold at least one token that is not ignore_index "
+                         f"({ignore_index})")
     logits = _logits(model, inputs)
     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).to(torch.promote_types(
         logits.dtype, torch.float32)), targets.reshape(-1), ignore_index=ignore_index)
@@ -268,6 +271,11 @@ def _same_names(a: dict, b: dict) -> None:
             raise ValueError(f"{name} must hold at least one tensor, got an empty dict")
     if set(a) != set(b):
         raise ValueError(f"a and b must have the same names, differ in {sorted(set(a) ^ set(b))}")
+    mismatched = [k for k in a if a[k].shape != b[k].shape]
+    if mismatched:  # broadcasting would compare other numbers than the ones named
+        k = mismatched[0]
+        raise ValueError(f"a and b must hold tensors of the same shape, differ at {k!r}: "
+                         f"{tuple(a[k].shape)} and {tuple(b[k].shape)}")
 
 
 def max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -282,7 +290,7 @@ def max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
 
     Raises:
         ValueError: naming ``a`` or ``b`` (not a non-empty dict of tensors), or when their
-            names differ.
+            names or their tensors' shapes differ.
     """
     _same_names(a, b)
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)

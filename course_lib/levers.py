@@ -159,12 +159,13 @@ def optimizer_in_backward(model: nn.Module,
         raise ValueError("model must have at least one parameter that requires grad")
     optimizers, handles = {}, []
     handle = OptimizerInBackward(optimizers, handles)
-    for p in params:
+    for p in params:  # every optimizer made before any hook, so a refusal leaves none behind
         opt = make_optimizer([p])
         if not (callable(getattr(opt, "step", None)) and callable(getattr(opt, "zero_grad", None))):
             raise ValueError(f"make_optimizer must return an optimizer (with step() and "
                              f"zero_grad()), got {type(opt).__name__}")
         optimizers[p] = opt
+    for p, opt in optimizers.items():
 
         def hook(param, opt=opt):
             opt.step()

@@ -48,7 +48,7 @@ import torch
 
 from .device import pick_dtype, resolve_gpu
 from .units import dtype_bytes, storage_bytes
-from .validation import MAX_COUNT, choice, positive_int
+from .validation import MAX_COUNT, choice, integer, positive_int
 
 #: The most parameters :func:`training_memory` counts (about 10**15, a thousand times GPT-4's).
 MAX_PARAMS = 2**50
@@ -200,7 +200,16 @@ def _count(name: str, value, maximum: int = MAX_PARAMS) -> int:
 
 
 def _choice(name: str, value, allowed: tuple):
-    if isinstance(value, bool | float) or value not in allowed:
+    if all(isinstance(a, int) for a in allowed):  # numbers: an int (numpy's too), never a bool
+        try:
+            value = integer(name, value)
+        except ValueError:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}") from None
+    try:
+        ok = value in allowed
+    except TypeError:
+        ok = False
+    if isinstance(value, bool | float) or not ok:
         raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     return value
 

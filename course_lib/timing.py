@@ -139,6 +139,10 @@ class StepTimes:
         return statistics.median(a / b for a, b in zip(runs[name], runs[baseline], strict=True))
 
 
+#: The most timed (or warm-up) runs of each step one call makes: enough for any median.
+MAX_RUNS = 1000
+
+
 def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1,
                before: Callable[[str], object] | None = None,
                device: str | torch.device = "cpu") -> StepTimes:
@@ -154,8 +158,9 @@ def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, w
     Args:
         steps (Mapping[str, Callable[[], object]]): the steps by name, each a call with no
             arguments.
-        repeats (int): timed runs per step, at least 1.
-        warmup (int): untimed runs per step before the first timed one, at least 0.
+        repeats (int): timed runs per step, from 1 to :data:`MAX_RUNS`.
+        warmup (int): untimed runs per step before the first timed one, from 0 to
+            :data:`MAX_RUNS`.
         before (Callable[[str], object], optional): run, untimed, before each run of a step.
         device (str or torch.device): where the steps run; on ``"cuda"`` and ``"mps"`` every
             timed run waits for the device's queue (:func:`synchronize`).
@@ -164,7 +169,8 @@ def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, w
         StepTimes: every run's wall-clock and CPU seconds.
 
     Raises:
-        ValueError: ``steps`` empty or holding a non-callable, ``repeats`` < 1, ``warmup`` < 0,
+        ValueError: ``steps`` empty or holding a non-callable, ``repeats`` or ``warmup`` out of
+            range,
             ``before`` not callable, or a bad ``device``.
 
     Example::
@@ -176,8 +182,8 @@ def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, w
         raise ValueError(f"steps must be a non-empty mapping of name -> callable, got {steps!r}")
     for name, step in steps.items():
         function(f"steps[{name!r}]", step)
-    repeats = positive_int("repeats", repeats)
-    warmup = integer("warmup", warmup, minimum=0)
+    repeats = positive_int("repeats", repeats, maximum=MAX_RUNS)
+    warmup = integer("warmup", warmup, minimum=0, maximum=MAX_RUNS)
     function("before", before, optional=True)
     device = as_device("device", device)
     names = list(steps)

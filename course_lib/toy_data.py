@@ -18,6 +18,13 @@ from .models import MAX_SEED
 from .validation import MAX_COUNT, integer, positive_int
 from .validation import device as as_device
 
+#: The longest sequence, and the most tokens, one call makes (each token is one step of a
+#: Python loop over the batch: 2**26 tokens take a few seconds).
+MAX_SEQ_LEN, MAX_TOKENS = 2**17, 2**26
+#: Successors per token at most; and up to this vocabulary, one random permutation per token
+#: (the course's languages), above it distinct random draws (memory O(vocab x branching)).
+MAX_BRANCHING, SMALL_VOCAB = 1024, 4096
+
 
 def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branching: int = 2,
                   seed: int = 0, device: torch.device | str = "cpu"):
@@ -30,9 +37,11 @@ def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branc
 
     Args:
         n_sequences (int): sequences, an int from 1 to 2**24.
-        seq_len (int): tokens per sequence, from 1 to 2**20.
-        vocab_size (int): tokens of the language, from 1 to 2**16.
-        branching (int): successors per token, from 1 to ``vocab_size``.
+        seq_len (int): tokens per sequence, from 1 to :data:`MAX_SEQ_LEN`; ``n_sequences *
+            seq_len`` at most :data:`MAX_TOKENS`.
+        vocab_size (int): tokens of the language, from 1 to 2**18 (GPT-2's 50,257 included).
+        branching (int): successors per token, from 1 to ``vocab_size`` and
+            :data:`MAX_BRANCHING`.
         seed (int): an int in ``[0, 2**63 - 1]``.
         device (torch.device or str): where the tensors go (``"cpu"``, ``"cuda"``, a
             ``torch.device``).
@@ -49,15 +58,29 @@ def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branc
 
         x, y = markov_tokens(64, 32, vocab_size=64, branching=2, seed=0)
     """
-    for name, value, maximum in (("n_sequences", n_sequences, 2**24), ("seq_len", seq_len, 2**20),
-                                 ("vocab_size", vocab_size, 2**16)):
-        positive_int(name, value, maximum=maximum)
-    positive_int("branching", branching, maximum=vocab_size)
+    n_sequences, seq_len, vocab_size = (
+        positive_int(name, value, maximum=maximum) for name, value, maximum in (
+            ("n_sequences", n_sequences, 2**24), ("seq_len", seq_len, MAX_SEQ_LEN),
+            ("vocab_size", vocab_size, 2**18)))
+    if n_sequences * seq_len > MAX_TOKENS:
+        raise ValueError(f"n_sequences * seq_len must be at most {MAX_TOKENS:,} tokens, got "
+                         f"{n_sequences} x {seq_len}")
+    branching = positive_int("branching", branching, maximum=min(vocab_size, MAX_BRANCHING))
     seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
     device = as_device("device", device)
     g = torch.Generator().manual_seed(seed)
-    successors = torch.stack([torch.randperm(vocab_size, generator=g)[:branching]
-                              for _ in range(vocab_size)])
+    if vocab_size <= SMALL_VOCAB:  # the course's languages: one permutation per token
+        successors = torch.stack([torch.randperm(vocab_size, generator=g)[:branching].clone()
+                                  for _ in range(vocab_size)])
+    else:  # GPT-2's 50,257 and up: distinct draws per token, O(vocab x branching) memory
+        successors = torch.randint(0, vocab_size, (vocab_size, branching), generator=g)
+        while True:
+            ordered = successors.sort(dim=1).values
+            repeated = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
+            if not bool(repeated.any()):
+                break
+            successors[repeated] = torch.randint(0, vocab_size, (int(repeated.sum()), branching),
+                                                 generator=g)
     tokens = torch.empty(n_sequences, seq_len + 1, dtype=torch.long)
     tokens[:, 0] = torch.randint(0, vocab_size, (n_sequences,), generator=g)
     choices = torch.randint(0, branching, (n_sequences, seq_len), generator=g)

@@ -182,6 +182,9 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
                          "(torch.nn.parallel.DistributedDataParallel)")
     if max_grad_norm is not None:
         number("max_grad_norm", max_grad_norm, above=0.0)
+    if on_step is not None and not callable(on_step):  # refused before any step changes weights
+        raise ValueError(f"on_step must be None or callable as on_step(step, loss), got "
+                         f"{on_step!r}")
     auto_scaler = isinstance(grad_scaler, str) and grad_scaler == "auto"
     if auto_scaler:
         auto_scaler, grad_scaler = amp_dtype == torch.float16, None
@@ -281,12 +284,20 @@ def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, *,
         list of tuple: ``[(inputs_i, targets_i), ...]``, slices (views) of the tensors.
 
     Raises:
-        ValueError: if ``batch_size`` is not a positive int, ``drop_last`` not a bool, or no
+        ValueError: if ``inputs`` or ``targets`` is not a tensor, they hold different numbers
+            of samples, ``batch_size`` is not a positive int, ``drop_last`` not a bool, or no
             whole batch fits while ``drop_last`` is True.
     """
     positive_int("batch_size", batch_size)
-    if drop_last not in (True, False):
+    if not isinstance(drop_last, bool):
         raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
+    for name, value in (("inputs", inputs), ("targets", targets)):
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            raise ValueError(f"{name} must be a tensor of samples along dimension 0, got "
+                             f"{type(value).__name__}")
+    if targets.size(0) != inputs.size(0):
+        raise ValueError(f"targets must hold one target per sample: {inputs.size(0)} inputs, "
+                         f"{targets.size(0)} targets")
     total = inputs.size(0)
     n = total // batch_size if drop_last else -(-total // batch_size)
     if n == 0:
