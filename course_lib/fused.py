@@ -187,6 +187,11 @@ def _(grad, x, bias):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _bias_grad(grad_x: Tensor, bias: Tensor) -> Tensor:
+    # the bias's gradient: grad_x summed over the rows, accumulated in fp32
+    return grad_x.reshape(-1, bias.shape[0]).sum(0, dtype=torch.float32).to(bias.dtype)
+
+
 def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs)  # x and bias: nothing computed inside the kernel is kept
 
@@ -194,8 +199,7 @@ def _setup_context(ctx, inputs, output):
 def _backward_rule(ctx, grad):
     x, bias = ctx.saved_tensors
     grad_x = bias_gelu_backward(grad, x, bias)
-    grad_bias = grad_x.reshape(-1, bias.shape[0]).float().sum(0).to(bias.dtype)
-    return grad_x, grad_bias
+    return grad_x, _bias_grad(grad_x, bias)
 
 
 bias_gelu.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -226,7 +230,7 @@ class _UnregisteredBiasGelu(torch.autograd.Function):
     def backward(ctx, grad):
         x, bias = ctx.saved_tensors
         grad_x = bias_gelu_backward(grad, x, bias)
-        return grad_x, grad_x.reshape(-1, bias.shape[0]).float().sum(0).to(bias.dtype)
+        return grad_x, _bias_grad(grad_x, bias)
 
 
 def unregistered_bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
