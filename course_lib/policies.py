@@ -22,6 +22,10 @@ default op policy does, and ``selective`` mode's default
 (:class:`course_lib.checkpointing.SelectiveContext`) also leaves out the MLP's output,
 which no backward formula reads.
 
+:data:`KERNEL_POLICIES` are the two policies of the course's own fused kernel
+(``GPTConfig(fused_mlp=True)``): save its output, or recompute it; :func:`backward_ops` counts
+what the backward pass runs (the kernel: 0 times when saved, once per block when recomputed).
+
 :func:`dispatched_ops` shows what a piece of code dispatches; :func:`policy_cost`
 measures what a policy keeps, its peak, and which ops run again in the backward;
 :class:`BytesMoved` counts the bytes ops read and write (the time of a pointwise op on a GPU).
@@ -49,6 +53,8 @@ from torch.utils.flop_counter import flop_registry
 # The saved ops, the op check and the policy of selective mode are checkpointing's.
 from .checkpointing import ATTENTION_OPS as ATTENTION_OPS
 from .checkpointing import BLOCK_LINEARS as BLOCK_LINEARS
+from .checkpointing import KERNEL_OPS as KERNEL_OPS
+from .checkpointing import KERNEL_POLICIES as KERNEL_POLICIES
 from .checkpointing import LINEAR_OPS as LINEAR_OPS
 from .checkpointing import MATMULS as MATMULS
 from .checkpointing import SAVE_OPS as SAVE_OPS
@@ -154,6 +160,29 @@ def dispatched_ops(fn: Callable, *args, **kwargs) -> Counter:
         raise ValueError(f"fn must be callable, got {fn!r}")
     with _OpCounter() as counter:
         fn(*args, **kwargs)
+    return counter.ops
+
+
+def backward_ops(loss: torch.Tensor) -> Counter:
+    """``Counter`` of the ``OpOverload`` s that ``loss.backward()`` dispatches (it runs it).
+
+    Recomputation included: ``backward_ops(loss)[torch.ops.course.bias_gelu.default]`` is how
+    many times the course kernel runs again in the backward pass (0 under a policy that saves its
+    output, once per checkpointed block under one that recomputes it).
+
+    Args:
+        loss (torch.Tensor): a scalar with a graph (``requires_grad``).
+
+    Returns:
+        collections.Counter: ``OpOverload`` -> times dispatched.
+
+    Raises:
+        ValueError: naming ``loss``, for anything but a scalar tensor that requires grad.
+    """
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+        raise ValueError(f"loss must be a scalar tensor with a graph, got {loss!r}"[:200])
+    with _OpCounter() as counter:
+        loss.backward()
     return counter.ops
 
 
