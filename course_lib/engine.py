@@ -949,7 +949,8 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     Args:
         config, micro_batch_size, accumulation_steps, precision: the step, as for
             :func:`predict_moments`.
-        mode, every, segments: checkpointing, as :func:`course_lib.checkpointing.enable_checkpointing`.
+        mode, every, segments: checkpointing, as :func:`course_lib.checkpointing.enable_checkpointing`
+            (:data:`course_lib.checkpointing.ALL_MODES`; the kernel modes for a fused MLP).
         seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
         gpu (str or GPU, optional): where the step runs: None (the CPU), a name of
             :data:`course_lib.device.GPUS`, "cuda" (this kernel's GPU) or a
@@ -975,7 +976,11 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     dropout, ``blocks``, ``attention`` and ``selective`` can be low by up to 2 %, 2 %
     and 6.5 % (the selective rerun of explicit attention peaks in the forward pass,
     a moment not replayed), and 16-bit ``sdpa`` (the math kernel) by up to 6 %.
-    Under autocast, within 5 %. More micro-batches: an upper bound.
+    Under autocast, within 5 %. More micro-batches: an upper bound. The fused MLP
+    (``GPTConfig(fused_mlp=True)``, the course kernel through Triton's interpreter on the CPU)
+    is exact too, under its two policies (``mode="save-kernel"`` or ``"recompute-kernel"``)
+    as under the other modes; with explicit attention ``save-kernel`` is low by under 1 %
+    (its rerun's attention scratch, which the engine does not replay).
 
     Example:
         >>> cfg = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)

@@ -33,7 +33,9 @@ tutorial for the launch pattern.
 from __future__ import annotations
 
 import gc
+import inspect
 import math
+import textwrap
 from collections.abc import Callable
 
 import torch
@@ -123,6 +125,25 @@ def _launch(name: str, out: Tensor, *tensors: Tensor) -> Tensor:
             gc.enable()
         gc.collect(0)
     return out
+
+
+def source(kernel: str = "forward") -> str:
+    """The Triton source of one of the two kernels, as a lecture prints it.
+
+    Args:
+        kernel (str): ``"forward"`` (``gelu(x + b)``) or ``"backward"`` (``grad * gelu'(x + b)``).
+
+    Returns:
+        str: the kernel's Python source.
+
+    Raises:
+        ValueError: naming ``kernel``, for another name; or where Triton is not installed.
+    """
+    if kernel not in ("forward", "backward"):
+        raise ValueError(f"kernel must be one of ('forward', 'backward'), got {kernel!r}")
+    if triton is None:
+        raise ValueError("the kernels' source needs Triton installed (pip install triton)")
+    return textwrap.dedent(inspect.getsource(_forward if kernel == "forward" else _backward))
 
 
 def _check(x: Tensor, bias: Tensor, what: str = "x") -> None:
@@ -290,4 +311,4 @@ OPS: dict[str, tuple[torch._ops.OpOverload, Callable, Callable]] = {
 }
 
 __all__ = ["BLOCK", "OPS", "backend", "bias_gelu", "bias_gelu_backward", "example", "reference",
-           "unregistered_bias_gelu"]
+           "source", "unregistered_bias_gelu"]
