@@ -294,7 +294,13 @@ def _block_saved(config: GPTConfig, b: int, s: int, t: _Dtypes) -> list[Saved]:
     items += _dropout_saved("attn resid dropout", (b, s, h), p, t.compute, t)
     items += _layernorm_saved("ln2", b, s, h, t)
     items += _linear_saved("mlp fc", "ln2's output", b, s, h, 4 * h, t)
-    items.append(Saved("gelu", "input (fc's output)", (b, s, 4 * h), t.compute))
+    if config.fused_mlp:  # the course kernel keeps its inputs: x @ W.T and the bias
+        items.append(Saved("bias_gelu", "input x (fc's x @ W.T)", (b, s, 4 * h), t.compute))
+        if t.autocast:  # the fp32 bias cast to the 16-bit matmul output's dtype
+            items.append(Saved("bias_gelu", "bias: 16-bit copy", (4 * h,), t.compute,
+                               kind="weight copy"))
+    else:
+        items.append(Saved("gelu", "input (fc's output)", (b, s, 4 * h), t.compute))
     proj = _linear_saved("mlp proj", "gelu's output", b, s, 4 * h, h, t)
     items += [replace(proj[0], what="input (gelu's output)"), *proj[1:]]
     items += _dropout_saved("mlp dropout", (b, s, h), p, t.compute, t)
@@ -324,7 +330,9 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     rstd); the QKV linear's input; the attention core; the out-projection's
     input; its dropout mask; LayerNorm 2; the MLP: first linear's input, GELU's
     input, second linear's input (GELU's output), dropout mask. Residual adds keep nothing.
-    Under autocast each linear also keeps a 16-bit copy of its weight.
+    Under autocast each linear also keeps a 16-bit copy of its weight. With
+    ``config.fused_mlp`` the course kernel keeps its input ``x @ W.T`` where GELU kept
+    ``fc``'s output (the same bytes), and under autocast a 16-bit copy of the bias.
 
     Args:
         {shape_args}

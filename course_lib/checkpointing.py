@@ -18,6 +18,14 @@ mode            what is checkpointed                                         sto
 ``attention``   the attention core of every ``every``-th block (Megatron)    all but the core's
 ==============  ===========================================================  ==================
 
+Two more modes are for a model whose MLP runs the course's fused kernel
+(``GPTConfig(fused_mlp=True)``, :mod:`course_lib.fused`), lecture 05's "one op to a policy":
+``save-kernel`` is ``selective`` that also saves the kernel's output (the kernel does not run in
+the backward pass; ``4*b*s*h`` more elements kept per block), ``recompute-kernel`` is
+``selective`` itself (the kernel, like every op the policy does not name, runs once more in
+the backward pass). :data:`KERNEL_POLICIES` names their ops; :data:`MODES` leaves them out (the
+planners choose among the modes every model has).
+
 ``sqrt`` takes ``round(sqrt(n))`` segments unless told (:func:`sqrt_segments`, Chen et al.'s
 count for a block that keeps as much as its input); :func:`best_segments` gives the count with
 the least memory for a block that keeps ``A/X`` times its input (:func:`block_ratio`), about
@@ -61,7 +69,7 @@ from torch.utils.checkpoint import (
 )
 
 from . import activations as act
-from . import kernels
+from . import fused, kernels
 from .device import resolve_gpu
 from .docstrings import fill_doc
 from .measure import LiveTensorTracker
@@ -95,6 +103,21 @@ ATTENTION_OPS = tuple(getattr(_aten, name).default for name in (
 #: What ``selective`` mode saves: the matmuls and the attention kernels' outputs, as the default
 #: op-level policy of torchtitan (``_op_sac_save_list`` in its Llama ``parallelize.py``) does.
 SAVE_OPS = MATMULS + ATTENTION_OPS
+#: The course's own fused kernel as a policy names it (``torch.ops.course.bias_gelu.default``,
+#: :data:`course_lib.fused.OPS`): one op, however many lines of Triton it has inside.
+KERNEL_OPS = tuple(op for op, _, _ in fused.OPS.values())
+#: The two policies for a model with the fused MLP (``GPTConfig(fused_mlp=True)``), by mode:
+#: save the kernel's output too (:data:`SAVE_OPS` and :data:`KERNEL_OPS`: the kernel does not run
+#: in the backward pass), or recompute it (:data:`SAVE_OPS`, ``selective`` mode's own: it runs
+#: once more there). Each recomputes the block's last linear as ``selective`` does
+#: (:class:`SelectiveContext`).
+KERNEL_POLICIES = {"save-kernel": SAVE_OPS + KERNEL_OPS, "recompute-kernel": SAVE_OPS}
+#: The modes of :data:`KERNEL_POLICIES`, for a model with the fused MLP only.
+KERNEL_MODES = tuple(KERNEL_POLICIES)
+#: The modes that checkpoint blocks under an op-level policy.
+SELECTIVE_MODES = ("selective", *KERNEL_MODES)
+#: Every mode :func:`enable_checkpointing` and the predictions take.
+ALL_MODES = MODES + KERNEL_MODES
 #: The linears of a course GPT block, in forward order: QKV, attention output projection, MLP
 #: up-projection, MLP down-projection (the block's last matmul).
 BLOCK_LINEARS = 4
@@ -105,9 +128,9 @@ class CheckpointSettings:
     """What :func:`enable_checkpointing` installed on a model (``model.checkpointing``).
 
     Attributes:
-        mode (str): one of :data:`MODES`.
+        mode (str): one of :data:`ALL_MODES`.
         every (int): the stride of the checkpointed blocks (``blocks``, ``selective``,
-            ``attention`` modes).
+            ``attention`` and the kernel modes).
         segments (int or None): the number of segments, ``sqrt`` mode only.
         policy (tuple or callable or None): what is saved, ``selective`` mode only: a tuple of
             ``OpOverload`` s or a policy function.
@@ -354,8 +377,9 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
 
     Args:
         model (torch.nn.Module): a course GPT (a module with a ``blocks`` ModuleList).
-        mode (str): one of :data:`MODES`.
-        every (int): in ``blocks``, ``selective`` and ``attention`` modes, wrap blocks
+        mode (str): one of :data:`ALL_MODES` (the kernel modes for a model with
+            ``config.fused_mlp`` only).
+        every (int): in ``blocks``, ``selective``, ``attention`` and the kernel modes, wrap blocks
             0, every, 2*every, ... (:func:`checkpointed_blocks`).
         segments (int, optional): in ``sqrt`` mode, the number of segments (default
             :func:`sqrt_segments`).
@@ -371,7 +395,8 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
     Raises:
         ValueError: naming the parameter: a model without ``blocks``, an unknown ``mode``, a bad
             ``every`` or ``segments``, ``segments`` outside ``sqrt`` mode, ``policy`` outside
-            ``selective`` mode, or a policy that is neither OpOverloads nor callable.
+            ``selective`` mode, a policy that is neither OpOverloads nor callable, or a kernel
+            mode for a model without the fused MLP.
 
     Example::
 
@@ -382,12 +407,14 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
     if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
         raise ValueError(f"model must be a course GPT (with a .blocks ModuleList), got {type(model)}")
     segments = _check_mode(mode, every, segments, len(blocks))
+    if mode in KERNEL_MODES:
+        _check_kernel_mode(mode, getattr(model, "config", None))
     if policy is not None and mode != "selective":
         raise ValueError(f"policy applies to mode='selective' only, got mode={mode!r}")
     recompute_linear = None
-    if mode == "selective":
+    if mode in SELECTIVE_MODES:
         if policy is None:
-            policy, recompute_linear = SAVE_OPS, BLOCK_LINEARS
+            policy, recompute_linear = KERNEL_POLICIES.get(mode, SAVE_OPS), BLOCK_LINEARS
         policy = _validate_policy(policy)
 
     # Undo whatever an earlier call installed: the class's methods show through again.
@@ -416,9 +443,9 @@ def _checkpointed_run_blocks(self, x: torch.Tensor) -> torch.Tensor:
     if settings.mode == "sqrt":
         return checkpoint_sequential(list(self.blocks), settings.segments, x, use_reentrant=False)
     context_fn = keep_mlp_output = noop_context_fn
-    if settings.mode == "selective" and callable(settings.policy):
+    if settings.mode in SELECTIVE_MODES and callable(settings.policy):
         context_fn = functools.partial(create_selective_checkpoint_contexts, settings.policy)
-    elif settings.mode == "selective":
+    elif settings.mode in SELECTIVE_MODES:
         # The default recomputes the MLP output, unless dropout follows it (its rerun needs it).
         context_fn = SelectiveContext(settings.policy, settings.recompute_linear)
         keep_mlp_output = SelectiveContext(settings.policy)
@@ -448,8 +475,15 @@ def _checkpointed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
 
 # --------------------------------------------------------------------------- predictions
 
+def _check_kernel_mode(mode: str, config) -> None:
+    """A kernel mode needs a model whose MLP runs the fused kernel (``config.fused_mlp``)."""
+    if mode in KERNEL_MODES and not getattr(config, "fused_mlp", False):
+        raise ValueError(f"mode={mode!r} needs a model with the fused MLP "
+                         f"(GPTConfig(fused_mlp=True)): one of {MODES} otherwise")
+
+
 def _check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> int | None:
-    choice("mode", mode, MODES)
+    choice("mode", mode, ALL_MODES)
     positive_int("every", every, maximum=MAX_COUNT)
     if segments is not None and mode != "sqrt":
         raise ValueError(f"segments applies to mode='sqrt' only, got mode={mode!r}")
@@ -477,7 +511,7 @@ def policy_label(mode: str, every: int = 1) -> str:
     The mode alone for ``none`` and ``sqrt``, where ``every`` does not apply.
 
     Args:
-        mode (str): one of :data:`MODES`.
+        mode (str): one of :data:`ALL_MODES`.
         every (int): a positive int.
 
     Returns:
@@ -486,14 +520,15 @@ def policy_label(mode: str, every: int = 1) -> str:
     Raises:
         ValueError: naming ``mode`` or ``every``.
     """
-    choice("mode", mode, MODES)
+    choice("mode", mode, ALL_MODES)
     positive_int("every", every, maximum=MAX_COUNT)
     return mode if mode in ("none", "sqrt") else f"{mode}/{every}"
 
 
-def _selective_outputs(config: GPTConfig, b: int, s: int, t) -> list:
+def _selective_outputs(config: GPTConfig, b: int, s: int, t, mode: str = "selective") -> list:
     """What ``selective`` mode keeps inside one block: the outputs of its matmuls and of a fused
-    attention kernel (:data:`SAVE_OPS`), but the MLP's output unless dropout follows it."""
+    attention kernel (:data:`SAVE_OPS`), but the MLP's output unless dropout follows it; in
+    ``save-kernel`` mode the course kernel's output too."""
     h, a, dtype = config.d_model, config.n_heads, t.compute
     items = [act.Saved("qkv (addmm)", "output", (b, s, 3 * h), dtype)]
     kernel = kernels.attention_kernel(config, dtype, t.gpu)
@@ -504,7 +539,10 @@ def _selective_outputs(config: GPTConfig, b: int, s: int, t) -> list:
     else:  # a fused kernel: its output and log-sum-exp, what its backward reads
         items += [item for item in act._core_saved(config, b, s, t) if item.op.startswith("sdpa/")]
     items += [act.Saved("attn proj (addmm)", "output", (b, s, h), dtype),
-              act.Saved("mlp fc (addmm)", "output", (b, s, 4 * h), dtype)]
+              act.Saved("mlp fc (mm)" if config.fused_mlp else "mlp fc (addmm)", "output",
+                        (b, s, 4 * h), dtype)]
+    if mode == "save-kernel":  # the kernel's output, the MLP's out-projection's input
+        items.append(act.Saved("bias_gelu (course kernel)", "output", (b, s, 4 * h), dtype))
     if config.dropout > 0:  # the recomputation reruns the dropout, which needs it
         items.append(act.Saved("mlp proj (addmm)", "output", (b, s, h), dtype))
     return items
@@ -536,10 +574,11 @@ def _layout(config: GPTConfig, batch_size: int, mode: str, every: int, segments:
     block = act._block_saved(config, b, s, t)
     L = config.n_layers
     segments = _check_mode(mode, every, segments, L)
+    _check_kernel_mode(mode, config)
     block_input = [act.Saved("checkpoint", "block input", (b, s, config.d_model), t.stream)]
     regions = _regions(L, mode, every, segments)
-    if mode == "selective":
-        wrapped = block_input + _selective_outputs(config, b, s, t)
+    if mode in SELECTIVE_MODES:
+        wrapped = block_input + _selective_outputs(config, b, s, t, mode)
     elif mode == "attention":
         wrapped = _attention_recomputed_block(config, b, s, t)
     else:
@@ -557,9 +596,9 @@ def _layout(config: GPTConfig, batch_size: int, mode: str, every: int, segments:
 _POLICY_ARGS = """\
 config (GPTConfig): the course GPT's shape.
 batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-mode (str): one of :data:`MODES`.
-every (int): in ``blocks``, ``selective`` and ``attention`` modes, checkpoint blocks
-    0, every, 2*every, ... (:func:`checkpointed_blocks`).
+mode (str): one of :data:`ALL_MODES` (:data:`KERNEL_MODES` for ``config.fused_mlp`` only).
+every (int): in ``blocks``, ``selective``, ``attention`` and the kernel modes, checkpoint
+    blocks 0, every, 2*every, ... (:func:`checkpointed_blocks`).
 """
 _KERNEL_ARGS = """\
 segments (int, optional): in ``sqrt`` mode, the number of segments (default
@@ -583,7 +622,8 @@ def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every:
     per storage). A checkpointed block keeps its input ``(b, s, h)`` only; a
     ``sqrt`` segment keeps its first block's input (its other blocks nothing), the
     last segment everything; ``selective`` keeps the input and the outputs of the matmuls and of a
-    fused attention kernel (:data:`SAVE_OPS`; the MLP's output only under dropout); ``attention``
+    fused attention kernel (:data:`SAVE_OPS`; the MLP's output only under dropout), and
+    ``save-kernel`` the course kernel's output too; ``attention``
     keeps everything but the attention core's own tensors.
 
     Args:

@@ -385,8 +385,13 @@ class _Backward:
         if p > 0:
             r.node("mlp dropout backward", [(_TMP, Xc)], [(_TMP, Xc if ac else 0), (_ACT, mask)])
         self.linear(r, "mlp proj backward", 4 * h, h, Fc, [(_TMP, g_in), (_ACT, Fc)])
-        r.node("gelu backward", [(_TMP, Fc)], [(_TMP, Fc), (_ACT, Fc)])
-        self.linear(r, "mlp fc backward", h, 4 * h, Xc, [(_TMP, Fc), (_ACT, Xc)])
+        if c.fused_mlp:
+            self.bias_gelu(r)
+            self.linear(r, "mlp fc backward (x @ W.T)", h, 4 * h, Xc, [(_TMP, Fc), (_ACT, Xc)],
+                        bias=False)
+        else:
+            r.node("gelu backward", [(_TMP, Fc)], [(_TMP, Fc), (_ACT, Fc)])
+            self.linear(r, "mlp fc backward", h, 4 * h, Xc, [(_TMP, Fc), (_ACT, Xc)])
         self.layernorm(r, "ln2 backward")
         r.node("residual: gradients added", [(_TMP, Xr)], [(_TMP, 2 * Xr)])
         if ac:
@@ -398,6 +403,25 @@ class _Backward:
         self.linear(r, "qkv backward", h, 3 * h, Xc, [(_TMP, 3 * Xc), (_ACT, Xc)])
         self.layernorm(r, "ln1 backward")
         r.node("residual: gradients added", [(_TMP, Xr)], [(_TMP, 2 * Xr)])
+
+    def bias_gelu(self, r: _Replay) -> None:
+        """The course kernel's backward (:mod:`course_lib.fused`): the input's gradient, then the
+        bias's, summed over the rows in fp32 and cast to the bias's dtype (under autocast, a
+        16-bit gradient that the bias's cast turns into the fp32 parameter's)."""
+        n, Fc, t = 4 * self.config.d_model, self.Fc, self.t
+        f32 = self.bytes(n, _F32)
+        frees = [(_TMP, Fc), (_ACT, Fc)]  # the incoming gradient, the saved input x
+        if t.compute == _F32:
+            r.node("bias_gelu backward (course kernel)", [(_TMP, Fc), (_GRAD, f32)], frees)
+            return
+        e = self.bytes(n, t.compute)
+        if not t.autocast:
+            r.node("bias_gelu backward (course kernel)", [(_TMP, Fc), (_TMP, f32), (_GRAD, e)],
+                   [(_TMP, f32), *frees])
+            return
+        r.node("bias_gelu backward (course kernel)", [(_TMP, Fc), (_TMP, f32), (_TMP, e)],
+               [(_TMP, f32), *frees, (_ACT, e)])  # and the saved 16-bit copy of the bias
+        r.node("bias cast backward", [(_GRAD, self.bytes(n, self.params))], [(_TMP, e)])
 
     def attention(self, r: _Replay, g_in: int) -> None:
         """From the out-projection's backward to the concatenated q, k, v gradient (3 X, live)."""
@@ -534,6 +558,8 @@ def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, 
         # are all kept outputs: none is rebuilt.
         core = act._core_saved(config, b, s, t) if act._fused(config, t) else []
         rebuilt = block - x_in - fc_out - act.total_bytes(core, act.STEP_KINDS, gpu)
+        if mode == "save-kernel":  # the course kernel's output (the MLP proj's input) is kept
+            rebuilt -= fc_out
     return block, rebuilt, kept + rebuilt - block
 
 
@@ -578,8 +604,8 @@ def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: 
 
     def one_block(r: _Replay) -> None:
         if rerun is not None:  # the backward pass unpacks a tensor of the region: it runs again
-            if mode == "selective":  # the rerun takes the kept outputs from the cache, which
-                # lets go of those no backward formula needs as they are consumed
+            if mode in ckpt.SELECTIVE_MODES:  # the rerun takes the kept outputs from the
+                # cache, which lets go of those no backward formula needs as they are consumed
                 r.node("block {i}: cached outputs consumed", [], [(_ACT, left)])
             r.recompute("block {i}: recomputation", rerun,
                         before=_CORE_BACKWARD if mode == "attention" else None)
@@ -612,7 +638,7 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
 
     def kind_of(i: int) -> tuple:
         rerun = rebuilt + (len(last[i]) - 1) * block if i in last else None
-        return rerun, i in first and mode in ("selective", "attention")
+        return rerun, i in first and mode in (*ckpt.SELECTIVE_MODES, "attention")
 
     # Blocks of one kind free and allocate the same: each kind is replayed once (and cached),
     # a run of like blocks is added in one go, and so is a repeated pair of runs (what every
@@ -849,9 +875,10 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
     b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     precision_of(precision)
-    choice("mode", mode, MODES)
+    choice("mode", mode, ckpt.ALL_MODES)
     positive_int("every", every, maximum=MAX_COUNT)
     ckpt._check_mode(mode, every, segments, config.n_layers)
+    ckpt._check_kernel_mode(mode, config)
     s = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
     if s > config.seq_len:
         raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {s}")
@@ -922,7 +949,8 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     Args:
         config, micro_batch_size, accumulation_steps, precision: the step, as for
             :func:`predict_moments`.
-        mode, every, segments: checkpointing, as :func:`course_lib.checkpointing.enable_checkpointing`.
+        mode, every, segments: checkpointing, as :func:`course_lib.checkpointing.enable_checkpointing`
+            (:data:`course_lib.checkpointing.ALL_MODES`; the kernel modes for a fused MLP).
         seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
         gpu (str or GPU, optional): where the step runs: None (the CPU), a name of
             :data:`course_lib.device.GPUS`, "cuda" (this kernel's GPU) or a
@@ -948,7 +976,11 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     dropout, ``blocks``, ``attention`` and ``selective`` can be low by up to 2 %, 2 %
     and 6.5 % (the selective rerun of explicit attention peaks in the forward pass,
     a moment not replayed), and 16-bit ``sdpa`` (the math kernel) by up to 6 %.
-    Under autocast, within 5 %. More micro-batches: an upper bound.
+    Under autocast, within 5 %. More micro-batches: an upper bound. The fused MLP
+    (``GPTConfig(fused_mlp=True)``, the course kernel through Triton's interpreter on the CPU)
+    is exact too, under its two policies (``mode="save-kernel"`` or ``"recompute-kernel"``)
+    as under the other modes; with explicit attention ``save-kernel`` is low by under 1 %
+    (its rerun's attention scratch, which the engine does not replay).
 
     Example:
         >>> cfg = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)

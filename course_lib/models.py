@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import fused
 from .validation import boolean, choice, integer, number, positive_int, tensor
 from .validation import device as as_device
 
@@ -93,6 +94,11 @@ class GPTConfig:
     #: Biases in the Linear layers and LayerNorms, as GPT-2 has; False is a little smaller
     #: and, as nanoGPT notes, a little better and faster.
     bias: bool = True
+    #: The MLP's bias add and GELU as the course's own fused kernel
+    #: (:func:`course_lib.fused.bias_gelu` on ``x @ W.T``) instead of ``gelu(addmm)``: the same
+    #: parameters, state dict and values, and one op a checkpoint policy can save or recompute
+    #: (lecture 05). Needs ``bias=True``.
+    fused_mlp: bool = False
 
     def __post_init__(self):
         for name, maximum in CONFIG_MAXIMUM.items():  # kept as what validation returns: an
@@ -106,6 +112,10 @@ class GPTConfig:
                                                    below=1.0))
         choice("attention", self.attention, ATTENTION_KINDS)
         boolean("bias", self.bias)
+        boolean("fused_mlp", self.fused_mlp)
+        if self.fused_mlp and not self.bias:
+            raise ValueError("fused_mlp=True needs bias=True (the kernel adds the bias), got "
+                             "bias=False")
 
     @property
     def d_head(self) -> int:
@@ -173,19 +183,23 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     """The 4h GELU feed-forward network: ``Linear(h, 4h)``, GELU, ``Linear(4h, h)``, dropout.
 
+    With ``config.fused_mlp`` the first linear's bias add and the GELU run as the course's
+    fused kernel, ``bias_gelu(x @ W.T, b)`` (:mod:`course_lib.fused`), with the same parameters.
+
     Args:
-        config (GPTConfig): its ``d_model``, ``dropout`` and ``bias``.
+        config (GPTConfig): its ``d_model``, ``dropout``, ``bias`` and ``fused_mlp``.
     """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
+        self.fused = config.fused_mlp
         self.fc = nn.Linear(config.d_model, 4 * config.d_model, bias=config.bias)
         self.act = nn.GELU()
         self.proj = nn.Linear(4 * config.d_model, config.d_model, bias=config.bias)
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``drop(proj(gelu(fc(x))))``.
+        """``drop(proj(gelu(fc(x))))``; fused: ``drop(proj(bias_gelu(x @ W.T, b)))``.
 
         Args:
             x (torch.Tensor): ``(B, T, d_model)`` activations.
@@ -193,7 +207,12 @@ class MLP(nn.Module):
         Returns:
             torch.Tensor: ``(B, T, d_model)``.
         """
-        return self.drop(self.proj(self.act(self.fc(x))))
+        if not self.fused:
+            return self.drop(self.proj(self.act(self.fc(x))))
+        hidden = F.linear(x, self.fc.weight)  # x @ W.T: aten.mm, no bias
+        # Under autocast the matmul ran in 16 bit: the kernel takes one dtype, so the bias follows.
+        hidden = fused.bias_gelu(hidden, self.fc.bias.to(hidden.dtype))
+        return self.drop(self.proj(hidden))
 
 
 class Block(nn.Module):

@@ -247,3 +247,17 @@ def test_cuda_prediction_matches_a_cuda_measurement(attention, autocast):
     measured = saved_bytes(loss, model.parameters())
     predicted = act.predict_saved_bytes(cfg, 4, 64, dtype, "cuda", autocast=autocast)
     assert abs(measured - predicted) <= 0.005 * measured
+
+
+@pytest.mark.parametrize("attention", ["explicit", "sdpa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_mlp_saves_what_the_plain_one_does_to_the_byte(attention, dtype):
+    """The course kernel keeps its input x @ W.T where GELU kept fc's output: the same bytes."""
+    pytest.importorskip("triton")
+    cfg = GPTConfig(vocab_size=40, seq_len=32, d_model=32, n_heads=4, n_layers=2,
+                    attention=attention, fused_mlp=True)
+    predicted = act.predict_saved_bytes(cfg, 3, dtype=dtype)
+    assert _measured_saved(cfg, 3, None, dtype) == predicted
+    assert predicted == act.predict_saved_bytes(dataclasses.replace(cfg, fused_mlp=False), 3,
+                                                dtype=dtype)
+    assert "bias_gelu" in [item.op for item in act.block_saved(cfg, 3, dtype=dtype)]

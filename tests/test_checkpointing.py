@@ -354,3 +354,30 @@ def test_selective_context_counts_linears_apart_in_forward_and_recomputation():
             ckpt.SelectiveContext(ckpt.SAVE_OPS, bad)
     with pytest.raises(ValueError, match="ops"):
         ckpt.SelectiveContext([torch.ops.aten.mm])
+
+
+def test_the_kernel_modes_keep_the_gradients_and_name_their_policy():
+    pytest.importorskip("triton")
+    config = GPTConfig(**{**SMALL, "n_layers": 2}, fused_mlp=True)
+    x, y = random_tokens(config, 2)
+    torch.manual_seed(0)
+    plain = GPT(config)
+    want = _grads(plain, x, y)
+    for mode in ckpt.KERNEL_MODES:
+        model = ckpt.enable_checkpointing(copy.deepcopy(plain), mode)
+        assert model.checkpointing.policy == ckpt.KERNEL_POLICIES[mode]
+        assert model.checkpointing.recompute_linear == ckpt.BLOCK_LINEARS
+        assert ckpt.policy_label(mode, 2) == f"{mode}/2"
+        got = _grads(model, x, y)
+        torch.testing.assert_close(got[0], want[0])
+        for g, w in zip(got[1], want[1], strict=True):
+            torch.testing.assert_close(g, w)
+        assert ckpt.step_flops(config, 2, mode) == ckpt.step_flops(config, 2, "selective")
+    items = ckpt.kept_by_block(config, 2, "save-kernel")[0]
+    assert [i.op for i in items][-1] == "bias_gelu (course kernel)"
+    with pytest.raises(ValueError, match="fused_mlp"):
+        ckpt.enable_checkpointing(GPT(GPTConfig(**SMALL)), "save-kernel")
+    with pytest.raises(ValueError, match="fused_mlp"):
+        ckpt.kept_by_block(GPTConfig(**SMALL), 2, "recompute-kernel")
+    with pytest.raises(ValueError, match="policy"):
+        ckpt.enable_checkpointing(GPT(config), "save-kernel", policy=list(ckpt.SAVE_OPS))

@@ -298,3 +298,44 @@ def test_the_floor_rejects_bad_input():
         engine.predict_floor(GPTConfig(**SMALL), 1, mode="everything")
     with pytest.raises(ValueError, match="precision"):
         engine.predict_floor(GPTConfig(**SMALL), 1, precision="fp8")
+
+
+# --------------------------------------------------------------------------- the fused kernel
+
+FUSED_MODES = ["none", "blocks", "selective", "save-kernel", "recompute-kernel"]
+
+
+@pytest.mark.parametrize("mode", FUSED_MODES)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_fused_model_is_predicted_to_the_byte(mode, precision):
+    """GPTConfig(fused_mlp=True) through Triton's interpreter: kept bytes and the steady step's
+    peak, predicted against measured, to the byte, under both kernel policies."""
+    pytest.importorskip("triton")
+    cfg = GPTConfig(**SMALL, fused_mlp=True)
+    spec = engine.precision_of(precision)
+    predicted = engine.predict_step_memory(cfg, 3, precision=precision, mode=mode)
+    assert predicted.total == step_setup.measure_step_memory(cfg, 3, precision=precision,
+                                                             mode=mode)
+    model, _ = step_setup.build(cfg, precision=precision, mode=mode)
+    kept = checkpointing.measure_kept_bytes(model, *random_tokens(cfg, 3))
+    assert kept == checkpointing.predict_kept_bytes(cfg, 3, mode, dtype=spec.compute)
+
+
+def test_saving_the_kernel_costs_its_output_per_block_and_recomputing_it_nothing():
+    cfg = GPTConfig(**SMALL, fused_mlp=True)
+    kept = {mode: checkpointing.predict_kept_bytes(cfg, 3, mode) for mode in FUSED_MODES}
+    assert kept["recompute-kernel"] == kept["selective"]
+    out = 3 * cfg.seq_len * 4 * cfg.d_model * 4  # the kernel's (b, s, 4h) fp32 output
+    assert kept["save-kernel"] - kept["selective"] == cfg.n_layers * out
+    assert kept["blocks"] < kept["selective"] < kept["save-kernel"] < kept["none"]
+    # the fused model keeps what the plain one keeps without checkpointing: the same tensors
+    plain = GPTConfig(**SMALL)
+    for mode in ("none", "blocks", "selective"):
+        assert checkpointing.predict_kept_bytes(plain, 3, mode) == kept[mode]
+
+
+def test_the_kernel_modes_need_the_fused_model():
+    for mode in ("save-kernel", "recompute-kernel"):
+        with pytest.raises(ValueError, match="fused_mlp"):
+            engine.predict_step_memory(GPTConfig(**SMALL), 1, mode=mode)
+        assert mode not in engine.MODES  # the planners choose among every model's modes

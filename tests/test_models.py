@@ -83,7 +83,8 @@ def test_random_tokens_are_shifted_and_own_their_storage():
 
 @pytest.mark.parametrize("field,value,message", [
     ("d_model", 30, "divisible"), ("n_layers", 0, "n_layers"), ("dropout", 1.0, "dropout"),
-    ("attention", "flash", "attention"), ("vocab_size", 2.5, "vocab_size")])
+    ("attention", "flash", "attention"), ("vocab_size", 2.5, "vocab_size"),
+    ("fused_mlp", 1, "fused_mlp")])
 def test_bad_configs_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         GPTConfig(**{field: value})
@@ -133,3 +134,56 @@ def test_ignore_index_targets_are_still_accepted():
     targets = torch.zeros(2, 4, dtype=torch.long)
     targets[0, 0] = -100
     assert torch.isfinite(model(torch.zeros(2, 4, dtype=torch.long), targets)[1])
+
+
+def _fused_pair(dtype, **shape):
+    """The same weights as the plain model and as the fused one (``GPTConfig(fused_mlp=True)``)."""
+    config = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_layers=2, **shape)
+    torch.manual_seed(0)
+    plain = GPT(config).to(dtype)
+    fused = GPT(dataclasses.replace(config, fused_mlp=True)).to(dtype)
+    fused.load_state_dict(plain.state_dict())
+    return plain, fused
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_the_fused_mlp_has_the_plain_models_outputs_and_gradients(dtype, tol):
+    pytest.importorskip("triton")  # on the CPU the kernel runs in Triton's interpreter
+    plain, fused = _fused_pair(dtype, dropout=0.0)
+    assert [n for n, _ in plain.named_parameters()] == [n for n, _ in fused.named_parameters()]
+    x, y = random_tokens(plain.config, 2)
+    losses = []
+    for model in (plain, fused):
+        logits, loss = model(x, y)
+        loss.backward()
+        losses.append((logits, loss))
+    for got, want in zip(losses[1], losses[0], strict=True):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    for (name, p), q in zip(plain.named_parameters(), fused.parameters(), strict=True):
+        assert q.grad.dtype == p.grad.dtype, name
+        torch.testing.assert_close(q.grad.float(), p.grad.float(), atol=tol, rtol=tol, msg=name)
+
+
+def test_the_fused_mlp_runs_the_kernel_under_autocast_and_needs_a_bias():
+    pytest.importorskip("triton")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    plain, fused = _fused_pair(torch.float32)
+    x, y = random_tokens(plain.config, 2)
+    with torch.autocast("cpu", torch.bfloat16):
+        want = plain(x, y)[1]
+        with Ops() as ops:
+            got = fused(x, y)[1]
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert ops.seen.count(torch.ops.course.bias_gelu.default) == 2  # once per block
+    assert torch.ops.aten.gelu.default not in ops.seen
+    with pytest.raises(ValueError, match="fused_mlp=True needs bias=True"):
+        GPTConfig(fused_mlp=True, bias=False)

@@ -163,3 +163,43 @@ def test_a_block_dispatches_no_unsafe_view_in_the_recomputed_list():
     block, x = _block_and_input("explicit")
     full = policies.policy_cost(block, x, policy="full")
     assert aten._unsafe_view.default not in full.recomputed
+
+
+@pytest.mark.parametrize("mode, runs", [("none", 0), ("blocks", 2), ("selective", 2),
+                                        ("save-kernel", 0), ("recompute-kernel", 2)])
+def test_the_kernel_runs_in_backward_only_where_a_policy_recomputes_it(mode, runs):
+    pytest.importorskip("triton")
+    from course_lib.checkpointing import enable_checkpointing
+
+    config = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2,
+                       fused_mlp=True)
+    torch.manual_seed(0)
+    model = enable_checkpointing(GPT(config), mode)
+    ran = policies.backward_ops(model(*random_tokens(config, 2))[1])
+    kernel, = policies.KERNEL_OPS
+    assert kernel is torch.ops.course.bias_gelu.default
+    assert ran[kernel] == runs  # once per checkpointed block that recomputes it
+    assert ran[torch.ops.course.bias_gelu_backward.default] == 2  # its backward, once per block
+    assert policies.KERNEL_POLICIES["save-kernel"] == (*policies.SAVE_OPS, kernel)
+
+
+def test_backward_ops_wants_a_loss_with_a_graph():
+    for bad in (torch.ones(()), torch.ones(2, requires_grad=True), 1.0):
+        with pytest.raises(ValueError, match="loss"):
+            policies.backward_ops(bad)
+
+
+def test_kernel_policies_measure_and_predict_both_side_by_side():
+    pytest.importorskip("triton")
+    config = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2,
+                       fused_mlp=True)
+    save, recompute = policies.kernel_policies(config, 2)
+    assert (save.mode, recompute.mode) == ("save-kernel", "recompute-kernel")
+    assert (save.kernel_runs, recompute.kernel_runs) == (0, 2)
+    for row in (save, recompute):
+        assert row.kept_measured == row.kept_predicted
+    assert save.kept_measured - recompute.kept_measured == 2 * (2 * 16 * 4 * 32) * 4
+    with pytest.raises(ValueError, match="fused_mlp"):
+        policies.kernel_policies(GPTConfig(), 2)
+    with pytest.raises(ValueError, match="batch_size"):
+        policies.kernel_policies(config, 0)
