@@ -136,7 +136,14 @@ def _show_figures_in_notebooks() -> None:
 
 
 def _setup_lines(fig, ax, cards: list[GPU], animated: bool) -> dict:
-    """A line per GPU and its label in the column right of the axes, joined by a leader."""
+    """A line per GPU and its label in the column right of the axes, joined by a leader.
+
+    In a widget (``animated``) the lines are drawn over the bar on every change; the labels
+    stay in the kept picture of the axes (:class:`course_lib.widgets.Backgrounds`, whose key
+    holds their positions and colours): they move only with the axis limit and change colour
+    only where the model states cross a card's memory, and redrawing their text on every
+    change was most of the calculator's time.
+    """
     lines = [ax.axhline(g.total_memory / GiB, color=_SHORT, ls="--", lw=1) for g in cards]
     labels = [ax.annotate(capacity_label(g), xy=(1.0, g.total_memory / GiB),
                           xycoords=("axes fraction", "data"), xytext=(_LABEL_X, 0.5),
@@ -145,8 +152,8 @@ def _setup_lines(fig, ax, cards: list[GPU], animated: bool) -> dict:
                           arrowprops=dict(arrowstyle="-", color=_SHORT, lw=0.6,
                                           shrinkA=0, shrinkB=2, relpos=(0, 0.5)))
               for g in cards]
-    for artist in (*lines, *labels):
-        artist.set_animated(animated)
+    for line in lines:
+        line.set_animated(animated)
     return {"cards": cards, "lines": lines, "labels": labels}
 
 

@@ -11,6 +11,7 @@ lecture 08 are :mod:`course_lib.ladder_view`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -494,7 +495,8 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
             (:func:`step_seconds`).
 
     Returns:
-        Ladder: the rungs, the combination and whether it fits.
+        Ladder: the rungs, the combination and whether it fits; the same (frozen) object for
+        the same arguments, of the last 256 settings asked (a widget moved back redraws at once).
 
     Raises:
         ValueError: naming the argument.
@@ -507,16 +509,26 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
     """
     check_config(config)
     choice("gpu", gpu, tuple(GPUS))
-    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
     if seq_len > config.seq_len:
         raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {seq_len}")
     budget = GPUS[gpu].total_memory if budget_bytes is None else positive_int(
         "budget_bytes", budget_bytes, maximum=MAX_BYTES)
-    positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
-    positive_int("lora_rank", lora_rank, maximum=MAX_COUNT)
-    positive_int("world_size", world_size, maximum=MAX_WORLD_SIZE)
-    number("utilization", utilization, above=0.0, maximum=1.0)
+    loss_chunk = positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
+    lora_rank = positive_int("lora_rank", lora_rank, maximum=MAX_COUNT)
+    world_size = positive_int("world_size", world_size, maximum=MAX_WORLD_SIZE)
+    utilization = number("utilization", utilization, above=0.0, maximum=1.0)
+    return _ladder(config, gpu, batch_size, seq_len, budget, loss_chunk, lora_rank, world_size,
+                   utilization)
+
+
+@functools.lru_cache(maxsize=256)
+def _ladder(config: GPTConfig, gpu: str, batch_size: int, seq_len: int, budget: int,
+            loss_chunk: int, lora_rank: int, world_size: int, utilization: float) -> Ladder:
+    """:func:`ladder` of checked arguments, cached (at most 256 settings): lecture 08's widget
+    asks again for settings a learner has seen, and each costs some thirty predictions. A
+    :class:`Ladder` is frozen, so the same one can be handed out again."""
     base_plan = Plan()
 
     def memory(plan):

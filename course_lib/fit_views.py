@@ -18,6 +18,7 @@ planner (:func:`course_lib.fit.fit_model`); the figures only lay them out:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 from . import engine, fit
@@ -25,6 +26,7 @@ from .device import GPU, GPUS, live_gpu
 from .engine import StepMemory
 from .memory import mixed_precision_for
 from .units import GB, GiB, MiB, format_bytes
+from .models import CONFIG_MAXIMUM
 from .validation import MAX_BYTES, choice, integer, positive_int, text
 
 #: The colour of each category of :func:`course_lib.engine.breakdown_rows`, in stacking order.
@@ -245,6 +247,64 @@ def capacity_of(gpu: GPU) -> tuple[int, str]:
     return gpu.total_memory, f"capacity as PyTorch sees it: {format_bytes(gpu.total_memory)}{smi}"
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(target: GPU, budget: int, seq_len: int, effective_batch: int
+          ) -> tuple[fit.Fit, StepMemory]:
+    """The explorer's numbers for one setting: the plan and the same model trained naively.
+
+    Cached (at most 256 settings): a learner moving a slider back and forth asks for the same
+    settings again, and :func:`course_lib.fit.fit_model` searches hundreds of models for each.
+    A live card's reading (its free memory) is part of the key (``GPU`` is a frozen dataclass).
+    """
+    plan = fit.fit_model(budget, seq_len=seq_len, effective_batch=effective_batch,
+                         precisions=(mixed_precision_for(target), "fp32"), gpu=target)
+    naive = engine.predict_step_memory(plan.config, effective_batch, precision="fp32", gpu=target)
+    return plan, naive
+
+
+#: The explorer's two bars, top to bottom, and their rows on the axes.
+_EXPLORER_ROWS = {"planned": 1, "trained naively": 0}
+
+
+def setup_explorer(fig, animated: bool = True) -> dict:
+    """The explorer's axes and artists, made once (``live_plot``'s ``setup``).
+
+    Each bar of :data:`_EXPLORER_ROWS` is one rectangle per category of :data:`COLORS` (those a
+    setting does not have are zero wide), the budget and the card's capacity are vertical
+    lines; :func:`draw_explorer` sets their numbers, the title and the legend. With
+    ``animated``, the bars, the lines and the title are drawn over a kept picture of the rest
+    (:func:`course_lib.widgets.render_png`), which the axis limit and the legend select.
+
+    Args:
+        fig (matplotlib.figure.Figure): the empty figure to draw on.
+        animated (bool): mark the changing artists animated (a widget's); False for a static
+            figure.
+
+    Returns:
+        dict: the artists, for :func:`draw_explorer`.
+    """
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.15, right=0.98, bottom=0.36, top=0.8)
+    # the bars first, row by row (as draw_steps stacks them), then the lines and the text
+    bars = {label: {name: ax.barh(row, 0, color=colour, height=0.6, label=name)
+                    for name, colour in COLORS.items()}
+            for label, row in _EXPLORER_ROWS.items()}
+    a = {"fig": fig, "ax": ax, "bars": bars, "legend_key": None,
+         "budget": ax.axvline(0, color="k", ls="--", lw=1.2),
+         "capacity": ax.axvline(0, color="0.3", lw=2),
+         "needs": ax.text(0, 0, "", ha="right", va="center", fontsize=8, color="w",
+                          fontweight="bold"),
+         "title": ax.set_title("", fontsize=9, loc="left")}
+    ax.set_yticks(list(_EXPLORER_ROWS.values()), list(_EXPLORER_ROWS), fontsize=9)
+    ax.tick_params(axis="x", labelsize=9)
+    if animated:  # the spines too: they are drawn over the bars and the lines that reach them
+        for artist in (*[c.patches[0] for row in bars.values() for c in row.values()],
+                       a["budget"], a["capacity"], a["needs"], a["title"],
+                       *ax.spines.values()):
+            artist.set_animated(True)
+    return a
+
+
 def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int, *,
                   gpus: Mapping[str, GPU]) -> fit.Fit:
     """The widget "what fits on which GPU": the largest GPT ``gpus[gpu]`` trains, and its step.
@@ -255,10 +315,15 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
     predicted for the card's kernels. Draws the planned step stacked by category against the
     budget and the capacity, and the same model trained naively (fp32, the whole effective batch
     in one pass, no checkpointing), cut at the edge of the axes with its size written beside it;
-    prints the plan's summary.
+    prints the plan's summary. The plans are cached per setting (a slider moved back redraws
+    at once).
+
+    In a widget, pass :func:`setup_explorer` as ``live_plot``'s ``setup``: ``fig`` is then the
+    artists it made, and only their numbers change. Given a figure, it draws a static one.
 
     Args:
-        fig (matplotlib.figure.Figure): the widget's figure (cleared by ``live_plot``).
+        fig: an empty matplotlib figure (a static figure), or what :func:`setup_explorer`
+            returned (a widget's).
         gpu (str): a key of ``gpus``.
         usable (int): percent of the card's memory training may use, 1 to 100.
         seq_len (int): tokens per sequence.
@@ -270,6 +335,11 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
 
     Raises:
         ValueError: naming the argument, for a bad value, or when nothing fits.
+
+    Example::
+
+        live_plot(functools.partial(draw_explorer, gpus=explorer_gpus()), controls,
+                  setup=setup_explorer, figsize=(9, 3.6))
     """
     if not isinstance(gpus, Mapping) or not gpus:
         raise ValueError(f"gpus must be a non-empty mapping of name -> GPU, got {gpus!r}")
@@ -277,28 +347,54 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
     usable = integer("usable", usable, minimum=1, maximum=100)
     memory, where = capacity_of(target)
     budget = memory * usable // 100
-    plan = fit.fit_model(budget, seq_len=seq_len, effective_batch=effective_batch,
-                         precisions=(mixed_precision_for(target), "fp32"), gpu=target)
-    naive = engine.predict_step_memory(plan.config, effective_batch, precision="fp32", gpu=target)
-    ax = fig.subplots()
-    fig.subplots_adjust(left=0.15, right=0.98, bottom=0.36, top=0.8)
+    seq_len = positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
+    effective_batch = positive_int("effective_batch", effective_batch,
+                                   maximum=fit.MAX_EFFECTIVE_BATCH)
+    plan, naive = _plan(target, budget, seq_len, effective_batch)
+    a = fig if isinstance(fig, dict) else setup_explorer(fig, animated=False)
+    ax = a["ax"]
+    steps = {"planned": plan.memory, "trained naively": naive}
+    top = max(plan.memory.total, naive.total, budget)
+    scale, unit = unit_of(top)
+    drawn = {}  # category -> its first bar, in the order draw_steps draws them: the legend's
+    for label, m in steps.items():
+        left, values = 0.0, dict(engine.breakdown_rows(m))
+        for name, container in a["bars"][label].items():
+            width = values.get(name, 0) / scale  # a category this step has not: zero wide
+            container.patches[0].set_x(left)
+            container.patches[0].set_width(width)
+            left += width
+            if name in values:
+                drawn.setdefault(name, container)
     of = "free memory" if target.live else "capacity"
-    scale, _ = draw_steps(ax, {"planned": plan.memory, "trained naively": naive}, budget=budget,
-                          budget_label=f"budget: {usable}% of the {of} = "
-                          f"{format_bytes(budget)} ({budget / GB:.1f} GB)", legend=False)
+    budget_label = (f"budget: {usable}% of the {of} = {format_bytes(budget)} "
+                    f"({budget / GB:.1f} GB)")
+    a["budget"].set_xdata([budget / scale] * 2)
+    a["capacity"].set_xdata([memory / scale] * 2)
+    ax.set_xlabel(unit)
     ax.set_xlim(0, 1.12 * memory / scale)
-    ax.axvline(memory / scale, color="0.3", lw=2, label=where)
-    if naive.total > 1.12 * memory:
-        ax.text(1.1 * memory / scale, 0, f"needs {format_bytes(naive.total)} →", ha="right",
-                va="center", fontsize=8, color="w", fontweight="bold")
+    needs = naive.total > 1.12 * memory
+    a["needs"].set_position((1.1 * memory / scale, 0))
+    a["needs"].set_text(f"needs {format_bytes(naive.total)} →" if needs else "")
     c = plan.config
     verdict = "fits" if plan.peak_bytes <= budget else "does not fit"
-    ax.set_title(f"{target.name}: the largest GPT that {verdict} is {plan.n_params / 1e9:.2f}B "
-                 f"parameters (d_model {c.d_model}, {c.n_layers} layers)\n{plan.precision}, "
-                 f"micro-batch {plan.micro_batch_size} x {plan.accumulation_steps} accumulation "
-                 f"steps, checkpointing {plan.label}: step {format_bytes(plan.peak_bytes)}",
-                 fontsize=9, loc="left")
-    ax.legend(loc="upper left", bbox_to_anchor=(-0.15, -0.2), ncol=4, fontsize=8, frameon=False)
+    a["title"].set_text(
+        f"{target.name}: the largest GPT that {verdict} is {plan.n_params / 1e9:.2f}B "
+        f"parameters (d_model {c.d_model}, {c.n_layers} layers)\n{plan.precision}, "
+        f"micro-batch {plan.micro_batch_size} x {plan.accumulation_steps} accumulation "
+        f"steps, checkpointing {plan.label}: step {format_bytes(plan.peak_bytes)}")
+    # The lines' labels, then the categories drawn (the order in which matplotlib collects a
+    # legend's entries: lines before bars); a new legend only when the categories change. It
+    # stays in the widget's kept picture (its texts are in the key): it changes with the card
+    # and the budget only, and drawing its text on every change cost more than the rest.
+    labels = [budget_label, where, *drawn]
+    if a["legend_key"] != tuple(drawn):
+        ax.legend([a["budget"], a["capacity"], *drawn.values()], labels, loc="upper left",
+                  bbox_to_anchor=(-0.15, -0.2), ncol=4, fontsize=8, frameon=False)
+        a["legend_key"] = tuple(drawn)
+    else:
+        for text, label in zip(ax.get_legend().get_texts(), labels):
+            text.set_text(label)
     print(plan.summary())
     print(f"trained naively (fp32, {effective_batch} sequences at once, no checkpointing): "
           f"{format_bytes(naive.total)}, {naive.total / budget:.1f}x the budget")
@@ -306,4 +402,4 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
 
 
 __all__ = ["COLORS", "SEQ_LENS", "EFFECTIVE_BATCHES", "THIS_GPU", "unit_of", "draw_steps",
-           "draw_largest", "draw_timeline", "explorer_gpus", "capacity_of", "draw_explorer"]
+           "draw_largest", "draw_timeline", "explorer_gpus", "capacity_of", "setup_explorer", "draw_explorer"]

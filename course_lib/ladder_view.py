@@ -180,7 +180,10 @@ def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
         label.set_horizontalalignment("right" if inside else "left")
         label.set_color("white" if inside else "black")
     a["ax"].set(xlim=(0, right))
-    a["ax"].set_yticks(range(a["rows"]), names + [""] * (a["rows"] - len(names)))
+    ticks = names + [""] * (a["rows"] - len(names))
+    if a.get("ticks") != ticks:  # setting them anew costs more than the rest of a change
+        a["ax"].set_yticks(range(a["rows"]), ticks)
+        a["ticks"] = ticks
     a["budget"].set_xdata([result.budget_bytes / GiB] * 2)
     a["budget_text"].set_x(min(result.budget_bytes / GiB, 0.45 * right))
     a["budget_text"].set_text(capacity_label(result.gpu))
