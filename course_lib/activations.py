@@ -206,10 +206,11 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     return kernels.sdpa_kernel(check_config(config), dtype, gpu)
 
 
-def _core_saved(config: GPTConfig, b: int, s: int, t: _Dtypes) -> list[Saved]:
+def _core_saved(config: GPTConfig, b: int, s: int, t: _Dtypes,
+                kernel: str | None = None) -> list[Saved]:
     a, p, h, dtype = config.n_heads, config.dropout, config.d_model, t.compute
     probs = (b, a, s, s)
-    if config.attention == "explicit":
+    if config.attention == "explicit" and kernel is None:
         soft = kernels.autocast_softmax_dtype(dtype, t.gpu) if t.autocast else dtype
         cast = soft != dtype  # CUDA autocast: probs @ v casts the fp32 probabilities back
         items = [Saved("q @ k^T", "q (heads as batches)", (b, s, h), dtype),
@@ -225,7 +226,7 @@ def _core_saved(config: GPTConfig, b: int, s: int, t: _Dtypes) -> list[Saved]:
             items.append(Saved("probs @ v", what + (": 16-bit copy" if cast else ""), probs, dtype))
         items.append(Saved("probs @ v", "v (heads as batches)", (b, s, h), dtype))
         return items
-    kernel = kernels.sdpa_kernel(config, dtype, t.gpu)
+    kernel = kernel or kernels.sdpa_kernel(config, dtype, t.gpu)
     if kernel == "math":  # the reference kernel, computing in fp32
         inner = _FP32 if dtype in (torch.bfloat16, torch.float16) else dtype
         items = [Saved("sdpa/math: q @ k^T", "q * sqrt(scale) (heads as batches)", (b, s, h), inner),
@@ -250,13 +251,19 @@ def _core_saved(config: GPTConfig, b: int, s: int, t: _Dtypes) -> list[Saved]:
 
 
 def attention_core_saved(config: GPTConfig, b: int, s: int, dtype, gpu=None, *,
-                         autocast: bool = False) -> list[Saved]:
+                         autocast: bool = False, kernel: str | None = None) -> list[Saved]:
     """What ``CausalSelfAttention.core(q, k, v)`` keeps, for ``config.attention`` and ``config.dropout``.
 
     The ``q``, ``k``, ``v`` views into the QKV output are ``(b, a, s, d)`` with
     the heads transposed; a matmul needs them as ``(b*a, s, d)`` batches and
     copies them (``3*bsh`` elements) unless ``b == 1`` or ``a == 1``, when the
     batches are views and the one QKV output storage (also ``3*bsh``) is kept.
+
+    Which SDPA kernel runs decides the rest (Dao et al. 2022, FlashAttention: recompute inside
+    a kernel): ``math``, the reference, keeps the ``b*a*s*s`` probabilities (fp32 for 16-bit
+    input); ``flash``, ``efficient`` and ``cudnn`` keep only their output and a per-row
+    log-sum-exp (fp32, ``b*a*s``; padded to 32 rows by ``efficient``), and rebuild the
+    probabilities in their backward pass from q, k, v and the log-sum-exp.
 
     Args:
         config (GPTConfig): the course GPT's shape.
@@ -266,16 +273,22 @@ def attention_core_saved(config: GPTConfig, b: int, s: int, dtype, gpu=None, *,
         gpu (str or GPU, optional): None for the CPU's kernels, or what
             :func:`course_lib.device.resolve_gpu` takes.
         autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
+        kernel (str, optional): the SDPA kernel to count, one of
+            :data:`course_lib.kernels.SDPA_KERNELS` (as ``torch.nn.attention.sdpa_kernel`` forces
+            one); None: the one the target picks (:func:`course_lib.kernels.sdpa_kernel`), or the
+            explicit attention for ``config.attention == "explicit"``.
 
     Returns:
         list of Saved: the saved storages, in forward order.
 
     Raises:
         ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
-            ``dtype``).
+            ``dtype``; ``kernel`` not one of the SDPA kernels).
     """
     b, s, t = _check(config, b, s, dtype, gpu, autocast, names=("b", "s"))
-    return _core_saved(config, b, s, t)
+    if kernel is not None and kernel not in kernels.SDPA_KERNELS:
+        raise ValueError(f"kernel must be one of {kernels.SDPA_KERNELS} or None, got {kernel!r}")
+    return _core_saved(config, b, s, t, kernel)
 
 
 def _fused(config: GPTConfig, t: _Dtypes) -> bool:

@@ -19,6 +19,8 @@ autograd saved) and temporaries, over time and at the peak.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +30,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .units import storage_bytes, storage_key
+from . import kernels
+from .models import GPTConfig, check_config
+from .units import as_dtype, storage_bytes, storage_key
+from .validation import device as as_device
+from .validation import integer, positive_int
 
 # Ops whose tensor argument is a storage made outside the dispatcher (``torch.tensor([...])``
 # builds it in C++ then "lifts" it): their output is a new allocation, not a foreign tensor.
@@ -348,6 +354,113 @@ def saved_bytes(output: torch.Tensor, params=(), *, include_parameters: bool = F
         if include_parameters or not row.is_parameter:
             unique[row.storage_id] = row.nbytes
     return sum(unique.values())
+
+
+#: The backward node of each fused kernel of ``F.scaled_dot_product_attention``, as the graph
+#: names it; the math kernel has none of its own (it is written with ``bmm`` and ``softmax``).
+SDPA_NODES = {"ScaledDotProductFlashAttentionForCpuBackward0": "flash",
+              "ScaledDotProductFlashAttentionBackward0": "flash",
+              "ScaledDotProductEfficientAttentionBackward0": "efficient",
+              "ScaledDotProductCudnnAttentionBackward0": "cudnn"}
+
+
+@dataclass(frozen=True)
+class AttentionSaved:
+    """What one call of ``F.scaled_dot_product_attention`` kept for backward (:func:`sdpa_saved`).
+
+    Attributes:
+        kernel (str): the kernel that ran, read off the graph: one of
+            :data:`course_lib.kernels.SDPA_KERNELS`.
+        saved_bytes (int): bytes of the distinct storages it keeps (q, k and v included).
+        square_bytes (int): of those, the storages shaped ``(..., s, s)``: the attention maps.
+        tensors (tuple): the :class:`SavedTensor` rows.
+    """
+
+    kernel: str
+    saved_bytes: int
+    square_bytes: int
+    tensors: tuple
+
+
+def _sdpa_backends() -> dict:
+    from torch.nn.attention import SDPBackend
+
+    return {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def _kernel_that_ran(output: torch.Tensor) -> str:
+    stack, seen = [output.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ in SDPA_NODES:
+            return SDPA_NODES[type(node).__name__]
+        stack += [next_node for next_node, _ in node.next_functions]
+    return "math"
+
+
+def sdpa_saved(config: GPTConfig, batch_size: int, dtype=torch.float32, *, kernel: str | None = None,
+               device: str | torch.device = "cpu", seed: int = 0) -> AttentionSaved:
+    """Measure what one attention call keeps for backward, and which SDPA kernel ran.
+
+    Builds q, k, v as the course GPT does (head views of one ``(b, s, 3h)`` QKV tensor that
+    requires grad), calls ``F.scaled_dot_product_attention(q, k, v, dropout_p=config.dropout,
+    is_causal=True)``, under ``torch.nn.attention.sdpa_kernel`` when ``kernel`` forces one, and
+    reads the saved tensors off the graph (:func:`saved_tensors`). The math kernel keeps the
+    ``b*a*s*s`` probabilities; the fused ones (FlashAttention, Dao et al. 2022) their output and
+    a per-row log-sum-exp, from which their backward rebuilds the probabilities.
+    :func:`course_lib.activations.attention_core_saved` predicts it.
+
+    Args:
+        config (GPTConfig): the shape (``d_model``, ``n_heads``, ``seq_len``, ``dropout``).
+        batch_size (int): sequences, a positive int; the QKV tensor holds at most
+            :data:`course_lib.kernels.MAX_DETECT_ELEMENTS` elements, and so do the math kernel's
+            ``b*a*s*s`` probabilities.
+        dtype (torch.dtype or str): fp32, fp16 or bf16.
+        kernel (str, optional): one of :data:`course_lib.kernels.SDPA_KERNELS` to force; None:
+            PyTorch's choice (:func:`course_lib.kernels.sdpa_kernel` predicts it).
+        device (str or torch.device): where it runs.
+        seed (int): seeds q, k and v, an int from 0 to 2**63 - 1.
+
+    Returns:
+        AttentionSaved: the kernel that ran, the bytes it keeps, the saved tensors.
+
+    Raises:
+        ValueError: naming the argument, for a bad value, too large a call, or a ``kernel`` that
+            cannot run here (the CPU has no memory-efficient or cuDNN kernel, a T4 no bf16 flash).
+    """
+    check_config(config)
+    b = positive_int("batch_size", batch_size, maximum=kernels.MAX_DETECT_ELEMENTS)
+    dtype = as_dtype(dtype)
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    if kernel is not None and kernel not in kernels.SDPA_KERNELS:
+        raise ValueError(f"kernel must be one of {kernels.SDPA_KERNELS} or None, got {kernel!r}")
+    device = as_device("device", device)
+    seed = integer("seed", seed, minimum=0, maximum=2**63 - 1)
+    s, h, a = config.seq_len, config.d_model, config.n_heads
+    if max(b * s * 3 * h, b * a * s * s) > kernels.MAX_DETECT_ELEMENTS:
+        raise ValueError(f"batch_size={b} makes too large a call for this measurement: at most "
+                         f"{kernels.MAX_DETECT_ELEMENTS:,} elements in q, k, v and in b*a*s*s")
+    generator = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(b, s, 3 * h, generator=generator).to(device=device, dtype=dtype)
+    q, k, v = (t.view(b, s, a, h // a).transpose(1, 2) for t in qkv.requires_grad_().split(h, 2))
+    forced = (contextlib.nullcontext() if kernel is None
+              else torch.nn.attention.sdpa_kernel(_sdpa_backends()[kernel]))
+    try:
+        with forced, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # why each kernel was refused: the error says it
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, dropout_p=config.dropout, is_causal=True)
+    except RuntimeError as exc:
+        raise ValueError(f"kernel={kernel!r} does not run here ({device}, {dtype}, head size "
+                         f"{h // a}, dropout {config.dropout}): {str(exc)[:120]}") from exc
+    rows = tuple(saved_tensors(out))
+    squares = {r.storage_id: r.nbytes for r in rows if r.shape[-2:] == (s, s)}
+    return AttentionSaved(_kernel_that_ran(out), saved_bytes(out), sum(squares.values()), rows)
 
 
 def saved_table(output: torch.Tensor, params=(), *, parameters: bool = False) -> str:

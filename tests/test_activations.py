@@ -261,3 +261,14 @@ def test_the_fused_mlp_saves_what_the_plain_one_does_to_the_byte(attention, dtyp
     assert predicted == act.predict_saved_bytes(dataclasses.replace(cfg, fused_mlp=False), 3,
                                                 dtype=dtype)
     assert "bias_gelu" in [item.op for item in act.block_saved(cfg, 3, dtype=dtype)]
+
+
+def test_a_forced_kernel_is_counted_as_that_kernel():
+    """``kernel=`` counts what that SDPA kernel keeps, whatever the target would pick."""
+    cfg = GPTConfig(vocab_size=16, seq_len=64, d_model=32, n_heads=4)
+    math_items = act.attention_core_saved(cfg, 2, 64, torch.float32, kernel="math")
+    assert any(item.shape == (2, 4, 64, 64) for item in math_items)
+    efficient = act.attention_core_saved(cfg, 2, 50, torch.float16, "T4", kernel="efficient")
+    assert [item.shape for item in efficient][-1] == (2, 4, 64)  # log-sum-exp rows padded to 32
+    with pytest.raises(ValueError, match="kernel"):
+        act.attention_core_saved(cfg, 2, 64, torch.float32, kernel="xformers")

@@ -327,3 +327,64 @@ def test_saved_tensors_skips_checkpointed_regions_without_recomputing():
     assert len(calls) == 1, "listing saved tensors must not recompute the region"
     plain = region(x).sum()
     assert saved_bytes(plain, lin.parameters()) == 2 * 4 * 8 * 4  # input and relu output, fp32
+
+
+# --------------------------------------------------------------------------- attention kernels
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_saved_measures_what_each_kernel_keeps_as_predicted(dropout, dtype):
+    """FlashAttention keeps its output and a log-sum-exp per row; the math kernel the s x s maps."""
+    from course_lib import activations, kernels, measure
+
+    cfg = GPTConfig(vocab_size=16, seq_len=64, d_model=32, n_heads=4, dropout=dropout)
+    chosen = measure.sdpa_saved(cfg, 2, dtype)
+    assert chosen.kernel == kernels.sdpa_kernel(cfg, dtype) == kernels.detect_sdpa_kernel(
+        cfg, dtype, 2, device="cpu")
+    for kernel in ("math", "flash") if dropout == 0 else ("math",):
+        got = measure.sdpa_saved(cfg, 2, dtype, kernel=kernel)
+        predicted = activations.attention_core_saved(cfg, 2, 64, dtype, kernel=kernel)
+        assert got.kernel == kernel
+        assert got.saved_bytes == activations.total_bytes(predicted)
+        probs = 2 * 4 * 64 * 64 * 4  # fp32 inside the math kernel, even for bf16 inputs
+        maps = 3 if dropout else 1  # with dropout its mask and the dropped probabilities too
+        assert got.square_bytes == (maps * probs if kernel == "math" else 0)
+        if kernel == "flash":
+            assert {r.name for r in got.tensors} == {"query", "key", "value", "output",
+                                                     "logsumexp"}
+
+
+def test_sdpa_saved_refuses_what_cannot_run_here():
+    from course_lib import measure
+
+    cfg = GPTConfig(vocab_size=16, seq_len=64, d_model=32, n_heads=4)
+    for kwargs, name in ((dict(kernel="efficient"), "does not run here"),
+                         (dict(kernel="xformers"), "kernel"), (dict(dtype=torch.int64), "dtype"),
+                         (dict(seed=-1), "seed")):
+        with pytest.raises(ValueError, match=name):
+            measure.sdpa_saved(cfg, 2, **kwargs)
+    with pytest.raises(ValueError, match="batch_size"):
+        measure.sdpa_saved(cfg, 0)
+    with pytest.raises(ValueError, match="too large"):
+        measure.sdpa_saved(GPTConfig(seq_len=2**15, d_model=64, n_heads=4), 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_the_attention_kernel_per_capability_is_the_one_predicted(dtype):
+    """On this GPU, the kernel SDPA runs for the course GPT is the one the engine's rules pick for
+    its compute capability, and it keeps what they say (exact bytes, before the allocator's
+    rounding)."""
+    from course_lib import activations, kernels, measure
+    from course_lib.device import live_gpu
+
+    gpu = live_gpu()
+    if dtype == torch.bfloat16 and gpu.capability < (8, 0):
+        pytest.skip("bf16 needs compute capability 8.0")
+    cfg = GPTConfig(vocab_size=16, seq_len=256, d_model=256, n_heads=4)
+    got = measure.sdpa_saved(cfg, 2, dtype, device="cuda")
+    assert got.kernel == kernels.sdpa_kernel(cfg, dtype, gpu)
+    predicted = activations.attention_core_saved(cfg, 2, 256, dtype, gpu)
+    assert got.saved_bytes == activations.total_bytes(predicted)
+    assert (got.square_bytes > 0) == (got.kernel == "math")
