@@ -25,8 +25,8 @@ from . import engine, fit
 from .device import GPU, GPUS, live_gpu
 from .engine import StepMemory
 from .memory import mixed_precision_for
-from .units import GB, GiB, MiB, format_bytes
 from .models import CONFIG_MAXIMUM
+from .units import GB, GiB, MiB, format_bytes
 from .validation import MAX_BYTES, choice, integer, positive_int, text
 
 #: The colour of each category of :func:`course_lib.engine.breakdown_rows`, in stacking order.

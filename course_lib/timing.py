@@ -21,13 +21,21 @@ other work shares does not count the time the process waited for a core. On a CP
 process time is the steadier measure of the work itself; on a GPU only the wall clock sees
 the GPU's work. :meth:`StepTimes.median` and :meth:`StepTimes.best` take either, and choose
 by device by default (the wall clock on CUDA and MPS).
+
+Where a step's time goes, by kernel class (lecture 05's companion): :func:`profile_step` runs one
+step under ``torch.profiler`` and :func:`split_by_class` sorts every op's own time into
+:data:`KERNEL_CLASSES`: matmuls, attention, the course's fused kernel, the other (pointwise,
+normalisation, loss) ops, and the optimizer. On the CPU the time is the profiler's CPU time of
+each op; on CUDA the device time of the kernels each op launched.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -211,4 +219,134 @@ def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, w
     return StepTimes(wall, cpu, device.type)
 
 
-__all__ = ["CLOCKS", "synchronize", "StepTimes", "step_times"]
+#: What :func:`split_by_class` sorts a step's time into.
+KERNEL_CLASSES = ("matmul", "attention", "fused kernel", "other pointwise", "optimizer")
+#: The matmul ops by the profiler's names (``linear`` and ``matmul`` hold their ``mm``).
+MATMUL_NAMES = frozenset(f"aten::{name}" for name in (
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_addmm_activation"))
+
+
+def kernel_class(name: str) -> str | None:
+    """The class of a profiler event, by its name; None for an event that names no class.
+
+    ``Optimizer.step#...`` and ``Optimizer.zero_grad#...`` (the regions ``torch.optim`` records)
+    are "optimizer"; ops of the ``course`` namespace (``course::bias_gelu`` and its backward)
+    "fused kernel"; any op with ``scaled_dot_product`` in its name (SDPA and its kernels,
+    forward and backward) "attention"; :data:`MATMUL_NAMES` "matmul".
+
+    Args:
+        name (str): the event's name, such as ``"aten::addmm"``.
+
+    Returns:
+        str or None: one of :data:`KERNEL_CLASSES` but "other pointwise", or None.
+
+    Raises:
+        ValueError: naming ``name``, for a non-str.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a str, got {type(name).__name__}")
+    if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
+        return "optimizer"
+    if name.startswith("course::"):
+        return "fused kernel"
+    if "scaled_dot_product" in name:
+        return "attention"
+    return "matmul" if name in MATMUL_NAMES else None
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """One step's time by kernel class (:func:`split_by_class`).
+
+    Attributes:
+        seconds (dict): class of :data:`KERNEL_CLASSES` -> seconds.
+        clock (str): ``"cpu"`` (the profiler's CPU time) or ``"device"`` (CUDA kernel time).
+    """
+
+    seconds: dict
+    clock: str
+
+    @property
+    def total(self) -> float:
+        """All the classes' seconds."""
+        return sum(self.seconds.values())
+
+    def shares(self) -> dict:
+        """Each class's share of :attr:`total` (0 for an empty split)."""
+        total = self.total
+        return {name: (t / total if total else 0.0) for name, t in self.seconds.items()}
+
+
+def split_by_class(events: Iterable, *, device_time: bool = False) -> TimeSplit:
+    """Sort the self time of profiler events into :data:`KERNEL_CLASSES`.
+
+    Each event's own time (``self_cpu_time_total``, or ``self_device_time_total``: the kernels
+    it launched) goes to the class of its outermost ancestor that has one (:func:`kernel_class`),
+    so that the ``mm`` of a ``linear``, the ``bmm`` of SDPA's math kernel and the ops of the
+    optimizer's step are counted where they belong; events under no class are "other
+    pointwise" (LayerNorm, GELU, softmax, adds, the loss, copies). A checkpoint's rerun in the
+    backward pass is counted by what it runs.
+
+    Args:
+        events (iterable): ``torch.profiler.profile(...).events()``: objects with ``name``,
+            ``cpu_parent`` and the self-time attributes, in microseconds.
+        device_time (bool): take the device time (CUDA) instead of the CPU time.
+
+    Returns:
+        TimeSplit: seconds per class.
+
+    Raises:
+        ValueError: naming ``events`` (not iterable) or ``device_time`` (not a bool).
+    """
+    if not isinstance(device_time, bool):
+        raise ValueError(f"device_time must be True or False, got {device_time!r}")
+    try:
+        events = list(events)
+    except TypeError as exc:
+        raise ValueError(f"events must be a profiler's events, got {type(events).__name__}") from exc
+    seconds = Counter()
+    attribute = "self_device_time_total" if device_time else "self_cpu_time_total"
+    for event in events:
+        outermost, node = "other pointwise", event
+        while node is not None:
+            outermost = kernel_class(node.name) or outermost
+            node = node.cpu_parent
+        seconds[outermost] += getattr(event, attribute, 0) / 1e6
+    return TimeSplit({c: seconds[c] for c in KERNEL_CLASSES}, "device" if device_time else "cpu")
+
+
+def profile_step(step: Callable[[], object], *, device: str | torch.device = "cpu") -> TimeSplit:
+    """Run ``step()`` once under ``torch.profiler`` and split its time by kernel class.
+
+    Warm the step up first (the first run pays one-off costs). On CUDA the profiler records the
+    kernels too and the split is their device time (:func:`split_by_class` with
+    ``device_time=True``); elsewhere the ops' CPU time.
+
+    Args:
+        step (callable): one training step, called with no arguments.
+        device (str or torch.device): where it runs.
+
+    Returns:
+        TimeSplit: seconds per class of :data:`KERNEL_CLASSES`.
+
+    Raises:
+        ValueError: naming ``step`` (not callable) or ``device``.
+    """
+    function("step", step)
+    device = as_device("device", device)
+    from torch.profiler import ProfilerActivity, profile
+
+    # Kineto, the profiler's engine, prints a timestamped start and stop line at every profile
+    # (its highest log level, 5); a level above it keeps a notebook's outputs reproducible.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        step()
+        synchronize(device)
+    return split_by_class(prof.events(), device_time=cuda)
+
+
+__all__ = ["CLOCKS", "KERNEL_CLASSES", "MATMUL_NAMES", "TimeSplit", "kernel_class",
+           "profile_step", "split_by_class", "synchronize", "StepTimes", "step_times"]

@@ -72,3 +72,96 @@ def test_synchronize_waits_for_the_gpu_queues_only(monkeypatch, device, waited):
     times = step_times({"a": lambda: None}, repeats=2, warmup=0, device=device)
     assert calls == waited * 5  # and before and after each timed run
     assert times.median() == times.median("cpu" if device == "cpu" else "wall")
+
+
+# --------------------------------------------------------------------------- time by kernel class
+
+class _Event:
+    """A profiler event as split_by_class reads it: a name, a parent, self times in µs."""
+
+    def __init__(self, name, parent=None, cpu=0.0, device=0.0):
+        self.name, self.cpu_parent = name, parent
+        self.self_cpu_time_total, self.self_device_time_total = cpu, device
+
+
+def test_kernel_class_names_each_class():
+    from course_lib.timing import kernel_class
+
+    assert kernel_class("aten::addmm") == kernel_class("aten::linear") == "matmul"
+    assert kernel_class("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention"
+    assert kernel_class("course::bias_gelu_backward") == "fused kernel"
+    assert kernel_class("Optimizer.step#AdamW.step") == "optimizer"
+    assert kernel_class("aten::gelu") is None and kernel_class("AddmmBackward0") is None
+    with pytest.raises(ValueError, match="name"):
+        kernel_class(None)
+
+
+def test_split_by_class_counts_self_time_under_the_outermost_class():
+    from course_lib.timing import KERNEL_CLASSES, split_by_class
+
+    linear = _Event("aten::linear", cpu=1)
+    sdpa = _Event("aten::scaled_dot_product_attention", cpu=2)
+    step = _Event("Optimizer.step#AdamW.step", cpu=3)
+    node = _Event("autograd::engine::evaluate_function: AddmmBackward0", cpu=4)
+    events = [linear, _Event("aten::mm", linear, cpu=10, device=7), sdpa,
+              _Event("aten::bmm", sdpa, cpu=20),  # the math kernel's bmm: attention
+              step, _Event("aten::mul_", step, cpu=30), node,
+              _Event("course::bias_gelu", node, cpu=40),  # a rerun in the backward pass
+              _Event("aten::add", cpu=50)]
+    split = split_by_class(events)
+    assert tuple(split.seconds) == KERNEL_CLASSES and split.clock == "cpu"
+    assert {k: round(v * 1e6) for k, v in split.seconds.items()} == {
+        "matmul": 11, "attention": 22, "fused kernel": 40, "other pointwise": 54, "optimizer": 33}
+    assert split.total == pytest.approx(160e-6)
+    assert split.shares()["fused kernel"] == pytest.approx(0.25)
+    device = split_by_class(events, device_time=True)
+    assert device.clock == "device" and device.seconds["matmul"] == pytest.approx(7e-6)
+    with pytest.raises(ValueError, match="device_time"):
+        split_by_class(events, device_time=1)
+    with pytest.raises(ValueError, match="events"):
+        split_by_class(3)
+
+
+def test_profile_step_splits_a_training_step_of_the_fused_gpt():
+    pytest.importorskip("triton")
+    from course_lib import step_setup, timing
+    from course_lib.models import GPTConfig, random_tokens
+    from course_lib.training import train
+
+    config = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2,
+                       fused_mlp=True)
+    model, optimizer = step_setup.build(config, mode="recompute-kernel")
+    x, y = random_tokens(config, 2)
+
+    def step():
+        train(model, optimizer, [(x, y)], micro_batch_size=2)
+
+    step()
+    split = timing.profile_step(step)
+    assert split.clock == "cpu" and all(t > 0 for t in split.seconds.values()), split
+    with pytest.raises(ValueError, match="step"):
+        timing.profile_step("step")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_profile_step_splits_the_device_time_on_a_gpu():
+    from course_lib import step_setup, timing
+    from course_lib.models import GPTConfig, random_tokens
+    from course_lib.training import train
+
+    config = GPTConfig(vocab_size=512, seq_len=256, d_model=256, n_heads=4, n_layers=2,
+                       fused_mlp=True)
+    precision = "autocast-bf16" if torch.cuda.get_device_capability()[0] >= 8 else "autocast-fp16"
+    model, optimizer = step_setup.build(config, precision=precision, mode="recompute-kernel",
+                                        device="cuda")
+    data = [random_tokens(config, 4, device="cuda")]
+    options = step_setup.train_options(precision, "cuda")
+
+    def step():
+        train(model, optimizer, data, micro_batch_size=4, **options)
+
+    step()
+    split = timing.profile_step(step, device="cuda")
+    assert split.clock == "device" and all(t > 0 for t in split.seconds.values()), split
+    assert split.seconds["matmul"] > split.seconds["fused kernel"]  # compiled: one pass over memory

@@ -127,3 +127,59 @@ def check_pareto_front(fn):
                f"pareto_front({points}) returned {got!r}, expected {truth}",
                hint="drop a point when another has memory <= and time <= and is strictly better on "
                     "at least one; sort what remains by memory (then time)")
+
+
+def _recompute_all(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@grader
+def check_kernel_policy(policy):
+    """``policy(ctx, op, *args, **kwargs)`` saves the course kernel's output, recomputes the rest.
+
+    Checked op by op, then end to end on a two-block course GPT whose MLP runs the kernel
+    (``fused_mlp=True``), each block checkpointed with the policy: the forward pass must keep one
+    ``b x s x 4h`` tensor per block more than a policy that saves nothing (the kernel's output),
+    and the backward pass must rerun no kernel and every matmul that policy reruns.
+
+    Args:
+        policy (callable): the learner's selective-checkpointing policy function.
+    """
+    from ..checkpointing import ATTENTION_OPS, KERNEL_OPS, enable_checkpointing, measure_kept_bytes
+    from ..models import GPT, GPTConfig, random_tokens
+    from ..policies import backward_ops
+
+    kernel, = KERNEL_OPS
+    ctx = SelectiveCheckpointContext(is_recompute=False)
+    got = policy(ctx, kernel)
+    expect(got in _SAVE, f"for {kernel} your policy returned {got!r}, expected MUST_SAVE",
+           hint="the op a policy sees is the OpOverload torch.ops.course.bias_gelu.default; the "
+                "packet torch.ops.course.bias_gelu never equals it")
+    for op in (_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.gelu.default,
+               _aten.native_layer_norm.default, _aten.add.Tensor, *ATTENTION_OPS):
+        got = policy(ctx, op)
+        expect(got in _RECOMPUTE, f"for {op} your policy returned {got!r}, expected "
+               "PREFER_RECOMPUTE", hint="save the kernel's output only: every other op, the "
+                                        "matmuls included, runs again in the backward pass")
+    config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=2,
+                       attention="sdpa", fused_mlp=True)
+    batch = 2
+    kept, runs = {}, {}
+    for name, each in (("yours", policy), ("nothing saved", _recompute_all)):
+        torch.manual_seed(0)
+        model = enable_checkpointing(GPT(config), "selective", policy=each)
+        x, y = random_tokens(config, batch)
+        kept[name] = measure_kept_bytes(model, x, y)
+        runs[name] = backward_ops(model(x, y)[1])
+    # Independent of the engine: the kernel's output is b x s x 4h fp32 elements per block.
+    output_bytes = config.n_layers * batch * config.seq_len * 4 * config.d_model * 4
+    extra = kept["yours"] - kept["nothing saved"]
+    expect(extra == output_bytes, f"your policy keeps {extra} bytes more than saving nothing, "
+           f"expected {output_bytes} (one {batch} x {config.seq_len} x {4 * config.d_model} fp32 "
+           f"output per block)", hint="return MUST_SAVE for the kernel's OpOverload only")
+    expect(runs["yours"][kernel] == 0, f"the kernel ran {runs['yours'][kernel]} time(s) in the "
+           "backward pass", hint="a saved output is not recomputed: save the kernel's")
+    matmul = _aten.addmm.default
+    expect(runs["yours"][matmul] == runs["nothing saved"][matmul] > 0,
+           f"the backward pass reran addmm {runs['yours'][matmul]} time(s), expected "
+           f"{runs['nothing saved'][matmul]}", hint="recompute the matmuls: save the kernel only")

@@ -37,6 +37,28 @@ def _inverted(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+_KERNEL = torch.ops.course.bias_gelu
+
+
+def _kernel_packet(ctx, op, *args, **kwargs):
+    # The packet torch.ops.course.bias_gelu never equals the OpOverload a policy sees.
+    return CheckpointPolicy.MUST_SAVE if op == _KERNEL else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _kernel_and_matmuls(ctx, op, *args, **kwargs):
+    # The save-kernel mode of the lecture: keeps the matmuls too, so they are not recomputed.
+    save = op in (_KERNEL.default, aten.mm.default, aten.addmm.default, aten.bmm.default, *_KERNELS)
+    return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _kernel_as_bool(ctx, op, *args, **kwargs):
+    return op == _KERNEL.default
+
+
+def _recompute_everything(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
 def _peak(n, k, block, inp, fixed, *, wrapped=None, rebuilt=True):
     wrapped = len(range(0, n, k)) if wrapped is None else wrapped
     return fixed + (n - wrapped) * block + wrapped * inp + (block - inp if rebuilt else 0)
@@ -89,6 +111,13 @@ WRONG = {
         ("saves the matmuls only: reruns the fused attention", {"selective_policy": _matmuls_only}),
         ("saves everything", {"selective_policy": _save_everything}),
         ("saves the pointwise ops and recomputes the matmuls", {"selective_policy": _inverted}),
+    ],
+    "check_kernel_policy": [
+        ("compares with the OpOverloadPacket", {"kernel_policy": _kernel_packet}),
+        ("saves the matmuls and the attention too", {"kernel_policy": _kernel_and_matmuls}),
+        ("returns a bool, not a CheckpointPolicy", {"kernel_policy": _kernel_as_bool}),
+        ("saves nothing", {"kernel_policy": _recompute_everything}),
+        ("saves everything", {"kernel_policy": _save_everything}),
     ],
     "check_choose_every": [
         ("counts n // every checkpointed blocks instead of ceil(n / every)",
