@@ -32,7 +32,9 @@ tutorial for the launch pattern.
 
 from __future__ import annotations
 
+import functools
 import gc
+import importlib.util
 import inspect
 import math
 import textwrap
@@ -41,12 +43,16 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-try:  # the learner's runtime needs Triton only for this module; Colab ships it
-    import triton
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-except ImportError:  # pragma: no cover - exercised on machines without Triton
-    triton = None
+# Triton is imported on the first launch only (:func:`_kernels`): importing it costs a lecture
+# that never runs the kernel a fifth of a second, and the learner's runtime may lack it.
+triton = tl = None
+_KERNELS: dict | None = None
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
 
 #: Elements each Triton program handles: a power of two, so that one block is one vector.
 BLOCK = 1024
@@ -65,49 +71,56 @@ def backend(device: torch.device | str) -> str:
         or ``"reference"`` (plain PyTorch inside the same op: MPS, or no Triton).
     """
     kind = torch.device(device).type
-    if triton is None:
+    if not _triton_installed():
         return "reference"
     if kind == "cuda":
         return "triton"
     return "interpreter" if kind == "cpu" else "reference"
 
 
-if triton is not None:
+def _forward(x_ptr, b_ptr, out_ptr, n_elements, n_cols, BLOCK: tl.constexpr):
+    """``out = gelu(x + b)``, ``b`` broadcast over the rows; computed in fp32."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    b = tl.load(b_ptr + offsets % n_cols, mask=mask).to(tl.float32)
+    y = x + b
+    out = 0.5 * y * (1 + tl.math.erf(y * _SQRT_HALF))
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
-    def _forward(x_ptr, b_ptr, out_ptr, n_elements, n_cols, BLOCK: tl.constexpr):
-        """``out = gelu(x + b)``, ``b`` broadcast over the rows; computed in fp32."""
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offsets < n_elements
-        x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-        b = tl.load(b_ptr + offsets % n_cols, mask=mask).to(tl.float32)
-        y = x + b
-        out = 0.5 * y * (1 + tl.math.erf(y * _SQRT_HALF))
-        tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
-    def _backward(grad_ptr, x_ptr, b_ptr, out_ptr, n_elements, n_cols, BLOCK: tl.constexpr):
-        """``out = grad * gelu'(x + b)``, recomputed from the inputs:
-        ``gelu'(y) = Phi(y) + y * phi(y)``."""
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offsets < n_elements
-        grad = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32)
-        x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-        b = tl.load(b_ptr + offsets % n_cols, mask=mask).to(tl.float32)
-        y = x + b
-        cdf = 0.5 * (1 + tl.math.erf(y * _SQRT_HALF))
-        pdf = tl.exp(-0.5 * y * y) * _INV_SQRT_2PI
-        tl.store(out_ptr + offsets, (grad * (cdf + y * pdf)).to(out_ptr.dtype.element_ty),
-                 mask=mask)
+def _backward(grad_ptr, x_ptr, b_ptr, out_ptr, n_elements, n_cols, BLOCK: tl.constexpr):
+    """``out = grad * gelu'(x + b)``, recomputed from the inputs:
+    ``gelu'(y) = Phi(y) + y * phi(y)``."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    grad = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32)
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    b = tl.load(b_ptr + offsets % n_cols, mask=mask).to(tl.float32)
+    y = x + b
+    cdf = 0.5 * (1 + tl.math.erf(y * _SQRT_HALF))
+    pdf = tl.exp(-0.5 * y * y) * _INV_SQRT_2PI
+    tl.store(out_ptr + offsets, (grad * (cdf + y * pdf)).to(out_ptr.dtype.element_ty),
+             mask=mask)
 
-    _KERNELS = {
-        "triton": {"forward": triton.jit(_forward), "backward": triton.jit(_backward)},
-        "interpreter": {"forward": InterpretedFunction(_forward),
-                        "backward": InterpretedFunction(_backward)},
-    }
+
+def _kernels() -> dict:
+    """The two kernels per backend, made on the first launch (Triton imported then)."""
+    global triton, tl, _KERNELS
+    if _KERNELS is None:
+        import triton
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
+
+        _KERNELS = {"triton": {"forward": triton.jit(_forward), "backward": triton.jit(_backward)},
+                    "interpreter": {"forward": InterpretedFunction(_forward),
+                                    "backward": InterpretedFunction(_backward)}}
+    return _KERNELS
 
 
 def _launch(name: str, out: Tensor, *tensors: Tensor) -> Tensor:
     where = backend(out.device)
-    kernel = _KERNELS[where][name]
+    kernel = _kernels()[where][name]
     n = out.numel()
     if where == "triton":
         kernel[(triton.cdiv(n, BLOCK),)](*tensors, out, n, tensors[-1].numel(), BLOCK=BLOCK)
@@ -141,7 +154,7 @@ def source(kernel: str = "forward") -> str:
     """
     if kernel not in ("forward", "backward"):
         raise ValueError(f"kernel must be one of ('forward', 'backward'), got {kernel!r}")
-    if triton is None:
+    if not _triton_installed():
         raise ValueError("the kernels' source needs Triton installed (pip install triton)")
     return textwrap.dedent(inspect.getsource(_forward if kernel == "forward" else _backward))
 
