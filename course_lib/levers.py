@@ -268,6 +268,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
             do not match; ``targets`` not an integer tensor; dtypes that differ.
 
     Example:
+        >>> import torch.nn.functional as F
         >>> h, w = torch.randn(6, 4), torch.randn(10, 4)
         >>> t = torch.tensor([1, 2, 3, -100, 5, 9])
         >>> torch.allclose(chunked_cross_entropy(h, w, t, chunk_size=4),

@@ -43,6 +43,7 @@ from collections.abc import Callable
 
 import ipywidgets as widgets
 import numpy as np
+from IPython.core.interactiveshell import InteractiveShell
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -314,7 +315,8 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
         if setup is None:
             fig.clear()
         with out:
-            out.clear_output(wait=True)
+            if InteractiveShell.initialized():  # outside IPython it would print escape codes
+                out.clear_output(wait=True)
             try:
                 draw(fig if setup is None else artists, **values)
                 png = render_png(fig, backgrounds)

@@ -770,6 +770,6 @@ def test_allocated_rounds_to_512_bytes_on_a_gpu_only(n, name):
        gpu=st.sampled_from([None, "T4", "A100 80GB"]))
 def test_the_engine_takes_every_good_setting(b, K, mode, gpu):
     memory = engine.predict_step_memory(CFG, b, K, mode=mode, gpu=gpu)
-    assert memory.total == memory.model_states + memory.gradients + memory.activations \
-        + memory.transient
+    # the peak holds at least what the backward pass starts from (states, kept activations)
+    assert memory.total >= engine.predict_floor(CFG, b, K, mode=mode, gpu=gpu)
     assert planner.predict_peak(CFG, b, mode, gpu=gpu).total > 0
