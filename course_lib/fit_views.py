@@ -90,7 +90,7 @@ def draw_steps(ax, steps: Mapping[str, StepMemory], *, budget: int | None = None
             isinstance(k, str) and isinstance(v, StepMemory) for k, v in steps.items()):
         raise ValueError(f"steps must be a non-empty mapping of label -> StepMemory, got {steps!r}")
     if budget is not None:
-        positive_int("budget", budget, maximum=MAX_BYTES)
+        budget = positive_int("budget", budget, maximum=MAX_BYTES)
     text("budget_label", budget_label)
     measured = dict(measured or {})
     for label, value in measured.items():

@@ -275,7 +275,7 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
 
     def draw(artists, model, gpu, seq_len, batch_size):
         config = models[model]
-        positive_int("seq_len", seq_len, maximum=config.seq_len)
+        seq_len = positive_int("seq_len", seq_len, maximum=config.seq_len)
         result = fit_ladder.ladder(config, gpu, batch_size=batch_size, seq_len=seq_len)
         _draw(artists, result, model)
         print(climb_text(result))

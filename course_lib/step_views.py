@@ -39,7 +39,7 @@ from matplotlib.ticker import FuncFormatter
 from .device import GPUS, resolve_gpu
 from .engine import predict_step_memory
 from .memory import mixed_precision_for
-from .models import GPTConfig, check_config
+from .models import GPT, GPTConfig, check_batch, check_config
 from .playground import (
     DeviceSpeed,
     MeasuredStep,
@@ -51,7 +51,8 @@ from .playground import (
 )
 from .toy_data import markov_entropy
 from .units import GiB, KiB, MiB, format_bytes
-from .validation import boolean, number, positive_int
+from .validation import boolean, choice, number, positive_int
+from .validation import device as as_device
 from .widgets import live_plot, nice_ceiling
 
 # --------------------------------------------------------------------------- shared
@@ -410,7 +411,7 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     for name, config in models.items():
         check_config(config, f"models[{name!r}]")
     boolean("checkpointing", checkpointing)
-    device = torch.device(device)
+    device = as_device("device", device)
     here = speed.name if device.type == "cpu" else f"{speed.name} (here)"
     targets = {**{n: n for n in GPUS}, here: "cuda" if device.type == "cuda" else None}
     model = next(iter(models)) if model is None else model
@@ -583,7 +584,12 @@ def parameter_groups(model: torch.nn.Module) -> dict[str, list[str]]:
 
     Returns:
         dict: group name -> list of parameter names, embeddings first, LayerNorms last.
+
+    Raises:
+        ValueError: naming ``model``, for anything but a course GPT.
     """
+    if not isinstance(model, GPT):
+        raise ValueError(f"model must be a course_lib.models.GPT, got {type(model).__name__}")
     groups: dict[str, list[str]] = {}
     for name, _ in model.named_parameters():
         parts = name.split(".")
@@ -629,11 +635,15 @@ def record_accumulation_step(model: torch.nn.Module, inputs: torch.Tensor, targe
         StepRecording: the frames of the step.
 
     Raises:
-        ValueError: for an unknown ``mode`` or a ``micro_batch_size`` that does not divide
-            the batch into 2 or more.
+        ValueError: naming the parameter: a ``model`` that is not a course GPT, a batch it cannot
+            train on, an unknown ``mode``, an ``lr`` not in ``(0, 10]`` or a
+            ``micro_batch_size`` that does not divide the batch into 2 or more.
     """
-    if mode not in LOOPS:
-        raise ValueError(f"mode must be one of {list(LOOPS)}, got {mode!r}")
+    choice("mode", mode, tuple(LOOPS))
+    if not isinstance(model, GPT):
+        raise ValueError(f"model must be a course_lib.models.GPT, got {type(model).__name__}")
+    check_batch(model, inputs, targets)
+    lr = number("lr", lr, above=0.0, maximum=10.0)
     b = positive_int("micro_batch_size", micro_batch_size)
     B = inputs.size(0)
     if B % b or B == b:

@@ -46,6 +46,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from .validation import number
+
 #: The widest or tallest figure ``live_plot`` draws, in inches.
 MAX_INCHES = 50
 
@@ -164,8 +166,7 @@ def nice_ceiling(x: float) -> float:
         >>> nice_ceiling(3.2), nice_ceiling(0.07), nice_ceiling(5)
         (5.0, 0.1, 5.0)
     """
-    if not (isinstance(x, (int, float)) and x > 0 and math.isfinite(x)):
-        raise ValueError(f"x must be a positive finite number, got {x!r}")
+    x = number("x", x, above=0.0)
     power = 10.0 ** math.floor(math.log10(x))
     for step in (1, 2, 5, 10):
         if step * power >= x * (1 - 1e-12):
