@@ -78,15 +78,15 @@ def capacity_label(gpu: GPU | str) -> str:
     return f"{card.name}: {card.total_memory / GiB:.2f} GiB{smi}"
 
 
-def _gpu(gpu) -> GPU:
+def _gpu(gpu, name: str = "gpu") -> GPU:
     if isinstance(gpu, GPU):
         return gpu
-    return GPUS[choice("gpu", gpu, tuple(GPUS))]
+    return GPUS[choice(name, gpu, tuple(GPUS))]
 
 
 def _gpus(gpus) -> list[GPU]:
-    cards = [_gpu(g) for g in items("gpus", tuple(GPUS) if gpus is None else gpus, min_len=1,
-                                    max_len=12)]
+    cards = [_gpu(g, "gpus") for g in items("gpus", tuple(GPUS) if gpus is None else gpus,
+                                            min_len=1, max_len=12)]
     return sorted(cards, key=lambda g: g.total_memory)
 
 

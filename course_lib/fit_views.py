@@ -28,6 +28,7 @@ from .memory import mixed_precision_for
 from .models import CONFIG_MAXIMUM
 from .units import GB, GiB, MiB, format_bytes
 from .validation import MAX_BYTES, choice, integer, positive_int, text
+from .widgets import check_figure
 
 #: The colour of each category of :func:`course_lib.engine.breakdown_rows`, in stacking order.
 COLORS = {"parameters": "C0", "master weights": "C4", "optimizer state": "C1",
@@ -283,6 +284,7 @@ def setup_explorer(fig, animated: bool = True) -> dict:
     Returns:
         dict: the artists, for :func:`draw_explorer`.
     """
+    check_figure("fig", fig)
     ax = fig.subplots()
     fig.subplots_adjust(left=0.15, right=0.98, bottom=0.36, top=0.8)
     # the bars first, row by row (as draw_steps stacks them), then the lines and the text

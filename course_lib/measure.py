@@ -304,6 +304,12 @@ def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
     """
     if not isinstance(output, torch.Tensor) or output.grad_fn is None:
         raise ValueError("output must be a tensor that requires grad (has a grad_fn)")
+    try:
+        params = list(params) if not isinstance(params, torch.Tensor | str) else None
+    except TypeError:
+        params = None
+    if params is None or not all(isinstance(p, torch.Tensor) for p in params):
+        raise ValueError("params must be an iterable of tensors (model.parameters())")
     param_storages = {storage_key(p) for p in params}
     rows, seen_nodes, stack = [], set(), [output.grad_fn]
     while stack:

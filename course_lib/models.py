@@ -369,6 +369,7 @@ def check_batch(model, inputs, targets, *, names: tuple = ("inputs", "targets"),
         ValueError: naming ``names[0]`` or ``names[1]``.
     """
     x_name, y_name = names
+    ignore_index = integer("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)
     tensor(x_name, inputs)
     tensor(y_name, targets)
     if not isinstance(model, GPT):

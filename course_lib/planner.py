@@ -41,7 +41,7 @@ from .measure import peak_memory
 from .models import GPTConfig, check_config, random_tokens
 from .training import train
 from .units import format_bytes
-from .validation import MAX_BATCH, MAX_BYTES, positive_int
+from .validation import MAX_BATCH, MAX_BYTES, items, positive_int
 from .validation import device as as_device
 
 #: The modes the planner considers, in order of increasing recompute for one region.
@@ -365,7 +365,10 @@ def choices(options) -> tuple:
     Raises:
         ValueError: naming ``options``, for anything but a non-empty iterable of Candidates.
     """
-    options = tuple(options) if not isinstance(options, str) else options
+    try:
+        options = tuple(options) if not isinstance(options, str) else options
+    except TypeError:
+        options = None
     if not isinstance(options, tuple) or not options or not all(
             isinstance(c, Candidate) for c in options):
         raise ValueError(f"options must be a non-empty list of Candidates, got {options!r}")
@@ -424,7 +427,8 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
     Args:
         config (GPTConfig): the model.
         batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        policies (iterable): ``(mode, every)`` pairs (``("none", 1)`` is added if missing).
+        policies (list or tuple): up to 32 ``(mode, every)`` pairs (``("none", 1)`` is added if
+            missing).
         precision (str): one of :data:`course_lib.engine.PRECISIONS`.
         device (str or torch.device): where it runs.
         repeats (int): rounds, from 1 to 100.
@@ -442,7 +446,11 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
     spec = engine.precision_of(precision)
     x, y = random_tokens(config, batch_size, device=device)
     steps = {}
-    for mode, every in [("none", 1), *(p for p in policies if tuple(p) != ("none", 1))]:
+    policies = [tuple(p) if isinstance(p, tuple | list) and len(p) == 2 else None
+                for p in items("policies", policies, max_len=32)]
+    if None in policies:
+        raise ValueError("policies must be (mode, every) pairs")
+    for mode, every in [("none", 1), *(p for p in policies if p != ("none", 1))]:
         model, _ = step_setup.build(config, precision=precision, mode=mode, every=every,
                                     device=device)
         steps[ckpt.policy_label(mode, every)] = functools.partial(

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .checkpointing import enable_checkpointing, step_flops
+from .checkpointing import ALL_MODES, enable_checkpointing, step_flops
 from .device import GPU, GPUS, resolve_gpu
 from .engine import StepMemory, precision_of, predict_step_memory
 from .kernels import attention_kernel
@@ -511,6 +511,7 @@ def micro_batch_flops(config: GPTConfig, micro_batch_size: int, checkpointing: s
     """
     check_config(config)
     micro_batch_size = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    choice("checkpointing", checkpointing, ALL_MODES)
     spec = precision_of(precision)
     card = resolve_gpu(gpu)
     if card is None and attention_kernel(config, spec.compute, None) == "flash":

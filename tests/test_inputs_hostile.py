@@ -3,20 +3,29 @@ a ValueError naming the caller's parameter (never an OverflowError, AttributeErr
 RuntimeError or a message about an internal name), numpy and torch integers taken as their value,
 a maximum for every size, and nothing changed by a refused call."""
 
+import ipywidgets
 import numpy as np
 import pytest
 import torch
 
 from course_lib import (
     accumulation,
+    activation_views,
     activations,
     calculator,
+    checkpoint_views,
+    fit_ladder,
+    fit_views,
     fused,
+    guard,
+    ladder_view,
     measure,
+    memory,
     models,
     planner,
     playground,
     step_views,
+    timing,
     training,
     units,
     widgets,
@@ -207,3 +216,76 @@ def test_numpy_and_torch_ints_are_used_as_ints(size):
 def test_timing_sizes_have_a_maximum_named_by_the_caller(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# --- messages that name the caller's parameter --------------------------------------------------
+
+def _step_views_tradeoff():
+    return step_views.tradeoff(CFG, 2, 2, gpu="T4")
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: calculator.zero_figure(10**9, gpus=["T4", 1]), "^gpus must be one of"),
+    (lambda: checkpoint_views.loglog_slope(3, [1, 2]), "^depths must be a list or tuple, got 3"),
+    (lambda: checkpoint_views.loglog_slope([1, 2], "ab"), "^values must be a list or tuple"),
+    (lambda: checkpoint_views.loglog_slope([1, BEYOND_FLOAT], [1, 2]),
+     "^depths must be a finite number"),
+    (lambda: guard.check_budget(BEYOND_FLOAT, 10**9), "^needed must be a StepMemory or an int"),
+    (lambda: guard.check_budget(-1, 10**9), "^needed must be a StepMemory or an int"),
+    (lambda: ladder_view.ladder_figure(fit_ladder.ladder(CFG, "T4", batch_size=2), figsize=3),
+     "^figsize must be two positive numbers"),
+    (lambda: ladder_view.ladder_figure(fit_ladder.ladder(CFG, "T4", batch_size=2), fig=3),
+     "^fig must be a matplotlib Figure, got int"),
+    (lambda: fit_views.setup_explorer("fig"), "^fig must be a matplotlib Figure, got str"),
+    (lambda: step_views.tradeoff_figure(_step_views_tradeoff(), "x", figsize=(BEYOND_FLOAT, 1)),
+     "^figsize must be two positive numbers"),
+    (lambda: step_views.tradeoff_figure(3, "x"), "^t must be a Tradeoff"),
+    (lambda: step_views.memory_top(CFG, None), "^t must be a Tradeoff"),
+    (lambda: step_views.memory_top(CFG, _step_views_tradeoff(), 2**30),
+     "^largest must be a positive int of at most 16,777,216"),
+    (lambda: widgets.live_plot(lambda a, x: None, {"x": ipywidgets.IntSlider()},
+                               figsize=(BEYOND_FLOAT, 2)), "^figsize must be two positive"),
+    (lambda: measure.saved_tensors(_loss(), params=3), "^params must be an iterable of tensors"),
+    (lambda: measure.saved_bytes(_loss(), params=[1]), "^params must be an iterable of tensors"),
+    (lambda: memory.model_state_bytes(GPT(CFG), master_params=3),
+     "^master_params must be an iterable of tensors"),
+    (lambda: planner.choices(3), "^options must be a non-empty list of Candidates"),
+    (lambda: planner.time_ratios(CFG, 2, 3), "^policies must be a list or tuple, got 3"),
+    (lambda: planner.time_ratios(CFG, 2, ["blocks"]), r"^policies must be \(mode, every\) pairs"),
+    (lambda: playground.micro_batch_flops(CFG, 2, "everything"), "^checkpointing must be one of"),
+    (lambda: timing.split_by_class("gpu"), "^events must be a profiler's events"),
+    (lambda: timing.split_by_class([1, 2]), "^events must be a profiler's events"),
+    (lambda: models.check_batch(GPT(CFG), *models.random_tokens(CFG, 2), ignore_index=BEYOND_FLOAT),
+     "^ignore_index must be an int in"),
+    (lambda: activation_views.oom_widget(gpu=["T4"]), "^gpu must be one of"),
+    (lambda: step_views.step_through(3), "^recordings must map modes of"),
+    (lambda: step_views.step_through({"right": 3}), "^recordings must map modes of"),
+])
+def test_messages_name_the_callers_parameter(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def _loss():
+    model, x, y = _model_and_batch()
+    return model(x, y)[1]
+
+
+def test_the_playground_view_names_its_first_values():
+    pg = playground.Playground(CFG, samples=16)
+    with pytest.raises(ValueError, match=r"^micro_batch_size must be one of sizes \[1, 2\], got 4"):
+        step_views.playground_view(pg, sizes=(1, 2), micro_batch_size=4)
+    with pytest.raises(ValueError, match="^accumulation_steps must be a positive int"):
+        step_views.playground_view(pg, accumulation_steps=1.5)
+    with pytest.raises(ValueError, match="^sizes must be 1 to 16 ascending ints from 1 to"):
+        step_views.playground_view(pg, sizes=(1, 2**30), micro_batch_size=1)
+
+
+def test_the_tradeoff_explorer_refuses_a_speed_and_choices_of_the_wrong_kind():
+    speed = playground.device_speed("T4")
+    with pytest.raises(ValueError, match="^speed must be a DeviceSpeed"):
+        step_views.tradeoff_explorer({"tiny": CFG}, speed=3)
+    with pytest.raises(ValueError, match="^model must be one of"):
+        step_views.tradeoff_explorer({"tiny": CFG}, speed=speed, model=["tiny"])
+    with pytest.raises(ValueError, match="^gpu must be one of"):
+        step_views.tradeoff_explorer({"tiny": CFG}, speed=speed, gpu=["T4"])
