@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .models import check_batch
 from .validation import MAX_COUNT, choice, integer, positive_int, tensor
 
 NORMALIZATIONS = ("tokens", "mean-of-means", "sum-of-means")
@@ -82,7 +83,7 @@ def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: i
             batch size ``B`` (the leading dimension), or when inputs and targets differ in ``B``.
     """
     _check_batch(inputs, targets)
-    positive_int("micro_batch_size", micro_batch_size)
+    micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
     batch = inputs.size(0)
     if batch % micro_batch_size:
         raise ValueError(f"micro_batch_size must divide the batch size {batch}, "
@@ -111,8 +112,8 @@ def token_counts(targets: torch.Tensor, micro_batch_size: int, ignore_index: int
     tensor("targets", targets, integral=True)
     if targets.dim() == 0:
         raise ValueError("targets must have a batch dimension, got a 0-d tensor")
-    positive_int("micro_batch_size", micro_batch_size)
-    _token_id("ignore_index", ignore_index)
+    micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
+    ignore_index = _token_id("ignore_index", ignore_index)
     if targets.size(0) % micro_batch_size:
         raise ValueError(f"micro_batch_size must divide the batch size {targets.size(0)}, "
                          f"got {micro_batch_size}")
@@ -155,15 +156,17 @@ def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
             ``"tokens"``; for a micro-batch without tokens under the two means.
     """
     _check_normalize(normalize)
-    positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
-    _token_id("ignore_index", ignore_index)
+    accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
+    ignore_index = _token_id("ignore_index", ignore_index)
     if normalize == "tokens":
         if total_tokens is None:
             raise ValueError("total_tokens must be a positive int for normalize='tokens', "
                              "got None")
         total_tokens = integer("total_tokens", total_tokens, minimum=1, maximum=MAX_COUNT)
     elif total_tokens is not None:
-        integer("total_tokens", total_tokens, minimum=1, maximum=MAX_COUNT)
+        total_tokens = integer("total_tokens", total_tokens, minimum=1, maximum=MAX_COUNT)
+    _check_model(model)
+    check_batch(model, inputs, targets, ignore_index=ignore_index)
     logits = _logits(model, inputs)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
@@ -211,7 +214,7 @@ def accumulated_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch
     """
     named = _check_model(model)
     _check_normalize(normalize)
-    _token_id("ignore_index", ignore_index)
+    ignore_index = _token_id("ignore_index", ignore_index)
     micro_batches = split_batch(inputs, targets, micro_batch_size)
     counts = token_counts(targets, micro_batch_size, ignore_index)
     total = sum(counts)
@@ -251,7 +254,7 @@ def full_batch_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.
     """
     named = _check_model(model)
     _check_batch(inputs, targets)
-    _token_id("ignore_index", ignore_index)
+    ignore_index = _token_id("ignore_index", ignore_index)
     if not bool((targets != ignore_index).any()):  # the mean over no token is NaN, not 0
         raise ValueError(f"targets must hold at least one token that is not ignore_index "
                          f"({ignore_index})")

@@ -30,7 +30,7 @@ from .engine import StepMemory
 from .measure import StepBreakdown
 from .models import GPTConfig, check_config
 from .units import GiB, MiB, format_bytes
-from .validation import MAX_BATCH, MAX_BYTES, boolean, positive_int
+from .validation import MAX_BATCH, MAX_BYTES, boolean, choice, positive_int
 from .widgets import live_plot
 
 #: The parts of a step's memory, bottom to top: (field of StepMemory, label, colour).
@@ -417,8 +417,7 @@ def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8
         ValueError: naming the argument, for a bad value.
     """
     gpus = {name: card for name, card in GPUS.items()}
-    if gpu not in gpus:
-        raise ValueError(f"gpu must be one of {tuple(gpus)}, got {gpu!r}")
+    choice("gpu", gpu, tuple(gpus))
     engine.precision_of(precision)
     batch = positive_int("batch", batch, maximum=64)
     if torch.cuda.is_available():

@@ -50,7 +50,7 @@ from .device import GPU, resolve_gpu
 from .docstrings import fill_doc
 from .models import GPTConfig, check_config
 from .units import as_dtype, dtype_bytes
-from .validation import MAX_BATCH, boolean, positive_int
+from .validation import MAX_BATCH, MAX_COUNT, boolean, choice, integer, positive_int, text
 
 _INDEX = torch.int64
 _FP32 = torch.float32
@@ -80,6 +80,16 @@ class Saved:
     shape: tuple
     dtype: torch.dtype
     kind: str = "activation"
+
+    def __post_init__(self):
+        for name in ("op", "what"):
+            text(name, getattr(self, name))
+        if isinstance(self.shape, str | bytes) or not isinstance(self.shape, tuple | list):
+            raise ValueError(f"shape must be a tuple of ints >= 0, got {self.shape!r}")
+        shape = tuple(integer("shape", d, minimum=0, maximum=MAX_COUNT) for d in self.shape)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", as_dtype(self.dtype))
+        choice("kind", self.kind, KINDS)
 
     @property
     def nbytes(self) -> int:

@@ -35,7 +35,7 @@ from .memory import (
 )
 from .model_zoo import PRESETS
 from .units import GB, GiB, MiB, format_bytes
-from .validation import choice, items, positive_int, text
+from .validation import choice, items, number, positive_int, text
 from .widgets import live_plot, nice_ceiling, render_png
 
 #: The four model states as the figures draw them: field of TrainingMemory, label, colour.
@@ -78,15 +78,15 @@ def capacity_label(gpu: GPU | str) -> str:
     return f"{card.name}: {card.total_memory / GiB:.2f} GiB{smi}"
 
 
-def _gpu(gpu) -> GPU:
+def _gpu(gpu, name: str = "gpu") -> GPU:
     if isinstance(gpu, GPU):
         return gpu
-    return GPUS[choice("gpu", gpu, tuple(GPUS))]
+    return GPUS[choice(name, gpu, tuple(GPUS))]
 
 
 def _gpus(gpus) -> list[GPU]:
-    cards = [_gpu(g) for g in items("gpus", tuple(GPUS) if gpus is None else gpus, min_len=1,
-                                    max_len=12)]
+    cards = [_gpu(g, "gpus") for g in items("gpus", tuple(GPUS) if gpus is None else gpus,
+                                            min_len=1, max_len=12)]
     return sorted(cards, key=lambda g: g.total_memory)
 
 
@@ -407,6 +407,7 @@ def _setup_calculator(fig, animated: bool = True) -> dict:
 
 def _draw_calculator(a: dict, billions: float, optimizer: str, precision: str, zero_stage: int,
                      world_size: int) -> None:
+    billions = number("billions", billions, above=0.0)
     n = positive_int("billions", round(billions * 1e9), maximum=MAX_PARAMS)
     m = training_memory(n, optimizer=optimizer, precision=precision, zero_stage=zero_stage,
                         world_size=world_size)

@@ -28,7 +28,7 @@ from .device import GPU, GPUS, pick_dtype
 from .memory_timeline import Timeline
 from .models import GPTConfig
 from .units import format_bytes
-from .validation import MAX_BATCH, choice, positive_int
+from .validation import MAX_BATCH, choice, items, number, positive_int
 from .widgets import live_plot
 
 #: The checkpointing of lecture 04, as its figures name it -> the mode of
@@ -84,9 +84,12 @@ def loglog_slope(depths, values) -> float:
     Raises:
         ValueError: naming ``depths`` or ``values``.
     """
-    if len(depths) < 2 or not all(d > 0 for d in depths):
+    depths, values = ([number(name, v, above=0.0) for v in items(
+        name, seq.tolist() if isinstance(seq, np.ndarray) else seq, max_len=10_000)]
+        for name, seq in (("depths", depths), ("values", values)))
+    if len(depths) < 2:
         raise ValueError(f"depths must hold at least two positive numbers, got {depths!r}")
-    if len(values) != len(depths) or not all(v > 0 for v in values):
+    if len(values) != len(depths):
         raise ValueError(f"values must hold one positive number per depth, got {values!r}")
     return float(np.polyfit(np.log(depths), np.log(values), 1)[0])
 

@@ -202,7 +202,7 @@ class SelectiveContext:
     def __init__(self, ops: Sequence = SAVE_OPS, recompute_linear: int | None = None):
         self.ops = check_ops(ops)
         if recompute_linear is not None:
-            positive_int("recompute_linear", recompute_linear, maximum=MAX_COUNT)
+            recompute_linear = positive_int("recompute_linear", recompute_linear, maximum=MAX_COUNT)
         self.recompute_linear = recompute_linear
 
     def policy(self) -> Callable:
@@ -244,7 +244,7 @@ def sqrt_segments(n_layers: int) -> int:
     Raises:
         ValueError: naming ``n_layers``, for a value out of range.
     """
-    positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
+    n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     return max(1, round(math.sqrt(n_layers)))
 
 
@@ -267,8 +267,8 @@ def checkpointed_blocks(n_layers: int, every: int = 1) -> list[int]:
 
         checkpointed_blocks(5, every=2)  # [0, 2, 4]
     """
-    positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
-    positive_int("every", every, maximum=MAX_COUNT)
+    n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
+    every = positive_int("every", every, maximum=MAX_COUNT)
     return list(range(0, n_layers, every))
 
 
@@ -293,8 +293,8 @@ def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
 
         sequential_segments(5, 2)  # [[0, 1], [2, 3, 4]]
     """
-    positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
-    positive_int("segments", segments)
+    n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
+    segments = positive_int("segments", segments)
     if segments > n_layers:
         raise ValueError(f"segments must be at most n_layers={n_layers}, got {segments}")
     size = n_layers // segments
@@ -484,7 +484,7 @@ def _check_kernel_mode(mode: str, config) -> None:
 
 def _check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> int | None:
     choice("mode", mode, ALL_MODES)
-    positive_int("every", every, maximum=MAX_COUNT)
+    every = positive_int("every", every, maximum=MAX_COUNT)
     if segments is not None and mode != "sqrt":
         raise ValueError(f"segments applies to mode='sqrt' only, got mode={mode!r}")
     if mode == "sqrt":
@@ -521,7 +521,7 @@ def policy_label(mode: str, every: int = 1) -> str:
         ValueError: naming ``mode`` or ``every``.
     """
     choice("mode", mode, ALL_MODES)
-    positive_int("every", every, maximum=MAX_COUNT)
+    every = positive_int("every", every, maximum=MAX_COUNT)
     return mode if mode in ("none", "sqrt") else f"{mode}/{every}"
 
 

@@ -876,7 +876,7 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
     K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     precision_of(precision)
     choice("mode", mode, ckpt.ALL_MODES)
-    positive_int("every", every, maximum=MAX_COUNT)
+    every = positive_int("every", every, maximum=MAX_COUNT)
     ckpt._check_mode(mode, every, segments, config.n_layers)
     ckpt._check_kernel_mode(mode, config)
     s = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
@@ -889,7 +889,7 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
     if gpu is not None and gpu.free_memory is not None:  # what is free does not change the step
         gpu = replace(gpu, free_memory=None)
     if loss_chunk is not None:
-        positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
+        loss_chunk = positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
         if PRECISION[precision].autocast:
             raise ValueError(f"loss_chunk is predicted without autocast only, got "
                              f"precision={precision!r}")

@@ -146,8 +146,8 @@ def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp3
     """
     check_config(config)
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
-    positive_int("max_batch", max_batch, maximum=MAX_BATCH)
-    positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
+    max_batch = positive_int("max_batch", max_batch, maximum=MAX_BATCH)
+    accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     engine.precision_of(precision)
     policies = _check_policies(policies)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
@@ -235,7 +235,7 @@ class Fit:
 
 def _check_space(widths, depths, head_size, aspect_ratio, seq_len=1024,
                  vocab_size=50257) -> None:
-    positive_int("head_size", head_size, maximum=CONFIG_MAXIMUM["d_model"])
+    head_size = positive_int("head_size", head_size, maximum=CONFIG_MAXIMUM["d_model"])
     for name, values, maximum in (("widths", widths, CONFIG_MAXIMUM["d_model"]),
                                   ("depths", depths, CONFIG_MAXIMUM["n_layers"])):
         if (isinstance(values, str) or not isinstance(values, Sequence) or not values
@@ -256,8 +256,8 @@ def _check_space(widths, depths, head_size, aspect_ratio, seq_len=1024,
         if bad:
             raise ValueError(f"aspect_ratio must be None or (low, high) with 0 < low <= high, "
                              f"finite numbers, got {aspect_ratio!r}")
-    positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
-    positive_int("vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"])
+    seq_len = positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
+    vocab_size = positive_int("vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"])
 
 
 def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int] = DEFAULT_DEPTHS,
@@ -444,16 +444,16 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
             not bools or floats, with the maxima above.
     """
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
-    positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
-    positive_int("effective_batch", effective_batch, maximum=MAX_EFFECTIVE_BATCH)
-    positive_int("vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"])
+    seq_len = positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
+    effective_batch = positive_int("effective_batch", effective_batch, maximum=MAX_EFFECTIVE_BATCH)
+    vocab_size = positive_int("vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"])
     if isinstance(precisions, str) or not isinstance(precisions, Sequence) or not precisions:
         raise ValueError(f"precisions must be a non-empty sequence of {FIT_PRECISIONS}, "
                          f"got {precisions!r}")
     for p in precisions:
         engine.precision_of(p, "precisions")
     policies = _check_policies(policies)
-    optional_positive_int("max_accumulation_steps", max_accumulation_steps,
+    max_accumulation_steps = optional_positive_int("max_accumulation_steps", max_accumulation_steps,
                           maximum=MAX_EFFECTIVE_BATCH)
     _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
     gpu = resolve_gpu(gpu)

@@ -238,7 +238,7 @@ def predict_plan(config: GPTConfig, batch_size: int, plan: Plan = Plan(), *, gpu
             (optimizer in backward with accumulation).
     """
     check_config(config)
-    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
     return max(_plan_moments(config, batch_size, plan, gpu, seq_len), key=lambda m: m.total)
@@ -291,7 +291,7 @@ def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
     """
 
     check_config(config)
-    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
     spec_gpu = levers.gpu_spec(gpu)
     number("utilization", utilization, above=0.0, maximum=1.0)

@@ -28,6 +28,7 @@ from .memory import mixed_precision_for
 from .models import CONFIG_MAXIMUM
 from .units import GB, GiB, MiB, format_bytes
 from .validation import MAX_BYTES, choice, integer, positive_int, text
+from .widgets import check_figure
 
 #: The colour of each category of :func:`course_lib.engine.breakdown_rows`, in stacking order.
 COLORS = {"parameters": "C0", "master weights": "C4", "optimizer state": "C1",
@@ -90,7 +91,7 @@ def draw_steps(ax, steps: Mapping[str, StepMemory], *, budget: int | None = None
             isinstance(k, str) and isinstance(v, StepMemory) for k, v in steps.items()):
         raise ValueError(f"steps must be a non-empty mapping of label -> StepMemory, got {steps!r}")
     if budget is not None:
-        positive_int("budget", budget, maximum=MAX_BYTES)
+        budget = positive_int("budget", budget, maximum=MAX_BYTES)
     text("budget_label", budget_label)
     measured = dict(measured or {})
     for label, value in measured.items():
@@ -283,6 +284,7 @@ def setup_explorer(fig, animated: bool = True) -> dict:
     Returns:
         dict: the artists, for :func:`draw_explorer`.
     """
+    check_figure("fig", fig)
     ax = fig.subplots()
     fig.subplots_adjust(left=0.15, right=0.98, bottom=0.36, top=0.8)
     # the bars first, row by row (as draw_steps stacks them), then the lines and the text

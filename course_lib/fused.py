@@ -43,6 +43,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .units import as_dtype
+from .validation import device as as_device
+
 # Triton is imported on the first launch only (:func:`_kernels`): importing it costs a lecture
 # that never runs the kernel a fifth of a second, and the learner's runtime may lack it.
 triton = tl = None
@@ -70,7 +73,7 @@ def backend(device: torch.device | str) -> str:
         str: ``"triton"`` (compiled, CUDA), ``"interpreter"`` (Triton's interpreter on the CPU)
         or ``"reference"`` (plain PyTorch inside the same op: MPS, or no Triton).
     """
-    kind = torch.device(device).type
+    kind = as_device("device", device).type
     if not _triton_installed():
         return "reference"
     if kind == "cuda":
@@ -312,6 +315,10 @@ def example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float
     Returns:
         list[Tensor]: ``[x, bias]``.
     """
+    device = as_device("device", device)
+    dtype = as_dtype(dtype)
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 8, 64, generator=generator).to(device=device, dtype=dtype)
     bias = (0.1 * torch.randn(64, generator=generator)).to(device=device, dtype=dtype)

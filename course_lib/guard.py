@@ -19,7 +19,7 @@ import torch
 from .engine import StepMemory
 from .measure import LiveTensorTracker, peak_memory
 from .units import format_bytes
-from .validation import MAX_BYTES, function, positive_int, text
+from .validation import MAX_BYTES, function, integer, positive_int, text
 from .validation import device as as_device
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -69,8 +69,11 @@ def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     text("what", what)
     needed = needed.total if isinstance(needed, StepMemory) else needed
-    if not isinstance(needed, int) or isinstance(needed, bool) or needed < 0:
-        raise ValueError(f"needed must be a StepMemory or a non-negative int of bytes, got {needed!r}")
+    try:
+        needed = integer("needed", needed, minimum=0, maximum=MAX_BYTES)
+    except ValueError:
+        raise ValueError(f"needed must be a StepMemory or an int of bytes from 0 to "
+                         f"{MAX_BYTES:,}, got {needed!r}") from None
     if needed > budget:
         raise MemoryBudgetExceeded(needed, budget, what)
 

@@ -353,7 +353,7 @@ def detect_sdpa_kernel(config: GPTConfig, dtype, batch_size: int = 1,
     dtype = as_dtype(dtype)
     if dtype not in (torch.float32, *_HALF):
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-    positive_int("batch_size", batch_size, maximum=MAX_DETECT_ELEMENTS)
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_DETECT_ELEMENTS)
     s = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
                                                             maximum=config.seq_len)
     device = as_device("device", device)

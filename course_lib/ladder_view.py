@@ -29,7 +29,7 @@ from .engine import StepMemory
 from .models import GPTConfig, check_config
 from .units import GiB, MiB, format_bytes
 from .validation import choice, positive_int
-from .widgets import live_plot, nice_ceiling
+from .widgets import check_figsize, check_figure, live_plot, nice_ceiling
 
 #: The explorer's models: the course GPT at the shapes of GPT-2 small to XL (Radford et al.
 #: 2019) and of a 1.2B model with Llama 3's 128k vocabulary; ``seq_len`` is the longest the
@@ -78,7 +78,7 @@ def capacity_label(gpu: str) -> str:
 
 
 def _figure(figsize) -> Figure:
-    fig = Figure(figsize=figsize)
+    fig = Figure(figsize=check_figsize(figsize))
     FigureCanvasAgg(fig)
     return fig
 
@@ -106,7 +106,7 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
             isinstance(k, str) and isinstance(v, StepMemory) for k, v in jobs.items()):
         raise ValueError(f"jobs must map 1 to 4 labels to StepMemory peaks, got {jobs!r:.80}")
     budget = GPUS[choice("gpu", gpu, tuple(GPUS))].total_memory
-    fig = _figure(figsize) if fig is None else fig
+    fig = _figure(figsize) if fig is None else check_figure("fig", fig)
     ax = fig.subplots()
     fig.subplots_adjust(left=0.2, right=0.97, top=0.9, bottom=0.42)
     rows = list(jobs.items())
@@ -237,7 +237,7 @@ def ladder_figure(result: fit_ladder.Ladder, model: str = "", *, fig: Figure | N
     """
     if not isinstance(result, fit_ladder.Ladder):
         raise ValueError(f"result must be a course_lib.fit_ladder.Ladder, got {result!r:.60}")
-    fig = _figure(figsize) if fig is None else fig
+    fig = _figure(figsize) if fig is None else check_figure("fig", fig)
     _draw(_setup(fig, animated=False), result, model or "the model")
     return fig
 
@@ -279,7 +279,7 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
 
     def draw(artists, model, gpu, seq_len, batch_size):
         config = models[model]
-        positive_int("seq_len", seq_len, maximum=config.seq_len)
+        seq_len = positive_int("seq_len", seq_len, maximum=config.seq_len)
         result = fit_ladder.ladder(config, gpu, batch_size=batch_size, seq_len=seq_len)
         _draw(artists, result, model)
         print(climb_text(result))

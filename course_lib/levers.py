@@ -337,7 +337,7 @@ def use_chunked_loss(model: nn.Module, chunk_size: int | None) -> nn.Module:
             or not hasattr(model, "ln_f"):
         raise ValueError(f"model must be a course GPT (with lm_head and ln_f), got {type(model)}")
     if chunk_size is not None:
-        positive_int("chunk_size", chunk_size, maximum=MAX_TOKENS)
+        chunk_size = positive_int("chunk_size", chunk_size, maximum=MAX_TOKENS)
     model.__dict__.pop("forward", None)
     model.loss_chunk = None
     if chunk_size is None:
@@ -375,7 +375,7 @@ def measure_chunked_loss_step(config: GPTConfig, micro_batch_size: int, loss_chu
     """
     b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
-    positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
+    loss_chunk = positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
     device = as_device("device", device)
     model, optimizer = build(config, precision=precision, device=device)
     options = train_options(precision, device)
@@ -604,7 +604,7 @@ def low_bit_state_bytes(numels: list[int], bits: int, *, param_bytes: int = 4) -
     """
     if not isinstance(bits, int) or isinstance(bits, bool) or bits not in (32, 8, 4):
         raise ValueError(f"bits must be one of (32, 8, 4), got {bits!r}")
-    positive_int("param_bytes", param_bytes, maximum=8)
+    param_bytes = positive_int("param_bytes", param_bytes, maximum=8)
     numels = items("numels", numels)
     total = 0
     for n in numels:
@@ -710,7 +710,7 @@ def lora_parameter_count(config: GPTConfig, rank: int,
         lora_parameter_count(GPTConfig(d_model=64, n_layers=2), 8)  # 16384 = 2 * 16 * 64 * 8
     """
     check_config(config)
-    positive_int("rank", rank, maximum=MAX_COUNT)
+    rank = positive_int("rank", rank, maximum=MAX_COUNT)
     if (not isinstance(targets, tuple | list) or not targets
             or any(not isinstance(t, str) or t not in LORA_TARGETS for t in targets)):
         raise ValueError(f"targets must be a non-empty tuple of {LORA_TARGETS}, got {targets!r}")

@@ -31,10 +31,10 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import kernels
-from .models import GPTConfig, check_config
+from .models import GPTConfig, check_batch, check_config
 from .units import as_dtype, storage_bytes, storage_key
 from .validation import device as as_device
-from .validation import integer, positive_int
+from .validation import function, integer, positive_int
 
 # Ops whose tensor argument is a storage made outside the dispatcher (``torch.tensor([...])``
 # builds it in C++ then "lifts" it): their output is a new allocation, not a foreign tensor.
@@ -304,6 +304,12 @@ def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
     """
     if not isinstance(output, torch.Tensor) or output.grad_fn is None:
         raise ValueError("output must be a tensor that requires grad (has a grad_fn)")
+    try:
+        params = list(params) if not isinstance(params, torch.Tensor | str) else None
+    except TypeError:
+        params = None
+    if params is None or not all(isinstance(p, torch.Tensor) for p in params):
+        raise ValueError("params must be an iterable of tensors (model.parameters())")
     param_storages = {storage_key(p) for p in params}
     rows, seen_nodes, stack = [], set(), [output.grad_fn]
     while stack:
@@ -527,8 +533,18 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
     Returns:
         float: the loss's value.
+
+    Raises:
+        ValueError: naming ``model``, ``optimizer``, ``inputs``, ``targets`` or ``on_phase``, for
+            a value of the wrong kind or a batch the model cannot train on
+            (:func:`course_lib.models.check_batch`).
     """
-    hook = on_phase or (lambda name, loss: None)
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    check_batch(model, inputs, targets)
+    hook = function("on_phase", on_phase, optional=True) or (lambda name, loss: None)
     hook("forward", None)
     out = model(inputs, targets)
     loss = out[1] if isinstance(out, tuple) else out
@@ -667,6 +683,7 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    check_batch(model, inputs, targets)
     params = list(model.parameters())
     baseline = dict.fromkeys(CATEGORIES, 0)
     baseline["parameters"] = storage_bytes(params)

@@ -336,8 +336,12 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"optimizer must be a torch.optim.Optimizer or None, "
                          f"got {type(optimizer).__name__}")
-    params, master = list(model.parameters()), list(master_params)
-    if not all(isinstance(t, torch.Tensor) for t in master):
+    try:
+        master = list(master_params) if not isinstance(master_params, torch.Tensor | str) else None
+    except TypeError:
+        master = None
+    params = list(model.parameters())
+    if master is None or not all(isinstance(t, torch.Tensor) for t in master):
         raise ValueError("master_params must be an iterable of tensors")
     master += getattr(optimizer, "master", [])
     states = [] if optimizer is None else [

@@ -133,6 +133,7 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
+        config = check_config(config)
         self.n_heads, self.dropout, self.kind = config.n_heads, config.dropout, config.attention
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
@@ -192,6 +193,7 @@ class MLP(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
+        config = check_config(config)
         self.fused = config.fused_mlp
         self.fc = nn.Linear(config.d_model, 4 * config.d_model, bias=config.bias)
         self.act = nn.GELU()
@@ -224,6 +226,7 @@ class Block(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
+        config = check_config(config)
         self.ln1 = nn.LayerNorm(config.d_model, bias=config.bias)
         self.attn = CausalSelfAttention(config)
         self.ln2 = nn.LayerNorm(config.d_model, bias=config.bias)
@@ -260,6 +263,7 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
+        config = check_config(config)
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_emb = nn.Embedding(config.seq_len, config.d_model)
@@ -343,6 +347,56 @@ class GPT(nn.Module):
             _check_ids(idx, targets, vocab, ignore_index)
             raise
         return logits, loss
+
+
+def check_batch(model, inputs, targets, *, names: tuple = ("inputs", "targets"),
+                ignore_index: int = -100) -> None:
+    """Refuse a batch ``model(inputs, targets)`` cannot train on, naming the caller's parameters.
+
+    For the course GPT: ``inputs`` a non-empty ``(B, T)`` int64 (or int32) tensor with T at most
+    ``config.seq_len``, ``targets`` int64 of the same shape, every id in ``[0, vocab_size)``
+    (``ignore_index`` allowed among the targets). For any other module: two tensors with the same
+    leading dimension.
+
+    Args:
+        model (torch.nn.Module): the model the batch is for.
+        inputs: what the caller passed as the inputs.
+        targets: what the caller passed as the targets.
+        names (tuple of str): the caller's names for ``inputs`` and ``targets``.
+        ignore_index (int): the target value that is not a token.
+
+    Raises:
+        ValueError: naming ``names[0]`` or ``names[1]``.
+    """
+    x_name, y_name = names
+    ignore_index = integer("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)
+    tensor(x_name, inputs)
+    tensor(y_name, targets)
+    if not isinstance(model, GPT):
+        if inputs.dim() == 0 or targets.dim() == 0 or inputs.size(0) != targets.size(0):
+            raise ValueError(f"{x_name} and {y_name} must share their batch size (leading "
+                             f"dimension), got shapes {tuple(inputs.shape)} and "
+                             f"{tuple(targets.shape)}")
+        return
+    config = model.config
+    B, T = tensor(x_name, inputs, integral=True, dim=2).shape
+    if B == 0 or T == 0 or T > config.seq_len or inputs.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{x_name} must be a non-empty (batch, tokens) int64 tensor of at most "
+                         f"{config.seq_len} tokens (config.seq_len), got {inputs.dtype} of shape "
+                         f"{tuple(inputs.shape)}")
+    tensor(y_name, targets, integral=True)
+    if targets.shape != inputs.shape or targets.dtype != torch.int64:
+        raise ValueError(f"{y_name} must be int64 of {x_name}'s shape {tuple(inputs.shape)}, got "
+                         f"{targets.dtype} of shape {tuple(targets.shape)}")
+    vocab = config.vocab_size
+    low, high = int(inputs.min()), int(inputs.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(f"{x_name} must hold token ids in [0, {vocab}), got ids from {low} to "
+                         f"{high}")
+    kept = targets[targets != ignore_index]
+    if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= vocab):
+        raise ValueError(f"{y_name} must hold token ids in [0, {vocab}) or ignore_index "
+                         f"({ignore_index}), got ids from {int(kept.min())} to {int(kept.max())}")
 
 
 def _check_ids(idx, targets, vocab: int, ignore_index: int) -> None:
@@ -479,7 +533,7 @@ def random_tokens(config: GPTConfig, batch_size: int, seq_len: int | None = None
         x, y = random_tokens(GPTConfig(), 4, seed=1)
     """
     check_config(config)
-    positive_int("batch_size", batch_size, maximum=2**20)
+    batch_size = positive_int("batch_size", batch_size, maximum=2**20)
     T = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
                                                             maximum=config.seq_len)
     seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)

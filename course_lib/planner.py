@@ -41,7 +41,7 @@ from .measure import peak_memory
 from .models import GPTConfig, check_config, random_tokens
 from .training import train
 from .units import format_bytes
-from .validation import MAX_BATCH, MAX_BYTES, positive_int
+from .validation import MAX_BATCH, MAX_BYTES, items, positive_int
 from .validation import device as as_device
 
 #: The modes the planner considers, in order of increasing recompute for one region.
@@ -167,7 +167,7 @@ def predict_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: 
         ValueError: naming the argument, for a bad value.
     """
     check_config(config)
-    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     return engine.predict_step_memory(config, batch_size, precision=precision, mode=mode,
                                       every=every, seq_len=seq_len, gpu=gpu, first_step=True)
 
@@ -226,9 +226,9 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
     if not isinstance(modes, tuple | list) or not modes or any(
             not isinstance(m, str) or m not in PLAN_MODES for m in modes):
         raise ValueError(f"modes must be a non-empty subset of {PLAN_MODES}, got {modes!r}")
-    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     if seq_len is not None:
-        positive_int("seq_len", seq_len, maximum=config.seq_len)
+        seq_len = positive_int("seq_len", seq_len, maximum=config.seq_len)
     gpu = resolve_gpu(gpu)
     if gpu is not None and gpu.free_memory is not None:  # what is free does not change a step
         gpu = replace(gpu, free_memory=None)
@@ -340,7 +340,7 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
         ValueError: naming the argument, for bad input.
     """
     check_config(config)
-    positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    budget_bytes = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     options = candidates(config, batch_size, seq_len=seq_len, precision=precision, gpu=gpu,
                          modes=modes)
     for c in options:
@@ -365,7 +365,10 @@ def choices(options) -> tuple:
     Raises:
         ValueError: naming ``options``, for anything but a non-empty iterable of Candidates.
     """
-    options = tuple(options) if not isinstance(options, str) else options
+    try:
+        options = tuple(options) if not isinstance(options, str) else options
+    except TypeError:
+        options = None
     if not isinstance(options, tuple) or not options or not all(
             isinstance(c, Candidate) for c in options):
         raise ValueError(f"options must be a non-empty list of Candidates, got {options!r}")
@@ -400,7 +403,7 @@ def measure_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: 
     Raises:
         ValueError: naming the argument, for a bad value.
     """
-    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     device = as_device("device", device)
     model, optimizer = step_setup.build(config, precision=precision, mode=mode, every=every,
                                         device=device)
@@ -424,7 +427,8 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
     Args:
         config (GPTConfig): the model.
         batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        policies (iterable): ``(mode, every)`` pairs (``("none", 1)`` is added if missing).
+        policies (list or tuple): up to 32 ``(mode, every)`` pairs (``("none", 1)`` is added if
+            missing).
         precision (str): one of :data:`course_lib.engine.PRECISIONS`.
         device (str or torch.device): where it runs.
         repeats (int): rounds, from 1 to 100.
@@ -436,13 +440,17 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
     Raises:
         ValueError: naming the argument, for a bad value.
     """
-    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
-    positive_int("repeats", repeats, maximum=100)
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    repeats = positive_int("repeats", repeats, maximum=100)
     device = as_device("device", device)
     spec = engine.precision_of(precision)
     x, y = random_tokens(config, batch_size, device=device)
     steps = {}
-    for mode, every in [("none", 1), *(p for p in policies if tuple(p) != ("none", 1))]:
+    policies = [tuple(p) if isinstance(p, tuple | list) and len(p) == 2 else None
+                for p in items("policies", policies, max_len=32)]
+    if None in policies:
+        raise ValueError("policies must be (mode, every) pairs")
+    for mode, every in [("none", 1), *(p for p in policies if p != ("none", 1))]:
         model, _ = step_setup.build(config, precision=precision, mode=mode, every=every,
                                     device=device)
         steps[ckpt.policy_label(mode, every)] = functools.partial(

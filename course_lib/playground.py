@@ -32,14 +32,14 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .checkpointing import enable_checkpointing, step_flops
+from .checkpointing import ALL_MODES, enable_checkpointing, step_flops
 from .device import GPU, GPUS, resolve_gpu
 from .engine import StepMemory, precision_of, predict_step_memory
 from .kernels import attention_kernel
 from .measure import peak_memory, resident_bytes
 from .models import GPT, MAX_SEED, GPTConfig, check_config, gpt_param_count
 from .step_setup import build, measure_step_memory, train_options
-from .timing import CLOCKS, step_times
+from .timing import CLOCKS, MAX_RUNS, step_times
 from .toy_data import markov_tokens
 from .training import batches_of, make_grad_scaler, train
 from .units import dtype_bytes
@@ -58,6 +58,8 @@ from .validation import device as as_device
 #: The most samples a playground trains on, and the largest micro-batch and accumulation
 #: steps it takes (each at most :data:`course_lib.validation.MAX_BATCH`).
 MAX_SAMPLES = MAX_BATCH
+#: The largest ``matmul_size`` :func:`measure_device_speed` times: 16384 (1 GiB in fp32).
+MAX_MATMUL = 16384
 
 
 def effective_batch(micro_batch_size: int, accumulation_steps: int) -> int:
@@ -508,7 +510,8 @@ def micro_batch_flops(config: GPTConfig, micro_batch_size: int, checkpointing: s
         ValueError: naming the parameter, for a bad value.
     """
     check_config(config)
-    positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    micro_batch_size = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    choice("checkpointing", checkpointing, ALL_MODES)
     spec = precision_of(precision)
     card = resolve_gpu(gpu)
     if card is None and attention_kernel(config, spec.compute, None) == "flash":
@@ -712,8 +715,9 @@ def measure_device_speed(device: torch.device | str = "cpu", *, matmul_size: int
     Args:
         device (str or torch.device): a cpu or cuda device.
         matmul_size (int, optional): ``n`` of the timed matmul (default 512 on the CPU, 4096 on
-            a GPU).
-        repeats (int): runs of each timing, the fastest kept; a positive int.
+            a GPU), at most :data:`MAX_MATMUL`.
+        repeats (int): runs of each timing, the fastest kept; from 1 to
+            :data:`course_lib.timing.MAX_RUNS`.
 
     Returns:
         DeviceSpeed: with ``measured=True``.
@@ -722,12 +726,12 @@ def measure_device_speed(device: torch.device | str = "cpu", *, matmul_size: int
         ValueError: naming the parameter: a device other than cpu or cuda, a bad ``repeats``
             or ``matmul_size``.
     """
-    device = torch.device(device)
+    device = as_device("device", device)
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be a cpu or cuda device, got {device}")
-    positive_int("repeats", repeats)
-    n = positive_int("matmul_size", matmul_size) if matmul_size else (
-        4096 if device.type == "cuda" else 512)
+    repeats = positive_int("repeats", repeats, maximum=MAX_RUNS)
+    n = positive_int("matmul_size", matmul_size, maximum=MAX_MATMUL) if matmul_size is not None \
+        else (4096 if device.type == "cuda" else 512)
     rates = {}
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         a = torch.randn(n, n, device=device).to(dtype)
@@ -786,7 +790,7 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
         checkpointing (str): one of :data:`CHECKPOINTING`.
         precision (str): one of :data:`course_lib.memory.PRECISIONS`.
         device (str or torch.device): where it runs.
-        steps (int): timed steps, a positive int.
+        steps (int): timed steps, from 1 to :data:`course_lib.timing.MAX_RUNS`.
         clock (str): one of :data:`course_lib.timing.CLOCKS` (see above).
 
     Returns:
@@ -798,10 +802,10 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
     check_config(config)
     b = positive_int("micro_batch_size", micro_batch_size)
     K = positive_int("accumulation_steps", accumulation_steps)
-    positive_int("steps", steps)
+    steps = positive_int("steps", steps, maximum=MAX_RUNS)
     choice("clock", clock, CLOCKS)
     _check_choices(checkpointing, precision)
-    device = torch.device(device)
+    device = as_device("device", device)
     peak = measure_step_memory(config, b, K, precision=precision, mode=checkpointing,
                                device=device)
     model, optimizer = build(config, precision=precision, mode=checkpointing, device=device)

@@ -241,7 +241,7 @@ def kernel_policies(config: GPTConfig, batch_size: int, *, precision: str = "fp3
     check_config(config)
     if not config.fused_mlp:
         raise ValueError("config must have fused_mlp=True: the policies are the course kernel's")
-    positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     spec = engine.precision_of(precision)
     device, gpu = as_device("device", device), resolve_gpu(gpu)
     amp = dict(device_type=device.type, dtype=spec.compute, enabled=spec.autocast)

@@ -215,7 +215,7 @@ def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None
     Raises:
         ValueError: naming the argument, for a bad value.
     """
-    integer("percent", percent, minimum=10, maximum=100)
+    percent = integer("percent", percent, minimum=10, maximum=100)
     options = planner.candidates(config, batch_size, precision=precision, gpu=gpu)
     shown = planner.choices(options)
     plain = next(c for c in options if c.mode == "none").peak_bytes

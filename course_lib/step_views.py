@@ -39,7 +39,7 @@ from matplotlib.ticker import FuncFormatter
 from .device import GPUS, resolve_gpu
 from .engine import predict_step_memory
 from .memory import mixed_precision_for
-from .models import GPTConfig, check_config
+from .models import GPT, GPTConfig, check_batch, check_config
 from .playground import (
     DeviceSpeed,
     MeasuredStep,
@@ -51,8 +51,9 @@ from .playground import (
 )
 from .toy_data import markov_entropy
 from .units import GiB, KiB, MiB, format_bytes
-from .validation import boolean, number, positive_int
-from .widgets import live_plot, nice_ceiling
+from .validation import MAX_BATCH, boolean, choice, number, positive_int
+from .validation import device as as_device
+from .widgets import check_figsize, live_plot, nice_ceiling
 
 # --------------------------------------------------------------------------- shared
 
@@ -259,7 +260,9 @@ def memory_top(config: GPTConfig, t: Tradeoff, largest: int = max(SIZES)) -> int
         ValueError: naming ``config`` (not a ``GPTConfig``) or ``largest`` (not a positive int).
     """
     check_config(config)
-    largest = positive_int("largest", largest)
+    if not isinstance(t, Tradeoff):
+        raise ValueError(f"t must be a Tradeoff (tradeoff(...)), got {type(t).__name__}")
+    largest = positive_int("largest", largest, maximum=MAX_BATCH)
     if t.capacity is not None:
         top = 1.25 * t.capacity
     else:
@@ -366,7 +369,9 @@ def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (8.6, 3.7)):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=figsize)
+    if not isinstance(t, Tradeoff):
+        raise ValueError(f"t must be a Tradeoff (tradeoff(...)), got {type(t).__name__}")
+    fig = Figure(figsize=check_figsize(figsize))
     FigureCanvasAgg(fig)
     top = int(1.25 * t.capacity if t.capacity is not None else
               1.3 * max(t.step.peak_bytes, t.plain.peak_bytes))
@@ -410,17 +415,23 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     for name, config in models.items():
         check_config(config, f"models[{name!r}]")
     boolean("checkpointing", checkpointing)
-    device = torch.device(device)
+    device = as_device("device", device)
+    if not isinstance(speed, DeviceSpeed):
+        raise ValueError(f"speed must be a DeviceSpeed (measure_device_speed), got "
+                         f"{type(speed).__name__}")
     here = speed.name if device.type == "cpu" else f"{speed.name} (here)"
     targets = {**{n: n for n in GPUS}, here: "cuda" if device.type == "cuda" else None}
     model = next(iter(models)) if model is None else model
     gpu = here if gpu is None else gpu
+    micro_batch_size = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    accumulation_steps = positive_int("accumulation_steps", accumulation_steps,
+                                      maximum=MAX_BATCH)
     for label, value, options in (("model", model, models), ("gpu", gpu, targets),
                                   ("precision", precision, ("fp32", "mixed")),
                                   ("micro_batch_size", micro_batch_size, SIZES),
                                   ("accumulation_steps", accumulation_steps, SIZES)):
-        if value not in options:
-            raise ValueError(f"{label} must be one of {list(options)}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, str | int) or value not in options:
+            raise ValueError(f"{label} must be one of {list(options)}, got {value!r:.80}")
     wide = {"style": {"description_width": "initial"}}
     controls = {
         "model": widgets.Dropdown(options=list(models), value=model, description="model",
@@ -583,7 +594,12 @@ def parameter_groups(model: torch.nn.Module) -> dict[str, list[str]]:
 
     Returns:
         dict: group name -> list of parameter names, embeddings first, LayerNorms last.
+
+    Raises:
+        ValueError: naming ``model``, for anything but a course GPT.
     """
+    if not isinstance(model, GPT):
+        raise ValueError(f"model must be a course_lib.models.GPT, got {type(model).__name__}")
     groups: dict[str, list[str]] = {}
     for name, _ in model.named_parameters():
         parts = name.split(".")
@@ -629,11 +645,15 @@ def record_accumulation_step(model: torch.nn.Module, inputs: torch.Tensor, targe
         StepRecording: the frames of the step.
 
     Raises:
-        ValueError: for an unknown ``mode`` or a ``micro_batch_size`` that does not divide
-            the batch into 2 or more.
+        ValueError: naming the parameter: a ``model`` that is not a course GPT, a batch it cannot
+            train on, an unknown ``mode``, an ``lr`` not in ``(0, 10]`` or a
+            ``micro_batch_size`` that does not divide the batch into 2 or more.
     """
-    if mode not in LOOPS:
-        raise ValueError(f"mode must be one of {list(LOOPS)}, got {mode!r}")
+    choice("mode", mode, tuple(LOOPS))
+    if not isinstance(model, GPT):
+        raise ValueError(f"model must be a course_lib.models.GPT, got {type(model).__name__}")
+    check_batch(model, inputs, targets)
+    lr = number("lr", lr, above=0.0, maximum=10.0)
     b = positive_int("micro_batch_size", micro_batch_size)
     B = inputs.size(0)
     if B % b or B == b:
@@ -719,8 +739,12 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
     Raises:
         ValueError: for no recordings, an unknown mode, or recordings of different lengths.
     """
-    if not recordings or any(m not in LOOPS for m in recordings):
-        raise ValueError(f"recordings must map modes of {list(LOOPS)} to recordings")
+    if (not isinstance(recordings, dict) or not recordings
+            or any(m not in LOOPS or not isinstance(r, StepRecording)
+                   for m, r in recordings.items())):
+        raise ValueError(f"recordings must map modes of {list(LOOPS)} to recordings "
+                         f"(record_accumulation_step), got {recordings!r:.80}")
+    interval_ms = positive_int("interval_ms", interval_ms, maximum=60_000)
     lengths = {len(r.frames) for r in recordings.values()}
     if len(lengths) != 1:
         raise ValueError(f"recordings must have the same number of frames, got {sorted(lengths)}")
@@ -822,15 +846,21 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
     if not isinstance(playground, Playground):
         raise ValueError(f"playground must be a course_lib.playground.Playground, got "
                          f"{type(playground).__name__}")
-    for name, options, first in (("sizes", sizes, micro_batch_size),
-                                 ("steps", steps, accumulation_steps)):
-        if not (isinstance(options, tuple | list) and options
-                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+    firsts = {}
+    for name, options, first_name, first in (
+            ("sizes", sizes, "micro_batch_size", micro_batch_size),
+            ("steps", steps, "accumulation_steps", accumulation_steps)):
+        if not (isinstance(options, tuple | list) and 1 <= len(options) <= 16
+                and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_BATCH
                         for v in options) and list(options) == sorted(set(options))):
-            raise ValueError(f"{name} must be ascending positive ints, got {options!r}")
-        if first not in options:
-            raise ValueError(f"the first value of {name} must be one of {list(options)}, "
+            raise ValueError(f"{name} must be 1 to 16 ascending ints from 1 to {MAX_BATCH:,}, "
+                             f"got {options!r:.80}")
+        firsts[first_name] = positive_int(first_name, first, maximum=MAX_BATCH)
+        if firsts[first_name] not in options:
+            raise ValueError(f"{first_name} must be one of {name} {list(options)}, "
                              f"got {first!r}")
+    micro_batch_size, accumulation_steps = (firsts["micro_batch_size"],
+                                            firsts["accumulation_steps"])
     if checkpointing is not None:
         boolean("checkpointing", checkpointing)
     wide = {"style": {"description_width": "initial"}}

@@ -305,9 +305,13 @@ def split_by_class(events: Iterable, *, device_time: bool = False) -> TimeSplit:
     if not isinstance(device_time, bool):
         raise ValueError(f"device_time must be True or False, got {device_time!r}")
     try:
-        events = list(events)
-    except TypeError as exc:
-        raise ValueError(f"events must be a profiler's events, got {type(events).__name__}") from exc
+        events = list(events) if not isinstance(events, str | bytes) else None
+    except TypeError:
+        events = None
+    if events is None or not all(isinstance(getattr(e, "name", None), str)
+                                 and hasattr(e, "cpu_parent") for e in events):
+        raise ValueError("events must be a profiler's events (prof.events()), each with a name "
+                         "and a cpu_parent")
     seconds = Counter()
     attribute = "self_device_time_total" if device_time else "self_cpu_time_total"
     for event in events:

@@ -47,6 +47,7 @@ import torch
 import torch.nn as nn
 
 from .accumulation import _check_normalize, micro_batch_loss
+from .models import check_batch
 
 # The toy language lives in course_lib.toy_data; these names stay importable from here for the
 # code that still imports them from training (the playground, lectures 06 and 08).
@@ -171,10 +172,15 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
         log = train(model, optimizer, batches_of(x, y, 32), micro_batch_size=8,
                     accumulation_steps=4)
     """
-    positive_int("micro_batch_size", micro_batch_size, maximum=MAX_COUNT)
-    positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got "
+                         f"{type(optimizer).__name__}")
+    micro_batch_size = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_COUNT)
+    accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
     _check_normalize(normalize)
-    integer("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)
+    ignore_index = integer("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)
     if amp_dtype not in AMP_DTYPES:
         raise ValueError(f"amp_dtype must be one of {AMP_DTYPES}, got {amp_dtype!r}")
     if no_sync and not callable(getattr(model, "no_sync", None)):
@@ -200,7 +206,13 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
         batches = tqdm(batches, desc="optimizer steps", unit="step")
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    for (inputs, targets), last in _with_last(batches):
+    for batch, last in _with_last(batches):
+        if not isinstance(batch, tuple | list) or len(batch) != 2:
+            raise ValueError(f"batches must yield (inputs, targets) pairs, got "
+                             f"{type(batch).__name__}")
+        inputs, targets = batch
+        check_batch(model, inputs, targets, names=("batches' inputs", "batches' targets"),
+                    ignore_index=ignore_index)
         n = inputs.size(0)
         if targets.size(0) != n or n > batch_size or (n < batch_size and not last) or n == 0:
             raise ValueError(f"each batch must hold micro_batch_size * accumulation_steps = "
@@ -212,6 +224,9 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
         pieces = list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
         window = len(pieces)  # K, or fewer in a last partial window: each piece weighs 1/window
         total = int((targets != ignore_index).sum())
+        if total == 0 and normalize == "tokens":  # refused before this batch changes anything
+            raise ValueError(f"batches must hold at least one target token per batch (a target "
+                             f"other than ignore_index={ignore_index}), got a batch with none")
         step_loss = 0.0
         for k, (x, y) in enumerate(pieces):
             # DDP: forward and backward of all micro-batches but the last skip the all-reduce.
@@ -288,7 +303,7 @@ def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, *,
             of samples, ``batch_size`` is not a positive int, ``drop_last`` not a bool, or no
             whole batch fits while ``drop_last`` is True.
     """
-    positive_int("batch_size", batch_size)
+    batch_size = positive_int("batch_size", batch_size)
     if not isinstance(drop_last, bool):
         raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
     for name, value in (("inputs", inputs), ("targets", targets)):

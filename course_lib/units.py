@@ -88,7 +88,8 @@ def tensor_bytes(shape, dtype: torch.dtype | str = torch.float32) -> int:
 
         tensor_bytes((2, 3), "fp32")  # 24
     """
-    if isinstance(shape, str | bytes | dict) or not hasattr(shape, "__iter__"):
+    if (isinstance(shape, str | bytes | dict) or not hasattr(shape, "__iter__")
+            or getattr(shape, "ndim", None) == 0):  # a 0-d array or tensor does not iterate
         raise ValueError(f"shape must be a sequence of ints, got {shape!r}")
     dims = [integer("shape", d, minimum=0, maximum=2**63 - 1) for d in shape]
     n = 1
@@ -198,9 +199,10 @@ def format_bytes(n: int | float, precision: int = 2) -> str:
 
         format_bytes(3 * GiB // 2)  # "1.50 GiB"
     """
+    as_float = number("n", n)  # refuses ints beyond float's range too
     if not isinstance(n, int) or isinstance(n, bool):
-        n = number("n", n)
-    integer("precision", precision, minimum=0, maximum=12)
+        n = as_float
+    precision = integer("precision", precision, minimum=0, maximum=12)
     if n < 0:
         return "-" + format_bytes(-n, precision)
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):

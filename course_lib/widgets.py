@@ -47,8 +47,45 @@ from IPython.core.interactiveshell import InteractiveShell
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from .validation import number
+
 #: The widest or tallest figure ``live_plot`` draws, in inches.
 MAX_INCHES = 50
+
+
+def check_figsize(figsize) -> tuple[float, float]:
+    """``figsize`` as two floats, if it is two positive numbers of inches, at most
+    :data:`MAX_INCHES`.
+
+    Args:
+        figsize: what the caller passed.
+
+    Returns:
+        tuple: ``(width, height)``.
+
+    Raises:
+        ValueError: naming ``figsize``, for anything else (an int beyond float's range too).
+    """
+    try:
+        ok = isinstance(figsize, tuple | list) and len(figsize) == 2 and all(
+            number("figsize", x, above=0.0, maximum=MAX_INCHES) for x in figsize)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"figsize must be two positive numbers, at most {MAX_INCHES} (inches), "
+                         f"got {figsize!r:.80}")
+    return float(figsize[0]), float(figsize[1])
+
+
+def check_figure(name: str, fig) -> Figure:
+    """``fig`` if it is a matplotlib ``Figure``.
+
+    Raises:
+        ValueError: naming ``name``, for anything else.
+    """
+    if not isinstance(fig, Figure):
+        raise ValueError(f"{name} must be a matplotlib Figure, got {type(fig).__name__}")
+    return fig
 
 
 def show_error(exc: Exception) -> None:
@@ -165,8 +202,7 @@ def nice_ceiling(x: float) -> float:
         >>> nice_ceiling(3.2), nice_ceiling(0.07), nice_ceiling(5)
         (5.0, 0.1, 5.0)
     """
-    if not (isinstance(x, (int, float)) and x > 0 and math.isfinite(x)):
-        raise ValueError(f"x must be a positive finite number, got {x!r}")
+    x = number("x", x, above=0.0)
     power = 10.0 ** math.floor(math.log10(x))
     for step in (1, 2, 5, 10):
         if step * power >= x * (1 - 1e-12):
@@ -294,11 +330,7 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
         raise ValueError("controls must name at least one widget")
     if layout is not None and layout not in ("constrained", "tight"):
         raise ValueError(f"layout must be None, 'constrained' or 'tight', got {layout!r}")
-    if not (isinstance(figsize, (tuple, list)) and len(figsize) == 2
-            and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                    and math.isfinite(x) and 0 < x <= MAX_INCHES for x in figsize)):
-        raise ValueError(f"figsize must be two positive numbers, at most {MAX_INCHES} (inches), "
-                         f"got {figsize!r}")
+    figsize = check_figsize(figsize)
     if not isinstance(columns, int) or isinstance(columns, bool) or not 1 <= columns <= 12:
         raise ValueError(f"columns must be an int from 1 to 12, got {columns!r}")
     if setup is not None and not callable(setup):

@@ -60,7 +60,7 @@ def test_states_figure_rejects_what_it_cannot_draw():
         calc.states_figure({"x": 3})
     with pytest.raises(ValueError, match="bars must be a dict"):
         calc.states_figure({})
-    with pytest.raises(ValueError, match="gpu must be one of"):
+    with pytest.raises(ValueError, match="^gpus must be one of"):
         calc.states_figure({"x": training_memory(10)}, gpus=["V100"])
     with pytest.raises(ValueError, match="title must be a str"):
         calc.states_figure({"x": training_memory(10)}, title=3)

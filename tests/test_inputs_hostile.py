@@ -1,0 +1,291 @@
+"""Hostile inputs to the public functions and widgets of course_lib, each with its exact outcome:
+a ValueError naming the caller's parameter (never an OverflowError, AttributeError, a torch
+RuntimeError or a message about an internal name), numpy and torch integers taken as their value,
+a maximum for every size, and nothing changed by a refused call."""
+
+import ipywidgets
+import numpy as np
+import pytest
+import torch
+
+from course_lib import (
+    accumulation,
+    activation_views,
+    activations,
+    calculator,
+    checkpoint_views,
+    fit_ladder,
+    fit_views,
+    fused,
+    guard,
+    ladder_view,
+    measure,
+    memory,
+    models,
+    planner,
+    playground,
+    step_views,
+    timing,
+    training,
+    units,
+    widgets,
+)
+from course_lib.models import GPT, GPTConfig
+
+CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=1)
+BEYOND_FLOAT = 10**400
+
+
+def _model_and_batch(batch=4):
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    x, y = models.random_tokens(CFG, batch)
+    return model, x, y
+
+
+# --- a saved storage has a size of at least 0 ------------------------------------------------
+
+@pytest.mark.parametrize("shape, match", [((-1,), r"shape must be an int in \[0, "),
+                                          ((2.0,), "shape must be an int, got 2.0"),
+                                          ((True,), "shape must be an int, got True"),
+                                          (5, "shape must be a tuple of ints >= 0, got 5"),
+                                          ((2**41,), r"shape must be an int in \[0, ")])
+def test_a_saved_storage_refuses_a_shape_that_is_no_size(shape, match):
+    with pytest.raises(ValueError, match=match):
+        activations.Saved("op", "input", shape, torch.float32)
+
+
+def test_a_saved_storage_takes_sizes_and_dtype_names_as_their_values():
+    saved = activations.Saved("op", "input", (np.int64(2), torch.tensor(3)), "bf16")
+    assert saved.shape == (2, 3) and type(saved.shape[0]) is int
+    assert saved.dtype == torch.bfloat16 and saved.nbytes == 12
+    with pytest.raises(ValueError, match="kind must be one of"):
+        activations.Saved("op", "input", (1,), torch.float32, "weights")
+
+
+# --- ints beyond float's range ----------------------------------------------------------------
+
+@pytest.mark.parametrize("call, name", [
+    (lambda v: units.format_bytes(v), "n"),
+    (lambda v: units.format_bytes(-v), "n"),
+    (lambda v: widgets.nice_ceiling(v), "x"),
+    (lambda v: calculator.calculator_figure(v), "billions"),
+    (lambda v: step_views.record_accumulation_step(*_model_and_batch(), 2, lr=v), "lr"),
+])
+def test_ints_beyond_float_range_are_refused_by_name(call, name):
+    with pytest.raises(ValueError, match=rf"^{name} must be a finite number"):
+        call(BEYOND_FLOAT)
+
+
+def test_format_bytes_keeps_exact_ints_and_checks_precision():
+    assert units.format_bytes(2**60) == "1073741824.00 GiB"
+    assert units.format_bytes(5, np.int64(1)) == "5 B"
+    with pytest.raises(ValueError, match="precision"):
+        units.format_bytes(5, 13)
+
+
+def test_a_zero_dimensional_tensor_is_not_a_shape():
+    with pytest.raises(ValueError, match="shape must be a sequence of ints, got tensor"):
+        units.tensor_bytes(torch.tensor(3))
+
+
+# --- devices torch does not know --------------------------------------------------------------
+
+@pytest.mark.parametrize("call", [
+    lambda d: fused.example(d),
+    lambda d: fused.backend(d),
+    lambda d: playground.measure_device_speed(d),
+    lambda d: playground.measure_step_cost(CFG, 1, 1, device=d),
+])
+@pytest.mark.parametrize("device", ["gpu", 0, np.int64(0), -1, None])
+def test_a_device_torch_does_not_know_is_refused_naming_device(call, device):
+    with pytest.raises(ValueError, match=r"^device must be a (torch\.device|device such as) "):
+        call(device)
+
+
+def test_the_fused_example_needs_a_floating_dtype():
+    with pytest.raises(ValueError, match="dtype must be a floating-point dtype, got torch.int64"):
+        fused.example("cpu", torch.int64)
+
+
+# --- models, optimizers and batches of the wrong kind -----------------------------------------
+
+@pytest.mark.parametrize("cls", [models.CausalSelfAttention, models.MLP, models.Block, GPT])
+@pytest.mark.parametrize("config", [None, 3, "small", {"d_model": 8}])
+def test_the_model_classes_refuse_anything_but_a_config(cls, config):
+    with pytest.raises(ValueError, match="^config must be a course_lib.models.GPTConfig, got "):
+        cls(config)
+
+
+@pytest.mark.parametrize("fn", [measure.training_step, measure.step_breakdown])
+def test_a_step_names_the_callers_model_optimizer_and_batch(fn):
+    model, x, y = _model_and_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cases = [((None, opt, x, y), "^model must be a torch.nn.Module, got NoneType"),
+             ((model, "adam", x, y), "^optimizer must be a torch.optim.Optimizer, got str"),
+             ((model, opt, 3, y), "^inputs must be a torch.Tensor, got int"),
+             ((model, opt, x, None), "^targets must be a torch.Tensor, got NoneType"),
+             ((model, opt, x.float(), y), "^inputs must hold integers"),
+             ((model, opt, x, y[:, :3]), "^targets must be int64 of inputs's shape"),
+             ((model, opt, x + 100, y), r"^inputs must hold token ids in \[0, 16\)")]
+    before = [p.detach().clone() for p in model.parameters()]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=match):
+            fn(*args)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_step_refuses_an_on_phase_that_cannot_be_called():
+    model, x, y = _model_and_batch()
+    with pytest.raises(ValueError, match="^on_phase must be callable or None, got 3"):
+        measure.training_step(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y,
+                              on_phase=3)
+
+
+def test_micro_batch_loss_names_inputs_and_targets_not_idx():
+    model, x, y = _model_and_batch()
+    with pytest.raises(ValueError, match="^model must be a torch.nn.Module, got int"):
+        accumulation.micro_batch_loss(3, x, y, total_tokens=32)
+    with pytest.raises(ValueError, match="^inputs must be a torch.Tensor, got list"):
+        accumulation.micro_batch_loss(model, [1], y, total_tokens=32)
+    with pytest.raises(ValueError, match="^targets must be a torch.Tensor, got int"):
+        accumulation.micro_batch_loss(model, x, 3, total_tokens=32)
+    y = y.clone()
+    y[0, 0] = -1
+    with pytest.raises(ValueError, match=r"^targets must hold token ids in \[0, 16\) or "
+                                         r"ignore_index \(-100\)"):
+        accumulation.micro_batch_loss(model, x, y, total_tokens=32)
+
+
+def test_train_names_batches_and_refuses_a_batch_without_tokens_before_it_steps():
+    model, x, y = _model_and_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    cases = [([x], "^batches must yield \\(inputs, targets\\) pairs, got Tensor"),
+             ([(x, "y")], "^batches' targets must be a torch.Tensor, got str"),
+             ([(x.float(), y)], "^batches' inputs must hold integers"),
+             ([(x, torch.full_like(y, -100))], "^batches must hold at least one target token")]
+    for batches, match in cases:
+        with pytest.raises(ValueError, match=match):
+            training.train(model, opt, batches, micro_batch_size=2, accumulation_steps=2)
+    with pytest.raises(ValueError, match="^optimizer must be a torch.optim.Optimizer, got list"):
+        training.train(model, [], [(x, y)], micro_batch_size=4)
+    with pytest.raises(ValueError, match="^model must be a torch.nn.Module, got str"):
+        training.train("gpt", opt, [(x, y)], micro_batch_size=4)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_the_step_through_refuses_what_it_cannot_record():
+    model, x, y = _model_and_batch()
+    cases = [((3, x, y, 2), {}, "^model must be a course_lib.models.GPT, got int"),
+             ((model, None, y, 2), {}, "^inputs must be a torch.Tensor, got NoneType"),
+             ((model, x, None, 2), {}, "^targets must be a torch.Tensor, got NoneType"),
+             ((model, x, y, 2), {"mode": ["right"]}, "^mode must be one of"),
+             ((model, x, y, 2), {"lr": -1}, "^lr must be a finite number > 0.0, got -1.0"),
+             ((model, x, y, 2), {"lr": 11}, "^lr must be a finite number <= 10.0, got 11.0")]
+    for args, kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            step_views.record_accumulation_step(*args, **kwargs)
+    with pytest.raises(ValueError, match="^model must be a course_lib.models.GPT, got Linear"):
+        step_views.parameter_groups(torch.nn.Linear(2, 2))
+
+
+# --- numpy and torch ints: their value, used ---------------------------------------------------
+
+@pytest.mark.parametrize("size", [np.int64(2), np.int32(2), torch.tensor(2)])
+def test_numpy_and_torch_ints_are_used_as_ints(size):
+    # they used to pass validation and crash in torch.split
+    assert planner.measure_peak(CFG, size) == planner.measure_peak(CFG, 2)
+    assert units.format_bytes(size) == "2 B"
+
+
+# --- a maximum for every size -----------------------------------------------------------------
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: playground.measure_device_speed("cpu", matmul_size=16385),
+     "^matmul_size must be a positive int of at most 16,384, got 16385"),
+    (lambda: playground.measure_device_speed("cpu", matmul_size=0),
+     "^matmul_size must be a positive int of at most 16,384, got 0"),
+    (lambda: playground.measure_device_speed("cpu", repeats=1001),
+     "^repeats must be a positive int of at most 1,000, got 1001"),
+    (lambda: playground.measure_step_cost(CFG, 1, 1, steps=1001),
+     "^steps must be a positive int of at most 1,000, got 1001"),
+    (lambda: playground.measure_step_cost(CFG, 1, 1, steps=BEYOND_FLOAT),
+     "^steps must be a positive int of at most 1,000, got 1000"),
+])
+def test_timing_sizes_have_a_maximum_named_by_the_caller(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# --- messages that name the caller's parameter --------------------------------------------------
+
+def _step_views_tradeoff():
+    return step_views.tradeoff(CFG, 2, 2, gpu="T4")
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: calculator.zero_figure(10**9, gpus=["T4", 1]), "^gpus must be one of"),
+    (lambda: checkpoint_views.loglog_slope(3, [1, 2]), "^depths must be a list or tuple, got 3"),
+    (lambda: checkpoint_views.loglog_slope([1, 2], "ab"), "^values must be a list or tuple"),
+    (lambda: checkpoint_views.loglog_slope([1, BEYOND_FLOAT], [1, 2]),
+     "^depths must be a finite number"),
+    (lambda: guard.check_budget(BEYOND_FLOAT, 10**9), "^needed must be a StepMemory or an int"),
+    (lambda: guard.check_budget(-1, 10**9), "^needed must be a StepMemory or an int"),
+    (lambda: ladder_view.ladder_figure(fit_ladder.ladder(CFG, "T4", batch_size=2), figsize=3),
+     "^figsize must be two positive numbers"),
+    (lambda: ladder_view.ladder_figure(fit_ladder.ladder(CFG, "T4", batch_size=2), fig=3),
+     "^fig must be a matplotlib Figure, got int"),
+    (lambda: fit_views.setup_explorer("fig"), "^fig must be a matplotlib Figure, got str"),
+    (lambda: step_views.tradeoff_figure(_step_views_tradeoff(), "x", figsize=(BEYOND_FLOAT, 1)),
+     "^figsize must be two positive numbers"),
+    (lambda: step_views.tradeoff_figure(3, "x"), "^t must be a Tradeoff"),
+    (lambda: step_views.memory_top(CFG, None), "^t must be a Tradeoff"),
+    (lambda: step_views.memory_top(CFG, _step_views_tradeoff(), 2**30),
+     "^largest must be a positive int of at most 16,777,216"),
+    (lambda: widgets.live_plot(lambda a, x: None, {"x": ipywidgets.IntSlider()},
+                               figsize=(BEYOND_FLOAT, 2)), "^figsize must be two positive"),
+    (lambda: measure.saved_tensors(_loss(), params=3), "^params must be an iterable of tensors"),
+    (lambda: measure.saved_bytes(_loss(), params=[1]), "^params must be an iterable of tensors"),
+    (lambda: memory.model_state_bytes(GPT(CFG), master_params=3),
+     "^master_params must be an iterable of tensors"),
+    (lambda: planner.choices(3), "^options must be a non-empty list of Candidates"),
+    (lambda: planner.time_ratios(CFG, 2, 3), "^policies must be a list or tuple, got 3"),
+    (lambda: planner.time_ratios(CFG, 2, ["blocks"]), r"^policies must be \(mode, every\) pairs"),
+    (lambda: playground.micro_batch_flops(CFG, 2, "everything"), "^checkpointing must be one of"),
+    (lambda: timing.split_by_class("gpu"), "^events must be a profiler's events"),
+    (lambda: timing.split_by_class([1, 2]), "^events must be a profiler's events"),
+    (lambda: models.check_batch(GPT(CFG), *models.random_tokens(CFG, 2), ignore_index=BEYOND_FLOAT),
+     "^ignore_index must be an int in"),
+    (lambda: activation_views.oom_widget(gpu=["T4"]), "^gpu must be one of"),
+    (lambda: step_views.step_through(3), "^recordings must map modes of"),
+    (lambda: step_views.step_through({"right": 3}), "^recordings must map modes of"),
+])
+def test_messages_name_the_callers_parameter(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def _loss():
+    model, x, y = _model_and_batch()
+    return model(x, y)[1]
+
+
+def test_the_playground_view_names_its_first_values():
+    pg = playground.Playground(CFG, samples=16)
+    with pytest.raises(ValueError, match=r"^micro_batch_size must be one of sizes \[1, 2\], got 4"):
+        step_views.playground_view(pg, sizes=(1, 2), micro_batch_size=4)
+    with pytest.raises(ValueError, match="^accumulation_steps must be a positive int"):
+        step_views.playground_view(pg, accumulation_steps=1.5)
+    with pytest.raises(ValueError, match="^sizes must be 1 to 16 ascending ints from 1 to"):
+        step_views.playground_view(pg, sizes=(1, 2**30), micro_batch_size=1)
+
+
+def test_the_tradeoff_explorer_refuses_a_speed_and_choices_of_the_wrong_kind():
+    speed = playground.device_speed("T4")
+    with pytest.raises(ValueError, match="^speed must be a DeviceSpeed"):
+        step_views.tradeoff_explorer({"tiny": CFG}, speed=3)
+    with pytest.raises(ValueError, match="^model must be one of"):
+        step_views.tradeoff_explorer({"tiny": CFG}, speed=speed, model=["tiny"])
+    with pytest.raises(ValueError, match="^gpu must be one of"):
+        step_views.tradeoff_explorer({"tiny": CFG}, speed=speed, gpu=["T4"])
