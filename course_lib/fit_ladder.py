@@ -15,8 +15,6 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-import torch
-
 from . import activations as act
 from . import checkpointing as ckpt
 from . import engine, levers
@@ -266,7 +264,7 @@ def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
     ``-`` the frozen weights' gradient matmuls under LoRA,
     :func:`course_lib.levers.frozen_linear_flops`, plus ``6 N r (in + out)`` for its
     adapters) at ``utilization`` times the GPU's datasheet peak (16-bit tensor cores for
-    the mixed and 16-bit precisions, fp32 otherwise; :data:`course_lib.levers.GPU_SPECS`).
+    the mixed and 16-bit precisions, fp32 otherwise; :data:`course_lib.device.GPUS`).
     Transfers at the datasheet link bandwidth, not overlapped (an upper bound): activation
     offloading moves the kept activations out and back (``2 x`` kept bytes per micro-batch),
     optimizer offloading the gradients out and the parameters back (``2 P x`` bytes), ZeRO
@@ -277,7 +275,7 @@ def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
         config (GPTConfig): the model.
         batch_size (int): sequences per optimizer step.
         plan (Plan): the settings.
-        gpu (str): a preset name of :data:`course_lib.levers.GPU_SPECS`.
+        gpu (str): a preset name of :data:`course_lib.device.GPUS`.
         seq_len (int, optional): tokens per sequence, at most ``config.seq_len``.
         utilization (float): share of the datasheet peak FLOP/s reached, in (0, 1].
 
@@ -293,7 +291,7 @@ def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
     check_config(config)
     positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
-    spec_gpu = levers.gpu_spec(gpu)
+    spec_gpu = GPUS[choice("gpu", gpu, tuple(GPUS))]
     number("utilization", utilization, above=0.0, maximum=1.0)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
                                                                   maximum=config.seq_len)
@@ -311,7 +309,7 @@ def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
     if plan.lora_rank:
         flops += (6 * tokens * levers.lora_parameter_count(config, plan.lora_rank)
                   - levers.frozen_linear_flops(config, tokens))
-    peak = spec_gpu.half_flops if spec.compute != torch.float32 else spec_gpu.fp32_flops
+    peak = spec_gpu.peak_flops(spec.compute)
     seconds = flops / (peak * utilization)
     if plan.offload_activations:
         kept = ckpt.predict_kept_bytes(config, b, plan.mode, plan.every, seq_len=seq_len,

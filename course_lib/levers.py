@@ -39,11 +39,11 @@ import logging
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
+from .device import PCIE_BYTES_PER_S  # the host links, re-exported beside transfer_seconds
 from .models import GPTConfig, check_config, random_tokens
 from .step_setup import build, measure_steady_step, train_options
 from .units import storage_bytes, storage_key
@@ -52,7 +52,6 @@ from .validation import (
     MAX_BYTES,
     MAX_COUNT,
     boolean,
-    choice,
     integer,
     items,
     number,
@@ -424,9 +423,6 @@ def logits_bytes(n_tokens: int, vocab_size: int, dtype=torch.float32) -> int:
 
 # --------------------------------------------------------------------------- offloading
 
-#: Host links, theoretical bandwidth per direction in bytes per second (PCI-SIG: 8, 16, 32
-#: GT/s per lane with 128b/130b encoding, x16): what a pinned-memory copy approaches.
-PCIE_BYTES_PER_S = {"PCIe 3.0 x16": 15.75e9, "PCIe 4.0 x16": 31.5e9, "PCIe 5.0 x16": 63.0e9}
 
 
 def transfer_seconds(nbytes: int, bytes_per_second: float) -> float:
@@ -739,56 +735,8 @@ def frozen_linear_flops(config: GPTConfig, n_tokens: int) -> int:
     return 2 * N * (config.n_layers * 12 * h * h + h * config.vocab_size)
 
 
-# --------------------------------------------------------------------------- GPU figures
-
-
-@dataclass(frozen=True)
-class GPUSpec:
-    """Datasheet figures of a GPU preset that turn bytes and FLOPs into time (peaks, dense).
-
-    Sources: NVIDIA's T4, L4, A100 and H100/H200 datasheets.
-
-    Attributes:
-        fp32_flops (float): FLOP/s without tensor cores.
-        half_flops (float): FLOP/s with 16-bit tensor cores (fp16 on a T4, bf16 elsewhere).
-        host_link (float): bytes/s per direction to the host (PCIe).
-        peer_link (float): bytes/s per GPU to its peers (NVLink on SXM parts, else PCIe).
-    """
-
-    fp32_flops: float
-    half_flops: float
-    host_link: float
-    peer_link: float
-
-
-GPU_SPECS = {
-    "T4": GPUSpec(8.1e12, 65e12, PCIE_BYTES_PER_S["PCIe 3.0 x16"], PCIE_BYTES_PER_S["PCIe 3.0 x16"]),
-    "L4": GPUSpec(30.3e12, 121e12, PCIE_BYTES_PER_S["PCIe 4.0 x16"],
-                  PCIE_BYTES_PER_S["PCIe 4.0 x16"]),
-    "A100 40GB": GPUSpec(19.5e12, 312e12, PCIE_BYTES_PER_S["PCIe 4.0 x16"], 300e9),
-    "A100 80GB": GPUSpec(19.5e12, 312e12, PCIE_BYTES_PER_S["PCIe 4.0 x16"], 300e9),
-    "H100 80GB": GPUSpec(67e12, 989e12, PCIE_BYTES_PER_S["PCIe 5.0 x16"], 450e9),
-    "H200": GPUSpec(67e12, 989e12, PCIE_BYTES_PER_S["PCIe 5.0 x16"], 450e9),
-}
-
-
-def gpu_spec(name: str) -> GPUSpec:
-    """The :class:`GPUSpec` of a preset of :data:`course_lib.device.GPUS`.
-
-    Args:
-        name (str): a key of :data:`GPU_SPECS`.
-
-    Returns:
-        GPUSpec: its figures.
-
-    Raises:
-        ValueError: for a name without figures.
-    """
-    return GPU_SPECS[choice("gpu name", name, tuple(GPU_SPECS))]
-
-
 __all__ = ["OptimizerInBackward", "optimizer_in_backward", "chunked_cross_entropy",
            "use_chunked_loss", "logits_bytes", "PCIE_BYTES_PER_S", "transfer_seconds",
            "OffloadSavedTensors", "optimizer_state_bytes", "LOW_BIT", "low_bit_state_bytes",
            "low_bit_adamw", "eager_compile", "LORA_TARGETS", "lora_parameter_count",
-           "frozen_linear_flops", "GPUSpec", "GPU_SPECS", "gpu_spec"]
+           "frozen_linear_flops"]

@@ -367,7 +367,7 @@ CASES = {
     "step_seconds.batch_size": (lambda v: fit_ladder.step_seconds(CFG, v, fit_ladder.Plan(), "T4"),
                                 "batch_size", not_an_int(1, MAX_BATCH)),
     "step_seconds.gpu": (lambda v: fit_ladder.step_seconds(CFG, 1, fit_ladder.Plan(), v), "gpu",
-                         st.one_of(not_one_of(levers.GPU_SPECS),
+                         st.one_of(not_one_of(device.GPUS),
                                    st.lists(st.integers(), max_size=1))),
     "step_seconds.utilization": (lambda v: fit_ladder.step_seconds(CFG, 1, fit_ladder.Plan(), "T4",
                                                             utilization=v), "utilization",
@@ -590,9 +590,6 @@ CASES = {
                   st.lists(st.text(max_size=4), min_size=1, max_size=2))),
     "frozen_linear_flops.n_tokens": (lambda v: levers.frozen_linear_flops(CFG, v), "n_tokens",
                                      not_an_int(1, levers.MAX_TOKENS)),
-    "gpu_spec.name": (lambda v: levers.gpu_spec(v), "name",
-                      st.one_of(not_one_of(levers.GPU_SPECS),
-                                st.lists(st.integers(), max_size=1))),
     # allocator
     "not_on_cuda.device": (lambda v: allocator.not_on_cuda(v), "device",
                            st.one_of(BOOLS, st.floats(), st.integers(max_value=-1),
