@@ -30,6 +30,7 @@ lecture named:
 ``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target
 ``checkpoint_views``   04: the lecture's figures and its explorer (memory and compute bars)
 ``step_setup``         02-08: the real model and optimizer a prediction is for; its measured step
+``time_model``         03-08: the one time model of a step: FLOPs, bytes, operators, transfers
 ``activation_views``   02: lecture 02's figures and its out-of-memory widget
 ``playground``         03: the accumulation playground; one step's cost, memory and time
 ``step_views``         03: the trade-off explorer, the step-through of one step, the playground view

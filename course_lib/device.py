@@ -90,7 +90,7 @@ class GPU:
 
     The speed fields are optional and come last, so ``GPU(name, total_memory, capability)``
     still builds a card (without them a time prediction needs a measured speed,
-    :func:`course_lib.playground.measure_device_speed`).
+    :func:`course_lib.time_model.measure_speed`).
 
     Attributes:
         name (str): what the course calls it ("T4", "H100 80GB") or the driver's name for a live

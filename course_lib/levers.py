@@ -18,7 +18,7 @@ levers that lecture 08 measures side by side:
 * :class:`OffloadSavedTensors`: a hand-written ``saved_tensors_hooks`` pair that
   moves what autograd saves to the host, the idea behind
   ``torch.autograd.graph.save_on_cpu``, and counts the bytes it moves;
-  :func:`transfer_seconds` converts bytes into time at a stated link bandwidth;
+  :func:`transfer_seconds` (the time model's) converts bytes into time at a link's bandwidth;
 * :func:`optimizer_state_bytes` (measured from the optimizer's tensors) and
   :func:`low_bit_state_bytes` (predicted) for 8-bit and 4-bit AdamW (torchao's
   ``AdamW8bit`` / ``AdamW4bit``, :func:`low_bit_adamw`; Dettmers et al. 2022,
@@ -46,15 +46,14 @@ import torch.nn as nn
 from .device import PCIE_BYTES_PER_S  # the host links, re-exported beside transfer_seconds
 from .models import GPTConfig, check_config, random_tokens
 from .step_setup import build, measure_steady_step, train_options
+from .time_model import transfer_seconds  # the one time model's; lecture 08 calls it here
 from .units import storage_bytes, storage_key
 from .validation import (
     MAX_BATCH,
-    MAX_BYTES,
     MAX_COUNT,
     boolean,
     integer,
     items,
-    number,
     positive_int,
 )
 from .validation import device as as_device
@@ -423,32 +422,6 @@ def logits_bytes(n_tokens: int, vocab_size: int, dtype=torch.float32) -> int:
 
 # --------------------------------------------------------------------------- offloading
 
-
-
-def transfer_seconds(nbytes: int, bytes_per_second: float) -> float:
-    """Seconds to move ``nbytes`` over a link of ``bytes_per_second``: ``nbytes / bandwidth``.
-
-    A lower bound: real copies reach less than a link's theoretical rate, from pinned memory,
-    and less still from pageable memory (the driver stages them through a pinned buffer);
-    lecture 08 measures none of them.
-
-    Args:
-        nbytes (int): bytes, from 0 to :data:`course_lib.validation.MAX_BYTES`.
-        bytes_per_second (float): the link's bandwidth, a finite positive number.
-
-    Returns:
-        float: seconds.
-
-    Raises:
-        ValueError: ``nbytes`` negative, not an int or above
-            :data:`course_lib.validation.MAX_BYTES`; ``bytes_per_second`` not a finite
-            positive number.
-    """
-    if (not isinstance(nbytes, int) or isinstance(nbytes, bool)
-            or not 0 <= nbytes <= MAX_BYTES):
-        raise ValueError(f"nbytes must be a non-negative int of at most {MAX_BYTES:,}, "
-                         f"got {nbytes!r}")
-    return nbytes / number("bytes_per_second", bytes_per_second, above=0.0)
 
 
 class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
