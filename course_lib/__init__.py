@@ -35,7 +35,7 @@ lecture named:
 ``playground``         03: the accumulation playground; one step's cost, memory and time
 ``step_views``         03: the trade-off explorer, the step-through of one step, the playground view
 ``policies``           05: op-level selective-checkpointing policies and their cost
-``planner``            05: the cheapest checkpointing policy that fits a memory budget
+``planner``            05: the fastest checkpointing policy (predicted) that fits a memory budget
 ``policy_views``       05: the figures of lecture 05 and its planner widget
 ``fit``                06: the largest GPT, or the largest batch, that trains within a budget
 ``guard``              06: a budget checked before a step runs and enforced while it runs

@@ -23,7 +23,7 @@ model (:func:`course_lib.time_model.step_time`), and returns the fastest that fi
   (:func:`measure_peak`).
 
 :func:`choices` keeps the policies the planner picks for some budget (every other one
-is beaten on both peak and recompute); :func:`time_ratios` times the forward and
+is beaten on both peak and predicted time); :func:`time_ratios` times the forward and
 backward pass of several policies against no checkpointing.
 """
 
@@ -45,7 +45,7 @@ from .measure import peak_memory
 from .models import GPTConfig, check_config, random_tokens
 from .training import train
 from .units import format_bytes
-from .validation import MAX_BATCH, MAX_BYTES, positive_int
+from .validation import MAX_BATCH, MAX_BYTES, boolean, positive_int
 from .validation import device as as_device
 
 #: The modes the planner considers, in order of increasing recompute for one region.
@@ -448,8 +448,12 @@ def measure_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: 
 
 
 def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str = "fp32",
-                device: str | torch.device = "cpu", repeats: int = 5) -> dict:
-    """Each policy's forward and backward pass timed against no checkpointing's, by label.
+                device: str | torch.device = "cpu", repeats: int = 5,
+                optimizer: bool = False) -> dict:
+    """Each policy's forward and backward pass (or whole step) timed against no checkpointing's.
+
+    With ``optimizer=True`` each run is a whole training step (:func:`course_lib.training.train`
+    with AdamW): what :func:`plan_checkpointing` predicts, so the two compare.
 
     The models come from :func:`course_lib.step_setup.build` (seed 0) and run under autocast as
     the precision asks; :func:`course_lib.timing.step_times` times them in turn, round after
@@ -463,6 +467,7 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
         precision (str): one of :data:`course_lib.engine.PRECISIONS`.
         device (str or torch.device): where it runs.
         repeats (int): rounds, from 1 to 100.
+        optimizer (bool): time whole training steps (forward, backward, AdamW's step).
 
     Returns:
         dict: ``{label: ratio}`` (1.0: as fast as no checkpointing), labels as
@@ -473,14 +478,17 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
     """
     positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     positive_int("repeats", repeats, maximum=100)
+    boolean("optimizer", optimizer)
     device = as_device("device", device)
     spec = engine.precision_of(precision)
     x, y = random_tokens(config, batch_size, device=device)
     steps = {}
     for mode, every in [("none", 1), *(p for p in policies if tuple(p) != ("none", 1))]:
-        model, _ = step_setup.build(config, precision=precision, mode=mode, every=every,
-                                    device=device)
+        model, adamw = step_setup.build(config, precision=precision, mode=mode, every=every,
+                                        device=device)
         steps[ckpt.policy_label(mode, every)] = functools.partial(
+            train, model, adamw, [(x, y)], micro_batch_size=batch_size,
+            **step_setup.train_options(precision, device)) if optimizer else functools.partial(
             _forward_backward, model, x, y, spec.compute if spec.autocast else None)
     times = timing.step_times(steps, repeats=repeats, device=device)
     return {name: times.ratio(name, "none") for name in steps}
