@@ -30,11 +30,12 @@ lecture named:
 ``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target
 ``checkpoint_views``   04: the lecture's figures and its explorer (memory and compute bars)
 ``step_setup``         02-08: the real model and optimizer a prediction is for; its measured step
+``time_model``         03-08: the one time model of a step: FLOPs, bytes, operators, transfers
 ``activation_views``   02: lecture 02's figures and its out-of-memory widget
 ``playground``         03: the accumulation playground; one step's cost, memory and time
 ``step_views``         03: the trade-off explorer, the step-through of one step, the playground view
 ``policies``           05: op-level selective-checkpointing policies and their cost
-``planner``            05: the cheapest checkpointing policy that fits a memory budget
+``planner``            05: the fastest checkpointing policy (predicted) that fits a memory budget
 ``policy_views``       05: the figures of lecture 05 and its planner widget
 ``fit``                06: the largest GPT, or the largest batch, that trains within a budget
 ``guard``              06: a budget checked before a step runs and enforced while it runs

@@ -90,7 +90,7 @@ class GPU:
 
     The speed fields are optional and come last, so ``GPU(name, total_memory, capability)``
     still builds a card (without them a time prediction needs a measured speed,
-    :func:`course_lib.playground.measure_device_speed`).
+    :func:`course_lib.time_model.measure_speed`).
 
     Attributes:
         name (str): what the course calls it ("T4", "H100 80GB") or the driver's name for a live
@@ -114,7 +114,11 @@ class GPU:
             sparsity that datasheets quote first (their sparse figure halved); None if unknown.
         memory_bandwidth (float, optional): peak device-memory bandwidth in bytes/s (decimal, as
             quoted).
-        datasheet (str, optional): where the three figures come from.
+        datasheet (str, optional): where the figures come from.
+        host_link (float, optional): bytes/s per direction between the card and the host (its
+            PCIe generation, :data:`PCIE_BYTES_PER_S`): what offloading pays; None if unknown.
+        peer_link (float, optional): bytes/s per direction from the card to its peers (NVLink on
+            SXM boards, else PCIe): what ZeRO's gathers and reductions pay; None if unknown.
         smi_memory (int, optional): ``nvidia-smi``'s "Total" in bytes (MiB x 2**20), printed
             beside ``total_memory`` because it is the figure learners see first; at least
             ``total_memory``. None for a live card (the driver's tool is not asked).
@@ -140,6 +144,8 @@ class GPU:
     memory_bandwidth: float | None = None
     datasheet: str | None = None
     smi_memory: int | None = None
+    host_link: float | None = None
+    peer_link: float | None = None
 
     def __post_init__(self):
         text("name", self.name)
@@ -156,7 +162,7 @@ class GPU:
         if self.free_memory is not None:
             integer("free_memory", self.free_memory, minimum=0, maximum=self.total_memory)
         boolean("live", self.live)
-        for name in ("fp32_flops", "tensor_flops", "memory_bandwidth"):
+        for name in ("fp32_flops", "tensor_flops", "memory_bandwidth", "host_link", "peer_link"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int | float)
                                           and not isinstance(value, bool)
@@ -172,6 +178,33 @@ class GPU:
         """bf16 tensor cores: compute capability 8.0 and newer (not a T4)."""
         return self.capability >= (8, 0)
 
+    def peak_flops(self, dtype) -> float | None:
+        """Datasheet peak dense FLOP/s of a matmul in ``dtype``.
+
+        fp16 runs on tensor cores (``tensor_flops``); bf16 too from compute capability 8.0, while
+        a T4 has no bf16 tensor cores and runs bf16 at its fp32 rate; fp32 at ``fp32_flops``
+        (PyTorch leaves TF32 off for matmuls unless ``torch.backends.cuda.matmul.allow_tf32``).
+
+        Args:
+            dtype (torch.dtype or str): fp32, fp16 or bf16 (or a name :func:`as_dtype` takes).
+
+        Returns:
+            float or None: FLOP/s, or None where the datasheet figure is unknown.
+
+        Raises:
+            ValueError: naming ``dtype``, for another dtype.
+
+        Example::
+
+            GPUS["T4"].peak_flops(torch.float16) / GPUS["T4"].peak_flops(torch.float32)  # 8.0
+        """
+        dtype = as_dtype(dtype)
+        if dtype == torch.float16 or (dtype == torch.bfloat16 and self.has_native_bf16):
+            return self.tensor_flops
+        if dtype in (torch.float32, torch.bfloat16):
+            return self.fp32_flops
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+
 
 #: The GPUs learners train on, by the name the widgets show. ``total_memory`` is what PyTorch
 #: reports (``get_device_properties().total_memory``, an OOM message's "total capacity"),
@@ -182,7 +215,14 @@ class GPU:
 #: ``torch.cuda.mem_get_info()`` says is free (:func:`live_gpu`).
 #: Speeds are NVIDIA's datasheet peaks (dense: the tensor figures with 2:4 sparsity halved),
 #: SXM boards for the A100, H100 and H200; no run of the course measured them (see
-#: :func:`course_lib.playground.measure_device_speed` for this kernel's device).
+#: :func:`course_lib.time_model.measure_speed` for this kernel's device). Host links are the
+#: boards' PCIe generation (T4: 3.0, L4 and A100: 4.0, H100 and H200: 5.0, all x16, from the same
+#: datasheets); peer links NVLink per GPU per direction (A100: 600 GB/s bidirectional, H100 and
+#: H200: 900 GB/s), PCIe for the T4 and L4, which have no NVLink.
+#: Host links, theoretical bandwidth per direction in bytes per second (PCI-SIG: 8, 16, 32
+#: GT/s per lane with 128b/130b encoding, x16): what a pinned-memory copy approaches.
+PCIE_BYTES_PER_S = {"PCIe 3.0 x16": 15.75e9, "PCIe 4.0 x16": 31.5e9, "PCIe 5.0 x16": 63.0e9}
+_PCIE3, _PCIE4, _PCIE5 = PCIE_BYTES_PER_S.values()
 _T4 = "NVIDIA T4 Tensor Core GPU datasheet: FP32 8.1 TFLOPS, mixed FP16 65 TFLOPS, 320 GB/s"
 _L4 = "NVIDIA L4 Tensor Core GPU datasheet: FP32 30.3 TFLOPS, FP16/BF16 242 TFLOPS with sparsity, 300 GB/s"
 _A100 = ("NVIDIA A100 Tensor Core GPU datasheet (SXM): FP32 19.5 TFLOPS, BF16/FP16 312 TFLOPS, "
@@ -194,22 +234,22 @@ _H200 = ("NVIDIA H200 Tensor Core GPU datasheet (SXM): FP32 67 TFLOPS, BF16/FP16
 GPUS: dict[str, GPU] = {
     "T4": GPU("T4", 14930 * MiB, (7, 5), fp32_flops=8.1e12, tensor_flops=65e12,
               memory_bandwidth=320e9, datasheet=_T4,
-              smi_memory=15360 * MiB),
+              smi_memory=15360 * MiB, host_link=_PCIE3, peer_link=_PCIE3),
     "L4": GPU("L4", 22563 * MiB, (8, 9), fp32_flops=30.3e12, tensor_flops=121e12,
               memory_bandwidth=300e9, datasheet=_L4,
-              smi_memory=23034 * MiB),
+              smi_memory=23034 * MiB, host_link=_PCIE4, peer_link=_PCIE4),
     "A100 40GB": GPU("A100 40GB", 40536 * MiB, (8, 0), fp32_flops=19.5e12, tensor_flops=312e12,
                      memory_bandwidth=1555e9, datasheet=_A100.format("1,555"),
-                     smi_memory=40960 * MiB),
+                     smi_memory=40960 * MiB, host_link=_PCIE4, peer_link=300e9),
     "A100 80GB": GPU("A100 80GB", 81050 * MiB, (8, 0), fp32_flops=19.5e12, tensor_flops=312e12,
                      memory_bandwidth=2039e9, datasheet=_A100.format("2,039"),
-                     smi_memory=81920 * MiB),
+                     smi_memory=81920 * MiB, host_link=_PCIE4, peer_link=300e9),
     "H100 80GB": GPU("H100 80GB", 81082 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
                      memory_bandwidth=3.35e12, datasheet=_H100,
-                     smi_memory=81559 * MiB),
+                     smi_memory=81559 * MiB, host_link=_PCIE5, peer_link=450e9),
     "H200": GPU("H200", 143156 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
                 memory_bandwidth=4.8e12, datasheet=_H200,
-                smi_memory=143771 * MiB),
+                smi_memory=143771 * MiB, host_link=_PCIE5, peer_link=450e9),
 }
 
 

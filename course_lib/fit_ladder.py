@@ -3,7 +3,8 @@
 :class:`Plan` is one way to run a step (a setting per lever); :func:`predict_plan` predicts
 its peak bytes (the memory engine for precision, accumulation, checkpointing and the
 chunked loss; closed forms over the engine's moments for the levers of lecture 08) and
-:func:`step_seconds` its time (from datasheet figures: a guess, not a measurement);
+:func:`step_seconds` its time (the course's one time model, :mod:`course_lib.time_model`, from
+datasheet figures: a prediction, not a measurement);
 :func:`ladder` ranks every lever alone by bytes saved per time paid, both against the plain
 step, and adds them in that order until the step fits the GPU. The chart and the widget of
 lecture 08 are :mod:`course_lib.ladder_view`.
@@ -15,16 +16,14 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-import torch
-
 from . import activations as act
 from . import checkpointing as ckpt
-from . import engine, levers
+from . import engine, levers, time_model
 from .device import GPUS, resolve_gpu
 from .engine import StepMemory
 from .fit import FIT_POLICIES
 from .memory import MAX_WORLD_SIZE, mixed_precision_for
-from .models import GPTConfig, check_config, gpt_param_count, param_numels
+from .models import GPTConfig, check_config, param_numels
 from .units import dtype_bytes, format_bytes
 from .validation import (
     MAX_BATCH,
@@ -255,76 +254,65 @@ def _check_plan(plan) -> Plan:
 
 
 def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
-                 seq_len: int | None = None, utilization: float = 0.4) -> float:
-    """Predicted seconds of one optimizer step: compute plus the transfers, not overlapped.
+                 seq_len: int | None = None, utilization: float | None = None) -> float:
+    """Predicted seconds of one optimizer step run as ``plan`` on the preset ``gpu``.
 
-    A guess from datasheet figures, not a measurement: the ladder uses it to rank levers by
-    the time they add (a shared time model of the course is to replace it).
+    The course's one time model (:func:`course_lib.time_model.step_time`, from the datasheet of
+    :data:`course_lib.device.GPUS`): FLOPs at a utilisation of the compute dtype's peak, the
+    pointwise and optimizer bytes at the memory bandwidth, operators at a fixed cost each, and
+    the transfers at the links, not overlapped. The plan's levers enter as:
 
-    Compute: the step's FLOPs (:func:`course_lib.checkpointing.step_flops` with the
-    plan's recomputation; ``+ 2 N h V`` for the chunked loss's second head matmul;
-    ``-`` the frozen weights' gradient matmuls under LoRA,
-    :func:`course_lib.levers.frozen_linear_flops`, plus ``6 N r (in + out)`` for its
-    adapters) at ``utilization`` times the GPU's datasheet peak (16-bit tensor cores for
-    the mixed and 16-bit precisions, fp32 otherwise; :data:`course_lib.levers.GPU_SPECS`).
-    Transfers at the datasheet link bandwidth, not overlapped (an upper bound): activation
-    offloading moves the kept activations out and back (``2 x`` kept bytes per micro-batch),
-    optimizer offloading the gradients out and the parameters back (``2 P x`` bytes), ZeRO
-    moves ``2 P`` (stages 1, 2) or ``3 P`` (stage 3) parameter-sized messages per GPU.
-    Micro-batches and element-wise work (the optimizer, quantization) are not counted.
+    * the chunked loss: ``+ 2 N h V`` FLOPs, its second head matmul;
+    * LoRA of rank ``r``: ``+ 6 N`` FLOPs per adapter parameter
+      (:func:`course_lib.levers.lora_parameter_count`), ``-`` the frozen weights' gradient
+      matmuls (:func:`course_lib.levers.frozen_linear_flops`); the optimizer steps the adapters
+      only;
+    * 8-/4-bit states: their quantisation's bytes (:func:`course_lib.time_model.optimizer_bytes`);
+    * offloading: the kept activations out and back, or the gradients out, the parameters back
+      and the optimizer's bytes at the host's bandwidth; ZeRO: ``2 P`` (stages 1, 2) or ``3 P``
+      (stage 3) values over the peer link, and the optimizer's bytes over ``world_size``.
 
     Args:
         config (GPTConfig): the model.
         batch_size (int): sequences per optimizer step.
         plan (Plan): the settings.
-        gpu (str): a preset name of :data:`course_lib.levers.GPU_SPECS`.
+        gpu (str): a preset name of :data:`course_lib.device.GPUS`.
         seq_len (int, optional): tokens per sequence, at most ``config.seq_len``.
-        utilization (float): share of the datasheet peak FLOP/s reached, in (0, 1].
+        utilization (float, optional): share of the datasheet peak FLOP/s reached, in (0, 1];
+            None: the time model's figure for the compute dtype.
 
     Returns:
         float: seconds.
 
     Raises:
-        ValueError: naming the argument: a GPU without figures, a ``utilization`` outside
-            (0, 1], a bad config, batch, plan or ``seq_len``, or ``accumulation_steps`` that
-            do not divide ``batch_size``.
+        ValueError: naming the argument: an unknown GPU, a ``utilization`` outside (0, 1], a bad
+            config, batch, plan or ``seq_len``, or ``accumulation_steps`` that do not divide
+            ``batch_size``.
     """
-
     check_config(config)
     batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
-    spec_gpu = levers.gpu_spec(gpu)
-    number("utilization", utilization, above=0.0, maximum=1.0)
+    choice("gpu", gpu, tuple(GPUS))
+    if utilization is not None:
+        number("utilization", utilization, above=0.0, maximum=1.0)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
                                                                   maximum=config.seq_len)
-    spec = engine.precision_of(plan.precision)
     K = plan.accumulation_steps
     if batch_size % K:
         raise ValueError(f"accumulation_steps must divide batch_size={batch_size}, got {K}")
-    b = batch_size // K
-    flops, _ = ckpt.step_flops(config, b, plan.mode, plan.every, seq_len=seq_len,
-                               dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
-    flops *= K
     tokens = batch_size * seq_len
+    extra, trained = 0, None
     if plan.loss_chunk is not None:
-        flops += 2 * tokens * config.d_model * config.vocab_size
+        extra += 2 * tokens * config.d_model * config.vocab_size
     if plan.lora_rank:
-        flops += (6 * tokens * levers.lora_parameter_count(config, plan.lora_rank)
-                  - levers.frozen_linear_flops(config, tokens))
-    peak = spec_gpu.half_flops if spec.compute != torch.float32 else spec_gpu.fp32_flops
-    seconds = flops / (peak * utilization)
-    if plan.offload_activations:
-        kept = ckpt.predict_kept_bytes(config, b, plan.mode, plan.every, seq_len=seq_len,
-                                       dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
-        seconds += levers.transfer_seconds(2 * K * kept, spec_gpu.host_link)
-    P = gpt_param_count(config)
-    pb = dtype_bytes(spec.params)
-    if plan.offload_optimizer:
-        seconds += levers.transfer_seconds(2 * P * pb, spec_gpu.host_link)
-    if plan.zero_stage:
-        volume = (3 if plan.zero_stage == 3 else 2) * P * pb
-        seconds += levers.transfer_seconds(volume, spec_gpu.peer_link)
-    return seconds
+        trained = levers.lora_parameter_count(config, plan.lora_rank)
+        extra += 6 * tokens * trained - levers.frozen_linear_flops(config, tokens)
+    return time_model.step_seconds(
+        config, batch_size // K, K, mode=plan.mode, every=plan.every, precision=plan.precision,
+        seq_len=seq_len, gpu=gpu, utilisation=utilization, state_bits=plan.state_bits,
+        offload_activations=plan.offload_activations, offload_optimizer=plan.offload_optimizer,
+        trained_params=trained, extra_flops=extra, zero_stage=plan.zero_stage,
+        world_size=plan.world_size)
 
 
 @dataclass(frozen=True)
@@ -466,7 +454,7 @@ def rank_key(rung: Rung) -> tuple:
 
 def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | None = None,
            budget_bytes: int | None = None, loss_chunk: int = 1024, lora_rank: int = 16,
-           world_size: int = 8, utilization: float = 0.4) -> Ladder:
+           world_size: int = 8, utilization: float | None = None) -> Ladder:
     """Every lever of the course for training ``config`` on ``gpu``, ranked, and the mix that fits.
 
     The plain step is fp32 AdamW, the whole batch of ``batch_size`` sequences at once,
@@ -518,14 +506,15 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
     loss_chunk = positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
     lora_rank = positive_int("lora_rank", lora_rank, maximum=MAX_COUNT)
     world_size = positive_int("world_size", world_size, maximum=MAX_WORLD_SIZE)
-    utilization = number("utilization", utilization, above=0.0, maximum=1.0)
+    if utilization is not None:
+        utilization = number("utilization", utilization, above=0.0, maximum=1.0)
     return _ladder(config, gpu, batch_size, seq_len, budget, loss_chunk, lora_rank, world_size,
                    utilization)
 
 
 @functools.lru_cache(maxsize=256)
 def _ladder(config: GPTConfig, gpu: str, batch_size: int, seq_len: int, budget: int,
-            loss_chunk: int, lora_rank: int, world_size: int, utilization: float) -> Ladder:
+            loss_chunk: int, lora_rank: int, world_size: int, utilization: float | None) -> Ladder:
     """:func:`ladder` of checked arguments, cached (at most 256 settings): lecture 08's widget
     asks again for settings a learner has seen, and each costs some thirty predictions. A
     :class:`Ladder` is frozen, so the same one can be handed out again."""

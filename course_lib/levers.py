@@ -18,7 +18,7 @@ levers that lecture 08 measures side by side:
 * :class:`OffloadSavedTensors`: a hand-written ``saved_tensors_hooks`` pair that
   moves what autograd saves to the host, the idea behind
   ``torch.autograd.graph.save_on_cpu``, and counts the bytes it moves;
-  :func:`transfer_seconds` converts bytes into time at a stated link bandwidth;
+  :func:`transfer_seconds` (the time model's) converts bytes into time at a link's bandwidth;
 * :func:`optimizer_state_bytes` (measured from the optimizer's tensors) and
   :func:`low_bit_state_bytes` (predicted) for 8-bit and 4-bit AdamW (torchao's
   ``AdamW8bit`` / ``AdamW4bit``, :func:`low_bit_adamw`; Dettmers et al. 2022,
@@ -39,23 +39,21 @@ import logging
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
+from .device import PCIE_BYTES_PER_S  # the host links, re-exported beside transfer_seconds
 from .models import GPTConfig, check_config, random_tokens
 from .step_setup import build, measure_steady_step, train_options
+from .time_model import transfer_seconds  # the one time model's; lecture 08 calls it here
 from .units import storage_bytes, storage_key
 from .validation import (
     MAX_BATCH,
-    MAX_BYTES,
     MAX_COUNT,
     boolean,
-    choice,
     integer,
     items,
-    number,
     positive_int,
 )
 from .validation import device as as_device
@@ -425,35 +423,6 @@ def logits_bytes(n_tokens: int, vocab_size: int, dtype=torch.float32) -> int:
 
 # --------------------------------------------------------------------------- offloading
 
-#: Host links, theoretical bandwidth per direction in bytes per second (PCI-SIG: 8, 16, 32
-#: GT/s per lane with 128b/130b encoding, x16): what a pinned-memory copy approaches.
-PCIE_BYTES_PER_S = {"PCIe 3.0 x16": 15.75e9, "PCIe 4.0 x16": 31.5e9, "PCIe 5.0 x16": 63.0e9}
-
-
-def transfer_seconds(nbytes: int, bytes_per_second: float) -> float:
-    """Seconds to move ``nbytes`` over a link of ``bytes_per_second``: ``nbytes / bandwidth``.
-
-    A lower bound: real copies reach less than a link's theoretical rate, from pinned memory,
-    and less still from pageable memory (the driver stages them through a pinned buffer);
-    lecture 08 measures none of them.
-
-    Args:
-        nbytes (int): bytes, from 0 to :data:`course_lib.validation.MAX_BYTES`.
-        bytes_per_second (float): the link's bandwidth, a finite positive number.
-
-    Returns:
-        float: seconds.
-
-    Raises:
-        ValueError: ``nbytes`` negative, not an int or above
-            :data:`course_lib.validation.MAX_BYTES`; ``bytes_per_second`` not a finite
-            positive number.
-    """
-    if (not isinstance(nbytes, int) or isinstance(nbytes, bool)
-            or not 0 <= nbytes <= MAX_BYTES):
-        raise ValueError(f"nbytes must be a non-negative int of at most {MAX_BYTES:,}, "
-                         f"got {nbytes!r}")
-    return nbytes / number("bytes_per_second", bytes_per_second, above=0.0)
 
 
 class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
@@ -740,56 +709,8 @@ def frozen_linear_flops(config: GPTConfig, n_tokens: int) -> int:
     return 2 * N * (config.n_layers * 12 * h * h + h * config.vocab_size)
 
 
-# --------------------------------------------------------------------------- GPU figures
-
-
-@dataclass(frozen=True)
-class GPUSpec:
-    """Datasheet figures of a GPU preset that turn bytes and FLOPs into time (peaks, dense).
-
-    Sources: NVIDIA's T4, L4, A100 and H100/H200 datasheets.
-
-    Attributes:
-        fp32_flops (float): FLOP/s without tensor cores.
-        half_flops (float): FLOP/s with 16-bit tensor cores (fp16 on a T4, bf16 elsewhere).
-        host_link (float): bytes/s per direction to the host (PCIe).
-        peer_link (float): bytes/s per GPU to its peers (NVLink on SXM parts, else PCIe).
-    """
-
-    fp32_flops: float
-    half_flops: float
-    host_link: float
-    peer_link: float
-
-
-GPU_SPECS = {
-    "T4": GPUSpec(8.1e12, 65e12, PCIE_BYTES_PER_S["PCIe 3.0 x16"], PCIE_BYTES_PER_S["PCIe 3.0 x16"]),
-    "L4": GPUSpec(30.3e12, 121e12, PCIE_BYTES_PER_S["PCIe 4.0 x16"],
-                  PCIE_BYTES_PER_S["PCIe 4.0 x16"]),
-    "A100 40GB": GPUSpec(19.5e12, 312e12, PCIE_BYTES_PER_S["PCIe 4.0 x16"], 300e9),
-    "A100 80GB": GPUSpec(19.5e12, 312e12, PCIE_BYTES_PER_S["PCIe 4.0 x16"], 300e9),
-    "H100 80GB": GPUSpec(67e12, 989e12, PCIE_BYTES_PER_S["PCIe 5.0 x16"], 450e9),
-    "H200": GPUSpec(67e12, 989e12, PCIE_BYTES_PER_S["PCIe 5.0 x16"], 450e9),
-}
-
-
-def gpu_spec(name: str) -> GPUSpec:
-    """The :class:`GPUSpec` of a preset of :data:`course_lib.device.GPUS`.
-
-    Args:
-        name (str): a key of :data:`GPU_SPECS`.
-
-    Returns:
-        GPUSpec: its figures.
-
-    Raises:
-        ValueError: for a name without figures.
-    """
-    return GPU_SPECS[choice("gpu name", name, tuple(GPU_SPECS))]
-
-
 __all__ = ["OptimizerInBackward", "optimizer_in_backward", "chunked_cross_entropy",
            "use_chunked_loss", "logits_bytes", "PCIE_BYTES_PER_S", "transfer_seconds",
            "OffloadSavedTensors", "optimizer_state_bytes", "LOW_BIT", "low_bit_state_bytes",
            "low_bit_adamw", "eager_compile", "LORA_TARGETS", "lora_parameter_count",
-           "frozen_linear_flops", "GPUSpec", "GPU_SPECS", "gpu_spec"]
+           "frozen_linear_flops"]

@@ -1,17 +1,21 @@
-"""05: pick the checkpointing policy that fits a memory budget at the least recompute.
+"""05: pick the checkpointing policy that fits a memory budget in the least predicted time.
 
 :func:`plan_checkpointing` considers every mode of
 :func:`course_lib.checkpointing.enable_checkpointing` (``none``; ``selective``,
 ``attention`` and ``blocks`` with ``every = 1 .. n_layers``; ``sqrt``), predicts
 for each the peak of one AdamW training step with the memory engine
 (:func:`course_lib.engine.predict_step_memory`) and the FLOPs it recomputes
-(:func:`course_lib.checkpointing.step_flops`), and returns the cheapest that fits:
+(:func:`course_lib.checkpointing.step_flops`) and the step's time with the course's one time
+model (:func:`course_lib.time_model.step_time`), and returns the fastest that fits:
 
-* **cost**: recomputed FLOPs as ``FlopCounterMode`` counts them (matmuls and
-  attention kernels), then, among equal FLOPs, fewer checkpointed regions (each
-  reruns its pointwise ops: LayerNorm, GELU, softmax, dropout). ``selective``
-  reruns no matmul and no attention kernel (it keeps their outputs), so it usually
-  is the cheapest policy that saves anything.
+* **cost**: the predicted seconds of the step: recomputed FLOPs at the matmul rate, the
+  pointwise bytes each region reruns (LayerNorm, GELU, softmax, dropout) at the memory
+  bandwidth, and the operators and checkpointed regions at their fixed costs. Counting FLOPs
+  alone made ``selective`` (it reruns no matmul and no attention kernel) look free; on the CPU
+  its policy's dispatch on every op and its rerun pointwise work make it the slowest policy
+  that fits at lecture 05's budget, which the time model predicts and lecture 05 measures.
+  On a GPU preset the figures are the datasheet's; on this kernel's device they are measured
+  (:func:`course_lib.time_model.device_speed`).
 * **peak**: the engine's ``step_peak`` of the first step on a fresh model: the
   bytes the step allocates above the parameters, which is what
   :func:`course_lib.measure.peak_memory` measures around
@@ -19,7 +23,7 @@ for each the peak of one AdamW training step with the memory engine
   (:func:`measure_peak`).
 
 :func:`choices` keeps the policies the planner picks for some budget (every other one
-is beaten on both peak and recompute); :func:`time_ratios` times the forward and
+is beaten on both peak and predicted time); :func:`time_ratios` times the forward and
 backward pass of several policies against no checkpointing.
 """
 
@@ -34,14 +38,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from . import checkpointing as ckpt
-from . import engine, step_setup, timing
+from . import engine, step_setup, time_model, timing
 from .device import resolve_gpu
 from .engine import StepMemory
 from .measure import peak_memory
 from .models import GPTConfig, check_config, random_tokens
 from .training import train
 from .units import format_bytes
-from .validation import MAX_BATCH, MAX_BYTES, items, positive_int
+from .validation import MAX_BATCH, MAX_BYTES, boolean, items, positive_int
 from .validation import device as as_device
 
 #: The modes the planner considers, in order of increasing recompute for one region.
@@ -50,7 +54,7 @@ PLAN_MODES = ("none", "selective", "attention", "blocks", "sqrt")
 
 @dataclass(frozen=True)
 class Candidate:
-    """One policy, predicted: peak bytes of a training step and FLOPs recomputed.
+    """One policy, predicted: peak bytes of a training step, FLOPs recomputed and its time.
 
     Attributes:
         mode (str): the checkpointing mode.
@@ -61,6 +65,7 @@ class Candidate:
         recompute_flops (int): FLOPs run again in the backward pass.
         step_flops (int): FLOPs of the plain step (forward + backward), for the fraction.
         regions (int): checkpointed regions (each reruns its pointwise ops).
+        seconds (float): the step's predicted time (:func:`course_lib.time_model.step_time`).
     """
 
     mode: str
@@ -70,6 +75,7 @@ class Candidate:
     recompute_flops: int
     step_flops: int
     regions: int
+    seconds: float = 0.0
 
     @property
     def recompute_fraction(self) -> float:
@@ -77,9 +83,9 @@ class Candidate:
         return self.recompute_flops / self.step_flops
 
     @property
-    def cost(self) -> tuple[int, int]:
-        """The planner's order: recomputed FLOPs, then the number of checkpointed regions."""
-        return (self.recompute_flops, self.regions)
+    def cost(self) -> tuple:
+        """The planner's order: predicted seconds, then recomputed FLOPs, then regions."""
+        return (self.seconds, self.recompute_flops, self.regions)
 
     @property
     def label(self) -> str:
@@ -100,7 +106,10 @@ class Plan:
         recompute_flops (int): FLOPs it recomputes.
         recompute_fraction (float): those over the plain step's FLOPs.
         budget_bytes (int): the budget asked for.
-        candidates (tuple of Candidate): every policy considered, cheapest first.
+        candidates (tuple of Candidate): every policy considered, fastest first.
+        seconds (float): its predicted step time.
+        basis (str): where the time model's figures come from ("measured on this device" or
+            "datasheet").
     """
 
     mode: str
@@ -110,19 +119,24 @@ class Plan:
     recompute_fraction: float
     budget_bytes: int
     candidates: tuple = field(repr=False)
+    seconds: float = 0.0
+    basis: str = ""
 
     def table(self) -> str:
-        """The candidates as text, cheapest first, the fitting ones marked.
+        """The candidates as text, fastest first, the fitting ones marked.
 
         Returns:
-            str: one line per candidate: label, peak, extra FLOPs, whether it fits.
+            str: one line per candidate: label, peak, extra FLOPs, predicted time against no
+            checkpointing's, whether it fits.
         """
-        rows = [f"{'policy':14s} {'peak':>11s} {'+FLOPs':>10s}  fits"]  # vs a plain step
+        plain = next((c.seconds for c in self.candidates if c.mode == "none"), None)
+        rows = [f"{'policy':14s} {'peak':>11s} {'+FLOPs':>10s} {'time':>7s}  fits"]
         for c in self.candidates:
             mark = "<- chosen" if (c.mode, c.every) == (self.mode, self.every) else (
                 "yes" if c.peak_bytes <= self.budget_bytes else "")
+            time = f"x{c.seconds / plain:.2f}" if plain else "-"
             rows.append(f"{c.label:14s} {format_bytes(c.peak_bytes):>11s} "
-                        f"{c.recompute_fraction:10.1%}  {mark}")
+                        f"{c.recompute_fraction:10.1%} {time:>7s}  {mark}")
         return "\n".join(rows)
 
 
@@ -201,11 +215,13 @@ def recompute_fraction(config: GPTConfig, batch_size: int, mode: str = "none", e
 
 
 def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None,
-               precision: str = "fp32", gpu=None, modes: tuple = PLAN_MODES) -> tuple:
-    """Every policy of ``modes`` for this model and batch, predicted, cheapest first.
+               precision: str = "fp32", gpu=None, modes: tuple = PLAN_MODES,
+               speed: time_model.DeviceSpeed | None = None) -> tuple:
+    """Every policy of ``modes`` for this model and batch, predicted, fastest first.
 
     ``every`` runs over ``1 .. n_layers`` for ``selective``, ``attention`` and
-    ``blocks``; ``none`` and ``sqrt`` come once. Sorted by :attr:`Candidate.cost`.
+    ``blocks``; ``none`` and ``sqrt`` come once. Sorted by :attr:`Candidate.cost` (predicted
+    seconds first), then by peak.
 
     Args:
         config (GPTConfig): the model.
@@ -215,9 +231,12 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
         gpu (str or GPU, optional): as :func:`course_lib.engine.predict_step_memory` takes it (a
             live card's free memory is ignored).
         modes (tuple of str): a non-empty subset of :data:`PLAN_MODES`.
+        speed (DeviceSpeed, optional): the time model's figures; default
+            :func:`course_lib.time_model.device_speed` of ``gpu`` (this CPU, measured once, for
+            None; a preset's datasheet).
 
     Returns:
-        tuple of Candidate: cheapest first.
+        tuple of Candidate: fastest first.
 
     Raises:
         ValueError: naming the argument, for a bad value.
@@ -233,12 +252,16 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
     if gpu is not None and gpu.free_memory is not None:  # what is free does not change a step
         gpu = replace(gpu, free_memory=None)
     engine.precision_of(precision)
-    return _candidates(config, batch_size, seq_len, precision, gpu, tuple(modes))
+    if speed is None:
+        speed = time_model.device_speed(gpu)
+    elif not isinstance(speed, time_model.DeviceSpeed):
+        raise ValueError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
+    return _candidates(config, batch_size, seq_len, precision, gpu, tuple(modes), speed)
 
 
 @functools.lru_cache(maxsize=256)
 def _candidates(config: GPTConfig, batch_size: int, seq_len: int | None, precision: str, gpu,
-                modes: tuple) -> tuple:
+                modes: tuple, speed) -> tuple:
     """:func:`candidates`, cached: a widget asks for the same model at every budget."""
     seq_len = config.seq_len if seq_len is None else seq_len
     spec = engine.precision_of(precision)
@@ -252,7 +275,11 @@ def _candidates(config: GPTConfig, batch_size: int, seq_len: int | None, precisi
                                 precision=precision, gpu=gpu)
             kept = ckpt.predict_kept_bytes(config, batch_size, mode, every, **kw)
             regions = len(ckpt._regions(L, mode, every))
-            out.append(Candidate(mode, every, peak.step_peak, kept, extra, flops - extra, regions))
+            seconds = time_model.step_seconds(config, batch_size, 1, mode=mode, every=every,
+                                              precision=precision, seq_len=seq_len, gpu=gpu,
+                                              speed=speed)
+            out.append(Candidate(mode, every, peak.step_peak, kept, extra, flops - extra, regions,
+                                 seconds))
     return tuple(sorted(out, key=lambda c: (c.cost, c.peak_bytes)))
 
 
@@ -317,8 +344,12 @@ def pareto_front(points) -> list:
 
 def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
                        budget_bytes: int, *, precision: str = "fp32", gpu=None,
-                       modes: tuple = PLAN_MODES) -> Plan:
-    """The policy with the least recompute whose predicted step peak fits ``budget_bytes``.
+                       modes: tuple = PLAN_MODES,
+                       speed: time_model.DeviceSpeed | None = None) -> Plan:
+    """The policy with the least predicted step time whose predicted step peak fits ``budget_bytes``.
+
+    Time: :func:`course_lib.time_model.step_time` (on this kernel's CPU or GPU, figures measured
+    once; on a preset, its datasheet). Memory: the engine's step peak.
 
     Args:
         config (GPTConfig): the model.
@@ -329,10 +360,12 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
         precision (str): as :func:`course_lib.engine.predict_step_memory` takes it.
         gpu (str or GPU, optional): as :func:`course_lib.engine.predict_step_memory` takes it.
         modes (tuple of str): the modes to consider, of :data:`PLAN_MODES`.
+        speed (DeviceSpeed, optional): as :func:`candidates`.
 
     Returns:
         Plan: ``mode``, ``every``, predicted ``peak_bytes``, recomputed FLOPs and their fraction
-        of the plain step, and all ``candidates``; apply it with
+        of the plain step, its predicted ``seconds`` and their ``basis``, and all ``candidates``;
+        apply it with
         ``enable_checkpointing(model, plan.mode, plan.every)``.
 
     Raises:
@@ -341,23 +374,25 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
     """
     check_config(config)
     budget_bytes = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    if speed is None:
+        speed = time_model.device_speed(gpu)
     options = candidates(config, batch_size, seq_len=seq_len, precision=precision, gpu=gpu,
-                         modes=modes)
+                         modes=modes, speed=speed)
     for c in options:
         if c.peak_bytes <= budget_bytes:
             return Plan(c.mode, c.every, c.peak_bytes, c.recompute_flops, c.recompute_fraction,
-                        budget_bytes, options)
+                        budget_bytes, options, c.seconds, speed.basis)
     raise NothingFits(budget_bytes, options)
 
 
 def choices(options) -> tuple:
-    """The candidates that :func:`plan_checkpointing` picks for some budget, cheapest first.
+    """The candidates that :func:`plan_checkpointing` picks for some budget, fastest first.
 
-    Every other candidate is beaten by one of these: as cheap or cheaper to recompute, and a peak
+    Every other candidate is beaten by one of these: as fast or faster (predicted), and a peak
     no higher. With the budget at each candidate's own peak, the planner's pick is kept.
 
     Args:
-        options (iterable of Candidate): from :func:`candidates` (cheapest first).
+        options (iterable of Candidate): from :func:`candidates` (fastest first).
 
     Returns:
         tuple of Candidate: the planner's possible answers, in the order of ``options``.
@@ -416,8 +451,12 @@ def measure_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: 
 
 
 def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str = "fp32",
-                device: str | torch.device = "cpu", repeats: int = 5) -> dict:
-    """Each policy's forward and backward pass timed against no checkpointing's, by label.
+                device: str | torch.device = "cpu", repeats: int = 5,
+                optimizer: bool = False) -> dict:
+    """Each policy's forward and backward pass (or whole step) timed against no checkpointing's.
+
+    With ``optimizer=True`` each run is a whole training step (:func:`course_lib.training.train`
+    with AdamW): what :func:`plan_checkpointing` predicts, so the two compare.
 
     The models come from :func:`course_lib.step_setup.build` (seed 0) and run under autocast as
     the precision asks; :func:`course_lib.timing.step_times` times them in turn, round after
@@ -432,6 +471,7 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
         precision (str): one of :data:`course_lib.engine.PRECISIONS`.
         device (str or torch.device): where it runs.
         repeats (int): rounds, from 1 to 100.
+        optimizer (bool): time whole training steps (forward, backward, AdamW's step).
 
     Returns:
         dict: ``{label: ratio}`` (1.0: as fast as no checkpointing), labels as
@@ -442,6 +482,7 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
     """
     batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     repeats = positive_int("repeats", repeats, maximum=100)
+    boolean("optimizer", optimizer)
     device = as_device("device", device)
     spec = engine.precision_of(precision)
     x, y = random_tokens(config, batch_size, device=device)
@@ -451,9 +492,11 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
     if None in policies:
         raise ValueError("policies must be (mode, every) pairs")
     for mode, every in [("none", 1), *(p for p in policies if p != ("none", 1))]:
-        model, _ = step_setup.build(config, precision=precision, mode=mode, every=every,
-                                    device=device)
+        model, adamw = step_setup.build(config, precision=precision, mode=mode, every=every,
+                                        device=device)
         steps[ckpt.policy_label(mode, every)] = functools.partial(
+            train, model, adamw, [(x, y)], micro_batch_size=batch_size,
+            **step_setup.train_options(precision, device)) if optimizer else functools.partial(
             _forward_backward, model, x, y, spec.compute if spec.autocast else None)
     times = timing.step_times(steps, repeats=repeats, device=device)
     return {name: times.ratio(name, "none") for name in steps}

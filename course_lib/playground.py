@@ -25,27 +25,23 @@ Checkpointing uses :func:`course_lib.checkpointing.enable_checkpointing`
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from .checkpointing import ALL_MODES, enable_checkpointing, step_flops
-from .device import GPU, GPUS, resolve_gpu
+from .checkpointing import enable_checkpointing
+from .device import resolve_gpu
 from .engine import StepMemory, precision_of, predict_step_memory
-from .kernels import attention_kernel
 from .measure import peak_memory, resident_bytes
-from .models import GPT, MAX_SEED, GPTConfig, check_config, gpt_param_count
+from .models import GPT, MAX_SEED, GPTConfig, check_config
 from .step_setup import build, measure_step_memory, train_options
+from .time_model import CHECKPOINTING, DeviceSpeed, StepTime, step_time
 from .timing import CLOCKS, MAX_RUNS, step_times
 from .toy_data import markov_tokens
-from .training import batches_of, make_grad_scaler, train
-from .units import dtype_bytes
+from .training import batches_of, train
 from .validation import (
     MAX_BATCH,
-    MAX_COUNT,
     boolean,
     choice,
     function,
@@ -289,195 +285,9 @@ class Playground:
 
 # --------------------------------------------------------------------------- the trade-off
 #
-# One optimizer step's cost at a glance: its peak memory (the engine) and its time (a model,
-# below). The widget of lecture 03 § 7 shows both against the plain step, one batch of b * K.
-
-#: The checkpointing choices of the trade-off (``course_lib.checkpointing`` modes whose cost
-#: is the same for every block, so that counting the ops of a 1- and 2-layer model suffices).
-CHECKPOINTING = ("none", "blocks", "selective", "attention")
-#: Fraction of the datasheet's peak FLOP/s that a training step's matmuls reach on a GPU
-#: preset. An assumption, not a measurement: model FLOPs utilisation of 46.2 % (PaLM 540B on
-#: TPU v4, Chowdhery et al. 2022, "PaLM") and 52 % of the A100's peak (a 175B GPT on 3072
-#: A100s, Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
-#: Using Megatron-LM") are among the best published. On this kernel's device the rate is
-#: measured instead (:func:`measure_device_speed`).
-UTILISATION = 0.5
-#: Seconds each operator costs on a GPU whatever its size. An assumption for the presets, not a
-#: measurement: PyTorch's eager dispatch on the CPU plus one kernel launch, which alone costs a
-#: few microseconds (NVIDIA, "Getting Started with CUDA Graphs", 2019), of the order of 10
-#: microseconds together. :func:`measure_device_speed` measures it on this kernel's device.
-OP_SECONDS = 10e-6
-
-
-@dataclass(frozen=True)
-class DeviceSpeed:
-    """The four numbers of a device that the time model of :func:`optimizer_step_cost` uses.
-
-    Attributes:
-        name (str): the device.
-        fp32_flops, fp16_flops, bf16_flops: FLOP/s of matmuls in each dtype (peak for a GPU
-            preset, measured on a large matmul for :func:`measure_device_speed`).
-        memory_bandwidth (float): bytes/s between the device and its memory.
-        op_seconds (float): seconds each operator costs whatever its size (dispatch, launch).
-        measured (bool): True when measured on this kernel's device, False for a datasheet.
-        source (str): where the figures come from.
-        region_seconds (tuple): ``((mode, seconds), ...)``: what ``torch.utils.checkpoint`` costs
-            per checkpointed region and micro-batch beyond the operators it reruns (its own Python
-            work: saved-tensor hooks, RNG state, a policy's dispatch mode). Measured for this
-            device; empty (0) for a datasheet speed, where it is not known.
-    """
-
-    name: str
-    fp32_flops: float
-    fp16_flops: float
-    bf16_flops: float
-    memory_bandwidth: float
-    op_seconds: float
-    measured: bool
-    source: str
-    region_seconds: tuple[tuple[str, float], ...] = ()
-
-    def flops(self, dtype: torch.dtype) -> float:
-        """FLOP/s of a matmul in ``dtype`` (fp32, fp16 or bf16).
-
-        Args:
-            dtype (torch.dtype): ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``.
-
-        Returns:
-            float: FLOP/s.
-        """
-        return {torch.float32: self.fp32_flops, torch.float16: self.fp16_flops,
-                torch.bfloat16: self.bf16_flops}[dtype]
-
-    def checkpoint_seconds(self, mode: str) -> float:
-        """Seconds per checkpointed region and micro-batch in ``mode`` (0 where unknown).
-
-        Args:
-            mode (str): a checkpointing mode of :data:`CHECKPOINTING`.
-
-        Returns:
-            float: seconds.
-        """
-        return dict(self.region_seconds).get(mode, 0.0)
-
-
-def _preset_of(gpu: GPU) -> GPU | None:
-    """The preset whose datasheet a live card shares: same chip in its name, closest memory."""
-    chips = [name for name in ("H200", "H100", "A100", "L4", "T4") if name in gpu.name]
-    same = [p for p in GPUS.values() if chips and p.name.startswith(chips[0])]
-    return min(same, key=lambda p: abs(p.total_memory - gpu.total_memory)) if same else None
-
-
-def device_speed(gpu, *, op_seconds: float = OP_SECONDS) -> DeviceSpeed:
-    """The datasheet :class:`DeviceSpeed` of a GPU.
-
-    A preset name, a :class:`~course_lib.device.GPU` or "cuda" (this kernel's card, matched to
-    the preset of the same chip).
-
-    fp16 runs on tensor cores; bf16 too from compute capability 8.0 (a T4 has no bf16 tensor
-    cores: its fp32 rate); fp32 at the fp32 rate (PyTorch keeps TF32 off for matmuls unless
-    ``torch.backends.cuda.matmul.allow_tf32`` is set).
-
-    Args:
-        gpu (str or GPU): a name of :data:`course_lib.device.GPUS`, a ``GPU``, or "cuda".
-        op_seconds (float): seconds per operator, in (0, 1] (default :data:`OP_SECONDS`).
-
-    Returns:
-        DeviceSpeed: with ``measured=False``.
-
-    Raises:
-        ValueError: for the CPU (measure it: :func:`measure_device_speed`), an unknown name,
-            a card without datasheet figures and no preset of the same chip, or a bad
-            ``op_seconds``.
-    """
-    card = resolve_gpu(gpu)
-    if card is None:
-        raise ValueError("gpu must name a GPU: the CPU has no datasheet here, measure it with "
-                         "measure_device_speed('cpu')")
-    sheet = card if card.tensor_flops else _preset_of(card)
-    if sheet is None or not sheet.tensor_flops:
-        raise ValueError(f"gpu {card.name!r} has no datasheet speeds and no preset of the same "
-                         f"chip among {list(GPUS)}: measure it with measure_device_speed('cuda')")
-    op_seconds = number("op_seconds", op_seconds, above=0, maximum=1)
-    bf16 = sheet.tensor_flops if card.has_native_bf16 else sheet.fp32_flops
-    return DeviceSpeed(card.name, sheet.fp32_flops, sheet.tensor_flops, bf16,
-                       sheet.memory_bandwidth, op_seconds, False, sheet.datasheet)
-
-
-class _OpCounter(TorchDispatchMode):
-    """Counts the aten operators that compute (views launch no kernel)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += not func.is_view
-        return func(*args, **(kwargs or {}))
-
-
-@functools.lru_cache(maxsize=256)
-def _ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
-         precision: str) -> tuple[int, int]:
-    """``(per micro-batch, per optimizer step)`` operators of a tiny GPT of this structure."""
-    tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=n_layers,
-                     dropout=0.1 if dropout else 0.0, attention=attention, bias=bias)
-    counts = []
-    for K in (1, 2):
-        step = _tiny_step(tiny, mode, precision, K, "cpu")
-        step()
-        with _OpCounter() as counter:  # the second step: the optimizer state exists
-            step()
-        counts.append(counter.ops)
-    per_micro_batch = counts[1] - counts[0]
-    return per_micro_batch, counts[0] - per_micro_batch
-
-
-def _tiny_step(config: GPTConfig, mode: str, precision: str, K: int, device) -> Callable[[], None]:
-    """One optimizer step of ``K`` micro-batches of one sequence, as a callable."""
-    model, optimizer = build(config, precision=precision, mode=mode, device=device)
-    options = train_options(precision, device)
-    if options["grad_scaler"] is not None:  # a scale that never overflows: no step skipped
-        options["grad_scaler"] = make_grad_scaler(torch.device(device).type, init_scale=1.0)
-    x = torch.zeros(K, config.seq_len, dtype=torch.long, device=device)
-    return lambda: train(model, optimizer, [(x, x)], micro_batch_size=1, accumulation_steps=K,
-                         **options)
-
-
-def step_ops(config: GPTConfig, checkpointing: str = "none",
-             precision: str = "fp32") -> tuple[int, int]:
-    """Operators one step of ``GPT(config)`` runs: ``(per micro-batch, per optimizer step)``.
-
-    Counted, not estimated: :func:`course_lib.training.train` runs a tiny model of the same
-    structure (attention, dropout, bias, checkpointing, precision) under a dispatch mode
-    that counts every aten operator except views, with 1 and 2 micro-batches (their
-    difference is one micro-batch's forward and backward), for 1 and 2 layers; both counts
-    are linear in the layers (every block runs the same operators), which gives any depth.
-    Widths and batch sizes do not change them. The CPU's kernels are counted: on a GPU the
-    same model runs the same operators, except SDPA with dropout, which is one fused kernel
-    there and the math kernel's dozen operators here.
-
-    Args:
-        config (GPTConfig): the model.
-        checkpointing (str): one of :data:`CHECKPOINTING`.
-        precision (str): one of :data:`course_lib.memory.PRECISIONS`.
-
-    Returns:
-        tuple of int: ``(per micro-batch, per optimizer step)`` operator counts.
-
-    Raises:
-        ValueError: naming ``config``, ``checkpointing`` or ``precision``.
-
-    Example:
-        >>> step_ops(GPTConfig(n_layers=4))[0] > step_ops(GPTConfig(n_layers=2))[0]
-        True
-    """
-    check_config(config)
-    _check_choices(checkpointing, precision)
-    key = (config.dropout > 0, config.attention, config.bias, checkpointing, precision)
-    one, two = _ops(1, *key), _ops(2, *key)
-    L = config.n_layers
-    return tuple(a + (L - 1) * (b - a) for a, b in zip(one, two))
+# One optimizer step's cost at a glance: its peak memory (the engine) and its time (the one time
+# model, :mod:`course_lib.time_model`). The widget of lecture 03 § 7 shows both against the
+# plain step, one batch of b * K.
 
 
 def _check_choices(checkpointing: str, precision: str) -> None:
@@ -486,73 +296,9 @@ def _check_choices(checkpointing: str, precision: str) -> None:
     precision_of(precision)
 
 
-def micro_batch_flops(config: GPTConfig, micro_batch_size: int, checkpointing: str = "none",
-                      precision: str = "fp32", gpu=None) -> tuple[int, int]:
-    """``(flops, recomputed)`` of one micro-batch's forward, backward and recomputation.
-
-    :func:`course_lib.checkpointing.step_flops` on the kernel ``gpu`` runs. On the CPU,
-    where ``FlopCounterMode`` has no formula for the flash kernel and counts its attention
-    as 0, the fused kernel's work is counted as on a GPU (an A100's rules), since the
-    arithmetic is the same.
-
-    Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        checkpointing (str): a checkpointing mode.
-        precision (str): one of :data:`course_lib.memory.PRECISIONS`.
-        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
-            takes.
-
-    Returns:
-        tuple of int: ``(flops, recomputed)``.
-
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    """
-    check_config(config)
-    micro_batch_size = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    choice("checkpointing", checkpointing, ALL_MODES)
-    spec = precision_of(precision)
-    card = resolve_gpu(gpu)
-    if card is None and attention_kernel(config, spec.compute, None) == "flash":
-        card = GPUS["A100 80GB"]
-    return step_flops(config, micro_batch_size, checkpointing, dtype=spec.compute, gpu=card,
-                      autocast=spec.autocast)
-
-
-def adamw_bytes_moved(n_params: int, precision: str = "fp32") -> int:
-    """Bytes AdamW reads and writes in one step of ``n_params`` parameters.
-
-    Per parameter it reads the weight, the gradient, ``m`` and ``v`` and writes the weight,
-    ``m`` and ``v``: ``7 s`` bytes with ``s`` bytes per state value (4 in fp32, 2 in pure
-    bf16). With fp32 master weights it also casts the ``e``-byte gradients to fp32 and the
-    master weights back (``2e + 8`` more): 40 bytes per parameter in fp16/bf16-mixed.
-
-    Args:
-        n_params (int): parameters, a positive int.
-        precision (str): one of :data:`course_lib.memory.PRECISIONS`.
-
-    Returns:
-        int: bytes.
-
-    Raises:
-        ValueError: naming ``n_params`` or ``precision``.
-
-    Example::
-
-        adamw_bytes_moved(1000, "bf16-mixed")  # 40000
-    """
-    spec = precision_of(precision)
-    s, e = dtype_bytes(spec.state), dtype_bytes(spec.params)
-    n = positive_int("n_params", n_params, maximum=MAX_COUNT)
-    return n * (7 * s + (2 * e + 8 if spec.master else 0))
-
-
 @dataclass(frozen=True)
 class StepCost:
-    """What one optimizer step costs, predicted: peak bytes and seconds.
-
-    See :func:`optimizer_step_cost` for the model.
+    """What one optimizer step costs, predicted: peak bytes (the engine) and seconds (the time model).
 
     Attributes:
         micro_batch_size (int): sequences per forward and backward pass (b).
@@ -560,15 +306,7 @@ class StepCost:
         checkpointing (str): the checkpointing mode.
         precision (str): the precision.
         memory (StepMemory): the engine's prediction; its ``total`` is :attr:`peak_bytes`.
-        flops (int): forward, backward and recomputation of all K micro-batches.
-        recompute_flops (int): the recomputation's share of ``flops``.
-        compute_seconds (float): K micro-batches' FLOPs at the utilised rate.
-        overhead_seconds (float): K micro-batches' operators at ``op_seconds`` each (and the
-            checkpointed regions' own cost).
-        optimizer_seconds (float): AdamW's bytes moved over the memory bandwidth, and its
-            operators.
-        speed (DeviceSpeed): the device's figures used.
-        utilisation (float): the fraction of the matmul rate assumed.
+        time (StepTime): :func:`course_lib.time_model.step_time`'s terms.
     """
 
     micro_batch_size: int
@@ -576,13 +314,7 @@ class StepCost:
     checkpointing: str
     precision: str
     memory: StepMemory
-    flops: int
-    recompute_flops: int
-    compute_seconds: float
-    overhead_seconds: float
-    optimizer_seconds: float
-    speed: DeviceSpeed
-    utilisation: float
+    time: StepTime
 
     @property
     def effective_batch(self) -> int:
@@ -595,16 +327,49 @@ class StepCost:
         return self.memory.total
 
     @property
+    def flops(self) -> int:
+        """Matmul and attention FLOPs of all K micro-batches, the recomputation included."""
+        return self.time.flops
+
+    @property
+    def recompute_flops(self) -> int:
+        """The recomputation's share of :attr:`flops`."""
+        return self.time.recompute_flops
+
+    @property
+    def compute_seconds(self) -> float:
+        """The FLOPs at the utilised matmul rate."""
+        return self.time.compute_seconds
+
+    @property
+    def overhead_seconds(self) -> float:
+        """The micro-batches' operators: pointwise bytes at the bandwidth, launches, regions."""
+        return self.time.pointwise_seconds + self.time.launch_seconds + self.time.transfer_seconds
+
+    @property
+    def optimizer_seconds(self) -> float:
+        """AdamW's bytes at the bandwidth, and its operators."""
+        return self.time.optimizer_seconds
+
+    @property
+    def speed(self) -> DeviceSpeed:
+        """The device's figures used (``speed.basis``: measured or datasheet)."""
+        return self.time.speed
+
+    @property
+    def utilisation(self) -> float:
+        """The fraction of the matmul rate assumed."""
+        return self.time.utilisation
+
+    @property
     def seconds(self) -> float:
-        """Seconds per optimizer step: compute, operator overhead and the optimizer."""
-        return self.compute_seconds + self.overhead_seconds + self.optimizer_seconds
+        """Seconds per optimizer step: compute, operators and the optimizer."""
+        return self.time.seconds
 
     @property
     def achieved_utilisation(self) -> float:
-        """FLOPs per second over the device's matmul rate.
-
-        Model FLOPs utilisation, with the recomputation counted.
-        """
+        """FLOPs per second over the device's matmul rate (model FLOPs utilisation, with the
+        recomputation counted)."""
         rate = self.speed.flops(precision_of(self.precision).compute)
         return self.flops / (self.seconds * rate)
 
@@ -615,27 +380,16 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
                         utilisation: float | None = None) -> StepCost:
     """Predicted peak bytes and seconds of one optimizer step of ``K`` micro-batches of ``b``.
 
-    Memory: :func:`course_lib.engine.predict_step_memory` (steady state; its ``total``).
+    Memory: :func:`course_lib.engine.predict_step_memory` (steady state; its ``total``). Time:
+    :func:`course_lib.time_model.step_time`, the course's one time model: FLOPs at the matmul
+    rate, pointwise and optimizer bytes at the memory bandwidth, operators at a fixed cost each.
 
-    Time, a model in three terms (seconds):
-
-    * compute: ``K F(b) / (R u)``, with ``F(b)`` a micro-batch's FLOPs with the recomputation
-      (:func:`micro_batch_flops`), ``R`` the device's matmul rate in the compute dtype and
-      ``u`` the utilisation;
-    * operators: ``K (n_op c + L_ckpt r)``: each micro-batch runs ``n_op`` operators
-      (:func:`step_ops`, counted) and each costs ``c`` seconds however small
-      (``speed.op_seconds``); each of its ``L_ckpt`` checkpointed regions costs ``r`` more
-      (``speed.checkpoint_seconds``: measured on this device, 0 for a datasheet);
-    * optimizer: ``adamw_bytes_moved / bandwidth + n_opt c``.
-
-    At a fixed effective batch ``B = bK`` the compute term does not change with ``K``
-    (``F`` is linear in ``b``), but the operator term grows as ``K``: a micro-batch too small
-    to fill the device costs its operators' fixed price anyway. That is the whole of the
-    model's "under-filling", and where it is only a model: a real GPU also loses
-    throughput on small matmuls whose tiles do not fill its SMs, overlaps the CPU's dispatch
-    with the GPU's work once kernels are long enough (then ``c`` is hidden, not added), and
-    ``u`` depends on sizes that one number does not capture. The course measures it on the
-    device it runs on (:func:`measure_step_cost`) and shows both.
+    At a fixed effective batch ``B = bK`` the FLOPs and bytes do not change with ``K`` (both are
+    linear in ``b``), but the operators grow as ``K``: a micro-batch too small to fill the device
+    costs its operators' fixed price anyway. That is the whole of the model's "under-filling",
+    and where it is only a model: a real GPU also loses throughput on small matmuls whose tiles
+    do not fill its SMs, and overlaps the CPU's dispatch with the GPU's work once kernels are long
+    enough. The course measures it on the device it runs on (:func:`measure_step_cost`).
 
     Args:
         config (GPTConfig): the model (a :class:`~course_lib.models.GPTConfig`).
@@ -644,12 +398,10 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
         checkpointing (str): one of :data:`CHECKPOINTING`.
         precision (str): one of :data:`course_lib.engine.PRECISIONS`.
         gpu (str or GPU, optional): where it runs: a preset name of :data:`course_lib.device.GPUS`,
-            a :class:`~course_lib.device.GPU`, "cuda", or None/"cpu" (the CPU; then ``speed`` is
-            required).
-        speed (DeviceSpeed, optional): the device's :class:`DeviceSpeed`; default: the GPU's
-            datasheet (:func:`device_speed`).
-        utilisation (float, optional): ``u`` in (0, 1]; default :data:`UTILISATION` for a datasheet
-            speed and 1 for a measured one (measured on a large matmul, it is already achieved).
+            a :class:`~course_lib.device.GPU`, "cuda", or None/"cpu" (this CPU, measured once).
+        speed (DeviceSpeed, optional): the device's figures; default
+            :func:`course_lib.time_model.device_speed` of ``gpu``.
+        utilisation (float, optional): in (0, 1]; default ``speed.reached(dtype)``.
 
     Returns:
         A :class:`StepCost` (``peak_bytes``, ``seconds`` and the terms above).
@@ -668,90 +420,15 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
     K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     _check_choices(checkpointing, precision)
     card = resolve_gpu(gpu)
-    if speed is None:
-        if card is None:
-            raise ValueError("gpu=None (the CPU) needs speed=measure_device_speed('cpu'): "
-                             "there is no datasheet for it")
-        speed = device_speed(card)
-    elif not isinstance(speed, DeviceSpeed):
-        raise ValueError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
-    if utilisation is None:
-        utilisation = 1.0 if speed.measured else UTILISATION
-    utilisation = number("utilisation", utilisation, above=0, maximum=1)
+    time = step_time(config, b, K, mode=checkpointing, precision=precision, gpu=card,
+                     speed=speed, utilisation=utilisation)
     memory = predict_step_memory(config, b, K, precision=precision, mode=checkpointing, gpu=card)
-    flops, recomputed = micro_batch_flops(config, b, checkpointing, precision, card)
-    ops, optimizer_ops = step_ops(config, checkpointing, precision)
-    rate = speed.flops(precision_of(precision).compute) * utilisation
-    moved = adamw_bytes_moved(gpt_param_count(config), precision)
-    regions = 0 if checkpointing == "none" else config.n_layers
-    per_micro_batch = ops * speed.op_seconds + regions * speed.checkpoint_seconds(checkpointing)
-    return StepCost(b, K, checkpointing, precision, memory, K * flops, K * recomputed,
-                    compute_seconds=K * flops / rate, overhead_seconds=K * per_micro_batch,
-                    optimizer_seconds=moved / speed.memory_bandwidth + optimizer_ops * speed.op_seconds,
-                    speed=speed, utilisation=float(utilisation))
+    return StepCost(b, K, checkpointing, precision, memory, time)
 
 
 def _best_seconds(fn, repeats: int, device: torch.device, clock: str = "wall") -> float:
     """The fastest seconds of ``repeats`` timed calls of ``fn`` (after one warm-up), on ``clock``."""
     return step_times({"fn": fn}, repeats=repeats, device=device).best(clock)["fn"]
-
-
-def measure_device_speed(device: torch.device | str = "cpu", *, matmul_size: int | None = None,
-                         repeats: int = 5) -> DeviceSpeed:
-    """This kernel's device, measured: the :class:`DeviceSpeed` a prediction for it uses.
-
-    * matmul FLOP/s per dtype: ``2 n^3`` over the best time of an ``n x n`` matmul
-      (``n`` = 512 on the CPU, 4096 on a GPU);
-    * operator seconds: the best time of one training step (:func:`course_lib.training.train`,
-      AdamW) of a tiny course GPT (1 sequence of 8 tokens, width 8, 2 layers), whose FLOPs
-      are negligible, divided by the operators it runs (:func:`step_ops`);
-    * checkpointing, per mode: the same step with every block checkpointed, minus the plain
-      step and its extra operators, per region;
-    * bandwidth: bytes read and written by a copy of 64 MiB, over its best time.
-
-    About a second on a CPU. The fastest of ``repeats`` runs is kept: the others include
-    other work of the machine.
-
-    Args:
-        device (str or torch.device): a cpu or cuda device.
-        matmul_size (int, optional): ``n`` of the timed matmul (default 512 on the CPU, 4096 on
-            a GPU), at most :data:`MAX_MATMUL`.
-        repeats (int): runs of each timing, the fastest kept; from 1 to
-            :data:`course_lib.timing.MAX_RUNS`.
-
-    Returns:
-        DeviceSpeed: with ``measured=True``.
-
-    Raises:
-        ValueError: naming the parameter: a device other than cpu or cuda, a bad ``repeats``
-            or ``matmul_size``.
-    """
-    device = as_device("device", device)
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be a cpu or cuda device, got {device}")
-    repeats = positive_int("repeats", repeats, maximum=MAX_RUNS)
-    n = positive_int("matmul_size", matmul_size, maximum=MAX_MATMUL) if matmul_size is not None \
-        else (4096 if device.type == "cuda" else 512)
-    rates = {}
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        a = torch.randn(n, n, device=device).to(dtype)
-        rates[dtype] = 2 * n**3 / _best_seconds(lambda a=a: a @ a, repeats, device)
-    tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=2)
-    plain = _best_seconds(_tiny_step(tiny, "none", "fp32", 1, device), repeats, device)
-    op_seconds = plain / sum(step_ops(tiny))
-    regions = []
-    for mode in CHECKPOINTING[1:]:
-        extra_ops = sum(step_ops(tiny, mode)) - sum(step_ops(tiny))
-        seconds = _best_seconds(_tiny_step(tiny, mode, "fp32", 1, device), repeats, device)
-        regions.append((mode, max(0.0, (seconds - plain - extra_ops * op_seconds) / tiny.n_layers)))
-    block = torch.empty(16 * 2**20, device=device)  # 64 MiB of fp32
-    copy = torch.empty_like(block)
-    bandwidth = 2 * block.nbytes / _best_seconds(lambda: copy.copy_(block), repeats, device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "this CPU"
-    return DeviceSpeed(name, rates[torch.float32], rates[torch.float16], rates[torch.bfloat16],
-                       bandwidth, op_seconds, True,
-                       f"measured on {device}: {n}x{n} matmuls, a tiny GPT's steps, a copy",
-                       tuple(regions))
 
 
 @dataclass(frozen=True)

@@ -199,8 +199,10 @@ def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None
     """The planner for a budget given as a share of the peak without checkpointing.
 
     One bar per policy the planner can pick (:func:`course_lib.planner.choices`), labelled with
-    the FLOPs it recomputes, cheapest at the top; the ones whose predicted peak fits the budget
-    are green, the planner's choice is outlined and named in the title.
+    its predicted step time against no checkpointing's (the course's time model,
+    :mod:`course_lib.time_model`), fastest at the top; the ones whose predicted peak fits the
+    budget are green, the planner's choice (the fastest that fits) is outlined and named in the
+    title with the FLOPs it recomputes.
 
     Args:
         config (GPTConfig): the model.
@@ -218,7 +220,8 @@ def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None
     percent = integer("percent", percent, minimum=10, maximum=100)
     options = planner.candidates(config, batch_size, precision=precision, gpu=gpu)
     shown = planner.choices(options)
-    plain = next(c for c in options if c.mode == "none").peak_bytes
+    none = next(c for c in options if c.mode == "none")
+    plain, plain_s = none.peak_bytes, none.seconds
     unit, unit_name = _unit(plain)
 
     height = max(3.2, 1.3 + 0.26 * len(shown))  # inches: about 0.26 in (19 pt) a bar
@@ -229,11 +232,11 @@ def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None
         ys = range(len(shown))[::-1]
         bars = ax.barh(ys, [c.peak_bytes / unit for c in shown], color="0.85", height=0.65,
                        linewidth=2)
-        ax.set_yticks(list(ys), [f"{c.label}  +{c.recompute_fraction:.1%}" for c in shown],
+        ax.set_yticks(list(ys), [f"{c.label}  x{c.seconds / plain_s:.2f}" for c in shown],
                       fontsize=FONT + 1)
         ax.set(xlim=(0, 1.12 * plain / unit), ylim=(-0.6, len(shown) + 0.3))
         ax.set_xlabel(f"predicted peak of a training step ({unit_name})", fontsize=FONT + 1)
-        ax.text(-0.01, 1.0, "policy, + FLOPs\nrecomputed", transform=ax.transAxes, ha="right",
+        ax.text(-0.01, 1.0, "policy, predicted\ntime vs none", transform=ax.transAxes, ha="right",
                 va="bottom", fontsize=FONT)
         ax.tick_params(axis="x", labelsize=FONT + 1)
         line = ax.axvline(0, color="C3", ls="--")
@@ -250,6 +253,7 @@ def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None
             plan = planner.plan_checkpointing(config, batch_size, None, budget_bytes,
                                               precision=precision, gpu=gpu)
             title.set_text(f"the planner picks {ckpt.policy_label(plan.mode, plan.every)}: "
+                           f"x{plan.seconds / plain_s:.2f} time, "
                            f"+{plan.recompute_fraction:.1%} FLOPs")
         except planner.NothingFits:
             plan = None

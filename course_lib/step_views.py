@@ -6,7 +6,8 @@
   accumulation replaces): the **peak memory** in bytes, against the card's memory as PyTorch
   reports it (:data:`course_lib.device.GPUS`' ``total_memory``, nvidia-smi's figure beside it; a
   live card's free memory), with the verdict, fits or does not fit; and the **time per
-  optimizer step**. :func:`course_lib.playground.optimizer_step_cost` predicts both, and a button
+  optimizer step**. :func:`course_lib.playground.optimizer_step_cost` predicts both (the time with
+  :mod:`course_lib.time_model`), and a button
   measures the setting on this device (:func:`course_lib.playground.measure_step_cost`).
 * :func:`step_through`: one optimizer step of ``K`` micro-batches, frame by frame (an
   ``ipywidgets.Play`` and a slider), with the training loop above the figure and its current
@@ -41,14 +42,13 @@ from .engine import predict_step_memory
 from .memory import mixed_precision_for
 from .models import GPT, GPTConfig, check_batch, check_config
 from .playground import (
-    DeviceSpeed,
     MeasuredStep,
     Playground,
     StepCost,
     measure_step_cost,
     optimizer_step_cost,
-    step_ops,
 )
+from .time_model import DeviceSpeed, step_ops
 from .toy_data import markov_entropy
 from .units import GiB, KiB, MiB, format_bytes
 from .validation import MAX_BATCH, boolean, choice, number, positive_int
@@ -391,7 +391,7 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     Args:
         models (dict): the model menu, name -> config.
         speed (DeviceSpeed): this device's measured speed
-            (:func:`course_lib.playground.measure_device_speed`).
+            (:func:`course_lib.time_model.measure_speed`).
         device (torch.device or str): this kernel's device: the GPU menu's "(here)" entry, and
             where the button measures.
         model, gpu (str, optional): the menus' first values (default: the first model, "here").

@@ -44,6 +44,7 @@ from course_lib import (
     planner,
     playground,
     step_setup,
+    time_model,
 )
 from course_lib.memory import MAX_WORLD_SIZE
 from course_lib.models import CONFIG_MAXIMUM, GPT, MAX_SEED, GPTConfig, random_tokens
@@ -367,11 +368,12 @@ CASES = {
     "step_seconds.batch_size": (lambda v: fit_ladder.step_seconds(CFG, v, fit_ladder.Plan(), "T4"),
                                 "batch_size", not_an_int(1, MAX_BATCH)),
     "step_seconds.gpu": (lambda v: fit_ladder.step_seconds(CFG, 1, fit_ladder.Plan(), v), "gpu",
-                         st.one_of(not_one_of(levers.GPU_SPECS),
+                         st.one_of(not_one_of(device.GPUS),
                                    st.lists(st.integers(), max_size=1))),
     "step_seconds.utilization": (lambda v: fit_ladder.step_seconds(CFG, 1, fit_ladder.Plan(), "T4",
                                                             utilization=v), "utilization",
-                                 st.one_of(not_a_number(0.0, 1.0), st.just(0.0), st.just(0))),
+                                 st.one_of(not_a_number(0.0, 1.0), st.just(0.0), st.just(0)).filter(
+                                     lambda v: v is not None)),  # None: the time model's figure
     "step_seconds.seq_len": (lambda v: fit_ladder.step_seconds(CFG, 1, fit_ladder.Plan(), "T4", seq_len=v),
                              "seq_len", given_value(not_an_int(1, CFG.seq_len))),
     "ladder.gpu": (lambda v: fit_ladder.ladder(CFG, v), "gpu",
@@ -387,7 +389,8 @@ CASES = {
     "ladder.world_size": (lambda v: fit_ladder.ladder(CFG, "T4", world_size=v), "world_size",
                           not_an_int(1, MAX_WORLD_SIZE)),
     "ladder.utilization": (lambda v: fit_ladder.ladder(CFG, "T4", utilization=v), "utilization",
-                           st.one_of(not_a_number(0.0, 1.0), st.just(0.0))),
+                           st.one_of(not_a_number(0.0, 1.0), st.just(0.0)).filter(
+                               lambda v: v is not None)),  # None: the time model's figure
     "build.config": (lambda v: step_setup.build(v), "config", NOT_A_CONFIG),
     "build.precision": (lambda v: step_setup.build(CFG, precision=v), "precision",
                         not_one_of(fit.FIT_PRECISIONS)),
@@ -467,12 +470,21 @@ CASES = {
         lambda v: playground.optimizer_step_cost(CFG, 1, 1, gpu="T4", utilisation=v),
         "utilisation", st.one_of(not_a_number(0, 1), st.just(0.0)).filter(
             lambda v: v is not None)),  # None: the default utilisation
-    "micro_batch_flops.micro_batch_size": (lambda v: playground.micro_batch_flops(CFG, v),
-                                           "micro_batch_size", not_an_int(1, MAX_BATCH)),
-    "adamw_bytes_moved.n_params": (lambda v: playground.adamw_bytes_moved(v), "n_params",
-                                   not_an_int(1, MAX_COUNT)),
-    "device_speed.op_seconds": (lambda v: playground.device_speed("T4", op_seconds=v),
-                                "op_seconds", st.one_of(not_a_number(0, 1), st.just(0.0))),
+    # time_model
+    "matmul_flops.micro_batch_size": (lambda v: time_model.matmul_flops(CFG, v),
+                                      "micro_batch_size", not_an_int(1, MAX_BATCH)),
+    "pointwise_bytes.micro_batch_size": (lambda v: time_model.pointwise_bytes(CFG, v),
+                                         "micro_batch_size", not_an_int(1, MAX_BATCH)),
+    "optimizer_bytes.n_params": (lambda v: time_model.optimizer_bytes(v), "n_params",
+                                 not_an_int(1, MAX_COUNT)),
+    "datasheet_speed.op_seconds": (lambda v: time_model.datasheet_speed("T4", op_seconds=v),
+                                   "op_seconds", st.one_of(not_a_number(0, 1), st.just(0.0))),
+    "step_time.micro_batch_size": (lambda v: time_model.step_time(CFG, v, gpu="T4"),
+                                   "micro_batch_size", not_an_int(1, MAX_BATCH)),
+    "step_time.every": (lambda v: time_model.step_time(CFG, 1, gpu="T4", every=v), "every",
+                        not_an_int(1, MAX_COUNT)),
+    "step_time.world_size": (lambda v: time_model.step_time(CFG, 1, gpu="T4", world_size=v),
+                             "world_size", not_an_int(1, 4096)),
     "Playground.run.micro_batch_size": (lambda v: PLAYGROUND.run(v, 1), "micro_batch_size",
                                         not_an_int(1, MAX_BATCH)),
     "Playground.run.checkpointing": (lambda v: PLAYGROUND.run(1, 1, v), "checkpointing",
@@ -590,9 +602,6 @@ CASES = {
                   st.lists(st.text(max_size=4), min_size=1, max_size=2))),
     "frozen_linear_flops.n_tokens": (lambda v: levers.frozen_linear_flops(CFG, v), "n_tokens",
                                      not_an_int(1, levers.MAX_TOKENS)),
-    "gpu_spec.name": (lambda v: levers.gpu_spec(v), "name",
-                      st.one_of(not_one_of(levers.GPU_SPECS),
-                                st.lists(st.integers(), max_size=1))),
     # allocator
     "not_on_cuda.device": (lambda v: allocator.not_on_cuda(v), "device",
                            st.one_of(BOOLS, st.floats(), st.integers(max_value=-1),

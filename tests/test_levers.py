@@ -300,14 +300,6 @@ def test_frozen_linear_flops_count_every_weight_gradient_matmul():
     assert levers.frozen_linear_flops(cfg, 10) == 2 * 10 * sum(weights)
 
 
-def test_gpu_specs_cover_every_preset():
-    from course_lib.device import GPUS
-
-    assert set(levers.GPU_SPECS) == set(GPUS)
-    with pytest.raises(ValueError, match="gpu"):
-        levers.gpu_spec("V100")
-
-
 # --------------------------------------------------------------------------- the fit ladder
 
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)

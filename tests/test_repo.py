@@ -157,7 +157,7 @@ def test_modules_import_only_modules_above_them_in_the_index():
 def test_the_import_check_catches_a_later_import(tmp_path):
     module = tmp_path / "course_lib" / "mod.py"
     module.parent.mkdir()
-    module.write_text("def f():\n    from .levers import gpu_spec\n\nfrom course_lib.fit import fit_model\n")
+    module.write_text("def f():\n    from .levers import transfer_seconds\n\nfrom course_lib.fit import fit_model\n")
     assert _course_lib_imports(module) == {"levers", "fit"}
 
 

@@ -7,6 +7,7 @@ import torch
 from course_lib import memory
 from course_lib import playground as pgm
 from course_lib import step_views as sv
+from course_lib import time_model as tm
 from course_lib.models import GPT, GPTConfig
 from course_lib.toy_data import markov_tokens
 from course_lib.units import GiB
@@ -91,7 +92,7 @@ def test_tradeoff_compares_with_one_plain_batch_against_the_cards_memory():
     assert story.capacity_label() == "T4: 14.58 GiB\n(nvidia-smi: 15.00 GiB)"
     assert story.verdict() == ("8 micro-batches of 4: fits in the T4's 14.58 GiB;  "
                                "one batch of 32: does not fit")
-    cpu = sv.tradeoff(CFG, 2, 2, speed=pgm.DeviceSpeed("cpu", 1e10, 1e9, 1e9, 1e9, 1e-5, True, "x"))
+    cpu = sv.tradeoff(CFG, 2, 2, speed=tm.DeviceSpeed("cpu", 1e10, 1e9, 1e9, 1e9, 1e-5, True, "x"))
     assert cpu.capacity is None and cpu.fits is None and cpu.capacity_label() == ""
     assert "no memory limit" in cpu.verdict()
 
@@ -100,7 +101,7 @@ def test_memory_top_is_fixed_for_a_card_and_above_the_cpus_largest_batch():
     t4 = sv.tradeoff(GPT2, 4, 8, precision="mixed", gpu="T4")
     assert sv.memory_top(GPT2, t4) == 20 * GiB  # 1.25 x 14.58 GiB, rounded up to 1, 2 or 5
     assert sv.memory_top(GPT2, sv.tradeoff(GPT2, 1, 64, precision="mixed", gpu="T4")) == 20 * GiB
-    speed = pgm.DeviceSpeed("cpu", 1e10, 1e9, 1e9, 1e9, 1e-5, True, "x")
+    speed = tm.DeviceSpeed("cpu", 1e10, 1e9, 1e9, 1e9, 1e-5, True, "x")
     cpu = sv.tradeoff(CFG, 2, 2, speed=speed)
     one = pgm.optimizer_step_cost(CFG, 64, 1, speed=speed).peak_bytes
     assert one < sv.memory_top(CFG, cpu) <= 2 * 1.15 * one
@@ -128,7 +129,7 @@ def test_format_duration_rejects_bad_input():
 def speed():
     # The best of three: one run on a loaded machine can be many times slow, and the explorer
     # would then decline to measure even the tiny model.
-    return pgm.measure_device_speed("cpu", repeats=3, matmul_size=128)
+    return tm.measure_speed("cpu", repeats=3, matmul_size=128)
 
 
 def test_tradeoff_explorer_redraws_and_measures(speed):

@@ -203,6 +203,24 @@ def test_presets_carry_their_datasheet_speeds():
     assert device.GPU("x", 2**30, (8, 0)).tensor_flops is None  # optional: old calls still work
 
 
+def test_presets_carry_their_links_and_peaks_per_dtype():
+    gpus = device.GPUS
+    for name, gpu in gpus.items():
+        # the host link is the board's PCIe x16; the peer link at least that (NVLink on SXM)
+        assert gpu.host_link in device.PCIE_BYTES_PER_S.values(), name
+        assert gpu.peer_link >= gpu.host_link, name
+        assert gpu.peak_flops(torch.float32) == gpu.fp32_flops, name
+        assert gpu.peak_flops("fp16") == gpu.tensor_flops, name
+    assert gpus["T4"].host_link == 15.75e9  # PCIe 3.0 x16: 8 GT/s x 16 lanes x 128/130 / 8
+    assert gpus["A100 80GB"].peer_link == 300e9  # NVLink 3: 600 GB/s both ways
+    # a T4 has no bf16 tensor cores: bf16 runs at the fp32 rate; Ampere's run on tensor cores
+    assert gpus["T4"].peak_flops(torch.bfloat16) == 8.1e12
+    assert gpus["A100 80GB"].peak_flops(torch.bfloat16) == 312e12
+    with pytest.raises(ValueError, match="dtype"):
+        gpus["T4"].peak_flops(torch.float64)
+    assert device.GPU("x", 2**30, (8, 0)).peak_flops(torch.float32) is None
+
+
 def test_pick_dtype_of_a_preset():
     assert device.pick_dtype(device.GPUS["T4"]) == torch.float16
     for name in ("L4", "A100 40GB", "A100 80GB", "H100 80GB", "H200"):
@@ -226,7 +244,8 @@ def test_resolve_gpu():
     (dict(total_memory=0), "total_memory"), (dict(total_memory=1.5e9), "total_memory"),
     (dict(capability=8), "capability"), (dict(capability=(8, "0")), "capability"),
     (dict(fp32_flops=0), "fp32_flops"), (dict(tensor_flops="fast"), "tensor_flops"),
-    (dict(memory_bandwidth=-1.0), "memory_bandwidth")])
+    (dict(memory_bandwidth=-1.0), "memory_bandwidth"), (dict(host_link=0), "host_link"),
+    (dict(peer_link=float("inf")), "peer_link")])
 def test_gpu_validation(kwargs, match):
     args = dict(name="x", total_memory=2**30, capability=(8, 0)) | kwargs
     with pytest.raises(ValueError, match=match):
