@@ -73,6 +73,10 @@ class Saved:
             "scalar" for the 0-d float64 tensor autograd wraps around a Python number (a host
             tensor made outside the dispatcher: the live-tensor tracker does not see it, and on
             CUDA it is not GPU memory).
+
+    Raises:
+        ValueError: naming the field: ``op`` or ``what`` not a str, a ``shape`` that is not a
+            tuple of ints >= 0, a ``dtype`` that is not a dtype, or an unknown ``kind``.
     """
 
     op: str

@@ -72,6 +72,9 @@ def backend(device: torch.device | str) -> str:
     Returns:
         str: ``"triton"`` (compiled, CUDA), ``"interpreter"`` (Triton's interpreter on the CPU)
         or ``"reference"`` (plain PyTorch inside the same op: MPS, or no Triton).
+
+    Raises:
+        ValueError: naming ``device``, for what is not a device.
     """
     kind = as_device("device", device).type
     if not _triton_installed():
@@ -314,6 +317,9 @@ def example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float
 
     Returns:
         list[Tensor]: ``[x, bias]``.
+
+    Raises:
+        ValueError: naming ``device`` (not a device) or ``dtype`` (not a floating-point dtype).
     """
     device = as_device("device", device)
     dtype = as_dtype(dtype)

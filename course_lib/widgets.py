@@ -80,6 +80,13 @@ def check_figsize(figsize) -> tuple[float, float]:
 def check_figure(name: str, fig) -> Figure:
     """``fig`` if it is a matplotlib ``Figure``.
 
+    Args:
+        name (str): the caller's parameter, for the message.
+        fig: what the caller passed.
+
+    Returns:
+        matplotlib.figure.Figure: ``fig`` itself.
+
     Raises:
         ValueError: naming ``name``, for anything else.
     """

@@ -25,6 +25,7 @@ from course_lib import (
     planner,
     playground,
     step_views,
+    time_model,
     timing,
     training,
     units,
@@ -94,7 +95,7 @@ def test_a_zero_dimensional_tensor_is_not_a_shape():
 @pytest.mark.parametrize("call", [
     lambda d: fused.example(d),
     lambda d: fused.backend(d),
-    lambda d: playground.measure_device_speed(d),
+    lambda d: time_model.measure_speed(d),
     lambda d: playground.measure_step_cost(CFG, 1, 1, device=d),
 ])
 @pytest.mark.parametrize("device", ["gpu", 0, np.int64(0), -1, None])
@@ -202,12 +203,12 @@ def test_numpy_and_torch_ints_are_used_as_ints(size):
 # --- a maximum for every size -----------------------------------------------------------------
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: playground.measure_device_speed("cpu", matmul_size=16385),
-     "^matmul_size must be a positive int of at most 16,384, got 16385"),
-    (lambda: playground.measure_device_speed("cpu", matmul_size=0),
-     "^matmul_size must be a positive int of at most 16,384, got 0"),
-    (lambda: playground.measure_device_speed("cpu", repeats=1001),
-     "^repeats must be a positive int of at most 1,000, got 1001"),
+    (lambda: time_model.measure_speed("cpu", matmul_size=16385),
+     r"^matmul_size must be an int in \[16, 16,384\], got 16385"),
+    (lambda: time_model.measure_speed("cpu", matmul_size=0),
+     r"^matmul_size must be an int in \[16, 16,384\], got 0"),
+    (lambda: time_model.measure_speed("cpu", repeats=101),
+     "^repeats must be a positive int of at most 100, got 101"),
     (lambda: playground.measure_step_cost(CFG, 1, 1, steps=1001),
      "^steps must be a positive int of at most 1,000, got 1001"),
     (lambda: playground.measure_step_cost(CFG, 1, 1, steps=BEYOND_FLOAT),
@@ -252,7 +253,7 @@ def _step_views_tradeoff():
     (lambda: planner.choices(3), "^options must be a non-empty list of Candidates"),
     (lambda: planner.time_ratios(CFG, 2, 3), "^policies must be a list or tuple, got 3"),
     (lambda: planner.time_ratios(CFG, 2, ["blocks"]), r"^policies must be \(mode, every\) pairs"),
-    (lambda: playground.micro_batch_flops(CFG, 2, "everything"), "^checkpointing must be one of"),
+    (lambda: time_model.matmul_flops(CFG, 2, "everything"), "^mode must be one of"),
     (lambda: timing.split_by_class("gpu"), "^events must be a profiler's events"),
     (lambda: timing.split_by_class([1, 2]), "^events must be a profiler's events"),
     (lambda: models.check_batch(GPT(CFG), *models.random_tokens(CFG, 2), ignore_index=BEYOND_FLOAT),
@@ -282,7 +283,7 @@ def test_the_playground_view_names_its_first_values():
 
 
 def test_the_tradeoff_explorer_refuses_a_speed_and_choices_of_the_wrong_kind():
-    speed = playground.device_speed("T4")
+    speed = time_model.device_speed("T4")
     with pytest.raises(ValueError, match="^speed must be a DeviceSpeed"):
         step_views.tradeoff_explorer({"tiny": CFG}, speed=3)
     with pytest.raises(ValueError, match="^model must be one of"):
