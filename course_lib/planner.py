@@ -94,7 +94,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Plan:
+class CheckpointPlan:
     """The planner's answer: the chosen policy, its predictions, and every candidate considered.
 
     Apply it with ``enable_checkpointing(model, plan.mode, plan.every)``.
@@ -345,7 +345,7 @@ def pareto_front(points) -> list:
 def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
                        budget_bytes: int, *, precision: str = "fp32", gpu=None,
                        modes: tuple = PLAN_MODES,
-                       speed: time_model.DeviceSpeed | None = None) -> Plan:
+                       speed: time_model.DeviceSpeed | None = None) -> CheckpointPlan:
     """The policy with the least predicted step time whose predicted step peak fits ``budget_bytes``.
 
     Time: :func:`course_lib.time_model.step_time` (on this kernel's CPU or GPU, figures measured
@@ -363,10 +363,9 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
         speed (DeviceSpeed, optional): as :func:`candidates`.
 
     Returns:
-        Plan: ``mode``, ``every``, predicted ``peak_bytes``, recomputed FLOPs and their fraction
-        of the plain step, its predicted ``seconds`` and their ``basis``, and all ``candidates``;
-        apply it with
-        ``enable_checkpointing(model, plan.mode, plan.every)``.
+        CheckpointPlan: ``mode``, ``every``, predicted ``peak_bytes``, recomputed FLOPs and their
+        fraction of the plain step, its predicted ``seconds`` and their ``basis``, and all
+        ``candidates``; apply it with ``enable_checkpointing(model, plan.mode, plan.every)``.
 
     Raises:
         NothingFits: (a ``ValueError``) when no policy fits.
@@ -380,8 +379,9 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
                          modes=modes, speed=speed)
     for c in options:
         if c.peak_bytes <= budget_bytes:
-            return Plan(c.mode, c.every, c.peak_bytes, c.recompute_flops, c.recompute_fraction,
-                        budget_bytes, options, c.seconds, speed.basis)
+            return CheckpointPlan(c.mode, c.every, c.peak_bytes, c.recompute_flops,
+                                  c.recompute_fraction, budget_bytes, options, c.seconds,
+                                  speed.basis)
     raise NothingFits(budget_bytes, options)
 
 
