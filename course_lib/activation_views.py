@@ -44,12 +44,12 @@ WIDTHS = {"768 (GPT-2 small)": (768, 12), "1024 (GPT-2 medium)": (1024, 16),
 #: Most batch sizes a figure draws.
 MAX_SHOWN = 128
 #: The categories of :func:`course_lib.measure.step_breakdown`, bottom to top: (name, label,
-#: colour); "temporaries" (gradients passed between ops, scratch) are what the threshold
+#: colour); "transient" (gradients passed between ops, scratch) is what the threshold
 #: figure calls "in flight".
 _STEP_PARTS = (("parameters", "parameters", "#4c72b0"),
                ("optimizer_state", "optimizer state", "#8172b2"),
                ("gradients", "gradients", "#55a868"), ("activations", "activations", "#dd8452"),
-               ("temporaries", "in flight", "#c44e52"))
+               ("transient", "in flight", "#c44e52"))
 _STEP_COLOURS = {name: colour for name, _, colour in _STEP_PARTS}
 
 

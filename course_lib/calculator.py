@@ -39,8 +39,8 @@ from .validation import choice, items, number, positive_int, text
 from .widgets import live_plot, nice_ceiling, render_png
 
 #: The four model states as the figures draw them: field of TrainingMemory, label, colour.
-PARTS = (("params", "parameters", "#4c72b0"), ("grads", "gradients", "#55a868"),
-         ("optimizer_states", "optimizer states", "#c44e52"),
+PARTS = (("parameters", "parameters", "#4c72b0"), ("gradients", "gradients", "#55a868"),
+         ("optimizer_state", "optimizer states", "#c44e52"),
          ("master_weights", "fp32 master weights", "#8172b2"))
 #: The precisions the calculator offers, by the label its menu shows.
 CALCULATOR_PRECISIONS = {"fp32": "fp32", "bf16-mixed (fp32 master)": "bf16-mixed",

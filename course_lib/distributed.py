@@ -222,13 +222,13 @@ def _state_row(model: torch.nn.Module, optimizer_states: Iterable[torch.Tensor],
     """
     params = list(model.parameters())
     row, logical = {}, {}
-    for part, tensors in (("params", params),
-                          ("grads", [p.grad for p in params if p.grad is not None]),
-                          ("optimizer_states", list(optimizer_states))):
+    for part, tensors in (("parameters", params),
+                          ("gradients", [p.grad for p in params if p.grad is not None]),
+                          ("optimizer_state", list(optimizer_states))):
         logical[part], row[part] = local_bytes(tensors)
     if grads is not None:
-        row["grads"] = grads
-    row["total"] = row["params"] + row["grads"] + row["optimizer_states"]
+        row["gradients"] = grads
+    row["total"] = row["parameters"] + row["gradients"] + row["optimizer_state"]
     row["logical"] = logical
     return row
 
@@ -366,9 +366,9 @@ def sharded_states(rank: int, world_size: int, *, config: GPTConfig, micro_batch
       (parameters, gradients and optimizer states sharded: stage 3).
 
     Each row holds the allocated bytes (distinct storages, see :func:`local_bytes`)
-    of ``params``, ``grads`` and ``optimizer_states`` (Adam's m and v, not the
+    of ``parameters``, ``gradients`` and ``optimizer_state`` (Adam's m and v, not the
     4-byte step counters), their ``total``, and the same three as ``logical``
-    bytes (elements x 4). For the DDP rows ``grads`` is measured with
+    bytes (elements x 4). For the DDP rows ``gradients`` is measured with
     :class:`course_lib.measure.LiveTensorTracker`: the bytes that DDP's
     construction (its communication buckets, ``"*_bucket_bytes"``) and the
     backward pass (``.grad``) leave allocated. ``"fsdp_rows"``: each parameter's

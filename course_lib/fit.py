@@ -374,8 +374,8 @@ def _state_bytes(precision: str) -> tuple[int, int]:
     in ``precision``, from :func:`course_lib.memory.training_memory`: in mixed precision the
     step's gradients are the master weights' fp32 ones."""
     one = training_memory(1, optimizer="adamw", precision=precision)
-    at_step = one.master_weights if engine.precision_of(precision).master else one.grads
-    return one.params + one.master_weights + one.optimizer_states, at_step
+    at_step = one.master_weights if engine.precision_of(precision).master else one.gradients
+    return one.parameters + one.master_weights + one.optimizer_state, at_step
 
 
 #: :func:`_state_bytes` of every precision, once (the search asks for thousands of models).

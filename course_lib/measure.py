@@ -14,7 +14,7 @@ Two sources of truth, one interface:
 
 On top of the tracker, :func:`step_breakdown` runs one training step and sorts
 every byte into parameters, gradients, optimizer state, activations (what
-autograd saved) and temporaries, over time and at the peak.
+autograd saved) and transient bytes (the rest), over time and at the peak.
 """
 
 from __future__ import annotations
@@ -509,7 +509,7 @@ def saved_table(output: torch.Tensor, params=(), *, parameters: bool = False) ->
 
 # --------------------------------------------------------------------------- one training step
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "transient")
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -656,7 +656,7 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     :func:`saved_tensors` before backward) -> "activations"; ending up as a
     parameter's ``.grad`` -> "gradients"; held in ``optimizer.state`` after the
     step -> "optimizer_state"; anything else (logits, the gradients flowing
-    between layers, an optimizer's scratch tensors) -> "temporaries". What was live
+    between layers, an optimizer's scratch tensors) -> "transient". What was live
     before the step is the baseline. Same idea as PyTorch's ``MemTracker``
     (``torch.distributed._tools.mem_tracker``), which sorts by module and role;
     here every byte is attributed exactly and the whole timeline is kept.
@@ -730,7 +730,7 @@ def _live_records(tracker: LiveTensorTracker):
 def _summarise(tracker: LiveTensorTracker, category: dict, baseline: dict) -> StepBreakdown:
     events = []  # (clock, delta, category, phase)
     for record in tracker.storages:
-        name = category.get(record.index, "temporaries")
+        name = category.get(record.index, "transient")
         events.append((record.born, record.nbytes, name, record.phase))
         if record.died is not None:
             events.append((record.died, -record.nbytes, name, record.died_phase))

@@ -163,31 +163,34 @@ def mixed_precision_for(gpu=None) -> str:
 class TrainingMemory:
     """Bytes of model states on one device; ``total`` is the sum of the four parts.
 
+    The fields are named as the step's memory categories are everywhere in the course
+    (:class:`course_lib.engine.StepMemory`, :func:`course_lib.measure.step_breakdown`).
+
     Attributes:
-        params (int): bytes of the parameters.
-        grads (int): bytes of the gradients, with the fp32 gradient-accumulation buffer when
+        parameters (int): bytes of the parameters.
+        gradients (int): bytes of the gradients, with the fp32 gradient-accumulation buffer when
             there is one.
-        optimizer_states (int): bytes of the optimizer's state tensors (AdamW's m and v).
+        optimizer_state (int): bytes of the optimizer's state tensors (AdamW's m and v).
         master_weights (int): bytes of the fp32 master copies (mixed precision).
         total (int): the sum of the four, computed (not an argument).
     """
 
-    params: int
-    grads: int
-    optimizer_states: int
+    parameters: int
+    gradients: int
+    optimizer_state: int
     master_weights: int
     total: int = field(init=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "total", self.params + self.grads + self.optimizer_states
-                           + self.master_weights)
+        object.__setattr__(self, "total", self.parameters + self.gradients
+                           + self.optimizer_state + self.master_weights)
 
     def as_dict(self) -> dict[str, int]:
         """The five fields by name, in bytes (``dataclasses.asdict``).
 
         Returns:
-            dict: ``{"params": ..., "grads": ..., "optimizer_states": ..., "master_weights": ...,
-            "total": ...}``.
+            dict: ``{"parameters": ..., "gradients": ..., "optimizer_state": ...,
+            "master_weights": ..., "total": ...}``.
         """
         return asdict(self)
 
@@ -237,7 +240,7 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
         world_size (int): data-parallel ranks N, from 1 to :data:`MAX_WORLD_SIZE` (a whole
             float is accepted).
         fp32_grad_buffer (bool): give 16-bit parameters an fp32 gradient buffer (counted in
-            ``grads``), as Megatron-LM accumulates in: bf16 gradients are added into it and
+            ``gradients``), as Megatron-LM accumulates in: bf16 gradients are added into it and
             freed (4 bytes/param instead of 2), fp16 gradients are kept beside it (2 + 4); with
             fp32 gradients (``"fp32"``, autocast) they already are that buffer and nothing
             changes.
@@ -269,9 +272,9 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
         return shard if stage >= sharded_from else P
 
     return TrainingMemory(
-        params=param_b * elements(3),
-        grads=grad_b * elements(2),
-        optimizer_states=STATE_TENSORS[optimizer] * state_b * elements(1),
+        parameters=param_b * elements(3),
+        gradients=grad_b * elements(2),
+        optimizer_state=STATE_TENSORS[optimizer] * state_b * elements(1),
         master_weights=master_b * elements(1),
     )
 
@@ -303,13 +306,13 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
                       master_params=(), include_step: bool = True) -> TrainingMemory:
     """Measured model states: the storage bytes of what a training step keeps alive.
 
-    * ``params``: the model's parameters (a tied weight counts once);
-    * ``grads``: their ``.grad`` tensors, and those of the master weights;
+    * ``parameters``: the model's parameters (a tied weight counts once);
+    * ``gradients``: their ``.grad`` tensors, and those of the master weights;
     * ``master_weights``: fp32 copies of the parameters that the optimizer updates (mixed
       precision, as Megatron-LM and DeepSpeed do it): the ``master`` list of an optimizer
       that keeps one (:class:`course_lib.mixed_precision.MasterWeightAdamW`), and
       ``master_params``, for copies made by hand;
-    * ``optimizer_states``: every tensor in ``optimizer.state``. AdamW also keeps a
+    * ``optimizer_state``: every tensor in ``optimizer.state``. AdamW also keeps a
       scalar ``step`` tensor per parameter tensor (4 bytes each, a counter, not a
       per-element state); ``include_step=False`` leaves those out.
 
@@ -348,9 +351,9 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
         value for state in optimizer.state.values() for key, value in state.items()
         if isinstance(value, torch.Tensor) and (include_step or key != "step")]
     return TrainingMemory(
-        params=storage_bytes(params),
-        grads=storage_bytes(p.grad for p in params + master if p.grad is not None),
-        optimizer_states=storage_bytes(states),
+        parameters=storage_bytes(params),
+        gradients=storage_bytes(p.grad for p in params + master if p.grad is not None),
+        optimizer_state=storage_bytes(states),
         master_weights=storage_bytes(master),
     )
 

@@ -45,7 +45,7 @@ def test_states_figure_stacks_the_parts_and_labels_every_gpu_without_overlap():
     second = stacks[1::2]
     assert second[-1].get_y() + second[-1].get_height() == pytest.approx(mixed.total / GiB)
     assert [round(p.get_height() * GiB) for p in second] == [
-        mixed.params, mixed.grads, mixed.optimizer_states, mixed.master_weights]
+        mixed.parameters, mixed.gradients, mixed.optimizer_state, mixed.master_weights]
     labels = [t.get_text() for t in ax.texts if ":" in t.get_text()]
     assert labels == [calc.capacity_label(g) for g in sorted(
         GPUS.values(), key=lambda g: g.total_memory)]

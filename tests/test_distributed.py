@@ -186,21 +186,21 @@ def test_sharded_states_against_the_zero_formulas(ranks_results):
     for s in states:
         # DDP: 16P in .grad, params and moments; its buckets are a second copy of the gradients.
         assert s["ddp_grad_view"]["total"] == formula(0).total == 16 * P
-        assert s["ddp"]["grads"] == 8 * P and s["ddp_bucket_bytes"] == 4 * P
+        assert s["ddp"]["gradients"] == 8 * P and s["ddp_bucket_bytes"] == 4 * P
         # ZeRO-1: full params and grads, a share of the moments.
-        assert s["zero1"]["params"] == s["zero1"]["grads"] == 4 * P
+        assert s["zero1"]["parameters"] == s["zero1"]["gradients"] == 4 * P
     # Every element's moments live on exactly one rank.
-    assert sum(s["zero1"]["optimizer_states"] for s in states) == 8 * P
-    assert sum(s["fsdp"]["logical"]["params"] for s in states) == 4 * P
-    assert sum(s["fsdp"]["logical"]["optimizer_states"] for s in states) == 8 * P
+    assert sum(s["zero1"]["optimizer_state"] for s in states) == 8 * P
+    assert sum(s["fsdp"]["logical"]["parameters"] for s in states) == 4 * P
+    assert sum(s["fsdp"]["logical"]["optimizer_state"] for s in states) == 8 * P
     # FSDP2: within a row per tensor of 16 * ceil(P/N); padded storage never below the logical.
     rows = states[0]["fsdp_rows"]
     slack = 16 * sum(math.prod(shape[1:]) for shape, _ in rows.values())
     for s in states:
         assert abs(s["fsdp"]["total"] - formula(3).total) <= slack
-        assert s["fsdp"]["params"] >= s["fsdp"]["logical"]["params"]
+        assert s["fsdp"]["parameters"] >= s["fsdp"]["logical"]["parameters"]
     # pos_emb has 15 rows: rank 1 holds 7 of them in an 8-row buffer.
-    assert states[1]["fsdp"]["params"] - states[1]["fsdp"]["logical"]["params"] >= 4 * ODD.d_model
+    assert states[1]["fsdp"]["parameters"] - states[1]["fsdp"]["logical"]["parameters"] >= 4 * ODD.d_model
 
 
 def test_average_gradients_by_hand():

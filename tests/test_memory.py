@@ -48,7 +48,7 @@ def test_bytes_per_param_published(optimizer, precision, extra, expected):
 
 def test_mixed_adam_breakdown_is_2_2_4_4_4():
     m = training_memory(1000, optimizer="adam", precision="bf16-mixed")
-    assert (m.params, m.grads, m.master_weights, m.optimizer_states) == (2000, 2000, 4000, 8000)
+    assert (m.parameters, m.gradients, m.master_weights, m.optimizer_state) == (2000, 2000, 4000, 8000)
     assert m.total == 16_000
 
 
@@ -77,14 +77,14 @@ def test_zero_formulas(P, N):
 def test_zero_pads_shards_to_whole_elements():
     # 10 parameters over 4 ranks: 3 elements each (2 of padding in all), as DeepSpeed and FSDP pad.
     m = training_memory(10, precision="bf16-mixed", zero_stage=3, world_size=4)
-    assert m.as_dict() == {"params": 6, "grads": 6, "optimizer_states": 24, "master_weights": 12,
+    assert m.as_dict() == {"parameters": 6, "gradients": 6, "optimizer_state": 24, "master_weights": 12,
                            "total": 48}
 
 
 def test_seven_b_claim_forgets_master_weights():
     m = training_memory(7e9, optimizer="adamw", precision="bf16-mixed")
     claimed = 14 * GB + 14 * GB + 56 * GB
-    assert (m.params, m.grads, m.optimizer_states) == (14 * GB, 14 * GB, 56 * GB)
+    assert (m.parameters, m.gradients, m.optimizer_state) == (14 * GB, 14 * GB, 56 * GB)
     assert m.total - claimed == m.master_weights == 28 * GB
     assert m.total == 112 * GB
 
@@ -188,11 +188,11 @@ def test_precision_table_gives_the_bytes_of_each_model_state():
 
 def test_tied_weights_and_views_count_once():
     model = GPT(SMALL)  # lm_head is tied to the token embedding
-    assert model_state_bytes(model).params == 4 * count_parameters(model)
+    assert model_state_bytes(model).parameters == 4 * count_parameters(model)
     base = torch.zeros(100)
     layer = torch.nn.Linear(1, 1)
     layer.weight = torch.nn.Parameter(base[:10].view(10, 1))  # a view of a bigger storage
-    assert model_state_bytes(layer).params == 400 + 4  # the whole storage, plus the bias
+    assert model_state_bytes(layer).parameters == 400 + 4  # the whole storage, plus the bias
 
 
 @pytest.mark.gpu
@@ -227,7 +227,7 @@ recipes = st.fixed_dictionaries({
 @given(n=st.integers(1, 10**13), recipe=recipes)
 def test_never_negative_and_non_decreasing_in_size(n, recipe):
     a, b = training_memory(n, **recipe), training_memory(n + 1, **recipe)
-    for part in ("params", "grads", "optimizer_states", "master_weights", "total"):
+    for part in ("parameters", "gradients", "optimizer_state", "master_weights", "total"):
         assert 0 <= getattr(a, part) <= getattr(b, part)
     assert isinstance(a.total, int)
     # bytes per parameter (the published table above) times the parameters a rank holds: all of
