@@ -860,6 +860,7 @@ def _explicit_core_peak(config: GPTConfig, b: int, s: int, t, *, saved: bool,
     return worst
 
 
+@functools.lru_cache(maxsize=1024)
 def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
                       segments: int | None) -> dict | None:
     """The forward-pass moment of explicit attention: the last block's core at its worst.
@@ -870,6 +871,7 @@ def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: in
     checkpointed region keeps little in the forward pass, but its attention core still builds
     its ``s x s`` maps one after the other: with a selective policy this moment is the step's
     peak (the scores are cached while the probabilities, dropout's mask and output are alive).
+    Cached (at most 1024 settings; callers only read the dict).
     """
     if config.attention != "explicit" or t.autocast:
         return None
