@@ -1155,8 +1155,8 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     Accuracy on the CPU (``benchmarks/estimator_accuracy.py``, and the tests): one
     micro-batch in fp32 or pure 16-bit is exact to the byte, with or without dropout, under
     every checkpointing mode (with a selective policy and explicit attention the peak is in
-    the forward pass, with the other modes in a rerun or the backward pass), or high by a
-    bias gradient's bytes (128-256 in 5 of the benchmark's 160); never low there. Under
+    the forward pass, with the other modes in a rerun or the backward pass), or high by 128
+    to 256 bytes (5 of the benchmark's 160, all with dropout); never low there. Under
     autocast, within 5 %. More micro-batches: an upper bound. The fused MLP
     (``GPTConfig(fused_mlp=True)``, the course kernel through Triton's interpreter on the CPU)
     is exact too, under its two policies (``mode="save-kernel"`` or ``"recompute-kernel"``)
