@@ -28,7 +28,8 @@ that creates the cuBLAS workspaces). Three estimates of the same figure, in byte
   formula is not applied there (its statistics leave those rows out).
 
 Relative error ``(predicted - measured) / measured``; the summary gives the median and the maximum
-of its absolute value per estimator (target for the course predictor: median <= 3%, max <= 5%),
+of its absolute value per estimator (target for the course predictor: median <= 3%, max <= 3%,
+and never more than 1% under the measured peak),
 on the total and, in the JSON, also above the parameters (every estimate gets them exactly).
 
 The grid: attention (explicit, sdpa) x precision (fp32, bf16 weights with AdamW, state in bf16
@@ -63,7 +64,9 @@ MODES = ("none", "blocks", "sqrt", "selective", "attention")
 #: The recompute setting of Korthikanti et al.'s formula that matches each mode, where one does.
 FORMULA_RECOMPUTE = {"none": "none", "attention": "selective", "blocks": "full"}
 ESTIMATORS = ("course", "states only", "formula")
-TARGET_MEDIAN, TARGET_MAX = 0.03, 0.05
+#: The course predictor's target: median and maximum |error|, and the most it may be low (a
+#: planner trusting a prediction under the peak runs out of memory).
+TARGET_MEDIAN, TARGET_MAX, TARGET_LOW = 0.03, 0.03, 0.01
 
 MODEL = {"cpu": dict(vocab_size=256, d_model=64, n_heads=4),
          "cuda": dict(vocab_size=8192, d_model=512, n_heads=8)}
@@ -206,8 +209,11 @@ def summarise(rows: list[dict]) -> dict:
         out[basis] = {name: _stats([r[f"error {name}{suffix}"] for r in done])
                       for name in ESTIMATORS}
     course = out["total"]["course"]
+    signed = [r["error course"] for r in done]
+    out["course lowest error"] = min(signed) if signed else None
     out["course meets target"] = (course["n"] > 0 and course["median_abs_error"] <= TARGET_MEDIAN
-                                  and course["max_abs_error"] <= TARGET_MAX)
+                                  and course["max_abs_error"] <= TARGET_MAX
+                                  and out["course lowest error"] >= -TARGET_LOW)
     out["course by mode"] = {mode: _stats([r["error course"] for r in done if r["mode"] == mode])
                              for mode in MODES}
     peaks = [r["moment"] for r in done]
@@ -245,7 +251,8 @@ def print_report(rows: list[dict], summary: dict, info: dict) -> None:
     print(table(by_mode, ["mode", "n", "median abs error", "max abs error"]))
     verdict = "meets" if summary["course meets target"] else "MISSES"
     print(f"\ncourse predictor {verdict} the target (median <= {TARGET_MEDIAN:.0%}, "
-          f"max <= {TARGET_MAX:.0%})")
+          f"max <= {TARGET_MAX:.0%}, never more than {TARGET_LOW:.0%} low; lowest "
+          f"{_pct(summary['course lowest error'])})")
 
 
 def main(argv=None) -> int:

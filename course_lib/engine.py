@@ -23,7 +23,11 @@ How it predicts. Three moments of a step compete (the largest is the peak):
   node by node: each node allocates its outputs (the gradient it passes down,
   weight gradients) and then frees its incoming gradient and what it saved.
   Checkpointed regions are rebuilt when the backward pass reaches them (Chen et
-  al. 2016, "Training Deep Nets with Sublinear Memory Cost"). From the second
+  al. 2016, "Training Deep Nets with Sublinear Memory Cost"), and a rerun attention
+  core holds its scratch at its end (the QKV output, the masked ``s x s`` scores
+  and the output of explicit attention; SDPA's math kernel's copies) on top of what
+  it saves; a core rerun alone stops at its last saved tensor (``torch.utils.checkpoint``'s
+  early stop), before its output. From the second
   micro-batch of an accumulated step on, the whole gradient is alive as well;
   each new weight gradient is added into it and freed, which the engine bounds
   from above by keeping the first pass's new gradients on top (tight when the
@@ -32,8 +36,12 @@ How it predicts. Three moments of a step compete (the largest is the peak):
   (:func:`adamw_scratch_bytes`, or one copy of ``v`` for ``foreach``, PyTorch's default on
   CUDA); in
   mixed precision the gradients are the fp32 copies of the master weights';
-* **forward**, only where SDPA's math kernel runs (the CPU with dropout, bf16 on
-  a T4): the last block's attention scratch.
+* **forward**, where SDPA's math kernel runs without checkpointing (the CPU with dropout,
+  bf16 on a T4): the last block's attention scratch; with explicit attention, under every
+  checkpointing mode: the last block's core replayed tensor by tensor
+  (:func:`_explicit_core_peak`). A checkpointed core keeps little, yet builds its
+  ``s x s`` maps one after the other: under a selective policy the cached scores, the masked
+  scores, the probabilities, dropout's mask and its output are alive at once, the step's peak.
 
 Where the step runs (``gpu``: None for the CPU, a preset name of
 :data:`course_lib.device.GPUS`, "cuda" for this kernel's GPU, or a
@@ -56,8 +64,9 @@ here with :func:`precision_of`; bytes per parameter of model states, gradients i
 ``"autocast-bf16"``  with a GradScaler for fp16                            weight copies
 =================  ======================================================  ==============
 
-Accuracy: on the CPU, exact to the byte for one micro-batch in fp32 and pure 16-bit
-(the tests), within 2-7 % in the cases named in :func:`predict_step_memory`. On
+Accuracy: on the CPU, exact to the byte for one micro-batch in fp32 and pure 16-bit, with
+or without dropout, under every checkpointing mode (the tests; ``benchmarks/estimator_accuracy.py``);
+the cases within a few % are named in :func:`predict_step_memory`. On
 CUDA the rules follow PyTorch's documented kernels; the ``gpu`` tests and
 ``make gpu-check`` compare them with the allocator.
 """
@@ -179,8 +188,9 @@ class _Replay:
 
     A node first allocates its outputs one by one (the peak is checked after each),
     then frees what it no longer needs: its incoming gradient and the tensors it saved.
-    ``recompute(label, nbytes, before=labels)`` adds rebuilt activations now, or just
-    before the next node whose label starts with one of ``labels``.
+    ``recompute(label, nbytes, before=labels, scratch=n)`` adds rebuilt activations now, or
+    just before the next node whose label starts with one of ``labels``, with ``n`` bytes of
+    the rerun's own scratch alive at its end (then freed).
     """
 
     def __init__(self, live: dict):
@@ -191,8 +201,8 @@ class _Replay:
 
     def node(self, label: str, allocs, frees=()) -> None:
         if self.pending and label.startswith(self.pending[2]):
-            (pending_label, nbytes, _), self.pending = self.pending, None
-            self._node(pending_label, [(_ACT, nbytes)], ())
+            (pending_label, nbytes, _, scratch), self.pending = self.pending, None
+            self._node(pending_label, [(_ACT, nbytes), (_TMP, scratch)], [(_TMP, scratch)])
         self._node(label, allocs, frees)
 
     def _node(self, label, allocs, frees) -> None:
@@ -204,11 +214,12 @@ class _Replay:
         for category, nbytes in frees:
             self.live[category] -= nbytes
 
-    def recompute(self, label: str, nbytes: int, before: tuple | None = None) -> None:
+    def recompute(self, label: str, nbytes: int, before: tuple | None = None,
+                  scratch: int = 0) -> None:
         if before is None:
-            self._node(label, [(_ACT, nbytes)], ())
+            self._node(label, [(_ACT, nbytes), (_TMP, scratch)], [(_TMP, scratch)])
         else:
-            self.pending = (label, nbytes, before)
+            self.pending = (label, nbytes, before, scratch)
 
     @classmethod
     def effect(cls, replay) -> _Effect:
@@ -269,6 +280,10 @@ class _Backward:
 
     def __init__(self, config: GPTConfig, b: int, s: int, t, params: torch.dtype):
         self.config, self.b, self.s, self.t, self.params = config, b, s, t, params
+        #: Replaying a checkpointed region: ``torch.utils.checkpoint`` drops a recomputed tensor
+        #: from its store as the backward pass unpacks it, so a saved input goes with its last
+        #: use (before a linear's bias gradient) rather than when its node is done.
+        self.in_region = False
         h = config.d_model
         self.Xc = self.bytes(b * s * h, t.compute)        # one (b, s, h) tensor in the compute dtype
         self.Xr = self.bytes(b * s * h, t.stream)         # ... in the residual stream's dtype
@@ -288,6 +303,12 @@ class _Backward:
         in 16 bit, then cast to the fp32 parameters' gradients, freeing the weight copy."""
         bias = self.config.bias if bias is None else bias
         w, bb = n_in * n_out, n_out * bias
+        if not self.t.autocast and self.in_region and bb:
+            saved = [f for f in frees if f[0] == _ACT]  # gone after the weight gradient's matmul
+            r.node(label, [(_TMP, grad_in), (_GRAD, self.bytes(w, self.params))], saved)
+            r.node(label + ": bias gradient", [(_GRAD, self.bytes(bb, self.params))],
+                   [f for f in frees if f[0] != _ACT])
+            return
         if not self.t.autocast:
             r.node(label, [(_TMP, grad_in), (_GRAD, self.bytes(w, self.params)),
                            (_GRAD, self.bytes(bb, self.params))], frees)
@@ -595,20 +616,94 @@ def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
     return outside + (config.n_layers - covered) * block + len(regions) * wrapped
 
 
+def _rerun_core(one: GPTConfig, b: int, s: int, t) -> tuple[int, int] | None:
+    """``(after, scratch)`` for the rerun of a whole block with the explicit core: the bytes
+    the block saves after its core, and what the core holds at its end beyond what it saves
+    (explicit: the QKV output, the masked scores, the causal mask and the output,
+    :func:`_explicit_core_peak` with every saved tensor kept; SDPA's math kernel: its scratch,
+    :func:`_math_scratch`). None for the fused kernels, which save what they hold."""
+    if t.autocast or one.fused_mlp:
+        return None
+    kernel = kernels.attention_kernel(one, t.compute, t.gpu)
+    block = act._block_saved(one, b, s, t)
+    core = act._core_saved(one, b, s, t)
+    end = max(i for i, item in enumerate(block) if item in core)
+    total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=t.gpu)
+    if kernel == "math":
+        return total(block[end + 1:]), _math_scratch(one, b, s, t)
+    if kernel != "explicit":
+        return None
+    qkv_out = kernels.allocated(3 * b * s * one.d_model * dtype_bytes(t.compute), t.gpu)
+    scratch = qkv_out + _explicit_core_peak(one, b, s, t, saved=True, keep_scores=False) \
+        - total(core)
+    return total(block[end + 1:]), scratch
+
+
+def _selective_rerun(one: GPTConfig, b: int, s: int, t, after: int,
+                     scratch: int) -> tuple[int, int, int]:
+    """:func:`_rerun_core`'s ``(after, scratch)`` under the selective policy, and the cached
+    scores' bytes, whose cache holds
+    the QKV output, the core's ``q @ k^T`` and ``probs @ v`` outputs (fp32 in the math kernel)
+    and the MLP's first output (GELU's input): none of them is allocated again by the rerun,
+    and the scores are let go inside the core, once the scaling has read them (no backward
+    formula needs them)."""
+    n, gpu, e = b * s * one.d_model, t.gpu, dtype_bytes(t.compute)
+    inner = 4 if kernels.attention_kernel(one, t.compute, gpu) == "math" else e
+    fc_out = kernels.allocated(4 * n * e, gpu)
+    scores = kernels.allocated(b * one.n_heads * s * s * inner, gpu)
+    return (after - fc_out,
+            scratch - kernels.allocated(3 * n * e, gpu) - kernels.allocated(n * inner, gpu),
+            scores)
+
+
+def _rerun_core_scratch(one: GPTConfig, b: int, s: int, t) -> int:
+    """What a checkpointed attention core holds at the end of its rerun beyond what it saves:
+    :func:`_rerun_core`'s scratch less its inputs (the QKV output, which the checkpoint keeps)
+    and less its output, which the rerun never computes (``torch.utils.checkpoint`` stops a
+    non-reentrant rerun once the last saved tensor, the copy of ``v`` for ``probs @ v``, is
+    rebuilt); 0 for the fused kernels and under autocast."""
+    core = _rerun_core(one, b, s, t)
+    if core is None:
+        return 0
+    n, gpu = b * s * one.d_model, t.gpu
+    e = dtype_bytes(t.compute)
+    out = kernels.allocated(n * e, gpu)
+    if kernels.attention_kernel(one, t.compute, gpu) == "math" and e != 4:
+        out += kernels.allocated(4 * n, gpu)  # the fp32 output, then its 16-bit cast
+    return core[1] - kernels.allocated(3 * n * e, gpu) - out
+
+
 @functools.lru_cache(maxsize=4096)
 def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: str,
                   rerun: int | None, released: bool, left: int) -> _Effect:
     """One block's backward pass (:meth:`_Replay.effect`), with its region's recomputation
     (``rerun`` bytes) before it and what its checkpoint still held (``released``) after it."""
     bw = _Backward(one, b, s, t, params)
+    bw.in_region = rerun is not None and mode in ("blocks", "sqrt", *ckpt.SELECTIVE_MODES)
 
     def one_block(r: _Replay) -> None:
         if rerun is not None:  # the backward pass unpacks a tensor of the region: it runs again
-            if mode in ckpt.SELECTIVE_MODES:  # the rerun takes the kept outputs from the
-                # cache, which lets go of those no backward formula needs as they are consumed
+            core = _rerun_core(one, b, s, t) if mode in ("blocks", "sqrt", "selective") else None
+            if core is None and mode in ckpt.SELECTIVE_MODES:  # the rerun takes the kept outputs
+                # from the cache, which lets go of those no backward formula needs
                 r.node("block {i}: cached outputs consumed", [], [(_ACT, left)])
-            r.recompute("block {i}: recomputation", rerun,
-                        before=_CORE_BACKWARD if mode == "attention" else None)
+            if core is not None:  # the rerun's attention core at its end, then the block's rest
+                after, scratch = core
+                scores = 0
+                if mode == "selective":  # its QKV output, its output and the MLP's are cached
+                    after, scratch, scores = _selective_rerun(one, b, s, t, after, scratch)
+                    r.node("block {i}: cached scores consumed", [], [(_ACT, scores)])
+                r.node("block {i}: rerun's attention",
+                       [(_ACT, rerun - after), (_TMP, scratch)], [(_TMP, scratch)])
+                if mode == "selective":  # the other cached outputs the rerun consumed, held by
+                    # the attention's locals until it returns (the QKV output by q, k and v)
+                    r.node("block {i}: cached outputs consumed", [], [(_ACT, left - scores)])
+                r.node("block {i}: recomputation", [(_ACT, after)])
+            elif mode == "attention":  # the core alone, with its scratch (the QKV output is kept)
+                r.recompute("block {i}: recomputation", rerun, before=_CORE_BACKWARD,
+                            scratch=_rerun_core_scratch(one, b, s, t))
+            else:
+                r.recompute("block {i}: recomputation", rerun)
         bw.block(r)
         if released and mode == "attention":  # what its checkpoint still held
             r.node("block {i}: region released", [], [(_ACT, left)])
@@ -685,6 +780,21 @@ def _chunked_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: int
     return {"live": {_GRAD: 0, _ACT: kept, _TMP: scratch}, "moment": "chunked loss (forward)"}
 
 
+def _math_scratch(config: GPTConfig, b: int, s: int, t) -> int:
+    """What SDPA's math kernel holds at its end beyond what it saves (:func:`_math_forward`)."""
+    gpu, e, h, a = t.gpu, dtype_bytes(t.compute), config.d_model, config.n_heads
+    n = b * s * h
+
+    def al(numel, nbytes):
+        return kernels.allocated(numel * nbytes, gpu)
+
+    views = b == 1 or a == 1  # head batches are views: no copies (activations._core_saved)
+    if e == 4:
+        return 2 * al(n, 4) + al(s * s, 4) + (0 if views else al(3 * n, e))
+    copies = (3 if views else 5) * al(n, 4)
+    return copies + al(s * s, 4) + al(b * a * s * s, e) + al(n, e) + al(3 * n, e)
+
+
 def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
     """The forward-pass moment that can win where SDPA runs its math kernel: the last block's attention.
 
@@ -697,18 +807,8 @@ def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
     """
     if config.attention != "sdpa" or kernels.sdpa_kernel(config, t.compute, t.gpu) != "math":
         return None
-    gpu, e, h, a = t.gpu, dtype_bytes(t.compute), config.d_model, config.n_heads
-    n = b * s * h
-
-    def al(numel, nbytes):
-        return kernels.allocated(numel * nbytes, gpu)
-
-    views = b == 1 or a == 1  # head batches are views: no copies (activations._core_saved)
-    if e == 4:
-        scratch = 2 * al(n, 4) + al(s * s, 4) + (0 if views else al(3 * n, e))
-    else:
-        copies = (3 if views else 5) * al(n, 4)
-        scratch = copies + al(s * s, 4) + al(b * a * s * s, e) + al(n, e) + al(3 * n, e)
+    gpu = t.gpu
+    scratch = _math_scratch(config, b, s, t)
     block = act._block_saved(config, b, s, t)
     last_core = max(i for i, item in enumerate(block) if item.op.startswith("sdpa"))
     args = (config, b, s, t.compute, gpu)
@@ -717,6 +817,96 @@ def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
     saved = act.total_bytes(act.model_saved(*args, autocast=t.autocast), act.STEP_KINDS,
                             gpu) - after
     return {"live": {_GRAD: 0, _ACT: saved, _TMP: scratch},
+            "moment": "last block's attention (forward)"}
+
+
+def _explicit_core_peak(config: GPTConfig, b: int, s: int, t, *, saved: bool,
+                        keep_scores: bool) -> int:
+    """Bytes above its start at the worst moment of the explicit attention core's forward pass.
+
+    ``CausalSelfAttention.core`` replayed tensor by tensor (``models.py``): the copies of ``q``
+    and ``k`` for ``q @ k^T``; the scores; the scaled scores; the causal mask (``ones``, its
+    ``tril``, kept by the core to its end, and ``~mask``); the masked scores (the local
+    ``scores``, alive until the core returns); the probabilities; dropout's mask and output;
+    the copy of ``v``; the output. ``saved``: autograd keeps what each op saves (a plain
+    block); else nothing of the core is kept (checkpointed), but with ``keep_scores`` the
+    ``q @ k^T`` and ``probs @ v`` outputs, which a selective policy caches.
+    """
+    a, p, e = config.n_heads, config.dropout, dtype_bytes(t.compute)
+    gpu = t.gpu
+
+    def al(numel, dtype_bytes_):
+        return kernels.allocated(numel * dtype_bytes_, gpu)
+
+    X = 0 if (b == 1 or a == 1) else al(b * s * config.d_model, e)  # a head-batched copy
+    S = al(b * a * s * s, e)
+    M = al(b * a * s * s, dtype_bytes(t.mask(t.compute)))
+    B = al(s * s, 1)
+    live = worst = 0
+
+    def alloc(*sizes):
+        nonlocal live, worst
+        for n in sizes:
+            live += n
+            worst = max(worst, live)
+
+    def free(*sizes):
+        nonlocal live
+        live -= sum(sizes)
+
+    alloc(X, X, S)                                   # q, k copies; q @ k^T
+    alloc(S)                                         # * 1/sqrt(d)
+    free(*(() if saved else (X, X)), *(() if keep_scores else (S,)))
+    alloc(B, B)                                      # ones, tril (the local mask)
+    free(B)
+    alloc(B, S)                                      # ~mask, masked_fill
+    free(S, *(() if saved else (B,)))                # the scaled scores; ~mask unless saved
+    alloc(S)                                         # softmax
+    if p > 0:
+        alloc(M, S)                                  # dropout: its mask, its output
+        if not saved:
+            free(S, M)                               # the probabilities and the mask
+    alloc(X)                                         # v copy
+    alloc(al(b * s * config.d_model, e))             # probs @ v
+    return worst
+
+
+@functools.lru_cache(maxsize=1024)
+def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
+                      segments: int | None) -> dict | None:
+    """The forward-pass moment of explicit attention: the last block's core at its worst.
+
+    What the embeddings and the blocks below keep under ``mode``, what the last block holds
+    when its core starts (the QKV output, and LayerNorm's and the QKV projection's saved
+    inputs where they are kept), and the core's own peak (:func:`_explicit_core_peak`). A
+    checkpointed region keeps little in the forward pass, but its attention core still builds
+    its ``s x s`` maps one after the other: with a selective policy this moment is the step's
+    peak (the scores are cached while the probabilities, dropout's mask and output are alive).
+    Cached (at most 1024 settings; callers only read the dict).
+    """
+    if config.attention != "explicit" or t.autocast:
+        return None
+    gpu, L, h = t.gpu, config.n_layers, config.d_model
+    embed, per_block, _, regions, _ = ckpt._layout(config, b, mode, every, segments, s,
+                                                   t.compute, gpu, t.autocast)
+    total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=gpu)
+    below = total(embed) + sum(total(items) for items in per_block[:L - 1])
+    wrapped = {region[0] for region in regions}
+    last = L - 1 if mode != "sqrt" else None  # sqrt leaves the last segment plain
+    checkpointed = last in wrapped
+    x_in = kernels.allocated(b * s * h * dtype_bytes(t.stream), gpu)
+    qkv_out = kernels.allocated(3 * b * s * h * dtype_bytes(t.compute), gpu)
+    ln_and_input = total(act._layernorm_saved("ln1", b, s, h, t)
+                         + act._linear_saved("qkv", "", b, s, h, 3 * h, t))
+    if not checkpointed or mode == "attention":
+        start = ln_and_input + qkv_out
+    else:  # blocks, selective: the block's input, LayerNorm's output (the attention's argument,
+        # alive until the attention returns) and the QKV output (cached or not)
+        start = 2 * x_in + qkv_out
+    saved = not checkpointed
+    core = _explicit_core_peak(config, b, s, t, saved=saved,
+                               keep_scores=checkpointed and mode in ckpt.SELECTIVE_MODES)
+    return {"live": {_GRAD: 0, _ACT: below + start, _TMP: core},
             "moment": "last block's attention (forward)"}
 
 
@@ -783,9 +973,11 @@ def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every
                     optimizer_state=0 if first_step else state, first_step=first_step)
     loss = kernels.allocated(4, gpu)
     out = {}
-    # The forward moment of a checkpointed model is left out: its regions keep less (the
-    # backward rerun, replayed, is where they peak).
+    # The forward moment: SDPA's math kernel scratch (no checkpointing), or the explicit core's
+    # s x s maps (every mode: a checkpointed core still builds them).
     forward = _math_forward(config, b, s, t) if mode == "none" else None
+    if forward is None:
+        forward = _explicit_forward(config, b, s, t, mode, every, segments)
     if loss_chunk is not None:
         chunked = _chunked_forward(config, b, s, t, mode, every, segments, loss_chunk)
         if forward is None or sum(chunked["live"].values()) > sum(forward["live"].values()):
@@ -972,11 +1164,10 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
         ValueError: naming the argument, for anything outside the above.
 
     Accuracy on the CPU (``benchmarks/estimator_accuracy.py``, and the tests): one
-    micro-batch in fp32 or pure 16-bit is exact to the byte without dropout; with
-    dropout, ``blocks``, ``attention`` and ``selective`` can be low by up to 2 %, 2 %
-    and 6.5 % (the selective rerun of explicit attention peaks in the forward pass,
-    a moment not replayed), and 16-bit ``sdpa`` (the math kernel) by up to 6 %.
-    Under autocast, within 5 %. More micro-batches: an upper bound. The fused MLP
+    micro-batch in fp32 or pure 16-bit is exact to the byte, with or without dropout, under
+    every checkpointing mode (with a selective policy and explicit attention the peak is in
+    the forward pass, with the other modes in a rerun or the backward pass). Under autocast,
+    within 5 %. More micro-batches: an upper bound. The fused MLP
     (``GPTConfig(fused_mlp=True)``, the course kernel through Triton's interpreter on the CPU)
     is exact too, under its two policies (``mode="save-kernel"`` or ``"recompute-kernel"``)
     as under the other modes; with explicit attention ``save-kernel`` is low by under 1 %
@@ -985,7 +1176,9 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     Example:
         >>> cfg = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
         >>> m = predict_step_memory(cfg, 4, precision="bf16-mixed", gpu="A100 80GB")
-        >>> m.total == m.model_states + m.gradients + m.activations + m.transient
+        >>> m.moment  # an A100 runs flash attention; its backward is where this step peaks
+        'backward, micro-batch 1: fused attention backward (flash)'
+        >>> m.optimizer_state == 2 * m.master_weights  # m and v, fp32 like the master copies
         True
     """
     moments = predict_moments(config, micro_batch_size, accumulation_steps, precision=precision,
