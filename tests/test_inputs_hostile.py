@@ -3,6 +3,9 @@ a ValueError naming the caller's parameter (never an OverflowError, AttributeErr
 RuntimeError or a message about an internal name), numpy and torch integers taken as their value,
 a maximum for every size, and nothing changed by a refused call."""
 
+import dataclasses
+import time
+
 import ipywidgets
 import numpy as np
 import pytest
@@ -289,3 +292,107 @@ def test_the_tradeoff_explorer_refuses_a_speed_and_choices_of_the_wrong_kind():
         step_views.tradeoff_explorer({"tiny": CFG}, speed=speed, model=["tiny"])
     with pytest.raises(ValueError, match="^gpu must be one of"):
         step_views.tradeoff_explorer({"tiny": CFG}, speed=speed, gpu=["T4"])
+
+
+# --- a deadline that holds on a loaded machine ----------------------------------------------------
+
+def test_within_seconds_stops_the_work_at_the_first_op_past_its_limit():
+    timing.within_seconds(lambda: torch.ones(2) + 1, 1.0)  # the dispatch machinery, warmed up
+    model, x, y = _model_and_batch()
+
+    def endless():
+        while True:
+            model(x, y)[1].backward()
+
+    start = time.perf_counter()
+    with pytest.raises(timing.TimeLimitExceeded, match="^the step was stopped after 0.1"):
+        timing.within_seconds(endless, 0.1, what="the step")
+    assert time.perf_counter() - start < 0.5
+    assert timing.within_seconds(lambda: 3, 1.0)[0] == 3
+    for bad, match in ((0, "^seconds must be a finite number > 0.0"),
+                       (BEYOND_FLOAT, "^seconds must be a finite number"),
+                       (3601, "^seconds must be a finite number <= 3600.0")):
+        with pytest.raises(ValueError, match=match):
+            timing.within_seconds(lambda: None, bad)
+    with pytest.raises(ValueError, match="^fn must be callable"):
+        timing.within_seconds(3, 1.0)
+
+
+def test_the_measure_button_holds_its_limit_when_the_prediction_is_far_too_low(monkeypatch,
+                                                                               capsys):
+    # A machine busy with other work: the prediction (from a speed 1000x too high) says the
+    # step is quick; GPT-2 124M on this CPU is not. The button used to trust the prediction and
+    # block for minutes; one step, timed against the limit, stops it.
+    real = playground.device_speed("T4")
+    fast = dataclasses.replace(real, name="this CPU", fp32_flops=1e18, fp16_flops=1e18,
+                               bf16_flops=1e18, memory_bandwidth=1e18, op_seconds=1e-12)
+    gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+    box = step_views.tradeoff_explorer({"GPT-2 124M": gpt2}, speed=fast)
+    monkeypatch.setattr(step_views, "MEASURE_LIMIT_SECONDS", 0.8)
+    timing.within_seconds(lambda: torch.ones(2) + 1, 1.0)  # the dispatch machinery, warmed up
+    start = time.perf_counter()
+    box.measure()
+    took = time.perf_counter() - start
+    message = _printed(capsys)
+    assert message.startswith("not measured: the first step of GPT-2 124M took more than 400 ms "
+                              "here (predicted ")
+    assert not box.measured and took < 0.8 + 1.0, took
+
+
+def _printed(capsys):
+    """What a widget printed (outside a kernel, an ``Output`` passes it to stdout)."""
+    return capsys.readouterr().out.replace("\x1b[2K", "").strip()
+
+
+def test_the_measure_button_reports_a_menu_left_empty(capsys):
+    box = step_views.tradeoff_explorer({"tiny": CFG}, speed=playground.device_speed("T4"))
+    box.view.controls["model"].value = None
+    capsys.readouterr()
+    box.measure()
+    message = _printed(capsys).splitlines()[-1]
+    assert message.startswith("⚠ model must be one of ['tiny'], got None: choose one")
+    assert not box.measured
+
+
+# --- widgets: a clear message for a menu set to None, never "KeyError: None" ----------------------
+
+def _shown(capsys):
+    return _printed(capsys).splitlines()[-1]
+
+
+def _recordings():
+    model, x, y = _model_and_batch()
+    return {m: step_views.record_accumulation_step(model, x, y, 2, m) for m in step_views.LOOPS}
+
+
+@pytest.mark.parametrize("make, view_of, name", [
+    (lambda: activation_views.oom_widget(), lambda b: b, "gpu"),
+    (lambda: ladder_view.ladder_explorer(), lambda b: b, "model"),
+    (lambda: step_views.tradeoff_explorer({"tiny": CFG}, speed=playground.device_speed("T4"),
+                                          gpu="T4"), lambda b: b.view, "model"),
+    (lambda: step_views.tradeoff_explorer({"tiny": CFG}, speed=playground.device_speed("T4"),
+                                          gpu="T4"), lambda b: b.view, "gpu"),
+    (lambda: step_views.step_through(_recordings()), lambda b: b.view, "mode"),
+    (lambda: checkpoint_views.explorer(), lambda b: b, "gpu"),
+])
+def test_a_menu_set_to_none_says_which_and_what_to_choose(make, view_of, name, capsys):
+    view = view_of(make())
+    capsys.readouterr()
+    view.controls[name].value = None
+    shown = _shown(capsys)
+    assert shown.startswith(f"⚠ {name} must be one of [") and shown.rstrip().endswith(
+        "got None: choose one"), shown
+    assert "KeyError" not in shown and view.image.layout.display == "none"
+
+
+def test_the_playground_button_shows_any_failure_as_a_message(monkeypatch):
+    pg = playground.Playground(CFG, samples=16)
+    box = step_views.playground_view(pg, sizes=(1, 2), steps=(1, 2), micro_batch_size=1,
+                                     accumulation_steps=1)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(pg, "run", broken)
+    box.train()  # what a click calls
+    assert box.status.value == "⚠ RuntimeError: out of memory"
