@@ -17,6 +17,7 @@ from course_lib import (
     activations,
     calculator,
     checkpoint_views,
+    fit,
     fit_ladder,
     fit_views,
     fused,
@@ -396,3 +397,35 @@ def test_the_playground_button_shows_any_failure_as_a_message(monkeypatch):
     monkeypatch.setattr(pg, "run", broken)
     box.train()  # what a click calls
     assert box.status.value == "⚠ RuntimeError: out of memory"
+
+
+# --- the fit's search space: bounded in size, its cache in bytes ----------------------------------
+
+def test_a_search_space_of_1024_by_1024_is_refused_before_it_is_built():
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^widths and depths must make at most 32,768 pairs "
+                                         r"\(len\(widths\) \* len\(depths\)\), got 1,024 \* 1,024"):
+        fit.search_space(widths=list(range(64, 64 * 1025, 64)), depths=list(range(1, 1025)),
+                         aspect_ratio=None)
+    with pytest.raises(ValueError, match="^widths and depths must make at most 32,768 pairs"):
+        fit.fit_model(10**9, widths=list(range(64, 64 * 1025, 64)), depths=list(range(1, 1025)))
+    assert time.perf_counter() - start < 1.0
+
+
+def test_the_search_space_cache_holds_at_most_its_bytes(monkeypatch):
+    monkeypatch.setattr(fit, "_SPACES", type(fit._SPACES)())
+    monkeypatch.setattr(fit, "MAX_CACHE_BYTES", 3000 * fit.CONFIG_BYTES)
+    for first in range(64, 64 * 11, 64):  # ten spaces of 1,000 configurations each
+        space = fit.search_space(widths=[first, 64 * 40], depths=list(range(1, 501)),
+                                 aspect_ratio=None)
+        assert len(space) == 1000
+    assert sum(len(v) for v in fit._SPACES.values()) <= 3000 and len(fit._SPACES) == 3
+    again = fit.search_space(widths=[64 * 10, 64 * 40], depths=list(range(1, 501)),
+                             aspect_ratio=None)  # the most recent: from the cache
+    assert [c.d_model for c in again] == [c.d_model for c in space]
+
+
+def test_search_spaces_take_numpy_ints():
+    a = fit.search_space(widths=[np.int64(768)], depths=[np.int64(12)], seq_len=np.int64(64),
+                         aspect_ratio=None)
+    assert a[0].d_model == 768 and type(a[0].d_model) is int and a[0].seq_len == 64
