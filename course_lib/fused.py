@@ -254,7 +254,11 @@ def reference(x: Tensor, bias: Tensor) -> Tensor:
 
     Returns:
         Tensor: ``gelu(x + bias)``.
+
+    Raises:
+        ValueError: naming ``x`` or ``bias``, for tensors the op does not take.
     """
+    _check(x, bias)
     return torch.nn.functional.gelu(x.float() + bias.float()).to(x.dtype)
 
 

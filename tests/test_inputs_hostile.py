@@ -429,3 +429,14 @@ def test_search_spaces_take_numpy_ints():
     a = fit.search_space(widths=[np.int64(768)], depths=[np.int64(12)], seq_len=np.int64(64),
                          aspect_ratio=None)
     assert a[0].d_model == 768 and type(a[0].d_model) is int and a[0].seq_len == 64
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: calculator.calculator_figure(1e308), r"^billions must be a finite number <= "),
+    (lambda: fused.reference(3.0, torch.zeros(4)), "^x and bias must be tensors, got float"),
+    (lambda: checkpoint_views.explorer(batch_size=10**5),
+     r"^batch_size must be an int in \[1, 32\], got 100000"),
+])
+def test_more_values_refused_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
