@@ -695,7 +695,8 @@ def lora_parameter_count(config: GPTConfig, rank: int,
 
     Args:
         config (GPTConfig): the model.
-        rank (int): the adapters' rank r, an int from 1 to ``MAX_COUNT``.
+        rank (int): the adapters' rank r, an int from 1 to ``config.d_model`` (a larger rank is
+            no low-rank adapter).
         targets (tuple of str): the block linears adapted, of :data:`LORA_TARGETS`.
 
     Returns:
@@ -709,7 +710,7 @@ def lora_parameter_count(config: GPTConfig, rank: int,
         lora_parameter_count(GPTConfig(d_model=64, n_layers=2), 8)  # 16384 = 2 * 16 * 64 * 8
     """
     check_config(config)
-    rank = positive_int("rank", rank, maximum=MAX_COUNT)
+    rank = positive_int("rank", rank, maximum=config.d_model)
     if (not isinstance(targets, tuple | list) or not targets
             or any(not isinstance(t, str) or t not in LORA_TARGETS for t in targets)):
         raise ValueError(f"targets must be a non-empty tuple of {LORA_TARGETS}, got {targets!r}")

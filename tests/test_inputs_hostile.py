@@ -23,6 +23,7 @@ from course_lib import (
     fused,
     guard,
     ladder_view,
+    levers,
     measure,
     memory,
     models,
@@ -440,3 +441,17 @@ def test_search_spaces_take_numpy_ints():
 def test_more_values_refused_by_name(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_lora_rank_is_named_and_at_most_the_width():
+    # a rank of 2**39 used to be refused as "numels", and a rank of 10**6 on a width of 8 priced
+    with pytest.raises(ValueError, match=r"^lora_rank must be a positive int of at most 8, got "
+                                         r"549755813888"):
+        fit_ladder.ladder(CFG, "T4", lora_rank=2**39)
+    with pytest.raises(ValueError, match="^plan.lora_rank must be a positive int of at most 8"):
+        fit_ladder.predict_plan(CFG, 2, fit_ladder.Plan(lora_rank=10**6))
+    with pytest.raises(ValueError, match="^plan.lora_rank must be a positive int of at most 8"):
+        fit_ladder.step_seconds(CFG, 2, fit_ladder.Plan(lora_rank=9), "T4")
+    with pytest.raises(ValueError, match="^rank must be a positive int of at most 8, got 9"):
+        levers.lora_parameter_count(CFG, 9)
+    assert levers.lora_parameter_count(CFG, 8) == 16 * 8 * 8 * CFG.n_layers
