@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .checkpointing import ALL_MODES, enable_checkpointing, step_flops
-from .device import GPU, GPUS, resolve_gpu
+from .device import GPU, GPUS, MAX_BANDWIDTH, MAX_FLOPS, resolve_gpu
 from .engine import StepMemory, precision_of, predict_step_memory
 from .kernels import attention_kernel
 from .measure import peak_memory, resident_bytes
@@ -336,6 +336,17 @@ class DeviceSpeed:
     measured: bool
     source: str
     region_seconds: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self):  # a speed of 0, NaN or 10**400 would give a time for nonsense
+        for name in ("fp32_flops", "fp16_flops", "bf16_flops", "memory_bandwidth", "op_seconds"):
+            maximum = {"memory_bandwidth": MAX_BANDWIDTH, "op_seconds": 1.0}.get(name, MAX_FLOPS)
+            number(name, getattr(self, name), above=0.0, maximum=maximum)
+        if not isinstance(self.region_seconds, tuple) or not all(
+                isinstance(r, tuple) and len(r) == 2 and isinstance(r[0], str)
+                and number("region_seconds", r[1], minimum=0.0, maximum=1.0) >= 0
+                for r in self.region_seconds):
+            raise ValueError(f"region_seconds must be a tuple of (mode, seconds) pairs, got "
+                             f"{self.region_seconds!r:.80}")
 
     def flops(self, dtype: torch.dtype) -> float:
         """FLOP/s of a matmul in ``dtype`` (fp32, fp16 or bf16).

@@ -327,7 +327,7 @@ def test_the_measure_button_holds_its_limit_when_the_prediction_is_far_too_low(m
     # block for minutes; one step, timed against the limit, stops it.
     real = playground.device_speed("T4")
     fast = dataclasses.replace(real, name="this CPU", fp32_flops=1e18, fp16_flops=1e18,
-                               bf16_flops=1e18, memory_bandwidth=1e18, op_seconds=1e-12)
+                               bf16_flops=1e18, memory_bandwidth=1e15, op_seconds=1e-12)
     gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
     box = step_views.tradeoff_explorer({"GPT-2 124M": gpt2}, speed=fast)
     monkeypatch.setattr(step_views, "MEASURE_LIMIT_SECONDS", 0.8)
@@ -455,3 +455,23 @@ def test_a_lora_rank_is_named_and_at_most_the_width():
     with pytest.raises(ValueError, match="^rank must be a positive int of at most 8, got 9"):
         levers.lora_parameter_count(CFG, 9)
     assert levers.lora_parameter_count(CFG, 8) == 16 * 8 * 8 * CFG.n_layers
+
+
+@pytest.mark.parametrize("field, value", [("fp32_flops", BEYOND_FLOAT), ("tensor_flops", 1e308),
+                                          ("memory_bandwidth", 2e15), ("fp32_flops", 0),
+                                          ("fp32_flops", float("nan")), ("tensor_flops", "fast")])
+def test_a_gpu_states_speeds_within_reason(field, value):
+    from course_lib.device import GPU
+    with pytest.raises(ValueError, match=f"^{field} must be a positive finite number of at most"):
+        GPU("card", 2**34, (8, 0), **{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("fp32_flops", BEYOND_FLOAT), ("bf16_flops", 0.0),
+                                          ("memory_bandwidth", float("nan")),
+                                          ("op_seconds", 2.0), ("fp16_flops", None)])
+def test_a_device_speed_states_speeds_within_reason(field, value):
+    speed = playground.device_speed("T4")
+    with pytest.raises(ValueError, match=f"^{field} must be a finite number"):
+        dataclasses.replace(speed, **{field: value})
+    with pytest.raises(ValueError, match="^region_seconds must be a finite number >= 0.0"):
+        dataclasses.replace(speed, region_seconds=(("blocks", -1.0),))
