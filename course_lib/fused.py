@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from .units import as_dtype
-from .validation import device as as_device
+from .validation import available_device as as_device
 
 try:  # the learner's runtime needs Triton only for this module; Colab ships it
     import triton

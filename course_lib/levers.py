@@ -58,7 +58,7 @@ from .validation import (
     number,
     positive_int,
 )
-from .validation import device as as_device
+from .validation import available_device as as_device
 
 #: The largest tokens or chunk rows any function here takes.
 MAX_TOKENS = MAX_COUNT

@@ -33,8 +33,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import fused
+from .validation import available_device as as_device
 from .validation import boolean, choice, integer, number, positive_int, tensor
-from .validation import device as as_device
 
 ATTENTION_KINDS = ("explicit", "sdpa")
 #: The largest value of each size of a :class:`GPTConfig` (well above any real model's:

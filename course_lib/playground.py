@@ -53,7 +53,7 @@ from .validation import (
     number,
     positive_int,
 )
-from .validation import device as as_device
+from .validation import available_device as as_device
 
 #: The most samples a playground trains on, and the largest micro-batch and accumulation
 #: steps it takes (each at most :data:`course_lib.validation.MAX_BATCH`).

@@ -55,7 +55,7 @@ from .toy_data import markov_entropy
 from .training import train
 from .units import GiB, KiB, MiB, format_bytes
 from .validation import MAX_BATCH, boolean, choice, number, positive_int
-from .validation import device as as_device
+from .validation import available_device as as_device
 from .widgets import check_chosen, check_figsize, live_plot, nice_ceiling, show_error
 
 # --------------------------------------------------------------------------- shared

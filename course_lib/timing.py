@@ -46,8 +46,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .validation import available_device as as_device
 from .validation import choice, function, integer, number, positive_int, text
-from .validation import device as as_device
 
 CLOCKS = ("auto", "wall", "cpu")
 

@@ -29,8 +29,10 @@ from course_lib import (
     models,
     planner,
     playground,
+    step_setup,
     step_views,
     timing,
+    toy_data,
     training,
     units,
     widgets,
@@ -475,3 +477,22 @@ def test_a_device_speed_states_speeds_within_reason(field, value):
         dataclasses.replace(speed, **{field: value})
     with pytest.raises(ValueError, match="^region_seconds must be a finite number >= 0.0"):
         dataclasses.replace(speed, region_seconds=(("blocks", -1.0),))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+@pytest.mark.parametrize("call", [
+    lambda d: models.random_tokens(CFG, 2, device=d),
+    lambda d: toy_data.markov_tokens(2, 8, device=d),
+    lambda d: step_setup.build(CFG, device=d),
+    lambda d: planner.measure_peak(CFG, 2, device=d),
+    lambda d: playground.measure_step_cost(CFG, 1, 1, device=d),
+    lambda d: timing.step_times({"a": lambda: None}, device=d),
+    lambda d: fused.example(d),
+])
+def test_a_device_this_machine_lacks_is_refused_naming_device(call):
+    # torch raised an AssertionError ("Torch not compiled with CUDA enabled") or a RuntimeError
+    with pytest.raises(ValueError, match=r"^device='cuda', but this machine has no CUDA device: "
+                                         r"device must be one of \['cpu', 'meta'"):
+        call("cuda")
+    with pytest.raises(ValueError, match=r"^device='xla', but this machine has no xla"):
+        call("xla")
