@@ -86,6 +86,10 @@ def check_chosen(controls: dict, values: dict) -> None:
     Raises:
         ValueError: naming the first keyword whose value is None, with the control's options.
     """
+    if not isinstance(controls, dict) or not isinstance(values, dict) or not set(values) <= set(
+            controls):
+        raise ValueError("controls and values must be dicts by keyword, values' keys among "
+                         "controls'")
     for name, value in values.items():
         if value is None:
             options = getattr(controls[name], "options", None) or ()

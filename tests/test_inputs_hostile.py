@@ -496,3 +496,13 @@ def test_a_device_this_machine_lacks_is_refused_naming_device(call):
         call("cuda")
     with pytest.raises(ValueError, match=r"^device='xla', but this machine has no xla"):
         call("xla")
+
+
+def test_the_shared_checks_refuse_their_own_bad_arguments():
+    model, x, y = _model_and_batch()
+    with pytest.raises(ValueError, match="^names must be two str, got 3"):
+        models.check_batch(model, x, y, names=3)
+    with pytest.raises(ValueError, match="^controls and values must be dicts"):
+        widgets.check_chosen([], {})
+    with pytest.raises(ValueError, match="^controls and values must be dicts"):
+        widgets.check_chosen({}, {"x": None})
