@@ -37,7 +37,7 @@ from .device import GPU, GPUS, MAX_BANDWIDTH, MAX_FLOPS, resolve_gpu
 from .engine import StepMemory, precision_of, predict_step_memory
 from .kernels import attention_kernel
 from .measure import peak_memory, resident_bytes
-from .models import GPT, MAX_SEED, GPTConfig, check_config, gpt_param_count
+from .models import GPT, MAX_SEED, GPTConfig, check_batch, check_config, gpt_param_count
 from .step_setup import build, measure_step_memory, train_options
 from .timing import CLOCKS, MAX_RUNS, step_times
 from .toy_data import markov_tokens
@@ -130,6 +130,7 @@ def step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch,
             and all(isinstance(t, torch.Tensor) for t in batch)):
         raise ValueError(f"batch must be an (inputs, targets) pair of tensors, got "
                          f"{type(batch).__name__}")
+    check_batch(model, *batch, names=("batch's inputs", "batch's targets"))
     resident = resident_bytes(model, optimizer)
     return resident + peak_memory(lambda: train(model, optimizer, [batch], log=log, **train_kwargs))
 

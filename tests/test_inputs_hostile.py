@@ -17,6 +17,7 @@ from course_lib import (
     activations,
     calculator,
     checkpoint_views,
+    checkpointing,
     fit,
     fit_ladder,
     fit_views,
@@ -506,3 +507,16 @@ def test_the_shared_checks_refuse_their_own_bad_arguments():
         widgets.check_chosen([], {})
     with pytest.raises(ValueError, match="^controls and values must be dicts"):
         widgets.check_chosen({}, {"x": None})
+
+
+def test_batches_are_refused_by_the_callers_names_not_idx():
+    model, x, y = _model_and_batch()
+    with pytest.raises(ValueError, match=r"^inputs must hold token ids in \[0, 16\)"):
+        checkpointing.measure_kept_bytes(model, x + 100, y)
+    with pytest.raises(ValueError, match="^inputs must hold integers"):
+        accumulation.full_batch_gradients(model, x.float(), y)
+    with pytest.raises(ValueError, match=r"^inputs must hold token ids in \[0, 16\)"):
+        accumulation.full_batch_gradients(model, x + 100, y)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"^batch's targets must hold token ids in \[0, 16\)"):
+        playground.step_memory(model, opt, (x, y + 100), micro_batch_size=4)
