@@ -132,7 +132,9 @@ def _on_top(text, x: float, value: float, top: float, words: str) -> None:
 #: The checkpointing choices the explorer offers when asked to (lecture 04 teaches them):
 #: label -> mode of :mod:`course_lib.checkpointing`.
 CHECKPOINT_CHOICES = {"none": "none", "every block": "blocks", "selective": "selective"}
-#: Longest a measurement may be predicted to take on this device before the button declines.
+#: Longest the "measure here" button may block, in seconds: it declines a setting predicted to
+#: take longer, and stops (at the first op past its share of the limit) a step that runs slower
+#: than predicted, as on a machine busy with other work.
 MEASURE_LIMIT_SECONDS = 20.0
 #: The micro-batch sizes and accumulation steps the explorer's sliders offer.
 SIZES = (1, 2, 4, 8, 16, 32, 64)
