@@ -812,8 +812,8 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
         ValueError: naming the parameter, for a bad value.
     """
     check_config(config)
-    b = positive_int("micro_batch_size", micro_batch_size)
-    K = positive_int("accumulation_steps", accumulation_steps)
+    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     steps = positive_int("steps", steps, maximum=MAX_RUNS)
     choice("clock", clock, CLOCKS)
     _check_choices(checkpointing, precision)

@@ -520,3 +520,10 @@ def test_batches_are_refused_by_the_callers_names_not_idx():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match=r"^batch's targets must hold token ids in \[0, 16\)"):
         playground.step_memory(model, opt, (x, y + 100), micro_batch_size=4)
+
+
+def test_more_sizes_have_a_maximum():
+    with pytest.raises(ValueError, match="^block must be a positive int of at most 1,152,921"):
+        units.storage_bytes([torch.zeros(2)], block=2**61)
+    with pytest.raises(ValueError, match="^micro_batch_size must be a positive int of at most 16,"):
+        playground.measure_step_cost(CFG, 2**25, 1)
