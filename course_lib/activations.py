@@ -73,6 +73,10 @@ class Saved:
             "scalar" for the 0-d float64 tensor autograd wraps around a Python number (a host
             tensor made outside the dispatcher: the live-tensor tracker does not see it, and on
             CUDA it is not GPU memory).
+
+    Raises:
+        ValueError: naming the field: ``op`` or ``what`` not a str, ``shape`` not a tuple of ints
+            from 0 to :data:`course_lib.validation.MAX_COUNT`, an unknown ``dtype`` or ``kind``.
     """
 
     op: str

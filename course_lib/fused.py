@@ -66,6 +66,9 @@ def backend(device: torch.device | str) -> str:
     Returns:
         str: ``"triton"`` (compiled, CUDA), ``"interpreter"`` (Triton's interpreter on the CPU)
         or ``"reference"`` (plain PyTorch inside the same op: MPS, or no Triton).
+
+    Raises:
+        ValueError: naming ``device``, for a device this machine does not have.
     """
     kind = as_device("device", device).type
     if triton is None:
@@ -305,6 +308,10 @@ def example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float
 
     Returns:
         list[Tensor]: ``[x, bias]``.
+
+    Raises:
+        ValueError: naming ``device`` (one this machine does not have) or ``dtype`` (not a
+            floating-point dtype).
     """
     device = as_device("device", device)
     dtype = as_dtype(dtype)

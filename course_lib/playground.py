@@ -326,6 +326,10 @@ class DeviceSpeed:
             per checkpointed region and micro-batch beyond the operators it reruns (its own Python
             work: saved-tensor hooks, RNG state, a policy's dispatch mode). Measured for this
             device; empty (0) for a datasheet speed, where it is not known.
+
+    Raises:
+        ValueError: naming the field: FLOP/s not in (0, 1e18], a bandwidth not in (0, 1e15]
+            bytes/s, ``op_seconds`` not in (0, 1], a region's seconds not in [0, 1].
     """
 
     name: str

@@ -367,6 +367,9 @@ def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (8.6, 3.7)):
     Returns:
         matplotlib.figure.Figure: with an Agg canvas, not shown.
 
+    Raises:
+        ValueError: naming ``t`` (not a :class:`Tradeoff`) or ``figsize``.
+
     Example::
 
         tradeoff_figure(tradeoff(...), "GPT-2 124M on an A100").savefig("tradeoff.png")

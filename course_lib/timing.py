@@ -353,7 +353,11 @@ class TimeSplit:
         return sum(self.seconds.values())
 
     def shares(self) -> dict:
-        """Each class's share of :attr:`total` (0 for an empty split)."""
+        """Each class's share of :attr:`total` (0 for an empty split).
+
+        Returns:
+            dict: class name -> fraction of the total time, from 0 to 1.
+        """
         total = self.total
         return {name: (t / total if total else 0.0) for name, t in self.seconds.items()}
 

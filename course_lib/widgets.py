@@ -101,6 +101,13 @@ def check_chosen(controls: dict, values: dict) -> None:
 def check_figure(name: str, fig) -> Figure:
     """``fig`` if it is a matplotlib ``Figure``.
 
+    Args:
+        name (str): the caller's parameter, for the message.
+        fig: what the caller passed.
+
+    Returns:
+        Figure: ``fig``.
+
     Raises:
         ValueError: naming ``name``, for anything else.
     """
