@@ -255,6 +255,7 @@ def full_batch_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.
     named = _check_model(model)
     _check_batch(inputs, targets)
     ignore_index = _token_id("ignore_index", ignore_index)
+    check_batch(model, inputs, targets, ignore_index=ignore_index)
     if not bool((targets != ignore_index).any()):  # the mean over no token is NaN, not 0
         raise ValueError(f"targets must hold at least one token that is not ignore_index "
                          f"({ignore_index})")

@@ -75,8 +75,8 @@ class Saved:
             CUDA it is not GPU memory).
 
     Raises:
-        ValueError: naming the field: ``op`` or ``what`` not a str, a ``shape`` that is not a
-            tuple of ints >= 0, a ``dtype`` that is not a dtype, or an unknown ``kind``.
+        ValueError: naming the field: ``op`` or ``what`` not a str, ``shape`` not a tuple of ints
+            from 0 to :data:`course_lib.validation.MAX_COUNT`, an unknown ``dtype`` or ``kind``.
     """
 
     op: str

@@ -407,7 +407,7 @@ def _setup_calculator(fig, animated: bool = True) -> dict:
 
 def _draw_calculator(a: dict, billions: float, optimizer: str, precision: str, zero_stage: int,
                      world_size: int) -> None:
-    billions = number("billions", billions, above=0.0)
+    billions = number("billions", billions, above=0.0, maximum=MAX_PARAMS / 1e9)
     n = positive_int("billions", round(billions * 1e9), maximum=MAX_PARAMS)
     m = training_memory(n, optimizer=optimizer, precision=precision, zero_stage=zero_stage,
                         world_size=world_size)

@@ -28,7 +28,7 @@ from .device import GPU, GPUS, pick_dtype
 from .memory_timeline import Timeline
 from .models import GPTConfig
 from .units import format_bytes
-from .validation import MAX_BATCH, choice, items, number, positive_int
+from .validation import MAX_BATCH, choice, integer, items, number, positive_int
 from .widgets import live_plot
 
 #: The checkpointing of lecture 04, as its figures name it -> the mode of
@@ -306,9 +306,9 @@ def explorer(*, gpu: str = "T4", layers: int = 48, checkpointing: str = "per-blo
             sliders' ranges.
     """
     explore(gpu, layers, checkpointing, segments, batch_size)  # checks the arguments
-    if not 4 <= layers or not batch_size <= 32:
-        raise ValueError(f"layers must be at least 4 and batch_size at most 32, got {layers}, "
-                         f"{batch_size}")
+    for name, value, low, high in (("layers", layers, 4, MAX_EXPLORER_LAYERS),
+                                   ("batch_size", batch_size, 1, 32)):
+        integer(name, value, minimum=low, maximum=high)  # the slider's range
     style = {"description_width": "initial"}
     controls = {
         "gpu": widgets.Dropdown(options=list(GPUS), value=gpu, description="GPU"),

@@ -73,7 +73,7 @@ from . import fused, kernels
 from .device import resolve_gpu
 from .docstrings import fill_doc
 from .measure import LiveTensorTracker
-from .models import CONFIG_MAXIMUM, GPTConfig, check_config
+from .models import CONFIG_MAXIMUM, GPTConfig, check_batch, check_config
 from .units import dtype_bytes, storage_bytes
 from .validation import MAX_COUNT, choice, number, positive_int, tensor
 
@@ -872,6 +872,7 @@ def measure_kept_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
     if inputs.shape != targets.shape:
         raise ValueError(f"targets must have the shape of inputs {tuple(inputs.shape)}, got "
                          f"{tuple(targets.shape)}")
+    check_batch(model, inputs, targets)
     with LiveTensorTracker() as tracker:
         logits, loss = model(inputs, targets)
     return tracker.live - storage_bytes((logits, loss))

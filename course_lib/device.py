@@ -23,7 +23,6 @@ what a learner passes (None, a preset name, "cuda", a ``GPU``) into one of them.
 
 from __future__ import annotations
 
-import math
 import platform
 import sys
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .units import MiB, as_dtype, format_bytes
-from .validation import MAX_BYTES, boolean, integer, text
+from .validation import MAX_BYTES, boolean, integer, number, text
 from .validation import device as as_device
 
 _KINDS = ("cuda", "mps", "cpu")
@@ -82,6 +81,12 @@ def pick_device(prefer: str | None = None) -> torch.device:
     if _mps_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+#: The largest FLOP/s a :class:`GPU` may state: 1e18 (an H200's dense 16-bit tensor cores do
+#: about 1e15).
+MAX_FLOPS = 1e18
+#: The largest memory bandwidth a :class:`GPU` may state, in bytes/s: 1e15 (an H200: 4.8e12).
+MAX_BANDWIDTH = 1e15
 
 
 @dataclass(frozen=True)
@@ -162,12 +167,17 @@ class GPU:
         if self.free_memory is not None:
             integer("free_memory", self.free_memory, minimum=0, maximum=self.total_memory)
         boolean("live", self.live)
-        for name in ("fp32_flops", "tensor_flops", "memory_bandwidth", "host_link", "peer_link"):
+        for name, maximum in (("fp32_flops", MAX_FLOPS), ("tensor_flops", MAX_FLOPS),
+                              ("memory_bandwidth", MAX_BANDWIDTH), ("host_link", MAX_BANDWIDTH),
+                              ("peer_link", MAX_BANDWIDTH)):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, int | float)
-                                          and not isinstance(value, bool)
-                                          and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
+            try:
+                ok = value is None or 0 < number(name, value) <= maximum
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"{name} must be a positive finite number of at most "
+                                 f"{maximum:.0e}, or None, got {value!r}")
         if self.datasheet is not None:
             text("datasheet", self.datasheet)
         if self.smi_memory is not None:

@@ -19,8 +19,8 @@ under the budget is :mod:`course_lib.guard`'s.
 
 from __future__ import annotations
 
+import collections
 import copy
-import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,6 +58,15 @@ DEFAULT_ASPECT_RATIO = (32, 128)
 MAX_EFFECTIVE_BATCH = MAX_BATCH
 #: The most widths, and the most depths, a search space takes (the defaults hold 64 and 128).
 MAX_SEARCH_VALUES = 1024
+#: The most (width, depth) pairs a search space takes: ``len(widths) * len(depths)`` (the
+#: default 64 x 128 = 8,192). A pair's configuration holds about :data:`CONFIG_BYTES`, so a
+#: space is at most about 8 MiB and built in about a second.
+MAX_SEARCH_PAIRS = 2**15
+#: An upper estimate of the bytes of one ``GPTConfig`` of a search space (measured: 234).
+CONFIG_BYTES = 256
+#: The most bytes the cache of search spaces holds (estimated as :data:`CONFIG_BYTES` per
+#: configuration); the least recently used spaces are dropped beyond it.
+MAX_CACHE_BYTES = 32 * 2**20
 
 # --------------------------------------------------------------------------- validation
 
@@ -244,6 +253,9 @@ def _check_space(widths, depths, head_size, aspect_ratio, seq_len=1024,
                              f"{MAX_SEARCH_VALUES} positive ints, got {values!r}")
         for v in values:
             positive_int(name, v, maximum=maximum)
+    if len(widths) * len(depths) > MAX_SEARCH_PAIRS:
+        raise ValueError(f"widths and depths must make at most {MAX_SEARCH_PAIRS:,} pairs "
+                         f"(len(widths) * len(depths)), got {len(widths):,} * {len(depths):,}")
     if aspect_ratio is not None:
         bad = not isinstance(aspect_ratio, tuple) or len(aspect_ratio) != 2
         if not bad:
@@ -276,7 +288,8 @@ def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int
     Args:
         widths (sequence of int): ``d_model`` values to try (those ``head_size`` divides); at
             most :data:`MAX_SEARCH_VALUES` ints within :data:`course_lib.models.CONFIG_MAXIMUM`.
-        depths (sequence of int): ``n_layers`` values to try; the same limits.
+        depths (sequence of int): ``n_layers`` values to try; the same limits, and at most
+            :data:`MAX_SEARCH_PAIRS` pairs of a width and a depth.
         head_size (int): ``d_model // n_heads``; 64 as GPT-2 and GPT-3.
         aspect_ratio (tuple, optional): ``(low, high)``, two finite numbers ``0 < low <= high``
             bounding ``d_model / n_layers``; None: no bound.
@@ -289,19 +302,37 @@ def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int
     Raises:
         ValueError: naming the argument: ``widths`` and ``depths`` must be non-empty sequences
             of at most :data:`MAX_SEARCH_VALUES` ints within
-            :data:`course_lib.models.CONFIG_MAXIMUM`, ``aspect_ratio`` None or two finite
-            numbers ``0 < low <= high``; also when no configuration is left.
+            :data:`course_lib.models.CONFIG_MAXIMUM`, making at most :data:`MAX_SEARCH_PAIRS`
+            pairs, ``aspect_ratio`` None or two finite numbers ``0 < low <= high``; also when no
+            configuration is left.
     """
     _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
-    return list(_search_space(tuple(widths), tuple(depths), head_size,
-                              None if aspect_ratio is None else tuple(aspect_ratio), seq_len,
-                              vocab_size))
+    return list(_search_space(tuple(int(w) for w in widths), tuple(int(d) for d in depths),
+                              int(head_size),
+                              None if aspect_ratio is None else tuple(aspect_ratio), int(seq_len),
+                              int(vocab_size)))
 
 
-@functools.lru_cache(maxsize=64)
-def _search_space(widths: tuple, depths: tuple, head_size: int, aspect_ratio: tuple | None,
-                  seq_len: int, vocab_size: int) -> tuple:
-    """:func:`search_space` of checked arguments, cached (a widget asks again and again)."""
+#: The cached search spaces: arguments -> configurations, least recently used first.
+_SPACES: collections.OrderedDict = collections.OrderedDict()
+
+
+def _search_space(*key) -> tuple:
+    """:func:`search_space` of checked arguments, cached (a widget asks again and again) within
+    :data:`MAX_CACHE_BYTES`."""
+    if key in _SPACES:
+        _SPACES.move_to_end(key)
+        return _SPACES[key]
+    space = _build_space(*key)
+    _SPACES[key] = space
+    while sum(len(v) for v in _SPACES.values()) * CONFIG_BYTES > MAX_CACHE_BYTES \
+            and len(_SPACES) > 1:
+        _SPACES.popitem(last=False)
+    return space
+
+
+def _build_space(widths: tuple, depths: tuple, head_size: int, aspect_ratio: tuple | None,
+                 seq_len: int, vocab_size: int) -> tuple:
     low, high = aspect_ratio or (0, float("inf"))
     configs = []
     for w in widths:
@@ -453,8 +484,8 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     for p in precisions:
         engine.precision_of(p, "precisions")
     policies = _check_policies(policies)
-    max_accumulation_steps = optional_positive_int("max_accumulation_steps", max_accumulation_steps,
-                          maximum=MAX_EFFECTIVE_BATCH)
+    max_accumulation_steps = optional_positive_int(
+        "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
     _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
     gpu = resolve_gpu(gpu)
     micro = _micro_batches(effective_batch, max_accumulation_steps)

@@ -239,6 +239,8 @@ def predict_plan(config: GPTConfig, batch_size: int, plan: Plan = Plan(), *, gpu
     check_config(config)
     batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
+    if plan.lora_rank is not None:  # a rank beyond the layer's width is no low-rank adapter
+        positive_int("plan.lora_rank", plan.lora_rank, maximum=config.d_model)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
     return max(_plan_moments(config, batch_size, plan, gpu, seq_len), key=lambda m: m.total)
 
@@ -293,6 +295,8 @@ def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
     batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     _check_plan(plan)
     choice("gpu", gpu, tuple(GPUS))
+    if plan.lora_rank is not None:  # a rank beyond the layer's width is no low-rank adapter
+        positive_int("plan.lora_rank", plan.lora_rank, maximum=config.d_model)
     if utilization is not None:
         number("utilization", utilization, above=0.0, maximum=1.0)
     seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
@@ -453,7 +457,7 @@ def rank_key(rung: Rung) -> tuple:
 
 
 def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | None = None,
-           budget_bytes: int | None = None, loss_chunk: int = 1024, lora_rank: int = 16,
+           budget_bytes: int | None = None, loss_chunk: int = 1024, lora_rank: int | None = None,
            world_size: int = 8, utilization: float | None = None) -> Ladder:
     """Every lever of the course for training ``config`` on ``gpu``, ranked, and the mix that fits.
 
@@ -477,7 +481,8 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
         budget_bytes (int, optional): device bytes to fit in (default
             ``GPUS[gpu].total_memory``).
         loss_chunk (int): tokens per chunk of the chunked loss.
-        lora_rank (int): the adapters' rank.
+        lora_rank (int, optional): the adapters' rank, from 1 to ``config.d_model`` (None: 16,
+            or ``config.d_model`` if smaller).
         world_size (int): GPUs for the ZeRO rungs.
         utilization (float): share of the GPU's peak FLOP/s the step reaches
             (:func:`step_seconds`).
@@ -504,7 +509,8 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
     budget = GPUS[gpu].total_memory if budget_bytes is None else positive_int(
         "budget_bytes", budget_bytes, maximum=MAX_BYTES)
     loss_chunk = positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
-    lora_rank = positive_int("lora_rank", lora_rank, maximum=MAX_COUNT)
+    lora_rank = min(16, config.d_model) if lora_rank is None else positive_int(
+        "lora_rank", lora_rank, maximum=config.d_model)
     world_size = positive_int("world_size", world_size, maximum=MAX_WORLD_SIZE)
     if utilization is not None:
         utilization = number("utilization", utilization, above=0.0, maximum=1.0)

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from .units import as_dtype
-from .validation import device as as_device
+from .validation import available_device as as_device
 
 # Triton is imported on the first launch only (:func:`_kernels`): importing it costs a lecture
 # that never runs the kernel a fifth of a second, and the learner's runtime may lack it.
@@ -74,7 +74,7 @@ def backend(device: torch.device | str) -> str:
         or ``"reference"`` (plain PyTorch inside the same op: MPS, or no Triton).
 
     Raises:
-        ValueError: naming ``device``, for what is not a device.
+        ValueError: naming ``device``, for a device this machine does not have.
     """
     kind = as_device("device", device).type
     if not _triton_installed():
@@ -270,7 +270,11 @@ def reference(x: Tensor, bias: Tensor) -> Tensor:
 
     Returns:
         Tensor: ``gelu(x + bias)``.
+
+    Raises:
+        ValueError: naming ``x`` or ``bias``, for tensors the op does not take.
     """
+    _check(x, bias)
     return torch.nn.functional.gelu(x.float() + bias.float()).to(x.dtype)
 
 
@@ -319,7 +323,8 @@ def example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float
         list[Tensor]: ``[x, bias]``.
 
     Raises:
-        ValueError: naming ``device`` (not a device) or ``dtype`` (not a floating-point dtype).
+        ValueError: naming ``device`` (one this machine does not have) or ``dtype`` (not a
+            floating-point dtype).
     """
     device = as_device("device", device)
     dtype = as_dtype(dtype)

@@ -20,7 +20,7 @@ from .engine import StepMemory
 from .measure import LiveTensorTracker, peak_memory
 from .units import format_bytes
 from .validation import MAX_BYTES, function, integer, positive_int, text
-from .validation import device as as_device
+from .validation import available_device as as_device
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 

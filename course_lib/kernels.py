@@ -34,7 +34,7 @@ import torch
 from .device import GPU, resolve_gpu
 from .models import GPTConfig, check_config
 from .units import as_dtype
-from .validation import device as as_device
+from .validation import available_device as as_device
 from .validation import integer, positive_int
 
 #: The attention kernels ``F.scaled_dot_product_attention`` can pick, and "explicit" for the

@@ -56,7 +56,7 @@ from .validation import (
     items,
     positive_int,
 )
-from .validation import device as as_device
+from .validation import available_device as as_device
 
 #: The largest tokens or chunk rows any function here takes.
 MAX_TOKENS = MAX_COUNT
@@ -665,7 +665,8 @@ def lora_parameter_count(config: GPTConfig, rank: int,
 
     Args:
         config (GPTConfig): the model.
-        rank (int): the adapters' rank r, an int from 1 to ``MAX_COUNT``.
+        rank (int): the adapters' rank r, an int from 1 to ``config.d_model`` (a larger rank is
+            no low-rank adapter).
         targets (tuple of str): the block linears adapted, of :data:`LORA_TARGETS`.
 
     Returns:
@@ -679,7 +680,7 @@ def lora_parameter_count(config: GPTConfig, rank: int,
         lora_parameter_count(GPTConfig(d_model=64, n_layers=2), 8)  # 16384 = 2 * 16 * 64 * 8
     """
     check_config(config)
-    rank = positive_int("rank", rank, maximum=MAX_COUNT)
+    rank = positive_int("rank", rank, maximum=config.d_model)
     if (not isinstance(targets, tuple | list) or not targets
             or any(not isinstance(t, str) or t not in LORA_TARGETS for t in targets)):
         raise ValueError(f"targets must be a non-empty tuple of {LORA_TARGETS}, got {targets!r}")

@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .models import CONFIG_MAXIMUM, GPT, GPTConfig, gpt_param_count
-from .validation import device as as_device
+from .validation import available_device as as_device
 from .validation import number, positive_int, tensor
 
 #: The largest value of each size of a :class:`LlamaConfig` (the course GPT's maxima, and a

@@ -33,8 +33,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import fused
+from .validation import available_device as as_device
 from .validation import boolean, choice, integer, number, positive_int, tensor
-from .validation import device as as_device
 
 ATTENTION_KINDS = ("explicit", "sdpa")
 #: The largest value of each size of a :class:`GPTConfig` (well above any real model's:
@@ -368,6 +368,9 @@ def check_batch(model, inputs, targets, *, names: tuple = ("inputs", "targets"),
     Raises:
         ValueError: naming ``names[0]`` or ``names[1]``.
     """
+    if not (isinstance(names, tuple | list) and len(names) == 2
+            and all(isinstance(n, str) for n in names)):
+        raise ValueError(f"names must be two str, got {names!r:.80}")
     x_name, y_name = names
     ignore_index = integer("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)
     tensor(x_name, inputs)

@@ -46,7 +46,7 @@ from .models import GPTConfig, check_config, random_tokens
 from .training import train
 from .units import format_bytes
 from .validation import MAX_BATCH, MAX_BYTES, boolean, items, positive_int
-from .validation import device as as_device
+from .validation import available_device as as_device
 
 #: The modes the planner considers, in order of increasing recompute for one region.
 PLAN_MODES = ("none", "selective", "attention", "blocks", "sqrt")

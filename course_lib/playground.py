@@ -34,7 +34,7 @@ from .checkpointing import enable_checkpointing
 from .device import resolve_gpu
 from .engine import StepMemory, precision_of, predict_step_memory
 from .measure import peak_memory, resident_bytes
-from .models import GPT, MAX_SEED, GPTConfig, check_config
+from .models import GPT, MAX_SEED, GPTConfig, check_batch, check_config
 from .step_setup import build, measure_step_memory, train_options
 from .time_model import CHECKPOINTING, DeviceSpeed, StepTime, step_time
 from .timing import CLOCKS, MAX_RUNS, step_times
@@ -49,7 +49,7 @@ from .validation import (
     number,
     positive_int,
 )
-from .validation import device as as_device
+from .validation import available_device as as_device
 
 #: The most samples a playground trains on, and the largest micro-batch and accumulation
 #: steps it takes (each at most :data:`course_lib.validation.MAX_BATCH`).
@@ -126,6 +126,7 @@ def step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch,
             and all(isinstance(t, torch.Tensor) for t in batch)):
         raise ValueError(f"batch must be an (inputs, targets) pair of tensors, got "
                          f"{type(batch).__name__}")
+    check_batch(model, *batch, names=("batch's inputs", "batch's targets"))
     resident = resident_bytes(model, optimizer)
     return resident + peak_memory(lambda: train(model, optimizer, [batch], log=log, **train_kwargs))
 
@@ -477,8 +478,8 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
         ValueError: naming the parameter, for a bad value.
     """
     check_config(config)
-    b = positive_int("micro_batch_size", micro_batch_size)
-    K = positive_int("accumulation_steps", accumulation_steps)
+    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     steps = positive_int("steps", steps, maximum=MAX_RUNS)
     choice("clock", clock, CLOCKS)
     _check_choices(checkpointing, precision)

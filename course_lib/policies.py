@@ -68,7 +68,7 @@ from .device import resolve_gpu
 from .measure import LiveTensorTracker
 from .models import GPTConfig, check_config, random_tokens
 from .validation import MAX_BATCH, positive_int
-from .validation import device as as_device
+from .validation import available_device as as_device
 
 _aten = torch.ops.aten
 #: ``policy_cost`` policies given by name: no checkpoint, or a checkpoint that saves nothing.

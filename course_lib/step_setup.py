@@ -22,7 +22,7 @@ from .mixed_precision import MasterWeightAdamW
 from .models import GPT, MAX_SEED, GPTConfig, check_config, random_tokens
 from .training import make_grad_scaler, train
 from .validation import MAX_BATCH, function, integer, number, positive_int
-from .validation import device as as_device
+from .validation import available_device as as_device
 
 
 def model_dtype(precision: str) -> torch.dtype:

@@ -22,6 +22,11 @@ process time is the steadier measure of the work itself; on a GPU only the wall 
 the GPU's work. :meth:`StepTimes.median` and :meth:`StepTimes.best` take either, and choose
 by device by default (the wall clock on CUDA and MPS).
 
+A deadline that holds on a loaded machine: :func:`within_seconds` runs work under a dispatch
+mode that looks at the clock before every op and stops the work (:class:`TimeLimitExceeded`)
+at the first op past the deadline, so a step predicted to be quick but slow here (another
+process on the cores) costs at most the limit and one op, not the whole step.
+
 Where a step's time goes, by kernel class (lecture 05's companion): :func:`profile_step` runs one
 step under ``torch.profiler`` and :func:`split_by_class` sorts every op's own time into
 :data:`KERNEL_CLASSES`: matmuls, attention, the course's fused kernel, the other (pointwise,
@@ -39,9 +44,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from .validation import choice, function, integer, positive_int
-from .validation import device as as_device
+from .validation import available_device as as_device
+from .validation import choice, function, integer, number, positive_int, text
 
 CLOCKS = ("auto", "wall", "cpu")
 
@@ -149,6 +155,81 @@ class StepTimes:
 
 #: The most timed (or warm-up) runs of each step one call makes: enough for any median.
 MAX_RUNS = 1000
+#: The longest limit :func:`within_seconds` takes: an hour.
+MAX_LIMIT_SECONDS = 3600.0
+
+
+class TimeLimitExceeded(RuntimeError):
+    """Work stopped at its deadline by :func:`within_seconds`.
+
+    Args:
+        limit (float): the limit, in seconds.
+        elapsed (float): the seconds the work had run when it was stopped.
+        what (str): what was run, for the message.
+    """
+
+    def __init__(self, limit: float, elapsed: float, what: str = "the work"):
+        self.limit, self.elapsed, self.what = limit, elapsed, what
+        super().__init__(f"{what} was stopped after {elapsed:.2f} s: past its limit of "
+                         f"{limit:.2f} s")
+
+
+_DISPATCH_WARM: list = []
+
+
+class _Deadline(TorchDispatchMode):
+    """Raise :class:`TimeLimitExceeded` at the first op dispatched past ``start + limit``."""
+
+    def __init__(self, limit: float, what: str):
+        super().__init__()
+        self.limit, self.what = limit, what
+        self.start = time.perf_counter()
+        self.deadline = self.start + limit
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        now = time.perf_counter()
+        if now > self.deadline:
+            raise TimeLimitExceeded(self.limit, now - self.start, self.what)
+        return func(*args, **(kwargs or {}))
+
+
+def within_seconds(fn: Callable[[], object], seconds: float, *,
+                   what: str = "the work") -> tuple[object, float]:
+    """Run ``fn()``, stopped at the first PyTorch op past ``seconds``; its result and wall time.
+
+    Every op ``fn`` dispatches (forward, backward and optimizer alike) first looks at the clock,
+    so the work stops at most one op after the deadline whatever the machine's load. Python code
+    between ops is not interrupted, and on a GPU the clock is the host's (queued kernels may
+    still run): use it for PyTorch work, such as a training step. The check costs a few
+    microseconds per op, so time the work itself outside it.
+
+    Args:
+        fn (callable): the work, called with no arguments.
+        seconds (float): the limit, above 0 and at most :data:`MAX_LIMIT_SECONDS`.
+        what (str): what runs, for the message.
+
+    Returns:
+        tuple: ``(fn(), seconds it took)``.
+
+    Raises:
+        TimeLimitExceeded: when an op is dispatched past the limit (the work is left where it
+            stopped: run it on objects you can throw away).
+        ValueError: naming ``fn``, ``seconds`` or ``what``, for a bad value.
+
+    Example::
+
+        loss, took = within_seconds(lambda: model(x, y)[1], 2.0, what="the forward pass")
+    """
+    function("fn", fn)
+    seconds = number("seconds", seconds, above=0.0, maximum=MAX_LIMIT_SECONDS)
+    text("what", what)
+    if not _DISPATCH_WARM:  # the first op under a dispatch mode in a process pays imports (~1 s)
+        with _Deadline(MAX_LIMIT_SECONDS, "warm-up"):
+            torch.ones(2).add(1)
+        _DISPATCH_WARM.append(True)
+    with _Deadline(seconds, what) as mode:
+        result = fn()
+    return result, time.perf_counter() - mode.start
 
 
 def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1,

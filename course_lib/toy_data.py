@@ -16,7 +16,7 @@ import torch
 
 from .models import MAX_SEED
 from .validation import MAX_COUNT, integer, positive_int
-from .validation import device as as_device
+from .validation import available_device as as_device
 
 #: The longest sequence, and the most tokens, one call makes (each token is one step of a
 #: Python loop over the batch: 2**26 tokens take a few seconds).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .validation import integer, number, positive_int
+from .validation import MAX_BYTES, integer, number, positive_int
 
 KiB = 1024
 MiB = 1024**2
@@ -148,7 +148,7 @@ def storage_bytes(tensors, *, block: int = 1) -> int:
 
     Args:
         tensors: an iterable of tensors with storages (a generator is fine).
-        block (int): bytes, an int >= 1.
+        block (int): bytes, an int from 1 to :data:`course_lib.validation.MAX_BYTES`.
 
     Returns:
         Bytes, an int.
@@ -163,7 +163,7 @@ def storage_bytes(tensors, *, block: int = 1) -> int:
         storage_bytes([x, x[2:], torch.zeros(3, dtype=torch.bfloat16)])  # 46
         storage_bytes([x], block=512)  # 512
     """
-    block = positive_int("block", block)
+    block = positive_int("block", block, maximum=MAX_BYTES)
     if isinstance(tensors, torch.Tensor) or not hasattr(tensors, "__iter__"):
         raise ValueError(f"tensors must be an iterable of tensors, got {type(tensors).__name__}")
     storages = {}

@@ -318,3 +318,37 @@ def items(name: str, value, *, min_len: int = 0, max_len: int = MAX_COUNT) -> li
         raise ValueError(f"{name} must hold {min_len:,} to {max_len:,} items, got "
                          f"{len(value):,}")
     return list(value)
+
+
+def available_device(name: str, value):
+    """:func:`device` of ``value``, if this machine has it: the CPU, the ``meta`` device, a CUDA
+    device that ``torch.cuda`` counts, or MPS where it is available.
+
+    Args:
+        name (str): the parameter's name, for the message.
+        value (torch.device or str): as :func:`device` takes it.
+
+    Returns:
+        A ``torch.device``.
+
+    Raises:
+        ValueError: naming ``name``, as :func:`device` does, and for a device this machine does
+            not have (``"cuda"`` without a CUDA GPU, ``"cuda:7"`` with one GPU, ``"mps"`` off a
+            Mac, ``"xla"``), with the devices it has: torch would raise an AssertionError or a
+            RuntimeError at the first tensor.
+    """
+    import torch
+
+    dev = device(name, value)
+    have = ["cpu", "meta"]
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    have += ["cuda"] + [f"cuda:{i}" for i in range(cuda)] if cuda else []
+    mps = getattr(torch.backends, "mps", None)
+    have += ["mps"] if mps is not None and mps.is_available() else []
+    ok = (dev.type in ("cpu", "meta") or (dev.type == "mps" and "mps" in have)
+          or (dev.type == "cuda" and cuda and (dev.index is None or dev.index < cuda)))
+    if not ok:
+        missing = "no CUDA device" if dev.type == "cuda" and not cuda else f"no {dev}"
+        raise ValueError(f"{name}={str(dev)!r}, but this machine has {missing}: {name} must be "
+                         f"one of {have}")
+    return dev

@@ -77,6 +77,28 @@ def check_figsize(figsize) -> tuple[float, float]:
     return float(figsize[0]), float(figsize[1])
 
 
+def check_chosen(controls: dict, values: dict) -> None:
+    """Refuse a control left without a value (a menu set to ``None``), naming it.
+
+    Args:
+        controls (dict): keyword -> widget, as :func:`live_plot` takes them.
+        values (dict): keyword -> the widget's value.
+
+    Raises:
+        ValueError: naming the first keyword whose value is None, with the control's options.
+    """
+    if not isinstance(controls, dict) or not isinstance(values, dict) or not set(values) <= set(
+            controls):
+        raise ValueError("controls and values must be dicts by keyword, values' keys among "
+                         "controls'")
+    for name, value in values.items():
+        if value is None:
+            options = getattr(controls[name], "options", None) or ()
+            labels = [o[0] if isinstance(o, tuple) else o for o in options]
+            raise ValueError(f"{name} must be one of {labels}, got None: choose one"
+                             if labels else f"{name} must have a value, got None")
+
+
 def check_figure(name: str, fig) -> Figure:
     """``fig`` if it is a matplotlib ``Figure``.
 
@@ -85,7 +107,7 @@ def check_figure(name: str, fig) -> Figure:
         fig: what the caller passed.
 
     Returns:
-        matplotlib.figure.Figure: ``fig`` itself.
+        Figure: ``fig``.
 
     Raises:
         ValueError: naming ``name``, for anything else.
@@ -357,6 +379,7 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
             if InteractiveShell.initialized():  # outside IPython it would print escape codes
                 out.clear_output(wait=True)
             try:
+                check_chosen(controls, values)
                 draw(fig if setup is None else artists, **values)
                 png = render_png(fig, backgrounds)
             except Exception as exc:  # a bad value must show a message, not kill the view

@@ -3,6 +3,9 @@ a ValueError naming the caller's parameter (never an OverflowError, AttributeErr
 RuntimeError or a message about an internal name), numpy and torch integers taken as their value,
 a maximum for every size, and nothing changed by a refused call."""
 
+import dataclasses
+import time
+
 import ipywidgets
 import numpy as np
 import pytest
@@ -14,19 +17,24 @@ from course_lib import (
     activations,
     calculator,
     checkpoint_views,
+    checkpointing,
+    fit,
     fit_ladder,
     fit_views,
     fused,
     guard,
     ladder_view,
+    levers,
     measure,
     memory,
     models,
     planner,
     playground,
+    step_setup,
     step_views,
     time_model,
     timing,
+    toy_data,
     training,
     units,
     widgets,
@@ -290,3 +298,233 @@ def test_the_tradeoff_explorer_refuses_a_speed_and_choices_of_the_wrong_kind():
         step_views.tradeoff_explorer({"tiny": CFG}, speed=speed, model=["tiny"])
     with pytest.raises(ValueError, match="^gpu must be one of"):
         step_views.tradeoff_explorer({"tiny": CFG}, speed=speed, gpu=["T4"])
+
+
+# --- a deadline that holds on a loaded machine ----------------------------------------------------
+
+def test_within_seconds_stops_the_work_at_the_first_op_past_its_limit():
+    timing.within_seconds(lambda: torch.ones(2) + 1, 1.0)  # the dispatch machinery, warmed up
+    model, x, y = _model_and_batch()
+
+    def endless():
+        while True:
+            model(x, y)[1].backward()
+
+    start = time.perf_counter()
+    with pytest.raises(timing.TimeLimitExceeded, match="^the step was stopped after 0.1"):
+        timing.within_seconds(endless, 0.1, what="the step")
+    assert time.perf_counter() - start < 0.5
+    assert timing.within_seconds(lambda: 3, 1.0)[0] == 3
+    for bad, match in ((0, "^seconds must be a finite number > 0.0"),
+                       (BEYOND_FLOAT, "^seconds must be a finite number"),
+                       (3601, "^seconds must be a finite number <= 3600.0")):
+        with pytest.raises(ValueError, match=match):
+            timing.within_seconds(lambda: None, bad)
+    with pytest.raises(ValueError, match="^fn must be callable"):
+        timing.within_seconds(3, 1.0)
+
+
+def test_the_measure_button_holds_its_limit_when_the_prediction_is_far_too_low(monkeypatch,
+                                                                               capsys):
+    # A machine busy with other work: the prediction (from a speed 1000x too high) says the
+    # step is quick; GPT-2 124M on this CPU is not. The button used to trust the prediction and
+    # block for minutes; one step, timed against the limit, stops it.
+    real = playground.device_speed("T4")
+    fast = dataclasses.replace(real, name="this CPU", fp32_flops=1e18, fp16_flops=1e18,
+                               bf16_flops=1e18, memory_bandwidth=1e15, op_seconds=1e-12)
+    gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+    box = step_views.tradeoff_explorer({"GPT-2 124M": gpt2}, speed=fast)
+    monkeypatch.setattr(step_views, "MEASURE_LIMIT_SECONDS", 0.8)
+    timing.within_seconds(lambda: torch.ones(2) + 1, 1.0)  # the dispatch machinery, warmed up
+    start = time.perf_counter()
+    box.measure()
+    took = time.perf_counter() - start
+    message = _printed(capsys)
+    assert message.startswith("not measured: the first step of GPT-2 124M took more than 400 ms "
+                              "here (predicted ")
+    assert not box.measured and took < 0.8 + 1.0, took
+
+
+def _printed(capsys):
+    """What a widget printed (outside a kernel, an ``Output`` passes it to stdout)."""
+    return capsys.readouterr().out.replace("\x1b[2K", "").strip()
+
+
+def test_the_measure_button_reports_a_menu_left_empty(capsys):
+    box = step_views.tradeoff_explorer({"tiny": CFG}, speed=playground.device_speed("T4"))
+    box.view.controls["model"].value = None
+    capsys.readouterr()
+    box.measure()
+    message = _printed(capsys).splitlines()[-1]
+    assert message.startswith("⚠ model must be one of ['tiny'], got None: choose one")
+    assert not box.measured
+
+
+# --- widgets: a clear message for a menu set to None, never "KeyError: None" ----------------------
+
+def _shown(capsys):
+    return _printed(capsys).splitlines()[-1]
+
+
+def _recordings():
+    model, x, y = _model_and_batch()
+    return {m: step_views.record_accumulation_step(model, x, y, 2, m) for m in step_views.LOOPS}
+
+
+@pytest.mark.parametrize("make, view_of, name", [
+    (lambda: activation_views.oom_widget(), lambda b: b, "gpu"),
+    (lambda: ladder_view.ladder_explorer(), lambda b: b, "model"),
+    (lambda: step_views.tradeoff_explorer({"tiny": CFG}, speed=playground.device_speed("T4"),
+                                          gpu="T4"), lambda b: b.view, "model"),
+    (lambda: step_views.tradeoff_explorer({"tiny": CFG}, speed=playground.device_speed("T4"),
+                                          gpu="T4"), lambda b: b.view, "gpu"),
+    (lambda: step_views.step_through(_recordings()), lambda b: b.view, "mode"),
+    (lambda: checkpoint_views.explorer(), lambda b: b, "gpu"),
+])
+def test_a_menu_set_to_none_says_which_and_what_to_choose(make, view_of, name, capsys):
+    view = view_of(make())
+    capsys.readouterr()
+    view.controls[name].value = None
+    shown = _shown(capsys)
+    assert shown.startswith(f"⚠ {name} must be one of [") and shown.rstrip().endswith(
+        "got None: choose one"), shown
+    assert "KeyError" not in shown and view.image.layout.display == "none"
+
+
+def test_the_playground_button_shows_any_failure_as_a_message(monkeypatch):
+    pg = playground.Playground(CFG, samples=16)
+    box = step_views.playground_view(pg, sizes=(1, 2), steps=(1, 2), micro_batch_size=1,
+                                     accumulation_steps=1)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(pg, "run", broken)
+    box.train()  # what a click calls
+    assert box.status.value == "⚠ RuntimeError: out of memory"
+
+
+# --- the fit's search space: bounded in size, its cache in bytes ----------------------------------
+
+def test_a_search_space_of_1024_by_1024_is_refused_before_it_is_built():
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^widths and depths must make at most 32,768 pairs "
+                                         r"\(len\(widths\) \* len\(depths\)\), got 1,024 \* 1,024"):
+        fit.search_space(widths=list(range(64, 64 * 1025, 64)), depths=list(range(1, 1025)),
+                         aspect_ratio=None)
+    with pytest.raises(ValueError, match="^widths and depths must make at most 32,768 pairs"):
+        fit.fit_model(10**9, widths=list(range(64, 64 * 1025, 64)), depths=list(range(1, 1025)))
+    assert time.perf_counter() - start < 1.0
+
+
+def test_the_search_space_cache_holds_at_most_its_bytes(monkeypatch):
+    monkeypatch.setattr(fit, "_SPACES", type(fit._SPACES)())
+    monkeypatch.setattr(fit, "MAX_CACHE_BYTES", 3000 * fit.CONFIG_BYTES)
+    for first in range(64, 64 * 11, 64):  # ten spaces of 1,000 configurations each
+        space = fit.search_space(widths=[first, 64 * 40], depths=list(range(1, 501)),
+                                 aspect_ratio=None)
+        assert len(space) == 1000
+    assert sum(len(v) for v in fit._SPACES.values()) <= 3000 and len(fit._SPACES) == 3
+    again = fit.search_space(widths=[64 * 10, 64 * 40], depths=list(range(1, 501)),
+                             aspect_ratio=None)  # the most recent: from the cache
+    assert [c.d_model for c in again] == [c.d_model for c in space]
+
+
+def test_search_spaces_take_numpy_ints():
+    a = fit.search_space(widths=[np.int64(768)], depths=[np.int64(12)], seq_len=np.int64(64),
+                         aspect_ratio=None)
+    assert a[0].d_model == 768 and type(a[0].d_model) is int and a[0].seq_len == 64
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: calculator.calculator_figure(1e308), r"^billions must be a finite number <= "),
+    (lambda: fused.reference(3.0, torch.zeros(4)), "^x and bias must be tensors, got float"),
+    (lambda: checkpoint_views.explorer(batch_size=10**5),
+     r"^batch_size must be an int in \[1, 32\], got 100000"),
+])
+def test_more_values_refused_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_a_lora_rank_is_named_and_at_most_the_width():
+    # a rank of 2**39 used to be refused as "numels", and a rank of 10**6 on a width of 8 priced
+    with pytest.raises(ValueError, match=r"^lora_rank must be a positive int of at most 8, got "
+                                         r"549755813888"):
+        fit_ladder.ladder(CFG, "T4", lora_rank=2**39)
+    with pytest.raises(ValueError, match="^plan.lora_rank must be a positive int of at most 8"):
+        fit_ladder.predict_plan(CFG, 2, fit_ladder.Plan(lora_rank=10**6))
+    with pytest.raises(ValueError, match="^plan.lora_rank must be a positive int of at most 8"):
+        fit_ladder.step_seconds(CFG, 2, fit_ladder.Plan(lora_rank=9), "T4")
+    with pytest.raises(ValueError, match="^rank must be a positive int of at most 8, got 9"):
+        levers.lora_parameter_count(CFG, 9)
+    assert levers.lora_parameter_count(CFG, 8) == 16 * 8 * 8 * CFG.n_layers
+
+
+@pytest.mark.parametrize("field, value", [("fp32_flops", BEYOND_FLOAT), ("tensor_flops", 1e308),
+                                          ("memory_bandwidth", 2e15), ("fp32_flops", 0),
+                                          ("fp32_flops", float("nan")), ("tensor_flops", "fast")])
+def test_a_gpu_states_speeds_within_reason(field, value):
+    from course_lib.device import GPU
+    with pytest.raises(ValueError, match=f"^{field} must be a positive finite number of at most"):
+        GPU("card", 2**34, (8, 0), **{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("fp32_flops", BEYOND_FLOAT), ("bf16_flops", 0.0),
+                                          ("memory_bandwidth", float("nan")),
+                                          ("op_seconds", 2.0), ("fp16_flops", None)])
+def test_a_device_speed_states_speeds_within_reason(field, value):
+    speed = playground.device_speed("T4")
+    with pytest.raises(ValueError, match=f"^{field} must be a finite number"):
+        dataclasses.replace(speed, **{field: value})
+    with pytest.raises(ValueError, match="^region_seconds must be a finite number >= 0.0"):
+        dataclasses.replace(speed, region_seconds=(("blocks", -1.0),))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+@pytest.mark.parametrize("call", [
+    lambda d: models.random_tokens(CFG, 2, device=d),
+    lambda d: toy_data.markov_tokens(2, 8, device=d),
+    lambda d: step_setup.build(CFG, device=d),
+    lambda d: planner.measure_peak(CFG, 2, device=d),
+    lambda d: playground.measure_step_cost(CFG, 1, 1, device=d),
+    lambda d: timing.step_times({"a": lambda: None}, device=d),
+    lambda d: fused.example(d),
+])
+def test_a_device_this_machine_lacks_is_refused_naming_device(call):
+    # torch raised an AssertionError ("Torch not compiled with CUDA enabled") or a RuntimeError
+    with pytest.raises(ValueError, match=r"^device='cuda', but this machine has no CUDA device: "
+                                         r"device must be one of \['cpu', 'meta'"):
+        call("cuda")
+    with pytest.raises(ValueError, match=r"^device='xla', but this machine has no xla"):
+        call("xla")
+
+
+def test_the_shared_checks_refuse_their_own_bad_arguments():
+    model, x, y = _model_and_batch()
+    with pytest.raises(ValueError, match="^names must be two str, got 3"):
+        models.check_batch(model, x, y, names=3)
+    with pytest.raises(ValueError, match="^controls and values must be dicts"):
+        widgets.check_chosen([], {})
+    with pytest.raises(ValueError, match="^controls and values must be dicts"):
+        widgets.check_chosen({}, {"x": None})
+
+
+def test_batches_are_refused_by_the_callers_names_not_idx():
+    model, x, y = _model_and_batch()
+    with pytest.raises(ValueError, match=r"^inputs must hold token ids in \[0, 16\)"):
+        checkpointing.measure_kept_bytes(model, x + 100, y)
+    with pytest.raises(ValueError, match="^inputs must hold integers"):
+        accumulation.full_batch_gradients(model, x.float(), y)
+    with pytest.raises(ValueError, match=r"^inputs must hold token ids in \[0, 16\)"):
+        accumulation.full_batch_gradients(model, x + 100, y)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"^batch's targets must hold token ids in \[0, 16\)"):
+        playground.step_memory(model, opt, (x, y + 100), micro_batch_size=4)
+
+
+def test_more_sizes_have_a_maximum():
+    with pytest.raises(ValueError, match="^block must be a positive int of at most 1,152,921"):
+        units.storage_bytes([torch.zeros(2)], block=2**61)
+    with pytest.raises(ValueError, match="^micro_batch_size must be a positive int of at most 16,"):
+        playground.measure_step_cost(CFG, 2**25, 1)

@@ -385,7 +385,7 @@ CASES = {
     "ladder.loss_chunk": (lambda v: fit_ladder.ladder(CFG, "T4", loss_chunk=v), "loss_chunk",
                           not_an_int(1, MAX_COUNT)),
     "ladder.lora_rank": (lambda v: fit_ladder.ladder(CFG, "T4", lora_rank=v), "lora_rank",
-                         not_an_int(1, MAX_COUNT)),
+                         not_an_int(1, CFG.d_model).filter(lambda v: v is not None)),
     "ladder.world_size": (lambda v: fit_ladder.ladder(CFG, "T4", world_size=v), "world_size",
                           not_an_int(1, MAX_WORLD_SIZE)),
     "ladder.utilization": (lambda v: fit_ladder.ladder(CFG, "T4", utilization=v), "utilization",
@@ -595,7 +595,7 @@ CASES = {
     "lora_parameter_count.config": (lambda v: levers.lora_parameter_count(v, 2), "config",
                                     OTHERS),
     "lora_parameter_count.rank": (lambda v: levers.lora_parameter_count(CFG, v), "rank",
-                                  not_an_int(1, MAX_COUNT)),
+                                  not_an_int(1, CFG.d_model)),
     "lora_parameter_count.targets": (
         lambda v: levers.lora_parameter_count(CFG, 2, v), "targets",
         st.one_of(BOOLS, st.integers(), st.none(), st.just(()), st.text(max_size=8),
