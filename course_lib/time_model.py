@@ -38,7 +38,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import checkpointing as ckpt
-from .device import GPU, GPUS, resolve_gpu
+from .device import GPU, GPUS, MAX_BANDWIDTH, MAX_FLOPS, resolve_gpu
 from .engine import precision_of
 from .kernels import attention_kernel
 from .models import GPTConfig, check_config, gpt_param_count, param_numels
@@ -116,8 +116,11 @@ class DeviceSpeed:
             :meth:`reached` says (1 when measured, the datasheet figures' otherwise).
 
     Raises:
-        ValueError: naming the field: a rate, bandwidth or link that is not a finite number > 0,
-            a non-bool ``measured``, a ``utilisation`` outside (0, 1].
+        ValueError: naming the field: a rate, bandwidth or link that is not a finite number > 0
+            (rates at most :data:`course_lib.device.MAX_FLOPS`, bandwidths and links at most
+            :data:`course_lib.device.MAX_BANDWIDTH`, ``op_seconds`` at most 1), a non-bool
+            ``measured``, ``region_seconds`` that are not ``(mode, seconds)`` pairs of 0 to 1 s,
+            a ``utilisation`` outside (0, 1].
     """
 
     name: str
@@ -133,13 +136,20 @@ class DeviceSpeed:
     peer_link: float | None = None
     utilisation: float | None = None
 
-    def __post_init__(self):
+    def __post_init__(self):  # a speed of 0, NaN or 10**400 would give a time for nonsense
         for name in ("fp32_flops", "fp16_flops", "bf16_flops", "memory_bandwidth", "op_seconds"):
-            number(name, getattr(self, name), above=0.0)
+            maximum = {"memory_bandwidth": MAX_BANDWIDTH, "op_seconds": 1.0}.get(name, MAX_FLOPS)
+            number(name, getattr(self, name), above=0.0, maximum=maximum)
         boolean("measured", self.measured)
+        if not isinstance(self.region_seconds, tuple) or not all(
+                isinstance(r, tuple) and len(r) == 2 and isinstance(r[0], str)
+                and number("region_seconds", r[1], minimum=0.0, maximum=1.0) >= 0
+                for r in self.region_seconds):
+            raise ValueError(f"region_seconds must be a tuple of (mode, seconds) pairs, got "
+                             f"{self.region_seconds!r:.80}")
         for name in ("host_link", "peer_link"):
             if getattr(self, name) is not None:
-                number(name, getattr(self, name), above=0.0)
+                number(name, getattr(self, name), above=0.0, maximum=MAX_BANDWIDTH)
         if self.utilisation is not None:
             number("utilisation", self.utilisation, above=0.0, maximum=1.0)
 

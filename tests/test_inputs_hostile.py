@@ -329,7 +329,7 @@ def test_the_measure_button_holds_its_limit_when_the_prediction_is_far_too_low(m
     # A machine busy with other work: the prediction (from a speed 1000x too high) says the
     # step is quick; GPT-2 124M on this CPU is not. The button used to trust the prediction and
     # block for minutes; one step, timed against the limit, stops it.
-    real = playground.device_speed("T4")
+    real = time_model.device_speed("T4")
     fast = dataclasses.replace(real, name="this CPU", fp32_flops=1e18, fp16_flops=1e18,
                                bf16_flops=1e18, memory_bandwidth=1e15, op_seconds=1e-12)
     gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
@@ -351,7 +351,7 @@ def _printed(capsys):
 
 
 def test_the_measure_button_reports_a_menu_left_empty(capsys):
-    box = step_views.tradeoff_explorer({"tiny": CFG}, speed=playground.device_speed("T4"))
+    box = step_views.tradeoff_explorer({"tiny": CFG}, speed=time_model.device_speed("T4"))
     box.view.controls["model"].value = None
     capsys.readouterr()
     box.measure()
@@ -374,9 +374,9 @@ def _recordings():
 @pytest.mark.parametrize("make, view_of, name", [
     (lambda: activation_views.oom_widget(), lambda b: b, "gpu"),
     (lambda: ladder_view.ladder_explorer(), lambda b: b, "model"),
-    (lambda: step_views.tradeoff_explorer({"tiny": CFG}, speed=playground.device_speed("T4"),
+    (lambda: step_views.tradeoff_explorer({"tiny": CFG}, speed=time_model.device_speed("T4"),
                                           gpu="T4"), lambda b: b.view, "model"),
-    (lambda: step_views.tradeoff_explorer({"tiny": CFG}, speed=playground.device_speed("T4"),
+    (lambda: step_views.tradeoff_explorer({"tiny": CFG}, speed=time_model.device_speed("T4"),
                                           gpu="T4"), lambda b: b.view, "gpu"),
     (lambda: step_views.step_through(_recordings()), lambda b: b.view, "mode"),
     (lambda: checkpoint_views.explorer(), lambda b: b, "gpu"),
@@ -474,7 +474,7 @@ def test_a_gpu_states_speeds_within_reason(field, value):
                                           ("memory_bandwidth", float("nan")),
                                           ("op_seconds", 2.0), ("fp16_flops", None)])
 def test_a_device_speed_states_speeds_within_reason(field, value):
-    speed = playground.device_speed("T4")
+    speed = time_model.device_speed("T4")
     with pytest.raises(ValueError, match=f"^{field} must be a finite number"):
         dataclasses.replace(speed, **{field: value})
     with pytest.raises(ValueError, match="^region_seconds must be a finite number >= 0.0"):
