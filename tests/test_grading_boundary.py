@@ -34,6 +34,7 @@ from course_lib import grading
 from course_tools import grade, hidden, inside, ipc
 
 CALLS = [(path.name, name, args) for path in SOLUTIONS for name, args in check_calls(path)]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- the plain encoding -----------------------------------------------------------------------
@@ -124,6 +125,7 @@ def _through(check: str, namespace: dict, args: list[str], drawn: bool = False) 
         checker.sock.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("notebook,check,args", CALLS, ids=[f"{n}:{c}" for n, c, _ in CALLS])
 def test_every_check_through_the_boundary(notebook, check, args):
     solution = definitions(ROOT / "solutions" / notebook)
