@@ -233,6 +233,96 @@ def _rank_levers(fn, rng: random.Random) -> None:
                hint="free levers, then bytes saved per time paid, then those that save nothing")
 
 
+def _mlp_saved_bytes(fn, rng: random.Random) -> None:
+    from course_lib.measure import saved_bytes
+    from course_lib.models import MLP, GPTConfig
+
+    for _ in range(2):
+        b, seq, h = rng.randint(1, 4), rng.randint(1, 9), rng.choice([8, 16, 24, 32])
+        dtype, p = rng.choice([torch.float32, torch.bfloat16]), rng.choice([0.0, 0.1, 0.3])
+        torch.manual_seed(0)
+        mlp = MLP(GPTConfig(d_model=h, n_heads=1, dropout=p)).to(dtype).train()
+        truth = saved_bytes(mlp(torch.randn(b, seq, h, dtype=dtype, requires_grad=True)),
+                            mlp.parameters())
+        got = fn(b, seq, h, dtype, p)
+        expect(got == truth, f"mlp_saved_bytes({b}, {seq}, {h}, {dtype}, dropout={p}) returned "
+               f"{got!r}, measured {truth} {DRAWN}", hint="list what each op keeps")
+
+
+def _distinct_saved_bytes(fn, rng: random.Random) -> None:
+    from course_lib.grading import observe
+    from course_lib.grading.lecture02 import _drawn_distinct_answer, _drawn_sequential
+    from course_lib.units import storage_bytes, storage_key
+
+    for _ in range(2):
+        widths = [rng.randint(2, 24) for _ in range(rng.randint(2, 5))]
+        acts = [rng.choice(["relu", "tanh", "gelu"]) for _ in widths[1:-1]]
+        batch, seed = rng.randint(1, 6), rng.randint(0, 10**6)
+        seen = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, seen=seen: seen.append(t) or t,
+                                                      lambda t: t):
+            _, params = _drawn_sequential(widths, acts, batch, seed)
+        weights = {storage_key(p) for p in params}
+        truth = storage_bytes(t for t in seen if storage_key(t) not in weights)
+        got = observe(_drawn_distinct_answer, fn, widths, acts, batch, seed)
+        expect(got == truth, f"for a Sequential of widths {widths} with {acts} on {batch} "
+               f"samples you returned {got!r}, autograd keeps {truth} bytes {DRAWN}",
+               hint="each distinct storage once, parameters left out")
+
+
+def _batch_coupled_modules(fn, rng: random.Random) -> None:
+    from course_lib.grading import observe
+    from course_lib.grading.lecture03 import COUPLED_KINDS, _drawn_coupled_answer
+
+    kinds = ["linear", "bn", "bn_eval", "ln", "relu", "drop", "center", "gn", "tanh"]
+    for _ in range(2):
+        layers = [(f"m{i}", rng.choice(kinds)) for i in range(rng.randint(3, 8))]
+        truth = {name for name, kind in layers if kind in COUPLED_KINDS}
+        got = observe(_drawn_coupled_answer, fn, layers, rng.randint(0, 10**6))
+        expect(isinstance(got, list | set | tuple) and all(isinstance(n, str) for n in got)
+               and set(got) == truth, f"for a Sequential of {[k for _, k in layers]} you "
+               f"returned {got!r}, expected {sorted(truth)} {DRAWN}",
+               hint="test every leaf module by measurement")
+
+
+def _largest_batch(fn, rng: random.Random) -> None:
+    from course_lib.engine import predict_step_memory
+    from course_lib.grading.lecture02 import SMALL
+
+    for _ in range(2):
+        gpu = rng.choice(["T4", "A100 40GB", "A100 80GB", "H100 80GB"])
+        precision, seq = rng.choice(["fp32", "bf16-mixed", "fp16-mixed"]), rng.choice([16, 32])
+        if gpu == "T4" and precision == "bf16-mixed":
+            precision = "fp16-mixed"
+
+        def need(b, seq=seq, precision=precision, gpu=gpu):
+            return predict_step_memory(SMALL, b, precision=precision, seq_len=seq, gpu=gpu).total
+
+        capacity = need(rng.randint(1, 40)) + rng.randint(0, 50_000)
+        truth = 0
+        while need(truth + 1) <= capacity:
+            truth += 1
+        got = fn(SMALL, seq, capacity, precision, gpu)
+        expect(got == truth, f"largest_batch(d_model={SMALL.d_model}, n_layers="
+               f"{SMALL.n_layers}, seq_len={seq}, capacity={capacity:,}, {precision!r}, "
+               f"gpu={gpu!r}) returned {got!r}, expected {truth} {DRAWN}",
+               hint="the last batch whose predicted total fits the capacity")
+
+
+def _choose_segments(fn, rng: random.Random) -> None:
+    from course_lib.grading.lecture04 import SEGMENT_COSTS, SEGMENTS_BATCH, SEGMENTS_CONFIG
+
+    peaks = sorted({nbytes for nbytes, _ in SEGMENT_COSTS.values()})
+    for _ in range(2):
+        budget = rng.randint(peaks[0] - 1000, peaks[-1] + 1000)
+        fits = [k for k, (nbytes, _) in SEGMENT_COSTS.items() if nbytes <= budget]
+        truth = min(fits, key=lambda k: (SEGMENT_COSTS[k][1], k)) if fits else None
+        got = fn(SEGMENTS_CONFIG, SEGMENTS_BATCH, budget)
+        expect(got == truth, f"choose_segments(config, {SEGMENTS_BATCH}, budget={budget:,}) "
+               f"returned {got!r}, expected {truth!r} {DRAWN}",
+               hint="the fewest FLOPs among the segment counts that fit")
+
+
 #: The drawn cases of each check, by the check's name (without ``check_``).
 CASES: dict[str, Callable[..., None]] = {
     "tensor_nbytes": _tensor_nbytes, "zero_bytes_per_device": _zero_bytes_per_device,
@@ -241,4 +331,7 @@ CASES: dict[str, Callable[..., None]] = {
     "largest_micro_batch": _largest_micro_batch,
     "ddp_accumulation_plan": _ddp_accumulation_plan, "fsdp_local_numel": _fsdp_local_numel,
     "quantized_state_bytes": _quantized_state_bytes, "rank_levers": _rank_levers,
+    "mlp_saved_bytes": _mlp_saved_bytes, "distinct_saved_bytes": _distinct_saved_bytes,
+    "batch_coupled_modules": _batch_coupled_modules, "largest_batch": _largest_batch,
+    "choose_segments": _choose_segments,
 }

@@ -152,6 +152,24 @@ def test_drawn_cases_refuse_a_table_of_the_public_answers():
         os.waitpid(pid, 0)
 
 
+def test_drawn_cases_refuse_the_public_models_answers():
+    """Lecture 03: names looked up from the public models' layers pass the check, not the models
+    the grader draws."""
+    def lookup(model, x):
+        names = dict(model.named_modules())
+        return ["bn", "center"] if "center" in names else ["body.1"]
+
+    checker, pid = _serve({"batch_coupled_modules": lookup})
+    try:
+        fn = checker.function("batch_coupled_modules")
+        assert grading.CHECKS["check_batch_coupled_modules"](fn, quiet=True)
+        with pytest.raises(grading.CheckFailed, match="a case drawn by the grader"):
+            hidden.CASES["batch_coupled_modules"](fn, random.Random(1))
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 # --- attacks on other notebooks, through the grader's judge (no sandbox) -------------------------
 
 

@@ -98,6 +98,24 @@ def _distinct_answer(fn, name: str):
     return fn(out, params)
 
 
+def _drawn_sequential(widths: list[int], acts: list[str], batch: int, seed: int):
+    """A ``nn.Sequential`` of Linear layers of ``widths`` with the activations ``acts`` between
+    them (``"relu"``, ``"tanh"``, ``"gelu"``), run on a seeded batch: ``(output, params)``."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(acts):
+            layers.append({"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}[acts[i]]())
+    model = nn.Sequential(*layers)
+    return model(torch.randn(batch, widths[0], requires_grad=True)), list(model.parameters())
+
+
+def _drawn_distinct_answer(fn, widths, acts, batch, seed):
+    """The learner's answer for a drawn graph (run beside the learner's code)."""
+    return fn(*_drawn_sequential(widths, acts, batch, seed))
+
+
 @grader
 def check_distinct_saved_bytes(fn):
     """``fn(output, params)``: bytes of the distinct non-parameter storages autograd keeps.

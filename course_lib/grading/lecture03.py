@@ -200,6 +200,33 @@ def _conv_model() -> tuple[nn.Module, set[str]]:
     return model.train(), {"body.1"}
 
 
+_LAYERS = {"linear": lambda: nn.Linear(8, 8), "bn": lambda: nn.BatchNorm1d(8),
+           "bn_eval": lambda: nn.BatchNorm1d(8).eval(), "ln": lambda: nn.LayerNorm(8),
+           "relu": nn.ReLU, "drop": lambda: nn.Dropout(0.5), "center": _BatchCenter,
+           "gn": lambda: nn.GroupNorm(2, 8), "tanh": nn.Tanh}
+#: The kinds of :data:`_LAYERS` whose output for one sample depends on the others (in train mode).
+COUPLED_KINDS = {"bn", "center"}
+
+
+def _drawn_coupling_model(kinds: list[tuple[str, str]], seed: int) -> nn.Module:
+    """A ``nn.Sequential`` of ``(name, kind)`` layers of :data:`_LAYERS`, 8 features wide."""
+    torch.manual_seed(seed)
+    model = nn.Sequential()
+    for name, kind in kinds:
+        model.add_module(name, _LAYERS[kind]())
+    model.train()
+    for name, kind in kinds:
+        if kind == "bn_eval":
+            getattr(model, name).eval()
+    return model
+
+
+def _drawn_coupled_answer(fn, kinds, seed):
+    """The learner's answer for a drawn model (run beside the learner's code)."""
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(seed))
+    return fn(_drawn_coupling_model(kinds, seed), x)
+
+
 @grader
 def check_batch_coupled_modules(fn):
     """``fn(model, x)``: the names of the leaf modules whose output for one sample depends on the others.
