@@ -463,6 +463,12 @@ def judge(job: dict, fd: int) -> None:
         drawn_fd = os.open(drawn, os.O_RDONLY)  # the grader removes the file once we are ready
         os.set_inheritable(drawn_fd, False)
     _send(fd, {"event": "ready"})
+    if drawn_fd >= 0:  # no learner code runs before the grader has removed the file
+        deadline = time.monotonic() + 60
+        while os.path.exists(drawn):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the grader did not remove the drawn cases from the job")
+            time.sleep(0.01)
     if job.get("discover"):
         job["checks"] = _discover(job["cells"], checks, job.get("canonical", {}))
         _send(fd, {"event": "checks", "checks": job["checks"]})

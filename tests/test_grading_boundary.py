@@ -14,6 +14,7 @@ tests/test_submissions.py and tests/test_hostile_submissions.py):
   the notebook chose.
 """
 
+import contextlib
 import json
 import os
 import random
@@ -202,6 +203,9 @@ def _judge(path, edit=None, *, discover=False):
     data = b""
     while chunk := os.read(read_fd, 1 << 16):
         data += chunk
+        if b'"ready"' in data:  # as the grader does: the judge holds the file open
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, "drawn.py"))
     os.close(read_fd)
     os.waitpid(pid, 0)
     shutil.rmtree(folder)
@@ -298,3 +302,22 @@ def test_grade_unmatched_uses_the_solutions_arguments():
 
     results = _judge(path, edit, discover=True)
     assert results == {"tensor_nbytes": ("not done", ""), "pick_training_dtype": ("not done", "")}
+
+
+def test_the_drawn_cases_are_gone_before_learner_code_runs():
+    """The learner's code looks for the grader's drawn cases: the job's folder (found in its
+    own memory) no longer holds them, and their descriptor was never its own."""
+    path = ROOT / "exercises" / "00_setup.ipynb"
+    probe = (
+        "import gc, os\n"
+        "def _found():\n"
+        "    for obj in gc.get_objects():\n"
+        "        if isinstance(obj, dict) and isinstance(obj.get('job_dir'), str):\n"
+        "            return os.path.exists(os.path.join(obj['job_dir'], 'drawn.py'))\n"
+        "    return None\n"
+        "FOUND = _found()\n"
+        "def tensor_nbytes(shape, dtype):\n"
+        "    raise ValueError(f'drawn cases found: {FOUND}')\n")
+    results = _judge(path, lambda nb: _set_exercise(nb, "tensor_nbytes", probe))
+    assert results["tensor_nbytes"][0] == "failed"
+    assert "drawn cases found: False" in results["tensor_nbytes"][1], results
