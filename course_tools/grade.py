@@ -15,7 +15,8 @@ only: links are refused; ``.ipynb_checkpoints`` is skipped):
    its file name, else the one whose released cells it holds most of). The checks, their names and
    their points come from that solutions notebook only. A submission that nothing matches
    scores 0, with the reason, unless ``--grade-unmatched`` is given: then the checks its own
-   check cells call are graded, 1 point each (the verdicts still come from the sandbox).
+   check cells call are graded, 1 point each, each called with the arguments solutions/ gives
+   it (never the notebook's own; the verdicts still come from the sandbox).
 2. **Run** the notebook, its check cells restored as released, in a fresh kernel inside a
    sandbox (see :mod:`course_tools.sandbox`), with a limit per cell (``--cell-timeout``: the
    kernel is interrupted), per notebook (``--timeout``), and on the output kept. This run only
