@@ -15,29 +15,32 @@ only: links are refused; ``.ipynb_checkpoints`` is skipped):
    its file name, else the one whose released cells it holds most of). The checks, their names and
    their points come from that solutions notebook only. A submission that nothing matches
    scores 0, with the reason, unless ``--grade-unmatched`` is given: then the checks its own
-   check cells call are graded, 1 point each (the verdicts still come from the sandbox).
+   check cells call are graded, 1 point each, each called with the arguments solutions/ gives
+   it (never the notebook's own; the verdicts still come from the sandbox).
 2. **Run** the notebook, its check cells restored as released, in a fresh kernel inside a
    sandbox (see :mod:`course_tools.sandbox`), with a limit per cell (``--cell-timeout``: the
    kernel is interrupted), per notebook (``--timeout``), and on the output kept. This run only
    tells the learner how their notebook ran (``--executed`` saves it): no point depends on it.
 3. **Judge** in a second, fresh sandbox: a process imports the pristine ``course_lib`` copy,
-   then runs each check in a child of its own against the learner's functions (exercise cells
-   in full; from the other cells only imports, functions, classes and literal constants, as
-   the course's own tests load them). Each verdict is the check's return value, sent over a
-   pipe the grader opened; a check gets ``--cell-timeout`` seconds. Nothing the notebook
-   prints, and no file it writes, is read as a verdict.
+   then runs each check in a *checker* process of its own, where no learner code has run. The
+   learner's functions run in a separate process (exercise cells in full; from the other cells
+   imports, functions, classes and assignments) and the check calls them over a socket,
+   accepting only plain values back (:mod:`course_tools.ipc`). A check that passed then tries
+   cases drawn at grading time (:mod:`course_tools.hidden`). Each verdict is sent over a pipe the
+   grader opened; a check gets ``--cell-timeout`` seconds. Nothing the notebook prints, and no
+   file it writes, is read as a verdict.
 4. **Score** each check: its points if it passed, else 0 with the reason (failed, not done,
-   error, timeout, crashed, tampered, not run).
+   error, timeout, crashed, not run).
 
 The CSV has one row per submission: ``submission``, ``notebook``, a column of points per check,
 ``total``, ``max``, ``seconds``, ``notes``; cells that a spreadsheet would read as a formula are
 escaped. Exit status: 0, or 2 for a usage error (bubblewrap missing included).
 
-What remains possible: the learner's functions run inside the process of the check that calls
-them (it must call them), so code written to attack this grader from inside such a function can
-still forge that submission's own verdicts; changing ``course_lib``, ``builtins`` or torch's
-functions during a check is caught ("tampered"). It cannot reach other submissions, the grader,
-the course or the output.
+What remains trusted: where a check watches the learner's code run inside torch (hooks,
+kept bytes, ``gc`` calls), a measure function runs next to that code, in the learner's process,
+and its plain results are that process's word; the values the checker verifies itself
+(gradients, weights, losses, answers to drawn cases) are not. Nothing a submission does reaches
+another submission, the grader, the course or the output.
 """
 
 from __future__ import annotations
@@ -89,7 +92,9 @@ MESSAGE_CHARS = 300
 #: Column names of the CSV that a check cannot take (``course_lib.grading.RESERVED`` too).
 RESERVED = ("submission", "notebook", "total", "max", "seconds", "notes")
 #: What a check can end as.
-STATUSES = ("passed", "failed", "not done", "error", "timeout", "crashed", "tampered", "not run")
+STATUSES = ("passed", "failed", "not done", "error", "timeout", "crashed", "not run")
+#: The cases the grader draws when it grades (read by the check process, never by the learner's).
+DRAWN_CASES = Path(__file__).with_name("hidden.py")
 CHECK_CALL = re.compile(r"\bgrading\.check_(\w+)\(")
 TOP_LEVEL_DEF = re.compile(r"^(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)", re.M)
 
@@ -342,7 +347,8 @@ class _Run:
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
             compileall.compile_dir(self.dir / "course", quiet=2)
             (self.dir / "grader").mkdir()
-            shutil.copy2(Path(__file__).with_name("inside.py"), self.dir / "grader" / "inside.py")
+            for name in ("inside.py", "ipc.py"):
+                shutil.copy2(Path(__file__).with_name(name), self.dir / "grader" / name)
             for path in (self.dir / "course", self.dir / "grader"):
                 for p in [path, *path.rglob("*")]:
                     os.chmod(p, 0o755 if p.is_dir() else 0o644)
@@ -354,25 +360,30 @@ class _Run:
             raise
         self.slots: queue.Queue[int] = queue.Queue()
         self.jobs = 0
+        #: The arguments solutions/ gives each check (``--grade-unmatched`` uses these only).
+        self.canonical: dict[str, list[str]] = {}
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def _job_dir(self, job: dict, notebook=None) -> Path:
+    def _job_dir(self, job: dict, notebook=None, drawn: Path | None = None) -> Path:
         self.jobs += 1
         path = Path(tempfile.mkdtemp(prefix="job", dir=self.dir))
         os.chmod(path, 0o755)
         (path / "job.json").write_text(json.dumps(job))
+        if drawn is not None:
+            shutil.copyfile(drawn, path / "drawn.py")
         if notebook is not None:
             nbformat.write(notebook, path / "notebook.ipynb")
         for p in path.iterdir():
             os.chmod(p, 0o644)
         return path
 
-    def _phase(self, command: str, job: dict, notebook, slot: int, limit: int):
+    def _phase(self, command: str, job: dict, notebook, slot: int, limit: int,
+               drawn: Path | None = None):
         """Start ``inside.py COMMAND`` in a fresh sandbox; return (process, channel, job dir)."""
         unsafe = self.sandbox.unsafe
-        job_dir = self._job_dir(job, notebook)
+        job_dir = self._job_dir(job, notebook, drawn)
         if notebook is not None:
             job["notebook"] = str(job_dir / "notebook.ipynb") if unsafe else "/job/notebook.ipynb"
             (job_dir / "job.json").write_text(json.dumps(job))
@@ -459,8 +470,10 @@ class _Run:
         """Run the checks in a sandbox; return ``{id: (status, detail)}``, the checks, a problem."""
         job = {"limits": self._limits(self.limits.cpu_seconds), "cells": cells,
                "checks": checks or [], "discover": checks is None,
+               "canonical": self.canonical,
                "cell_timeout": self.cell_timeout, "message_chars": MESSAGE_CHARS}
-        proc, channel, job_dir = self._phase("judge", job, None, slot, 1 << 20)
+        proc, channel, job_dir = self._phase("judge", job, None, slot, 1 << 20,
+                                             drawn=DRAWN_CASES)
         results, problem = {}, ""
         deadline = _Deadline(proc, STARTUP)
         try:
@@ -474,6 +487,8 @@ class _Run:
                                else "the check process ended early") + (f" ({why})" if why else "")
                     break
                 event = message.get("event")
+                if event == "ready":  # the judge holds the drawn cases open: no file is left
+                    (job_dir / "drawn.py").unlink(missing_ok=True)
                 if event == "checks" and checks is None:
                     checks = self._discovered(message.get("checks"))
                 elif event == "check" and isinstance(message.get("id"), str):
@@ -499,11 +514,10 @@ class _Run:
         checks = []
         for item in found if isinstance(found, list) else []:
             if (isinstance(item, dict) and item.get("name") in self.check_names
-                    and isinstance(item.get("args"), list) and len(item["args"]) <= 10
-                    and all(isinstance(a, str) and len(a) <= 200 for a in item["args"])
+                    and item["name"] in self.canonical
                     and item["name"] not in {c["name"] for c in checks}):
                 checks.append({"id": f"cell-check-{item['name']}", "name": item["name"],
-                               "args": item["args"]})
+                               "args": list(self.canonical[item["name"]])})
         return checks[:100]
 
     def _limits(self, cpu: int | None) -> dict:
@@ -719,6 +733,9 @@ def grade(folder, *, course, assignment: str | None = None, timeout: float = 600
         print(UNSAFE_WARNING, file=sys.stderr, flush=True)
     hidden = [course, resolved] + ([executed] if executed else [])
     run = _Run(course, hidden, limits, unsafe_no_sandbox, timeout, cell_timeout)
+    for known in assignments.values():
+        for expected in known.checks:
+            run.canonical.setdefault(expected.name, list(expected.args))
     if run.sandbox.cgroups.version is None:
         print(NO_CGROUP_WARNING.format(run.sandbox.cgroups.reason), file=sys.stderr, flush=True)
     for slot in range(jobs):

@@ -15,6 +15,7 @@ from course_lib.grading import lecture01, lecture02, lecture04
 from course_lib.measure import peak_memory
 from course_lib.models import GPT, random_tokens
 from course_lib.units import storage_bytes
+from course_tools import hidden
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -59,13 +60,13 @@ def test_lecture01_bytes_per_param_are_what_real_steps_keep(precision):
 @pytest.mark.parametrize("stage,gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
 def test_lecture01_zero_formulas_give_the_papers_figure(stage, gb):
     """ZeRO paper, Figure 1: Psi = 7.5B parameters on N_d = 64 GPUs, K = 12."""
-    a, b = lecture01._ZERO[stage]
+    a, b = hidden.ZERO[stage]
     assert round((a * 7_500_000_000 + b * 7_500_000_000 / 64) / 10**9, 1) == gb
 
 
 def _fewest_by_trying(P: int, capacity: int, stage: int, most: int = 10**5) -> int | None:
     """The first N of 1, 2, ... with a*P + b*P/N <= capacity (times N: exact integers)."""
-    a, b = lecture01._ZERO[stage]
+    a, b = hidden.ZERO[stage]
     return next((N for N in range(1, most) if (a * P - capacity) * N + b * P <= 0), None)
 
 
@@ -76,8 +77,23 @@ def test_lecture01_fewest_gpus_is_the_first_count_that_fits():
              (7_500_000_000, 1_875_000_000), (1_000, 16_000), (1_000, 15_999), (999, 3_997)]
     for P, capacity in cases:
         for stage in range(4):
-            assert lecture01._fewest_gpus(P, capacity, stage) == _fewest_by_trying(
+            assert hidden.fewest_gpus(P, capacity, stage) == _fewest_by_trying(
                 P, capacity, stage), (P, capacity, stage)
+
+
+def test_lecture01_written_out_answers_are_the_formulas():
+    """The public cases' answers in course_lib (no formula there) are the grader's formulas'."""
+    for P, stage, N, truth in lecture01.ZERO_CASES:
+        a, b = hidden.ZERO[stage]
+        assert truth == a * P + b * P // N, (P, stage, N)
+    for P, card, stage, truth in lecture01.GPUS_CASES:
+        capacity = GPUS[card].total_memory if isinstance(card, str) else card
+        assert truth == hidden.fewest_gpus(P, capacity, stage) == _fewest_by_trying(
+            P, capacity, stage), (P, card, stage)
+
+
+def test_the_grader_table_is_the_check_table():
+    assert hidden.TABLE == lecture01._TABLE and hidden.OPTIMIZERS == lecture01._OPTIMIZERS
 
 
 # --------------------------------------------------------------------------- lecture 02

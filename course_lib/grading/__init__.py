@@ -79,6 +79,27 @@ def expect(condition: bool, message: str, *, hint: str | None = None) -> None:
         raise CheckFailed(message, hint)
 
 
+def observe(measure: Callable, fn: Callable, *args, **kwargs):
+    """``measure(fn, *args, **kwargs)``: run the learner's ``fn`` the way a check needs to watch it.
+
+    In a notebook this is the plain call. When the course's grader runs the check, ``fn`` lives
+    in another process (the learner's), and ``measure`` runs there, next to it: only its result,
+    plain values (numbers, bools, str, lists, dicts, tensors), comes back to the check, which
+    judges it against truths of its own. ``measure`` must be a module-level function.
+
+    Args:
+        measure (callable): ``measure(fn, *args, **kwargs)``, returning plain values.
+        fn (callable): the learner's function.
+
+    Returns:
+        What ``measure`` returned (as rebuilt from plain values, under the grader).
+    """
+    remote = getattr(type(fn), "__course_remote__", None)
+    if remote is not None:
+        return remote(fn, measure, *args, **kwargs)
+    return measure(fn, *args, **kwargs)
+
+
 def _describe(exc: BaseException) -> str:
     """``Type: message (line N of f)`` for an exception from a learner's code, whatever its
     ``__str__`` does (raises, returns a non-str, holds text a terminal cannot print)."""

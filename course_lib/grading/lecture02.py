@@ -24,7 +24,7 @@ from ..engine import predict_step_memory
 from ..measure import saved_bytes
 from ..models import GPT, MLP, GPTConfig, random_tokens
 from ..units import storage_bytes, storage_key
-from . import expect, grader
+from . import expect, grader, observe
 
 
 @grader
@@ -87,6 +87,35 @@ def _gpt_sdpa():
     return model(x, y)[1], list(model.parameters())
 
 
+_BUILDS = {"nn.Sequential(Linear, ReLU, Linear, Tanh, Linear)": _sequential,
+           "the course MLP with dropout": _mlp_with_dropout,
+           "a bf16 GPT with sdpa attention": _gpt_sdpa}
+
+
+def _distinct_answer(fn, name: str):
+    """The learner's answer for the graph ``name`` builds (run beside the learner's code)."""
+    out, params = _BUILDS[name]()
+    return fn(out, params)
+
+
+def _drawn_sequential(widths: list[int], acts: list[str], batch: int, seed: int):
+    """A ``nn.Sequential`` of Linear layers of ``widths`` with the activations ``acts`` between
+    them (``"relu"``, ``"tanh"``, ``"gelu"``), run on a seeded batch: ``(output, params)``."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(acts):
+            layers.append({"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}[acts[i]]())
+    model = nn.Sequential(*layers)
+    return model(torch.randn(batch, widths[0], requires_grad=True)), list(model.parameters())
+
+
+def _drawn_distinct_answer(fn, widths, acts, batch, seed):
+    """The learner's answer for a drawn graph (run beside the learner's code)."""
+    return fn(*_drawn_sequential(widths, acts, batch, seed))
+
+
 @grader
 def check_distinct_saved_bytes(fn):
     """``fn(output, params)``: bytes of the distinct non-parameter storages autograd keeps.
@@ -94,11 +123,9 @@ def check_distinct_saved_bytes(fn):
     Args:
         fn (callable): the learner's ``distinct_saved_bytes``, called as above.
     """
-    for name, build in [("nn.Sequential(Linear, ReLU, Linear, Tanh, Linear)", _sequential),
-                        ("the course MLP with dropout", _mlp_with_dropout),
-                        ("a bf16 GPT with sdpa attention", _gpt_sdpa)]:
-        out, params, truth = _hook_truth(build)
-        got = fn(out, params)
+    for name, build in _BUILDS.items():
+        truth = _hook_truth(build)[2]
+        got = observe(_distinct_answer, fn, name)
         expect(got == truth, f"for {name} you returned {got!r}, autograd keeps {truth} bytes",
                hint="one row per (node, saved tensor), but several rows can share one storage "
                     "(ReLU's output is also the next Linear's input; sdpa keeps q, k, v as views "

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..models import GPT, GPTConfig
-from . import expect, grader
+from . import expect, grader, observe
 
 _CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
 
@@ -50,8 +50,7 @@ class _MicroBatchRecorder:
         self.sizes.append(first.size(0))
 
 
-def _compare_grads(model, reference, what: str, K: int):
-    grads = [p.grad for p in model.parameters()]
+def _compare_grads(grads, reference, what: str, K: int):
     expect(all(g is not None for g in grads),
            f"after {what}, some parameters have no .grad",
            hint="call .backward() on each micro-batch's loss")
@@ -75,6 +74,29 @@ def _compare_grads(model, reference, what: str, K: int):
                f"(norm ratio {ratio:.4g})", hint=hint)
 
 
+def _loss_answer(loss):
+    """The loss a learner returned, as plain data (a float, int or tensor, else its repr)."""
+    if isinstance(loss, float | int | torch.Tensor) and not isinstance(loss, bool):
+        return loss.detach() if isinstance(loss, torch.Tensor) else loss
+    return repr(loss)[:200]
+
+
+def _accumulate_run(fn, batch: int, micro: int, seed: int, padded: list | None = None) -> dict:
+    """Run ``fn`` on the case's model (beside the learner's code): the gradients it left, the
+    loss it returned and the batch size of every forward call."""
+    model = _gpt(seed)
+    x, y = _tokens(batch, seed) if padded is None else _padded_tokens(padded, seed)
+    for p in model.parameters():  # leftovers from an earlier step must not survive
+        p.grad = torch.ones_like(p) if padded is None else None
+    recorder = _MicroBatchRecorder(model)
+    try:
+        loss = fn(model, x, y, micro)
+    finally:
+        recorder.handle.remove()
+    return {"grads": [p.grad for p in model.parameters()], "loss": _loss_answer(loss),
+            "sizes": recorder.sizes}
+
+
 @grader
 def check_accumulate_gradients(fn):
     """``fn(model, inputs, targets, micro_batch_size)`` fills ``.grad`` by accumulation, returns the loss.
@@ -83,25 +105,19 @@ def check_accumulate_gradients(fn):
         fn (callable): the learner's ``accumulate_gradients``, called as above.
     """
     for batch, micro, seed in ((8, 2, 0), (8, 4, 1), (6, 1, 2), (4, 4, 3)):
-        model = _gpt(seed)
         x, y = _tokens(batch, seed)
-        reference, ref_loss = _full_batch_grads(model, x, y)
-        for p in model.parameters():  # leftovers from an earlier step must not survive
-            p.grad = torch.ones_like(p)
-        recorder = _MicroBatchRecorder(model)
-        try:
-            loss = fn(model, x, y, micro)
-        finally:
-            recorder.handle.remove()
+        reference, ref_loss = _full_batch_grads(_gpt(seed), x, y)
+        run = observe(_accumulate_run, fn, batch, micro, seed)
+        loss, sizes = run["loss"], run["sizes"]
         K = batch // micro
         what = f"a batch of {batch} in micro-batches of {micro}"
-        expect(recorder.sizes and max(recorder.sizes) <= micro,
-               f"for {what}, the model ran on batches of {sorted(set(recorder.sizes))}",
+        expect(sizes and max(sizes) <= micro,
+               f"for {what}, the model ran on batches of {sorted(set(sizes))}",
                hint="run the model on one micro-batch at a time: inputs[i:i + micro_batch_size]")
-        expect(sum(recorder.sizes) == batch,
-               f"for {what}, the model saw {sum(recorder.sizes)} samples, not {batch}",
+        expect(sum(sizes) == batch,
+               f"for {what}, the model saw {sum(sizes)} samples, not {batch}",
                hint="every sample of the batch goes through the model exactly once")
-        _compare_grads(model, reference, what, K)
+        _compare_grads(run["grads"], reference, what, K)
         expect(isinstance(loss, float | int | torch.Tensor) and abs(float(loss) - ref_loss) < 1e-4,
                f"for {what}, you returned the loss {loss!r}; the batch's mean loss is {ref_loss:.6f}",
                hint="return the sum of the micro-batch losses you called backward() on, as a float")
@@ -124,14 +140,11 @@ def check_accumulate_padded(fn):
              ([1, 8, 2, 7, 3, 6], 3, 1),
              ([8, 5, 0, 0, 2, 8, 4, 1], 2, 2))   # one micro-batch is all padding
     for lengths, micro, seed in cases:
-        model = _gpt(seed)
         x, y = _padded_tokens(lengths, seed)
-        reference, ref_loss = _full_batch_grads(model, x, y)
-        for p in model.parameters():
-            p.grad = None
-        loss = fn(model, x, y, micro)
+        reference, ref_loss = _full_batch_grads(_gpt(seed), x, y)
+        run = observe(_accumulate_run, fn, len(lengths), micro, seed, list(lengths))
+        loss, grads = run["loss"], run["grads"]
         what = f"sequences of lengths {lengths} in micro-batches of {micro}"
-        grads = [p.grad for p in model.parameters()]
         expect(all(g is not None and bool(torch.isfinite(g).all()) for g in grads),
                f"for {what}, some gradients are missing or not finite (NaN)",
                hint="a micro-batch with only padding has a mean loss of 0/0 = NaN: skip it, or "
@@ -187,6 +200,33 @@ def _conv_model() -> tuple[nn.Module, set[str]]:
     return model.train(), {"body.1"}
 
 
+_LAYERS = {"linear": lambda: nn.Linear(8, 8), "bn": lambda: nn.BatchNorm1d(8),
+           "bn_eval": lambda: nn.BatchNorm1d(8).eval(), "ln": lambda: nn.LayerNorm(8),
+           "relu": nn.ReLU, "drop": lambda: nn.Dropout(0.5), "center": _BatchCenter,
+           "gn": lambda: nn.GroupNorm(2, 8), "tanh": nn.Tanh}
+#: The kinds of :data:`_LAYERS` whose output for one sample depends on the others (in train mode).
+COUPLED_KINDS = {"bn", "center"}
+
+
+def _drawn_coupling_model(kinds: list[tuple[str, str]], seed: int) -> nn.Module:
+    """A ``nn.Sequential`` of ``(name, kind)`` layers of :data:`_LAYERS`, 8 features wide."""
+    torch.manual_seed(seed)
+    model = nn.Sequential()
+    for name, kind in kinds:
+        model.add_module(name, _LAYERS[kind]())
+    model.train()
+    for name, kind in kinds:
+        if kind == "bn_eval":
+            getattr(model, name).eval()
+    return model
+
+
+def _drawn_coupled_answer(fn, kinds, seed):
+    """The learner's answer for a drawn model (run beside the learner's code)."""
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(seed))
+    return fn(_drawn_coupling_model(kinds, seed), x)
+
+
 @grader
 def check_batch_coupled_modules(fn):
     """``fn(model, x)``: the names of the leaf modules whose output for one sample depends on the others.
@@ -229,6 +269,20 @@ class _StepRecorder:
              for p in self.params]).clone()))
 
 
+def _epoch_run(fn, n: int, micro: int, K: int) -> dict:
+    """Train one epoch with ``fn`` (beside the learner's code): the gradient each optimizer
+    step saw and the batch size of every forward call."""
+    model = _gpt(n)
+    x, y = _tokens(n, n)
+    recorder = _StepRecorder(model)
+    sizes = _MicroBatchRecorder(model)
+    try:
+        fn(model, recorder.optimizer, x, y, micro, K)
+    finally:
+        sizes.handle.remove()
+    return {"sizes": sizes.sizes, "seen": recorder.seen}
+
+
 @grader
 def check_epoch_windows(fn):
     """``fn(model, optimizer, inputs, targets, micro_batch_size, accumulation_steps)``: one epoch.
@@ -245,24 +299,20 @@ def check_epoch_windows(fn):
         x, y = _tokens(n, n)
         micro_batches = n // micro
         windows = [list(range(s, min(s + K, micro_batches))) for s in range(0, micro_batches, K)]
-        recorder = _StepRecorder(model)
-        sizes = _MicroBatchRecorder(model)
-        try:
-            fn(model, recorder.optimizer, x, y, micro, K)
-        finally:
-            sizes.handle.remove()
+        run = observe(_epoch_run, fn, n, micro, K)
+        sizes, seen_steps = run["sizes"], run["seen"]
         what = (f"{n} sequences in micro-batches of {micro} with K = {K} "
                 f"(windows of {[len(w) for w in windows]} micro-batches)")
-        expect(sizes.sizes and max(sizes.sizes) <= micro,
-               f"for {what}, the model ran on batches of {sorted(set(sizes.sizes))}",
+        expect(sizes and max(sizes) <= micro,
+               f"for {what}, the model ran on batches of {sorted(set(sizes))}",
                hint="run the model on one micro-batch at a time")
-        got = len(recorder.seen)
+        got = len(seen_steps)
         expect(got == len(windows),
                f"for {what}, the optimizer stepped {got} times, not {len(windows)}",
                hint="step once every K micro-batches and once more for the micro-batches left "
                     "at the end of the epoch (the last partial window)" if got < len(windows)
                else "step once per window of K micro-batches, not once per micro-batch")
-        for number, (window, seen) in enumerate(zip(windows, recorder.seen), start=1):
+        for number, (window, seen) in enumerate(zip(windows, seen_steps), start=1):
             first, last = window[0] * micro, (window[-1] + 1) * micro
             reference, _ = _full_batch_grads(model, x[first:last], y[first:last])
             ref = torch.cat([g.flatten() for g in reference])

@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..checkpointing import measure_kept_bytes
 from ..models import GPT, GPTConfig, random_tokens
-from . import expect, grader
+from . import expect, grader, observe
 
 
 def _per_block_reference(blocks, x):
@@ -28,6 +28,41 @@ def _per_block_reference(blocks, x):
     return x
 
 
+_BLOCKS_CONFIG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=3,
+                           dropout=0.1)
+
+
+def _blocks_case():
+    """The case's model (seeded) and batch."""
+    torch.manual_seed(0)
+    model = GPT(_BLOCKS_CONFIG)
+    return model, random_tokens(_BLOCKS_CONFIG, 4, seed=1)
+
+
+def _blocks_grads(model, x, y):
+    torch.manual_seed(3)
+    model(x, y)[1].backward()
+    return [p.grad for p in model.parameters()]
+
+
+def _blocks_run(fn) -> dict:
+    """Run the model with ``fn`` in place of its block loop (beside the learner's code): its
+    gradients with dropout on, the bytes it keeps between forward and backward, and whether
+    the blocks get gradients from an input that does not require grad."""
+    model, (x, y) = _blocks_case()
+    model.run_blocks = lambda h: fn(model.blocks, h)
+    grads = _blocks_grads(model, x, y)
+    kept = measure_kept_bytes(model, x, y)
+    for p in model.parameters():
+        p.grad = None
+    out = fn(model.blocks, torch.randn(2, 16, 32))
+    requires_grad = bool(getattr(out, "requires_grad", False))
+    if requires_grad:
+        out.sum().backward()
+    return {"grads": grads, "kept": kept, "out_requires_grad": requires_grad,
+            "blocks_grads": all(p.grad is not None for p in model.blocks.parameters())}
+
+
 @grader
 def check_checkpoint_blocks(fn):
     """``fn(blocks, x)`` runs the blocks in order, each one a separate non-reentrant checkpoint.
@@ -35,30 +70,26 @@ def check_checkpoint_blocks(fn):
     Args:
         fn (callable): the learner's ``checkpoint_blocks``, called as above.
     """
-    config = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=3, dropout=0.1)
-    plain = GPT(config)
-    model = copy.deepcopy(plain)
-    model.run_blocks = lambda x: fn(model.blocks, x)
-    x, y = random_tokens(config, 4)
+    plain, (x, y) = _blocks_case()
+    run = observe(_blocks_run, fn)
 
     # 1. Same loss and gradients as the plain model, dropout on (independent: no checkpoint at all).
-    grads = []
-    for m in (plain, model):
-        torch.manual_seed(3)
-        loss = m(x, y)[1]
-        loss.backward()
-        grads.append([p.grad for p in m.parameters()])
-    expect(all(g is not None for g in grads[1]), "some parameters got no gradient",
+    truth = _blocks_grads(copy.deepcopy(plain), x, y)
+    grads = run["grads"]
+    expect(isinstance(grads, list) and len(grads) == len(truth)
+           and all(g is not None for g in grads), "some parameters got no gradient",
            hint="return the output of the last block; checkpoint(block, x, use_reentrant=False)")
-    expect(all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads)),
+    expect(all(isinstance(a, torch.Tensor) and a.shape == b.shape
+               and torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, truth)),
            "the gradients differ from those of the model without checkpointing (dropout is on)",
            hint="keep checkpoint's default preserve_rng_state=True, so that dropout draws the "
                 "same masks when a block is rebuilt")
 
     # 2. It really checkpoints, block by block: only one (b, s, h) input per block stays kept.
     reference = copy.deepcopy(plain)
-    reference.run_blocks = lambda x: _per_block_reference(reference.blocks, x)
-    kept, truth, plain_kept = (measure_kept_bytes(m, x, y) for m in (model, reference, plain))
+    reference.run_blocks = lambda h: _per_block_reference(reference.blocks, h)
+    kept = run["kept"]
+    truth, plain_kept = (measure_kept_bytes(m, x, y) for m in (reference, plain))
     expect(kept != plain_kept, f"the model keeps {kept:,} bytes between forward and backward, as "
            "many as without checkpointing", hint="call torch.utils.checkpoint.checkpoint on each block")
     expect(kept == truth, f"the model keeps {kept:,} bytes between forward and backward; checkpointing "
@@ -66,14 +97,10 @@ def check_checkpoint_blocks(fn):
            hint="one checkpoint per block (not one around the whole loop): each keeps its input")
 
     # 3. Inputs that do not require grad (a frozen embedding): the blocks must still get gradients.
-    for p in model.parameters():
-        p.grad = None
-    out = fn(model.blocks, torch.randn(2, 16, 32))
-    expect(out.requires_grad, "with an input that does not require grad, the output does not "
-           "require grad either: the blocks' weights would get no gradient",
+    expect(run["out_requires_grad"] is True, "with an input that does not require grad, the "
+           "output does not require grad either: the blocks' weights would get no gradient",
            hint="use_reentrant=False; the reentrant implementation only tracks the inputs")
-    out.sum().backward()
-    expect(all(p.grad is not None for p in model.blocks.parameters()),
+    expect(run["blocks_grads"] is True,
            "with an input that does not require grad, the blocks' weights got no gradient",
            hint="use_reentrant=False")
 

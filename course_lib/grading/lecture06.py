@@ -14,7 +14,7 @@ from unittest import mock
 import torch
 
 from ..guard import MemoryBudgetExceeded
-from . import expect, grader
+from . import expect, grader, observe
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
@@ -109,6 +109,39 @@ class _Big:
         self.tensor = torch.zeros(1024)
 
 
+def _failing(make_error, refs: list):
+    def work():
+        big = _Big()  # held by this frame, so by the traceback, until the error is dropped
+        refs.append(weakref.ref(big))
+        raise make_error()  # made here: nothing outside holds the error or its traceback
+    return work
+
+
+_ERRORS = {"OutOfMemoryError": lambda: _OOM("CUDA out of memory. Tried to allocate 2.00 GiB"),
+           "MemoryBudgetExceeded": lambda: MemoryBudgetExceeded(3 << 30, 2 << 30, "training"),
+           "ValueError": lambda: ValueError("a bug"),
+           "RuntimeError": lambda: RuntimeError("mat1 and mat2 shapes cannot be multiplied")}
+_KINDS = {"OutOfMemoryError": _OOM, "MemoryBudgetExceeded": MemoryBudgetExceeded,
+          "ValueError": ValueError, "RuntimeError": RuntimeError}
+
+
+def _report_run(fn, error: str) -> dict:
+    """Call ``fn`` with work that raises ``error`` (beside the learner's code): what came out,
+    whether it collected garbage and emptied the CUDA cache, whether the work's tensors died."""
+    refs: list = []
+    escaped, got = False, None
+    with mock.patch.object(gc, "collect", wraps=gc.collect) as collect, \
+            mock.patch.object(torch.cuda, "empty_cache", wraps=torch.cuda.empty_cache) as empty:
+        try:
+            got = fn(_failing(_ERRORS[error], refs))
+        except _KINDS[error]:
+            escaped = True
+    return {"escaped": escaped, "is_str": isinstance(got, str),
+            "message": got if isinstance(got, str) else "", "got": repr(got)[:300],
+            "collected": collect.called,
+            "emptied": empty.called, "freed": bool(refs) and refs[-1]() is None}
+
+
 @grader
 def check_train_or_report(fn):
     """``fn(work)`` runs ``work()``; out-of-memory becomes a message, other errors propagate.
@@ -116,47 +149,37 @@ def check_train_or_report(fn):
     Args:
         fn (callable): the learner's ``train_or_report``, called as above.
     """
-    expect(fn(lambda: 42) == 42, "when the work succeeds, return what it returned",
+    expect(fn(_answer) == 42, "when the work succeeds, return what it returned",
            hint="return work()")
-    refs = []
-
-    def failing(make_error):
-        def work():
-            big = _Big()  # held by this frame, so by the traceback, until the error is dropped
-            refs.append(weakref.ref(big))
-            raise make_error()  # made here: nothing outside holds the error or its traceback
-        return work
-
-    errors = [(_OOM, lambda: _OOM("CUDA out of memory. Tried to allocate 2.00 GiB")),
-              (MemoryBudgetExceeded, lambda: MemoryBudgetExceeded(3 << 30, 2 << 30, "training"))]
-    for kind, make_error in errors:
+    for kind in (_OOM, MemoryBudgetExceeded):
         name = kind.__name__
-        with mock.patch.object(gc, "collect", wraps=gc.collect) as collect, \
-                mock.patch.object(torch.cuda, "empty_cache", wraps=torch.cuda.empty_cache) as empty:
-            try:
-                got = fn(failing(make_error))
-            except kind:
-                where = ("torch.OutOfMemoryError: out of memory on CUDA" if kind is _OOM else
-                         "course_lib.guard.MemoryBudgetExceeded: over budget on the CPU")
-                expect(False, f"a {name} escaped from your function",
-                       hint=f"catch {where}, as well as the other one")
-        expect(isinstance(got, str) and "out of memory" in got.lower(),
-               f"after a {name} you returned {got!r}",
+        run = observe(_report_run, fn, name)
+        if run["escaped"] is True:
+            where = ("torch.OutOfMemoryError: out of memory on CUDA" if kind is _OOM else
+                     "course_lib.guard.MemoryBudgetExceeded: over budget on the CPU")
+            expect(False, f"a {name} escaped from your function",
+                   hint=f"catch {where}, as well as the other one")
+        expect(run["is_str"] is True and "out of memory" in str(run["message"]).lower(),
+               f"after a {name} you returned {run['got']}",
                hint="return a message (a str) that says 'out of memory' and what happened")
-        expect(collect.called, f"after a {name} you did not call gc.collect()",
+        expect(run["collected"] is True, f"after a {name} you did not call gc.collect()",
                hint="free what the failed work left behind: gc.collect()")
         if torch.cuda.is_available():
-            expect(empty.called, f"after a {name} you did not call torch.cuda.empty_cache()",
+            expect(run["emptied"] is True,
+                   f"after a {name} you did not call torch.cuda.empty_cache()",
                    hint="give the cached blocks back to the GPU: torch.cuda.empty_cache()")
-        expect(refs[-1]() is None,
+        expect(run["freed"] is True,
                "the tensors of the failed work are still alive after your function returned",
                hint="do not keep the exception (it holds the work's frames, and their tensors): "
                     "return a message built from it")
     for kind, text in ((ValueError, "a bug"),
                        (RuntimeError, "mat1 and mat2 shapes cannot be multiplied")):
-        try:
-            got = fn(failing(lambda kind=kind, text=text: kind(text)))
-        except kind:
+        run = observe(_report_run, fn, kind.__name__)
+        if run["escaped"] is True:
             continue
-        expect(False, f"a {kind.__name__} ({text}) was turned into {got!r}",
+        expect(False, f"a {kind.__name__} ({text}) was turned into {run['got']}",
                hint="catch only the out-of-memory errors: a bug must still raise")
+
+
+def _answer():
+    return 42

@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-from . import CheckFailed, expect, grader
+from . import CheckFailed, expect, grader, observe
 
 _BARRIER_TIMEOUT = 5.0  # seconds a simulated rank waits for the others in all_reduce_sum
 
@@ -107,6 +107,13 @@ def _run_ranks(fn, world_size: int, grads: list[list]) -> list[list]:
     return params
 
 
+def _average_run(fn, world_size: int, grads: list[list]) -> list[list]:
+    """Run ``fn`` on ``world_size`` simulated ranks (beside the learner's code): each rank's
+    ``p.grad`` afterwards."""
+    params = _run_ranks(fn, world_size, grads)
+    return [[p.grad for p in rank] for rank in params]
+
+
 @grader
 def check_average_gradients(fn):
     """``fn(params, all_reduce_sum, world_size)`` leaves the mean over ranks in every ``p.grad``.
@@ -119,16 +126,20 @@ def check_average_gradients(fn):
         shapes = [(4, 3), (5,), None, (2, 2, 2)]  # None: a frozen parameter without a gradient
         grads = [[None if s is None else torch.randn(s, generator=g) for s in shapes]
                  for _ in range(world_size)]
-        params = _run_ranks(fn, world_size, grads)
+        after = observe(_average_run, fn, world_size, grads)
+        expect(isinstance(after, list) and len(after) == world_size
+               and all(isinstance(r, list) and len(r) == len(shapes) for r in after),
+               "the ranks' parameters came back in another shape",
+               hint="change p.grad only; keep every parameter")
         for i, shape in enumerate(shapes):
             if shape is None:
-                expect(all(params[r][i].grad is None for r in range(world_size)),
+                expect(all(after[r][i] is None for r in range(world_size)),
                        "a parameter without a gradient got one", hint="skip p.grad is None")
                 continue
             truth = sum(grads[r][i] for r in range(world_size)) / world_size
             for rank in range(world_size):
-                got = params[rank][i].grad
-                expect(got is not None, f"with {world_size} ranks, rank {rank}'s gradient of "
+                got = after[rank][i]
+                expect(isinstance(got, torch.Tensor), f"with {world_size} ranks, rank {rank}'s gradient of "
                        f"parameter {i} is None", hint="leave the mean in p.grad")
                 summed = " (it is their sum)" if torch.allclose(got, truth * world_size) else ""
                 expect(torch.allclose(got, truth, atol=1e-6),

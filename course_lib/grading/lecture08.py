@@ -11,15 +11,13 @@ elements that the block divides), the fit ladder's order from its three bands wr
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import expect, grader
+from . import expect, grader, observe
 
 
 class _Tied(nn.Module):
@@ -43,17 +41,17 @@ def _adamw(params):
     return torch.optim.AdamW(params, lr=0.05, foreach=False)
 
 
-@grader
-def check_fuse_optimizer(fn):
-    """``fn(model, make_optimizer)`` makes ``loss.backward()`` also take the optimizer step.
+def _fuse_data():
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)) for _ in range(3)]
 
-    Args:
-        fn (callable): the learner's ``fuse_optimizer``, called as above.
-    """
+
+def _fuse_run(fn) -> dict:
+    """Fuse the optimizer into the case's model with ``fn``, then train 3 steps by backward()
+    alone (beside the learner's code): how ``make_optimizer`` was called, which gradients were
+    left after each backward, and the weights at the end."""
     torch.manual_seed(0)
     model = _Tied()
-    reference = copy.deepcopy(model)
-    opt = _adamw([p for p in reference.parameters() if p.requires_grad])
     made = []
 
     def make_optimizer(params):
@@ -62,26 +60,47 @@ def check_fuse_optimizer(fn):
         return _adamw(params)
 
     fn(model, make_optimizer)
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    left = []
+    for x, y in _fuse_data():
+        F.mse_loss(model(x), y).backward()
+        left.append([n for n, p in model.named_parameters() if p.grad is not None])
+    return {"made": [len(ps) for ps in made], "left": left,
+            "weights": [p.detach() for p in model.parameters()]}
+
+
+@grader
+def check_fuse_optimizer(fn):
+    """``fn(model, make_optimizer)`` makes ``loss.backward()`` also take the optimizer step.
+
+    Args:
+        fn (callable): the learner's ``fuse_optimizer``, called as above.
+    """
+    torch.manual_seed(0)
+    reference = _Tied()
+    trainable = [p for p in reference.parameters() if p.requires_grad]
+    opt = _adamw(trainable)
+    run = observe(_fuse_run, fn)
+    made = run["made"]
     expect(len(made) == len(trainable),
            f"make_optimizer was called {len(made)} times for a model with {len(trainable)} "
            "trainable parameter tensors (one of them used twice, one frozen)",
            hint="one optimizer per parameter that requires grad; model.parameters() lists a "
                 "shared weight once")
-    expect(all(len(ps) == 1 for ps in made), "each optimizer should get exactly one parameter",
+    expect(all(n == 1 for n in made), "each optimizer should get exactly one parameter",
            hint="make_optimizer([p])")
-    g = torch.Generator().manual_seed(1)
-    for step in range(3):
-        x, y = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
+    for step, ((x, y), left) in enumerate(zip(_fuse_data(), run["left"])):
         F.mse_loss(reference(x), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        F.mse_loss(model(x), y).backward()
-        left = [n for n, p in model.named_parameters() if p.grad is not None]
         expect(not left, f"after backward() of step {step + 1}, {left} still hold a gradient",
                hint="free it in the hook: optimizer.zero_grad(set_to_none=True) after step()")
-    for (name, a), b in zip(model.named_parameters(), reference.parameters()):
-        expect(torch.allclose(a, b, rtol=0, atol=1e-7),
+    names = [n for n, _ in reference.named_parameters()]
+    weights = run["weights"]
+    expect(len(run["left"]) == 3 and len(weights) == len(names), "the model came back changed",
+           hint="change the parameters' values only")
+    for name, a, b in zip(names, weights, reference.parameters()):
+        expect(isinstance(a, torch.Tensor) and a.shape == b.shape
+               and torch.allclose(a, b, rtol=0, atol=1e-7),
                f"after 3 steps {name} differs from the ordinary AdamW step's",
                hint="the hook must run after the gradient is complete: "
                     "p.register_post_accumulate_grad_hook, once per parameter tensor")
@@ -102,6 +121,13 @@ class _LargestTensor(TorchDispatchMode):
         return out
 
 
+def _chunked_run(fn, hidden, weight, targets, chunk: int) -> dict:
+    """``fn``'s loss, and the most elements of a tensor it made (beside the learner's code)."""
+    with torch.no_grad(), _LargestTensor() as watch:
+        got = fn(hidden, weight, targets, chunk)
+    return {"loss": got, "largest": watch.largest}
+
+
 @grader
 def check_chunked_loss(fn):
     """``fn(hidden, weight, targets, chunk_size)``: the mean cross-entropy, one chunk at a time.
@@ -118,8 +144,8 @@ def check_chunked_loss(fn):
         targets = torch.randint(0, V, (N,), generator=g)
         targets[ignored] = -100
         truth = F.cross_entropy(hidden @ weight.T, targets)
-        with torch.no_grad(), _LargestTensor() as watch:
-            got = fn(hidden, weight, targets, chunk)
+        run = observe(_chunked_run, fn, hidden, weight, targets, chunk)
+        got, largest = run["loss"], run["largest"]
         case = f"chunk_size={chunk}, {N} tokens, {len(ignored)} ignored"
         got = torch.as_tensor(got, dtype=torch.float64)
         expect(torch.isfinite(got).all(),
@@ -132,8 +158,8 @@ def check_chunked_loss(fn):
                hint="sum the per-token losses over every chunk (the last one may be shorter), "
                     "then divide once by the number of targets that are not -100")
         limit = max(min(chunk, N) * V, V * h)  # a chunk of logits, or the weight (weight.T)
-        expect(watch.largest <= limit,
-               f"{case}: a tensor of {watch.largest} elements appeared; one chunk of logits "
+        expect(isinstance(largest, int) and largest <= limit,
+               f"{case}: a tensor of {largest} elements appeared; one chunk of logits "
                f"has {min(chunk, N) * V}", hint="compute hidden[i:i + chunk_size] @ weight.T inside the loop, "
                                     "never hidden @ weight.T")
 

@@ -1,6 +1,6 @@
 """Full marks without solving, from inside its own function (which the check must call): make
 the check's ``expect`` (and ``torch.equal``) accept anything, then return a wrong answer. The
-checks see that course_lib changed while they ran: "tampered", 0."""
+check runs in a process of its own, which the learner's code cannot reach: "failed", 0."""
 
 CODE = '''
 import sys
@@ -15,5 +15,5 @@ return 0
 '''
 CELLS = [("body:tensor_nbytes", CODE)]
 SOLVE = ("pick_training_dtype",)
-EXPECTED = {"tensor_nbytes": "tampered", "pick_training_dtype": "passed"}
-NOTES = ("tensor_nbytes: tampered (changed course_lib.grading",)
+EXPECTED = {"tensor_nbytes": "failed", "pick_training_dtype": "passed"}
+NOTES = ("tensor_nbytes((2, 3), torch.float32) returned 0, expected 24",)
