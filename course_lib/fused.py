@@ -114,9 +114,13 @@ def _kernels() -> dict:
     """The two kernels per backend, made on the first launch (Triton imported then)."""
     global triton, tl, _KERNELS
     if _KERNELS is None:
-        import triton
-        import triton.language as tl
-        from triton.runtime.interpreter import InterpretedFunction
+        try:
+            import triton
+            import triton.language as tl
+            from triton.runtime.interpreter import InterpretedFunction
+        except ImportError as exc:  # found by find_spec, yet broken (a CUDA-only wheel, say)
+            raise RuntimeError(f"Triton is installed but does not import ({exc}); uninstall it "
+                               "to run the kernel's reference in plain PyTorch") from exc
 
         _KERNELS = {"triton": {"forward": triton.jit(_forward), "backward": triton.jit(_backward)},
                     "interpreter": {"forward": InterpretedFunction(_forward),
