@@ -516,6 +516,8 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
 #: Steps a measurement runs, in units of one plain step: two for memory (under the tracker,
 #: slower), one warm-up and three timed.
 _MEASURED_STEPS = 8
+#: The same in units of a step timed under the deadline (as slow as one under the tracker).
+_PROBED_STEPS = 6
 
 
 def _measure_within_limit(controls, here, settings, models, device, measured) -> bool:
@@ -525,8 +527,9 @@ def _measure_within_limit(controls, here, settings, models, device, measured) ->
     The prediction may be many times too low on a loaded machine, so it only declines what is
     hopeless at once. Then the step runs twice under :func:`course_lib.timing.within_seconds`:
     a first run (which pays one-off costs) stopped at half the limit, and a second stopped at its
-    share of what is left (an eighth); the second's time, measured here and now, decides whether
-    the whole measurement (about 8 steps) fits in what is left of the limit.
+    share of what is left (a sixth); the second's time, measured here and now, decides whether
+    the whole measurement (six steps: two under the memory tracker, a warm-up, three timed) fits
+    in what is left of the limit.
     """
     controls["gpu"].value = here  # what is measured here is compared with this device
     values = {name: c.value for name, c in controls.items()}
@@ -551,7 +554,7 @@ def _measure_within_limit(controls, here, settings, models, device, measured) ->
     for which, limit in (("the first step", MEASURE_LIMIT_SECONDS / 2),
                          ("one step", None)):
         if limit is None:
-            limit = (MEASURE_LIMIT_SECONDS - (time.perf_counter() - start)) / _MEASURED_STEPS
+            limit = (MEASURE_LIMIT_SECONDS - (time.perf_counter() - start)) / _PROBED_STEPS
         try:
             within_seconds(one_step, limit, what=which)
         except TimeLimitExceeded:
