@@ -523,10 +523,10 @@ def _measure_within_limit(controls, here, settings, models, device, measured) ->
     :data:`MEASURE_LIMIT_SECONDS`; print what happened; whether a measurement was added.
 
     The prediction may be many times too low on a loaded machine, so it only declines what is
-    hopeless at once. Then the step runs twice under :func:`course_lib.timing.within_seconds`:
-    a first run (which pays one-off costs) stopped at half the limit, and a second stopped at its
-    share of what is left (an eighth); the second's time, measured here and now, decides whether
-    the whole measurement (about 8 steps) fits in what is left of the limit.
+    hopeless at once. Then one step (building the model, paying one-off costs) runs under
+    :func:`course_lib.timing.within_seconds`, stopped at a third of the limit, and a second one
+    runs plainly (it is no slower than the first); the measurement (two steps under the memory
+    tracker, as slow as the first, and four plain ones) runs only if it fits in what is left.
     """
     controls["gpu"].value = here  # what is measured here is compared with this device
     values = {name: c.value for name, c in controls.items()}
@@ -548,18 +548,24 @@ def _measure_within_limit(controls, here, settings, models, device, measured) ->
         train(model, optimizer, [(x, y)], micro_batch_size=b, accumulation_steps=K,
               **train_options(t.precision, device))
 
-    for which, limit in (("the first step", MEASURE_LIMIT_SECONDS / 2),
-                         ("one step", None)):
-        if limit is None:
-            limit = (MEASURE_LIMIT_SECONDS - (time.perf_counter() - start)) / _MEASURED_STEPS
-        try:
-            within_seconds(one_step, limit, what=which)
-        except TimeLimitExceeded:
-            print(f"not measured: {which} of {model_name} took more than "
-                  f"{format_duration(limit)} here (predicted {predicted} per step): this "
-                  f"machine is slower than predicted, or busy; stopped after "
-                  f"{format_duration(time.perf_counter() - start)}")
-            return False
+    limit = MEASURE_LIMIT_SECONDS / 3
+    try:
+        _, first = within_seconds(one_step, limit, what="the first step")
+    except TimeLimitExceeded:
+        print(f"not measured: the first step of {model_name} took more than "
+              f"{format_duration(limit)} here (predicted {predicted} per step): this machine is "
+              f"slower than predicted, or busy; stopped after "
+              f"{format_duration(time.perf_counter() - start)}")
+        return False
+    second = time.perf_counter()
+    one_step()
+    plain = time.perf_counter() - second
+    need = 2 * first + 4 * plain
+    if time.perf_counter() - start + need > MEASURE_LIMIT_SECONDS:
+        print(f"not measured: one step of {model_name} took {format_duration(plain)} here "
+              f"(predicted {predicted}), so the measurement would take about "
+              f"{format_duration(need)} more; choose a smaller model")
+        return False
     m = measured[key] = measure_step_cost(config, b, K, checkpointing=mode,
                                           precision=t.precision, device=device)
     print(f"measured here: peak {format_bytes(m.peak_bytes)} (predicted "

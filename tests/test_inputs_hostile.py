@@ -340,9 +340,9 @@ def test_the_measure_button_holds_its_limit_when_the_prediction_is_far_too_low(m
     box.measure()
     took = time.perf_counter() - start
     message = _printed(capsys)
-    assert message.startswith("not measured: the first step of GPT-2 124M took more than 400 ms "
+    assert message.startswith("not measured: the first step of GPT-2 124M took more than 267 ms "
                               "here (predicted ")
-    assert not box.measured and took < 0.8 + 1.0, took
+    assert not box.measured and took < 0.8 + 3.0, took  # the old button: minutes
 
 
 def _printed(capsys):
