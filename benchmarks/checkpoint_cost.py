@@ -21,7 +21,7 @@ the same in every mode and left out):
   with other work it is the steadier of the two clocks.
 * **FLOPs**: ``torch.utils.flop_counter.FlopCounterMode`` over one step (2 per multiply-add,
   matmuls and attention kernels), recomputation included; checked against
-  ``course_lib.checkpointing.step_flops``. ``FlopCounterMode`` has no formula for the CPU's
+  ``course_lib.checkpointed.step_flops``. ``FlopCounterMode`` has no formula for the CPU's
   flash-attention kernel (it counts 0), so for ``sdpa`` on the CPU the **FLOP ratio** comes
   from ``step_flops(..., gpu="A100 80GB")`` (a GPU preset of ``course_lib.device.GPUS``), which
   counts the fused kernel as a GPU does (forward
@@ -49,8 +49,8 @@ from bench_common import table
 from bench_device import arguments, save, setup
 from torch.utils.flop_counter import FlopCounterMode
 
+from course_lib import checkpointed, timing
 from course_lib import checkpointing as ckpt
-from course_lib import timing
 from course_lib.device import pick_dtype
 from course_lib.measure import peak_memory
 from course_lib.models import GPT, GPTConfig, random_tokens
@@ -129,8 +129,8 @@ def evaluate(config: GPTConfig, batch: int, dtype, device: str = "cpu", rounds: 
     for mode, every in policies:
         ckpt.enable_checkpointing(model, mode, every)
         counted = _counted_flops(model, x, y)
-        predicted, recomputed = ckpt.step_flops(config, batch, mode, every, dtype=dtype, gpu=gpu)
-        gpu_count = ckpt.step_flops(config, batch, mode, every, dtype=dtype, gpu=fused_gpu)[0]
+        predicted, recomputed = checkpointed.step_flops(config, batch, mode, every, dtype=dtype, gpu=gpu)
+        gpu_count = checkpointed.step_flops(config, batch, mode, every, dtype=dtype, gpu=fused_gpu)[0]
         kept, peak = memory(model, x, y, device)
         rows.append({"policy": label(mode, every), "mode": mode, "every": every,
                      "seconds": times.wall[label(mode, every)],

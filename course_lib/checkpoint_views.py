@@ -7,7 +7,7 @@
 * :func:`explorer`: a GPT-2-small-sized model on a GPU preset, without checkpointing, with
   per-block checkpointing, or with ``checkpoint_sequential`` in ``k`` segments: the memory
   engine's step peak by category against the card's memory, and the step's compute
-  (:func:`course_lib.checkpointing.checkpoint_cost`) against no checkpointing.
+  (:func:`course_lib.checkpointed.checkpoint_cost`) against no checkpointing.
   :func:`explore` is its pure back end.
 
 The explorer draws with :func:`course_lib.widgets.live_plot`'s ``setup``/``draw`` pair: the
@@ -22,8 +22,8 @@ import ipywidgets as widgets
 import numpy as np
 import torch
 
+from . import checkpointed, engine
 from . import checkpointing as ckpt
-from . import engine
 from .device import GPU, GPUS, pick_dtype
 from .memory_timeline import Timeline
 from .models import GPTConfig
@@ -178,7 +178,7 @@ def explore(gpu: str = "T4", layers: int = 48, checkpointing: str = "per-block",
     The model is :data:`GPT2_SMALL` with ``layers`` blocks, trained under ``torch.autocast`` in
     the dtype the card gets (bf16 from compute capability 8.0, fp16 on a T4); memory from
     :func:`course_lib.engine.predict_step_memory`, compute from
-    :func:`course_lib.checkpointing.checkpoint_cost`.
+    :func:`course_lib.checkpointed.checkpoint_cost`.
 
     Args:
         gpu (str): a name of :data:`course_lib.device.GPUS`.
@@ -212,8 +212,8 @@ def explore(gpu: str = "T4", layers: int = 48, checkpointing: str = "per-block",
     memory = engine.predict_step_memory(config, batch_size, precision=precision, mode=mode,
                                         segments=k, gpu=card)
     plain = engine.predict_step_memory(config, batch_size, precision=precision, gpu=card)
-    cost = ckpt.checkpoint_cost(config, batch_size, mode, segments=k, **kernel)
-    best = ckpt.best_segments(layers, ckpt.block_ratio(config, batch_size, **kernel))
+    cost = checkpointed.checkpoint_cost(config, batch_size, mode, segments=k, **kernel)
+    best = ckpt.best_segments(layers, checkpointed.block_ratio(config, batch_size, **kernel))
     return Setting(card, precision, layers, checkpointing, k, best, memory, plain,
                    cost.flop_ratio)
 

@@ -81,8 +81,8 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from . import activations as act
+from . import checkpointed, kernels
 from . import checkpointing as ckpt
-from . import kernels
 from .device import GPU, resolve_gpu
 from .memory import PRECISION, PRECISIONS, precision_of  # noqa: F401 (re-exported)
 from .models import GPTConfig, check_config, param_numels
@@ -567,8 +567,8 @@ def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, 
     if mode in ("blocks", "sqrt"):
         return block, block - x_in, 0
     kw = dict(seq_len=s, dtype=t.compute, gpu=gpu, autocast=t.autocast)
-    kept = (ckpt.predict_kept_bytes(config, b, mode, **kw)
-            - ckpt.predict_kept_bytes(config, b, "blocks", **kw) + x_in)
+    kept = (checkpointed.predict_kept_bytes(config, b, mode, **kw)
+            - checkpointed.predict_kept_bytes(config, b, "blocks", **kw) + x_in)
     if mode == "attention":
         core = act._core_saved(config, b, s, t)
         rebuilt = act.total_bytes([i for i in core if "QKV output" not in i.what],
@@ -595,18 +595,18 @@ def _chunked_kept(config: GPTConfig, b: int, s: int, t) -> int:
 @functools.lru_cache(maxsize=1024)
 def _kept_pieces(one: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
     """``(outside the blocks, a plain block, a checkpointed region's first block)``: bytes kept
-    from forward to backward (:func:`course_lib.checkpointing.kept_items`), per piece."""
+    from forward to backward (:func:`course_lib.checkpointed.kept_items`), per piece."""
     kw = dict(seq_len=s, dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
-    embed, per_block, head, _, block = ckpt._layout(one, b, mode, 1, None, s, t.compute, t.gpu,
+    embed, per_block, head, _, block = checkpointed._layout(one, b, mode, 1, None, s, t.compute, t.gpu,
                                                     t.autocast)
-    wrapped = ckpt.kept_by_block(one, b, "blocks" if mode in ("none", "sqrt") else mode, 1, **kw)
+    wrapped = checkpointed.kept_by_block(one, b, "blocks" if mode in ("none", "sqrt") else mode, 1, **kw)
     total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=t.gpu)
     return total(embed) + total(head), total(block), total(wrapped[0])
 
 
 def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
                 segments: int | None) -> int:
-    """:func:`course_lib.checkpointing.predict_kept_bytes`, from per-piece sums: every region
+    """:func:`course_lib.checkpointed.predict_kept_bytes`, from per-piece sums: every region
     keeps its first block's checkpointed items and nothing of its other blocks."""
     # none, blocks and sqrt keep the same pieces (a region's first block keeps its input)
     piece_mode = "blocks" if mode in ("none", "sqrt") else mode
@@ -767,7 +767,7 @@ def _chunked_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: int
     logits (``n x V`` fp32, and the compute-dtype product they are cast from) and a few
     ``n``-sized tensors (target indices, picked logits, maxima)."""
     n, V = min(loss_chunk, b * s), config.vocab_size
-    kept = (ckpt.predict_kept_bytes(config, b, mode, every, segments=segments, seq_len=s,
+    kept = (checkpointed.predict_kept_bytes(config, b, mode, every, segments=segments, seq_len=s,
                                     dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
             + _chunked_kept(config, b, s, t))
     gpu = t.gpu
@@ -887,18 +887,18 @@ def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: in
     if config.attention != "explicit" or t.autocast:
         return None
     gpu, L, h = t.gpu, config.n_layers, config.d_model
-    embed, per_block, _, regions, _ = ckpt._layout(config, b, mode, every, segments, s,
+    embed, per_block, _, regions, _ = checkpointed._layout(config, b, mode, every, segments, s,
                                                    t.compute, gpu, t.autocast)
     total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=gpu)
     below = total(embed) + sum(total(items) for items in per_block[:L - 1])
     wrapped = {region[0] for region in regions}
     last = L - 1 if mode != "sqrt" else None  # sqrt leaves the last segment plain
-    checkpointed = last in wrapped
+    last_wrapped = last in wrapped
     x_in = kernels.allocated(b * s * h * dtype_bytes(t.stream), gpu)
     qkv_out = kernels.allocated(3 * b * s * h * dtype_bytes(t.compute), gpu)
     ln_and_input = total(act._layernorm_saved("ln1", b, s, h, t)
                          + act._linear_saved("qkv", "", b, s, h, 3 * h, t))
-    if not checkpointed or mode == "attention":
+    if not last_wrapped or mode == "attention":
         start = ln_and_input + qkv_out
     else:  # blocks, selective: the block's input, LayerNorm's output (the attention's argument,
         # alive until the attention returns) and the QKV output (cached or not)
@@ -1029,7 +1029,7 @@ def predict_floor(config: GPTConfig, micro_batch_size: int, accumulation_steps: 
     The bound is the moment the backward pass starts, at a fraction of the prediction's cost.
 
     ``floor = resident model states + the accumulated gradient (K > 1) + the activations kept
-    for the backward pass (:func:`course_lib.checkpointing.predict_kept_bytes`) + the loss``:
+    for the backward pass (:func:`course_lib.checkpointed.predict_kept_bytes`) + the loss``:
     the backward pass starts from it (every later moment adds gradients and scratch, or frees
     what it no longer needs), so a step whose floor is over a budget cannot fit it.
     :func:`course_lib.fit.fit_model` uses it to rule settings out before predicting them. A

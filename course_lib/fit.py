@@ -25,8 +25,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from . import checkpointed, engine
 from . import checkpointing as ckpt
-from . import engine
 from .device import resolve_gpu
 from .engine import StepMemory, predict_step_memory
 from .memory import training_memory
@@ -43,7 +43,7 @@ from .validation import (
 
 FIT_PRECISIONS = engine.PRECISIONS
 #: The checkpointing policies the search considers, ``(mode, every)``, in order of increasing
-#: recompute (:func:`course_lib.checkpointing.step_flops`): none; matmul outputs kept, the rest
+#: recompute (:func:`course_lib.checkpointed.step_flops`): none; matmul outputs kept, the rest
 #: of every block recomputed; every other block whole; every block; sqrt(n) segments.
 FIT_POLICIES = (("none", 1), ("selective", 1), ("blocks", 2), ("blocks", 1), ("sqrt", 1))
 #: Default search space of :func:`fit_model`: d_model in steps of 128, 1 to 128 layers, 64-wide heads,
@@ -82,8 +82,8 @@ def _check_policies(policies) -> tuple:
 
 
 def _recompute_fraction(config: GPTConfig, mode: str, every: int, seq_len: int) -> float:
-    """Recomputed FLOPs over the plain step's (:func:`course_lib.checkpointing.step_flops`)."""
-    flops, extra = ckpt.step_flops(config, 1, mode, every, seq_len=seq_len)
+    """Recomputed FLOPs over the plain step's (:func:`course_lib.checkpointed.step_flops`)."""
+    flops, extra = checkpointed.step_flops(config, 1, mode, every, seq_len=seq_len)
     return extra / (flops - extra)
 
 

@@ -43,13 +43,9 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from .device import PCIE_BYTES_PER_S  # the host links, re-exported beside transfer_seconds
-from .models import GPTConfig, check_config, random_tokens
-from .step_setup import build, measure_steady_step, train_options
-from .time_model import transfer_seconds  # the one time model's; lecture 08 calls it here
+from .models import GPTConfig, check_config
 from .units import storage_bytes, storage_key
 from .validation import (
-    MAX_BATCH,
     MAX_COUNT,
     boolean,
     integer,
@@ -343,54 +339,6 @@ def use_chunked_loss(model: nn.Module, chunk_size: int | None) -> nn.Module:
     model.loss_chunk = chunk_size
     model.forward = _chunked_forward.__get__(model)
     return model
-
-
-def measure_chunked_loss_step(config: GPTConfig, micro_batch_size: int, loss_chunk: int,
-                              accumulation_steps: int = 1, *, precision: str = "fp32",
-                              device: str | torch.device = "cpu") -> int:
-    """Measured peak bytes of a steady-state step whose loss is chunked.
-
-    To compare with ``course_lib.engine.predict_step_memory(..., loss_chunk=loss_chunk)``.
-
-    As :func:`course_lib.step_setup.measure_step_memory`, with the model switched to
-    :func:`chunked_cross_entropy` (:func:`use_chunked_loss`): each micro-batch's mean loss,
-    divided by ``accumulation_steps``, is backpropagated, then the optimizer steps.
-
-    Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): sequences per forward pass.
-        loss_chunk (int): tokens per chunk.
-        accumulation_steps (int): micro-batches per step.
-        precision (str): a precision of :data:`course_lib.engine.PRECISIONS` without autocast
-            or loss scaling (fp32, bf16, bf16-mixed).
-        device (str or torch.device): where it runs.
-
-    Returns:
-        int: bytes.
-
-    Raises:
-        ValueError: naming the argument; ``precision`` that autocasts or scales the loss.
-    """
-    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
-    loss_chunk = positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
-    device = as_device("device", device)
-    model, optimizer = build(config, precision=precision, device=device)
-    options = train_options(precision, device)
-    if options["amp_dtype"] is not None or options["grad_scaler"] is not None:
-        raise ValueError(f"precision must be one without autocast or loss scaling for a chunked "
-                         f"loss, got {precision!r}")
-    use_chunked_loss(model, loss_chunk)
-    x, y = random_tokens(config, b * K, device=device)
-
-    def step():
-        for xk, yk in zip(x.split(b), y.split(b)):
-            loss = model(xk, yk)[1]
-            (loss if K == 1 else loss / K).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return measure_steady_step(model, optimizer, step, device=device)
 
 
 def logits_bytes(n_tokens: int, vocab_size: int, dtype=torch.float32) -> int:
@@ -711,7 +659,7 @@ def frozen_linear_flops(config: GPTConfig, n_tokens: int) -> int:
 
 
 __all__ = ["OptimizerInBackward", "optimizer_in_backward", "chunked_cross_entropy",
-           "use_chunked_loss", "logits_bytes", "PCIE_BYTES_PER_S", "transfer_seconds",
+           "use_chunked_loss", "logits_bytes",
            "OffloadSavedTensors", "optimizer_state_bytes", "LOW_BIT", "low_bit_state_bytes",
            "low_bit_adamw", "eager_compile", "LORA_TARGETS", "lora_parameter_count",
            "frozen_linear_flops"]

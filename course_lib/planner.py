@@ -5,7 +5,7 @@
 ``attention`` and ``blocks`` with ``every = 1 .. n_layers``; ``sqrt``), predicts
 for each the peak of one AdamW training step with the memory engine
 (:func:`course_lib.engine.predict_step_memory`) and the FLOPs it recomputes
-(:func:`course_lib.checkpointing.step_flops`) and the step's time with the course's one time
+(:func:`course_lib.checkpointed.step_flops`) and the step's time with the course's one time
 model (:func:`course_lib.time_model.step_time`), and returns the fastest that fits:
 
 * **cost**: the predicted seconds of the step: recomputed FLOPs at the matmul rate, the
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from . import checkpointed, engine, step_setup, time_model, timing
 from . import checkpointing as ckpt
-from . import engine, step_setup, time_model, timing
 from .device import resolve_gpu
 from .engine import StepMemory
 from .measure import peak_memory
@@ -190,7 +190,7 @@ def recompute_fraction(config: GPTConfig, batch_size: int, mode: str = "none", e
                        *, seq_len: int | None = None, precision: str = "fp32", gpu=None) -> float:
     """The FLOPs ``mode`` recomputes over those of a plain step (forward and backward).
 
-    :func:`course_lib.checkpointing.step_flops` for the step of :func:`predict_peak`: 0.33 is
+    :func:`course_lib.checkpointed.step_flops` for the step of :func:`predict_peak`: 0.33 is
     one extra forward pass.
 
     Args:
@@ -209,7 +209,7 @@ def recompute_fraction(config: GPTConfig, batch_size: int, mode: str = "none", e
         ValueError: naming the argument, for a bad value.
     """
     spec = engine.precision_of(precision)
-    flops, extra = ckpt.step_flops(config, batch_size, mode, every, seq_len=seq_len,
+    flops, extra = checkpointed.step_flops(config, batch_size, mode, every, seq_len=seq_len,
                                    dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
     return extra / (flops - extra)
 
@@ -270,10 +270,10 @@ def _candidates(config: GPTConfig, batch_size: int, seq_len: int | None, precisi
     for mode in modes:
         for every in (range(1, L + 1) if mode in ("selective", "attention", "blocks") else (1,)):
             kw = dict(seq_len=seq_len, dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
-            flops, extra = ckpt.step_flops(config, batch_size, mode, every, **kw)
+            flops, extra = checkpointed.step_flops(config, batch_size, mode, every, **kw)
             peak = predict_peak(config, batch_size, mode, every, seq_len=seq_len,
                                 precision=precision, gpu=gpu)
-            kept = ckpt.predict_kept_bytes(config, batch_size, mode, every, **kw)
+            kept = checkpointed.predict_kept_bytes(config, batch_size, mode, every, **kw)
             regions = len(ckpt._regions(L, mode, every))
             seconds = time_model.step_seconds(config, batch_size, 1, mode=mode, every=every,
                                               precision=precision, seq_len=seq_len, gpu=gpu,

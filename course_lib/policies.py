@@ -50,10 +50,6 @@ from torch.utils.checkpoint import (
 )
 from torch.utils.flop_counter import flop_registry
 
-from . import activations as act
-from . import checkpointing as ckpt
-from . import engine, step_setup
-
 # The saved ops, the op check and the policy of selective mode are checkpointing's.
 from .checkpointing import ATTENTION_OPS as ATTENTION_OPS
 from .checkpointing import BLOCK_LINEARS as BLOCK_LINEARS
@@ -64,11 +60,7 @@ from .checkpointing import MATMULS as MATMULS
 from .checkpointing import SAVE_OPS as SAVE_OPS
 from .checkpointing import SelectiveContext as SelectiveContext
 from .checkpointing import check_ops
-from .device import resolve_gpu
 from .measure import LiveTensorTracker
-from .models import GPTConfig, check_config, random_tokens
-from .validation import MAX_BATCH, positive_int
-from .validation import available_device as as_device
 
 _aten = torch.ops.aten
 #: ``policy_cost`` policies given by name: no checkpoint, or a checkpoint that saves nothing.
@@ -192,72 +184,6 @@ def backward_ops(loss: torch.Tensor) -> Counter:
     with _OpCounter() as counter:
         loss.backward()
     return counter.ops
-
-
-@dataclass(frozen=True)
-class KernelPolicy:
-    """One policy of the course kernel, measured and predicted (:func:`kernel_policies`).
-
-    Attributes:
-        mode (str): ``"save-kernel"`` or ``"recompute-kernel"``
-            (:data:`course_lib.checkpointing.KERNEL_MODES`).
-        kept_measured (int): bytes the forward pass keeps for the backward pass, measured
-            (:func:`course_lib.checkpointing.measure_kept_bytes`).
-        kept_predicted (int): the same, predicted tensor by tensor
-            (:func:`course_lib.checkpointing.kept_items`), exact bytes.
-        kernel_runs (int): how many times the kernel runs in the backward pass
-            (:func:`backward_ops`).
-    """
-
-    mode: str
-    kept_measured: int
-    kept_predicted: int
-    kernel_runs: int
-
-
-def kernel_policies(config: GPTConfig, batch_size: int, *, precision: str = "fp32",
-                    device: str | torch.device = "cpu", gpu=None) -> list[KernelPolicy]:
-    """The course kernel's two policies side by side, each in a fresh model: kept bytes measured
-    and predicted, and the kernel's runs in the backward pass. Lecture 05, section 4.
-
-    Each model is :func:`course_lib.step_setup.build`'s (seed 0) in ``mode`` of
-    :data:`course_lib.checkpointing.KERNEL_MODES`, run on seeded random tokens under the
-    precision's autocast. On the CPU the kernel runs in Triton's interpreter: keep it small.
-
-    Args:
-        config (GPTConfig): a course GPT with ``fused_mlp=True``.
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        precision (str): one of :data:`course_lib.engine.PRECISIONS`.
-        device (str or torch.device): where it runs.
-        gpu (str or GPU, optional): what the prediction is for: None for the CPU's kernels, or
-            what :func:`course_lib.device.resolve_gpu` takes ("cuda" for this GPU).
-
-    Returns:
-        list of KernelPolicy: one per kernel mode, ``save-kernel`` first.
-
-    Raises:
-        ValueError: naming the argument, for a bad value or a config without ``fused_mlp``.
-    """
-    check_config(config)
-    if not config.fused_mlp:
-        raise ValueError("config must have fused_mlp=True: the policies are the course kernel's")
-    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
-    spec = engine.precision_of(precision)
-    device, gpu = as_device("device", device), resolve_gpu(gpu)
-    amp = dict(device_type=device.type, dtype=spec.compute, enabled=spec.autocast)
-    kernel, = ckpt.KERNEL_OPS
-    rows = []
-    for mode in ckpt.KERNEL_MODES:
-        model, _ = step_setup.build(config, precision=precision, mode=mode, device=device)
-        x, y = random_tokens(config, batch_size, device=device)
-        with torch.autocast(**amp):
-            kept = ckpt.measure_kept_bytes(model, x, y)
-            loss = model(x, y)[1]
-        items = ckpt.kept_items(config, batch_size, mode, dtype=spec.compute, gpu=gpu,
-                                autocast=spec.autocast)
-        rows.append(KernelPolicy(mode, kept, act.total_bytes(items, act.STEP_KINDS),
-                                 backward_ops(loss)[kernel]))
-    return rows
 
 
 def _is_bookkeeping(op) -> bool:

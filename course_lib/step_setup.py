@@ -11,17 +11,21 @@ exists before it starts), which lectures 02, 03, 06 and 08 put beside the predic
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from . import activations as act
+from . import checkpointed, engine, levers
 from . import checkpointing as ckpt
-from . import engine
 from .checkpointing import enable_checkpointing
+from .device import resolve_gpu
 from .measure import peak_memory, resident_bytes
 from .mixed_precision import MasterWeightAdamW
 from .models import GPT, MAX_SEED, GPTConfig, check_config, random_tokens
+from .policies import backward_ops
 from .training import make_grad_scaler, train
-from .validation import MAX_BATCH, function, integer, number, positive_int
+from .validation import MAX_BATCH, MAX_COUNT, function, integer, number, positive_int
 from .validation import available_device as as_device
 
 
@@ -180,3 +184,117 @@ def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
 
 
 __all__ = ["model_dtype", "build", "train_options", "measure_step_memory", "measure_steady_step"]
+
+
+def measure_chunked_loss_step(config: GPTConfig, micro_batch_size: int, loss_chunk: int,
+                              accumulation_steps: int = 1, *, precision: str = "fp32",
+                              device: str | torch.device = "cpu") -> int:
+    """Measured peak bytes of a steady-state step whose loss is chunked.
+
+    To compare with ``course_lib.engine.predict_step_memory(..., loss_chunk=loss_chunk)``.
+
+    As :func:`course_lib.step_setup.measure_step_memory`, with the model switched to
+    :func:`course_lib.levers.chunked_cross_entropy` (:func:`course_lib.levers.use_chunked_loss`): each micro-batch's mean loss,
+    divided by ``accumulation_steps``, is backpropagated, then the optimizer steps.
+
+    Args:
+        config (GPTConfig): the model.
+        micro_batch_size (int): sequences per forward pass.
+        loss_chunk (int): tokens per chunk.
+        accumulation_steps (int): micro-batches per step.
+        precision (str): a precision of :data:`course_lib.engine.PRECISIONS` without autocast
+            or loss scaling (fp32, bf16, bf16-mixed).
+        device (str or torch.device): where it runs.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming the argument; ``precision`` that autocasts or scales the loss.
+    """
+    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
+    loss_chunk = positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
+    device = as_device("device", device)
+    model, optimizer = build(config, precision=precision, device=device)
+    options = train_options(precision, device)
+    if options["amp_dtype"] is not None or options["grad_scaler"] is not None:
+        raise ValueError(f"precision must be one without autocast or loss scaling for a chunked "
+                         f"loss, got {precision!r}")
+    levers.use_chunked_loss(model, loss_chunk)
+    x, y = random_tokens(config, b * K, device=device)
+
+    def step():
+        for xk, yk in zip(x.split(b), y.split(b)):
+            loss = model(xk, yk)[1]
+            (loss if K == 1 else loss / K).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return measure_steady_step(model, optimizer, step, device=device)
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    """One policy of the course kernel, measured and predicted (:func:`kernel_policies`).
+
+    Attributes:
+        mode (str): ``"save-kernel"`` or ``"recompute-kernel"``
+            (:data:`course_lib.checkpointing.KERNEL_MODES`).
+        kept_measured (int): bytes the forward pass keeps for the backward pass, measured
+            (:func:`course_lib.checkpointing.measure_kept_bytes`).
+        kept_predicted (int): the same, predicted tensor by tensor
+            (:func:`course_lib.checkpointed.kept_items`), exact bytes.
+        kernel_runs (int): how many times the kernel runs in the backward pass
+            (:func:`backward_ops`).
+    """
+
+    mode: str
+    kept_measured: int
+    kept_predicted: int
+    kernel_runs: int
+
+
+def kernel_policies(config: GPTConfig, batch_size: int, *, precision: str = "fp32",
+                    device: str | torch.device = "cpu", gpu=None) -> list[KernelPolicy]:
+    """The course kernel's two policies side by side, each in a fresh model: kept bytes measured
+    and predicted, and the kernel's runs in the backward pass. Lecture 05, section 4.
+
+    Each model is :func:`course_lib.step_setup.build`'s (seed 0) in ``mode`` of
+    :data:`course_lib.checkpointing.KERNEL_MODES`, run on seeded random tokens under the
+    precision's autocast. On the CPU the kernel runs in Triton's interpreter: keep it small.
+
+    Args:
+        config (GPTConfig): a course GPT with ``fused_mlp=True``.
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        precision (str): one of :data:`course_lib.engine.PRECISIONS`.
+        device (str or torch.device): where it runs.
+        gpu (str or GPU, optional): what the prediction is for: None for the CPU's kernels, or
+            what :func:`course_lib.device.resolve_gpu` takes ("cuda" for this GPU).
+
+    Returns:
+        list of KernelPolicy: one per kernel mode, ``save-kernel`` first.
+
+    Raises:
+        ValueError: naming the argument, for a bad value or a config without ``fused_mlp``.
+    """
+    check_config(config)
+    if not config.fused_mlp:
+        raise ValueError("config must have fused_mlp=True: the policies are the course kernel's")
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    spec = engine.precision_of(precision)
+    device, gpu = as_device("device", device), resolve_gpu(gpu)
+    amp = dict(device_type=device.type, dtype=spec.compute, enabled=spec.autocast)
+    kernel, = ckpt.KERNEL_OPS
+    rows = []
+    for mode in ckpt.KERNEL_MODES:
+        model, _ = build(config, precision=precision, mode=mode, device=device)
+        x, y = random_tokens(config, batch_size, device=device)
+        with torch.autocast(**amp):
+            kept = ckpt.measure_kept_bytes(model, x, y)
+            loss = model(x, y)[1]
+        items = checkpointed.kept_items(config, batch_size, mode, dtype=spec.compute, gpu=gpu,
+                                autocast=spec.autocast)
+        rows.append(KernelPolicy(mode, kept, act.total_bytes(items, act.STEP_KINDS),
+                                 backward_ops(loss)[kernel]))
+    return rows

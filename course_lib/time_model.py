@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import checkpointed
 from . import checkpointing as ckpt
 from .device import GPU, GPUS, MAX_BANDWIDTH, MAX_FLOPS, resolve_gpu
 from .engine import precision_of
@@ -450,7 +451,7 @@ def matmul_flops(config: GPTConfig, micro_batch_size: int, mode: str = "none", e
                  seq_len: int | None = None, precision: str = "fp32", gpu=None) -> tuple[int, int]:
     """``(flops, recomputed)`` of one micro-batch's forward, backward and recomputation.
 
-    :func:`course_lib.checkpointing.step_flops` (matmuls and attention kernels, 2 FLOPs per
+    :func:`course_lib.checkpointed.step_flops` (matmuls and attention kernels, 2 FLOPs per
     multiply-add) on the kernel ``gpu`` runs. On the CPU, where ``FlopCounterMode`` has no
     formula for the flash kernel and counts its attention as 0, the fused kernel's work is
     counted as on a GPU (an A100's rules), since the arithmetic is the same.
@@ -481,7 +482,7 @@ def matmul_flops(config: GPTConfig, micro_batch_size: int, mode: str = "none", e
     card = resolve_gpu(gpu)
     if card is None and attention_kernel(config, spec.compute, None) == "flash":
         card = GPUS["A100 80GB"]
-    return ckpt.step_flops(config, micro_batch_size, mode, every, seq_len=seq_len,
+    return checkpointed.step_flops(config, micro_batch_size, mode, every, seq_len=seq_len,
                            dtype=spec.compute, gpu=card, autocast=spec.autocast)
 
 
@@ -492,7 +493,7 @@ def pointwise_bytes(config: GPTConfig, micro_batch_size: int, mode: str = "none"
 
     ``(FORWARD_PASSES + BACKWARD_PASSES) A + FORWARD_PASSES (A - A_mode)``, with ``A`` the bytes
     a plain step saves for its backward pass and ``A_mode`` those ``mode`` keeps
-    (:func:`course_lib.checkpointing.predict_kept_bytes`): every saved byte is written and read
+    (:func:`course_lib.checkpointed.predict_kept_bytes`): every saved byte is written and read
     once in the forward pass and read, with its gradient written and read, in the backward pass
     (:data:`FORWARD_PASSES`, :data:`BACKWARD_PASSES`: an assumption); what checkpointing drops is
     written and read again when its region reruns. The bytes are in the compute dtype: 16-bit
@@ -521,8 +522,8 @@ def pointwise_bytes(config: GPTConfig, micro_batch_size: int, mode: str = "none"
     positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     spec = precision_of(precision)
     kw = dict(seq_len=seq_len, dtype=spec.compute, gpu=resolve_gpu(gpu), autocast=spec.autocast)
-    plain = ckpt.predict_kept_bytes(config, micro_batch_size, "none", 1, **kw)
-    kept = plain if mode == "none" else ckpt.predict_kept_bytes(config, micro_batch_size, mode,
+    plain = checkpointed.predict_kept_bytes(config, micro_batch_size, "none", 1, **kw)
+    kept = plain if mode == "none" else checkpointed.predict_kept_bytes(config, micro_batch_size, mode,
                                                                 every, **kw)
     return (FORWARD_PASSES + BACKWARD_PASSES) * plain + FORWARD_PASSES * max(0, plain - kept)
 
@@ -799,7 +800,7 @@ def _step_time(config, b, K, mode, every, precision, seq_len, gpu, speed, u, sta
     pb = dtype_bytes(spec.params)
     if speed.host_link:  # a GPU: what leaves it crosses the host link
         if offload_activations:
-            kept = ckpt.predict_kept_bytes(config, b, mode, every, seq_len=seq_len,
+            kept = checkpointed.predict_kept_bytes(config, b, mode, every, seq_len=seq_len,
                                            dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
             link += transfer_seconds(2 * K * kept, speed.host_link)
         if offload_optimizer:

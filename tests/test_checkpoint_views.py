@@ -8,8 +8,11 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from course_lib import checkpoint_views as views  # noqa: E402
+from course_lib import (
+    checkpointed,  # noqa: E402
+    engine,  # noqa: E402
+)
 from course_lib import checkpointing as ckpt  # noqa: E402
-from course_lib import engine  # noqa: E402
 from course_lib.device import GPUS  # noqa: E402
 from course_lib.memory_timeline import Timeline  # noqa: E402
 from course_lib.models import GPTConfig  # noqa: E402
@@ -32,7 +35,7 @@ def test_explore_segments_clips_k_and_names_the_best_count():
     assert s.segments == 12
     config = GPTConfig(**views.GPT2_SMALL, n_layers=96)
     deep = views.explore("T4", 96, "segments", 32, 8)
-    assert deep.best_segments == ckpt.best_segments(96, ckpt.block_ratio(
+    assert deep.best_segments == ckpt.best_segments(96, checkpointed.block_ratio(
         config, 8, dtype="fp16", gpu="T4", autocast=True))
     # at batch 8 the backward holds the peak (at batch 4 foreach AdamW's step would, for both)
     best = views.explore("T4", 96, "segments", deep.best_segments, 8)

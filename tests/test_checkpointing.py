@@ -8,8 +8,8 @@ import torch
 from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.flop_counter import FlopCounterMode
 
+from course_lib import checkpointed, engine
 from course_lib import checkpointing as ckpt
-from course_lib import engine
 from course_lib.measure import peak_memory, saved_bytes
 from course_lib.memory_timeline import record_timeline, timeline_from_snapshot, track_timeline
 from course_lib.models import GPT, GPTConfig, random_tokens
@@ -43,11 +43,11 @@ def test_mode_keeps_gradients_and_matches_predicted_bytes_and_flops(mode, every,
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     for batch in (1, 3):
         x, y = random_tokens(config, batch)
-        assert ckpt.measure_kept_bytes(model, x, y) == ckpt.predict_kept_bytes(
+        assert ckpt.measure_kept_bytes(model, x, y) == checkpointed.predict_kept_bytes(
             config, batch, mode, every)
     with FlopCounterMode(display=False) as counter:
         model(x, y)[1].backward()
-    assert counter.get_total_flops() == ckpt.step_flops(config, 3, mode, every)[0]
+    assert counter.get_total_flops() == checkpointed.step_flops(config, 3, mode, every)[0]
 
 
 def test_per_block_checkpointing_keeps_one_input_per_block():
@@ -59,9 +59,9 @@ def test_per_block_checkpointing_keeps_one_input_per_block():
     one = GPT(config).blocks[0]
     x = torch.randn(b, s, h, requires_grad=True)
     block = saved_bytes(one(x), one.parameters())
-    none = ckpt.predict_kept_bytes(config, b, "none")
-    assert none - ckpt.predict_kept_bytes(config, b, "blocks") == L * (block - b * s * h * 4)
-    every2 = ckpt.predict_kept_bytes(config, b, "blocks", 2)  # blocks 0, 2, 4 wrapped
+    none = checkpointed.predict_kept_bytes(config, b, "none")
+    assert none - checkpointed.predict_kept_bytes(config, b, "blocks") == L * (block - b * s * h * 4)
+    every2 = checkpointed.predict_kept_bytes(config, b, "blocks", 2)  # blocks 0, 2, 4 wrapped
     assert none - every2 == 3 * (block - b * s * h * 4)
 
 
@@ -99,8 +99,8 @@ def test_sqrt_memory_grows_as_sqrt_of_depth():
     kept = {}
     for L in (16, 64, 256):
         config = GPTConfig(**{**SMALL, "n_layers": L, "vocab_size": 8})
-        kept[L] = (ckpt.predict_kept_bytes(config, 2, "none"),
-                   ckpt.predict_kept_bytes(config, 2, "sqrt"))
+        kept[L] = (checkpointed.predict_kept_bytes(config, 2, "none"),
+                   checkpointed.predict_kept_bytes(config, 2, "sqrt"))
     slope = [math.log(kept[256][i] / kept[16][i]) / math.log(16) for i in (0, 1)]
     assert 0.97 < slope[0] <= 1.0 and 0.45 < slope[1] < 0.55
 
@@ -118,7 +118,7 @@ def test_enable_is_idempotent_and_reversible():
     assert "run_blocks" not in model.__dict__
     assert not any("core" in b.attn.__dict__ for b in model.blocks)
     x, y = random_tokens(config, 2)
-    assert ckpt.measure_kept_bytes(model, x, y) == ckpt.predict_kept_bytes(config, 2, "none")
+    assert ckpt.measure_kept_bytes(model, x, y) == checkpointed.predict_kept_bytes(config, 2, "none")
 
 
 def test_deepcopy_of_a_checkpointed_model_uses_its_own_blocks():
@@ -144,7 +144,7 @@ def test_selective_policy_validation_and_the_mm_pitfall():
     # nn.Linear with a bias dispatches addmm: saving only mm keeps no more than full checkpointing.
     x, y = random_tokens(config, 2)
     only_mm = ckpt.enable_checkpointing(model, "selective", policy=[torch.ops.aten.mm.default])
-    assert ckpt.measure_kept_bytes(only_mm, x, y) == ckpt.predict_kept_bytes(config, 2, "blocks")
+    assert ckpt.measure_kept_bytes(only_mm, x, y) == checkpointed.predict_kept_bytes(config, 2, "blocks")
 
 
 @pytest.mark.parametrize("kwargs,name", [
@@ -160,7 +160,7 @@ def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
     if "policy" not in kwargs:
         args = {"mode": "blocks", **kwargs}
         with pytest.raises(ValueError, match=name):
-            ckpt.predict_kept_bytes(model.config, 2, args.pop("mode"), **args)
+            checkpointed.predict_kept_bytes(model.config, 2, args.pop("mode"), **args)
 
 
 def test_other_bad_inputs():
@@ -169,9 +169,9 @@ def test_other_bad_inputs():
     with pytest.raises(ValueError, match="n_layers"):
         ckpt.sqrt_segments(0)
     with pytest.raises(ValueError, match="batch_size"):
-        ckpt.checkpoint_cost(GPTConfig(**SMALL), 0, "blocks")
+        checkpointed.checkpoint_cost(GPTConfig(**SMALL), 0, "blocks")
     with pytest.raises(ValueError, match="config"):
-        ckpt.step_flops({"n_layers": 2}, 2)
+        checkpointed.step_flops({"n_layers": 2}, 2)
     with pytest.raises(ValueError, match="model"):
         ckpt.measure_kept_bytes("gpt", None, None)
 
@@ -183,11 +183,11 @@ def test_full_checkpointing_costs_about_one_extra_forward():
     b, s, h, V, L = 2, 128, 256, 64, 24
     block = 24 * b * s * h * h + 4 * b * s * s * h
     F = L * block + 2 * b * s * h * V
-    cost = ckpt.checkpoint_cost(config, b, "blocks")
+    cost = checkpointed.checkpoint_cost(config, b, "blocks")
     assert cost.flops_plain == 3 * F and cost.flops == 3 * F + L * block
     assert 1.3 < cost.flop_ratio < 4 / 3
-    assert ckpt.checkpoint_cost(config, b, "selective").flop_ratio == 1.0
-    assert cost.kept_bytes < ckpt.checkpoint_cost(config, b, "none").kept_bytes / 4
+    assert checkpointed.checkpoint_cost(config, b, "selective").flop_ratio == 1.0
+    assert cost.kept_bytes < checkpointed.checkpoint_cost(config, b, "none").kept_bytes / 4
 
 
 @pytest.mark.parametrize("mode", ["none", "blocks", "sqrt", "selective", "attention"])
@@ -280,7 +280,7 @@ def test_segments_memory_counts_checkpoint_sequentials_cut():
 
 def test_best_segments_is_the_engines_best():
     config = GPTConfig(vocab_size=32, seq_len=64, d_model=16, n_heads=2, n_layers=1)
-    ratio = ckpt.block_ratio(config, 16)
+    ratio = checkpointed.block_ratio(config, 16)
     assert ratio == pytest.approx(16.375)
     for n in (4, 9, 16, 36, 64):
         c = GPTConfig(**{**config.__dict__, "n_layers": n})
@@ -293,11 +293,11 @@ def test_best_segments_is_the_engines_best():
 
 def test_block_ratio_is_what_a_block_keeps_over_its_input():
     config = GPTConfig(**SMALL)
-    items = ckpt.kept_by_block(config, 2)[0]
-    assert ckpt.block_ratio(config, 2) == sum(i.nbytes for i in items) / (2 * 16 * 32 * 4)
+    items = checkpointed.kept_by_block(config, 2)[0]
+    assert checkpointed.block_ratio(config, 2) == sum(i.nbytes for i in items) / (2 * 16 * 32 * 4)
     # Under autocast the input stays fp32 while the activations are 16-bit: a smaller ratio.
-    assert ckpt.block_ratio(config, 2, dtype=torch.float16, gpu="T4", autocast=True) < \
-        ckpt.block_ratio(config, 2)
+    assert checkpointed.block_ratio(config, 2, dtype=torch.float16, gpu="T4", autocast=True) < \
+        checkpointed.block_ratio(config, 2)
 
 
 @pytest.mark.parametrize("call,name", [
@@ -307,8 +307,8 @@ def test_block_ratio_is_what_a_block_keeps_over_its_input():
     (lambda: ckpt.segments_memory(4, 2, float("nan")), "block_ratio"),
     (lambda: ckpt.best_segments(4, -1.0), "block_ratio"),
     (lambda: ckpt.best_segments(2000, 1.0), "n_layers"),
-    (lambda: ckpt.block_ratio({"n_layers": 2}, 2), "config"),
-    (lambda: ckpt.block_ratio(GPTConfig(**SMALL), 0), "batch_size"),
+    (lambda: checkpointed.block_ratio({"n_layers": 2}, 2), "config"),
+    (lambda: checkpointed.block_ratio(GPTConfig(**SMALL), 0), "batch_size"),
 ])
 def test_segment_counts_name_a_bad_argument(call, name):
     with pytest.raises(ValueError, match=name):
@@ -321,7 +321,7 @@ def test_selective_saves_the_attention_output_and_the_mlp_output_only_under_drop
     model = ckpt.enable_checkpointing(GPT(config), "selective")
     assert model.checkpointing.policy == ckpt.SAVE_OPS
     assert model.checkpointing.recompute_linear == ckpt.BLOCK_LINEARS
-    items = ckpt.kept_by_block(config, 2, "selective")[0]
+    items = checkpointed.kept_by_block(config, 2, "selective")[0]
     # On the CPU, sdpa runs its flash kernel without dropout, its math kernel (bmm) with it.
     assert any(i.op.startswith("sdpa/") and i.what == "logsumexp" for i in items) == (not dropout)
     assert any(i.op.startswith("mlp proj") for i in items) == (dropout > 0)
@@ -329,7 +329,7 @@ def test_selective_saves_the_attention_output_and_the_mlp_output_only_under_drop
     x, y = random_tokens(config, 2)
     with FlopCounterMode(display=False) as counter:
         model(x, y)[1].backward()
-    assert counter.get_total_flops() == ckpt.step_flops(config, 2)[0]
+    assert counter.get_total_flops() == checkpointed.step_flops(config, 2)[0]
     # A policy of one's own is used as given: a list keeps the MLP output too.
     mine = ckpt.enable_checkpointing(GPT(config), "selective", policy=list(ckpt.SAVE_OPS))
     assert mine.checkpointing.recompute_linear is None
@@ -372,12 +372,12 @@ def test_the_kernel_modes_keep_the_gradients_and_name_their_policy():
         torch.testing.assert_close(got[0], want[0])
         for g, w in zip(got[1], want[1], strict=True):
             torch.testing.assert_close(g, w)
-        assert ckpt.step_flops(config, 2, mode) == ckpt.step_flops(config, 2, "selective")
-    items = ckpt.kept_by_block(config, 2, "save-kernel")[0]
+        assert checkpointed.step_flops(config, 2, mode) == checkpointed.step_flops(config, 2, "selective")
+    items = checkpointed.kept_by_block(config, 2, "save-kernel")[0]
     assert [i.op for i in items][-1] == "bias_gelu (course kernel)"
     with pytest.raises(ValueError, match="fused_mlp"):
         ckpt.enable_checkpointing(GPT(GPTConfig(**SMALL)), "save-kernel")
     with pytest.raises(ValueError, match="fused_mlp"):
-        ckpt.kept_by_block(GPTConfig(**SMALL), 2, "recompute-kernel")
+        checkpointed.kept_by_block(GPTConfig(**SMALL), 2, "recompute-kernel")
     with pytest.raises(ValueError, match="policy"):
         ckpt.enable_checkpointing(GPT(config), "save-kernel", policy=list(ckpt.SAVE_OPS))

@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from course_lib import checkpointing, engine, kernels, step_setup
+from course_lib import checkpointed, checkpointing, engine, kernels, step_setup
 from course_lib.device import GPUS, pick_dtype, resolve_gpu
 from course_lib.measure import peak_memory, training_step
 from course_lib.models import GPT, GPTConfig, param_numels, random_tokens
@@ -285,7 +285,7 @@ def test_the_floor_is_the_backward_pass_first_moment_and_never_above_the_peak():
         moments = engine.predict_moments(config, b, K, precision=precision, mode=mode,
                                          every=every, gpu=gpu)
         spec = engine.precision_of(precision)
-        kept = checkpointing.predict_kept_bytes(config, b, mode, every, dtype=spec.compute,
+        kept = checkpointed.predict_kept_bytes(config, b, mode, every, dtype=spec.compute,
                                                 gpu=gpu, autocast=spec.autocast)
         loss = kernels.allocated(4, resolve_gpu(gpu))
         states = moments["optimizer"].model_states
@@ -319,12 +319,12 @@ def test_the_fused_model_is_predicted_to_the_byte(mode, precision):
                                                              mode=mode)
     model, _ = step_setup.build(cfg, precision=precision, mode=mode)
     kept = checkpointing.measure_kept_bytes(model, *random_tokens(cfg, 3))
-    assert kept == checkpointing.predict_kept_bytes(cfg, 3, mode, dtype=spec.compute)
+    assert kept == checkpointed.predict_kept_bytes(cfg, 3, mode, dtype=spec.compute)
 
 
 def test_saving_the_kernel_costs_its_output_per_block_and_recomputing_it_nothing():
     cfg = GPTConfig(**SMALL, fused_mlp=True)
-    kept = {mode: checkpointing.predict_kept_bytes(cfg, 3, mode) for mode in FUSED_MODES}
+    kept = {mode: checkpointed.predict_kept_bytes(cfg, 3, mode) for mode in FUSED_MODES}
     assert kept["recompute-kernel"] == kept["selective"]
     out = 3 * cfg.seq_len * 4 * cfg.d_model * 4  # the kernel's (b, s, 4h) fp32 output
     assert kept["save-kernel"] - kept["selective"] == cfg.n_layers * out
@@ -332,7 +332,7 @@ def test_saving_the_kernel_costs_its_output_per_block_and_recomputing_it_nothing
     # the fused model keeps what the plain one keeps without checkpointing: the same tensors
     plain = GPTConfig(**SMALL)
     for mode in ("none", "blocks", "selective"):
-        assert checkpointing.predict_kept_bytes(plain, 3, mode) == kept[mode]
+        assert checkpointed.predict_kept_bytes(plain, 3, mode) == kept[mode]
 
 
 def test_the_kernel_modes_need_the_fused_model():

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib import activations as act
-from course_lib import engine, fit_ladder, levers, step_setup
+from course_lib import device, engine, fit_ladder, levers, step_setup, time_model
 from course_lib.measure import peak_memory, saved_bytes
 from course_lib.models import GPT, GPTConfig, param_numels, random_tokens
 
@@ -109,7 +109,7 @@ CHUNK_GRID = [
 @pytest.mark.parametrize("cfg,b,precision,chunk", CHUNK_GRID)
 def test_engine_predicts_the_chunked_loss_step(cfg, b, precision, chunk):
     predicted = engine.predict_step_memory(cfg, b, precision=precision, loss_chunk=chunk)
-    measured = levers.measure_chunked_loss_step(cfg, b, chunk, precision=precision)
+    measured = step_setup.measure_chunked_loss_step(cfg, b, chunk, precision=precision)
     assert abs(predicted.total - measured) <= 8, (predicted, measured)
     plain = engine.predict_step_memory(cfg, b, precision=precision)
     assert predicted.total <= plain.total
@@ -226,11 +226,11 @@ def test_offload_hooks_pack_exactly_what_autograd_saves_and_change_nothing():
 
 
 def test_transfer_seconds():
-    assert levers.transfer_seconds(63_000_000_000, levers.PCIE_BYTES_PER_S["PCIe 5.0 x16"]) == 1.0
+    assert time_model.transfer_seconds(63_000_000_000, device.PCIE_BYTES_PER_S["PCIe 5.0 x16"]) == 1.0
     with pytest.raises(ValueError, match="nbytes"):
-        levers.transfer_seconds(-1, 1e9)
+        time_model.transfer_seconds(-1, 1e9)
     with pytest.raises(ValueError, match="bytes_per_second"):
-        levers.transfer_seconds(1, 0)
+        time_model.transfer_seconds(1, 0)
 
 
 # --------------------------------------------------------------------------- optimizer states
@@ -352,7 +352,7 @@ def test_the_engines_rungs_hold_what_measured_steps_hold():
         rung = by[lever]
         plan = dataclasses.replace(rung.plan, **change)
         assert rung.how == "engine" and rung.bytes_saved > 0, lever
-        measured = (levers.measure_chunked_loss_step(small, 4, plan.loss_chunk)
+        measured = (step_setup.measure_chunked_loss_step(small, 4, plan.loss_chunk)
                     if plan.loss_chunk else
                     step_setup.measure_step_memory(small, 4, precision=plan.precision,
                                                    mode=plan.mode, every=plan.every))

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
-from course_lib import policies
+from course_lib import policies, step_setup
 from course_lib.models import GPT, GPTConfig, random_tokens
 
 aten = torch.ops.aten
@@ -193,13 +193,13 @@ def test_kernel_policies_measure_and_predict_both_side_by_side():
     pytest.importorskip("triton")
     config = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2,
                        fused_mlp=True)
-    save, recompute = policies.kernel_policies(config, 2)
+    save, recompute = step_setup.kernel_policies(config, 2)
     assert (save.mode, recompute.mode) == ("save-kernel", "recompute-kernel")
     assert (save.kernel_runs, recompute.kernel_runs) == (0, 2)
     for row in (save, recompute):
         assert row.kept_measured == row.kept_predicted
     assert save.kept_measured - recompute.kept_measured == 2 * (2 * 16 * 4 * 32) * 4
     with pytest.raises(ValueError, match="fused_mlp"):
-        policies.kernel_policies(GPTConfig(), 2)
+        step_setup.kernel_policies(GPTConfig(), 2)
     with pytest.raises(ValueError, match="batch_size"):
-        policies.kernel_policies(config, 0)
+        step_setup.kernel_policies(config, 0)

@@ -6,8 +6,7 @@ import functools
 import pytest
 import torch
 
-from course_lib import checkpointing as ckpt
-from course_lib import levers, planner, step_setup
+from course_lib import checkpointed, levers, planner, step_setup
 from course_lib import time_model as tm
 from course_lib.device import GPU, GPUS
 from course_lib.models import GPTConfig, gpt_param_count, random_tokens
@@ -30,14 +29,14 @@ def test_matmul_flops_match_the_transformer_count():
     # the CPU's flash kernel: FlopCounterMode counts its attention as 0, the model does not
     fused = GPTConfig(vocab_size=100, seq_len=16, d_model=32, n_heads=4, n_layers=3)
     core = 4 * b * s * s * h
-    assert tm.matmul_flops(fused, 2)[0] == ckpt.step_flops(fused, 2)[0] + L * (core + 5 * core // 2)
+    assert tm.matmul_flops(fused, 2)[0] == checkpointed.step_flops(fused, 2)[0] + L * (core + 5 * core // 2)
 
 
 def test_pointwise_bytes_are_passes_over_the_saved_activations():
-    plain = ckpt.predict_kept_bytes(SMALL, 4)
+    plain = checkpointed.predict_kept_bytes(SMALL, 4)
     assert tm.pointwise_bytes(SMALL, 4) == 5 * plain  # written, read; read, gradient out and in
     for mode in ("selective", "attention", "blocks"):
-        kept = ckpt.predict_kept_bytes(SMALL, 4, mode)
+        kept = checkpointed.predict_kept_bytes(SMALL, 4, mode)
         assert tm.pointwise_bytes(SMALL, 4, mode) == 5 * plain + 2 * (plain - kept), mode
     # 16-bit activations halve the bytes, about: the loss's fp32 logits, the LayerNorm
     # statistics and the dropout masks keep their size
@@ -79,7 +78,7 @@ def test_step_time_is_the_sum_of_its_terms_on_a_datasheet():
 
 def test_transfers_at_the_links_of_the_one_gpu_table():
     plain = tm.step_time(GPT2, 8, gpu="T4")
-    kept = ckpt.predict_kept_bytes(GPT2, 8, gpu="T4")
+    kept = checkpointed.predict_kept_bytes(GPT2, 8, gpu="T4")
     offloaded = tm.step_time(GPT2, 8, gpu="T4", offload_activations=True)
     assert offloaded.transfer_seconds == pytest.approx(2 * kept / GPUS["T4"].host_link)
     zero3 = tm.step_time(GPT2, 8, gpu="A100 80GB", zero_stage=3, world_size=8)

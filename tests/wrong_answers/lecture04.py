@@ -2,6 +2,7 @@
 
 from torch.utils.checkpoint import checkpoint
 
+from course_lib import checkpointed
 from course_lib import checkpointing as ckpt
 from course_lib.engine import predict_step_memory
 
@@ -36,7 +37,7 @@ def _rng_not_preserved(blocks, x):
 def _costs(config, batch_size):
     """``{k: (peak bytes, flops)}`` of sqrt mode with ``k`` segments."""
     return {k: (predict_step_memory(config, batch_size, mode="sqrt", segments=k).total,
-                ckpt.step_flops(config, batch_size, "sqrt", segments=k)[0])
+                checkpointed.step_flops(config, batch_size, "sqrt", segments=k)[0])
             for k in range(1, config.n_layers + 1)}
 
 
