@@ -5,7 +5,7 @@
     python benchmarks/checkpoint_cost.py --device cuda   # GPU-sized model in bf16 (fp16 on a T4)
 
 For each attention kind of the course GPT (explicit, sdpa) one model is switched between the
-policies of ``course_lib.checkpointing.enable_checkpointing``: none; ``blocks`` with every block,
+policies of ``course_lib.training.checkpointing.enable_checkpointing``: none; ``blocks`` with every block,
 every 2nd and every 3rd; ``sqrt`` (round(sqrt(n)) segments); ``selective`` (matmul outputs
 kept); ``attention`` (the attention core recomputed, Korthikanti et al.'s "selective"). Per
 policy, one forward + backward of a batch (the part checkpointing changes; the optimizer step is
@@ -21,7 +21,7 @@ the same in every mode and left out):
   with other work it is the steadier of the two clocks.
 * **FLOPs**: ``torch.utils.flop_counter.FlopCounterMode`` over one step (2 per multiply-add,
   matmuls and attention kernels), recomputation included; checked against
-  ``course_lib.checkpointed.step_flops``. ``FlopCounterMode`` has no formula for the CPU's
+  ``course_lib.prediction.checkpointed.step_flops``. ``FlopCounterMode`` has no formula for the CPU's
   flash-attention kernel (it counts 0), so for ``sdpa`` on the CPU the **FLOP ratio** comes
   from ``step_flops(..., gpu="A100 80GB")`` (a GPU preset of ``course_lib.device.GPUS``), which
   counts the fused kernel as a GPU does (forward
@@ -30,7 +30,7 @@ the same in every mode and left out):
   not recomputed and, without dropout, neither is each block's last matmul (``step_flops``).
 * **memory**: activations kept from forward to backward (``checkpointing.measure_kept_bytes``,
   exact tensor bytes on every device) and the peak of the forward + backward above what was live
-  before it (parameters and their existing ``.grad``; ``course_lib.measure.peak_memory``: the
+  before it (parameters and their existing ``.grad``; ``course_lib.measurement.memory.peak_memory``: the
   live-tensor tracker on the CPU, the CUDA allocator on a GPU); **saved** is ``1 - policy / none``.
 
 CPU: vocabulary 256, d_model 128, 4 heads, 8 layers, sequence 128, batch 4, fp32, no dropout,
@@ -49,12 +49,13 @@ from bench_common import table
 from bench_device import arguments, save, setup
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib import checkpointed, timing
-from course_lib import checkpointing as ckpt
 from course_lib.device import pick_dtype
-from course_lib.measure import peak_memory
-from course_lib.models import GPT, GPTConfig, random_tokens
-from course_lib.timing import StepTimes
+from course_lib.measurement import timing
+from course_lib.measurement.memory import peak_memory
+from course_lib.measurement.timing import StepTimes
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+from course_lib.prediction import checkpointed
+from course_lib.training import checkpointing as ckpt
 from course_lib.units import MiB
 
 #: ``(mode, every)`` per policy, the plain model first.
@@ -93,7 +94,7 @@ def memory(model, x, y, device: str) -> tuple[int, int]:
 
 
 def step_times(model, x, y, policies, device: str, rounds: int) -> StepTimes:
-    """Seconds of one forward + backward per policy and round (``course_lib.timing``: warmed
+    """Seconds of one forward + backward per policy and round (``course_lib.measurement.timing``: warmed
     up, synchronized, policies interleaved in an order rotated every round)."""
     by_label = {label(*p): p for p in policies}
 

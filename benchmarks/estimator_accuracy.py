@@ -4,24 +4,24 @@
     python benchmarks/estimator_accuracy.py --quick         # 8, results not written
     python benchmarks/estimator_accuracy.py --device cuda   # the same grid, GPU-sized
 
-One training step of the course GPT (``course_lib.measure.training_step``: forward, backward,
+One training step of the course GPT (``course_lib.measurement.memory.training_step``: forward, backward,
 AdamW ``step()``, ``zero_grad``) on a fresh model, so that the gradients and AdamW's ``m`` and
 ``v`` are created inside the step, as they are in a first step. **Measured**: the parameters'
-bytes plus ``course_lib.measure.peak_memory`` of the step (bytes above what was live before it:
+bytes plus ``course_lib.measurement.memory.peak_memory`` of the step (bytes above what was live before it:
 the live-tensor tracker on the CPU, ``torch.cuda.max_memory_allocated`` on CUDA, after a warm-up
 that creates the cuBLAS workspaces). Three estimates of the same figure, in bytes:
 
-* **course**: the memory engine, ``course_lib.engine.predict_step_memory(config, batch,
+* **course**: the memory engine, ``course_lib.prediction.engine.predict_step_memory(config, batch,
   precision=, mode=, seq_len=, gpu=, first_step=True, foreach=)``: ``total``, parameters
   included. On CUDA it is asked for this GPU (``gpu="cuda"``: its attention kernel, bool
   dropout masks, fp32 LayerNorm statistics, 512-byte blocks, step counters on the host) and
   for the multi-tensor AdamW that is PyTorch's default there (``foreach=True``); on the CPU for
   the CPU's kernels and the per-tensor AdamW.
-* **states only**: ``course_lib.memory.training_memory(P, optimizer="adamw", precision=...)``,
+* **states only**: ``course_lib.prediction.formulas.training_memory(P, optimizer="adamw", precision=...)``,
   parameters + gradients + optimizer state, what ``accelerate estimate-memory`` and DeepSpeed's
   estimators count (no activations).
 * **formula**: states only, plus Korthikanti et al.'s per-layer activation count
-  (``course_lib.memory.transformer_activation_bytes``, 16-bit values, scaled by ``e/2`` for
+  (``course_lib.prediction.formulas.transformer_activation_bytes``, 16-bit values, scaled by ``e/2`` for
   ``e``-byte activations) times the layers: ``recompute="none"`` for no checkpointing,
   ``"selective"`` for ``attention`` (the paper's selective recompute is this mode), ``"full"``
   for ``blocks``. The paper has no count for ``sqrt`` segments or op-level ``selective``: the
@@ -51,11 +51,11 @@ import torch
 from bench_common import table
 from bench_device import arguments, save, setup
 
-from course_lib import engine
-from course_lib.checkpointing import enable_checkpointing
-from course_lib.measure import peak_memory, training_step
-from course_lib.memory import training_memory, transformer_activation_bytes
-from course_lib.models import GPT, GPTConfig, gpt_param_count, random_tokens
+from course_lib.measurement.memory import peak_memory, training_step
+from course_lib.model.gpt import GPT, GPTConfig, gpt_param_count, random_tokens
+from course_lib.prediction import engine
+from course_lib.prediction.formulas import training_memory, transformer_activation_bytes
+from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.units import MiB, dtype_bytes
 
 ATTENTIONS = ("explicit", "sdpa")

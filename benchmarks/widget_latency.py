@@ -6,7 +6,7 @@
     python benchmarks/widget_latency.py --check            # exit 1 if a formula widget misses the target
 
 Kernel mode (the default) runs each lecture in a fresh kernel with nbclient, with
-``course_lib.widgets.live_plot`` wrapped to record every widget it builds; then, in that
+``course_lib.views.widgets.live_plot`` wrapped to record every widget it builds; then, in that
 kernel, it sets each control to a cycle of values across its range (menus: each option;
 checkboxes: both states) and times each assignment: the ``observe`` callback, the ``draw``
 function, Agg drawing the figure and encoding the PNG (``render_png``), and the message
@@ -57,7 +57,7 @@ MARKER = "WIDGET-LATENCY-JSON:"
 
 # Runs first in the kernel: record the widgets live_plot builds, count model work.
 SETUP = """
-import course_lib.widgets as _bench_widgets
+import course_lib.views.widgets as _bench_widgets
 import torch as _bench_torch
 
 _bench_boxes, _bench_work, _bench_render = [], [0], [0.0]

@@ -1,53 +1,59 @@
 """Companion package of the course "Training bigger models on smaller GPUs".
 
-One module per idea, in lecture order. A module imports only modules above it in this table
-(``tests/test_repo.py`` checks it), so where an early lecture's view needs a later tool (the
-trade-off explorer of lecture 03 predicts checkpointing), it sits below that tool, with its
-lecture named:
+Five modules at the top, which every lecture uses, then one wing (a subpackage) per concern,
+in the order they build on one another. A module imports only the top modules above it, the
+wings above its own, and the modules above it in its wing's index (each wing's ``__init__``);
+``tests/test_repo.py`` checks it, function bodies included:
 
-=====================  =========================================================
-``validation``         the shared input checks (``ValueError`` naming the parameter)
-``docstrings``         docstring pieces that several functions share, written once
-``units``              byte counts (of distinct storages too) and their human-readable form
-``claims``             01-07: a claim, the lecture's measurement of it, and the verdict
+=====================  ==========================================================================
+``validation``         all: the shared input checks (``ValueError`` naming the parameter)
+``docstrings``         all: docstring pieces that several functions share, written once
+``units``              all: byte counts (of distinct storages too) and their human-readable form
+``claims``             01-08: a claim, the lecture's measurement of it, and the verdict
 ``device``             00: which device and training dtype this kernel uses; the GPU presets
-``fused``              05: the course's own Triton kernel (bias + GELU), one op to a policy
-``models``             01-08: the course GPT (nanoGPT-style), its parameter count, token data
-``model_zoo``          01: GPT-2 and Llama presets, counted on the ``meta`` device
-``memory``             01: the precisions; analytic bytes of params, grads, optimizer, activations
-``mixed_precision``    01: AdamW on fp32 master weights of a 16-bit model
-``kernels``            02-06: which attention kernel, dtypes and block sizes PyTorch uses where
-``activations``        02: the course GPT's saved activations, op by op, on the CPU or a GPU
-``measure``            02: peak memory, saved tensors, categorised breakdowns
-``timing``             03-05: step times, warmed up, synchronized and interleaved
-``accumulation``       03: gradient accumulation and its bugs
-``toy_data``           03: a toy language with a known loss floor, to train on
-``training``           03-07: the shared training loop (accumulation, AMP, no_sync)
-``widgets``            01-08: ``live_plot``, the thin ipywidgets view every widget uses
-``calculator``         01: the model states against GPU memory: lecture 01's figures and calculator
-``checkpointing``      04-05: the checkpointing modes; kept bytes, FLOPs, segment counts
-``memory_timeline``    04: memory over one step (CUDA snapshots, or the tracker elsewhere)
-``engine``             02-06: the memory engine: one step's peak bytes, any precision, any target
-``checkpoint_views``   04: the lecture's figures and its explorer (memory and compute bars)
-``step_setup``         02-08: the real model and optimizer a prediction is for; its measured step
-``time_model``         03-08: the one time model of a step: FLOPs, bytes, operators, transfers
-``activation_views``   02: lecture 02's figures and its out-of-memory widget
-``playground``         03: the accumulation playground; one step's cost, memory and time
-``step_views``         03: the trade-off explorer, the step-through of one step, the playground view
-``policies``           05: op-level selective-checkpointing policies and their cost
-``planner``            05: the fastest checkpointing policy (predicted) that fits a memory budget
-``policy_views``       05: the figures of lecture 05 and its planner widget
-``fit``                06: the largest GPT, or the largest batch, that trains within a budget
-``guard``              06: a budget checked before a step runs and enforced while it runs
-``allocator``          06: what nvidia-smi shows beside the prediction (cache, context, cuBLAS)
-``fit_views``          06: a step's memory by category against a budget; the GPU explorer
-``ranks``              07: start N ranks on gloo and collect their results
-``distributed``        07: the workers of lecture 07: DDP ``no_sync``, sharded states
-``levers``             08: optimizer in backward, chunked loss, offloading, low-bit states, LoRA
-``fit_ladder``         08: every lever for one model and one GPU, ranked; the mix that fits
-``ladder_view``        08: where a step's bytes are, and the fit ladder's chart and widget
-``grading``            the checks of the graded exercises
-=====================  =========================================================
+``model``              the course GPT, its presets, its toy data, and how PyTorch runs it
+``measurement``        what a step really holds and how long it really takes
+``training``           the ways to train: precision, the loop, accumulation, checkpointing, levers
+``distributed``        07: several devices: ranks on gloo and the lecture's workers
+``prediction``         what a step will hold and take: states, activations, the engine, the time model
+``planning``           the choices that make a model fit: the planner, the fit, the guard, the ladder
+``views``              each lecture's figures and widgets, thin views over the wings above
+``grading``            all: the checks of the graded exercises
+=====================  ==========================================================================
+
+The code behind each lecture, as its notebooks import it (``tests/test_repo.py`` checks this
+table against the notebooks):
+
+======  ==========================================================================================
+lecture modules its notebooks import (the lecture, its companion, its exercises)
+======  ==========================================================================================
+00      device, grading, units, views.widgets
+01      claims, device, grading, measurement.memory, model.gpt, model.zoo, prediction.formulas,
+        training.mixed_precision, units, views.calculator
+02      claims, device, grading, measurement.memory, model.gpt, model.kernels,
+        prediction.activations, prediction.engine, prediction.formulas, prediction.step_setup,
+        units, views.activation_views
+03      claims, device, grading, measurement.timing, model.gpt, model.toy_data, model.zoo,
+        prediction.engine, prediction.time_model, training.accumulation, training.loop, units,
+        views.playground, views.step_views
+04      claims, device, grading, measurement.memory, measurement.timeline, measurement.timing,
+        model.gpt, prediction.checkpointed, prediction.engine, training.checkpointing,
+        training.loop, units, views.checkpoint_views
+05      claims, device, grading, measurement.memory, measurement.timing, model.fused, model.gpt,
+        model.kernels, planning.planner, prediction.activations, prediction.checkpointed,
+        prediction.formulas, prediction.step_setup, training.checkpointing, training.loop,
+        training.policies, units, views.policy_views
+06      claims, device, grading, measurement.allocator, measurement.memory, measurement.timeline,
+        model.gpt, model.toy_data, planning.fit, planning.guard, prediction.engine,
+        prediction.formulas, prediction.step_setup, training.checkpointing, training.loop, units,
+        views.fit_views, views.widgets
+07      claims, distributed.ranks, distributed.workers, grading, model.gpt, prediction.formulas,
+        units
+08      claims, device, grading, measurement.memory, measurement.timing, model.gpt,
+        model.toy_data, planning.fit_ladder, prediction.activations, prediction.checkpointed,
+        prediction.engine, prediction.step_setup, prediction.time_model, training.checkpointing,
+        training.levers, training.loop, units, views.ladder_view
+======  ==========================================================================================
 
 This package is the learner's runtime (what Colab pip-installs). The instructor's and the
 maintainer's tools (the exercise generator, the sandboxed grader) are ``course_tools``, run

@@ -95,7 +95,7 @@ class GPU:
 
     The speed fields are optional and come last, so ``GPU(name, total_memory, capability)``
     still builds a card (without them a time prediction needs a measured speed,
-    :func:`course_lib.time_model.measure_speed`).
+    :func:`course_lib.prediction.time_model.measure_speed`).
 
     Attributes:
         name (str): what the course calls it ("T4", "H100 80GB") or the driver's name for a live
@@ -225,7 +225,7 @@ class GPU:
 #: ``torch.cuda.mem_get_info()`` says is free (:func:`live_gpu`).
 #: Speeds are NVIDIA's datasheet peaks (dense: the tensor figures with 2:4 sparsity halved),
 #: SXM boards for the A100, H100 and H200; no run of the course measured them (see
-#: :func:`course_lib.time_model.measure_speed` for this kernel's device). Host links are the
+#: :func:`course_lib.prediction.time_model.measure_speed` for this kernel's device). Host links are the
 #: boards' PCIe generation (T4: 3.0, L4 and A100: 4.0, H100 and H200: 5.0, all x16, from the same
 #: datasheets); peer links NVLink per GPU per direction (A100: 600 GB/s bidirectional, H100 and
 #: H200: 900 GB/s), PCIe for the T4 and L4, which have no NVLink.

@@ -144,7 +144,7 @@ def storage_bytes(tensors, *, block: int = 1) -> int:
     memory: they are counted at that size, each one, which is how a 70B model's states are
     "measured" without allocating them. ``block`` rounds each storage up to a multiple of
     ``block`` bytes (512: what the CUDA caching allocator hands out,
-    :data:`course_lib.kernels.CUDA_BLOCK`).
+    :data:`course_lib.model.kernels.CUDA_BLOCK`).
 
     Args:
         tensors: an iterable of tensors with storages (a generator is fine).

@@ -234,8 +234,8 @@ def _rank_levers(fn, rng: random.Random) -> None:
 
 
 def _mlp_saved_bytes(fn, rng: random.Random) -> None:
-    from course_lib.measure import saved_bytes
-    from course_lib.models import MLP, GPTConfig
+    from course_lib.measurement.memory import saved_bytes
+    from course_lib.model.gpt import MLP, GPTConfig
 
     for _ in range(2):
         b, seq, h = rng.randint(1, 4), rng.randint(1, 9), rng.choice([8, 16, 24, 32])
@@ -286,8 +286,8 @@ def _batch_coupled_modules(fn, rng: random.Random) -> None:
 
 
 def _largest_batch(fn, rng: random.Random) -> None:
-    from course_lib.engine import predict_step_memory
     from course_lib.grading.lecture02 import SMALL
+    from course_lib.prediction.engine import predict_step_memory
 
     for _ in range(2):
         gpu = rng.choice(["T4", "A100 40GB", "A100 80GB", "H100 80GB"])

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.ranks import free_port
+from course_lib.distributed.ranks import free_port
 
 CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
 # Flags that work as root in a container: no sandbox, no GPU, and no traffic of its own.

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import accumulation as acc
-from course_lib.models import GPT, GPTConfig, random_tokens
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+from course_lib.training import accumulation as acc
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
 
@@ -227,7 +227,7 @@ def test_weight_gap_is_the_largest_weight_difference():
 
 
 def test_count_scaler_calls_counts_what_the_training_loop_calls():
-    from course_lib.training import batches_of, make_grad_scaler, train
+    from course_lib.training.loop import batches_of, make_grad_scaler, train
 
     model = _gpt(torch.float32)
     scaler = make_grad_scaler("cpu", init_scale=2.0**8)

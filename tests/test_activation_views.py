@@ -1,4 +1,4 @@
-"""course_lib.activation_views: lecture 02's threshold against a brute-force search with the engine,
+"""course_lib.views.activation_views: lecture 02's threshold against a brute-force search with the engine,
 and its figures and widget laid out so that nothing hides the bars."""
 
 import dataclasses
@@ -7,12 +7,12 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from course_lib import activation_views as views
-from course_lib import engine
 from course_lib.device import GPU, GPUS
-from course_lib.measure import step_breakdown, training_step
-from course_lib.models import GPT, GPTConfig, random_tokens
+from course_lib.measurement.memory import step_breakdown, training_step
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+from course_lib.prediction import engine
 from course_lib.units import GiB
+from course_lib.views import activation_views as views
 
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12,
                  dropout=0.1, attention="sdpa")

@@ -1,4 +1,4 @@
-"""course_lib.activations: the op-by-op prediction of what the course GPT saves, to the byte
+"""course_lib.prediction.activations: the op-by-op prediction of what the course GPT saves, to the byte
 (plain and under autocast), the rules of other devices, and Korthikanti et al.'s formula."""
 
 import dataclasses
@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import activations as act
 from course_lib.device import pick_dtype
-from course_lib.measure import saved_bytes, saved_tensors
-from course_lib.models import GPT, Block, GPTConfig, random_tokens
+from course_lib.measurement.memory import saved_bytes, saved_tensors
+from course_lib.model.gpt import GPT, Block, GPTConfig, random_tokens
+from course_lib.prediction import activations as act
 
 
 def _measured_saved(cfg, batch, seq, dtype):

@@ -1,4 +1,4 @@
-"""course_lib.allocator: the pure helpers and the "not on CUDA" results on the CPU; the readings,
+"""course_lib.measurement.allocator: the pure helpers and the "not on CUDA" results on the CPU; the readings,
 the step report and the fresh-process probe on a GPU."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from course_lib import allocator as al
+from course_lib.measurement import allocator as al
 from course_lib.units import MiB
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

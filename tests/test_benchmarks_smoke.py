@@ -17,8 +17,8 @@ import bench_device  # noqa: E402
 import checkpoint_cost  # noqa: E402
 import estimator_accuracy as accuracy  # noqa: E402
 
-from course_lib.memory import training_memory  # noqa: E402
-from course_lib.models import GPTConfig, gpt_param_count  # noqa: E402
+from course_lib.model.gpt import GPTConfig, gpt_param_count  # noqa: E402
+from course_lib.prediction.formulas import training_memory  # noqa: E402
 
 TINY = dict(vocab_size=32, seq_len=16, d_model=16, n_heads=2, n_layers=2)
 
@@ -95,7 +95,7 @@ def test_widget_latency_times_every_control_and_the_reference(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "import gc\n"
         "import ipywidgets as widgets\n"
-        "from course_lib.widgets import live_plot\n"
+        "from course_lib.views.widgets import live_plot\n"
         "live_plot(lambda fig, n, on: (on and gc.collect(), fig.subplots().plot([0, n])),\n"
         "          {'n': widgets.IntSlider(value=1, min=1, max=9),\n"
         "           'on': widgets.Checkbox(value=False)})")])

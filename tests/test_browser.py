@@ -31,7 +31,7 @@ BROKEN = [
 
 import ipywidgets as widgets
 
-from course_lib.widgets import live_plot
+from course_lib.views.widgets import live_plot
 
 
 def draw_ok(fig, n):

@@ -6,11 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from matplotlib.text import Text
 
-from course_lib import calculator as calc
 from course_lib.device import GPU, GPUS
-from course_lib.memory import TrainingMemory, training_memory
-from course_lib.model_zoo import PRESETS
+from course_lib.model.zoo import PRESETS
+from course_lib.prediction.formulas import TrainingMemory, training_memory
 from course_lib.units import GiB
+from course_lib.views import calculator as calc
 
 P7 = PRESETS["Llama 2 7B"].published_params
 

@@ -1,4 +1,4 @@
-"""course_lib.checkpoint_views: lecture 04's figures and its explorer."""
+"""course_lib.views.checkpoint_views: lecture 04's figures and its explorer."""
 
 import matplotlib
 
@@ -7,15 +7,12 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from course_lib import checkpoint_views as views  # noqa: E402
-from course_lib import (
-    checkpointed,  # noqa: E402
-    engine,  # noqa: E402
-)
-from course_lib import checkpointing as ckpt  # noqa: E402
 from course_lib.device import GPUS  # noqa: E402
-from course_lib.memory_timeline import Timeline  # noqa: E402
-from course_lib.models import GPTConfig  # noqa: E402
+from course_lib.measurement.timeline import Timeline  # noqa: E402
+from course_lib.model.gpt import GPTConfig  # noqa: E402
+from course_lib.prediction import checkpointed, engine
+from course_lib.training import checkpointing as ckpt  # noqa: E402
+from course_lib.views import checkpoint_views as views  # noqa: E402
 
 
 def test_explore_predicts_the_setting_and_the_plain_step():

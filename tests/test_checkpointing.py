@@ -1,4 +1,4 @@
-"""course_lib.checkpointing and course_lib.memory_timeline: modes, equivalence, predictions."""
+"""course_lib.training.checkpointing and course_lib.measurement.timeline: modes, equivalence, predictions."""
 
 import copy
 import math
@@ -8,11 +8,11 @@ import torch
 from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib import checkpointed, engine
-from course_lib import checkpointing as ckpt
-from course_lib.measure import peak_memory, saved_bytes
-from course_lib.memory_timeline import record_timeline, timeline_from_snapshot, track_timeline
-from course_lib.models import GPT, GPTConfig, random_tokens
+from course_lib.measurement.memory import peak_memory, saved_bytes
+from course_lib.measurement.timeline import record_timeline, timeline_from_snapshot, track_timeline
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+from course_lib.prediction import checkpointed, engine
+from course_lib.training import checkpointing as ckpt
 
 SMALL = dict(vocab_size=50, seq_len=16, d_model=32, n_heads=4, n_layers=5)
 MODE_ARGS = [("none", 1), ("blocks", 1), ("blocks", 2), ("sqrt", 1), ("selective", 2),

@@ -1,4 +1,4 @@
-"""course_lib.distributed on two real gloo processes: DDP accumulation against one process's
+"""course_lib.distributed.workers on two real gloo processes: DDP accumulation against one process's
 whole batch, all-reduce counts, sharded model states against torch.chunk and the ZeRO formulas;
 the course's training loop, train(no_sync=True), on a real DDP model. Starting the ranks, and
 failing cleanly, is test_ranks.py."""
@@ -9,11 +9,11 @@ import pytest
 import torch
 from process_tools import alive
 
-from course_lib import distributed
-from course_lib.memory import training_memory
-from course_lib.models import GPT, GPTConfig, random_tokens
-from course_lib.ranks import Ranks
-from course_lib.training import batches_of, train
+from course_lib.distributed import workers
+from course_lib.distributed.ranks import Ranks
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+from course_lib.prediction.formulas import training_memory
+from course_lib.training.loop import batches_of, train
 
 CONFIG = GPTConfig(vocab_size=256, seq_len=16, d_model=32, n_heads=2, n_layers=2)
 ODD = GPTConfig(vocab_size=257, seq_len=15, d_model=32, n_heads=2, n_layers=2)
@@ -47,7 +47,7 @@ def _train_through_the_loop(rank, world_size, *, no_sync):
     torch.manual_seed(0)
     model = GPT(TINY).double()
     ddp = DDP(model)  # the default 25 MB buckets: this model is a single one
-    counter = distributed.AllReduceCounter(ddp)
+    counter = workers.AllReduceCounter(ddp)
     per_step = []
 
     def count(step, loss):
@@ -62,10 +62,10 @@ def _train_through_the_loop(rank, world_size, *, no_sync):
 @pytest.fixture(scope="module")
 def ranks_results():
     with Ranks(WORLD, timeout=300) as ranks:
-        demo = ranks.run(distributed.all_reduce_demo)
-        accumulation = ranks.run(distributed.ddp_accumulation, config=CONFIG, micro_batch=MICRO,
+        demo = ranks.run(workers.all_reduce_demo)
+        accumulation = ranks.run(workers.ddp_accumulation, config=CONFIG, micro_batch=MICRO,
                                  accum_steps=K, steps=STEPS, lr=LR, seed=0, bucket_cap_mb=0.03)
-        states = ranks.run(distributed.sharded_states, config=ODD)
+        states = ranks.run(workers.sharded_states, config=ODD)
         trained = {no_sync: ranks.run(_train_through_the_loop, no_sync=no_sync)
                    for no_sync in (True, False)}
         pids = ranks.pids
@@ -151,7 +151,7 @@ def test_gradient_reader_leaves_the_weights_and_reads_the_accumulated_gradient()
     model = GPT(TINY).double()
     before = _flat(model.parameters())
     x, y = _global_batch(0)
-    reader = distributed.GradientReader(model)
+    reader = workers.GradientReader(model)
     assert reader.grads is None
     train(model, reader, [(x, y)], micro_batch_size=MICRO, accumulation_steps=WORLD * K)
     assert torch.equal(_flat(model.parameters()), before)
@@ -160,7 +160,7 @@ def test_gradient_reader_leaves_the_weights_and_reads_the_accumulated_gradient()
     whole = _flat(p.grad for p in model.parameters()).float()
     assert torch.allclose(reader.grads, whole, rtol=1e-6, atol=1e-9)
     with pytest.raises(ValueError, match="model"):
-        distributed.GradientReader(torch.nn.ReLU())
+        workers.GradientReader(torch.nn.ReLU())
 
 
 def test_fsdp_shards_are_torch_chunks(ranks_results):
@@ -207,21 +207,21 @@ def test_average_gradients_by_hand():
     params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
     params[0].grad = torch.tensor([1.0, 2.0, 3.0])
     # Three ranks holding the same gradient: the sum is 3x, the mean is the gradient itself.
-    distributed.average_gradients(params, lambda t: t.mul_(3), 3)
+    workers.average_gradients(params, lambda t: t.mul_(3), 3)
     assert torch.equal(params[0].grad, torch.tensor([1.0, 2.0, 3.0]))
     assert params[1].grad is None
     with pytest.raises(ValueError, match="world_size"):
-        distributed.average_gradients(params, lambda t: t, 0)
+        workers.average_gradients(params, lambda t: t, 0)
 
 
 def test_local_bytes_counts_views_once_and_reports_logical_bytes():
     base = torch.zeros(10, 4)
-    logical, allocated = distributed.local_bytes([base[:5], base[5:]])
+    logical, allocated = workers.local_bytes([base[:5], base[5:]])
     assert logical == 10 * 4 * 4 and allocated == 10 * 4 * 4
-    logical, allocated = distributed.local_bytes([base[:3]])
+    logical, allocated = workers.local_bytes([base[:3]])
     assert logical == 3 * 4 * 4 and allocated == 10 * 4 * 4
 
 
 def test_counter_needs_a_ddp_model():
     with pytest.raises(ValueError, match="ddp_model"):
-        distributed.AllReduceCounter(torch.nn.Linear(2, 2))
+        workers.AllReduceCounter(torch.nn.Linear(2, 2))

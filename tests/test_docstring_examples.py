@@ -49,7 +49,7 @@ def test_examples_are_found():
     """The finder sees the examples (a broken search would pass every module above vacuously):
     the engine's, the levers' and the widgets' among them, over 30 run (41 when written)."""
     with_examples = {n for n in MODULES if _examples(n)}
-    assert {"course_lib.engine", "course_lib.levers", "course_lib.widgets"} <= with_examples
+    assert {"course_lib.prediction.engine", "course_lib.training.levers", "course_lib.views.widgets"} <= with_examples
     run = sum(1 for n in with_examples for ex in _examples(n)
               if not ex.options.get(doctest.SKIP))
     assert run > 30
@@ -68,4 +68,4 @@ def test_a_wrong_example_fails():
 def test_skipped_examples_need_a_device():
     """Only examples that need CUDA or a live allocator are skipped: those of the allocator module."""
     skipped = {n for n in MODULES for ex in _examples(n) if ex.options.get(doctest.SKIP)}
-    assert skipped <= {"course_lib.allocator"}
+    assert skipped <= {"course_lib.measurement.allocator"}

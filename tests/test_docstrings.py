@@ -256,7 +256,7 @@ def test_public_docstrings_have_the_sections():
 
 def test_the_walk_sees_the_package():
     seen = {where for where, _, _ in public_objects()}
-    assert {"course_lib.models.GPTConfig", "course_lib.models.GPT.forward",
+    assert {"course_lib.model.gpt.GPTConfig", "course_lib.model.gpt.GPT.forward",
             "course_lib.units.tensor_bytes", "course_lib.grading.expect"} <= seen
     assert not any(where.split(".")[-1].startswith("_") for where in seen)
 

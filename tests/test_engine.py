@@ -1,4 +1,4 @@
-"""course_lib.engine: one step's peak bytes, against the live-tensor tracker on the CPU and the
+"""course_lib.prediction.engine: one step's peak bytes, against the live-tensor tracker on the CPU and the
 CUDA allocator on a GPU, for every precision, checkpointing mode and target."""
 
 import dataclasses
@@ -8,10 +8,12 @@ import statistics
 import pytest
 import torch
 
-from course_lib import checkpointed, checkpointing, engine, kernels, step_setup
 from course_lib.device import GPUS, pick_dtype, resolve_gpu
-from course_lib.measure import peak_memory, training_step
-from course_lib.models import GPT, GPTConfig, param_numels, random_tokens
+from course_lib.measurement.memory import peak_memory, training_step
+from course_lib.model import kernels
+from course_lib.model.gpt import GPT, GPTConfig, param_numels, random_tokens
+from course_lib.prediction import checkpointed, engine, step_setup
+from course_lib.training import checkpointing
 
 SMALL = dict(vocab_size=40, seq_len=32, d_model=32, n_heads=4, n_layers=3)
 
@@ -105,8 +107,8 @@ def test_foreach_adamw_scratch_is_one_copy_of_v():
 def test_foreach_master_weight_adamw_scratch_is_one_copy_of_the_fp32_v():
     """Mixed precision with foreach=True: the optimizer step's scratch is sqrt(v) of every fp32
     master weight at once; measured at batch 1, where that step is the peak."""
-    from course_lib.mixed_precision import MasterWeightAdamW
-    from course_lib.training import train
+    from course_lib.training.loop import train
+    from course_lib.training.mixed_precision import MasterWeightAdamW
 
     cfg = GPTConfig(vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=2)
     totals = {}

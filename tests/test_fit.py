@@ -1,4 +1,4 @@
-"""course_lib.fit: steady-state step memory against measurement, the searches against brute force,
+"""course_lib.planning.fit: steady-state step memory against measurement, the searches against brute force,
 the budget guard, and bad input."""
 
 import gc
@@ -10,10 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import engine, fit, guard, mixed_precision, models, step_setup
-from course_lib.memory import model_state_bytes
-from course_lib.models import GPT, GPTConfig, gpt_param_count
-from course_lib.training import train
+from course_lib.model import gpt
+from course_lib.model.gpt import GPT, GPTConfig, gpt_param_count
+from course_lib.planning import fit, guard
+from course_lib.prediction import engine, step_setup
+from course_lib.prediction.formulas import model_state_bytes
+from course_lib.training import mixed_precision
+from course_lib.training.loop import train
 from course_lib.units import MiB, storage_bytes
 
 SMALL = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=3)
@@ -31,8 +34,8 @@ def test_param_numels_is_the_models_parameter_order(bias):
     config = GPTConfig(vocab_size=50, seq_len=16, d_model=24, n_heads=3, n_layers=2, bias=bias)
     with torch.device("meta"):
         model = GPT(config)
-    assert models.param_numels(config) == [p.numel() for p in model.parameters()]
-    assert sum(models.param_numels(config)) == gpt_param_count(config)
+    assert gpt.param_numels(config) == [p.numel() for p in model.parameters()]
+    assert sum(gpt.param_numels(config)) == gpt_param_count(config)
 
 
 @pytest.mark.parametrize("precision", fit.FIT_PRECISIONS)
@@ -80,7 +83,7 @@ def test_resident_model_states_are_what_a_real_step_leaves(precision):
     assert m.parameters == storage_bytes(model.parameters())
     assert m.master_weights == storage_bytes(master)
     assert m.optimizer_state == storage_bytes(state)
-    P, n = gpt_param_count(SMALL), len(models.param_numels(SMALL))
+    P, n = gpt_param_count(SMALL), len(gpt.param_numels(SMALL))
     assert {"fp32": 12, "fp16-mixed": 14, "bf16-mixed": 14, "bf16": 6, "autocast-fp16": 12,
             "autocast-bf16": 12}[precision] * P == m.model_states - 4 * n
 

@@ -1,14 +1,15 @@
-"""course_lib.fit_views: the figures of lecture 06 draw what the engine and the planner say, on the
+"""course_lib.views.fit_views: the figures of lecture 06 draw what the engine and the planner say, on the
 figure they are given, and refuse bad input naming it."""
 
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from course_lib import engine, fit_views
 from course_lib.device import GPU, GPUS
-from course_lib.models import GPTConfig
+from course_lib.model.gpt import GPTConfig
+from course_lib.prediction import engine
 from course_lib.units import GiB, MiB
+from course_lib.views import fit_views
 
 SMALL = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=3)
 
@@ -111,7 +112,7 @@ def test_the_explorer_names_a_bad_argument(kwargs, name):
 
 
 def test_draw_largest_puts_each_plan_beside_its_step():
-    from course_lib import fit
+    from course_lib.planning import fit
 
     space = dict(seq_len=32, vocab_size=64, effective_batch=4, widths=range(16, 129, 16),
                  depths=range(1, 9), head_size=16, aspect_ratio=None)

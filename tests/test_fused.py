@@ -1,4 +1,4 @@
-"""course_lib.fused: the course's Triton kernel against its reference, forward and gradients,
+"""course_lib.model.fused: the course's Triton kernel against its reference, forward and gradients,
 as one op under a selective-checkpointing policy, and the same contract without Triton."""
 
 import functools
@@ -12,7 +12,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from course_lib import fused
+from course_lib.model import fused
 
 pytest.importorskip("triton")
 OP = torch.ops.course.bias_gelu.default

@@ -256,21 +256,21 @@ def test_lecture01_installed_helpers_answer_nothing():
 
 def test_a_fake_lazily_imported_module_does_not_reach_the_check():
     """Lecture 05: a policy that answers right when asked about an op alone but saves nothing
-    inside a real model, and a fake ``course_lib.policies`` (which the check imports only when
+    inside a real model, and a fake ``course_lib.training.policies`` (which the check imports only when
     it runs) whose ``policy_cost`` reports the right recomputations. The check imports its own,
     in its own process, and measures: failed."""
     path = ROOT / "solutions" / "05_selective_checkpointing.ipynb"
     fake = (
         "import sys, types\n"
         "from torch.utils.checkpoint import CheckpointPolicy\n"
-        "_fake = types.ModuleType('course_lib.policies')\n"
+        "_fake = types.ModuleType('course_lib.training.policies')\n"
         "class _Cost:\n"
         "    def recomputes(self, op):\n"
         "        return 1 if 'gelu' in str(op) else 0\n"
         "_fake.policy_cost = lambda *args, **kwargs: _Cost()\n"
-        "sys.modules['course_lib.policies'] = _fake\n"
+        "sys.modules['course_lib.training.policies'] = _fake\n"
         "import course_lib\n"
-        "course_lib.policies = _fake\n")
+        "course_lib.training.policies = _fake\n")
 
     def edit(nb):
         _set_exercise(nb, "selective_policy", fake + (

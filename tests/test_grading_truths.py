@@ -12,8 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib.device import GPUS
 from course_lib.grading import lecture01, lecture02, lecture04
-from course_lib.measure import peak_memory
-from course_lib.models import GPT, random_tokens
+from course_lib.measurement.memory import peak_memory
+from course_lib.model.gpt import GPT, random_tokens
 from course_lib.units import storage_bytes
 from course_tools import hidden
 
@@ -106,7 +106,7 @@ def _steady_step_bytes(config, batch: int, dtype: torch.dtype, seq_len: int) -> 
     x, y = (t.clone() for t in random_tokens(config, batch, seq_len))
 
     def step():
-        loss = model(x, y)[1]  # alive until the step ends, as in course_lib.training.train
+        loss = model(x, y)[1]  # alive until the step ends, as in course_lib.training.loop.train
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

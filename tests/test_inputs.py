@@ -33,34 +33,25 @@ from input_strategies import (
     not_one_of,
 )
 
-from course_lib import (
-    accumulation,
-    distributed,
-    measure,
-    memory,
-    memory_timeline,
-    models,
-    planner,
-    policies,
-    ranks,
-    step_setup,
-    toy_data,
-    training,
-    units,
-    validation,
-    widgets,
-)
+from course_lib import units, validation
+from course_lib.distributed import ranks, workers
+from course_lib.measurement import memory, timeline
+from course_lib.model import gpt, toy_data
+from course_lib.planning import planner
+from course_lib.prediction import formulas, step_setup
+from course_lib.training import accumulation, loop, policies
+from course_lib.views import widgets
 
 torch.manual_seed(0)
-CFG = models.GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=1)
-MODEL = models.GPT(CFG)
-X, Y = models.random_tokens(CFG, 4)
+CFG = gpt.GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=1)
+MODEL = gpt.GPT(CFG)
+X, Y = gpt.random_tokens(CFG, 4)
 
 # --- (function of the value, the parameter it names, the values it must refuse) -------------
 
 
 def _config_with(name):
-    return lambda value: models.GPTConfig(**{name: value})
+    return lambda value: gpt.GPTConfig(**{name: value})
 
 
 CASES = {
@@ -79,43 +70,43 @@ CASES = {
     "format_bytes.precision": (lambda v: units.format_bytes(10, v), "precision",
                                not_an_int(0, 12)),
     # memory
-    "training_memory.n_params": (lambda v: memory.training_memory(v), "n_params",
+    "training_memory.n_params": (lambda v: formulas.training_memory(v), "n_params",
                                  st.one_of(BOOLS, NON_FINITE, FRACTIONS, OTHERS,
                                            st.integers(max_value=0),
-                                           st.integers(min_value=memory.MAX_PARAMS + 1))),
-    "training_memory.world_size": (lambda v: memory.training_memory(10, world_size=v),
+                                           st.integers(min_value=formulas.MAX_PARAMS + 1))),
+    "training_memory.world_size": (lambda v: formulas.training_memory(10, world_size=v),
                                    "world_size", st.one_of(BOOLS, NON_FINITE, FRACTIONS, OTHERS,
                                                            st.integers(max_value=0), HUGE)),
-    "training_memory.zero_stage": (lambda v: memory.training_memory(10, zero_stage=v),
+    "training_memory.zero_stage": (lambda v: formulas.training_memory(10, zero_stage=v),
                                    "zero_stage", not_an_int(0, 3)),
-    "training_memory.optimizer": (lambda v: memory.training_memory(10, optimizer=v), "optimizer",
-                                  not_one_of(memory.OPTIMIZERS)),
+    "training_memory.optimizer": (lambda v: formulas.training_memory(10, optimizer=v), "optimizer",
+                                  not_one_of(formulas.OPTIMIZERS)),
     "training_memory.fp32_grad_buffer": (
-        lambda v: memory.training_memory(10, fp32_grad_buffer=v), "fp32_grad_buffer",
+        lambda v: formulas.training_memory(10, fp32_grad_buffer=v), "fp32_grad_buffer",
         NOT_A_BOOL),
     "transformer_activation_bytes.n_layers": (
-        lambda v: memory.transformer_activation_bytes(4, 2, 8, 2, v), "n_layers",
+        lambda v: formulas.transformer_activation_bytes(4, 2, 8, 2, v), "n_layers",
         not_an_int(1, validation.MAX_COUNT)),
     # models
     **{f"GPTConfig.{name}": (_config_with(name), name, not_an_int(1, maximum))
-       for name, maximum in models.CONFIG_MAXIMUM.items() if name != "n_heads"},
-    "GPTConfig.dropout": (lambda v: models.GPTConfig(dropout=v), "dropout",
+       for name, maximum in gpt.CONFIG_MAXIMUM.items() if name != "n_heads"},
+    "GPTConfig.dropout": (lambda v: gpt.GPTConfig(dropout=v), "dropout",
                           st.one_of(not_a_number(0.0), st.floats(min_value=1.0,
                                                                  allow_infinity=False))),
-    "GPTConfig.bias": (lambda v: models.GPTConfig(bias=v), "bias", NOT_A_BOOL),
-    "GPTConfig.attention": (lambda v: models.GPTConfig(attention=v), "attention",
-                            not_one_of(models.ATTENTION_KINDS)),
-    "random_tokens.batch_size": (lambda v: models.random_tokens(CFG, v), "batch_size",
+    "GPTConfig.bias": (lambda v: gpt.GPTConfig(bias=v), "bias", NOT_A_BOOL),
+    "GPTConfig.attention": (lambda v: gpt.GPTConfig(attention=v), "attention",
+                            not_one_of(gpt.ATTENTION_KINDS)),
+    "random_tokens.batch_size": (lambda v: gpt.random_tokens(CFG, v), "batch_size",
                                  not_an_int(1, 2**20)),
-    "random_tokens.seq_len": (lambda v: models.random_tokens(CFG, 2, v), "seq_len",
+    "random_tokens.seq_len": (lambda v: gpt.random_tokens(CFG, 2, v), "seq_len",
                               st.one_of(BOOLS, NON_FINITE, FRACTIONS, WHOLE_FLOATS,
                                         st.integers(max_value=0),
                                         st.integers(min_value=CFG.seq_len + 1))),
-    "random_tokens.seed": (lambda v: models.random_tokens(CFG, 2, seed=v), "seed",
-                           not_an_int(0, models.MAX_SEED)),
-    "random_tokens.device": (lambda v: models.random_tokens(CFG, 2, device=v), "device",
+    "random_tokens.seed": (lambda v: gpt.random_tokens(CFG, 2, seed=v), "seed",
+                           not_an_int(0, gpt.MAX_SEED)),
+    "random_tokens.device": (lambda v: gpt.random_tokens(CFG, 2, device=v), "device",
                              NOT_A_DEVICE),
-    "gpt_param_count.config": (lambda v: models.gpt_param_count(v), "config", OTHERS),
+    "gpt_param_count.config": (lambda v: gpt.gpt_param_count(v), "config", OTHERS),
     # accumulation
     "token_counts.ignore_index": (lambda v: accumulation.token_counts(Y, 2, v), "ignore_index",
                                   not_an_int(*INT64)),
@@ -144,7 +135,7 @@ CASES = {
                              "a", OTHERS),
     # toy_data
     "markov_tokens.seed": (lambda v: toy_data.markov_tokens(2, 4, seed=v), "seed",
-                           not_an_int(0, models.MAX_SEED)),
+                           not_an_int(0, gpt.MAX_SEED)),
     "markov_tokens.device": (lambda v: toy_data.markov_tokens(2, 4, device=v), "device",
                              NOT_A_DEVICE),
     "markov_tokens.n_sequences": (lambda v: toy_data.markov_tokens(v, 4), "n_sequences",
@@ -154,22 +145,22 @@ CASES = {
     "markov_entropy.branching": (lambda v: toy_data.markov_entropy(v), "branching",
                                  not_an_int(1, validation.MAX_COUNT)),
     # training
-    "batches_of.batch_size": (lambda v: training.batches_of(X, Y, v), "batch_size",
+    "batches_of.batch_size": (lambda v: loop.batches_of(X, Y, v), "batch_size",
                               st.one_of(BOOLS, NON_FINITE, FRACTIONS, OTHERS,
                                         st.integers(max_value=0), st.integers(min_value=5))),
-    "make_grad_scaler.device_type": (lambda v: training.make_grad_scaler(v), "device_type",
+    "make_grad_scaler.device_type": (lambda v: loop.make_grad_scaler(v), "device_type",
                                      not_one_of(("cuda", "cpu"))),
     # measure, memory_timeline, policies
-    "peak_memory.device": (lambda v: measure.peak_memory(lambda: None, device=v), "device",
+    "peak_memory.device": (lambda v: memory.peak_memory(lambda: None, device=v), "device",
                            NOT_A_DEVICE.filter(lambda v: v is not None)),
     "saved_bytes.include_parameters": (
-        lambda v: measure.saved_bytes((torch.ones(2, requires_grad=True) * 2).sum(),
+        lambda v: memory.saved_bytes((torch.ones(2, requires_grad=True) * 2).sum(),
                                       include_parameters=v), "include_parameters", NOT_A_BOOL),
     "timeline_from_snapshot.baseline": (
-        lambda v: memory_timeline.timeline_from_snapshot({"device_traces": [[]]}, baseline=v),
+        lambda v: timeline.timeline_from_snapshot({"device_traces": [[]]}, baseline=v),
         "baseline", not_an_int(0, 2**63 - 1)),
     "timeline_from_snapshot.device": (
-        lambda v: memory_timeline.timeline_from_snapshot({"device_traces": [[]]}, device=v),
+        lambda v: timeline.timeline_from_snapshot({"device_traces": [[]]}, device=v),
         "device", not_an_int(0, 0)),
     "policy_name.policy": (lambda v: policies.policy_name(v), "policy",
                            st.one_of(BOOLS, st.integers(), st.floats(), st.none())),
@@ -178,10 +169,10 @@ CASES = {
                                       st.lists(st.integers(), min_size=1, max_size=2))),
     # distributed
     "average_gradients.world_size": (
-        lambda v: distributed.average_gradients([torch.zeros(1)], lambda t: t, v), "world_size",
+        lambda v: workers.average_gradients([torch.zeros(1)], lambda t: t, v), "world_size",
         not_an_int(1, ranks.MAX_WORLD_SIZE)),
-    "GradientReader.model": (lambda v: distributed.GradientReader(v), "model", OTHERS),
-    "local_bytes.tensors": (lambda v: distributed.local_bytes(v), "tensors",
+    "GradientReader.model": (lambda v: workers.GradientReader(v), "model", OTHERS),
+    "local_bytes.tensors": (lambda v: workers.local_bytes(v), "tensors",
                             st.one_of(BOOLS, st.integers(), st.floats(), st.none(),
                                       st.lists(st.integers(), min_size=1, max_size=2))),
     # ranks
@@ -249,10 +240,10 @@ def test_token_counts_refuses_a_bool_ignore_index():
                                          ({"dropout": False}, "dropout")])
 def test_gpt_config_refuses_what_it_used_to_take(kwargs, name):
     with pytest.raises(ValueError, match=name):
-        models.GPTConfig(**kwargs)
+        gpt.GPTConfig(**kwargs)
 
 
-@pytest.mark.parametrize("call", [lambda: models.random_tokens(CFG, 2, device="gpu"),
+@pytest.mark.parametrize("call", [lambda: gpt.random_tokens(CFG, 2, device="gpu"),
                                   lambda: toy_data.markov_tokens(2, 4, device="gpu")])
 def test_a_device_torch_does_not_know_is_a_value_error_naming_it(call):
     with pytest.raises(ValueError, match="device"):

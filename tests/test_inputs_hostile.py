@@ -11,35 +11,23 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib import (
-    accumulation,
+from course_lib import units
+from course_lib.measurement import memory, timing
+from course_lib.model import fused, gpt, toy_data
+from course_lib.model.gpt import GPT, GPTConfig
+from course_lib.planning import fit, fit_ladder, guard, planner
+from course_lib.prediction import activations, formulas, step_setup, time_model
+from course_lib.training import accumulation, checkpointing, levers, loop
+from course_lib.views import (
     activation_views,
-    activations,
     calculator,
     checkpoint_views,
-    checkpointing,
-    fit,
-    fit_ladder,
     fit_views,
-    fused,
-    guard,
     ladder_view,
-    levers,
-    measure,
-    memory,
-    models,
-    planner,
     playground,
-    step_setup,
     step_views,
-    time_model,
-    timing,
-    toy_data,
-    training,
-    units,
     widgets,
 )
-from course_lib.models import GPT, GPTConfig
 
 CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=1)
 BEYOND_FLOAT = 10**400
@@ -48,7 +36,7 @@ BEYOND_FLOAT = 10**400
 def _model_and_batch(batch=4):
     torch.manual_seed(0)
     model = GPT(CFG)
-    x, y = models.random_tokens(CFG, batch)
+    x, y = gpt.random_tokens(CFG, batch)
     return model, x, y
 
 
@@ -119,14 +107,14 @@ def test_the_fused_example_needs_a_floating_dtype():
 
 # --- models, optimizers and batches of the wrong kind -----------------------------------------
 
-@pytest.mark.parametrize("cls", [models.CausalSelfAttention, models.MLP, models.Block, GPT])
+@pytest.mark.parametrize("cls", [gpt.CausalSelfAttention, gpt.MLP, gpt.Block, GPT])
 @pytest.mark.parametrize("config", [None, 3, "small", {"d_model": 8}])
 def test_the_model_classes_refuse_anything_but_a_config(cls, config):
-    with pytest.raises(ValueError, match="^config must be a course_lib.models.GPTConfig, got "):
+    with pytest.raises(ValueError, match="^config must be a course_lib.model.gpt.GPTConfig, got "):
         cls(config)
 
 
-@pytest.mark.parametrize("fn", [measure.training_step, measure.step_breakdown])
+@pytest.mark.parametrize("fn", [memory.training_step, memory.step_breakdown])
 def test_a_step_names_the_callers_model_optimizer_and_batch(fn):
     model, x, y = _model_and_batch()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -147,7 +135,7 @@ def test_a_step_names_the_callers_model_optimizer_and_batch(fn):
 def test_a_step_refuses_an_on_phase_that_cannot_be_called():
     model, x, y = _model_and_batch()
     with pytest.raises(ValueError, match="^on_phase must be callable or None, got 3"):
-        measure.training_step(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y,
+        memory.training_step(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y,
                               on_phase=3)
 
 
@@ -176,17 +164,17 @@ def test_train_names_batches_and_refuses_a_batch_without_tokens_before_it_steps(
              ([(x, torch.full_like(y, -100))], "^batches must hold at least one target token")]
     for batches, match in cases:
         with pytest.raises(ValueError, match=match):
-            training.train(model, opt, batches, micro_batch_size=2, accumulation_steps=2)
+            loop.train(model, opt, batches, micro_batch_size=2, accumulation_steps=2)
     with pytest.raises(ValueError, match="^optimizer must be a torch.optim.Optimizer, got list"):
-        training.train(model, [], [(x, y)], micro_batch_size=4)
+        loop.train(model, [], [(x, y)], micro_batch_size=4)
     with pytest.raises(ValueError, match="^model must be a torch.nn.Module, got str"):
-        training.train("gpt", opt, [(x, y)], micro_batch_size=4)
+        loop.train("gpt", opt, [(x, y)], micro_batch_size=4)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 def test_the_step_through_refuses_what_it_cannot_record():
     model, x, y = _model_and_batch()
-    cases = [((3, x, y, 2), {}, "^model must be a course_lib.models.GPT, got int"),
+    cases = [((3, x, y, 2), {}, "^model must be a course_lib.model.gpt.GPT, got int"),
              ((model, None, y, 2), {}, "^inputs must be a torch.Tensor, got NoneType"),
              ((model, x, None, 2), {}, "^targets must be a torch.Tensor, got NoneType"),
              ((model, x, y, 2), {"mode": ["right"]}, "^mode must be one of"),
@@ -195,7 +183,7 @@ def test_the_step_through_refuses_what_it_cannot_record():
     for args, kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
             step_views.record_accumulation_step(*args, **kwargs)
-    with pytest.raises(ValueError, match="^model must be a course_lib.models.GPT, got Linear"):
+    with pytest.raises(ValueError, match="^model must be a course_lib.model.gpt.GPT, got Linear"):
         step_views.parameter_groups(torch.nn.Linear(2, 2))
 
 
@@ -254,9 +242,9 @@ def _step_views_tradeoff():
      "^largest must be a positive int of at most 16,777,216"),
     (lambda: widgets.live_plot(lambda a, x: None, {"x": ipywidgets.IntSlider()},
                                figsize=(BEYOND_FLOAT, 2)), "^figsize must be two positive"),
-    (lambda: measure.saved_tensors(_loss(), params=3), "^params must be an iterable of tensors"),
-    (lambda: measure.saved_bytes(_loss(), params=[1]), "^params must be an iterable of tensors"),
-    (lambda: memory.model_state_bytes(GPT(CFG), master_params=3),
+    (lambda: memory.saved_tensors(_loss(), params=3), "^params must be an iterable of tensors"),
+    (lambda: memory.saved_bytes(_loss(), params=[1]), "^params must be an iterable of tensors"),
+    (lambda: formulas.model_state_bytes(GPT(CFG), master_params=3),
      "^master_params must be an iterable of tensors"),
     (lambda: planner.choices(3), "^options must be a non-empty list of Candidates"),
     (lambda: planner.time_ratios(CFG, 2, 3), "^policies must be a list or tuple, got 3"),
@@ -264,7 +252,7 @@ def _step_views_tradeoff():
     (lambda: time_model.matmul_flops(CFG, 2, "everything"), "^mode must be one of"),
     (lambda: timing.split_by_class("gpu"), "^events must be a profiler's events"),
     (lambda: timing.split_by_class([1, 2]), "^events must be a profiler's events"),
-    (lambda: models.check_batch(GPT(CFG), *models.random_tokens(CFG, 2), ignore_index=BEYOND_FLOAT),
+    (lambda: gpt.check_batch(GPT(CFG), *gpt.random_tokens(CFG, 2), ignore_index=BEYOND_FLOAT),
      "^ignore_index must be an int in"),
     (lambda: activation_views.oom_widget(gpu=["T4"]), "^gpu must be one of"),
     (lambda: step_views.step_through(3), "^recordings must map modes of"),
@@ -483,7 +471,7 @@ def test_a_device_speed_states_speeds_within_reason(field, value):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
 @pytest.mark.parametrize("call", [
-    lambda d: models.random_tokens(CFG, 2, device=d),
+    lambda d: gpt.random_tokens(CFG, 2, device=d),
     lambda d: toy_data.markov_tokens(2, 8, device=d),
     lambda d: step_setup.build(CFG, device=d),
     lambda d: planner.measure_peak(CFG, 2, device=d),
@@ -503,7 +491,7 @@ def test_a_device_this_machine_lacks_is_refused_naming_device(call):
 def test_the_shared_checks_refuse_their_own_bad_arguments():
     model, x, y = _model_and_batch()
     with pytest.raises(ValueError, match="^names must be two str, got 3"):
-        models.check_batch(model, x, y, names=3)
+        gpt.check_batch(model, x, y, names=3)
     with pytest.raises(ValueError, match="^controls and values must be dicts"):
         widgets.check_chosen([], {})
     with pytest.raises(ValueError, match="^controls and values must be dicts"):

@@ -27,29 +27,16 @@ from input_strategies import (
     refused_naming,
 )
 
-from course_lib import (
-    activations,
-    allocator,
-    checkpointed,
-    checkpointing,
-    device,
-    engine,
-    fit,
-    fit_ladder,
-    grading,
-    guard,
-    kernels,
-    levers,
-    mixed_precision,
-    model_zoo,
-    planner,
-    playground,
-    step_setup,
-    time_model,
-)
-from course_lib.memory import MAX_WORLD_SIZE
-from course_lib.models import CONFIG_MAXIMUM, GPT, MAX_SEED, GPTConfig, random_tokens
+from course_lib import device, grading
+from course_lib.measurement import allocator
+from course_lib.model import kernels, zoo
+from course_lib.model.gpt import CONFIG_MAXIMUM, GPT, MAX_SEED, GPTConfig, random_tokens
+from course_lib.planning import fit, fit_ladder, guard, planner
+from course_lib.prediction import activations, checkpointed, engine, step_setup, time_model
+from course_lib.prediction.formulas import MAX_WORLD_SIZE
+from course_lib.training import checkpointing, levers, mixed_precision
 from course_lib.validation import MAX_BATCH, MAX_BYTES, MAX_COUNT
+from course_lib.views import playground
 
 SETTINGS = settings(max_examples=20, deadline=None)
 
@@ -102,7 +89,7 @@ def _plan_with(name):
 
 
 def _llama_with(name):
-    return lambda v: model_zoo.LlamaConfig(**{name: v})
+    return lambda v: zoo.LlamaConfig(**{name: v})
 
 
 def _gpu_with(name):
@@ -521,23 +508,23 @@ CASES = {
                              given_value(NOT_A_DEVICE)),
     # model_zoo
     **{f"LlamaConfig.{name}": (_llama_with(name), name, not_an_int(1, maximum))
-       for name, maximum in model_zoo.LLAMA_MAXIMUM.items()},
+       for name, maximum in zoo.LLAMA_MAXIMUM.items()},
     "LlamaConfig.rope_base": (_llama_with("rope_base"), "rope_base",
                               st.one_of(not_a_number(0.0), st.just(0.0))),
     "LlamaConfig.tie_embeddings": (_llama_with("tie_embeddings"), "tie_embeddings", NOT_A_BOOL),
-    "rotate.x": (lambda v: model_zoo.rotate(v, 10000.0), "x",
+    "rotate.x": (lambda v: zoo.rotate(v, 10000.0), "x",
                  st.one_of(NOT_A_TENSOR, st.sampled_from([torch.ones(3), torch.ones(2, 3),
                                                           torch.ones(2, 2, dtype=torch.long)]))),
-    "rotate.base": (lambda v: model_zoo.rotate(torch.ones(1, 1, 2, 4), v), "base",
+    "rotate.base": (lambda v: zoo.rotate(torch.ones(1, 1, 2, 4), v), "base",
                     st.one_of(not_a_number(0.0), st.just(0.0))),
-    "Llama.config": (lambda v: model_zoo.Llama(v), "config", NOT_A_CONFIG),
-    "LlamaBlock.config": (lambda v: model_zoo.LlamaBlock(v), "config", NOT_A_CONFIG),
-    "llama_param_count.config": (lambda v: model_zoo.llama_param_count(v), "config", OTHERS),
-    "param_count.config": (lambda v: model_zoo.param_count(v), "config", OTHERS),
-    "build_model.config": (lambda v: model_zoo.build_model(v), "config", OTHERS),
-    "build_model.device": (lambda v: model_zoo.build_model(CFG, device=v), "device",
+    "Llama.config": (lambda v: zoo.Llama(v), "config", NOT_A_CONFIG),
+    "LlamaBlock.config": (lambda v: zoo.LlamaBlock(v), "config", NOT_A_CONFIG),
+    "llama_param_count.config": (lambda v: zoo.llama_param_count(v), "config", OTHERS),
+    "param_count.config": (lambda v: zoo.param_count(v), "config", OTHERS),
+    "build_model.config": (lambda v: zoo.build_model(v), "config", OTHERS),
+    "build_model.device": (lambda v: zoo.build_model(CFG, device=v), "device",
                            NOT_A_DEVICE),
-    "build_model.dtype": (lambda v: model_zoo.build_model(CFG, dtype=v), "dtype",
+    "build_model.dtype": (lambda v: zoo.build_model(CFG, dtype=v), "dtype",
                           st.one_of(OTHERS, st.just(torch.int64), st.just("fp32"))),
     # levers
     "optimizer_in_backward.model": (lambda v: levers.optimizer_in_backward(v, lambda ps: None),
@@ -690,7 +677,7 @@ def test_pareto_front_refuses_a_point_that_is_not_finite(point):
 @pytest.mark.parametrize("call", [lambda: kernels.detect_sdpa_kernel(CFG, "fp32", device="gpu"),
                                   lambda: device.describe("gpu"),
                                   lambda: step_setup.build(CFG, device="gpu"),
-                                  lambda: model_zoo.build_model(CFG, device="gpu"),
+                                  lambda: zoo.build_model(CFG, device="gpu"),
                                   lambda: levers.OffloadSavedTensors("gpu")])
 def test_a_device_torch_does_not_know_is_a_value_error_naming_it(call):
     with pytest.raises(ValueError, match="device"):
@@ -759,7 +746,7 @@ def test_fit_model_takes_a_large_effective_batch(effective_batch):
     lambda: step_setup.build(CFG, lr=0, seed=MAX_SEED),
     lambda: playground.optimizer_steps(playground.MAX_SAMPLES, MAX_BATCH, 1),
     lambda: device.GPU("big", MAX_BYTES, (99, 99), free_memory=MAX_BYTES),
-    lambda: model_zoo.LlamaConfig(d_ff=model_zoo.LLAMA_MAXIMUM["d_ff"], rope_base=0.5),
+    lambda: zoo.LlamaConfig(d_ff=zoo.LLAMA_MAXIMUM["d_ff"], rope_base=0.5),
     lambda: time_model.transfer_seconds(MAX_BYTES, 1),
     lambda: levers.low_bit_state_bytes([MAX_COUNT], 4, param_bytes=8),
     lambda: levers.logits_bytes(levers.MAX_TOKENS, CONFIG_MAXIMUM["vocab_size"]),

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from course_lib import accumulation, levers, memory, training
-from course_lib.models import GPT, GPTConfig
+from course_lib.model.gpt import GPT, GPTConfig
+from course_lib.prediction import formulas
+from course_lib.training import accumulation, levers, loop
 from course_lib.validation import number
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
@@ -30,19 +31,19 @@ def test_a_batch_without_tokens_has_no_gradient_to_give():
 @pytest.mark.parametrize("stage", [1.0, True, np.bool_(True), torch.tensor(True), "1", 4, -1])
 def test_zero_stage_is_an_int_from_0_to_3(stage):
     with pytest.raises(ValueError, match="zero_stage"):
-        memory.training_memory(1000, zero_stage=stage, world_size=2)
+        formulas.training_memory(1000, zero_stage=stage, world_size=2)
 
 
 def test_zero_stage_takes_numpy_and_torch_ints():
-    want = memory.training_memory(1000, zero_stage=2, world_size=4).total
+    want = formulas.training_memory(1000, zero_stage=2, world_size=4).total
     for stage in (np.int64(2), torch.tensor(2)):
-        assert memory.training_memory(1000, zero_stage=stage, world_size=4).total == want
+        assert formulas.training_memory(1000, zero_stage=stage, world_size=4).total == want
 
 
 @pytest.mark.parametrize("targets, match", [(None, "targets"), (torch.zeros(3), "one target")])
 def test_batches_need_a_target_per_sample(targets, match):
     with pytest.raises(ValueError, match=match):
-        training.batches_of(torch.zeros(4, 8), targets, 2)
+        loop.batches_of(torch.zeros(4, 8), targets, 2)
 
 
 def test_a_refused_on_step_changes_no_weight():
@@ -51,7 +52,7 @@ def test_a_refused_on_step_changes_no_weight():
     before = [p.detach().clone() for p in model.parameters()]
     x = torch.zeros(4, 8, dtype=torch.long)
     with pytest.raises(ValueError, match="on_step"):
-        training.train(model, torch.optim.SGD(model.parameters(), lr=1.0),
+        loop.train(model, torch.optim.SGD(model.parameters(), lr=1.0),
                        [(x, x), (x, x)], micro_batch_size=4, on_step="x")
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
@@ -80,7 +81,7 @@ def test_numbers_beyond_float_are_a_value_error(value):
 def test_toy_language_on_gpt2s_vocabulary_is_quick_and_sizes_have_a_maximum():
     import time
 
-    from course_lib.toy_data import markov_tokens
+    from course_lib.model.toy_data import markov_tokens
 
     start = time.perf_counter()
     x, y = markov_tokens(2, 16, 50257, branching=4)
@@ -95,7 +96,7 @@ def test_toy_language_on_gpt2s_vocabulary_is_quick_and_sizes_have_a_maximum():
 
 @pytest.mark.parametrize("kwargs", [dict(repeats=10**9), dict(warmup=10**9)])
 def test_step_times_runs_have_a_maximum(kwargs):
-    from course_lib.timing import step_times
+    from course_lib.measurement.timing import step_times
 
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         step_times({"a": lambda: None}, **kwargs)

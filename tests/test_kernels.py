@@ -1,4 +1,4 @@
-"""course_lib.kernels: the attention kernel, dtypes and allocation sizes PyTorch picks per target.
+"""course_lib.model.kernels: the attention kernel, dtypes and allocation sizes PyTorch picks per target.
 
 The expected kernels are written out from the filters of PyTorch's
 ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (the order cuDNN > flash >
@@ -13,9 +13,9 @@ import itertools
 import pytest
 import torch
 
-from course_lib import kernels
 from course_lib.device import GPU, GPUS
-from course_lib.models import GPTConfig
+from course_lib.model import kernels
+from course_lib.model.gpt import GPTConfig
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 CFG = GPTConfig(vocab_size=64, seq_len=256, d_model=512, n_heads=8, attention="sdpa")  # d = 64

@@ -1,11 +1,13 @@
-"""course_lib.ladder_view: lecture 08's opening figure, the ladder's chart and its widget."""
+"""course_lib.views.ladder_view: lecture 08's opening figure, the ladder's chart and its widget."""
 
 import pytest
 
-from course_lib import engine, fit_ladder, ladder_view
 from course_lib.device import GPUS
-from course_lib.models import GPTConfig
+from course_lib.model.gpt import GPTConfig
+from course_lib.planning import fit_ladder
+from course_lib.prediction import engine
 from course_lib.units import GiB, MiB
+from course_lib.views import ladder_view
 
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
 

@@ -1,4 +1,4 @@
-"""course_lib.levers: each lever against an independent derivation: the chunked loss against
+"""course_lib.training.levers: each lever against an independent derivation: the chunked loss against
 ``F.cross_entropy`` and its gradients, the optimizer in backward against the ordinary step, the
 offload hooks against the saved tensors autograd reports, quantized state bytes against
 torchao's own tensors; the memory engine's chunked-loss term against the tracker."""
@@ -11,10 +11,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib import activations as act
-from course_lib import device, engine, fit_ladder, levers, step_setup, time_model
-from course_lib.measure import peak_memory, saved_bytes
-from course_lib.models import GPT, GPTConfig, param_numels, random_tokens
+from course_lib import device
+from course_lib.measurement.memory import peak_memory, saved_bytes
+from course_lib.model.gpt import GPT, GPTConfig, param_numels, random_tokens
+from course_lib.planning import fit_ladder
+from course_lib.prediction import activations as act
+from course_lib.prediction import engine, step_setup, time_model
+from course_lib.training import levers
 
 TINY = GPTConfig(vocab_size=96, seq_len=16, d_model=32, n_heads=4, n_layers=2)
 

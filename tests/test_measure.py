@@ -1,4 +1,4 @@
-"""course_lib.measure: the live-tensor tracker, peak_memory, saved tensors and the step breakdown,
+"""course_lib.measurement.memory: the live-tensor tracker, peak_memory, saved tensors and the step breakdown,
 checked against byte counts derived by hand and against autograd's own saved-tensor hooks."""
 
 import pytest
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.checkpoint import checkpoint
 
-from course_lib.measure import (
+from course_lib.measurement.memory import (
     CATEGORIES,
     LiveTensorTracker,
     peak_memory,
@@ -19,7 +19,7 @@ from course_lib.measure import (
     step_breakdown,
     training_step,
 )
-from course_lib.models import GPT, GPTConfig, random_tokens
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.units import storage_bytes, storage_key
 
 
@@ -335,14 +335,16 @@ def test_saved_tensors_skips_checkpointed_regions_without_recomputing():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sdpa_saved_measures_what_each_kernel_keeps_as_predicted(dropout, dtype):
     """FlashAttention keeps its output and a log-sum-exp per row; the math kernel the s x s maps."""
-    from course_lib import activations, kernels, measure
+    from course_lib.measurement import memory
+    from course_lib.model import kernels
+    from course_lib.prediction import activations
 
     cfg = GPTConfig(vocab_size=16, seq_len=64, d_model=32, n_heads=4, dropout=dropout)
-    chosen = measure.sdpa_saved(cfg, 2, dtype)
+    chosen = memory.sdpa_saved(cfg, 2, dtype)
     assert chosen.kernel == kernels.sdpa_kernel(cfg, dtype) == kernels.detect_sdpa_kernel(
         cfg, dtype, 2, device="cpu")
     for kernel in ("math", "flash") if dropout == 0 else ("math",):
-        got = measure.sdpa_saved(cfg, 2, dtype, kernel=kernel)
+        got = memory.sdpa_saved(cfg, 2, dtype, kernel=kernel)
         predicted = activations.attention_core_saved(cfg, 2, 64, dtype, kernel=kernel)
         assert got.kernel == kernel
         assert got.saved_bytes == activations.total_bytes(predicted)
@@ -355,18 +357,18 @@ def test_sdpa_saved_measures_what_each_kernel_keeps_as_predicted(dropout, dtype)
 
 
 def test_sdpa_saved_refuses_what_cannot_run_here():
-    from course_lib import measure
+    from course_lib.measurement import memory
 
     cfg = GPTConfig(vocab_size=16, seq_len=64, d_model=32, n_heads=4)
     for kwargs, name in ((dict(kernel="efficient"), "does not run here"),
                          (dict(kernel="xformers"), "kernel"), (dict(dtype=torch.int64), "dtype"),
                          (dict(seed=-1), "seed")):
         with pytest.raises(ValueError, match=name):
-            measure.sdpa_saved(cfg, 2, **kwargs)
+            memory.sdpa_saved(cfg, 2, **kwargs)
     with pytest.raises(ValueError, match="batch_size"):
-        measure.sdpa_saved(cfg, 0)
+        memory.sdpa_saved(cfg, 0)
     with pytest.raises(ValueError, match="too large"):
-        measure.sdpa_saved(GPTConfig(seq_len=2**15, d_model=64, n_heads=4), 1)
+        memory.sdpa_saved(GPTConfig(seq_len=2**15, d_model=64, n_heads=4), 1)
 
 
 @pytest.mark.gpu
@@ -376,14 +378,16 @@ def test_the_attention_kernel_per_capability_is_the_one_predicted(dtype):
     """On this GPU, the kernel SDPA runs for the course GPT is the one the engine's rules pick for
     its compute capability, and it keeps what they say (exact bytes, before the allocator's
     rounding)."""
-    from course_lib import activations, kernels, measure
     from course_lib.device import live_gpu
+    from course_lib.measurement import memory
+    from course_lib.model import kernels
+    from course_lib.prediction import activations
 
     gpu = live_gpu()
     if dtype == torch.bfloat16 and gpu.capability < (8, 0):
         pytest.skip("bf16 needs compute capability 8.0")
     cfg = GPTConfig(vocab_size=16, seq_len=256, d_model=256, n_heads=4)
-    got = measure.sdpa_saved(cfg, 2, dtype, device="cuda")
+    got = memory.sdpa_saved(cfg, 2, dtype, device="cuda")
     assert got.kernel == kernels.sdpa_kernel(cfg, dtype, gpu)
     predicted = activations.attention_core_saved(cfg, 2, 256, dtype, gpu)
     assert got.saved_bytes == activations.total_bytes(predicted)

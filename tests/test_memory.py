@@ -1,11 +1,13 @@
-"""course_lib.memory against published figures, independent derivations and real optimizer steps."""
+"""course_lib.prediction.formulas against published figures, independent derivations and real optimizer steps."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.memory import (
+from course_lib.model.gpt import GPT, GPTConfig, count_parameters, random_tokens
+from course_lib.model.zoo import PRESETS, build_model
+from course_lib.prediction.formulas import (
     OPTIMIZERS,
     PRECISION,
     PRECISIONS,
@@ -18,9 +20,7 @@ from course_lib.memory import (
     training_memory,
     transformer_activation_bytes,
 )
-from course_lib.mixed_precision import MasterWeightAdamW
-from course_lib.model_zoo import PRESETS, build_model
-from course_lib.models import GPT, GPTConfig, count_parameters, random_tokens
+from course_lib.training.mixed_precision import MasterWeightAdamW
 from course_lib.units import storage_bytes
 
 GB = 10**9

@@ -1,14 +1,14 @@
-"""course_lib.mixed_precision: MasterWeightAdamW is a torch.optim.AdamW that every tool takes."""
+"""course_lib.training.mixed_precision: MasterWeightAdamW is a torch.optim.AdamW that every tool takes."""
 
 import copy
 
 import pytest
 import torch
 
-from course_lib.measure import peak_memory, step_breakdown, training_step
-from course_lib.mixed_precision import MasterWeightAdamW
-from course_lib.models import GPT, GPTConfig, count_parameters, random_tokens
-from course_lib.training import make_grad_scaler, train
+from course_lib.measurement.memory import peak_memory, step_breakdown, training_step
+from course_lib.model.gpt import GPT, GPTConfig, count_parameters, random_tokens
+from course_lib.training.loop import make_grad_scaler, train
+from course_lib.training.mixed_precision import MasterWeightAdamW
 
 SMALL = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_layers=2)
 

@@ -1,11 +1,12 @@
-"""course_lib.model_zoo: published parameter counts, meta-device builds, a runnable Llama."""
+"""course_lib.model.zoo: published parameter counts, meta-device builds, a runnable Llama."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.model_zoo import (
+from course_lib.model.gpt import GPT, GPTConfig, count_parameters, random_tokens
+from course_lib.model.zoo import (
     PRESETS,
     Llama,
     LlamaConfig,
@@ -13,7 +14,6 @@ from course_lib.model_zoo import (
     llama_param_count,
     param_count,
 )
-from course_lib.models import GPT, GPTConfig, count_parameters, random_tokens
 
 # Exact counts of the published checkpoints (transformers' num_parameters()).
 PUBLISHED = {

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 import torch
 
-from course_lib.models import (
+from course_lib.model.gpt import (
     GPT,
     GPTConfig,
     check_config,
@@ -30,9 +30,9 @@ def test_check_config_returns_a_config_and_names_the_parameter():
     config = GPTConfig()
     assert check_config(config) is config
     for bad in ({"n_layers": 2}, None, "gpt2", GPT):
-        with pytest.raises(ValueError, match="config must be a course_lib.models.GPTConfig"):
+        with pytest.raises(ValueError, match="config must be a course_lib.model.gpt.GPTConfig"):
             check_config(bad)
-    with pytest.raises(ValueError, match="model_config must be a course_lib.models.GPTConfig, "
+    with pytest.raises(ValueError, match="model_config must be a course_lib.model.gpt.GPTConfig, "
                                          "got dict"):
         check_config({}, "model_config")
 

@@ -1,14 +1,14 @@
-"""course_lib.planner: predicted step peaks per checkpointing mode, and the planner's choice."""
+"""course_lib.planning.planner: predicted step peaks per checkpointing mode, and the planner's choice."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import checkpointing as ckpt
-from course_lib import planner
-from course_lib.measure import peak_memory, training_step
-from course_lib.models import GPT, GPTConfig, random_tokens
+from course_lib.measurement.memory import peak_memory, training_step
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+from course_lib.planning import planner
+from course_lib.training import checkpointing as ckpt
 
 SMALL = dict(vocab_size=40, seq_len=32, d_model=32, n_heads=4, n_layers=4)
 MODES = [("none", 1), ("blocks", 1), ("blocks", 3), ("sqrt", 1), ("selective", 1),

@@ -4,10 +4,10 @@
 import pytest
 import torch
 
-from course_lib import playground as pgm
-from course_lib import time_model as tm
-from course_lib.models import GPT, GPTConfig, count_parameters
-from course_lib.training import train
+from course_lib.model.gpt import GPT, GPTConfig, count_parameters
+from course_lib.prediction import time_model as tm
+from course_lib.training.loop import train
+from course_lib.views import playground as pgm
 
 CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=2)
 
@@ -141,7 +141,7 @@ def test_measured_speed_and_step_on_this_cpu():
     (dict(gpu="V100"), "gpu must be"),
     (dict(utilisation=1.5), "utilisation"),
     (dict(speed="fast"), "speed must be"),
-    (dict(config={"n_layers": 2}), "config must be a course_lib.models.GPTConfig"),
+    (dict(config={"n_layers": 2}), "config must be a course_lib.model.gpt.GPTConfig"),
 ])
 def test_optimizer_step_cost_rejects_bad_input(kwargs, match):
     args = dict(config=GPT2, micro_batch_size=2, accumulation_steps=2, gpu="T4") | kwargs

@@ -1,12 +1,13 @@
-"""course_lib.policies: op-level checkpoint policies, the mm/addmm pitfall, measured costs."""
+"""course_lib.training.policies: op-level checkpoint policies, the mm/addmm pitfall, measured costs."""
 
 import pytest
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
-from course_lib import policies, step_setup
-from course_lib.models import GPT, GPTConfig, random_tokens
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+from course_lib.prediction import step_setup
+from course_lib.training import policies
 
 aten = torch.ops.aten
 
@@ -169,7 +170,7 @@ def test_a_block_dispatches_no_unsafe_view_in_the_recomputed_list():
                                         ("save-kernel", 0), ("recompute-kernel", 2)])
 def test_the_kernel_runs_in_backward_only_where_a_policy_recomputes_it(mode, runs):
     pytest.importorskip("triton")
-    from course_lib.checkpointing import enable_checkpointing
+    from course_lib.training.checkpointing import enable_checkpointing
 
     config = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2,
                        fused_mlp=True)

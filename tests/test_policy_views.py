@@ -1,4 +1,4 @@
-"""course_lib.policy_views: lecture 05's figures read well, and its planner widget redraws."""
+"""course_lib.views.policy_views: lecture 05's figures read well, and its planner widget redraws."""
 
 import itertools
 
@@ -6,9 +6,10 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from course_lib import planner, policy_views
-from course_lib.models import GPTConfig
+from course_lib.model.gpt import GPTConfig
+from course_lib.planning import planner
 from course_lib.units import MiB
+from course_lib.views import policy_views
 
 CONFIG = GPTConfig(vocab_size=40, seq_len=32, d_model=32, n_heads=4, n_layers=4,
                    attention="explicit")

@@ -1,4 +1,4 @@
-"""course_lib.ranks: starting ranks on gloo, and failing cleanly (errors, time limits, workers
+"""course_lib.distributed.ranks: starting ranks on gloo, and failing cleanly (errors, time limits, workers
 that cannot be imported, no process left behind)."""
 
 import time
@@ -7,8 +7,8 @@ import pytest
 import torch
 from process_tools import alive
 
-from course_lib.distributed import all_reduce_demo
-from course_lib.ranks import Ranks, free_port, launch
+from course_lib.distributed.ranks import Ranks, free_port, launch
+from course_lib.distributed.workers import all_reduce_demo
 
 WORLD = 2
 

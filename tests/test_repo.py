@@ -1,6 +1,7 @@
 """The repository's promises: one package set, badges that point home, committed outputs,
 a Colab bootstrap that installs the course and nothing else."""
 
+import json
 import re
 import subprocess
 import sys
@@ -108,43 +109,83 @@ def test_lectures_export_to_slides(path, tmp_path):
     assert html.count("<section") >= len(slides)
 
 
+def _index(doc: str) -> list[str]:
+    """The names of an index table (a package's ``__init__`` docstring), top to bottom."""
+    return re.findall(r"^``(\w+)``", doc, re.M)
+
+
 def _module_index() -> list[str]:
-    """The modules of course_lib's index table (its ``__init__`` docstring), top to bottom."""
+    """Every module of course_lib in import order: the top modules and each wing's modules
+    (``wing.module``) where the wing stands in the top index."""
+    import importlib
+
     import course_lib
 
-    return re.findall(r"^``(\w+)``", course_lib.__doc__, re.M)
+    order = []
+    for name in _index(course_lib.__doc__):
+        if (ROOT / "course_lib" / name / "__init__.py").exists() and name != "grading":
+            wing = importlib.import_module(f"course_lib.{name}")
+            order += [f"{name}.{module}" for module in _index(wing.__doc__)]
+        else:
+            order.append(name)
+    return order
 
 
 def _course_lib_imports(path) -> set[str]:
-    """The course_lib modules ``path`` imports, at the top or inside functions."""
+    """The course_lib modules ``path`` imports (``units``, ``model.gpt``), at the top or inside
+    functions: absolute imports, and relative ones inside course_lib/grading/."""
     import ast
 
     found = set()
-    depth = 1 if path.parent.name == "course_lib" else 2  # `from ..fit` in course_lib/grading/
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == depth:
-            found.update([node.module.split(".")[0]] if node.module else
-                         [alias.name for alias in node.names])
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("course_lib."):
-            found.add(node.module.split(".")[1])
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: course_lib/grading's own modules or course_lib's
+                parts = ["course_lib", "grading"][:3 - node.level - (path.parent.name != "grading")]
+                parts += node.module.split(".") if node.module else []
+            else:
+                parts = (node.module or "").split(".")
+            names = [a.name for a in node.names]
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names
-                         if a.name.startswith("course_lib."))
-    return found
+            parts, names = None, [a.name for a in node.names]
+            for name in names:
+                if name.startswith("course_lib."):
+                    found.add(".".join(name.split(".")[1:3]))
+            continue
+        else:
+            continue
+        if parts[0] != "course_lib":
+            continue
+        if len(parts) == 1:
+            found.update(names)
+        elif (ROOT / "course_lib" / parts[1] / "__init__.py").exists() and len(parts) == 2:
+            found.update(f"{parts[1]}.{n}" if (ROOT / "course_lib" / parts[1] / f"{n}.py").exists()
+                         else parts[1] for n in names)
+        else:
+            found.add(".".join(parts[1:3]))
+    return {"grading" if m.startswith("grading") else m for m in found}
 
 
 def test_the_module_index_lists_every_module_once():
     index = _module_index()
-    modules = {p.stem for p in (ROOT / "course_lib").glob("*.py") if p.stem != "__init__"}
-    modules |= {p.name for p in (ROOT / "course_lib").iterdir() if (p / "__init__.py").exists()}
+    lib = ROOT / "course_lib"
+    modules = {p.stem for p in lib.glob("*.py") if p.stem != "__init__"}
+    for wing in (p for p in lib.iterdir() if (p / "__init__.py").exists()):
+        modules |= ({wing.name} if wing.name == "grading" else
+                    {f"{wing.name}.{p.stem}" for p in wing.glob("*.py") if p.stem != "__init__"})
     assert sorted(index) == sorted(modules)
+    assert len(index) == len(set(index))
+
+
+def test_the_top_holds_at_most_a_dozen_modules():
+    top = [p for p in (ROOT / "course_lib").glob("*.py") if p.stem != "__init__"]
+    assert len(top) <= 12, sorted(p.stem for p in top)
 
 
 def test_modules_import_only_modules_above_them_in_the_index():
     index = _module_index()
     later = {}
     for name in index:
-        path = ROOT / "course_lib" / f"{name}.py"
+        path = ROOT / "course_lib" / (name.replace(".", "/") + ".py")
         files = [path] if path.exists() else sorted((ROOT / "course_lib" / name).glob("*.py"))
         for file in files:
             bad = [m for m in _course_lib_imports(file)
@@ -155,20 +196,65 @@ def test_modules_import_only_modules_above_them_in_the_index():
 
 
 def test_the_import_check_catches_a_later_import(tmp_path):
-    module = tmp_path / "course_lib" / "mod.py"
-    module.parent.mkdir()
-    module.write_text("def f():\n    from .levers import transfer_seconds\n\nfrom course_lib.fit import fit_model\n")
-    assert _course_lib_imports(module) == {"levers", "fit"}
+    module = tmp_path / "course_lib" / "planning" / "mod.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("def f():\n    from course_lib.training.levers import use_chunked_loss\n\n"
+                      "from course_lib.planning.fit import fit_model\nfrom course_lib import units\n"
+                      "from course_lib.views import widgets\n")
+    assert _course_lib_imports(module) == {"training.levers", "planning.fit", "units",
+                                           "views.widgets"}
+
+
+def _notebook_imports(path) -> set[str]:
+    """The course_lib modules a notebook's code cells import."""
+
+    found = set()
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        source = "\n".join(line for line in "".join(cell["source"]).splitlines()
+                           if not line.lstrip().startswith(("%", "!")))
+        file = ROOT / ".notebook_cell.py"
+        try:
+            file.write_text(source)
+            found |= _course_lib_imports(file)
+        finally:
+            file.unlink()
+    return found
+
+
+def test_the_lecture_table_lists_what_each_lecture_imports():
+    """course_lib's lecture table: each lecture's row names exactly the modules its notebooks
+    (the lecture, its companion in notebooks/deeper/, its exercises) import."""
+    import course_lib
+
+    table = course_lib.__doc__.split("The code behind each lecture")[1]
+    rows = re.findall(r"^(\d\d) +(.+(?:\n {8}.+)*)", table, re.M)
+    documented = {n: {m.strip() for m in " ".join(mods.split()).split(",")} for n, mods in rows}
+    imported = {}
+    for folder in ("notebooks", "notebooks/deeper", "solutions"):
+        for path in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+            imported.setdefault(path.name[:2], set()).update(_notebook_imports(path))
+    assert documented == imported
 
 
 def test_contributing_shows_the_module_index():
     """CONTRIBUTING.md's module map: the index's modules in its order, with its words."""
+    import importlib
+
     import course_lib
 
     text = (ROOT / "CONTRIBUTING.md").read_text()
     table = text[text.index("<!-- module map -->"):text.index("<!-- end of the module map -->")]
-    rows = re.findall(r"^\| `(\w+)` \| ([\d-]+|all) \| (.*) \|$", table, re.M)
-    index = re.findall(r"^``(\w+)``\s+(?:([\d-]+): )?(.*)$", course_lib.__doc__, re.M)
+    rows = re.findall(r"^\| `([\w.]+)` \| ([\d-]+|all) \| (.*) \|$", table, re.M)
+    pattern = r"^``(\w+)``\s+(?:([\d-]+): )?(.*)$"
+    index = []
+    for name, lecture, what in re.findall(pattern, course_lib.__doc__, re.M):
+        if (ROOT / "course_lib" / name / "__init__.py").exists() and name != "grading":
+            wing = importlib.import_module(f"course_lib.{name}")
+            index += [(f"{name}.{m}", lec, w) for m, lec, w in re.findall(pattern, wing.__doc__, re.M)]
+        else:
+            index.append((name, lecture, what))
     assert [(m, lecture or "all", what.replace("``", "`")) for m, lecture, what in index] == rows
 
 

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib import memory
-from course_lib import playground as pgm
-from course_lib import step_views as sv
-from course_lib import time_model as tm
-from course_lib.models import GPT, GPTConfig
-from course_lib.toy_data import markov_tokens
+from course_lib.model.gpt import GPT, GPTConfig
+from course_lib.model.toy_data import markov_tokens
+from course_lib.prediction import formulas
+from course_lib.prediction import time_model as tm
 from course_lib.units import GiB
+from course_lib.views import playground as pgm
+from course_lib.views import step_views as sv
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=2)
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
@@ -85,7 +85,7 @@ def test_tradeoff_compares_with_one_plain_batch_against_the_cards_memory():
     assert (t.plain.micro_batch_size, t.plain.accumulation_steps, t.plain.checkpointing) == (
         16, 1, "none")
     assert sv.tradeoff(GPT2, 2, 8, precision="mixed", gpu="H100 80GB").precision == "bf16-mixed"
-    assert memory.mixed_precision_for(None) == "bf16-mixed"
+    assert formulas.mixed_precision_for(None) == "bf16-mixed"
     # the lecture's opening: GPT-2 on a T4, one batch of 32 does not fit, 8 x 4 does
     story = sv.tradeoff(GPT2, 4, 8, precision="mixed", gpu="T4")
     assert story.fits and not story.plain_fits
@@ -158,7 +158,7 @@ def test_tradeoff_explorer_redraws_and_measures(speed):
         sv.tradeoff_explorer(models, speed=speed, micro_batch_size=3)
     with pytest.raises(ValueError, match="models must map"):
         sv.tradeoff_explorer({}, speed=speed)
-    with pytest.raises(ValueError, match=r"models\['tiny'\] must be a course_lib.models.GPTConfig"):
+    with pytest.raises(ValueError, match=r"models\['tiny'\] must be a course_lib.model.gpt.GPTConfig"):
         sv.tradeoff_explorer({"tiny": {"n_layers": 2}}, speed=speed)
 
 

@@ -1,4 +1,4 @@
-"""course_lib.time_model: each term against a hand derivation, and the model against measured
+"""course_lib.prediction.time_model: each term against a hand derivation, and the model against measured
 CPU steps (lecture 05's policies and lecture 08's levers, ranked and predicted within a factor)."""
 
 import functools
@@ -6,12 +6,14 @@ import functools
 import pytest
 import torch
 
-from course_lib import checkpointed, levers, planner, step_setup
-from course_lib import time_model as tm
 from course_lib.device import GPU, GPUS
-from course_lib.models import GPTConfig, gpt_param_count, random_tokens
-from course_lib.timing import step_times
-from course_lib.training import train
+from course_lib.measurement.timing import step_times
+from course_lib.model.gpt import GPTConfig, gpt_param_count, random_tokens
+from course_lib.planning import planner
+from course_lib.prediction import checkpointed, step_setup
+from course_lib.prediction import time_model as tm
+from course_lib.training import levers
+from course_lib.training.loop import train
 
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
 SMALL = GPTConfig(vocab_size=40, seq_len=32, d_model=32, n_heads=4, n_layers=2)

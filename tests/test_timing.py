@@ -1,11 +1,11 @@
-"""course_lib.timing: the order of the runs, the clocks and the statistics, with fake steps."""
+"""course_lib.measurement.timing: the order of the runs, the clocks and the statistics, with fake steps."""
 
 import time
 
 import pytest
 import torch
 
-from course_lib.timing import StepTimes, step_times, synchronize
+from course_lib.measurement.timing import StepTimes, step_times, synchronize
 
 
 def test_rounds_are_interleaved_and_rotated_after_the_warm_up():
@@ -89,7 +89,7 @@ class _Event:
 
 
 def test_kernel_class_names_each_class():
-    from course_lib.timing import kernel_class
+    from course_lib.measurement.timing import kernel_class
 
     assert kernel_class("aten::addmm") == kernel_class("aten::linear") == "matmul"
     assert kernel_class("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention"
@@ -101,7 +101,7 @@ def test_kernel_class_names_each_class():
 
 
 def test_split_by_class_counts_self_time_under_the_outermost_class():
-    from course_lib.timing import KERNEL_CLASSES, split_by_class
+    from course_lib.measurement.timing import KERNEL_CLASSES, split_by_class
 
     linear = _Event("aten::linear", cpu=1)
     sdpa = _Event("aten::scaled_dot_product_attention", cpu=2)
@@ -128,9 +128,10 @@ def test_split_by_class_counts_self_time_under_the_outermost_class():
 
 def test_profile_step_splits_a_training_step_of_the_fused_gpt():
     pytest.importorskip("triton")
-    from course_lib import step_setup, timing
-    from course_lib.models import GPTConfig, random_tokens
-    from course_lib.training import train
+    from course_lib.measurement import timing
+    from course_lib.model.gpt import GPTConfig, random_tokens
+    from course_lib.prediction import step_setup
+    from course_lib.training.loop import train
 
     config = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2,
                        fused_mlp=True)
@@ -150,9 +151,10 @@ def test_profile_step_splits_a_training_step_of_the_fused_gpt():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_profile_step_splits_the_device_time_on_a_gpu():
-    from course_lib import step_setup, timing
-    from course_lib.models import GPTConfig, random_tokens
-    from course_lib.training import train
+    from course_lib.measurement import timing
+    from course_lib.model.gpt import GPTConfig, random_tokens
+    from course_lib.prediction import step_setup
+    from course_lib.training.loop import train
 
     config = GPTConfig(vocab_size=512, seq_len=256, d_model=256, n_heads=4, n_layers=2,
                        fused_mlp=True)

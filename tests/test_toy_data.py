@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from course_lib.toy_data import markov_entropy, markov_tokens
+from course_lib.model.toy_data import markov_entropy, markov_tokens
 
 
 def test_markov_tokens_follow_their_chain_and_entropy():

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from course_lib import training as tr
-from course_lib.accumulation import micro_batch_loss, pad_to_lengths
-from course_lib.models import GPT, GPTConfig
-from course_lib.toy_data import markov_tokens
+from course_lib.model.gpt import GPT, GPTConfig
+from course_lib.model.toy_data import markov_tokens
+from course_lib.training import loop as tr
+from course_lib.training.accumulation import micro_batch_loss, pad_to_lengths
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
 

@@ -1,4 +1,4 @@
-"""course_lib.widgets.live_plot: one figure per widget, a PNG per change, messages for bad input."""
+"""course_lib.views.widgets.live_plot: one figure per widget, a PNG per change, messages for bad input."""
 
 import io
 
@@ -6,7 +6,7 @@ import ipywidgets as widgets
 import pytest
 from PIL import Image
 
-from course_lib.widgets import live_plot, render_png
+from course_lib.views.widgets import live_plot, render_png
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -159,7 +159,7 @@ def test_animated_artists_are_drawn_over_the_kept_background():
 
 
 def test_nice_ceiling_moves_in_few_steps():
-    from course_lib.widgets import nice_ceiling
+    from course_lib.views.widgets import nice_ceiling
 
     assert [nice_ceiling(x) for x in (0.07, 1, 1.01, 3.2, 5, 7, 99, 1e9 + 1)] == [
         0.1, 1.0, 2.0, 5.0, 5.0, 10.0, 100.0, 2e9]

@@ -1,6 +1,6 @@
 """Checks for exercises/01_where_the_memory_goes.ipynb.
 
-The expected answers are derived without ``course_lib.memory`` (whose
+The expected answers are derived without ``course_lib.prediction.formulas`` (whose
 ``bytes_per_param`` the exercises may call): a table of bytes per parameter read
 off the ZeRO paper's accounting (Rajbhandari et al. 2020, section 3.1), which is
 exercise 1's answer and which its messages show anyway, and the largest model

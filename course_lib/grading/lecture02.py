@@ -1,7 +1,7 @@
 """Checks for exercises/02_activations_vs_gradients.ipynb.
 
 Each truth is measured or searched here, independently of the learner's formula:
-the MLP's saved bytes with :func:`course_lib.measure.saved_bytes` on a real
+the MLP's saved bytes with :func:`course_lib.measurement.memory.saved_bytes` on a real
 module, the distinct saved storages with autograd's own ``saved_tensors_hooks``.
 
 The largest batch on the CPU comes from steps measured on real tensors
@@ -9,7 +9,7 @@ The largest batch on the CPU comes from steps measured on real tensors
 memory engine, pure arithmetic, and must not move when a learner's torch saves a
 tensor more or less; ``tests/test_grading_truths.py`` measures them again). On the
 GPU presets, which no CPU can measure, it is found by trying every batch size
-against the engine (:func:`course_lib.engine.predict_step_memory`): those cases
+against the engine (:func:`course_lib.prediction.engine.predict_step_memory`): those cases
 rest on the engine's GPU rules, which the ``gpu`` tests compare with the CUDA
 allocator of the card they run on.
 """
@@ -19,10 +19,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from course_lib.measurement.memory import saved_bytes
+from course_lib.model.gpt import GPT, MLP, GPTConfig, random_tokens
+from course_lib.prediction.engine import predict_step_memory
+
 from ..device import GPUS
-from ..engine import predict_step_memory
-from ..measure import saved_bytes
-from ..models import GPT, MLP, GPTConfig, random_tokens
 from ..units import storage_bytes, storage_key
 from . import expect, grader, observe
 
@@ -136,7 +137,7 @@ def check_distinct_saved_bytes(fn):
 #: The CPU cases' model: two blocks, SDPA attention, no dropout.
 SMALL = GPTConfig(vocab_size=96, seq_len=32, d_model=32, n_heads=2, n_layers=2)
 
-#: Measured (torch 2.13, CPU, :class:`course_lib.measure.LiveTensorTracker`): the bytes live at
+#: Measured (torch 2.13, CPU, :class:`course_lib.measurement.memory.LiveTensorTracker`): the bytes live at
 #: the peak of one steady-state training step of ``GPT(SMALL)`` (the parameters and AdamW's
 #: ``m``, ``v`` and step counters held before it, plus the step's own peak: forward, backward,
 #: ``AdamW(foreach=False).step()``), by ``(precision, seq_len)``, for micro-batches 1, 2, 3, ...

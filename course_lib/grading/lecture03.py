@@ -13,7 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models import GPT, GPTConfig
+from course_lib.model.gpt import GPT, GPTConfig
+
 from . import expect, grader, observe
 
 _CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)

@@ -1,6 +1,6 @@
 """Checks for exercises/04_activation_checkpointing.ipynb.
 
-The truths do not come from ``course_lib.checkpointing`` or the memory engine,
+The truths do not come from ``course_lib.training.checkpointing`` or the memory engine,
 which the exercises use: what checkpointing each block keeps is measured on a
 reference that calls ``torch.utils.checkpoint`` itself, and the segment counts'
 step peaks and FLOPs were measured on real steps (:data:`SEGMENT_COSTS`, written
@@ -16,8 +16,9 @@ import copy
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..checkpointing import measure_kept_bytes
-from ..models import GPT, GPTConfig, random_tokens
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+from course_lib.training.checkpointing import measure_kept_bytes
+
 from . import expect, grader, observe
 
 
@@ -113,7 +114,7 @@ SEGMENTS_BATCH = 8
 #: its blocks in ``k`` segments (``torch.utils.checkpoint.checkpoint_sequential``, the last
 #: segment not checkpointed), ``k = 1 .. 16``: ``(peak bytes, FLOPs)``. Peak bytes: a
 #: steady-state AdamW step's, what was held before it (parameters, ``m``, ``v``, step counters)
-#: plus its own peak (:class:`course_lib.measure.LiveTensorTracker`); FLOPs: forward, backward
+#: plus its own peak (:class:`course_lib.measurement.memory.LiveTensorTracker`); FLOPs: forward, backward
 #: and recomputation, as ``torch.utils.flop_counter.FlopCounterMode`` counts them.
 SEGMENT_COSTS = {
     1: (11228952, 305135616), 2: (7316632, 353370112), 3: (5990168, 363855872),

@@ -19,15 +19,15 @@ def check_selective_policy(policy):
     """``policy(ctx, op, *args, **kwargs)`` saves the matmuls and the attention kernels' outputs.
 
     Saved: ``mm``, ``addmm``, ``bmm`` and the fused attention ops
-    (:data:`course_lib.checkpointing.ATTENTION_OPS`); everything else is recomputed.
+    (:data:`course_lib.training.checkpointing.ATTENTION_OPS`); everything else is recomputed.
 
     Args:
         policy (callable): the learner's selective-checkpointing policy function, called as
             above.
     """
-    from ..checkpointing import ATTENTION_OPS
-    from ..models import GPT, GPTConfig
-    from ..policies import policy_cost
+    from course_lib.model.gpt import GPT, GPTConfig
+    from course_lib.training.checkpointing import ATTENTION_OPS
+    from course_lib.training.policies import policy_cost
 
     ctx = SelectiveCheckpointContext(is_recompute=False)
     for op in (_aten.mm.default, _aten.addmm.default, _aten.bmm.default):
@@ -145,9 +145,14 @@ def check_kernel_policy(policy):
     Args:
         policy (callable): the learner's selective-checkpointing policy function.
     """
-    from ..checkpointing import ATTENTION_OPS, KERNEL_OPS, enable_checkpointing, measure_kept_bytes
-    from ..models import GPT, GPTConfig, random_tokens
-    from ..policies import backward_ops
+    from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+    from course_lib.training.checkpointing import (
+        ATTENTION_OPS,
+        KERNEL_OPS,
+        enable_checkpointing,
+        measure_kept_bytes,
+    )
+    from course_lib.training.policies import backward_ops
 
     kernel, = KERNEL_OPS
     ctx = SelectiveCheckpointContext(is_recompute=False)

@@ -13,7 +13,8 @@ from unittest import mock
 
 import torch
 
-from ..guard import MemoryBudgetExceeded
+from course_lib.planning.guard import MemoryBudgetExceeded
+
 from . import expect, grader, observe
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -156,7 +157,7 @@ def check_train_or_report(fn):
         run = observe(_report_run, fn, name)
         if run["escaped"] is True:
             where = ("torch.OutOfMemoryError: out of memory on CUDA" if kind is _OOM else
-                     "course_lib.guard.MemoryBudgetExceeded: over budget on the CPU")
+                     "course_lib.planning.guard.MemoryBudgetExceeded: over budget on the CPU")
             expect(False, f"a {name} escaped from your function",
                    hint=f"catch {where}, as well as the other one")
         expect(run["is_str"] is True and "out of memory" in str(run["message"]).lower(),

@@ -1,6 +1,6 @@
 """Checks for exercises/07_beyond_one_gpu.ipynb.
 
-The answers are derived here independently of ``course_lib.distributed``: the
+The answers are derived here independently of ``course_lib.distributed.workers``: the
 effective batch and DDP's all-reduce count by counting, the average of the
 gradients with plain tensor arithmetic, FSDP2's shard sizes with ``torch.chunk``
 (which FSDP2 uses to cut each parameter along dim 0). ``average_gradients`` is

@@ -1,6 +1,6 @@
 """Checks for exercises/08_more_levers.ipynb.
 
-The answers are derived here independently of ``course_lib.levers``: the optimizer in
+The answers are derived here independently of ``course_lib.training.levers``: the optimizer in
 backward against an ordinary AdamW step on a copy of the model, the chunked loss against
 ``F.cross_entropy`` with the largest tensor the learner's code creates watched by a
 dispatch mode, the quantized state bytes from torchao's rules written out (codes, one fp32

@@ -5,17 +5,17 @@
 GPT-2 124M (1024 tokens) trained in fp16-mixed on the T4 preset, an effective batch of 32 as 8
 micro-batches of 4 against one batch of 32 in one pass: memory from the course's memory engine
 against the card's memory as PyTorch reports it, time from its time model
-(``course_lib.playground.optimizer_step_cost``), both predicted, nothing measured. The widget
-that draws the same picture live is ``course_lib.step_views.tradeoff_explorer``; the companion
+(``course_lib.views.playground.optimizer_step_cost``), both predicted, nothing measured. The widget
+that draws the same picture live is ``course_lib.views.step_views.tradeoff_explorer``; the companion
 of lecture 03 (``notebooks/deeper/03_gradient_accumulation.ipynb``, § 8) draws this figure and
 prints its numbers.
 """
 
 from pathlib import Path
 
-from course_lib import step_views
-from course_lib.model_zoo import PRESETS
+from course_lib.model.zoo import PRESETS
 from course_lib.units import format_bytes
+from course_lib.views import step_views
 
 OUT = Path(__file__).resolve().parent / "tradeoff.png"
 

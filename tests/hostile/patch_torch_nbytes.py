@@ -10,9 +10,9 @@ import types
 import torch
 
 torch.UntypedStorage.nbytes = lambda self: 7
-_fake = types.ModuleType("course_lib.policies")
+_fake = types.ModuleType("course_lib.training.policies")
 _fake.policy_cost = lambda *args, **kwargs: None
-sys.modules["course_lib.policies"] = _fake
+sys.modules["course_lib.training.policies"] = _fake
 sys.modules["course_lib.grading.lecture00"] = _fake
 return 7
 '''

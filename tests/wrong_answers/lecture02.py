@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from course_lib.engine import predict_step_memory
-from course_lib.measure import saved_tensors
+from course_lib.measurement.memory import saved_tensors
+from course_lib.prediction.engine import predict_step_memory
 
 
 def _e(dtype):

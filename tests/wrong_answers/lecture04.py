@@ -2,9 +2,9 @@
 
 from torch.utils.checkpoint import checkpoint
 
-from course_lib import checkpointed
-from course_lib import checkpointing as ckpt
-from course_lib.engine import predict_step_memory
+from course_lib.prediction import checkpointed
+from course_lib.prediction.engine import predict_step_memory
+from course_lib.training import checkpointing as ckpt
 
 
 def _no_checkpoint(blocks, x):

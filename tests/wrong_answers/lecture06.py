@@ -4,7 +4,7 @@ import gc
 
 import torch
 
-from course_lib.guard import MemoryBudgetExceeded
+from course_lib.planning.guard import MemoryBudgetExceeded
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 

@@ -1,0 +1,448 @@
+"""07: data parallelism on one machine: accumulate with DDP ``no_sync``, shard the model states.
+
+The workers of lecture 07, run on every rank by :class:`course_lib.distributed.ranks.Ranks`
+(which imports them by name in each rank's process, so they live in this
+module, never in a notebook cell). They keep their tensors on the CPU, so that
+they run on gloo, and give the same numbers, on any machine:
+
+* :func:`all_reduce_demo`: what ``all_reduce`` does to one tensor per rank;
+* :func:`ddp_accumulation`: gradient accumulation under
+  ``DistributedDataParallel`` through the course's training loop
+  (:func:`course_lib.training.loop.train`, with and without ``no_sync``), counting
+  the all-reduces with a communication hook (:class:`AllReduceCounter`) and
+  reading each step's gradient with a :class:`GradientReader`;
+* :func:`sharded_states`: the model-state bytes each rank holds under DDP,
+  ZeRO stage 1 (``ZeroRedundancyOptimizer``) and FSDP2 (``fully_shard``, ZeRO
+  stage 3), to set against :func:`course_lib.prediction.formulas.training_memory`.
+
+References: Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating
+Data Parallel Training" (DDP buckets, ``no_sync``); Rajbhandari et al. 2020,
+"ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"; Zhao et
+al. 2023, "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import inspect
+import os
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from course_lib.distributed.ranks import MAX_WORLD_SIZE
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+from course_lib.training.loop import batches_of, train
+from course_lib.units import storage_bytes
+
+# --- pieces the workers use -------------------------------------------------------------------
+
+
+class AllReduceCounter:
+    """A DDP communication hook that counts the all-reduces (one per bucket) and their bytes.
+
+    ``AllReduceCounter(ddp_model)`` registers itself; each call averages the
+    bucket exactly as DDP's default does (``allreduce_hook``: divide by the
+    world size, all-reduce the sum), so the training is unchanged. ``calls`` and ``bytes``
+    hold the counts.
+
+    Args:
+        ddp_model (torch.nn.parallel.DistributedDataParallel): the model to count for.
+
+    Raises:
+        ValueError: naming ``ddp_model``, for anything but a ``DistributedDataParallel``.
+    """
+
+    def __init__(self, ddp_model):
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(ddp_model, DistributedDataParallel):
+            raise ValueError(f"ddp_model must be a DistributedDataParallel, "
+                             f"got {type(ddp_model).__name__}")
+        self.calls = 0
+        self.bytes = 0
+        ddp_model.register_comm_hook(self, AllReduceCounter._hook)
+
+    def reset(self) -> None:
+        """Set ``calls`` and ``bytes`` back to 0."""
+        self.calls = self.bytes = 0
+
+    @staticmethod
+    def _hook(state: AllReduceCounter, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        buffer = bucket.buffer()
+        state.calls += 1
+        state.bytes += buffer.numel() * buffer.element_size()
+        return allreduce_hook(None, bucket)
+
+
+def average_gradients(params: Iterable[torch.Tensor], all_reduce_sum: Callable,
+                      world_size: int) -> None:
+    """Replace each ``p.grad`` by its mean over the ranks: all-reduce the sum, divide by N.
+
+    Parameters without a gradient (frozen, or unused) are skipped. This is what DDP does,
+    one bucket of gradients at a time, overlapped with the backward pass.
+
+    Args:
+        params (iterable of torch.Tensor): the parameters (``model.parameters()``).
+        all_reduce_sum (callable): ``all_reduce_sum(tensor)`` sums ``tensor`` over the ranks in
+            place (``torch.distributed.all_reduce``'s default ``ReduceOp.SUM``).
+        world_size (int): N, from 1 to :data:`MAX_WORLD_SIZE`.
+
+    Raises:
+        ValueError: naming ``world_size``, for a bad value.
+    """
+    if (not isinstance(world_size, int) or isinstance(world_size, bool)
+            or not 1 <= world_size <= MAX_WORLD_SIZE):
+        raise ValueError(f"world_size must be an int from 1 to {MAX_WORLD_SIZE}, "
+                         f"got {world_size!r}")
+    for p in params:
+        if p.grad is not None:
+            all_reduce_sum(p.grad)
+            p.grad.div_(world_size)
+
+
+def flat_grads(model: torch.nn.Module) -> torch.Tensor:
+    """All gradients of ``model`` (every parameter must have one) as one flat fp32 copy.
+
+    Args:
+        model (torch.nn.Module): a model after a backward pass.
+
+    Returns:
+        torch.Tensor: 1-d, fp32, in parameter order.
+    """
+    return torch.cat([p.grad.detach().flatten().float() for p in model.parameters()])
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    """All parameters of ``model`` as one flat fp32 tensor (a copy), in parameter order.
+
+    Args:
+        model (torch.nn.Module): any model.
+
+    Returns:
+        torch.Tensor: 1-d, fp32.
+    """
+    return torch.cat([p.detach().flatten().float() for p in model.parameters()])
+
+
+class GradientReader(torch.optim.Optimizer):
+    """An optimizer that leaves the weights alone: each ``step()`` keeps a copy of the gradient.
+
+    Given to :func:`course_lib.training.loop.train` in place of a real optimizer, it
+    reads what one accumulation cycle left in ``.grad`` (after DDP's all-reduce,
+    under DDP) at the moment the optimizer would use it; ``train`` clears the
+    gradients right after. ``grads`` is that copy, flat and in fp32
+    (:func:`flat_grads`), from the last step; None before the first.
+    A step pre-hook (``register_step_pre_hook``, PyTorch's) runs before the copy
+    is taken.
+
+    Args:
+        model (torch.nn.Module): the ``torch.nn.Module`` whose gradients are read (a DDP model or a
+            plain one); every parameter must have a gradient at each step.
+
+    Raises:
+        ValueError: if ``model`` is not a ``torch.nn.Module`` with parameters.
+
+    Example::
+
+        reader = GradientReader(ddp_model)
+        train(ddp_model, reader, [batch], micro_batch_size=2, accumulation_steps=4, no_sync=True)
+        reader.grads  # the gradient of the whole batch, averaged over the ranks
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        if not isinstance(model, torch.nn.Module) or not any(True for _ in model.parameters()):
+            raise ValueError(f"model must be a torch.nn.Module with parameters, got {model!r}")
+        super().__init__(model.parameters(), {})
+        self.model, self.grads = model, None
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:
+        self.grads = flat_grads(self.model)
+
+
+@contextlib.contextmanager
+def _gradients_scaled_by(model: torch.nn.Module, factor: float):
+    """Multiply every gradient of ``model`` by ``factor`` as the backward pass produces it.
+
+    The same as multiplying the loss by ``factor`` (the backward pass is linear
+    in the loss). A tensor hook runs before the gradient is accumulated into
+    ``.grad``, hence before DDP's all-reduce sees it.
+    """
+    handles = [p.register_hook(lambda g: g * factor) for p in model.parameters()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def local_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
+    """``(logical, allocated)`` bytes of this rank's part of ``tensors``.
+
+    A sharded ``DTensor`` (FSDP2) counts its local shard. ``logical`` is
+    elements times element size; ``allocated`` sums the distinct storages the
+    local tensors live in, which is larger when the shards are padded (FSDP2
+    pads each parameter's dim-0 chunk to the size of the largest one) or share
+    a bigger buffer.
+
+    Args:
+        tensors (iterable of torch.Tensor): tensors or ``DTensor`` s.
+
+    Returns:
+        tuple of int: ``(logical, allocated)`` bytes.
+
+    Raises:
+        ValueError: naming ``tensors``, for a str, dict, non-iterable or non-tensors.
+    """
+    if isinstance(tensors, str | bytes | dict) or not hasattr(tensors, "__iter__"):
+        raise ValueError(f"tensors must be an iterable of tensors, got {tensors!r}")
+    tensors = list(tensors)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise ValueError("tensors must be an iterable of tensors, got "
+                         f"{sorted({type(t).__name__ for t in tensors})}")
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5
+        from torch.distributed._tensor import DTensor
+
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local), storage_bytes(local)
+
+
+def _state_row(model: torch.nn.Module, optimizer_states: Iterable[torch.Tensor], *,
+               grads: int | None = None) -> dict:
+    """This rank's bytes of parameters, gradients and Adam moments: allocated, and ``logical``.
+
+    ``grads`` overrides the allocated gradient bytes (for DDP: its buckets plus ``.grad``).
+    """
+    params = list(model.parameters())
+    row, logical = {}, {}
+    for part, tensors in (("parameters", params),
+                          ("gradients", [p.grad for p in params if p.grad is not None]),
+                          ("optimizer_state", list(optimizer_states))):
+        logical[part], row[part] = local_bytes(tensors)
+    if grads is not None:
+        row["gradients"] = grads
+    row["total"] = row["parameters"] + row["gradients"] + row["optimizer_state"]
+    row["logical"] = logical
+    return row
+
+
+def _moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Adam's per-element states (m and v), without the scalar ``step`` counters."""
+    return [v for state in optimizer.state.values() for k, v in state.items()
+            if k != "step" and isinstance(v, torch.Tensor)]
+
+
+# --- the workers ------------------------------------------------------------------------------
+
+
+def all_reduce_demo(rank: int, world_size: int) -> dict:
+    """Each rank holds ``[rank + 1, 10 * (rank + 1)]``: returned before and after ``all_reduce``.
+
+    Args:
+        rank (int): this process's rank, from 0 to ``world_size - 1`` (given by
+            :class:`course_lib.distributed.ranks.Ranks`).
+        world_size (int): the number of ranks N.
+
+    Returns:
+        dict: ``rank``, ``pid``, the tensor ``before`` and ``after`` the all-reduce (the sum
+        over the ranks).
+    """
+    t = torch.tensor([rank + 1.0, 10.0 * (rank + 1)])
+    before = t.clone()
+    dist.all_reduce(t)  # ReduceOp.SUM, in place, on every rank
+    return {"rank": rank, "pid": os.getpid(), "before": before, "after": t}
+
+
+def ddp_accumulation(rank: int, world_size: int, *, config: GPTConfig, micro_batch: int,
+                     accum_steps: int, steps: int = 3, lr: float = 1e-2,
+                     bucket_cap_mb: float = 0.1, seed: int = 0) -> dict:
+    """Gradient accumulation under DDP: gradients, all-reduce counts, weights after training.
+
+    Every run goes through the course's training loop, :func:`course_lib.training.loop.train`
+    (``no_sync=True``: all micro-batches but the last under DDP's ``no_sync()``), with
+    its default ``normalize="tokens"``: each micro-batch's summed loss over the
+    rank's tokens, which is the micro-batch's mean loss / K here, as every
+    micro-batch holds the same number of tokens.
+
+    The global batch of ``world_size * micro_batch * accum_steps`` sequences
+    (``random_tokens(config, ..., seed=seed)``) is cut into one contiguous slice per rank
+    (:func:`course_lib.training.loop.batches_of`), each run as ``accum_steps`` micro-batches.
+    The variants, each the flat gradient after one accumulation cycle (read by a
+    :class:`GradientReader`) and the all-reduces (calls and bytes) it made:
+
+    * ``"no_sync"``: loss / K, all micro-batches but the last under ``no_sync()``;
+    * ``"sync_every_micro_batch"``: loss / K, no ``no_sync``;
+    * ``"loss_over_K_times_N"``: loss / (K * N), the mistake of averaging twice;
+    * ``"loss_not_divided"``: loss / 1, the divide-by-K bug (``normalize="sum-of-means"``);
+    * ``"manual"``: no DDP; local accumulation, then :func:`average_gradients`.
+
+    ``"warmup_all_reduces"``: the all-reduces of a first backward, before DDP
+    rebuilds its buckets. Then ``steps`` AdamW steps with ``no_sync``
+    accumulation (batch ``seed + step``); ``"params_after"`` are the weights.
+
+    Args:
+        rank (int): this process's rank, from 0 to ``world_size - 1`` (given by
+            :class:`course_lib.distributed.ranks.Ranks`).
+        world_size (int): the number of ranks N.
+        config (GPTConfig): the model.
+        micro_batch (int): sequences per micro-batch on each rank.
+        accum_steps (int): K, micro-batches per optimizer step.
+        steps (int): AdamW steps of the training run.
+        lr (float): AdamW's learning rate.
+        bucket_cap_mb (float): DDP's bucket size in MB; small so that this small model is split
+            into several buckets, as a large one is with the default 25 MB.
+        seed (int): seeds the model and the batches.
+
+    Returns:
+        dict: per variant, ``{"grads", "all_reduces", "bytes"}`` (``"manual"``: ``grads``
+        only); ``"warmup_all_reduces"``, ``"params_after"`` and ``"n_params"``.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    K = accum_steps
+    per_rank = micro_batch * K
+
+    def my_batch(batch_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        global_batch = random_tokens(config, world_size * per_rank, seed=batch_seed)
+        return batches_of(*global_batch, per_rank)[rank]
+
+    torch.manual_seed(seed)
+    model = GPT(config)
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    counter = AllReduceCounter(ddp)
+
+    def one_cycle(net, batch, accumulation_steps: int = K, **options) -> dict:
+        """One optimizer step's accumulation; its gradient and the all-reduces it made."""
+        reader = GradientReader(net)
+        counter.reset()
+        train(net, reader, [batch], micro_batch_size=micro_batch,
+              accumulation_steps=accumulation_steps, **options)
+        return {"grads": reader.grads, "all_reduces": counter.calls, "bytes": counter.bytes}
+
+    batch = my_batch(seed)
+    # DDP sizes its buckets again after the first backward, in the order the gradients
+    # arrived; one warm-up backward makes the counts below those of every later step.
+    first_micro_batch = batches_of(*batch, micro_batch)[0]
+    out = {"warmup_all_reduces": one_cycle(ddp, first_micro_batch, 1)["all_reduces"]}
+    out["no_sync"] = one_cycle(ddp, batch, no_sync=True)
+    out["sync_every_micro_batch"] = one_cycle(ddp, batch)
+    with _gradients_scaled_by(model, 1 / world_size):  # loss / K, then / N once more
+        out["loss_over_K_times_N"] = one_cycle(ddp, batch, no_sync=True)
+    out["loss_not_divided"] = one_cycle(ddp, batch, no_sync=True, normalize="sum-of-means")
+
+    torch.manual_seed(seed)
+    plain = GPT(config)
+    by_hand = GradientReader(plain)
+    # What DDP does, once the micro-batches have accumulated: just before the optimizer steps.
+    by_hand.register_step_pre_hook(
+        lambda *_: average_gradients(plain.parameters(), dist.all_reduce, world_size))
+    train(plain, by_hand, [batch], micro_batch_size=micro_batch, accumulation_steps=K)
+    out["manual"] = {"grads": by_hand.grads}
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    train(ddp, optimizer, [my_batch(seed + step) for step in range(steps)],
+          micro_batch_size=micro_batch, accumulation_steps=K, no_sync=True)
+    out["params_after"] = flat_params(model)
+    out["n_params"] = sum(p.numel() for p in model.parameters())
+    return out
+
+
+def sharded_states(rank: int, world_size: int, *, config: GPTConfig, micro_batch: int = 2,
+                   lr: float = 1e-3, seed: int = 0) -> dict:
+    """Model-state bytes on this rank after one AdamW step, four ways (fp32 throughout).
+
+    * ``"ddp"``: ``DistributedDataParallel`` as constructed by default (ZeRO stage 0);
+    * ``"ddp_grad_view"``: DDP with ``gradient_as_bucket_view=True``;
+    * ``"zero1"``: DDP with ``torch.distributed.optim.ZeroRedundancyOptimizer``
+      (optimizer states sharded: stage 1);
+    * ``"fsdp"``: FSDP2, ``fully_shard`` on each block and on the model
+      (parameters, gradients and optimizer states sharded: stage 3).
+
+    Each row holds the allocated bytes (distinct storages, see :func:`local_bytes`)
+    of ``parameters``, ``gradients`` and ``optimizer_state`` (Adam's m and v, not the
+    4-byte step counters), their ``total``, and the same three as ``logical``
+    bytes (elements x 4). For the DDP rows ``gradients`` is measured with
+    :class:`course_lib.measurement.memory.LiveTensorTracker`: the bytes that DDP's
+    construction (its communication buckets, ``"*_bucket_bytes"``) and the
+    backward pass (``.grad``) leave allocated. ``"fsdp_rows"``: each parameter's
+    full shape and local shard shape on this rank.
+
+    Args:
+        rank (int): this process's rank, from 0 to ``world_size - 1`` (given by
+            :class:`course_lib.distributed.ranks.Ranks`).
+        world_size (int): the number of ranks N.
+        config (GPTConfig): the model.
+        micro_batch (int): sequences per rank in the step.
+        lr (float): AdamW's learning rate.
+        seed (int): seeds the model (the same on every rank) and, plus the rank, the data.
+
+    Returns:
+        dict: the four rows above, ``"n_params"`` and ``"fsdp_rows"``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6 keeps FSDP2 under _composable
+        from torch.distributed._composable.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from course_lib.measurement.memory import LiveTensorTracker
+
+    x, y = random_tokens(config, micro_batch, seed=seed + rank)  # each rank its own data
+
+    def fresh_model() -> GPT:
+        torch.manual_seed(seed)
+        return GPT(config)
+
+    def one_step(model, optimizer) -> None:
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+
+    # Every rank builds the same seeded model, so DDP's initial broadcast can be skipped. It
+    # must be for the reading: the broadcast's flat copy of the parameters is released by
+    # the communication thread a moment after the constructor returns, and was sometimes
+    # still alive, counted as a second bucket, when the block ended.
+    no_init_sync = ({"init_sync": False}
+                    if "init_sync" in inspect.signature(DDP.__init__).parameters else {})
+
+    out = {"n_params": sum(p.numel() for p in fresh_model().parameters())}
+    for name, as_view in (("ddp", False), ("ddp_grad_view", True)):
+        model = fresh_model()
+        with LiveTensorTracker() as buckets:
+            ddp = DDP(model, gradient_as_bucket_view=as_view, **no_init_sync)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        with LiveTensorTracker() as backward:
+            ddp(x, y)[1].backward()  # keeps nothing of the forward pass alive
+            # What the pass left in reference cycles would otherwise go whenever Python's
+            # collector runs, and a gradient-sized buffer was sometimes still counted.
+            gc.collect()
+        optimizer.step()
+        out[name] = _state_row(model, _moments(optimizer), grads=buckets.live + backward.live)
+        out[f"{name}_bucket_bytes"] = buckets.live
+
+    model = fresh_model()
+    ddp = DDP(model, gradient_as_bucket_view=True)
+    zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr)
+    one_step(ddp, zero)
+    out["zero1"] = _state_row(model, _moments(zero.optim))  # .optim: this rank's local optimizer
+
+    model = fresh_model()
+    mesh = init_device_mesh("cpu", (world_size,))  # CPU tensors and gloo, also on a GPU machine
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    one_step(model, optimizer)
+    out["fsdp"] = _state_row(model, _moments(optimizer))
+    out["fsdp_rows"] = {n: (tuple(p.shape), tuple(p.to_local().shape))
+                        for n, p in model.named_parameters()}
+    return out

@@ -1,0 +1,441 @@
+"""Step times, measured fairly: warmed up, synchronized, interleaved.
+
+Timing a training step honestly takes three precautions, and each lecture that compares step
+times (03's accumulation, 04's and 05's checkpointing, the benchmarks) needs all three:
+
+* **Warm-up.** The first call of a step pays one-off costs: the allocator growing its pool,
+  cuBLAS choosing kernels, the first ``torch.utils.checkpoint`` call importing and caching.
+  Each step runs ``warmup`` times, untimed, before any timed run.
+* **Synchronization.** CUDA (and MPS) kernels run asynchronously: ``time.perf_counter()``
+  after a call measures only the launch unless ``torch.cuda.synchronize()`` waits for the
+  queued work first, before the clock starts and again before it stops (PyTorch's benchmarking
+  recipe, ``torch.utils.benchmark``, does the same).
+* **Interleaving.** On a shared machine the speed drifts (other processes, CPU frequency,
+  the GPU's clocks); timing all runs of A and then all runs of B turns a drift into a
+  difference between A and B. Here every round times each step once, in an order rotated
+  by one every round, so a drift falls on all of them alike.
+
+Two clocks are kept per run: the wall clock (``time.perf_counter``), what a learner waits
+for, and the process's CPU time (``time.process_time``, all threads), which on a CPU that
+other work shares does not count the time the process waited for a core. On a CPU the
+process time is the steadier measure of the work itself; on a GPU only the wall clock sees
+the GPU's work. :meth:`StepTimes.median` and :meth:`StepTimes.best` take either, and choose
+by device by default (the wall clock on CUDA and MPS).
+
+A deadline that holds on a loaded machine: :func:`within_seconds` runs work under a dispatch
+mode that looks at the clock before every op and stops the work (:class:`TimeLimitExceeded`)
+at the first op past the deadline, so a step predicted to be quick but slow here (another
+process on the cores) costs at most the limit and one op, not the whole step.
+
+Where a step's time goes, by kernel class (lecture 05's companion): :func:`profile_step` runs one
+step under ``torch.profiler`` and :func:`split_by_class` sorts every op's own time into
+:data:`KERNEL_CLASSES`: matmuls, attention, the course's fused kernel, the other (pointwise,
+normalisation, loss) ops, and the optimizer. On the CPU the time is the profiler's CPU time of
+each op; on CUDA the device time of the kernels each op launched.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from course_lib.validation import available_device as as_device
+from course_lib.validation import choice, function, integer, number, positive_int, text
+
+CLOCKS = ("auto", "wall", "cpu")
+
+
+def synchronize(device: str | torch.device = "cpu") -> None:
+    """Wait for the work queued on ``device``: CUDA and MPS run kernels asynchronously, the CPU
+    has nothing queued.
+
+    Args:
+        device (str or torch.device): the device whose queue to drain.
+
+    Raises:
+        ValueError: ``device`` is not a device.
+    """
+    device = as_device("device", device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds of every timed run of each step, wall clock and CPU time.
+
+    Attributes:
+        wall (dict[str, list[float]]): per step name, the wall-clock seconds of each run, in
+            the order they ran.
+        cpu (dict[str, list[float]]): the same runs' CPU seconds of this process.
+        device (str): the device type the steps ran on (``"cuda"`` or ``"mps"`` makes
+            ``"auto"`` the wall clock).
+    """
+
+    wall: dict[str, list[float]]
+    cpu: dict[str, list[float]]
+    device: str
+
+    def seconds(self, clock: str = "auto") -> dict[str, list[float]]:
+        """Every run's seconds on one clock.
+
+        Args:
+            clock (str): ``"wall"``, ``"cpu"``, or ``"auto"`` (the wall clock on CUDA and MPS,
+                the CPU time on the CPU).
+
+        Returns:
+            dict[str, list[float]]: per step name, the seconds of each run in the order they ran.
+
+        Raises:
+            ValueError: ``clock`` is not one of :data:`CLOCKS`.
+        """
+        clock = choice("clock", clock, CLOCKS)
+        if clock == "auto":
+            clock = "cpu" if self.device == "cpu" else "wall"
+        return self.wall if clock == "wall" else self.cpu
+
+    def median(self, clock: str = "auto") -> dict[str, float]:
+        """Median seconds of each step's runs.
+
+        Args:
+            clock (str): which clock (see :meth:`seconds`).
+
+        Returns:
+            dict[str, float]: per step name, the median seconds of its runs.
+
+        Raises:
+            ValueError: ``clock`` is not one of :data:`CLOCKS`.
+        """
+        return {name: statistics.median(t) for name, t in self.seconds(clock).items()}
+
+    def best(self, clock: str = "auto") -> dict[str, float]:
+        """Seconds of each step's fastest run: the run the machine disturbed least.
+
+        Args:
+            clock (str): which clock (see :meth:`seconds`).
+
+        Returns:
+            dict[str, float]: per step name, the seconds of its fastest run.
+
+        Raises:
+            ValueError: ``clock`` is not one of :data:`CLOCKS`.
+        """
+        return {name: min(t) for name, t in self.seconds(clock).items()}
+
+    def ratio(self, name: str, baseline: str, clock: str = "auto") -> float:
+        """How many times longer step ``name`` takes than step ``baseline``.
+
+        The median of the per-round ratios ``seconds[name][r] / seconds[baseline][r]``: each
+        round ran both steps close together, so a drift between rounds cancels in each ratio.
+
+        Args:
+            name (str): the step to compare.
+            baseline (str): the step it is compared with.
+            clock (str): which clock (see :meth:`seconds`).
+
+        Returns:
+            float: the median ratio (1.0: as fast).
+
+        Raises:
+            ValueError: ``name`` or ``baseline`` is not a timed step, or a bad ``clock``.
+        """
+        runs = self.seconds(clock)
+        name, baseline = choice("name", name, list(runs)), choice("baseline", baseline, list(runs))
+        return statistics.median(a / b for a, b in zip(runs[name], runs[baseline], strict=True))
+
+
+#: The most timed (or warm-up) runs of each step one call makes: enough for any median.
+MAX_RUNS = 1000
+#: The longest limit :func:`within_seconds` takes: an hour.
+MAX_LIMIT_SECONDS = 3600.0
+
+
+class TimeLimitExceeded(RuntimeError):
+    """Work stopped at its deadline by :func:`within_seconds`.
+
+    Args:
+        limit (float): the limit, in seconds.
+        elapsed (float): the seconds the work had run when it was stopped.
+        what (str): what was run, for the message.
+    """
+
+    def __init__(self, limit: float, elapsed: float, what: str = "the work"):
+        self.limit, self.elapsed, self.what = limit, elapsed, what
+        super().__init__(f"{what} was stopped after {elapsed:.2f} s: past its limit of "
+                         f"{limit:.2f} s")
+
+
+_DISPATCH_WARM: list = []
+
+
+class _Deadline(TorchDispatchMode):
+    """Raise :class:`TimeLimitExceeded` at the first op dispatched past ``start + limit``."""
+
+    def __init__(self, limit: float, what: str):
+        super().__init__()
+        self.limit, self.what = limit, what
+        self.start = time.perf_counter()
+        self.deadline = self.start + limit
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        now = time.perf_counter()
+        if now > self.deadline:
+            raise TimeLimitExceeded(self.limit, now - self.start, self.what)
+        return func(*args, **(kwargs or {}))
+
+
+def within_seconds(fn: Callable[[], object], seconds: float, *,
+                   what: str = "the work") -> tuple[object, float]:
+    """Run ``fn()``, stopped at the first PyTorch op past ``seconds``; its result and wall time.
+
+    Every op ``fn`` dispatches (forward, backward and optimizer alike) first looks at the clock,
+    so the work stops at most one op after the deadline whatever the machine's load. Python code
+    between ops is not interrupted, and on a GPU the clock is the host's (queued kernels may
+    still run): use it for PyTorch work, such as a training step. The check costs a few
+    microseconds per op, so time the work itself outside it.
+
+    Args:
+        fn (callable): the work, called with no arguments.
+        seconds (float): the limit, above 0 and at most :data:`MAX_LIMIT_SECONDS`.
+        what (str): what runs, for the message.
+
+    Returns:
+        tuple: ``(fn(), seconds it took)``.
+
+    Raises:
+        TimeLimitExceeded: when an op is dispatched past the limit (the work is left where it
+            stopped: run it on objects you can throw away).
+        ValueError: naming ``fn``, ``seconds`` or ``what``, for a bad value.
+
+    Example::
+
+        loss, took = within_seconds(lambda: model(x, y)[1], 2.0, what="the forward pass")
+    """
+    function("fn", fn)
+    seconds = number("seconds", seconds, above=0.0, maximum=MAX_LIMIT_SECONDS)
+    text("what", what)
+    if not _DISPATCH_WARM:  # the first op under a dispatch mode in a process pays imports (~1 s)
+        with _Deadline(MAX_LIMIT_SECONDS, "warm-up"):
+            torch.ones(2).add(1)
+        _DISPATCH_WARM.append(True)
+    with _Deadline(seconds, what) as mode:
+        result = fn()
+    return result, time.perf_counter() - mode.start
+
+
+def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1,
+               before: Callable[[str], object] | None = None,
+               device: str | torch.device = "cpu") -> StepTimes:
+    """Time each step of ``steps`` ``repeats`` times, warmed up, synchronized and interleaved.
+
+    Each step runs ``warmup`` times untimed; then ``repeats`` rounds time every step once, the
+    order rotated by one step per round (round ``r`` starts with step ``r mod len(steps)``).
+    Each timed run is ``synchronize(device)``, clocks read, ``step()``,
+    ``synchronize(device)``, clocks read. ``before(name)``, when given, runs untimed before
+    every run of step ``name`` (to switch a shared model to that step's policy, or to clear
+    gradients).
+
+    Args:
+        steps (Mapping[str, Callable[[], object]]): the steps by name, each a call with no
+            arguments.
+        repeats (int): timed runs per step, from 1 to :data:`MAX_RUNS`.
+        warmup (int): untimed runs per step before the first timed one, from 0 to
+            :data:`MAX_RUNS`.
+        before (Callable[[str], object], optional): run, untimed, before each run of a step.
+        device (str or torch.device): where the steps run; on ``"cuda"`` and ``"mps"`` every
+            timed run waits for the device's queue (:func:`synchronize`).
+
+    Returns:
+        StepTimes: every run's wall-clock and CPU seconds.
+
+    Raises:
+        ValueError: ``steps`` empty or holding a non-callable, ``repeats`` or ``warmup`` out of
+            range,
+            ``before`` not callable, or a bad ``device``.
+
+    Example::
+
+        times = step_times({"none": plain_step, "blocks": checkpointed_step}, repeats=7)
+        times.ratio("blocks", "none")   # the recomputation's cost, about 1.3 on a CPU
+    """
+    if not isinstance(steps, Mapping) or not steps:
+        raise ValueError(f"steps must be a non-empty mapping of name -> callable, got {steps!r}")
+    for name, step in steps.items():
+        function(f"steps[{name!r}]", step)
+    repeats = positive_int("repeats", repeats, maximum=MAX_RUNS)
+    warmup = integer("warmup", warmup, minimum=0, maximum=MAX_RUNS)
+    function("before", before, optional=True)
+    device = as_device("device", device)
+    names = list(steps)
+
+    def prepare(name: str) -> None:
+        if before is not None:
+            before(name)
+
+    for name in names:
+        for _ in range(warmup):
+            prepare(name)
+            steps[name]()
+    wall = {name: [] for name in names}
+    cpu = {name: [] for name in names}
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            prepare(name)
+            synchronize(device)
+            wall_start, cpu_start = time.perf_counter(), time.process_time()
+            steps[name]()
+            synchronize(device)
+            wall[name].append(time.perf_counter() - wall_start)
+            cpu[name].append(time.process_time() - cpu_start)
+    return StepTimes(wall, cpu, device.type)
+
+
+#: What :func:`split_by_class` sorts a step's time into.
+KERNEL_CLASSES = ("matmul", "attention", "fused kernel", "other pointwise", "optimizer")
+#: The matmul ops by the profiler's names (``linear`` and ``matmul`` hold their ``mm``).
+MATMUL_NAMES = frozenset(f"aten::{name}" for name in (
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_addmm_activation"))
+
+
+def kernel_class(name: str) -> str | None:
+    """The class of a profiler event, by its name; None for an event that names no class.
+
+    ``Optimizer.step#...`` and ``Optimizer.zero_grad#...`` (the regions ``torch.optim`` records)
+    are "optimizer"; ops of the ``course`` namespace (``course::bias_gelu`` and its backward)
+    "fused kernel"; any op with ``scaled_dot_product`` in its name (SDPA and its kernels,
+    forward and backward) "attention"; :data:`MATMUL_NAMES` "matmul".
+
+    Args:
+        name (str): the event's name, such as ``"aten::addmm"``.
+
+    Returns:
+        str or None: one of :data:`KERNEL_CLASSES` but "other pointwise", or None.
+
+    Raises:
+        ValueError: naming ``name``, for a non-str.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a str, got {type(name).__name__}")
+    if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
+        return "optimizer"
+    if name.startswith("course::"):
+        return "fused kernel"
+    if "scaled_dot_product" in name:
+        return "attention"
+    return "matmul" if name in MATMUL_NAMES else None
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """One step's time by kernel class (:func:`split_by_class`).
+
+    Attributes:
+        seconds (dict): class of :data:`KERNEL_CLASSES` -> seconds.
+        clock (str): ``"cpu"`` (the profiler's CPU time) or ``"device"`` (CUDA kernel time).
+    """
+
+    seconds: dict
+    clock: str
+
+    @property
+    def total(self) -> float:
+        """All the classes' seconds."""
+        return sum(self.seconds.values())
+
+    def shares(self) -> dict:
+        """Each class's share of :attr:`total` (0 for an empty split).
+
+        Returns:
+            dict: class name -> fraction of the total time, from 0 to 1.
+        """
+        total = self.total
+        return {name: (t / total if total else 0.0) for name, t in self.seconds.items()}
+
+
+def split_by_class(events: Iterable, *, device_time: bool = False) -> TimeSplit:
+    """Sort the self time of profiler events into :data:`KERNEL_CLASSES`.
+
+    Each event's own time (``self_cpu_time_total``, or ``self_device_time_total``: the kernels
+    it launched) goes to the class of its outermost ancestor that has one (:func:`kernel_class`),
+    so that the ``mm`` of a ``linear``, the ``bmm`` of SDPA's math kernel and the ops of the
+    optimizer's step are counted where they belong; events under no class are "other
+    pointwise" (LayerNorm, GELU, softmax, adds, the loss, copies). A checkpoint's rerun in the
+    backward pass is counted by what it runs.
+
+    Args:
+        events (iterable): ``torch.profiler.profile(...).events()``: objects with ``name``,
+            ``cpu_parent`` and the self-time attributes, in microseconds.
+        device_time (bool): take the device time (CUDA) instead of the CPU time.
+
+    Returns:
+        TimeSplit: seconds per class.
+
+    Raises:
+        ValueError: naming ``events`` (not iterable) or ``device_time`` (not a bool).
+    """
+    if not isinstance(device_time, bool):
+        raise ValueError(f"device_time must be True or False, got {device_time!r}")
+    try:
+        events = list(events) if not isinstance(events, str | bytes) else None
+    except TypeError:
+        events = None
+    if events is None or not all(isinstance(getattr(e, "name", None), str)
+                                 and hasattr(e, "cpu_parent") for e in events):
+        raise ValueError("events must be a profiler's events (prof.events()), each with a name "
+                         "and a cpu_parent")
+    seconds = Counter()
+    attribute = "self_device_time_total" if device_time else "self_cpu_time_total"
+    for event in events:
+        outermost, node = "other pointwise", event
+        while node is not None:
+            outermost = kernel_class(node.name) or outermost
+            node = node.cpu_parent
+        seconds[outermost] += getattr(event, attribute, 0) / 1e6
+    return TimeSplit({c: seconds[c] for c in KERNEL_CLASSES}, "device" if device_time else "cpu")
+
+
+def profile_step(step: Callable[[], object], *, device: str | torch.device = "cpu") -> TimeSplit:
+    """Run ``step()`` once under ``torch.profiler`` and split its time by kernel class.
+
+    Warm the step up first (the first run pays one-off costs). On CUDA the profiler records the
+    kernels too and the split is their device time (:func:`split_by_class` with
+    ``device_time=True``); elsewhere the ops' CPU time.
+
+    Args:
+        step (callable): one training step, called with no arguments.
+        device (str or torch.device): where it runs.
+
+    Returns:
+        TimeSplit: seconds per class of :data:`KERNEL_CLASSES`.
+
+    Raises:
+        ValueError: naming ``step`` (not callable) or ``device``.
+    """
+    function("step", step)
+    device = as_device("device", device)
+    from torch.profiler import ProfilerActivity, profile
+
+    # Kineto, the profiler's engine, prints a timestamped start and stop line at every profile
+    # (its highest log level, 5); a level above it keeps a notebook's outputs reproducible.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        step()
+        synchronize(device)
+    return split_by_class(prof.events(), device_time=cuda)
+
+
+__all__ = ["CLOCKS", "KERNEL_CLASSES", "MATMUL_NAMES", "TimeSplit", "kernel_class",
+           "profile_step", "split_by_class", "synchronize", "StepTimes", "step_times"]

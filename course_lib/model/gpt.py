@@ -1,0 +1,548 @@
+"""The course GPT: a small, readable, nanoGPT-style decoder-only transformer.
+
+Pre-LayerNorm blocks ``x + attn(ln1(x))``, ``x + mlp(ln2(x))`` with a 4h GELU MLP,
+learned position embeddings and a language-model head tied to the token
+embedding (Radford et al. 2019, "Language Models are Unsupervised Multitask
+Learners"; Karpathy's nanoGPT ``model.py``). It is the model that lectures 1-7
+measure, so its structure is kept close to the one Korthikanti et al. (2022,
+"Reducing Activation Recomputation in Large Transformer Models") count
+activations for.
+
+The attention is selectable because it changes activation memory:
+
+* ``attention="explicit"``: ``softmax(QK^T / sqrt(d_head))`` written out, which
+  keeps the ``n_heads * T * T`` score and probability matrices (and the dropout
+  mask on them) for the backward pass, as in Korthikanti et al.'s count;
+* ``attention="sdpa"``: ``torch.nn.functional.scaled_dot_product_attention``,
+  whose fused kernels recompute the scores in the backward pass and keep only
+  ``O(T)`` statistics per head.
+
+Hooks that later lectures use: ``GPT.blocks`` is an ``nn.ModuleList``,
+``GPT.run_blocks(x)`` runs them (checkpointing replaces it per instance), and
+``CausalSelfAttention.core(q, k, v)`` is the attention core alone (what
+Megatron's "selective" recomputation recomputes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib.model import fused
+from course_lib.validation import available_device as as_device
+from course_lib.validation import boolean, choice, integer, number, positive_int, tensor
+
+ATTENTION_KINDS = ("explicit", "sdpa")
+#: The largest value of each size of a :class:`GPTConfig` (well above any real model's:
+#: vocabularies of 256k tokens, contexts of 1M, widths of 65536, 1024 layers).
+CONFIG_MAXIMUM = {"vocab_size": 2**22, "seq_len": 2**20, "d_model": 2**16, "n_heads": 2**12,
+                  "n_layers": 2**10}
+#: Seeds are what ``torch.Generator.manual_seed`` takes without wrapping around.
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a course GPT; every field is validated (``ValueError`` names the field).
+
+    Sizes are ints (never bools or floats) from 1 to :data:`CONFIG_MAXIMUM`; ``dropout`` a
+    finite number in ``[0, 1)``; ``attention`` one of :data:`ATTENTION_KINDS`; ``bias`` a bool.
+    Frozen: a changed shape is a new config (``dataclasses.replace(config, n_layers=4)``, checked
+    again), and a config is hashable, so the planners' caches are keyed by the config itself.
+    Each field's comment says what it does and why one would change it.
+
+    Raises:
+        ValueError: naming the field, for a size that is not an int from 1 to its
+            :data:`CONFIG_MAXIMUM`, a ``d_model`` not divisible by ``n_heads``, a ``dropout``
+            outside ``[0, 1)``, an unknown ``attention`` or a non-bool ``bias``.
+
+    Example::
+
+        GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+    """
+
+    #: Tokens in the vocabulary (GPT-2: 50257). The embedding, tied to the LM head, has
+    #: ``vocab_size * d_model`` parameters, and the logits ``B * T * vocab_size`` elements:
+    #: with a large vocabulary the logits are the largest activation (lecture 08's chunked loss).
+    vocab_size: int = 256
+    #: Context length T, the most tokens per sequence (GPT-2: 1024). It sizes the position
+    #: embedding; activations grow linearly with it, and with ``attention="explicit"`` the
+    #: score matrices quadratically.
+    seq_len: int = 64
+    #: Width h of the residual stream (GPT-2 small: 768). Parameters grow as ``12 h^2`` per
+    #: layer, activations linearly with it.
+    d_model: int = 64
+    #: Attention heads (GPT-2 small: 12); must divide ``d_model``. Changes no parameter count,
+    #: but the explicit attention keeps ``n_heads * T * T`` scores per layer.
+    n_heads: int = 4
+    #: Transformer blocks L (GPT-2 small: 12); parameters and activation memory grow linearly
+    #: with it, and it is the unit checkpointing works in.
+    n_layers: int = 2
+    #: Dropout probability in ``[0, 1)`` on the embeddings, the attention probabilities and
+    #: the residual branches. 0 (the default; nanoGPT's for pretraining, 0.1 and more for
+    #: fine-tuning) keeps no masks; above 0 the dropout layers keep their masks for the
+    #: backward pass (more activation memory).
+    dropout: float = 0.0
+    #: ``"sdpa"`` (PyTorch's fused attention, O(T) saved per head) or ``"explicit"``
+    #: (``softmax(QK^T / sqrt(d_head))`` written out, keeping the T x T matrices, as
+    #: Korthikanti et al. count them). Change it to see what the fused kernel saves.
+    attention: str = "sdpa"
+    #: Biases in the Linear layers and LayerNorms, as GPT-2 has; False is a little smaller
+    #: and, as nanoGPT notes, a little better and faster.
+    bias: bool = True
+    #: The MLP's bias add and GELU as the course's own fused kernel
+    #: (:func:`course_lib.model.fused.bias_gelu` on ``x @ W.T``) instead of ``gelu(addmm)``: the same
+    #: parameters, state dict and values, and one op a checkpoint policy can save or recompute
+    #: (lecture 05). Needs ``bias=True``.
+    fused_mlp: bool = False
+
+    def __post_init__(self):
+        for name, maximum in CONFIG_MAXIMUM.items():  # kept as what validation returns: an
+            # int, so that torch.tensor(2) or numpy.int64(2) cannot ride along into the sums
+            object.__setattr__(self, name, positive_int(name, getattr(self, name),
+                                                        maximum=maximum))
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model must be divisible by n_heads, got d_model={self.d_model}, "
+                             f"n_heads={self.n_heads}")
+        object.__setattr__(self, "dropout", number("dropout", self.dropout, minimum=0.0,
+                                                   below=1.0))
+        choice("attention", self.attention, ATTENTION_KINDS)
+        boolean("bias", self.bias)
+        boolean("fused_mlp", self.fused_mlp)
+        if self.fused_mlp and not self.bias:
+            raise ValueError("fused_mlp=True needs bias=True (the kernel adds the bias), got "
+                             "bias=False")
+
+    @property
+    def d_head(self) -> int:
+        """Width of one attention head: ``d_model // n_heads``."""
+        return self.d_model // self.n_heads
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: one fused QKV projection, the core, an output projection.
+
+    Args:
+        config (GPTConfig): its ``d_model``, ``n_heads``, ``dropout``, ``bias`` and
+            ``attention`` (``"sdpa"`` or ``"explicit"``, see the module doc).
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        config = check_config(config)
+        self.n_heads, self.dropout, self.kind = config.n_heads, config.dropout, config.attention
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.attn_drop = nn.Dropout(config.dropout)
+        self.resid_drop = nn.Dropout(config.dropout)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of ``(B, heads, T, d_head)`` tensors: the part with T x T intermediates.
+
+        ``softmax(QK^T / sqrt(d_head)) V`` with a causal mask: written out for
+        ``attention="explicit"`` (keeping the scores and probabilities), else
+        ``F.scaled_dot_product_attention(is_causal=True)``. Dropout on the probabilities in training
+        mode only. Megatron's "selective" recomputation recomputes exactly this.
+
+        Args:
+            q (torch.Tensor): queries, ``(B, heads, T, d_head)``.
+            k (torch.Tensor): keys, same shape.
+            v (torch.Tensor): values, same shape.
+
+        Returns:
+            torch.Tensor: the attention output, ``(B, heads, T, d_head)``.
+        """
+        if self.kind == "sdpa":
+            p = self.dropout if self.training else 0.0
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        T = q.size(-2)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+        return self.attn_drop(scores.softmax(dim=-1)) @ v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attention of ``x``: QKV projection, :meth:`core` per head, output projection, dropout.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` activations.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``.
+        """
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        y = self.core(q, k, v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    """The 4h GELU feed-forward network: ``Linear(h, 4h)``, GELU, ``Linear(4h, h)``, dropout.
+
+    With ``config.fused_mlp`` the first linear's bias add and the GELU run as the course's
+    fused kernel, ``bias_gelu(x @ W.T, b)`` (:mod:`course_lib.model.fused`), with the same parameters.
+
+    Args:
+        config (GPTConfig): its ``d_model``, ``dropout``, ``bias`` and ``fused_mlp``.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        config = check_config(config)
+        self.fused = config.fused_mlp
+        self.fc = nn.Linear(config.d_model, 4 * config.d_model, bias=config.bias)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(4 * config.d_model, config.d_model, bias=config.bias)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``drop(proj(gelu(fc(x))))``; fused: ``drop(proj(bias_gelu(x @ W.T, b)))``.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` activations.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``.
+        """
+        if not self.fused:
+            return self.drop(self.proj(self.act(self.fc(x))))
+        hidden = F.linear(x, self.fc.weight)  # x @ W.T: aten.mm, no bias
+        # Under autocast the matmul ran in 16 bit: the kernel takes one dtype, so the bias follows.
+        hidden = fused.bias_gelu(hidden, self.fc.bias.to(hidden.dtype))
+        return self.drop(self.proj(hidden))
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm transformer layer: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``.
+
+    Args:
+        config (GPTConfig): the shape of the layer.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        config = check_config(config)
+        self.ln1 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln2 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer applied to ``x``.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` activations.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``.
+        """
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """``model(idx)`` -> logits ``(B, T, vocab)``; ``model(idx, targets)`` -> ``(logits, loss)``.
+
+    ``loss`` is the mean cross-entropy over target tokens that are not
+    ``ignore_index`` (-100), as ``F.cross_entropy`` computes it. Weights are initialised as
+    GPT-2's (normal with std 0.02, zero biases); the LM head is tied to the token embedding.
+
+    Args:
+        config (GPTConfig): the model's shape.
+
+    Example::
+
+        model = GPT(GPTConfig())
+        logits, loss = model(*random_tokens(GPTConfig(), 4))
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        config = check_config(config)
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.seq_len, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # weight tying, as GPT-2
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def run_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """Run the transformer blocks; activation checkpointing replaces this per instance.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` embeddings.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``, the last block's output.
+        """
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                ignore_index: int = -100):
+        """Logits of ``idx``, and the loss when ``targets`` are given.
+
+        The loss is computed in at least fp32 (16-bit logits lose too much in log-softmax).
+
+        Args:
+            idx (torch.Tensor): ``(B, T)`` token ids, T at most ``config.seq_len``.
+            targets (torch.Tensor, optional): ``(B, T)`` next-token ids.
+            ignore_index (int): target value the loss skips (default -100, as ``F.cross_entropy``).
+
+        Returns:
+            torch.Tensor or tuple: logits ``(B, T, vocab_size)`` without ``targets``, else
+            ``(logits, loss)`` with ``loss`` a scalar tensor.
+
+        Raises:
+            ValueError: if ``idx`` is not a non-empty 2-D int64 (or int32) tensor of ids in
+                ``[0, vocab_size)``, T exceeds ``config.seq_len``, or ``targets`` are not int64
+                ids of ``idx``'s shape (``ignore_index`` allowed).
+        """
+        B, T = tensor("idx", idx, integral=True, dim=2).shape
+        if T > self.config.seq_len:
+            raise ValueError(f"sequence length {T} exceeds config.seq_len={self.config.seq_len}")
+        if B == 0 or T == 0:  # the mean loss of no tokens would be NaN
+            raise ValueError(f"idx must hold at least one token, got shape {tuple(idx.shape)}")
+        if idx.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"idx must hold int64 (or int32) token ids, got {idx.dtype}")
+        if targets is not None:
+            tensor("targets", targets, integral=True)
+            if targets.shape != idx.shape or targets.dtype != torch.int64:
+                raise ValueError(f"targets must be int64 of idx's shape {tuple(idx.shape)}, got "
+                                 f"{targets.dtype} of shape {tuple(targets.shape)}")
+        vocab = self.config.vocab_size
+        if idx.device.type == "cuda":  # out of range there is a device-side assert, not an error
+            _check_ids(idx, targets, vocab, ignore_index)
+        pos = torch.arange(T, device=idx.device)
+        try:
+            x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        except IndexError:
+            _check_ids(idx, None, vocab, ignore_index)
+            raise
+        logits = self.lm_head(self.ln_f(self.run_blocks(x)))
+        if targets is None:
+            return logits
+        # The loss in at least fp32 (16-bit logits lose too much in log-softmax), fp64 kept as is.
+        wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        try:
+            loss = F.cross_entropy(wide.view(-1, wide.size(-1)), targets.view(-1),
+                                   ignore_index=ignore_index)
+        except (IndexError, RuntimeError):
+            _check_ids(idx, targets, vocab, ignore_index)
+            raise
+        return logits, loss
+
+
+def check_batch(model, inputs, targets, *, names: tuple = ("inputs", "targets"),
+                ignore_index: int = -100) -> None:
+    """Refuse a batch ``model(inputs, targets)`` cannot train on, naming the caller's parameters.
+
+    For the course GPT: ``inputs`` a non-empty ``(B, T)`` int64 (or int32) tensor with T at most
+    ``config.seq_len``, ``targets`` int64 of the same shape, every id in ``[0, vocab_size)``
+    (``ignore_index`` allowed among the targets). For any other module: two tensors with the same
+    leading dimension.
+
+    Args:
+        model (torch.nn.Module): the model the batch is for.
+        inputs: what the caller passed as the inputs.
+        targets: what the caller passed as the targets.
+        names (tuple of str): the caller's names for ``inputs`` and ``targets``.
+        ignore_index (int): the target value that is not a token.
+
+    Raises:
+        ValueError: naming ``names[0]`` or ``names[1]``.
+    """
+    if not (isinstance(names, tuple | list) and len(names) == 2
+            and all(isinstance(n, str) for n in names)):
+        raise ValueError(f"names must be two str, got {names!r:.80}")
+    x_name, y_name = names
+    ignore_index = integer("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)
+    tensor(x_name, inputs)
+    tensor(y_name, targets)
+    if not isinstance(model, GPT):
+        if inputs.dim() == 0 or targets.dim() == 0 or inputs.size(0) != targets.size(0):
+            raise ValueError(f"{x_name} and {y_name} must share their batch size (leading "
+                             f"dimension), got shapes {tuple(inputs.shape)} and "
+                             f"{tuple(targets.shape)}")
+        return
+    config = model.config
+    B, T = tensor(x_name, inputs, integral=True, dim=2).shape
+    if B == 0 or T == 0 or T > config.seq_len or inputs.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{x_name} must be a non-empty (batch, tokens) int64 tensor of at most "
+                         f"{config.seq_len} tokens (config.seq_len), got {inputs.dtype} of shape "
+                         f"{tuple(inputs.shape)}")
+    tensor(y_name, targets, integral=True)
+    if targets.shape != inputs.shape or targets.dtype != torch.int64:
+        raise ValueError(f"{y_name} must be int64 of {x_name}'s shape {tuple(inputs.shape)}, got "
+                         f"{targets.dtype} of shape {tuple(targets.shape)}")
+    vocab = config.vocab_size
+    low, high = int(inputs.min()), int(inputs.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(f"{x_name} must hold token ids in [0, {vocab}), got ids from {low} to "
+                         f"{high}")
+    kept = targets[targets != ignore_index]
+    if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= vocab):
+        raise ValueError(f"{y_name} must hold token ids in [0, {vocab}) or ignore_index "
+                         f"({ignore_index}), got ids from {int(kept.min())} to {int(kept.max())}")
+
+
+def _check_ids(idx, targets, vocab: int, ignore_index: int) -> None:
+    """Raise ValueError naming ``idx`` or ``targets`` for a token id outside ``[0, vocab)``
+    (``ignore_index`` allowed among the targets)."""
+    low, high = int(idx.min()), int(idx.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(f"idx must hold token ids in [0, {vocab}), got ids from {low} to {high}")
+    if targets is not None:
+        kept = targets[targets != ignore_index]
+        if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= vocab):
+            raise ValueError(f"targets must hold token ids in [0, {vocab}) or ignore_index "
+                             f"({ignore_index}), got ids from {int(kept.min())} to "
+                             f"{int(kept.max())}")
+
+
+def check_config(config, name: str = "config") -> GPTConfig:
+    """``config`` if it is a :class:`GPTConfig` (the check every function taking one makes).
+
+    Args:
+        config: what the caller passed.
+        name (str): the caller's parameter, for the message.
+
+    Returns:
+        ``config``.
+
+    Raises:
+        ValueError: naming ``name``, for anything but a :class:`GPTConfig`.
+
+    Example::
+
+        check_config(GPTConfig()).n_layers  # 2
+    """
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"{name} must be a course_lib.model.gpt.GPTConfig, got "
+                         f"{type(config).__name__}")
+    return config
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameter elements (a tied weight counts once); works on ``meta``.
+
+    Args:
+        model (torch.nn.Module): any module.
+
+    Returns:
+        int: ``sum(p.numel() for p in model.parameters())``.
+
+    Raises:
+        ValueError: naming ``model``, for a non-module.
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return sum(p.numel() for p in model.parameters())
+
+
+def gpt_param_count(config: GPTConfig) -> int:
+    """Closed form for :class:`GPT`: ``V*h + T*h + L*(12h^2 + 13h) + 2h`` with biases.
+
+    Per layer: QKV ``3h^2 + 3h``, output projection ``h^2 + h``, MLP ``8h^2 + 5h``,
+    two LayerNorms ``4h``; the head is tied to the embedding; the final LayerNorm
+    adds ``2h``. Without biases: ``L*12h^2`` and LayerNorm weights only.
+
+    Args:
+        config (GPTConfig): the model's shape (V = ``vocab_size``, T = ``seq_len``,
+            h = ``d_model``, L = ``n_layers``).
+
+    Returns:
+        int: the parameters, equal to ``count_parameters(GPT(config))``.
+
+    Raises:
+        ValueError: naming ``config``, for anything but a :class:`GPTConfig`.
+
+    Example::
+
+        gpt_param_count(GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12,
+                                  n_layers=12))  # 124439808, GPT-2 small
+    """
+    h, L = check_config(config).d_model, config.n_layers
+    per_layer = 12 * h * h + (13 * h if config.bias else 2 * h)
+    final_ln = 2 * h if config.bias else h
+    return config.vocab_size * h + config.seq_len * h + L * per_layer + final_ln
+
+
+def param_numels(config: GPTConfig) -> list[int]:
+    """Elements of each parameter tensor of ``GPT(config)``, in ``model.parameters()`` order.
+
+    Token and position embeddings (``V*h``, ``T*h``; the LM head is tied to the
+    first), then per block LayerNorm 1 (``h``, ``h``), QKV (``3h*h``, ``3h``),
+    out-projection (``h*h``, ``h``), LayerNorm 2, MLP (``4h*h``, ``4h``, ``4h*h``, ``h``),
+    then the final LayerNorm. Biases only when ``config.bias``. Sums to
+    :func:`gpt_param_count`; closed form, so planners can call it thousands of times.
+
+    Args:
+        config (GPTConfig): the model's shape.
+
+    Returns:
+        list of int: one element count per parameter tensor.
+
+    Raises:
+        ValueError: naming ``config``, for anything but a :class:`GPTConfig`.
+    """
+    h, bias = check_config(config).d_model, config.bias
+
+    def linear(n_in, n_out):
+        return [n_in * n_out] + ([n_out] if bias else [])
+
+    norm = [h, h] if bias else [h]
+    block = [*norm, *linear(h, 3 * h), *linear(h, h), *norm, *linear(h, 4 * h), *linear(4 * h, h)]
+    return [config.vocab_size * h, config.seq_len * h, *block * config.n_layers, *norm]
+
+
+def random_tokens(config: GPTConfig, batch_size: int, seq_len: int | None = None, *,
+                  seed: int = 0, device: torch.device | str = "cpu"):
+    """``(inputs, targets)`` of random token ids, shifted by one as in language modelling.
+
+    Args:
+        config (GPTConfig): the model's shape (its ``vocab_size``; its ``seq_len`` if ``seq_len`` is
+            None).
+        batch_size (int): sequences, an int from 1 to 2**20.
+        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len``.
+        seed (int): an int in ``[0, 2**63 - 1]``.
+        device (torch.device or str): where the tensors go (``"cpu"``, ``"cuda"``, a
+            ``torch.device``).
+
+    Returns:
+        ``(inputs, targets)``, two ``(batch_size, seq_len)`` int64 tensors.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
+
+    Example::
+
+        x, y = random_tokens(GPTConfig(), 4, seed=1)
+    """
+    check_config(config)
+    batch_size = positive_int("batch_size", batch_size, maximum=2**20)
+    T = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
+                                                            maximum=config.seq_len)
+    seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
+    device = as_device("device", device)
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, config.vocab_size, (batch_size, T + 1), generator=g)
+    # clone(): with one row, contiguous() would return views of one shared storage,
+    # and memory measurements would count inputs and targets as one tensor.
+    return data[:, :-1].clone().to(device), data[:, 1:].clone().to(device)

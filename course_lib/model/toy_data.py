@@ -1,0 +1,111 @@
+"""03: a toy language whose best possible loss is known exactly, for the lectures' training runs.
+
+:func:`markov_tokens` samples sequences from a random Markov chain in which
+each token has ``branching`` equally likely successors. A small GPT learns it
+in a few hundred steps, and no model can do better than ``ln(branching)`` nats
+per token (:func:`markov_entropy`): a training curve has a floor to aim at,
+which random tokens (``course_lib.model.gpt.random_tokens``, a floor of
+``ln(vocab_size)``, nothing to learn) do not give.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from course_lib.model.gpt import MAX_SEED
+from course_lib.validation import MAX_COUNT, integer, positive_int
+from course_lib.validation import available_device as as_device
+
+#: The longest sequence, and the most tokens, one call makes (each token is one step of a
+#: Python loop over the batch: 2**26 tokens take a few seconds).
+MAX_SEQ_LEN, MAX_TOKENS = 2**17, 2**26
+#: Successors per token at most; and up to this vocabulary, one random permutation per token
+#: (the course's languages), above it distinct random draws (memory O(vocab x branching)).
+MAX_BRANCHING, SMALL_VOCAB = 1024, 4096
+
+
+def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branching: int = 2,
+                  seed: int = 0, device: torch.device | str = "cpu"):
+    """``(inputs, targets)`` sampled from a random Markov chain: a toy language a small GPT can learn.
+
+    Each token has ``branching`` possible successors (drawn once from ``seed``),
+    each equally likely, so the best achievable loss is ``ln(branching)`` nats
+    per token (:func:`markov_entropy`), against ``ln(vocab_size)`` for a model
+    that knows nothing. Shapes ``(n_sequences, seq_len)``, targets shifted by one.
+
+    Args:
+        n_sequences (int): sequences, an int from 1 to 2**24.
+        seq_len (int): tokens per sequence, from 1 to :data:`MAX_SEQ_LEN`; ``n_sequences *
+            seq_len`` at most :data:`MAX_TOKENS`.
+        vocab_size (int): tokens of the language, from 1 to 2**18 (GPT-2's 50,257 included).
+        branching (int): successors per token, from 1 to ``vocab_size`` and
+            :data:`MAX_BRANCHING`.
+        seed (int): an int in ``[0, 2**63 - 1]``.
+        device (torch.device or str): where the tensors go (``"cpu"``, ``"cuda"``, a
+            ``torch.device``).
+
+    Returns:
+        ``(inputs, targets)``, two ``(n_sequences, seq_len)`` int64 tensors;
+        ``targets[:, t]`` is the token after ``inputs[:, t]``.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value (a bool, a float, out of range,
+            ``device="gpu"``).
+
+    Example::
+
+        x, y = markov_tokens(64, 32, vocab_size=64, branching=2, seed=0)
+    """
+    n_sequences, seq_len, vocab_size = (
+        positive_int(name, value, maximum=maximum) for name, value, maximum in (
+            ("n_sequences", n_sequences, 2**24), ("seq_len", seq_len, MAX_SEQ_LEN),
+            ("vocab_size", vocab_size, 2**18)))
+    if n_sequences * seq_len > MAX_TOKENS:
+        raise ValueError(f"n_sequences * seq_len must be at most {MAX_TOKENS:,} tokens, got "
+                         f"{n_sequences} x {seq_len}")
+    branching = positive_int("branching", branching, maximum=min(vocab_size, MAX_BRANCHING))
+    seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
+    device = as_device("device", device)
+    g = torch.Generator().manual_seed(seed)
+    if vocab_size <= SMALL_VOCAB:  # the course's languages: one permutation per token
+        successors = torch.stack([torch.randperm(vocab_size, generator=g)[:branching].clone()
+                                  for _ in range(vocab_size)])
+    else:  # GPT-2's 50,257 and up: distinct draws per token, O(vocab x branching) memory
+        successors = torch.randint(0, vocab_size, (vocab_size, branching), generator=g)
+        while True:
+            ordered = successors.sort(dim=1).values
+            repeated = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
+            if not bool(repeated.any()):
+                break
+            successors[repeated] = torch.randint(0, vocab_size, (int(repeated.sum()), branching),
+                                                 generator=g)
+    tokens = torch.empty(n_sequences, seq_len + 1, dtype=torch.long)
+    tokens[:, 0] = torch.randint(0, vocab_size, (n_sequences,), generator=g)
+    choices = torch.randint(0, branching, (n_sequences, seq_len), generator=g)
+    for t in range(seq_len):
+        tokens[:, t + 1] = successors[tokens[:, t], choices[:, t]]
+    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+
+
+def markov_entropy(branching: int = 2) -> float:
+    """The loss floor of :func:`markov_tokens`: ``ln(branching)`` nats per token.
+
+    The entropy of a uniform choice among ``branching`` successors (Shannon 1948);
+    the cross-entropy of any model on this language is at least that.
+
+    Args:
+        branching (int): successors per token, an int from 1 to 2**40.
+
+    Returns:
+        ``ln(branching)``, in nats per token (a float).
+
+    Raises:
+        ValueError: if ``branching`` is not a positive int.
+
+    Example::
+
+        markov_entropy(2)  # 0.693... = ln 2
+    """
+    return math.log(positive_int("branching", branching, maximum=MAX_COUNT))

@@ -1,0 +1,371 @@
+"""Real model shapes to count (the GPUs they are meant to fit on are :data:`course_lib.device.GPUS`).
+
+* :class:`Llama`, a Llama-style decoder (Touvron et al. 2023, "Llama 2: Open
+  Foundation and Fine-Tuned Chat Models"; Meta 2024, "The Llama 3 Herd of
+  Models"): RMSNorm, rotary position embeddings, grouped-query attention and a
+  SwiGLU MLP, no biases. It is small and readable; its job in the course is to
+  have exactly the parameter shapes of the published models.
+* :data:`PRESETS`: GPT-2 (as the course :class:`~course_lib.model.gpt.GPT`) and Llama
+  configurations with the parameter counts their publishers report.
+* :func:`build_model` builds any of them on the ``meta`` device: shapes and dtypes
+  without storage, so that a 405B model is counted in a second on a laptop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib.model.gpt import CONFIG_MAXIMUM, GPT, GPTConfig, gpt_param_count
+from course_lib.validation import available_device as as_device
+from course_lib.validation import number, positive_int, tensor
+
+#: The largest value of each size of a :class:`LlamaConfig` (the course GPT's maxima, and a
+#: SwiGLU width of up to 2**20; Llama 3.1 405B has 53,248).
+LLAMA_MAXIMUM = {"vocab_size": CONFIG_MAXIMUM["vocab_size"], "d_model": CONFIG_MAXIMUM["d_model"],
+                 "n_layers": CONFIG_MAXIMUM["n_layers"], "n_heads": CONFIG_MAXIMUM["n_heads"],
+                 "n_kv_heads": CONFIG_MAXIMUM["n_heads"], "d_ff": 2**20,
+                 "seq_len": CONFIG_MAXIMUM["seq_len"]}
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Shape of a Llama-style model; every field is validated (``ValueError`` names it).
+
+    ``d_ff`` is the SwiGLU hidden size (Llama 2 7B: 11008); ``n_kv_heads`` below
+    ``n_heads`` is grouped-query attention; ``tie_embeddings`` shares the token
+    embedding with the output head (Llama 3.2 1B and 3B do). Sizes are ints (not bools or
+    floats) from 1 to :data:`LLAMA_MAXIMUM`; ``rope_base`` a finite number > 0. Each field's
+    comment says what it does and why one would change it.
+
+    Raises:
+        ValueError: naming the field, for a size that is not an int from 1 to its
+            :data:`LLAMA_MAXIMUM`, a ``d_model`` that is not ``n_heads`` times an even head size,
+            an ``n_kv_heads`` that does not divide ``n_heads``, a non-bool ``tie_embeddings`` or
+            a ``rope_base`` that is not a finite number > 0.
+
+    Example::
+
+        LlamaConfig(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32,
+                    d_ff=11008, seq_len=4096)  # Llama 2 7B
+    """
+
+    #: Tokens in the vocabulary (Llama 2: 32000, Llama 3: 128256). The embedding (and an
+    #: untied head) has ``vocab_size * d_model`` parameters: a large share of a small model.
+    vocab_size: int = 256
+    #: Width h of the residual stream (Llama 2 7B: 4096); parameters grow about as ``h^2``.
+    d_model: int = 64
+    #: Transformer blocks (Llama 2 7B: 32); parameters and activations grow linearly with it.
+    n_layers: int = 2
+    #: Query heads; ``d_model / n_heads`` must be even (rotary embeddings rotate pairs).
+    n_heads: int = 4
+    #: Key/value heads; must divide ``n_heads``. Below ``n_heads`` is grouped-query attention:
+    #: K and V projections (and a KV cache) shrink by ``n_heads / n_kv_heads``.
+    n_kv_heads: int = 2
+    #: SwiGLU hidden size (Llama 2 7B: 11008, about ``8h/3``); three ``h * d_ff`` matrices per
+    #: layer, the largest share of the parameters.
+    d_ff: int = 172
+    #: Share the token embedding with the output head (Llama 3.2 1B and 3B do): saves
+    #: ``vocab_size * d_model`` parameters.
+    tie_embeddings: bool = False
+    #: The longest sequence ``forward`` takes; there is no position embedding (rotary), so it
+    #: changes no parameter count, only what the model accepts.
+    seq_len: int = 64
+    #: Rotary base (Llama 2: 10000, Llama 3: 500000); a larger base rotates slower, for longer
+    #: contexts. No effect on memory.
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        for name, maximum in LLAMA_MAXIMUM.items():
+            positive_int(name, getattr(self, name), maximum=maximum)
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"d_model must be n_heads times an even head size, got "
+                             f"d_model={self.d_model}, n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads must divide n_heads, got n_kv_heads={self.n_kv_heads}, "
+                             f"n_heads={self.n_heads}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
+        number("rope_base", self.rope_base, above=0.0)
+
+    @property
+    def d_head(self) -> int:
+        """Width of one attention head: ``d_model // n_heads``."""
+        return self.d_model // self.n_heads
+
+
+def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary position embedding of ``(B, heads, T, d_head)`` (Su et al. 2021), Llama's layout.
+
+    Position ``t`` rotates the pair ``(x[i], x[i + d/2])`` by the angle ``t * base**(-2i/d)``
+    (the "rotate half" layout of Hugging Face's Llama, not interleaved pairs).
+
+    Args:
+        x (torch.Tensor): a float tensor of at least 2 dimensions ``(..., T, d_head)`` with an
+            even ``d_head``.
+        base (float): a finite number > 0 (Llama: 10000 or 500000).
+
+    Returns:
+        torch.Tensor: ``x`` rotated, same shape and dtype.
+
+    Raises:
+        ValueError: naming ``x`` (not a float tensor of at least 2 dimensions with an even
+            last one) or ``base``.
+    """
+    tensor("x", x)
+    if x.dim() < 2 or x.shape[-1] % 2 or not x.is_floating_point():
+        raise ValueError(f"x must be a float tensor (..., T, d_head) with an even d_head, got "
+                         f"shape {tuple(x.shape)} and dtype {x.dtype}")
+    number("base", base, above=0.0)
+    T, d = x.shape[-2], x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), inv_freq)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def _check_llama(config) -> LlamaConfig:
+    if not isinstance(config, LlamaConfig):
+        raise ValueError(f"config must be a LlamaConfig, got {config!r}")
+    return config
+
+
+class LlamaBlock(nn.Module):
+    """``x + attn(norm(x))``, ``x + mlp(norm(x))`` with GQA attention and a SwiGLU MLP.
+
+    RMSNorm (eps 1e-5), no biases, rotary embeddings on queries and keys.
+
+    Args:
+        config (LlamaConfig): the shape of the layer.
+
+    Raises:
+        ValueError: naming ``config``, for anything but a :class:`LlamaConfig`.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = _check_llama(config)
+        h, kv = config.d_model, config.n_kv_heads * config.d_head
+        self.attn_norm = nn.RMSNorm(h, eps=1e-5)
+        self.q, self.k, self.v = (nn.Linear(h, n, bias=False) for n in (h, kv, kv))
+        self.o = nn.Linear(h, h, bias=False)
+        self.mlp_norm = nn.RMSNorm(h, eps=1e-5)
+        self.gate, self.up = (nn.Linear(h, config.d_ff, bias=False) for _ in range(2))
+        self.down = nn.Linear(config.d_ff, h, bias=False)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        """Causal grouped-query attention of ``x``.
+
+        Each key/value head serves ``n_heads // n_kv_heads`` query heads.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` normalised activations.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``, after the output projection.
+        """
+        c, (B, T, _) = self.config, x.shape
+        q, k, v = (proj(x).view(B, T, -1, c.d_head).transpose(1, 2)
+                   for proj in (self.q, self.k, self.v))
+        q, k = rotate(q, c.rope_base), rotate(k, c.rope_base)
+        group = c.n_heads // c.n_kv_heads  # each key/value head serves `group` query heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer applied to ``x``; the MLP is ``down(silu(gate(h)) * up(h))``.
+
+        Args:
+            x (torch.Tensor): ``(B, T, d_model)`` activations.
+
+        Returns:
+            torch.Tensor: ``(B, T, d_model)``.
+        """
+        x = x + self.attention(self.attn_norm(x))
+        h = self.mlp_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    """``model(idx)`` -> logits; ``model(idx, targets)`` -> ``(logits, loss)``, as the course GPT.
+
+    Built with PyTorch's default initialisation: it is there to be counted and measured (mostly on
+    ``meta``), not trained.
+
+    Args:
+        config (LlamaConfig): the model's shape.
+
+    Raises:
+        ValueError: naming ``config``, for anything but a :class:`LlamaConfig`.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = _check_llama(config)
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layers))
+        self.norm = nn.RMSNorm(config.d_model, eps=1e-5)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """Logits of ``idx``, and the mean cross-entropy (in fp32) when ``targets`` are given.
+
+        Args:
+            idx (torch.Tensor): ``(B, T)`` token ids, T at most ``config.seq_len``.
+            targets (torch.Tensor, optional): ``(B, T)`` next-token ids.
+
+        Returns:
+            torch.Tensor or tuple: logits ``(B, T, vocab_size)``, or ``(logits, loss)``.
+
+        Raises:
+            ValueError: if ``idx`` is not a 2-D tensor of token ids, or T exceeds
+                ``config.seq_len``.
+        """
+        if tensor("idx", idx, integral=True, dim=2).size(1) > self.config.seq_len:
+            raise ValueError(f"sequence length {idx.size(1)} exceeds config.seq_len="
+                             f"{self.config.seq_len}")
+        x = self.tok_emb(idx)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        return logits, loss
+
+
+def llama_param_count(config: LlamaConfig) -> int:
+    """Closed form for :class:`Llama`: ``V*h*(1 or 2) + L*(2h^2 + 2h*kv + 3h*f + 2h) + h``.
+
+    ``h`` = d_model, ``kv`` = n_kv_heads * d_head (the width of K and V), ``f`` =
+    d_ff. Per layer: Q and O ``h^2`` each, K and V ``h*kv`` each, gate, up and down
+    ``h*f`` each, two RMSNorm weights ``h`` each; the final RMSNorm adds ``h``, and
+    the head adds ``V*h`` unless it is tied to the embedding.
+
+    Args:
+        config (LlamaConfig): the model's shape.
+
+    Returns:
+        int: the parameters, equal to ``count_parameters(Llama(config))``.
+
+    Raises:
+        ValueError: naming ``config``, for anything but a :class:`LlamaConfig`.
+
+    Example::
+
+        llama_param_count(PRESETS["Llama 2 7B"].config)  # 6738415616
+    """
+    if not isinstance(config, LlamaConfig):
+        raise ValueError(f"config must be a LlamaConfig, got {config!r}")
+    h, kv, f = config.d_model, config.n_kv_heads * config.d_head, config.d_ff
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+    embeddings = config.vocab_size * h * (1 if config.tie_embeddings else 2)
+    return embeddings + config.n_layers * per_layer + h
+
+
+def param_count(config: GPTConfig | LlamaConfig) -> int:
+    """Parameters of a course GPT or Llama config, by closed form (no model is built).
+
+    Args:
+        config (GPTConfig or LlamaConfig): the model's shape.
+
+    Returns:
+        int: :func:`course_lib.model.gpt.gpt_param_count` or :func:`llama_param_count` of it.
+
+    Raises:
+        ValueError: naming ``config``, for anything else.
+    """
+    if isinstance(config, GPTConfig):
+        return gpt_param_count(config)
+    if isinstance(config, LlamaConfig):
+        return llama_param_count(config)
+    raise ValueError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
+
+
+def build_model(config: GPTConfig | LlamaConfig, *, device: str | torch.device = "meta",
+                dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The model of ``config`` (a course :class:`GPT` or a :class:`Llama`) on ``device``.
+
+    On ``"meta"`` (the default) parameters have shapes and dtypes but no storage:
+    nothing is allocated and initialisation costs nothing, so 405B parameters are
+    counted in about a second.
+
+    Args:
+        config (GPTConfig or LlamaConfig): the model's shape.
+        device (str or torch.device): where it is built (``"meta"``, ``"cpu"``, ``"cuda"``).
+        dtype (torch.dtype): the parameters' dtype, a floating-point one.
+
+    Returns:
+        torch.nn.Module: the :class:`GPT` or :class:`Llama`.
+
+    Raises:
+        ValueError: naming ``config``, ``device`` or ``dtype`` (not a floating-point
+            ``torch.dtype``) for a bad value.
+
+    Example::
+
+        count_parameters(build_model(PRESETS["Llama 3.1 8B"].config))  # 8030261248
+    """
+    if not isinstance(config, GPTConfig | LlamaConfig):
+        raise ValueError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    device = as_device("device", device)
+    with device:
+        model = GPT(config) if isinstance(config, GPTConfig) else Llama(config)
+    return model.to(dtype)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A published model: its shape, its parameter count and where the count comes from.
+
+    Attributes:
+        name (str): the model's name, the key of :data:`PRESETS` ("Llama 2 7B").
+        config (GPTConfig or LlamaConfig): its shape.
+        published_params (int): the parameters of the published checkpoint, which
+            :func:`param_count` of ``config`` reproduces.
+        source (str): where ``published_params`` was read.
+    """
+
+    name: str
+    config: GPTConfig | LlamaConfig
+    published_params: int
+    source: str
+
+
+def _gpt2(d_model: int, n_layers: int, n_heads: int) -> GPTConfig:
+    return GPTConfig(vocab_size=50257, seq_len=1024, d_model=d_model, n_heads=n_heads,
+                     n_layers=n_layers)
+
+
+def _llama(vocab, d_model, n_layers, n_heads, n_kv_heads, d_ff, tie=False) -> LlamaConfig:
+    return LlamaConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                       n_kv_heads=n_kv_heads, d_ff=d_ff, tie_embeddings=tie, seq_len=4096)
+
+
+_HF = "num_parameters() of the Hugging Face checkpoint"
+#: Published models by name, with the exact parameter counts of their checkpoints.
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("GPT-2 124M", _gpt2(768, 12, 12), 124_439_808, f"{_HF} openai-community/gpt2"),
+    Preset("GPT-2 1.5B", _gpt2(1600, 48, 25), 1_557_611_200, f"{_HF} openai-community/gpt2-xl"),
+    Preset("Llama 3.2 1B", _llama(128256, 2048, 16, 32, 8, 8192, tie=True), 1_235_814_400,
+           f"{_HF} meta-llama/Llama-3.2-1B"),
+    Preset("Llama 2 7B", _llama(32000, 4096, 32, 32, 32, 11008), 6_738_415_616,
+           f"{_HF} meta-llama/Llama-2-7b-hf"),
+    Preset("Llama 3.1 8B", _llama(128256, 4096, 32, 32, 8, 14336), 8_030_261_248,
+           f"{_HF} meta-llama/Llama-3.1-8B"),
+    Preset("Llama 2 70B", _llama(32000, 8192, 80, 64, 8, 28672), 68_976_648_192,
+           f"{_HF} meta-llama/Llama-2-70b-hf"),
+    Preset("Llama 3.1 70B", _llama(128256, 8192, 80, 64, 8, 28672), 70_553_706_496,
+           f"{_HF} meta-llama/Llama-3.1-70B"),
+    Preset("Llama 3.1 405B", _llama(128256, 16384, 126, 128, 8, 53248), 405_853_388_800,
+           f"{_HF} meta-llama/Llama-3.1-405B"),
+)}

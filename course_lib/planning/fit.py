@@ -1,0 +1,548 @@
+"""06: fit it together: the largest GPT, or the largest batch, that trains within a memory budget.
+
+Every step is predicted by the memory engine
+(:func:`course_lib.prediction.engine.predict_step_memory`, re-exported here as
+:func:`predict_step_memory`) for a *steady-state* optimizer step (the second and
+later: AdamW's ``m`` and ``v`` exist before it starts) of ``K`` accumulated
+micro-batches, on the CPU or on a GPU (``gpu``: a preset of
+:data:`course_lib.device.GPUS` or this kernel's). Precisions are the engine's
+(:data:`course_lib.prediction.engine.PRECISIONS`); mixed precision saves activation memory,
+not model-state memory: the claim check of lecture 06 measures it.
+
+:func:`largest_batch` finds, for one model, the largest micro-batch under each
+checkpointing policy; :func:`fit_model` finds the largest GPT of a search space
+and the settings (precision, micro-batch, accumulation steps, checkpointing)
+that train it with a given effective batch. The set-up those predictions are for,
+and its measured step, are :mod:`course_lib.prediction.step_setup`'s; the guard that runs it
+under the budget is :mod:`course_lib.planning.guard`'s.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from course_lib.device import resolve_gpu
+from course_lib.model.gpt import CONFIG_MAXIMUM, GPTConfig, check_config, gpt_param_count
+from course_lib.prediction import checkpointed, engine
+from course_lib.prediction.engine import StepMemory, predict_step_memory
+from course_lib.prediction.formulas import training_memory
+from course_lib.training import checkpointing as ckpt
+from course_lib.units import format_bytes
+from course_lib.validation import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_COUNT,
+    number,
+    optional_positive_int,
+    positive_int,
+)
+
+FIT_PRECISIONS = engine.PRECISIONS
+#: The checkpointing policies the search considers, ``(mode, every)``, in order of increasing
+#: recompute (:func:`course_lib.prediction.checkpointed.step_flops`): none; matmul outputs kept, the rest
+#: of every block recomputed; every other block whole; every block; sqrt(n) segments.
+FIT_POLICIES = (("none", 1), ("selective", 1), ("blocks", 2), ("blocks", 1), ("sqrt", 1))
+#: Default search space of :func:`fit_model`: d_model in steps of 128, 1 to 128 layers, 64-wide heads,
+#: d_model / n_layers between 32 and 128 (see :func:`search_space`).
+DEFAULT_WIDTHS = tuple(range(128, 8192 + 1, 128))
+DEFAULT_DEPTHS = tuple(range(1, 129))
+DEFAULT_ASPECT_RATIO = (32, 128)
+#: The most sequences per optimizer step :func:`fit_model` takes (16M, as every batch size of
+#: the course: :data:`course_lib.validation.MAX_BATCH`; GPT-3's batches held 1,600 sequences).
+#: Its micro-batches are the divisors of the effective batch, found in
+#: ``O(sqrt(effective_batch))``.
+MAX_EFFECTIVE_BATCH = MAX_BATCH
+#: The most widths, and the most depths, a search space takes (the defaults hold 64 and 128).
+MAX_SEARCH_VALUES = 1024
+#: The most (width, depth) pairs a search space takes: ``len(widths) * len(depths)`` (the
+#: default 64 x 128 = 8,192). A pair's configuration holds about :data:`CONFIG_BYTES`, so a
+#: space is at most about 8 MiB and built in about a second.
+MAX_SEARCH_PAIRS = 2**15
+#: An upper estimate of the bytes of one ``GPTConfig`` of a search space (measured: 234).
+CONFIG_BYTES = 256
+#: The most bytes the cache of search spaces holds (estimated as :data:`CONFIG_BYTES` per
+#: configuration); the least recently used spaces are dropped beyond it.
+MAX_CACHE_BYTES = 32 * 2**20
+
+# --------------------------------------------------------------------------- validation
+
+def _check_policies(policies) -> tuple:
+    modes = ckpt.MODES
+    if (isinstance(policies, str) or not isinstance(policies, Sequence) or not policies or any(
+            not isinstance(p, tuple) or len(p) != 2 or not isinstance(p[0], str)
+            or p[0] not in modes or not isinstance(p[1], int) or isinstance(p[1], bool)
+            or not 1 <= p[1] <= MAX_COUNT for p in policies)):
+        raise ValueError(f"policies must be a non-empty sequence of (mode, every) pairs with mode "
+                         f"in {modes}, got {policies!r}")
+    return tuple(policies)
+
+
+def _recompute_fraction(config: GPTConfig, mode: str, every: int, seq_len: int) -> float:
+    """Recomputed FLOPs over the plain step's (:func:`course_lib.prediction.checkpointed.step_flops`)."""
+    flops, extra = checkpointed.step_flops(config, 1, mode, every, seq_len=seq_len)
+    return extra / (flops - extra)
+
+
+# --------------------------------------------------------------------------- the largest batch
+
+@dataclass(frozen=True)
+class BatchFit:
+    """The largest micro-batch of one checkpointing policy (0 if not even one sequence fits).
+
+    Attributes:
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        micro_batch_size (int): the largest micro-batch that fits; 0 if none does.
+        memory (StepMemory or None): predicted at that micro-batch (None when it is 0).
+        recompute_fraction (float): the policy's recomputed FLOPs over a plain step's.
+    """
+
+    mode: str
+    every: int
+    micro_batch_size: int
+    memory: StepMemory | None
+    recompute_fraction: float
+
+    @property
+    def label(self) -> str:
+        """The policy as ``mode/every`` ("blocks/2"), or the mode alone for none and sqrt."""
+        return ckpt.policy_label(self.mode, self.every)
+
+
+def _largest(fits: Callable[[int], bool], candidates: Sequence[int]) -> int:
+    """The largest of the ascending ``candidates`` for which ``fits`` holds (monotone), else 0."""
+    lo, hi = 0, len(candidates)  # fits(candidates[i]) for i < lo; not for i >= hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(candidates[mid]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return candidates[lo - 1] if lo else 0
+
+
+def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp32",
+                  accumulation_steps: int = 1, seq_len: int | None = None,
+                  policies: Sequence[tuple[str, int]] = FIT_POLICIES,
+                  max_batch: int = 1 << 16, gpu=None) -> list[BatchFit]:
+    """For each checkpointing policy, the largest micro-batch whose predicted step fits ``budget_bytes``.
+
+    Predicted peak memory grows with the micro-batch, so each is found by
+    bisection over ``1 .. max_batch`` with :func:`predict_step_memory`.
+
+    Args:
+        config (GPTConfig): the model.
+        budget_bytes (int): the memory, in bytes, from 1 to
+            :data:`course_lib.validation.MAX_BYTES`.
+        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
+        accumulation_steps (int): micro-batches per optimizer step.
+        seq_len (int, optional): tokens per sequence, at most ``config.seq_len`` (None: that).
+        policies (sequence of tuple): ``(mode, every)`` pairs.
+        max_batch (int): the largest micro-batch tried, up to
+            :data:`course_lib.validation.MAX_BATCH`.
+        gpu (str or GPU, optional): None (the CPU's kernels), a preset name or a
+            :class:`~course_lib.device.GPU`.
+
+    Returns:
+        list of BatchFit: one per policy, in their order.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    check_config(config)
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    max_batch = positive_int("max_batch", max_batch, maximum=MAX_BATCH)
+    accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
+    engine.precision_of(precision)
+    policies = _check_policies(policies)
+    seq_len = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
+                                                                  maximum=config.seq_len)
+    gpu = resolve_gpu(gpu)
+    out = []
+    for mode, every in policies:
+        def memory(b, mode=mode, every=every):
+            return predict_step_memory(config, b, accumulation_steps, precision=precision,
+                                       mode=mode, every=every, seq_len=seq_len, gpu=gpu)
+
+        # Bisection over a doubling range: probe 1, 2, 4, ... then bisect the last interval.
+        top = 1
+        while top < max_batch and memory(min(2 * top, max_batch)).total <= budget:
+            top = min(2 * top, max_batch)
+        b = _largest(lambda b: memory(b).total <= budget, range(top, min(2 * top, max_batch + 1)))
+        out.append(BatchFit(mode, every, b, memory(b) if b else None,
+                            _recompute_fraction(config, mode, every, seq_len)))
+    return out
+
+
+# --------------------------------------------------------------------------- the largest model
+
+@dataclass(frozen=True)
+class Fit:
+    """What :func:`fit_model` chose: a GPT, how to train it, and its predicted memory (bytes).
+
+    Attributes:
+        config (GPTConfig): the model.
+        n_params (int): its parameters.
+        precision (str): the precision to train in.
+        micro_batch_size (int): sequences per forward and backward pass.
+        accumulation_steps (int): micro-batches per optimizer step.
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        memory (StepMemory): the predicted step.
+        budget_bytes (int): the budget it was fitted to.
+        recompute_fraction (float): recomputed FLOPs over a plain step's.
+    """
+
+    config: GPTConfig
+    n_params: int
+    precision: str
+    micro_batch_size: int
+    accumulation_steps: int
+    mode: str
+    every: int
+    memory: StepMemory
+    budget_bytes: int
+    recompute_fraction: float
+
+    @property
+    def peak_bytes(self) -> int:
+        """Predicted peak bytes of the step: ``memory.total``."""
+        return self.memory.total
+
+    @property
+    def effective_batch(self) -> int:
+        """Sequences per optimizer step: ``micro_batch_size * accumulation_steps``."""
+        return self.micro_batch_size * self.accumulation_steps
+
+    @property
+    def label(self) -> str:
+        """The checkpointing policy as ``mode/every`` ("blocks/2"), or the mode alone."""
+        return ckpt.policy_label(self.mode, self.every)
+
+    def summary(self) -> str:
+        """Five lines: the model, the precision, the batch, the checkpointing and the peak.
+
+        Returns:
+            str: the lines joined by newlines.
+        """
+        c = self.config
+        return "\n".join([
+            f"model      : {self.n_params / 1e6:,.2f}M parameters: d_model={c.d_model}, "
+            f"n_layers={c.n_layers}, n_heads={c.n_heads}, seq_len={c.seq_len}, vocab={c.vocab_size}",
+            f"precision  : {self.precision}",
+            f"batch      : {self.micro_batch_size} x {self.accumulation_steps} accumulation steps "
+            f"= {self.effective_batch} sequences per optimizer step",
+            f"checkpoint : {self.label} (+{self.recompute_fraction:.0%} FLOPs against a plain step)",
+            f"peak       : {format_bytes(self.peak_bytes)} predicted, budget "
+            f"{format_bytes(self.budget_bytes)} ({self.peak_bytes / self.budget_bytes:.0%})",
+        ])
+
+
+def _check_space(widths, depths, head_size, aspect_ratio, seq_len=1024,
+                 vocab_size=50257) -> None:
+    head_size = positive_int("head_size", head_size, maximum=CONFIG_MAXIMUM["d_model"])
+    for name, values, maximum in (("widths", widths, CONFIG_MAXIMUM["d_model"]),
+                                  ("depths", depths, CONFIG_MAXIMUM["n_layers"])):
+        if (isinstance(values, str) or not isinstance(values, Sequence) or not values
+                or len(values) > MAX_SEARCH_VALUES):
+            raise ValueError(f"{name} must be a non-empty sequence of at most "
+                             f"{MAX_SEARCH_VALUES} positive ints, got {values!r}")
+        for v in values:
+            positive_int(name, v, maximum=maximum)
+    if len(widths) * len(depths) > MAX_SEARCH_PAIRS:
+        raise ValueError(f"widths and depths must make at most {MAX_SEARCH_PAIRS:,} pairs "
+                         f"(len(widths) * len(depths)), got {len(widths):,} * {len(depths):,}")
+    if aspect_ratio is not None:
+        bad = not isinstance(aspect_ratio, tuple) or len(aspect_ratio) != 2
+        if not bad:
+            try:
+                low, high = (number("aspect_ratio", x, above=0.0) for x in aspect_ratio)
+            except ValueError:
+                bad = True
+            else:
+                bad = low > high
+        if bad:
+            raise ValueError(f"aspect_ratio must be None or (low, high) with 0 < low <= high, "
+                             f"finite numbers, got {aspect_ratio!r}")
+    seq_len = positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
+    vocab_size = positive_int("vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"])
+
+
+def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int] = DEFAULT_DEPTHS,
+                 head_size: int = 64, aspect_ratio: tuple | None = DEFAULT_ASPECT_RATIO,
+                 seq_len: int = 1024, vocab_size: int = 50257) -> list[GPTConfig]:
+    """The GPT shapes :func:`fit_model` chooses from, largest first (most parameters).
+
+    ``d_model`` in ``widths`` (those that ``head_size`` divides), ``n_layers`` in
+    ``depths``, ``n_heads = d_model // head_size``, and, unless ``aspect_ratio`` is
+    None, ``low <= d_model / n_layers <= high``: Kaplan et al. (2020, "Scaling
+    Laws for Neural Language Models", figure 5) find that at a fixed parameter
+    count the loss changes by only a few percent for aspect ratios between about
+    20 and 200 (GPT-2 124M: 64, GPT-3 175B: 128); outside, a "largest" model
+    would be a needle (one very wide layer) or a thread (a hundred narrow ones).
+
+    Args:
+        widths (sequence of int): ``d_model`` values to try (those ``head_size`` divides); at
+            most :data:`MAX_SEARCH_VALUES` ints within :data:`course_lib.model.gpt.CONFIG_MAXIMUM`.
+        depths (sequence of int): ``n_layers`` values to try; the same limits, and at most
+            :data:`MAX_SEARCH_PAIRS` pairs of a width and a depth.
+        head_size (int): ``d_model // n_heads``; 64 as GPT-2 and GPT-3.
+        aspect_ratio (tuple, optional): ``(low, high)``, two finite numbers ``0 < low <= high``
+            bounding ``d_model / n_layers``; None: no bound.
+        seq_len (int): the context length of every shape.
+        vocab_size (int): the vocabulary of every shape.
+
+    Returns:
+        list of GPTConfig: largest first.
+
+    Raises:
+        ValueError: naming the argument: ``widths`` and ``depths`` must be non-empty sequences
+            of at most :data:`MAX_SEARCH_VALUES` ints within
+            :data:`course_lib.model.gpt.CONFIG_MAXIMUM`, making at most :data:`MAX_SEARCH_PAIRS`
+            pairs, ``aspect_ratio`` None or two finite numbers ``0 < low <= high``; also when no
+            configuration is left.
+    """
+    _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
+    return list(_search_space(tuple(int(w) for w in widths), tuple(int(d) for d in depths),
+                              int(head_size),
+                              None if aspect_ratio is None else tuple(aspect_ratio), int(seq_len),
+                              int(vocab_size)))
+
+
+#: The cached search spaces: arguments -> configurations, least recently used first.
+_SPACES: collections.OrderedDict = collections.OrderedDict()
+
+
+def _search_space(*key) -> tuple:
+    """:func:`search_space` of checked arguments, cached (a widget asks again and again) within
+    :data:`MAX_CACHE_BYTES`."""
+    if key in _SPACES:
+        _SPACES.move_to_end(key)
+        return _SPACES[key]
+    space = _build_space(*key)
+    _SPACES[key] = space
+    while sum(len(v) for v in _SPACES.values()) * CONFIG_BYTES > MAX_CACHE_BYTES \
+            and len(_SPACES) > 1:
+        _SPACES.popitem(last=False)
+    return space
+
+
+def _build_space(widths: tuple, depths: tuple, head_size: int, aspect_ratio: tuple | None,
+                 seq_len: int, vocab_size: int) -> tuple:
+    low, high = aspect_ratio or (0, float("inf"))
+    configs = []
+    for w in widths:
+        column = [L for L in depths if w % head_size == 0 and low <= w / L <= high]
+        if column:
+            # Every depth was checked (_check_space): the width's first config is checked in
+            # full and copied with the others, which skips most of the space's build time.
+            first = GPTConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=w,
+                              n_heads=w // head_size, n_layers=column[0])
+            configs.append(first)
+            for L in column[1:]:
+                config = copy.copy(first)
+                object.__setattr__(config, "n_layers", L)
+                configs.append(config)
+    if not configs:
+        raise ValueError(f"the search space is empty: no width in {widths} is a multiple of "
+                         f"head_size={head_size} with a depth in {depths} in aspect_ratio="
+                         f"{aspect_ratio}")
+    return tuple(sorted(configs, key=lambda c: (-gpt_param_count(c), c.n_layers)))
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending, in ``O(sqrt(n))`` (``n`` a positive int)."""
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    return small + large[::-1]
+
+
+def _micro_batches(effective_batch: int, max_accumulation_steps: int | None) -> list[int]:
+    """Micro-batch sizes that divide ``effective_batch`` in at most ``max_accumulation_steps``."""
+    K = effective_batch if max_accumulation_steps is None else max_accumulation_steps
+    return [d for d in _divisors(effective_batch) if effective_batch // d <= K]
+
+
+def _settings(config: GPTConfig, budget: int, effective_batch: int, precision: str,
+              policies: tuple, max_accumulation_steps: int | None = None,
+              gpu=None) -> Fit | None:
+    """The cheapest way to train ``config`` in ``precision`` under ``budget``, or None.
+
+    Policies are tried in order of increasing recompute; for the first with any
+    fitting micro-batch (a divisor of ``effective_batch``), its largest one.
+    """
+    micro = _micro_batches(effective_batch, max_accumulation_steps)
+    seq_len = config.seq_len
+    for mode, every in sorted(policies, key=lambda p: _recompute_fraction(config, *p, seq_len)):
+        def memory(b, mode=mode, every=every):
+            return predict_step_memory(config, b, effective_batch // b, precision=precision,
+                                       mode=mode, every=every, gpu=gpu)
+
+        # Without accumulation the gradient is never whole during a backward pass, so the whole
+        # batch at once can fit where half of it with accumulation does not: try it on its own.
+        # Below it, memory grows with the micro-batch: bisect.
+        if micro[-1] == effective_batch and memory(effective_batch).total <= budget:
+            b = effective_batch
+        else:
+            b = _largest(lambda b: memory(b).total <= budget, micro[:-1] or micro)
+        if b:
+            return Fit(config, gpt_param_count(config), precision, b, effective_batch // b,
+                       mode, every, memory(b), budget,
+                       _recompute_fraction(config, mode, every, seq_len))
+    return None
+
+
+def _state_bytes(precision: str) -> tuple[int, int]:
+    """Bytes per parameter of (resident model states, gradients at the optimizer step) of AdamW
+    in ``precision``, from :func:`course_lib.prediction.formulas.training_memory`: in mixed precision the
+    step's gradients are the master weights' fp32 ones."""
+    one = training_memory(1, optimizer="adamw", precision=precision)
+    at_step = one.master_weights if engine.precision_of(precision).master else one.gradients
+    return one.parameters + one.master_weights + one.optimizer_state, at_step
+
+
+#: :func:`_state_bytes` of every precision, once (the search asks for thousands of models).
+_STATE_BYTES = {precision: _state_bytes(precision) for precision in FIT_PRECISIONS}
+
+
+def _lower_bound(config: GPTConfig, precision: str) -> int:
+    """A quick lower bound on any step's peak (closed form): the resident model states plus the
+    larger of the gradients at the optimizer step and, in the backward pass, the loss's fp32
+    log-probabilities with their two gradients for one sequence (never checkpointed)."""
+    P = gpt_param_count(config)
+    resident, grads = _STATE_BYTES[precision]
+    return resident * P + max(grads * P, 3 * config.seq_len * config.vocab_size * 4)
+
+
+def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 32,
+              vocab_size: int = 50257, widths: Sequence[int] = DEFAULT_WIDTHS,
+              depths: Sequence[int] = DEFAULT_DEPTHS, head_size: int = 64,
+              aspect_ratio: tuple | None = DEFAULT_ASPECT_RATIO,
+              precisions: Sequence[str] = ("bf16-mixed", "fp32"),
+              policies: Sequence[tuple[str, int]] = FIT_POLICIES,
+              max_accumulation_steps: int | None = None, gpu=None) -> Fit:
+    """The largest GPT of the search space that trains within ``budget_bytes``, and how.
+
+    Search space: :func:`search_space` (``d_model`` in ``widths``, ``n_layers`` in
+    ``depths``, heads of ``head_size``, an ``aspect_ratio`` range; ``seq_len`` and
+    ``vocab_size`` fixed). "Largest" is the most parameters. A configuration fits
+    if one setting's :func:`predict_step_memory` is at most the budget; a setting
+    is a precision of ``precisions``, a micro-batch ``b`` dividing
+    ``effective_batch`` with ``effective_batch // b`` accumulation steps, and a
+    checkpointing policy of ``policies``. For the largest fitting model the
+    setting chosen is: the first precision of ``precisions`` that fits (the order
+    is a preference: ``"bf16-mixed"`` before ``"fp32"`` by default; pure
+    ``"bf16"`` only if listed), then the policy with the least recompute, then
+    the largest micro-batch.
+
+    Search: memory grows with depth at a fixed width and with width at a fixed depth,
+    so each width's deepest fitting model is found by bisection above the deepest
+    of any wider width found before (with the smallest micro-batch or the whole
+    batch at once, the leanest policy first; a setting whose
+    :func:`course_lib.prediction.engine.predict_floor` is over the budget is not predicted);
+    widths are visited from the largest model the closed-form :func:`_lower_bound`
+    allows them, and the search stops once that cannot beat the best found.
+
+    Args:
+        budget_bytes (int): the memory, in bytes, up to :data:`course_lib.validation.MAX_BYTES`.
+        seq_len (int): tokens per sequence, up to :data:`course_lib.model.gpt.CONFIG_MAXIMUM`.
+        effective_batch (int): sequences per optimizer step, up to
+            :data:`MAX_EFFECTIVE_BATCH`.
+        vocab_size (int): the vocabulary, up to :data:`course_lib.model.gpt.CONFIG_MAXIMUM`.
+        widths, depths, head_size, aspect_ratio: the shapes to search, as for
+            :func:`search_space`.
+        precisions (sequence of str): of :data:`course_lib.prediction.engine.PRECISIONS`, in order of
+            preference.
+        policies (sequence of tuple): ``(mode, every)`` checkpointing policies.
+        max_accumulation_steps (int, optional): the most accumulation steps (None: no limit),
+            up to :data:`MAX_EFFECTIVE_BATCH`.
+        gpu (str or GPU, optional): where it trains, as :func:`predict_step_memory` takes it (the
+            budget is still ``budget_bytes``).
+
+    Returns:
+        Fit: the model, its setting and its predicted memory.
+
+    Raises:
+        ValueError: if nothing fits, and naming the argument for a bad one: counts are ints,
+            not bools or floats, with the maxima above.
+    """
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    seq_len = positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
+    effective_batch = positive_int("effective_batch", effective_batch, maximum=MAX_EFFECTIVE_BATCH)
+    vocab_size = positive_int("vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"])
+    if isinstance(precisions, str) or not isinstance(precisions, Sequence) or not precisions:
+        raise ValueError(f"precisions must be a non-empty sequence of {FIT_PRECISIONS}, "
+                         f"got {precisions!r}")
+    for p in precisions:
+        engine.precision_of(p, "precisions")
+    policies = _check_policies(policies)
+    max_accumulation_steps = optional_positive_int(
+        "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
+    _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
+    gpu = resolve_gpu(gpu)
+    micro = _micro_batches(effective_batch, max_accumulation_steps)
+    # The least memory: the smallest micro-batch, or the whole batch without accumulation (see
+    # _settings); a model fits if one of them does.
+    extremes = sorted({micro[0], micro[-1]})
+    configs = search_space(widths=widths, depths=depths, head_size=head_size,
+                           aspect_ratio=aspect_ratio, seq_len=seq_len, vocab_size=vocab_size)
+    by_width: dict[int, list[GPTConfig]] = {}
+    for c in sorted(configs, key=lambda c: c.n_layers):
+        by_width.setdefault(c.d_model, []).append(c)
+    for width, column in list(by_width.items()):  # the depths within the closed-form bound
+        n = _largest(lambda i, column=column: min(_lower_bound(column[i - 1], p)
+                                                  for p in precisions) <= budget,
+                     range(1, len(column) + 1))
+        by_width[width] = column[:n]
+        if not n:
+            del by_width[width]
+    lean = sorted(policies, key=lambda p: -_recompute_fraction(configs[-1], *p, seq_len))
+
+    def fits(config: GPTConfig) -> bool:  # in some precision, policy and extreme micro-batch
+        # The leanest policies first; a setting whose floor (the backward pass's first moment,
+        # a fraction of a prediction's cost) is over the budget is ruled out unpredicted.
+        return any(engine.predict_floor(config, b, effective_batch // b, precision=p, mode=m,
+                                        every=ev, gpu=gpu) <= budget
+                   and predict_step_memory(config, b, effective_batch // b, precision=p, mode=m,
+                                           every=ev, gpu=gpu).total <= budget
+                   for m, ev in lean
+                   for p in sorted(precisions, key=lambda p: _lower_bound(config, p))
+                   for b in extremes)
+
+    # Memory grows with depth and with width, so a wider width's deepest fitting depth fits
+    # every narrower width too (widths are visited widest-bound first): no need to try it again.
+    deepest: dict[int, int] = {}  # width -> deepest fitting depth of its column (0: none)
+    best = None
+    for width in sorted(by_width, key=lambda w: -gpt_param_count(by_width[w][-1])):
+        column = by_width[width]  # by depth, all within the closed-form bound
+        if best is not None and gpt_param_count(column[-1]) <= gpt_param_count(best):
+            break  # no deeper model of this or any later width can beat the best
+        floor = max((d for w, d in deepest.items() if w > width), default=0)
+        known = sum(c.n_layers <= floor for c in column)  # they fit
+        i = _largest(lambda i, column=column: fits(column[i - 1]),
+                     range(known + 1, len(column) + 1)) or known
+        deepest[width] = column[i - 1].n_layers if i else 0
+        if i and (best is None or gpt_param_count(column[i - 1]) > gpt_param_count(best)):
+            best = column[i - 1]
+    if best is not None:
+        for precision in precisions:
+            fit = _settings(best, budget, effective_batch, precision, policies,
+                            max_accumulation_steps, gpu)
+            if fit is not None:
+                return fit
+    smallest = configs[-1]
+    raise ValueError(f"budget_bytes={budget} ({format_bytes(budget)}) is too small for the smallest "
+                     f"configuration of the search space (d_model={smallest.d_model}, "
+                     f"n_layers={smallest.n_layers}, seq_len={seq_len}, vocab_size={vocab_size})")
+
+
+__all__ = ["FIT_PRECISIONS", "FIT_POLICIES", "BatchFit", "Fit", "largest_batch", "search_space",
+           "fit_model"]

@@ -1,0 +1,209 @@
+"""06: the guard: a memory budget checked before a step runs and enforced while it runs.
+
+:func:`check_budget` turns a prediction over the budget into a clear
+:class:`MemoryBudgetExceeded`. :func:`run_within_budget` runs a training function under
+the budget: on CUDA it sets ``torch.cuda.set_per_process_memory_fraction`` and catches the
+real ``OutOfMemoryError``; elsewhere a :class:`BudgetTracker` stops the work when its live
+tensors exceed the budget. Either way the result is a :class:`Trial` with a clear message,
+and the kernel survives.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from course_lib.measurement.memory import LiveTensorTracker, peak_memory
+from course_lib.prediction.engine import StepMemory
+from course_lib.units import format_bytes
+from course_lib.validation import MAX_BYTES, function, integer, positive_int, text
+from course_lib.validation import available_device as as_device
+
+_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+class MemoryBudgetExceeded(RuntimeError):
+    """More memory than the budget, predicted or reached.
+
+    Predicted before running (:func:`check_budget`) or reached while running
+    (:class:`BudgetTracker`, ``at`` names the op).
+
+    Args:
+        needed_bytes (int): the bytes needed (predicted) or live (when it was crossed).
+        budget_bytes (int): the budget, in bytes.
+        what (str): what was run, for the message.
+        at (str, optional): the op in which the budget was crossed (``"gelu"``); None for a
+            prediction.
+    """
+
+    def __init__(self, needed_bytes: int, budget_bytes: int, what: str = "the step", *,
+                 at: str | None = None):
+        self.needed_bytes, self.budget_bytes, self.what, self.at = needed_bytes, budget_bytes, what, at
+        if at is None:
+            message = (f"{what} needs {format_bytes(needed_bytes)}, "
+                       f"{format_bytes(needed_bytes - budget_bytes)} over the budget of "
+                       f"{format_bytes(budget_bytes)}")
+        else:
+            message = (f"{what} went over the budget of {format_bytes(budget_bytes)} in {at} "
+                       f"({format_bytes(needed_bytes)} live)")
+        super().__init__(message)
+
+
+def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
+    """Raise :class:`MemoryBudgetExceeded` if ``needed`` is over ``budget_bytes``.
+
+    The planner's verdict before anything runs.
+
+    Args:
+        needed (int or StepMemory): bytes, or a prediction (its ``total``).
+        budget_bytes (int): the budget, from 1 to :data:`course_lib.validation.MAX_BYTES`.
+        what (str): what would run, for the message.
+
+    Raises:
+        MemoryBudgetExceeded: when ``needed`` is over the budget.
+        ValueError: naming ``needed``, ``budget_bytes`` or ``what``, for a bad value.
+    """
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    text("what", what)
+    needed = needed.total if isinstance(needed, StepMemory) else needed
+    try:
+        needed = integer("needed", needed, minimum=0, maximum=MAX_BYTES)
+    except ValueError:
+        raise ValueError(f"needed must be a StepMemory or an int of bytes from 0 to "
+                         f"{MAX_BYTES:,}, got {needed!r}") from None
+    if needed > budget:
+        raise MemoryBudgetExceeded(needed, budget, what)
+
+
+class BudgetTracker(LiveTensorTracker):
+    """A :class:`~course_lib.measurement.memory.LiveTensorTracker` that enforces ``budget_bytes``.
+
+    It raises :class:`MemoryBudgetExceeded` as soon as the live tensors it counts exceed
+    ``budget_bytes``.
+
+    An out-of-memory error for devices without a memory limit (the CPU), at the op that
+    crossed the line.
+
+    Args:
+        budget_bytes (int): the budget, from 1 to :data:`course_lib.validation.MAX_BYTES`.
+        what (str): what runs, for the message.
+
+    Raises:
+        ValueError: naming ``budget_bytes`` or ``what``, for a bad value.
+    """
+
+    def __init__(self, budget_bytes: int, what: str = "the work"):
+        budget_bytes = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+        super().__init__()
+        self.budget_bytes, self.what = budget_bytes, text("what", what)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.live > self.budget_bytes:
+            raise MemoryBudgetExceeded(self.live, self.budget_bytes, self.what, at=_op_name(func))
+        return out
+
+
+def _op_name(func) -> str:
+    """An op's name as a reader knows it: ``aten.gelu.default`` -> ``gelu``."""
+    packet = getattr(func, "overloadpacket", None)
+    return getattr(packet, "__name__", None) or str(func)
+
+
+@dataclass
+class Trial:
+    """What :func:`run_within_budget` saw.
+
+    Attributes:
+        ok (bool): whether ``fn`` ran to the end within the budget.
+        peak_bytes (int or None): the measured peak, in bytes, when it ran to the end.
+        message (str): what happened: one line when it fitted; after running out of memory, a
+            second line with the error (:attr:`error`).
+        result: what ``fn`` returned (None after a failure).
+        error (str or None): the out-of-memory error as ``"Type: its first line"``; None when
+            it fitted.
+    """
+
+    ok: bool
+    peak_bytes: int | None
+    message: str
+    result: object = None
+    error: str | None = None
+
+
+def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str = "training",
+                      device: str | torch.device | None = None) -> Trial:
+    """Run ``fn()`` with at most ``budget_bytes`` of device memory; catch running out of it.
+
+    ``fn`` should create everything it trains (model, optimizer, data), so that
+    all of its memory counts. On CUDA the budget is enforced by the allocator:
+    ``torch.cuda.set_per_process_memory_fraction(budget / total memory)`` (it caps
+    the memory the caching allocator may reserve, fragmentation included; other
+    tensors already on the device count too) and a ``torch.OutOfMemoryError`` is
+    caught. Elsewhere a :class:`BudgetTracker` counts ``fn``'s live tensors and
+    raises :class:`MemoryBudgetExceeded`. After a failure the references are
+    dropped, ``gc.collect()`` runs and, on CUDA, ``torch.cuda.empty_cache()``
+    returns the cached blocks, so the kernel goes on. Other errors propagate.
+
+    Args:
+        fn (callable): the work, called with no arguments.
+        budget_bytes (int): the budget, from 1 to :data:`course_lib.validation.MAX_BYTES`.
+        what (str): what runs, for the messages.
+        device (str or torch.device, optional): where it runs (None: CUDA if available, else
+            the CPU).
+
+    Returns:
+        Trial: whether it fitted, its peak, a message and ``fn``'s result.
+
+    Raises:
+        ValueError: naming the argument, for a bad value, or ``device="cuda"`` without CUDA.
+    """
+    function("fn", fn)
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    text("what", what)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = as_device("device", device)
+    kind = device.type
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but this machine has no CUDA device")
+    failure = None
+    if kind == "cuda":
+        gc.collect()  # blocks cached from earlier work would count against the fraction
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), torch.device(device))
+        result = []
+        try:
+            start = torch.cuda.memory_allocated()
+            peak = start + peak_memory(lambda: result.append(fn()), device="cuda")
+        except _OOM as exc:  # the real thing: the allocator could not get a block
+            # its first two sentences: "CUDA out of memory. Tried to allocate 2.00 GiB"
+            first = ". ".join(str(exc).splitlines()[0].split(". ")[:2])
+            failure = f"torch.OutOfMemoryError: {first}"
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, torch.device(device))
+    else:
+        result = []
+        try:
+            with BudgetTracker(budget, what) as tracker:
+                result.append(fn())
+            peak = tracker.peak
+        except MemoryBudgetExceeded as exc:
+            failure = f"MemoryBudgetExceeded: {exc}"
+    if failure is not None:
+        result.clear()
+        gc.collect()
+        if kind == "cuda":
+            torch.cuda.empty_cache()
+        return Trial(False, None, f"✗ {what} ran out of memory under a budget of "
+                     f"{format_bytes(budget)}; memory freed, the kernel goes on\n  {failure}",
+                     error=failure)
+    return Trial(True, peak, f"✓ {what} fits: peak {format_bytes(peak)} of a budget of "
+                 f"{format_bytes(budget)} ({peak / budget:.0%})", result[0])
+
+
+__all__ = ["MemoryBudgetExceeded", "check_budget", "BudgetTracker", "Trial", "run_within_budget"]

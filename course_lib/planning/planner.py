@@ -1,0 +1,510 @@
+"""05: pick the checkpointing policy that fits a memory budget in the least predicted time.
+
+:func:`plan_checkpointing` considers every mode of
+:func:`course_lib.training.checkpointing.enable_checkpointing` (``none``; ``selective``,
+``attention`` and ``blocks`` with ``every = 1 .. n_layers``; ``sqrt``), predicts
+for each the peak of one AdamW training step with the memory engine
+(:func:`course_lib.prediction.engine.predict_step_memory`) and the FLOPs it recomputes
+(:func:`course_lib.prediction.checkpointed.step_flops`) and the step's time with the course's one time
+model (:func:`course_lib.prediction.time_model.step_time`), and returns the fastest that fits:
+
+* **cost**: the predicted seconds of the step: recomputed FLOPs at the matmul rate, the
+  pointwise bytes each region reruns (LayerNorm, GELU, softmax, dropout) at the memory
+  bandwidth, and the operators and checkpointed regions at their fixed costs. Counting FLOPs
+  alone made ``selective`` (it reruns no matmul and no attention kernel) look free; on the CPU
+  its policy's dispatch on every op and its rerun pointwise work make it the slowest policy
+  that fits at lecture 05's budget, which the time model predicts and lecture 05 measures.
+  On a GPU preset the figures are the datasheet's; on this kernel's device they are measured
+  (:func:`course_lib.prediction.time_model.device_speed`).
+* **peak**: the engine's ``step_peak`` of the first step on a fresh model: the
+  bytes the step allocates above the parameters, which is what
+  :func:`course_lib.measurement.memory.peak_memory` measures around
+  :func:`course_lib.measurement.memory.training_step` and what lecture 05 measures
+  (:func:`measure_peak`).
+
+:func:`choices` keeps the policies the planner picks for some budget (every other one
+is beaten on both peak and predicted time); :func:`time_ratios` times the forward and
+backward pass of several policies against no checkpointing.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import numbers
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from course_lib.device import resolve_gpu
+from course_lib.measurement import timing
+from course_lib.measurement.memory import peak_memory
+from course_lib.model.gpt import GPTConfig, check_config, random_tokens
+from course_lib.prediction import checkpointed, engine, step_setup, time_model
+from course_lib.prediction.engine import StepMemory
+from course_lib.training import checkpointing as ckpt
+from course_lib.training.loop import train
+from course_lib.units import format_bytes
+from course_lib.validation import MAX_BATCH, MAX_BYTES, boolean, items, positive_int
+from course_lib.validation import available_device as as_device
+
+#: The modes the planner considers, in order of increasing recompute for one region.
+PLAN_MODES = ("none", "selective", "attention", "blocks", "sqrt")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One policy, predicted: peak bytes of a training step, FLOPs recomputed and its time.
+
+    Attributes:
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        peak_bytes (int): the step's predicted peak above what was live before it
+            (``StepMemory.step_peak`` of :func:`predict_peak`).
+        kept_bytes (int): activations held from forward to backward.
+        recompute_flops (int): FLOPs run again in the backward pass.
+        step_flops (int): FLOPs of the plain step (forward + backward), for the fraction.
+        regions (int): checkpointed regions (each reruns its pointwise ops).
+        seconds (float): the step's predicted time (:func:`course_lib.prediction.time_model.step_time`).
+    """
+
+    mode: str
+    every: int
+    peak_bytes: int
+    kept_bytes: int
+    recompute_flops: int
+    step_flops: int
+    regions: int
+    seconds: float = 0.0
+
+    @property
+    def recompute_fraction(self) -> float:
+        """Recomputed FLOPs over the plain step's: 0.33 is one extra forward pass."""
+        return self.recompute_flops / self.step_flops
+
+    @property
+    def cost(self) -> tuple:
+        """The planner's order: predicted seconds, then recomputed FLOPs, then regions."""
+        return (self.seconds, self.recompute_flops, self.regions)
+
+    @property
+    def label(self) -> str:
+        """The policy as ``mode/every`` ("blocks/2"), or the mode alone for none and sqrt."""
+        return ckpt.policy_label(self.mode, self.every)
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """The planner's answer: the chosen policy, its predictions, and every candidate considered.
+
+    Apply it with ``enable_checkpointing(model, plan.mode, plan.every)``.
+
+    Attributes:
+        mode (str): the chosen checkpointing mode.
+        every (int): its stride.
+        peak_bytes (int): its predicted step peak.
+        recompute_flops (int): FLOPs it recomputes.
+        recompute_fraction (float): those over the plain step's FLOPs.
+        budget_bytes (int): the budget asked for.
+        candidates (tuple of Candidate): every policy considered, fastest first.
+        seconds (float): its predicted step time.
+        basis (str): where the time model's figures come from ("measured on this device" or
+            "datasheet").
+    """
+
+    mode: str
+    every: int
+    peak_bytes: int
+    recompute_flops: int
+    recompute_fraction: float
+    budget_bytes: int
+    candidates: tuple = field(repr=False)
+    seconds: float = 0.0
+    basis: str = ""
+
+    def table(self) -> str:
+        """The candidates as text, fastest first, the fitting ones marked.
+
+        Returns:
+            str: one line per candidate: label, peak, extra FLOPs, predicted time against no
+            checkpointing's, whether it fits.
+        """
+        plain = next((c.seconds for c in self.candidates if c.mode == "none"), None)
+        rows = [f"{'policy':14s} {'peak':>11s} {'+FLOPs':>10s} {'time':>7s}  fits"]
+        for c in self.candidates:
+            mark = "<- chosen" if (c.mode, c.every) == (self.mode, self.every) else (
+                "yes" if c.peak_bytes <= self.budget_bytes else "")
+            time = f"x{c.seconds / plain:.2f}" if plain else "-"
+            rows.append(f"{c.label:14s} {format_bytes(c.peak_bytes):>11s} "
+                        f"{c.recompute_fraction:10.1%} {time:>7s}  {mark}")
+        return "\n".join(rows)
+
+
+class NothingFits(ValueError):
+    """No policy's predicted peak is within the budget; ``candidates`` says how close each came.
+
+    A ``ValueError``, so code that catches bad input catches it too.
+
+    Args:
+        budget_bytes (int): the budget that nothing fits.
+        candidates (tuple of Candidate): every policy considered (at least one).
+    """
+
+    def __init__(self, budget_bytes: int, candidates: tuple):
+        self.budget_bytes, self.candidates = budget_bytes, candidates
+        best = min(candidates, key=lambda c: c.peak_bytes)
+        super().__init__(
+            f"budget_bytes={budget_bytes} ({format_bytes(budget_bytes)}) is below every policy's "
+            f"predicted peak; the smallest is {best.label} at {best.peak_bytes} bytes "
+            f"({format_bytes(best.peak_bytes)}): shrink the batch or the sequence, or add memory")
+
+
+def predict_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
+                 seq_len: int | None = None, precision: str = "fp32", gpu=None) -> StepMemory:
+    """The engine's prediction for the planner's step (``.step_peak`` is the planner's figure).
+
+    The step is the first AdamW step of ``GPT(config)`` under checkpointing ``mode``.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): an int from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
+        precision (str): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
+        gpu (str or GPU, optional): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
+
+    Returns:
+        StepMemory: the prediction, with ``first_step=True``.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    check_config(config)
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    return engine.predict_step_memory(config, batch_size, precision=precision, mode=mode,
+                                      every=every, seq_len=seq_len, gpu=gpu, first_step=True)
+
+
+def recompute_fraction(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1,
+                       *, seq_len: int | None = None, precision: str = "fp32", gpu=None) -> float:
+    """The FLOPs ``mode`` recomputes over those of a plain step (forward and backward).
+
+    :func:`course_lib.prediction.checkpointed.step_flops` for the step of :func:`predict_peak`: 0.33 is
+    one extra forward pass.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
+        precision (str): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
+        gpu (str or GPU, optional): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
+
+    Returns:
+        float: recomputed FLOPs over the plain step's.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    spec = engine.precision_of(precision)
+    flops, extra = checkpointed.step_flops(config, batch_size, mode, every, seq_len=seq_len,
+                                   dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
+    return extra / (flops - extra)
+
+
+def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None,
+               precision: str = "fp32", gpu=None, modes: tuple = PLAN_MODES,
+               speed: time_model.DeviceSpeed | None = None) -> tuple:
+    """Every policy of ``modes`` for this model and batch, predicted, fastest first.
+
+    ``every`` runs over ``1 .. n_layers`` for ``selective``, ``attention`` and
+    ``blocks``; ``none`` and ``sqrt`` come once. Sorted by :attr:`Candidate.cost` (predicted
+    seconds first), then by peak.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        seq_len (int, optional): from 1 to ``config.seq_len`` (None: that).
+        precision (str): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
+        gpu (str or GPU, optional): as :func:`course_lib.prediction.engine.predict_step_memory` takes it (a
+            live card's free memory is ignored).
+        modes (tuple of str): a non-empty subset of :data:`PLAN_MODES`.
+        speed (DeviceSpeed, optional): the time model's figures; default
+            :func:`course_lib.prediction.time_model.device_speed` of ``gpu`` (this CPU, measured once, for
+            None; a preset's datasheet).
+
+    Returns:
+        tuple of Candidate: fastest first.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    check_config(config)
+    if not isinstance(modes, tuple | list) or not modes or any(
+            not isinstance(m, str) or m not in PLAN_MODES for m in modes):
+        raise ValueError(f"modes must be a non-empty subset of {PLAN_MODES}, got {modes!r}")
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    if seq_len is not None:
+        seq_len = positive_int("seq_len", seq_len, maximum=config.seq_len)
+    gpu = resolve_gpu(gpu)
+    if gpu is not None and gpu.free_memory is not None:  # what is free does not change a step
+        gpu = replace(gpu, free_memory=None)
+    engine.precision_of(precision)
+    if speed is None:
+        speed = time_model.device_speed(gpu)
+    elif not isinstance(speed, time_model.DeviceSpeed):
+        raise ValueError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
+    return _candidates(config, batch_size, seq_len, precision, gpu, tuple(modes), speed)
+
+
+@functools.lru_cache(maxsize=256)
+def _candidates(config: GPTConfig, batch_size: int, seq_len: int | None, precision: str, gpu,
+                modes: tuple, speed) -> tuple:
+    """:func:`candidates`, cached: a widget asks for the same model at every budget."""
+    seq_len = config.seq_len if seq_len is None else seq_len
+    spec = engine.precision_of(precision)
+    L = config.n_layers
+    out = []
+    for mode in modes:
+        for every in (range(1, L + 1) if mode in ("selective", "attention", "blocks") else (1,)):
+            kw = dict(seq_len=seq_len, dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
+            flops, extra = checkpointed.step_flops(config, batch_size, mode, every, **kw)
+            peak = predict_peak(config, batch_size, mode, every, seq_len=seq_len,
+                                precision=precision, gpu=gpu)
+            kept = checkpointed.predict_kept_bytes(config, batch_size, mode, every, **kw)
+            regions = len(ckpt._regions(L, mode, every))
+            seconds = time_model.step_seconds(config, batch_size, 1, mode=mode, every=every,
+                                              precision=precision, seq_len=seq_len, gpu=gpu,
+                                              speed=speed)
+            out.append(Candidate(mode, every, peak.step_peak, kept, extra, flops - extra, regions,
+                                 seconds))
+    return tuple(sorted(out, key=lambda c: (c.cost, c.peak_bytes)))
+
+
+def _tie_key(value) -> tuple:
+    """The order of labels among points of equal memory and time: strings by themselves,
+    before anything else, which goes by its ``repr``."""
+    return (0, value, "") if isinstance(value, str) else (1, "", repr(value))
+
+
+def _point(p) -> tuple:
+    """``(memory, time, labels...)`` checked: a tuple or list whose first two items are
+    finite real numbers (not bools)."""
+    if not isinstance(p, tuple | list) or len(p) < 2 or not all(
+            isinstance(x, numbers.Real) and not isinstance(x, bool)
+            and (isinstance(x, numbers.Integral) or math.isfinite(x)) for x in p[:2]):
+        raise ValueError(f"points must be (memory, time, label) tuples with finite numbers for "
+                         f"memory and time, got {p!r}")
+    return p
+
+
+def pareto_front(points) -> list:
+    """The points no other point beats on both axes: ``(memory, time, label)`` tuples, by memory.
+
+    A point is dominated if another has memory <= and time <= with one of them
+    strictly smaller. Used on measured (peak bytes, step seconds) of every policy.
+    Points of equal memory and time are all kept (neither beats the other). The result does
+    not depend on the input's order: it is sorted by memory, then time, then label (strings in
+    their own order, before other labels, which go by their ``repr``), and points equal in all
+    of these are equal tuples. It takes ``O(n log n)``: one pass over the points sorted by
+    memory and time.
+
+    Args:
+        points (iterable): tuples (or lists) ``(memory, time, ...)`` whose memory and time
+            are finite real numbers (NaN, the infinities, bools and non-numbers are refused);
+            what follows (the label) is kept as is.
+
+    Returns:
+        list of tuple: the front, sorted by memory.
+
+    Raises:
+        ValueError: naming ``points``, for anything else.
+
+    Example::
+
+        pareto_front([(1, 5, "a"), (2, 3, "b"), (3, 4, "c")])  # [(1, 5, 'a'), (2, 3, 'b')]
+    """
+    try:
+        points = [_point(p) for p in points]
+    except TypeError as exc:  # not iterable
+        raise ValueError(f"points must be an iterable of (memory, time, label) tuples, "
+                         f"got {points!r}") from exc
+    ordered = sorted(points, key=lambda p: (p[0], p[1], tuple(map(_tie_key, p[2:]))))
+    front, best = [], math.inf  # best: the least time among strictly smaller memories
+    for _, group in itertools.groupby(ordered, key=lambda p: p[0]):
+        group = list(group)
+        fastest = group[0][1]  # sorted by time within equal memory
+        if fastest < best:  # not beaten by a smaller memory; slower points of the group are
+            front += [p for p in group if p[1] == fastest]
+            best = fastest
+    return front
+
+
+def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
+                       budget_bytes: int, *, precision: str = "fp32", gpu=None,
+                       modes: tuple = PLAN_MODES,
+                       speed: time_model.DeviceSpeed | None = None) -> CheckpointPlan:
+    """The policy with the least predicted step time whose predicted step peak fits ``budget_bytes``.
+
+    Time: :func:`course_lib.prediction.time_model.step_time` (on this kernel's CPU or GPU, figures measured
+    once; on a preset, its datasheet). Memory: the engine's step peak.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): sequences in the micro-batch.
+        seq_len (int or None): tokens per sequence (None: ``config.seq_len``).
+        budget_bytes (int): the memory the step may allocate above what lives before it (the
+            parameters), in bytes, from 1 to :data:`course_lib.validation.MAX_BYTES`.
+        precision (str): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
+        gpu (str or GPU, optional): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
+        modes (tuple of str): the modes to consider, of :data:`PLAN_MODES`.
+        speed (DeviceSpeed, optional): as :func:`candidates`.
+
+    Returns:
+        CheckpointPlan: ``mode``, ``every``, predicted ``peak_bytes``, recomputed FLOPs and their
+        fraction of the plain step, its predicted ``seconds`` and their ``basis``, and all
+        ``candidates``; apply it with ``enable_checkpointing(model, plan.mode, plan.every)``.
+
+    Raises:
+        NothingFits: (a ``ValueError``) when no policy fits.
+        ValueError: naming the argument, for bad input.
+    """
+    check_config(config)
+    budget_bytes = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    if speed is None:
+        speed = time_model.device_speed(gpu)
+    options = candidates(config, batch_size, seq_len=seq_len, precision=precision, gpu=gpu,
+                         modes=modes, speed=speed)
+    for c in options:
+        if c.peak_bytes <= budget_bytes:
+            return CheckpointPlan(c.mode, c.every, c.peak_bytes, c.recompute_flops,
+                                  c.recompute_fraction, budget_bytes, options, c.seconds,
+                                  speed.basis)
+    raise NothingFits(budget_bytes, options)
+
+
+def choices(options) -> tuple:
+    """The candidates that :func:`plan_checkpointing` picks for some budget, fastest first.
+
+    Every other candidate is beaten by one of these: as fast or faster (predicted), and a peak
+    no higher. With the budget at each candidate's own peak, the planner's pick is kept.
+
+    Args:
+        options (iterable of Candidate): from :func:`candidates` (fastest first).
+
+    Returns:
+        tuple of Candidate: the planner's possible answers, in the order of ``options``.
+
+    Raises:
+        ValueError: naming ``options``, for anything but a non-empty iterable of Candidates.
+    """
+    try:
+        options = tuple(options) if not isinstance(options, str) else options
+    except TypeError:
+        options = None
+    if not isinstance(options, tuple) or not options or not all(
+            isinstance(c, Candidate) for c in options):
+        raise ValueError(f"options must be a non-empty list of Candidates, got {options!r}")
+    picked = set()
+    for budget in {c.peak_bytes for c in options}:
+        picked.add(next(i for i, c in enumerate(options) if c.peak_bytes <= budget))
+    return tuple(options[i] for i in sorted(picked))
+
+
+def measure_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
+                 precision: str = "fp32", device: str | torch.device = "cpu") -> int:
+    """Measured: the bytes the first training step allocates above the parameters.
+
+    What ``predict_peak(config, batch_size, mode, every, precision=...).step_peak`` predicts: one
+    step of :func:`course_lib.training.loop.train` (autocast and a GradScaler as the precision
+    asks, :func:`course_lib.prediction.step_setup.train_options`) on a fresh model and optimizer of
+    :func:`course_lib.prediction.step_setup.build` (seed 0), with random tokens, measured by
+    :func:`course_lib.measurement.memory.peak_memory` (the CUDA allocator on CUDA, after a warm-up matmul
+    that makes cuBLAS's workspace; the live-tensor tracker elsewhere).
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        mode (str): the checkpointing mode.
+        every (int): its stride.
+        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
+        device (str or torch.device): where it runs.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    device = as_device("device", device)
+    model, optimizer = step_setup.build(config, precision=precision, mode=mode, every=every,
+                                        device=device)
+    options = step_setup.train_options(precision, device)
+    x, y = random_tokens(config, batch_size, device=device)
+    if device.type == "cuda":  # cuBLAS allocates its workspace at the first matmul: not the step's
+        torch.ones(8, 8, device=device) @ torch.ones(8, 8, device=device)
+    return peak_memory(lambda: train(model, optimizer, [(x, y)], micro_batch_size=batch_size,
+                                     **options), device=device.type)
+
+
+def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str = "fp32",
+                device: str | torch.device = "cpu", repeats: int = 5,
+                optimizer: bool = False) -> dict:
+    """Each policy's forward and backward pass (or whole step) timed against no checkpointing's.
+
+    With ``optimizer=True`` each run is a whole training step (:func:`course_lib.training.loop.train`
+    with AdamW): what :func:`plan_checkpointing` predicts, so the two compare.
+
+    The models come from :func:`course_lib.prediction.step_setup.build` (seed 0) and run under autocast as
+    the precision asks; :func:`course_lib.measurement.timing.step_times` times them in turn, round after
+    round, after a warm-up (on a GPU the wall clock after synchronizing, elsewhere the process's
+    CPU time); a ratio is the median over the rounds of ``seconds / seconds of none``.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
+        policies (list or tuple): up to 32 ``(mode, every)`` pairs (``("none", 1)`` is added if
+            missing).
+        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
+        device (str or torch.device): where it runs.
+        repeats (int): rounds, from 1 to 100.
+        optimizer (bool): time whole training steps (forward, backward, AdamW's step).
+
+    Returns:
+        dict: ``{label: ratio}`` (1.0: as fast as no checkpointing), labels as
+        :func:`course_lib.training.checkpointing.policy_label` writes them, ``"none"`` first.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    repeats = positive_int("repeats", repeats, maximum=100)
+    boolean("optimizer", optimizer)
+    device = as_device("device", device)
+    spec = engine.precision_of(precision)
+    x, y = random_tokens(config, batch_size, device=device)
+    steps = {}
+    policies = [tuple(p) if isinstance(p, tuple | list) and len(p) == 2 else None
+                for p in items("policies", policies, max_len=32)]
+    if None in policies:
+        raise ValueError("policies must be (mode, every) pairs")
+    for mode, every in [("none", 1), *(p for p in policies if p != ("none", 1))]:
+        model, adamw = step_setup.build(config, precision=precision, mode=mode, every=every,
+                                        device=device)
+        steps[ckpt.policy_label(mode, every)] = functools.partial(
+            train, model, adamw, [(x, y)], micro_batch_size=batch_size,
+            **step_setup.train_options(precision, device)) if optimizer else functools.partial(
+            _forward_backward, model, x, y, spec.compute if spec.autocast else None)
+    times = timing.step_times(steps, repeats=repeats, device=device)
+    return {name: times.ratio(name, "none") for name in steps}
+
+
+def _forward_backward(model, x, y, amp_dtype) -> None:
+    with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        loss = model(x, y)[1]
+    loss.backward()
+    model.zero_grad(set_to_none=True)

@@ -1,0 +1,14 @@
+"""Prediction: what a step will hold and how long it will take, before it runs.
+
+Its modules, in the order they build on one another (a module imports only the ones above it
+here, the top modules of :mod:`course_lib` and the wings above this one):
+
+====================  ==============================================================================
+``formulas``          01: the precisions; analytic bytes of params, grads, optimizer, activations
+``activations``       02: the course GPT's saved activations, op by op, on the CPU or a GPU
+``checkpointed``      04-05: what a checkpointed step keeps and recomputes; its FLOPs
+``engine``            02-06: the memory engine: one step's peak bytes, any precision, any target
+``step_setup``        02-08: the real model and optimizer a prediction is for; its measured step
+``time_model``        03-08: the one time model of a step: FLOPs, bytes, operators, transfers
+====================  ==============================================================================
+"""

@@ -1,0 +1,1200 @@
+"""The memory engine: the peak bytes of one training step of the course GPT, on the CPU or a GPU.
+
+Every prediction of the course goes through :func:`predict_step_memory`: the
+lectures' figures, the widgets, the checkpointing planner (lecture 05), the
+capstone's search (lecture 06) and the exercise checks. It returns one
+:class:`StepMemory`, whose fields mean the same everywhere:
+
+* ``parameters``, ``master_weights`` (fp32 copies, mixed precision only) and
+  ``optimizer_state`` (AdamW's ``m`` and ``v``, and its ``step`` counters where
+  they are device memory): the model states;
+* ``gradients``: the weight gradients alive at the worst moment;
+* ``activations``: what autograd keeps for backward at that moment
+  (:mod:`course_lib.prediction.activations`, under checkpointing :mod:`course_lib.training.checkpointing`);
+* ``transient``: gradients in flight between ops and scratch of kernels and of the optimizer;
+* ``total``: their sum, the bytes the device holds at the peak (what
+  ``torch.cuda.max_memory_allocated`` reports for a step from a clean start);
+* ``step_peak``: ``total`` minus what existed before the step, which is what
+  :func:`course_lib.measurement.memory.peak_memory` measures around it.
+
+How it predicts. Three moments of a step compete (the largest is the peak):
+
+* **backward**: all activations the step keeps, then the backward pass replayed
+  node by node: each node allocates its outputs (the gradient it passes down,
+  weight gradients) and then frees its incoming gradient and what it saved.
+  Checkpointed regions are rebuilt when the backward pass reaches them (Chen et
+  al. 2016, "Training Deep Nets with Sublinear Memory Cost"), and a rerun attention
+  core holds its scratch at its end (the QKV output, the masked ``s x s`` scores
+  and the output of explicit attention; SDPA's math kernel's copies) on top of what
+  it saves; a core rerun alone stops at its last saved tensor (``torch.utils.checkpoint``'s
+  early stop), before its output. From the second
+  micro-batch of an accumulated step on, the whole gradient is alive as well;
+  each new weight gradient is added into it and freed, which the engine bounds
+  from above by keeping the first pass's new gradients on top (tight when the
+  pass peaks early, at the loss);
+* **optimizer**: gradients, AdamW's ``m`` and ``v``, and its scratch
+  (:func:`adamw_scratch_bytes`, or one copy of ``v`` for ``foreach``, PyTorch's default on
+  CUDA); in
+  mixed precision the gradients are the fp32 copies of the master weights';
+* **forward**, where SDPA's math kernel runs without checkpointing (the CPU with dropout,
+  bf16 on a T4): the last block's attention scratch; with explicit attention, under every
+  checkpointing mode: the last block's core replayed tensor by tensor
+  (:func:`_explicit_core_peak`). A checkpointed core keeps little, yet builds its
+  ``s x s`` maps one after the other: under a selective policy the cached scores, the masked
+  scores, the probabilities, dropout's mask and its output are alive at once, the step's peak.
+
+Where the step runs (``gpu``: None for the CPU, a preset name of
+:data:`course_lib.device.GPUS`, "cuda" for this kernel's GPU, or a
+:class:`~course_lib.device.GPU`) decides the attention kernel, the dtypes of
+masks and LayerNorm statistics, and the CUDA allocator's 512-byte rounding of
+every tensor (:mod:`course_lib.model.kernels`). The CUDA context, cuBLAS workspaces and
+the allocator's cached but unallocated blocks are outside ``total``: lecture 06
+shows them next to it.
+
+Precisions (:data:`PRECISIONS`, the table of :data:`course_lib.prediction.formulas.PRECISION`, re-exported
+here with :func:`precision_of`; bytes per parameter of model states, gradients included):
+
+=================  ======================================================  ==============
+``"fp32"``         fp32 model and AdamW                                    16
+``"fp16-mixed"``   fp16 model, fp32 master weights and AdamW state,        16
+                   loss scaling (:class:`course_lib.training.mixed_precision.MasterWeightAdamW`)
+``"bf16-mixed"``   bf16 model, fp32 master weights and AdamW state         16
+``"bf16"``         bf16 model and AdamW state ("pure" bf16)                8
+``"autocast-fp16"``  fp32 model under ``torch.autocast(dtype=float16)``,   16, plus 16-bit
+``"autocast-bf16"``  with a GradScaler for fp16                            weight copies
+=================  ======================================================  ==============
+
+Accuracy: on the CPU, exact to the byte for one micro-batch in fp32 and pure 16-bit, with
+or without dropout, under every checkpointing mode (the tests; ``benchmarks/estimator_accuracy.py``);
+the cases within a few % are named in :func:`predict_step_memory`. On
+CUDA the rules follow PyTorch's documented kernels; the ``gpu`` tests and
+``make gpu-check`` compare them with the allocator.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from course_lib.device import GPU, resolve_gpu
+from course_lib.model import kernels
+from course_lib.model.gpt import GPTConfig, check_config, param_numels
+from course_lib.prediction import activations as act
+from course_lib.prediction import checkpointed
+from course_lib.prediction.formulas import (  # noqa: F401 (re-exported)
+    PRECISION,
+    PRECISIONS,
+    precision_of,
+)
+from course_lib.training import checkpointing as ckpt
+from course_lib.units import dtype_bytes
+from course_lib.validation import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_COUNT,
+    boolean,
+    choice,
+    integer,
+    positive_int,
+)
+
+MODES = ckpt.MODES
+_F32 = torch.float32
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Predicted bytes at one moment of a training step (see the module doc for each field).
+
+    Attributes:
+        moment (str): which moment of the step: "backward", "backward 2+", "optimizer" or
+            "forward" (:func:`predict_moments`).
+        parameters (int): bytes of the model's parameters.
+        master_weights (int): bytes of the fp32 master copies (mixed precision only).
+        optimizer_state (int): bytes of AdamW's ``m`` and ``v`` (and its ``step`` counters where
+            they are device memory).
+        gradients (int): bytes of the weight gradients alive at this moment.
+        activations (int): bytes autograd keeps for backward at this moment.
+        transient (int): bytes of gradients in flight between ops and of kernel and optimizer
+            scratch.
+        first_step (bool): the step is the first of a fresh optimizer (AdamW creates ``m``
+            and ``v`` in it), so before it only the parameters and master weights exist;
+            otherwise (steady state) the optimizer state exists before the step too.
+    """
+
+    moment: str
+    parameters: int
+    master_weights: int
+    optimizer_state: int
+    gradients: int
+    activations: int
+    transient: int
+    first_step: bool = False
+
+    @property
+    def model_states(self) -> int:
+        """Parameters, master weights and optimizer state."""
+        return self.parameters + self.master_weights + self.optimizer_state
+
+    @property
+    def total(self) -> int:
+        """All bytes the device holds at this moment."""
+        return self.model_states + self.gradients + self.activations + self.transient
+
+    @property
+    def before_step(self) -> int:
+        """Bytes that existed before the step.
+
+        Parameters, master weights and, in steady state, the optimizer state.
+        """
+        return (self.parameters + self.master_weights
+                + (0 if self.first_step else self.optimizer_state))
+
+    @property
+    def step_peak(self) -> int:
+        """``total - before_step``: what :func:`course_lib.measurement.memory.peak_memory` measures.
+
+        The peak around the step, above what existed before it.
+        """
+        return self.total - self.before_step
+
+    def as_dict(self) -> dict[str, int]:
+        """The six categories by name, for tables and stacked bars.
+
+        Returns:
+            dict: ``parameters``, ``master_weights``, ``optimizer_state``, ``gradients``,
+            ``activations``, ``transient`` -> bytes.
+        """
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("moment", "first_step")}
+
+
+def breakdown_rows(memory: StepMemory) -> list[tuple[str, int]]:
+    """``(category, bytes)`` of a :class:`StepMemory` for a stacked bar, zero categories left out.
+
+    Args:
+        memory (StepMemory): a prediction.
+
+    Returns:
+        list of tuple: ``(name, bytes)``, names with spaces (``"optimizer state"``).
+
+    Raises:
+        ValueError: naming ``memory``, for anything but a :class:`StepMemory`.
+    """
+    if not isinstance(memory, StepMemory):
+        raise ValueError(f"memory must be a course_lib.prediction.engine.StepMemory, got "
+                         f"{type(memory).__name__}")
+    return [(name.replace("_", " "), v) for name, v in memory.as_dict().items() if v]
+
+
+# --------------------------------------------------------------------------- the replay
+
+_GRAD, _ACT, _TMP = "gradients", "activations", "transient"
+
+
+class _Replay:
+    """Live bytes per category while the backward pass is replayed node by node.
+
+    A node first allocates its outputs one by one (the peak is checked after each),
+    then frees what it no longer needs: its incoming gradient and the tensors it saved.
+    ``recompute(label, nbytes, before=labels, scratch=n)`` adds rebuilt activations now, or
+    just before the next node whose label starts with one of ``labels``, with ``n`` bytes of
+    the rerun's own scratch alive at its end (then freed).
+    """
+
+    def __init__(self, live: dict):
+        self.live = dict(live)
+        self.best = dict(live)
+        self.moment = "end of forward"
+        self.pending = None
+
+    def node(self, label: str, allocs, frees=()) -> None:
+        if self.pending and label.startswith(self.pending[2]):
+            (pending_label, nbytes, _, scratch), self.pending = self.pending, None
+            self._node(pending_label, [(_ACT, nbytes), (_TMP, scratch)], [(_TMP, scratch)])
+        self._node(label, allocs, frees)
+
+    def _node(self, label, allocs, frees) -> None:
+        for category, nbytes in allocs:
+            if nbytes:
+                self.live[category] += nbytes
+                if sum(self.live.values()) > sum(self.best.values()):
+                    self.best, self.moment = dict(self.live), label
+        for category, nbytes in frees:
+            self.live[category] -= nbytes
+
+    def recompute(self, label: str, nbytes: int, before: tuple | None = None,
+                  scratch: int = 0) -> None:
+        if before is None:
+            self._node(label, [(_ACT, nbytes), (_TMP, scratch)], [(_TMP, scratch)])
+        else:
+            self.pending = (label, nbytes, before, scratch)
+
+    @classmethod
+    def effect(cls, replay) -> _Effect:
+        """Run ``replay(r)`` from nothing: the :class:`_Effect` of that stretch of one block,
+        so that identical blocks are replayed once and then added (:meth:`apply`)."""
+        r = cls(dict.fromkeys((_GRAD, _ACT, _TMP), 0))
+        r.best = dict.fromkeys(r.live, -(1 << 62))  # any node beats the start
+        replay(r)
+        return _Effect(dict(r.best), r.moment, dict(r.live), 0, 1)
+
+    def apply(self, effect: _Effect, top: int) -> None:
+        """Add ``effect``, a stretch of blocks whose first (highest) is block ``top``."""
+        at_worst = {c: self.live[c] + effect.worst[c] for c in self.live}
+        if sum(at_worst.values()) > sum(self.best.values()):
+            self.best, self.moment = at_worst, effect.label.format(i=top - effect.offset)
+        self.live = {c: self.live[c] + effect.end[c] for c in self.live}
+
+
+@dataclass(frozen=True)
+class _Effect:
+    """What a stretch of blocks does to the live bytes, replayed from nothing: ``worst`` (live
+    at its worst node), ``label`` of that node (``{i}`` for its block), ``end`` (live after
+    it), ``offset`` (that block, counted from the stretch's first) and ``blocks`` (its length).
+    Stretches compose: :meth:`then` (one after the other) and :meth:`repeat`."""
+
+    worst: dict
+    label: str
+    end: dict
+    offset: int
+    blocks: int
+
+    def then(self, other: _Effect) -> _Effect:
+        later = {c: self.end[c] + other.worst[c] for c in self.end}
+        first = sum(later.values()) <= sum(self.worst.values())  # the earlier wins a tie
+        return _Effect(self.worst if first else later, self.label if first else other.label,
+                       {c: self.end[c] + other.end[c] for c in self.end},
+                       self.offset if first else self.blocks + other.offset,
+                       self.blocks + other.blocks)
+
+    def repeat(self, times: int) -> _Effect:
+        """``times`` of this stretch in a row: each starts where the last ended, so their worst
+        moments differ by a multiple of the end's total: the first is the worst if the stretch
+        frees more than it keeps, else the last."""
+        k = times - 1 if sum(self.end.values()) > 0 else 0
+        return _Effect({c: self.worst[c] + k * self.end[c] for c in self.end}, self.label,
+                       {c: times * self.end[c] for c in self.end}, k * self.blocks + self.offset,
+                       times * self.blocks)
+
+
+class _Backward:
+    """The backward pass of the course GPT, node by node, in bytes as the target allocates them.
+
+    ``t`` holds the dtypes (:class:`course_lib.prediction.activations._Dtypes`); ``params`` the
+    parameters' dtype. Under autocast each linear's backward produces 16-bit weight
+    gradients that a cast turns into fp32 ones, and 16-bit input gradients that a cast
+    turns back into the fp32 residual stream.
+    """
+
+    def __init__(self, config: GPTConfig, b: int, s: int, t, params: torch.dtype):
+        self.config, self.b, self.s, self.t, self.params = config, b, s, t, params
+        #: Replaying a checkpointed region: ``torch.utils.checkpoint`` drops a recomputed tensor
+        #: from its store as the backward pass unpacks it, so a saved input goes with its last
+        #: use (before a linear's bias gradient) rather than when its node is done.
+        self.in_region = False
+        h = config.d_model
+        self.Xc = self.bytes(b * s * h, t.compute)        # one (b, s, h) tensor in the compute dtype
+        self.Xr = self.bytes(b * s * h, t.stream)         # ... in the residual stream's dtype
+        self.Fc = self.bytes(4 * b * s * h, t.compute)    # the MLP's hidden layer
+        self.st = self.bytes(b * s, t.stats)              # LayerNorm's mean (or 1/std)
+        self.kernel = kernels.attention_kernel(config, t.compute, t.gpu)
+
+    def bytes(self, numel: int, dtype: torch.dtype) -> int:
+        return kernels.allocated(numel * dtype_bytes(dtype), self.t.gpu)
+
+    def _cast(self, r: _Replay, label: str, dtype_in_bytes: int, dtype_out_bytes: int) -> None:
+        r.node(label, [(_TMP, dtype_out_bytes)], [(_TMP, dtype_in_bytes)])
+
+    def linear(self, r: _Replay, label: str, n_in: int, n_out: int, grad_in: int, frees,
+               bias: bool | None = None) -> None:
+        """A linear's backward: its input gradient, its weight (and bias) gradient; under autocast
+        in 16 bit, then cast to the fp32 parameters' gradients, freeing the weight copy."""
+        bias = self.config.bias if bias is None else bias
+        w, bb = n_in * n_out, n_out * bias
+        if not self.t.autocast and self.in_region and bb:
+            saved = [f for f in frees if f[0] == _ACT]  # gone after the weight gradient's matmul
+            r.node(label, [(_TMP, grad_in), (_GRAD, self.bytes(w, self.params))], saved)
+            r.node(label + ": bias gradient", [(_GRAD, self.bytes(bb, self.params))],
+                   [f for f in frees if f[0] != _ACT])
+            return
+        if not self.t.autocast:
+            r.node(label, [(_TMP, grad_in), (_GRAD, self.bytes(w, self.params)),
+                           (_GRAD, self.bytes(bb, self.params))], frees)
+            return
+        w16, b16 = self.bytes(w, self.t.compute), self.bytes(bb, self.t.compute)
+        r.node(label, [(_TMP, grad_in), (_TMP, w16), (_TMP, b16)], [*frees, (_ACT, w16)])
+        r.node(label + ": weight gradients cast to fp32",
+               [(_GRAD, self.bytes(w, self.params)), (_GRAD, self.bytes(bb, self.params))],
+               [(_TMP, w16 + b16)])
+
+    def head(self, r: _Replay) -> None:
+        c, b, s = self.config, self.b, self.s
+        h, V = c.d_model, c.vocab_size
+        logits4 = self.bytes(b * s * V, _F32)
+        four = self.bytes(1, _F32)
+        r.node("loss.backward(): d loss = 1", [(_TMP, four)])  # held until backward() returns
+        r.node("nll_loss backward", [(_TMP, logits4)], [(_ACT, four)])  # frees total_weight
+        r.node("log_softmax backward", [(_TMP, logits4)], [(_TMP, logits4), (_ACT, logits4)])
+        g = logits4
+        if self.t.compute != _F32:  # logits.float() in the loss: its backward casts the gradient back
+            g = self.bytes(b * s * V, self.t.compute)
+            self._cast(r, "logits.float() backward", logits4, g)
+        self.linear(r, "lm_head backward", h, V, self.Xc, [(_TMP, g), (_ACT, self.Xc)], bias=False)
+        self.layernorm(r, "ln_f backward")
+
+    def chunked_head(self, r: _Replay, chunk: int) -> None:
+        """The backward pass of :func:`course_lib.training.levers.chunked_cross_entropy` (no autocast).
+
+        It allocates the hidden states' gradient and the head weight's, then rebuilds one
+        chunk's logits at a time (``n x V``, fp32; in 16-bit first in the compute dtype, and
+        cast back for the matmuls), with a few ``n``-sized index and scale tensors.
+        """
+        c, b, s, t = self.config, self.b, self.s, self.t
+        h, V, N = c.d_model, c.vocab_size, b * s
+        n = min(chunk, N)
+        four = self.bytes(1, _F32)
+        r.node("loss.backward(): d loss = 1", [(_TMP, four)])
+        r.node("chunked loss backward: gradients allocated",
+               [(_TMP, self.Xc), (_GRAD, self.bytes(V * h, self.params)), (_TMP, four)])
+        z = self.bytes(n * V, _F32)
+        if t.compute == _F32:
+            # the chunk's logits; the target indices (int64) and the -1s of the one-hot
+            r.node("chunked loss backward: one chunk's logits",
+                   [(_TMP, z), (_TMP, self.bytes(n, torch.int64)), (_TMP, self.bytes(n, _F32))],
+                   [(_TMP, z + self.bytes(n, torch.int64) + self.bytes(n, _F32))])
+        else:
+            zc = self.bytes(n * V, t.compute)
+            r.node("chunked loss backward: one chunk's logits", [(_TMP, zc), (_TMP, z)],
+                   [(_TMP, zc)])
+            r.node("chunked loss backward: the chunk's gradient cast back", [(_TMP, zc)],
+                   [(_TMP, zc + z)])
+        # Returning frees the incoming gradient, the saved hidden states and log-sum-exps.
+        r.node("chunked loss backward: done", [],
+               [(_TMP, four), (_ACT, self.Xc + self.bytes(N, _F32))])
+        self.layernorm(r, "ln_f backward")
+
+    def embeddings(self, r: _Replay) -> None:
+        """Below the first block: dropout, then the position and the token embeddings.
+
+        Each embedding's backward builds a dense gradient of its whole table; the token
+        table's is added into the gradient the tied head left there, then freed.
+        """
+        c, b, s, t = self.config, self.b, self.s, self.t
+        h, V = c.d_model, c.vocab_size
+        Xr, emb = self.Xr, t.stream  # embeddings run in the stream's dtype (fp32 under autocast)
+        if c.dropout > 0:
+            mask = self.bytes(b * s * h, t.mask(t.stream))
+            r.node("emb dropout backward", [(_TMP, Xr)], [(_TMP, Xr), (_ACT, mask)])
+        pos = self.bytes(s * h, emb)
+        r.node("pos_emb backward: gradient summed over the batch", [(_TMP, pos)])
+        r.node("pos_emb backward", [(_GRAD, self.bytes(c.seq_len * h, self.params))],
+               [(_TMP, pos), (_ACT, self.bytes(s, torch.int64))])
+        r.node("tok_emb backward", [(_TMP, self.bytes(V * h, self.params))],
+               [(_TMP, self.bytes(V * h, self.params) + Xr)])
+
+    def layernorm(self, r: _Replay, label: str) -> None:
+        if self.t.autocast:  # the linear's 16-bit input gradient, back to the fp32 stream
+            self._cast(r, label.replace("backward", "output cast backward"), self.Xc, self.Xr)
+        h, bias = self.config.d_model, self.config.bias
+        r.node(label, [(_TMP, self.Xr), (_GRAD, self.bytes(h, self.params)),
+                       (_GRAD, self.bytes(h * bias, self.params))],
+               [(_TMP, self.Xr), (_ACT, self.Xr + 2 * self.st)])
+
+    def block(self, r: _Replay) -> None:
+        """One block, top to bottom; enters and leaves with one stream gradient live."""
+        c, b, s, t = self.config, self.b, self.s, self.t
+        h, p, ac = c.d_model, c.dropout, t.autocast
+        Xc, Xr, Fc = self.Xc, self.Xr, self.Fc
+        mask = self.bytes(b * s * h, t.mask(t.compute)) if p > 0 else 0
+        # The gradient into a branch: the stream's own (shared with the skip connection) or, under
+        # autocast, a 16-bit copy of it that the branch frees; after dropout, dropout's output.
+        g_in = Xc if (p > 0 or ac) else 0
+        if ac:
+            r.node("mlp: gradient cast to 16-bit", [(_TMP, Xc)])
+        if p > 0:
+            r.node("mlp dropout backward", [(_TMP, Xc)], [(_TMP, Xc if ac else 0), (_ACT, mask)])
+        self.linear(r, "mlp proj backward", 4 * h, h, Fc, [(_TMP, g_in), (_ACT, Fc)])
+        if c.fused_mlp:
+            self.bias_gelu(r)
+            self.linear(r, "mlp fc backward (x @ W.T)", h, 4 * h, Xc, [(_TMP, Fc), (_ACT, Xc)],
+                        bias=False)
+        else:
+            r.node("gelu backward", [(_TMP, Fc)], [(_TMP, Fc), (_ACT, Fc)])
+            self.linear(r, "mlp fc backward", h, 4 * h, Xc, [(_TMP, Fc), (_ACT, Xc)])
+        self.layernorm(r, "ln2 backward")
+        r.node("residual: gradients added", [(_TMP, Xr)], [(_TMP, 2 * Xr)])
+        if ac:
+            r.node("attention: gradient cast to 16-bit", [(_TMP, Xc)])
+        if p > 0:
+            r.node("attn resid dropout backward", [(_TMP, Xc)],
+                   [(_TMP, Xc if ac else 0), (_ACT, mask)])
+        self.attention(r, g_in)
+        self.linear(r, "qkv backward", h, 3 * h, Xc, [(_TMP, 3 * Xc), (_ACT, Xc)])
+        self.layernorm(r, "ln1 backward")
+        r.node("residual: gradients added", [(_TMP, Xr)], [(_TMP, 2 * Xr)])
+
+    def bias_gelu(self, r: _Replay) -> None:
+        """The course kernel's backward (:mod:`course_lib.model.fused`): the input's gradient, then the
+        bias's, summed over the rows in fp32 and cast to the bias's dtype (under autocast, a
+        16-bit gradient that the bias's cast turns into the fp32 parameter's)."""
+        n, Fc, t = 4 * self.config.d_model, self.Fc, self.t
+        f32 = self.bytes(n, _F32)
+        frees = [(_TMP, Fc), (_ACT, Fc)]  # the incoming gradient, the saved input x
+        if t.compute == _F32:
+            r.node("bias_gelu backward (course kernel)", [(_TMP, Fc), (_GRAD, f32)], frees)
+            return
+        e = self.bytes(n, t.compute)
+        if not t.autocast:
+            r.node("bias_gelu backward (course kernel)", [(_TMP, Fc), (_TMP, f32), (_GRAD, e)],
+                   [(_TMP, f32), *frees])
+            return
+        r.node("bias_gelu backward (course kernel)", [(_TMP, Fc), (_TMP, f32), (_TMP, e)],
+               [(_TMP, f32), *frees, (_ACT, e)])  # and the saved 16-bit copy of the bias
+        r.node("bias cast backward", [(_GRAD, self.bytes(n, self.params))], [(_TMP, e)])
+
+    def attention(self, r: _Replay, g_in: int) -> None:
+        """From the out-projection's backward to the concatenated q, k, v gradient (3 X, live)."""
+        c, b, s, t = self.config, self.b, self.s, self.t
+        h, a, p = c.d_model, c.n_heads, c.dropout
+        X, kernel = self.Xc, self.kernel
+        if kernel in ("flash", "cudnn", "efficient"):
+            # The proj's input is the kernel's output, freed with the kernel's saved tensors.
+            self.linear(r, "attn proj backward", h, h, X, [(_TMP, g_in)])
+            saved = act.total_bytes(act._core_saved(c, b, s, t), act.STEP_KINDS, t.gpu)
+            scratch = 0
+            if t.gpu is not None:  # fp32 accumulators of the CUDA backward kernels
+                rows = 128 * math.ceil(s / 128)
+                if kernel == "efficient":
+                    scratch = self.bytes(b * a * 32 * math.ceil(s / 32), _F32)
+                else:
+                    d32 = 32 * math.ceil(c.d_head / 32)
+                    scratch = (self.bytes(b * a * rows * d32, _F32)
+                               + self.bytes(b * a * rows, _F32))
+            grads = [(_TMP, X)] * 3
+            if kernel == "efficient" and t.gpu is not None:  # one (b, s, 3, a, d) buffer
+                grads = [(_TMP, self.bytes(3 * b * s * h, t.compute))]
+            r.node(f"fused attention backward ({kernel})", [*grads, (_TMP, scratch)],
+                   [(_TMP, scratch), (_TMP, X), (_ACT, saved)])
+            r.node("q, k, v gradients concatenated", [(_TMP, 3 * X)],
+                   [(_TMP, sum(n for _, n in grads))])
+            return
+        math_kernel = kernel == "math"
+        inner = _F32 if math_kernel and t.compute != _F32 else t.compute
+        soft = inner if math_kernel else (
+            kernels.autocast_softmax_dtype(t.compute, t.gpu) if t.autocast else t.compute)
+        cast = soft != inner  # CUDA autocast: softmax in fp32, probs @ v on a 16-bit copy
+        Xi = self.bytes(b * s * h, inner)
+        S = self.bytes(b * a * s * s, inner)
+        Ss = self.bytes(b * a * s * s, soft)
+        self.linear(r, "attn proj backward", h, h, X, [(_TMP, g_in), (_ACT, X)])
+        if inner != t.compute:
+            self._cast(r, "sdpa output cast backward", X, Xi)
+        r.node("merge heads backward (copy)", [(_TMP, Xi)], [(_TMP, Xi if inner != t.compute else X)])
+        kept_probs = S if (p > 0 or cast) else 0  # a storage of its own for probs @ v
+        # With b == 1 or a == 1 the head batches are views of the QKV output (see
+        # activations._core_saved); that storage goes only when q and k have been used too.
+        v_view = (b == 1 or a == 1) and inner == t.compute
+        v = 0 if v_view else Xi
+        r.node("probs @ v backward", [(_TMP, Xi), (_TMP, S)], [(_TMP, Xi), (_ACT, v + kept_probs)])
+        if cast:
+            self._cast(r, "probabilities cast backward", S, Ss)
+        if p > 0:
+            mask = self.bytes(b * a * s * s, t.mask(soft))
+            r.node("attention dropout backward", [(_TMP, Ss)], [(_TMP, Ss), (_ACT, mask)])
+        r.node("softmax backward", [(_TMP, Ss)], [(_TMP, Ss), (_ACT, Ss)])
+        if cast:
+            self._cast(r, "scores cast backward", Ss, S)
+        if not math_kernel:
+            r.node("masked_fill backward", [(_TMP, S)], [(_TMP, S), (_ACT, self.bytes(s * s, torch.bool))])
+            r.node("scale backward", [(_TMP, S)], [(_TMP, S)])
+        qkv_out = self.bytes(3 * b * s * h, t.compute)
+        qk = qkv_out if v_view and not math_kernel else 2 * Xi + (qkv_out if v_view else 0)
+        r.node("q @ k^T backward", [(_TMP, Xi), (_TMP, Xi)], [(_TMP, S), (_ACT, qk)])
+        if math_kernel:
+            r.node("q, k scale backward", [(_TMP, Xi), (_TMP, Xi)], [(_TMP, 2 * Xi)])
+        if inner != t.compute:
+            r.node("q, k, v cast back", [(_TMP, X)] * 3, [(_TMP, 3 * Xi)])
+        r.node("split heads backward (copies)", [(_TMP, X), (_TMP, X)], [(_TMP, 2 * X)])
+        r.node("q, k, v gradients concatenated", [(_TMP, 3 * X)], [(_TMP, 3 * X)])
+
+
+# The first backward node of the attention core: where a checkpointed core reruns.
+_CORE_BACKWARD = ("probs @ v backward", "fused attention backward")
+
+
+def adamw_scratch_bytes(param_bytes: list[int]) -> int:
+    """Largest scratch of PyTorch's single-tensor AdamW (``foreach=False``), in bytes.
+
+    Per parameter ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)``
+    holds two parameter-sized temporaries at once, while the previous parameter's
+    ``denom`` is still referenced: ``max_i(P[i-1] + 2*P[i])``.
+
+    Args:
+        param_bytes (list of int): a non-empty list of byte counts (ints from 0 to
+            :data:`course_lib.validation.MAX_BYTES`), one per parameter in the optimizer's order.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming ``param_bytes``, for an empty list, a non-list or a bad count.
+
+    Example::
+
+        adamw_scratch_bytes([400, 40])  # 800: 2 * 400 for the first parameter
+    """
+    if isinstance(param_bytes, str) or not isinstance(param_bytes, list | tuple) or not param_bytes:
+        raise ValueError(f"param_bytes must be a non-empty list of ints (bytes), got "
+                         f"{param_bytes!r}")
+    for n in param_bytes:
+        integer("param_bytes", n, minimum=0, maximum=MAX_BYTES)
+    return _adamw_scratch(tuple(param_bytes))
+
+
+def _adamw_scratch(param_bytes: tuple[int, ...]) -> int:
+    """:func:`adamw_scratch_bytes` of checked sizes (the engine's own)."""
+    return max((param_bytes[i - 1] if i else 0) + 2 * n for i, n in enumerate(param_bytes))
+
+
+# --------------------------------------------------------------------------- checkpointing
+
+@functools.lru_cache(maxsize=1024)
+def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
+    """``(block, rebuilt, left)`` bytes for one checkpointed region of one block.
+
+    ``block``: what a plain block keeps; ``rebuilt``: what recomputation adds when
+    the backward pass reaches the region; ``left``: what the region holds beyond a plain
+    block once rebuilt (selective: the cached matmul outputs that the rerun consumes;
+    attention: the QKV output its checkpoint held). Depends on one block only: ``config``
+    is the model's with one layer (cached).
+    """
+    gpu = t.gpu
+    block = act.total_bytes(act._block_saved(config, b, s, t), act.STEP_KINDS, gpu)
+    h = config.d_model
+    x_in = kernels.allocated(b * s * h * dtype_bytes(t.stream), gpu)  # the block's input
+    if mode in ("blocks", "sqrt"):
+        return block, block - x_in, 0
+    kw = dict(seq_len=s, dtype=t.compute, gpu=gpu, autocast=t.autocast)
+    kept = (checkpointed.predict_kept_bytes(config, b, mode, **kw)
+            - checkpointed.predict_kept_bytes(config, b, "blocks", **kw) + x_in)
+    if mode == "attention":
+        core = act._core_saved(config, b, s, t)
+        rebuilt = act.total_bytes([i for i in core if "QKV output" not in i.what],
+                                  act.STEP_KINDS, gpu)
+    else:  # selective: the matmul and attention outputs are kept; the rest is rebuilt
+        fc_out = kernels.allocated(4 * b * s * h * dtype_bytes(t.compute), gpu)  # GELU's input
+        # A fused kernel's saved tensors (q, k, v in the QKV output, its output, log-sum-exp)
+        # are all kept outputs: none is rebuilt.
+        core = act._core_saved(config, b, s, t) if act._fused(config, t) else []
+        rebuilt = block - x_in - fc_out - act.total_bytes(core, act.STEP_KINDS, gpu)
+        if mode == "save-kernel":  # the course kernel's output (the MLP proj's input) is kept
+            rebuilt -= fc_out
+    return block, rebuilt, kept + rebuilt - block
+
+
+def _chunked_kept(config: GPTConfig, b: int, s: int, t) -> int:
+    """What the chunked loss keeps minus what the plain one keeps: the row-wise log-sum-exps
+    instead of the log-softmax output and ``nll_loss``'s ``total_weight``."""
+    n = b * s
+    return (kernels.allocated(4 * n, t.gpu) - kernels.allocated(4 * n * config.vocab_size, t.gpu)
+            - kernels.allocated(4, t.gpu))
+
+
+@functools.lru_cache(maxsize=1024)
+def _kept_pieces(one: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
+    """``(outside the blocks, a plain block, a checkpointed region's first block)``: bytes kept
+    from forward to backward (:func:`course_lib.prediction.checkpointed.kept_items`), per piece."""
+    kw = dict(seq_len=s, dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
+    embed, per_block, head, _, block = checkpointed._layout(one, b, mode, 1, None, s, t.compute, t.gpu,
+                                                    t.autocast)
+    wrapped = checkpointed.kept_by_block(one, b, "blocks" if mode in ("none", "sqrt") else mode, 1, **kw)
+    total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=t.gpu)
+    return total(embed) + total(head), total(block), total(wrapped[0])
+
+
+def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
+                segments: int | None) -> int:
+    """:func:`course_lib.prediction.checkpointed.predict_kept_bytes`, from per-piece sums: every region
+    keeps its first block's checkpointed items and nothing of its other blocks."""
+    # none, blocks and sqrt keep the same pieces (a region's first block keeps its input)
+    piece_mode = "blocks" if mode in ("none", "sqrt") else mode
+    outside, block, wrapped = _kept_pieces(_one_layer(config), b, s, t, piece_mode)
+    regions = ckpt._regions(config.n_layers, mode, every, segments)
+    covered = sum(len(region) for region in regions)
+    return outside + (config.n_layers - covered) * block + len(regions) * wrapped
+
+
+def _rerun_core(one: GPTConfig, b: int, s: int, t) -> tuple[int, int] | None:
+    """``(after, scratch)`` for the rerun of a whole block with the explicit core: the bytes
+    the block saves after its core, and what the core holds at its end beyond what it saves
+    (explicit: the QKV output, the masked scores, the causal mask and the output,
+    :func:`_explicit_core_peak` with every saved tensor kept; SDPA's math kernel: its scratch,
+    :func:`_math_scratch`). None for the fused kernels, which save what they hold."""
+    if t.autocast or one.fused_mlp:
+        return None
+    kernel = kernels.attention_kernel(one, t.compute, t.gpu)
+    block = act._block_saved(one, b, s, t)
+    core = act._core_saved(one, b, s, t)
+    end = max(i for i, item in enumerate(block) if item in core)
+    total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=t.gpu)
+    if kernel == "math":
+        return total(block[end + 1:]), _math_scratch(one, b, s, t)
+    if kernel != "explicit":
+        return None
+    qkv_out = kernels.allocated(3 * b * s * one.d_model * dtype_bytes(t.compute), t.gpu)
+    scratch = qkv_out + _explicit_core_peak(one, b, s, t, saved=True, keep_scores=False) \
+        - total(core)
+    return total(block[end + 1:]), scratch
+
+
+def _selective_rerun(one: GPTConfig, b: int, s: int, t, after: int,
+                     scratch: int) -> tuple[int, int, int]:
+    """:func:`_rerun_core`'s ``(after, scratch)`` under the selective policy, and the cached
+    scores' bytes, whose cache holds
+    the QKV output, the core's ``q @ k^T`` and ``probs @ v`` outputs (fp32 in the math kernel)
+    and the MLP's first output (GELU's input): none of them is allocated again by the rerun,
+    and the scores are let go inside the core, once the scaling has read them (no backward
+    formula needs them)."""
+    n, gpu, e = b * s * one.d_model, t.gpu, dtype_bytes(t.compute)
+    inner = 4 if kernels.attention_kernel(one, t.compute, gpu) == "math" else e
+    fc_out = kernels.allocated(4 * n * e, gpu)
+    scores = kernels.allocated(b * one.n_heads * s * s * inner, gpu)
+    return (after - fc_out,
+            scratch - kernels.allocated(3 * n * e, gpu) - kernels.allocated(n * inner, gpu),
+            scores)
+
+
+def _rerun_core_scratch(one: GPTConfig, b: int, s: int, t) -> int:
+    """What a checkpointed attention core holds at the end of its rerun beyond what it saves:
+    :func:`_rerun_core`'s scratch less its inputs (the QKV output, which the checkpoint keeps)
+    and less its output, which the rerun never computes (``torch.utils.checkpoint`` stops a
+    non-reentrant rerun once the last saved tensor, the copy of ``v`` for ``probs @ v``, is
+    rebuilt); 0 for the fused kernels and under autocast."""
+    core = _rerun_core(one, b, s, t)
+    if core is None:
+        return 0
+    n, gpu = b * s * one.d_model, t.gpu
+    e = dtype_bytes(t.compute)
+    out = kernels.allocated(n * e, gpu)
+    if kernels.attention_kernel(one, t.compute, gpu) == "math" and e != 4:
+        out += kernels.allocated(4 * n, gpu)  # the fp32 output, then its 16-bit cast
+    return core[1] - kernels.allocated(3 * n * e, gpu) - out
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: str,
+                  rerun: int | None, released: bool, left: int) -> _Effect:
+    """One block's backward pass (:meth:`_Replay.effect`), with its region's recomputation
+    (``rerun`` bytes) before it and what its checkpoint still held (``released``) after it."""
+    bw = _Backward(one, b, s, t, params)
+    bw.in_region = rerun is not None and mode in ("blocks", "sqrt", *ckpt.SELECTIVE_MODES)
+
+    def one_block(r: _Replay) -> None:
+        if rerun is not None:  # the backward pass unpacks a tensor of the region: it runs again
+            core = _rerun_core(one, b, s, t) if mode in ("blocks", "sqrt", "selective") else None
+            if core is None and mode in ckpt.SELECTIVE_MODES:  # the rerun takes the kept outputs
+                # from the cache, which lets go of those no backward formula needs
+                r.node("block {i}: cached outputs consumed", [], [(_ACT, left)])
+            if core is not None:  # the rerun's attention core at its end, then the block's rest
+                after, scratch = core
+                scores = 0
+                if mode == "selective":  # its QKV output, its output and the MLP's are cached
+                    after, scratch, scores = _selective_rerun(one, b, s, t, after, scratch)
+                    r.node("block {i}: cached scores consumed", [], [(_ACT, scores)])
+                r.node("block {i}: rerun's attention",
+                       [(_ACT, rerun - after), (_TMP, scratch)], [(_TMP, scratch)])
+                if mode == "selective":  # the other cached outputs the rerun consumed, held by
+                    # the attention's locals until it returns (the QKV output by q, k and v)
+                    r.node("block {i}: cached outputs consumed", [], [(_ACT, left - scores)])
+                r.node("block {i}: recomputation", [(_ACT, after)])
+            elif mode == "attention":  # the core alone, with its scratch (the QKV output is kept)
+                r.recompute("block {i}: recomputation", rerun, before=_CORE_BACKWARD,
+                            scratch=_rerun_core_scratch(one, b, s, t))
+            else:
+                r.recompute("block {i}: recomputation", rerun)
+        bw.block(r)
+        if released and mode == "attention":  # what its checkpoint still held
+            r.node("block {i}: region released", [], [(_ACT, left)])
+
+    return _Replay.effect(one_block)
+
+
+def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: str,
+                     every: int, segments: int | None, loss_chunk: int | None = None) -> dict:
+    """``{"live": ..., "moment": ...}`` at the worst moment of one micro-batch's backward pass."""
+    kept = _kept_bytes(config, b, s, t, mode, every, segments)
+    if loss_chunk is not None:
+        kept += _chunked_kept(config, b, s, t)
+    bw = _Backward(config, b, s, t, params)
+    r = _Replay({_GRAD: 0, _ACT: kept, _TMP: bw.bytes(1, _F32)})  # the loss
+    if loss_chunk is None:
+        bw.head(r)
+    else:
+        bw.chunked_head(r, loss_chunk)
+    regions = ckpt._regions(config.n_layers, mode, every, segments)
+    last = {region[-1]: region for region in regions}
+    first = {region[0] for region in regions}
+    one = _one_layer(config)  # every block is alike: one is replayed (cached)
+    block = rebuilt = left = 0
+    if regions:
+        block, rebuilt, left = _block_terms(one, b, s, t, mode)
+
+    def kind_of(i: int) -> tuple:
+        rerun = rebuilt + (len(last[i]) - 1) * block if i in last else None
+        return rerun, i in first and mode in (*ckpt.SELECTIVE_MODES, "attention")
+
+    # Blocks of one kind free and allocate the same: each kind is replayed once (and cached),
+    # a run of like blocks is added in one go, and so is a repeated pair of runs (what every
+    # k-th block and sqrt segments give: a checkpointed block, then k - 1 plain ones).
+    runs = [(kind, len(list(run))) for kind, run in
+            itertools.groupby(reversed(range(config.n_layers)), key=kind_of)]
+
+    def run_effect(kind, n) -> _Effect:
+        return _block_effect(one, b, s, t, params, mode, *kind, left).repeat(n)
+
+    top, i = config.n_layers - 1, 0
+    while i < len(runs):
+        pair, times = runs[i:i + 2], 1
+        while len(pair) == 2 and runs[i + 2 * times:i + 2 * times + 2] == pair:
+            times += 1
+        if times > 1:
+            effect = run_effect(*pair[0]).then(run_effect(*pair[1])).repeat(times)
+            i += 2 * times
+        else:
+            effect = run_effect(*runs[i])
+            i += 1
+        r.apply(effect, top)
+        top -= effect.blocks
+    bw.embeddings(r)
+    return {"live": r.best, "moment": r.moment}
+
+
+def _chunked_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
+                     segments: int | None, loss_chunk: int) -> dict:
+    """The forward-pass moment of the chunked loss: every activation kept, the last chunk's
+    logits (``n x V`` fp32, and the compute-dtype product they are cast from) and a few
+    ``n``-sized tensors (target indices, picked logits, maxima)."""
+    n, V = min(loss_chunk, b * s), config.vocab_size
+    kept = (checkpointed.predict_kept_bytes(config, b, mode, every, segments=segments, seq_len=s,
+                                    dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
+            + _chunked_kept(config, b, s, t))
+    gpu = t.gpu
+    z = kernels.allocated(4 * n * V, gpu)
+    if t.compute == _F32:  # the logits, the clamped target ids, the picked logits
+        peak = z + kernels.allocated(8 * n, gpu) + kernels.allocated(4 * n, gpu)
+    else:  # the 16-bit product and its fp32 copy
+        peak = z + kernels.allocated(n * V * dtype_bytes(t.compute), gpu)
+    scratch = kernels.allocated(b * s, gpu) + kernels.allocated(4, gpu) + peak  # mask, total
+    return {"live": {_GRAD: 0, _ACT: kept, _TMP: scratch}, "moment": "chunked loss (forward)"}
+
+
+def _math_scratch(config: GPTConfig, b: int, s: int, t) -> int:
+    """What SDPA's math kernel holds at its end beyond what it saves (:func:`_math_forward`)."""
+    gpu, e, h, a = t.gpu, dtype_bytes(t.compute), config.d_model, config.n_heads
+    n = b * s * h
+
+    def al(numel, nbytes):
+        return kernels.allocated(numel * nbytes, gpu)
+
+    views = b == 1 or a == 1  # head batches are views: no copies (activations._core_saved)
+    if e == 4:
+        return 2 * al(n, 4) + al(s * s, 4) + (0 if views else al(3 * n, e))
+    copies = (3 if views else 5) * al(n, 4)
+    return copies + al(s * s, 4) + al(b * a * s * s, e) + al(n, e) + al(3 * n, e)
+
+
+def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
+    """The forward-pass moment that can win where SDPA runs its math kernel: the last block's attention.
+
+    The reference kernel's scratch is alive at its end: in 16-bit, fp32 copies of
+    q, k, v and one scaled copy, the additive causal mask (fp32 ``s^2``), a 16-bit
+    copy of the probabilities, the fp32 output and its 16-bit cast
+    (``5*bsh*4 + 4s^2 + bas^2*e + bsh*e``); in fp32 one scaled copy, the mask and
+    the output (``2*bsh*4 + 4s^2``); and the QKV output (``3*bsh*e``) the kernel
+    reads from. Everything saved up to that point is alive too.
+    """
+    if config.attention != "sdpa" or kernels.sdpa_kernel(config, t.compute, t.gpu) != "math":
+        return None
+    gpu = t.gpu
+    scratch = _math_scratch(config, b, s, t)
+    block = act._block_saved(config, b, s, t)
+    last_core = max(i for i, item in enumerate(block) if item.op.startswith("sdpa"))
+    args = (config, b, s, t.compute, gpu)
+    after = (act.total_bytes(block[last_core + 1:], act.STEP_KINDS, gpu)
+             + act.total_bytes(act.head_saved(*args, autocast=t.autocast), act.STEP_KINDS, gpu))
+    saved = act.total_bytes(act.model_saved(*args, autocast=t.autocast), act.STEP_KINDS,
+                            gpu) - after
+    return {"live": {_GRAD: 0, _ACT: saved, _TMP: scratch},
+            "moment": "last block's attention (forward)"}
+
+
+def _explicit_core_peak(config: GPTConfig, b: int, s: int, t, *, saved: bool,
+                        keep_scores: bool) -> int:
+    """Bytes above its start at the worst moment of the explicit attention core's forward pass.
+
+    ``CausalSelfAttention.core`` replayed tensor by tensor (``models.py``): the copies of ``q``
+    and ``k`` for ``q @ k^T``; the scores; the scaled scores; the causal mask (``ones``, its
+    ``tril``, kept by the core to its end, and ``~mask``); the masked scores (the local
+    ``scores``, alive until the core returns); the probabilities; dropout's mask and output;
+    the copy of ``v``; the output. ``saved``: autograd keeps what each op saves (a plain
+    block); else nothing of the core is kept (checkpointed), but with ``keep_scores`` the
+    ``q @ k^T`` and ``probs @ v`` outputs, which a selective policy caches.
+    """
+    a, p, e = config.n_heads, config.dropout, dtype_bytes(t.compute)
+    gpu = t.gpu
+
+    def al(numel, dtype_bytes_):
+        return kernels.allocated(numel * dtype_bytes_, gpu)
+
+    X = 0 if (b == 1 or a == 1) else al(b * s * config.d_model, e)  # a head-batched copy
+    S = al(b * a * s * s, e)
+    M = al(b * a * s * s, dtype_bytes(t.mask(t.compute)))
+    B = al(s * s, 1)
+    live = worst = 0
+
+    def alloc(*sizes):
+        nonlocal live, worst
+        for n in sizes:
+            live += n
+            worst = max(worst, live)
+
+    def free(*sizes):
+        nonlocal live
+        live -= sum(sizes)
+
+    alloc(X, X, S)                                   # q, k copies; q @ k^T
+    alloc(S)                                         # * 1/sqrt(d)
+    free(*(() if saved else (X, X)), *(() if keep_scores else (S,)))
+    alloc(B, B)                                      # ones, tril (the local mask)
+    free(B)
+    alloc(B, S)                                      # ~mask, masked_fill
+    free(S, *(() if saved else (B,)))                # the scaled scores; ~mask unless saved
+    alloc(S)                                         # softmax
+    if p > 0:
+        alloc(M, S)                                  # dropout: its mask, its output
+        if not saved:
+            free(S, M)                               # the probabilities and the mask
+    alloc(X)                                         # v copy
+    alloc(al(b * s * config.d_model, e))             # probs @ v
+    return worst
+
+
+@functools.lru_cache(maxsize=1024)
+def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
+                      segments: int | None) -> dict | None:
+    """The forward-pass moment of explicit attention: the last block's core at its worst.
+
+    What the embeddings and the blocks below keep under ``mode``, what the last block holds
+    when its core starts (the QKV output, and LayerNorm's and the QKV projection's saved
+    inputs where they are kept), and the core's own peak (:func:`_explicit_core_peak`). A
+    checkpointed region keeps little in the forward pass, but its attention core still builds
+    its ``s x s`` maps one after the other: with a selective policy this moment is the step's
+    peak (the scores are cached while the probabilities, dropout's mask and output are alive).
+    Cached (at most 1024 settings; callers only read the dict).
+    """
+    if config.attention != "explicit" or t.autocast:
+        return None
+    gpu, L, h = t.gpu, config.n_layers, config.d_model
+    embed, per_block, _, regions, _ = checkpointed._layout(config, b, mode, every, segments, s,
+                                                   t.compute, gpu, t.autocast)
+    total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=gpu)
+    below = total(embed) + sum(total(items) for items in per_block[:L - 1])
+    wrapped = {region[0] for region in regions}
+    last = L - 1 if mode != "sqrt" else None  # sqrt leaves the last segment plain
+    last_wrapped = last in wrapped
+    x_in = kernels.allocated(b * s * h * dtype_bytes(t.stream), gpu)
+    qkv_out = kernels.allocated(3 * b * s * h * dtype_bytes(t.compute), gpu)
+    ln_and_input = total(act._layernorm_saved("ln1", b, s, h, t)
+                         + act._linear_saved("qkv", "", b, s, h, 3 * h, t))
+    if not last_wrapped or mode == "attention":
+        start = ln_and_input + qkv_out
+    else:  # blocks, selective: the block's input, LayerNorm's output (the attention's argument,
+        # alive until the attention returns) and the QKV output (cached or not)
+        start = 2 * x_in + qkv_out
+    saved = not checkpointed
+    core = _explicit_core_peak(config, b, s, t, saved=saved,
+                               keep_scores=checkpointed and mode in ckpt.SELECTIVE_MODES)
+    return {"live": {_GRAD: 0, _ACT: below + start, _TMP: core},
+            "moment": "last block's attention (forward)"}
+
+
+# --------------------------------------------------------------------------- the step
+
+@functools.lru_cache(maxsize=4096)
+def _one_layer(config: GPTConfig) -> GPTConfig:
+    """``config`` with one block: the per-block pieces every depth shares (made and checked once)."""
+    return replace(config, n_layers=1)
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """The parameters of one model as a device allocates them in one dtype, in bytes."""
+
+    total: int           # all parameter tensors
+    last: int            # the last tensor (the final LayerNorm's)
+    adamw_scratch: int   # :func:`adamw_scratch_bytes` of these tensors
+    count: int           # how many tensors
+
+
+@functools.lru_cache(maxsize=1024)
+def _param_sizes(config: GPTConfig, element_bytes: int, gpu: GPU | None) -> _Sizes:
+    """:class:`_Sizes` of ``config`` (cached: a planner asks for the same model at many batch
+    sizes, and thousands of tensors need not be summed each time)."""
+
+    def sizes(n_layers: int) -> list[int]:
+        return [kernels.allocated(n * element_bytes, gpu)
+                for n in param_numels(replace(config, n_layers=n_layers))]
+
+    # Every block holds the same tensors: sizes of one and of two blocks give the rest (AdamW's
+    # scratch looks at neighbours only, and two blocks show every pair of neighbours).
+    one, two = sizes(1), sizes(min(2, config.n_layers))
+    block, count = sum(two) - sum(one), len(two) - len(one)
+    extra = config.n_layers - min(2, config.n_layers)
+    return _Sizes(sum(two) + extra * block, two[-1], _adamw_scratch(tuple(two)),
+                  len(two) + extra * count)
+
+
+def _model_states(config: GPTConfig, precision: str, gpu: GPU | None) -> tuple[_Sizes, int, int]:
+    """``(the parameters' sizes, master weights' bytes, optimizer state's bytes)`` of a steady
+    step: AdamW's ``m`` and ``v``, and its step counters where they live on the device."""
+    spec = PRECISION[precision]
+    params = _param_sizes(config, dtype_bytes(spec.params), gpu)
+    states = _param_sizes(config, dtype_bytes(spec.state), gpu)
+    steps = states.count * kernels.allocated(4, gpu) if kernels.optimizer_steps_on_device(gpu) else 0
+    master = _param_sizes(config, 4, gpu).total if spec.master else 0
+    return params, master, 2 * states.total + steps
+
+
+@functools.lru_cache(maxsize=8192)
+def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: int,
+             segments: int | None, s: int, gpu: GPU | None, first_step: bool,
+             foreach: bool, loss_chunk: int | None = None) -> dict[str, StepMemory]:
+    spec = PRECISION[precision]
+    _, _, t = act._check(config, b, s, spec.compute, gpu, spec.autocast)
+
+    def sizes(dtype) -> _Sizes:
+        return _param_sizes(config, dtype_bytes(dtype), gpu)
+
+    params, master, state = _model_states(config, precision, gpu)
+    P = params.total
+    resident = dict(parameters=P, master_weights=master,
+                    optimizer_state=0 if first_step else state, first_step=first_step)
+    loss = kernels.allocated(4, gpu)
+    out = {}
+    # The forward moment: SDPA's math kernel scratch (no checkpointing), or the explicit core's
+    # s x s maps (every mode: a checkpointed core still builds them).
+    forward = _math_forward(config, b, s, t) if mode == "none" else None
+    if forward is None:
+        forward = _explicit_forward(config, b, s, t, mode, every, segments)
+    if loss_chunk is not None:
+        chunked = _chunked_forward(config, b, s, t, mode, every, segments, loss_chunk)
+        if forward is None or sum(chunked["live"].values()) > sum(forward["live"].values()):
+            forward = chunked
+    backward = _backward_moment(config, b, s, t, spec.params, mode, every, segments, loss_chunk)
+    for name, found in (("forward", forward), ("backward", backward)):
+        if found is None:
+            continue
+        live = found["live"]
+        out[name] = StepMemory(f"{name}, micro-batch 1: {found['moment']}", **resident,
+                               gradients=live[_GRAD], activations=live[_ACT],
+                               transient=live[_TMP])
+        if K > 1:  # the accumulated gradient is live; the pass's new ones count as transient (bound)
+            out[name + " 2+"] = StepMemory(f"{name}, micro-batch 2+: {found['moment']}", **resident,
+                                           gradients=P, activations=live[_ACT],
+                                           transient=live[_TMP] + live[_GRAD])
+    optimizer = dict(resident, optimizer_state=state)
+    if spec.master:  # fp32 copies of the gradients replace the 16-bit ones one tensor at a time
+        master_grads = sizes(_F32)
+        scratch = max(2 * params.last,
+                      master_grads.total if foreach else master_grads.adamw_scratch)
+        out["optimizer"] = StepMemory("optimizer step (fp32 master gradients)", **optimizer,
+                                      gradients=master_grads.total, activations=0,
+                                      transient=scratch + loss)
+    else:
+        states = sizes(spec.state)
+        scratch = states.total if foreach else states.adamw_scratch
+        out["optimizer"] = StepMemory("AdamW step", **optimizer, gradients=P, activations=0,
+                                      transient=scratch + loss)
+    return out
+
+
+@functools.lru_cache(maxsize=8192)
+def _floor(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: int, s: int,
+           gpu: GPU | None) -> int:
+    spec = PRECISION[precision]
+    _, _, t = act._check(config, b, s, spec.compute, gpu, spec.autocast)
+    params, master, state = _model_states(config, precision, gpu)
+    kept = _kept_bytes(config, b, s, t, mode, every, None)
+    return (params.total + master + state + (params.total if K > 1 else 0) + kept
+            + kernels.allocated(4, gpu))
+
+
+def predict_floor(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
+                  precision: str = "fp32", mode: str = "none", every: int = 1,
+                  seq_len: int | None = None, gpu=None) -> int:
+    """A lower bound, in bytes, on :func:`predict_step_memory`'s ``total``, cheaply computed.
+
+    The bound is the moment the backward pass starts, at a fraction of the prediction's cost.
+
+    ``floor = resident model states + the accumulated gradient (K > 1) + the activations kept
+    for the backward pass (:func:`course_lib.prediction.checkpointed.predict_kept_bytes`) + the loss``:
+    the backward pass starts from it (every later moment adds gradients and scratch, or frees
+    what it no longer needs), so a step whose floor is over a budget cannot fit it.
+    :func:`course_lib.planning.fit.fit_model` uses it to rule settings out before predicting them. A
+    steady-state step (``first_step=False``), without chunked loss.
+
+    Args:
+        config (GPTConfig): the model.
+        micro_batch_size (int): sequences per forward pass.
+        accumulation_steps (int): micro-batches per step.
+        precision (str): one of :data:`PRECISIONS`.
+        mode, every: the checkpointing (:data:`MODES`).
+        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
+        gpu (str or GPU, optional): as :func:`predict_step_memory`'s.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming the argument.
+
+    Example:
+        >>> cfg = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+        >>> predict_floor(cfg, 4, mode="blocks") <= predict_step_memory(cfg, 4, mode="blocks").total
+        True
+    """
+    config, b, K, precision, mode, every, _, s, gpu, _, _, _ = _validate(
+        config, micro_batch_size, accumulation_steps, precision, mode, every, None, seq_len, gpu,
+        False, False)
+    return _floor(config, b, K, precision, mode, every, s, gpu)
+
+
+def _validate(config, micro_batch_size, accumulation_steps, precision, mode, every, segments,
+              seq_len, gpu, first_step, foreach, loss_chunk=None):
+    check_config(config)
+    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
+    precision_of(precision)
+    choice("mode", mode, ckpt.ALL_MODES)
+    every = positive_int("every", every, maximum=MAX_COUNT)
+    ckpt._check_mode(mode, every, segments, config.n_layers)
+    ckpt._check_kernel_mode(mode, config)
+    s = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
+    if s > config.seq_len:
+        raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {s}")
+    boolean("first_step", first_step)
+    gpu = resolve_gpu(gpu)
+    # None: AdamW as PyTorch runs it by default where the step runs (foreach on a GPU)
+    foreach = kernels.adamw_foreach(gpu) if foreach is None else boolean("foreach", foreach)
+    if gpu is not None and gpu.free_memory is not None:  # what is free does not change the step
+        gpu = replace(gpu, free_memory=None)
+    if loss_chunk is not None:
+        loss_chunk = positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
+        if PRECISION[precision].autocast:
+            raise ValueError(f"loss_chunk is predicted without autocast only, got "
+                             f"precision={precision!r}")
+    return (config, b, K, precision, mode, every, segments, s, gpu,
+            bool(first_step), bool(foreach), loss_chunk)
+
+
+def predict_moments(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
+                    precision: str = "fp32", mode: str = "none", every: int = 1,
+                    segments: int | None = None, seq_len: int | None = None, gpu=None,
+                    first_step: bool = False, foreach: bool | None = None,
+                    loss_chunk: int | None = None) -> dict[str, StepMemory]:
+    """The moments of a step that compete for its peak, by name.
+
+    "backward" (and "backward 2+" for later micro-batches), "optimizer", and "forward" where
+    SDPA's math kernel runs. The peak is the largest ``total``
+    (:func:`predict_step_memory`).
+
+    Args:
+        config (GPTConfig): the model.
+        micro_batch_size (int): sequences per forward and backward pass (1 to
+            :data:`course_lib.validation.MAX_BATCH`).
+        accumulation_steps (int): passes per optimizer step (1 to ``MAX_BATCH``).
+        precision (str): one of :data:`PRECISIONS`.
+        mode, every, segments: checkpointing, as
+            :func:`course_lib.training.checkpointing.enable_checkpointing`.
+        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
+        gpu (str or GPU, optional): None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda"
+            or a ``GPU``.
+        first_step (bool): the first step of a fresh optimizer.
+        foreach (bool, optional): AdamW's multi-tensor implementation; None: PyTorch's default
+            where the step runs (see :func:`predict_step_memory`).
+        loss_chunk (int, optional): the chunked loss's tokens per chunk.
+
+    Returns:
+        dict: moment name -> :class:`StepMemory`.
+
+    Raises:
+        ValueError: naming the argument, as :func:`predict_step_memory`.
+    """
+    return dict(_moments(*_validate(config, micro_batch_size, accumulation_steps, precision, mode,
+                                    every, segments, seq_len, gpu, first_step, foreach,
+                                    loss_chunk)))
+
+
+def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
+                        precision: str = "fp32", mode: str = "none", every: int = 1,
+                        segments: int | None = None, seq_len: int | None = None, gpu=None,
+                        first_step: bool = False, foreach: bool | None = None,
+                        loss_chunk: int | None = None) -> StepMemory:
+    """Predicted peak bytes of one AdamW step of ``GPT(config)``: the largest of its moments.
+
+    The step is :func:`course_lib.training.loop.train` on the model and optimizer of
+    :func:`course_lib.prediction.step_setup.build` (``torch.optim.AdamW`` as PyTorch runs it by default,
+    or :class:`course_lib.training.mixed_precision.MasterWeightAdamW` in mixed precision).
+
+    Args:
+        config, micro_batch_size, accumulation_steps, precision: the step, as for
+            :func:`predict_moments`.
+        mode, every, segments: checkpointing, as :func:`course_lib.training.checkpointing.enable_checkpointing`
+            (:data:`course_lib.training.checkpointing.ALL_MODES`; the kernel modes for a fused MLP).
+        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
+        gpu (str or GPU, optional): where the step runs: None (the CPU), a name of
+            :data:`course_lib.device.GPUS`, "cuda" (this kernel's GPU) or a
+            :class:`~course_lib.device.GPU`.
+        first_step (bool): the first step of a fresh optimizer (``m`` and ``v`` made in it) rather
+            than a steady-state step.
+        foreach (bool, optional): AdamW's multi-tensor implementation, whose scratch is one copy
+            of ``v`` (of the fp32 master weights' ``v`` in mixed precision), instead of the
+            per-tensor one. None (the default): PyTorch's own choice where the step runs
+            (:func:`course_lib.model.kernels.adamw_foreach`: foreach on a GPU, per tensor on the CPU).
+        loss_chunk (int, optional): the loss of :func:`course_lib.training.levers.chunked_cross_entropy` with
+            chunks of this many tokens (:func:`course_lib.training.levers.use_chunked_loss`), instead of
+            ``F.cross_entropy`` over the whole logits; not with the autocast precisions.
+
+    Returns:
+        A :class:`StepMemory`; ``moment`` names where the peak falls.
+
+    Raises:
+        ValueError: naming the argument, for anything outside the above.
+
+    Accuracy on the CPU (``benchmarks/estimator_accuracy.py``, and the tests): one
+    micro-batch in fp32 or pure 16-bit is exact to the byte, with or without dropout, under
+    every checkpointing mode (with a selective policy and explicit attention the peak is in
+    the forward pass, with the other modes in a rerun or the backward pass). Under autocast,
+    within 5 %. More micro-batches: an upper bound. The fused MLP
+    (``GPTConfig(fused_mlp=True)``, the course kernel through Triton's interpreter on the CPU)
+    is exact too, under its two policies (``mode="save-kernel"`` or ``"recompute-kernel"``)
+    as under the other modes; with explicit attention ``save-kernel`` is low by under 1 %
+    (its rerun's attention scratch, which the engine does not replay).
+
+    Example:
+        >>> cfg = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
+        >>> m = predict_step_memory(cfg, 4, precision="bf16-mixed", gpu="A100 80GB")
+        >>> m.moment  # an A100 runs flash attention; its backward is where this step peaks
+        'backward, micro-batch 1: fused attention backward (flash)'
+        >>> m.optimizer_state == 2 * m.master_weights  # m and v, fp32 like the master copies
+        True
+    """
+    moments = predict_moments(config, micro_batch_size, accumulation_steps, precision=precision,
+                              mode=mode, every=every, segments=segments, seq_len=seq_len, gpu=gpu,
+                              first_step=first_step, foreach=foreach, loss_chunk=loss_chunk)
+    return max(moments.values(), key=lambda m: m.total)

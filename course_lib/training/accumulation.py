@@ -1,0 +1,442 @@
+"""Gradient accumulation: one batch's gradient, computed micro-batch by micro-batch.
+
+A batch of ``B`` samples is cut into ``K = B / b`` micro-batches of ``b``; each
+runs forward and backward on its own, and their gradients add up before a
+single optimizer step. Only one micro-batch's activations are alive at a time,
+so activation memory follows ``b``, not ``B``; the gradients themselves are
+the size of the parameters whatever ``K`` is. All micro-batches see the same
+weights: the gradient of a sum is the sum of the gradients, so the result is
+the full batch's gradient up to float rounding, **if** each micro-batch's loss
+carries the right weight. That weight is where the bugs are (``normalize``):
+
+* ``"tokens"`` (correct): sum the token losses of each micro-batch and divide
+  by ``N``, the number of non-ignored tokens in the *whole* batch. The total is
+  the full batch's mean loss ``(1/N) sum_i l_i`` whatever the padding.
+* ``"mean-of-means"``: each micro-batch's mean loss divided by ``K``. Equal to
+  the above only when every micro-batch holds the same number of tokens; with
+  padded sequences it over-weights the tokens of short micro-batches. Hugging
+  Face ``transformers``' Trainer did this until v4.46 (October 2024, after a
+  report by Unsloth; transformers pull request #34191 and follow-ups).
+* ``"sum-of-means"``: the micro-batch means summed, the division by ``K``
+  forgotten: gradients ``K`` times too large.
+
+The losses are cross-entropy over ``model(inputs)`` logits (a tuple output's
+first item), as the course GPT computes them, ``ignore_index`` targets skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib.model.gpt import check_batch
+from course_lib.validation import MAX_COUNT, choice, integer, positive_int, tensor
+
+NORMALIZATIONS = ("tokens", "mean-of-means", "sum-of-means")
+#: Token ids and ``ignore_index`` are int64 values.
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def _check_normalize(normalize: str) -> None:
+    choice("normalize", normalize, NORMALIZATIONS)
+
+
+def _token_id(name: str, value) -> int:
+    """An int64 token id or ``ignore_index`` (a bool, a float or 2**63 is refused)."""
+    return integer(name, value, minimum=INT64[0], maximum=INT64[1])
+
+
+def _check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise ValueError("inputs and targets must be tensors")
+    if inputs.dim() == 0 or targets.dim() == 0 or inputs.size(0) != targets.size(0):
+        raise ValueError(f"inputs and targets must share their batch size (leading dimension), "
+                         f"got shapes {tuple(inputs.shape)} and {tuple(targets.shape)}")
+
+
+def _check_model(model) -> list[tuple[str, nn.Parameter]]:
+    """The model's trainable ``(name, parameter)`` pairs (a tied weight once)."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def _logits(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    out = model(inputs)
+    return out[0] if isinstance(out, tuple | list) else out
+
+
+def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: int):
+    """``[(inputs_k, targets_k)]``: the ``K = B / micro_batch_size`` micro-batches of a batch, in order.
+
+    Args:
+        inputs (torch.Tensor): ``(B, ...)`` inputs.
+        targets (torch.Tensor): ``(B, ...)`` targets.
+        micro_batch_size (int): samples per micro-batch; must divide ``B``.
+
+    Returns:
+        list of tuple: the micro-batches, views of the tensors.
+
+    Raises:
+        ValueError: when ``micro_batch_size`` is below 1 or does not divide the
+            batch size ``B`` (the leading dimension), or when inputs and targets differ in ``B``.
+    """
+    _check_batch(inputs, targets)
+    micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
+    batch = inputs.size(0)
+    if batch % micro_batch_size:
+        raise ValueError(f"micro_batch_size must divide the batch size {batch}, "
+                         f"got {micro_batch_size}")
+    return list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
+
+
+def token_counts(targets: torch.Tensor, micro_batch_size: int, ignore_index: int = -100) -> list[int]:
+    """Non-ignored targets in each micro-batch (one device sync for all of them).
+
+    Args:
+        targets (torch.Tensor): ``(B, ...)`` integer targets.
+        micro_batch_size (int): samples per micro-batch; must divide ``B``.
+        ignore_index (int): the target value that is not a token (an int, never a bool).
+
+    Returns:
+        ``[n_0, ..., n_{K-1}]``, the tokens of each micro-batch.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
+
+    Example::
+
+        token_counts(torch.tensor([[1, -100], [2, 3]]), 1)  # [1, 2]
+    """
+    tensor("targets", targets, integral=True)
+    if targets.dim() == 0:
+        raise ValueError("targets must have a batch dimension, got a 0-d tensor")
+    micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
+    ignore_index = _token_id("ignore_index", ignore_index)
+    if targets.size(0) % micro_batch_size:
+        raise ValueError(f"micro_batch_size must divide the batch size {targets.size(0)}, "
+                         f"got {micro_batch_size}")
+    kept = (targets != ignore_index).reshape(targets.size(0) // micro_batch_size, -1)
+    return kept.sum(dim=1).tolist()
+
+
+def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
+                     normalize: str = "tokens", total_tokens: int | None = None,
+                     accumulation_steps: int = 1, ignore_index: int = -100) -> torch.Tensor:
+    """The loss whose ``backward()`` adds this micro-batch's share of the batch gradient.
+
+    With ``S_k`` the summed cross-entropy of micro-batch ``k`` (``n_k`` tokens),
+    ``N`` = ``total_tokens`` of the whole batch and ``K`` = ``accumulation_steps``:
+
+    * ``"tokens"``: ``S_k / N``; summed over ``k`` it is the batch's mean token loss;
+    * ``"mean-of-means"``: ``(S_k / n_k) / K``;
+    * ``"sum-of-means"``: ``S_k / n_k`` (the divide-by-K bug).
+
+    Logits are upcast to fp32 only from 16-bit types, so an fp64 model stays fp64.
+    A micro-batch without tokens contributes a loss of 0 (and zero gradients)
+    under ``"tokens"``; its mean is undefined (0/0) under the other two.
+
+    Args:
+        model (torch.nn.Module): returns logits (or a tuple whose first item is the logits)
+            from ``model(inputs)``.
+        inputs (torch.Tensor): ``(B, ...)`` inputs.
+        targets (torch.Tensor): ``(B, ...)`` integer targets.
+        normalize (str): one of :data:`NORMALIZATIONS`.
+        total_tokens (int, optional): N, the whole batch's non-ignored targets; required for
+            ``"tokens"``, an int >= 1.
+        accumulation_steps (int): K, a positive int.
+        ignore_index (int): the target value that is not a token (an int64).
+
+    Returns:
+        torch.Tensor: a scalar loss.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value or ``total_tokens=None`` with
+            ``"tokens"``; for a micro-batch without tokens under the two means.
+    """
+    _check_normalize(normalize)
+    accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
+    ignore_index = _token_id("ignore_index", ignore_index)
+    if normalize == "tokens":
+        if total_tokens is None:
+            raise ValueError("total_tokens must be a positive int for normalize='tokens', "
+                             "got None")
+        total_tokens = integer("total_tokens", total_tokens, minimum=1, maximum=MAX_COUNT)
+    elif total_tokens is not None:
+        total_tokens = integer("total_tokens", total_tokens, minimum=1, maximum=MAX_COUNT)
+    _check_model(model)
+    check_batch(model, inputs, targets, ignore_index=ignore_index)
+    logits = _logits(model, inputs)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    summed = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                             ignore_index=ignore_index, reduction="sum")
+    if normalize == "tokens":
+        return summed / total_tokens
+    n_k = int((targets != ignore_index).sum())
+    if n_k == 0:
+        raise ValueError(f"a micro-batch holds no target tokens: its mean loss is 0/0 "
+                         f"(normalize={normalize!r}); use normalize='tokens'")
+    mean = summed / n_k
+    return mean / accumulation_steps if normalize == "mean-of-means" else mean
+
+
+def accumulated_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                          micro_batch_size: int, *, normalize: str = "tokens",
+                          ignore_index: int = -100) -> dict[str, torch.Tensor]:
+    """``{parameter name: gradient}`` of the whole batch's loss, computed micro-batch by micro-batch.
+
+    ``K = B / micro_batch_size`` forward and backward passes, each weighted as
+    :func:`micro_batch_loss` says for ``normalize``. With ``"tokens"`` the
+    result equals the gradient of the full batch's mean loss over its
+    non-ignored tokens (up to float rounding). The gradients are accumulated in
+    separate tensors through ``torch.autograd.grad``: the model's own ``.grad``
+    are left untouched. Parameters that do not take part get a zero gradient;
+    frozen ones (``requires_grad=False``) are left out. A weight shared by two
+    modules (the course GPT's tied embedding) appears once, under its first name.
+
+    Args:
+        model (torch.nn.Module): returns logits (or a tuple whose first item is the logits)
+            from ``model(inputs)``.
+        inputs (torch.Tensor): ``(B, ...)`` inputs.
+        targets (torch.Tensor): ``(B, ...)`` integer targets.
+        micro_batch_size (int): samples per micro-batch; must divide ``B``.
+        normalize (str): one of :data:`NORMALIZATIONS`.
+        ignore_index (int): the target value that is not a token (an int64).
+
+    Returns:
+        dict: parameter name -> gradient tensor.
+
+    Raises:
+        ValueError: when ``micro_batch_size`` is below 1 or does not divide the
+            batch, when ``normalize`` is unknown, or when the batch has no target token.
+    """
+    named = _check_model(model)
+    _check_normalize(normalize)
+    ignore_index = _token_id("ignore_index", ignore_index)
+    micro_batches = split_batch(inputs, targets, micro_batch_size)
+    counts = token_counts(targets, micro_batch_size, ignore_index)
+    total = sum(counts)
+    if total == 0:
+        raise ValueError("targets must hold at least one token that is not ignore_index")
+    grads = {name: torch.zeros_like(p) for name, p in named}
+    for x, y in micro_batches:
+        loss = micro_batch_loss(model, x, y, normalize=normalize, total_tokens=total,
+                                accumulation_steps=len(micro_batches), ignore_index=ignore_index)
+        parts = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        for (name, _), g in zip(named, parts):
+            if g is not None:
+                grads[name] += g
+    return grads
+
+
+def full_batch_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
+                         ignore_index: int = -100) -> dict[str, torch.Tensor]:
+    """The reference: ``{name: gradient}`` of the mean token loss of one forward pass over the batch.
+
+    Written independently of :func:`micro_batch_loss` (``F.cross_entropy`` with
+    its default mean reduction); ``.grad`` is left untouched.
+
+    Args:
+        model (torch.nn.Module): returns logits (or a tuple whose first item is the logits)
+            from ``model(inputs)``.
+        inputs (torch.Tensor): ``(B, ...)`` inputs.
+        targets (torch.Tensor): ``(B, ...)`` integer targets.
+        ignore_index (int): the target value that is not a token (an int64).
+
+    Returns:
+        dict: parameter name -> gradient tensor (zeros for parameters that take no part).
+
+    Raises:
+        ValueError: naming ``model``, ``inputs``/``targets`` (not tensors of one batch size,
+            or targets with no token but ``ignore_index``) or ``ignore_index``.
+    """
+    named = _check_model(model)
+    _check_batch(inputs, targets)
+    ignore_index = _token_id("ignore_index", ignore_index)
+    check_batch(model, inputs, targets, ignore_index=ignore_index)
+    if not bool((targets != ignore_index).any()):  # the mean over no token is NaN, not 0
+        raise ValueError(f"targets must hold at least one token that is not ignore_index "
+                         f"({ignore_index})")
+    logits = _logits(model, inputs)
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).to(torch.promote_types(
+        logits.dtype, torch.float32)), targets.reshape(-1), ignore_index=ignore_index)
+    parts = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return {name: torch.zeros_like(p) if g is None else g for (name, p), g in zip(named, parts)}
+
+
+def _same_names(a: dict, b: dict) -> None:
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, dict) or not all(isinstance(t, torch.Tensor)
+                                                  for t in value.values()):
+            raise ValueError(f"{name} must be a dict of tensors, got {type(value).__name__}")
+        if not value:
+            raise ValueError(f"{name} must hold at least one tensor, got an empty dict")
+    if set(a) != set(b):
+        raise ValueError(f"a and b must have the same names, differ in {sorted(set(a) ^ set(b))}")
+    mismatched = [k for k in a if a[k].shape != b[k].shape]
+    if mismatched:  # broadcasting would compare other numbers than the ones named
+        k = mismatched[0]
+        raise ValueError(f"a and b must hold tensors of the same shape, differ at {k!r}: "
+                         f"{tuple(a[k].shape)} and {tuple(b[k].shape)}")
+
+
+def max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """``max |a - b|`` over all entries of two ``{name: tensor}`` dicts with the same keys.
+
+    Args:
+        a (dict): name -> tensor.
+        b (dict): name -> tensor of the same shape, same names.
+
+    Returns:
+        float: the largest absolute difference, computed in fp64.
+
+    Raises:
+        ValueError: naming ``a`` or ``b`` (not a non-empty dict of tensors), or when their
+            names or their tensors' shapes differ.
+    """
+    _same_names(a, b)
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """``||a - b|| / ||b||`` over all parameters together (Euclidean norm of the flattened dicts).
+
+    Args:
+        a (dict): name -> tensor.
+        b (dict): the reference, name -> tensor, same names.
+
+    Returns:
+        float: the relative difference, computed in fp64.
+
+    Raises:
+        ValueError: naming ``a`` or ``b`` (not a non-empty dict of tensors), or when their
+            names differ.
+    """
+    _same_names(a, b)
+    diff = sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a) ** 0.5
+    norm = sum((b[k].double() ** 2).sum() for k in b) ** 0.5
+    return float(diff / norm)
+
+
+def pad_to_lengths(inputs: torch.Tensor, targets: torch.Tensor, lengths, *, pad_token: int = 0,
+                   ignore_index: int = -100):
+    """Padded copies of ``(inputs, targets)``: sequence ``i`` keeps its first ``lengths[i]`` tokens.
+
+    Positions from ``lengths[i]`` on get ``pad_token`` as input and
+    ``ignore_index`` as target, as a data collator pads a batch of documents of
+    different lengths. With a causal model the padding cannot change the
+    logits of the kept positions.
+
+    Args:
+        inputs (torch.Tensor): ``(B, T)`` token ids.
+        targets (torch.Tensor): ``(B, T)`` target ids.
+        lengths: ``B`` ints in ``[0, T]`` (a list, or an integer tensor); no bool, float or NaN.
+        pad_token (int): the input id of a padded position (an int64 int).
+        ignore_index (int): the target of a padded position (an int64 int).
+
+    Returns:
+        ``(padded inputs, padded targets)``, new tensors.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
+
+    Example::
+
+        x, y = pad_to_lengths(inputs, targets, [8, 5, 3, 8])
+    """
+    tensor("inputs", inputs, integral=True)
+    tensor("targets", targets, integral=True)
+    if inputs.dim() != 2 or inputs.shape != targets.shape:
+        raise ValueError(f"inputs and targets must be (B, T) of the same shape, got "
+                         f"{tuple(inputs.shape)} and {tuple(targets.shape)}")
+    pad_token, ignore_index = _token_id("pad_token", pad_token), _token_id("ignore_index",
+                                                                          ignore_index)
+    B, T = inputs.shape
+    if isinstance(lengths, torch.Tensor):
+        tensor("lengths", lengths, integral=True, dim=1)
+        lengths = lengths.tolist()
+    if isinstance(lengths, str | bytes) or not hasattr(lengths, "__len__") or len(lengths) != B:
+        raise ValueError(f"lengths must hold {B} ints in [0, {T}], got {lengths!r}")
+    lengths = [integer("lengths", n, minimum=0, maximum=T) for n in lengths]
+    lengths = torch.tensor(lengths, device=inputs.device, dtype=torch.long)
+    pad = torch.arange(T, device=inputs.device)[None, :] >= lengths[:, None]
+    return inputs.masked_fill(pad, pad_token), targets.masked_fill(pad, ignore_index)
+
+
+def weight_gap(a: nn.Module, b: nn.Module) -> float:
+    """``max |w_a - w_b|`` over the parameters of two models of the same architecture.
+
+    How far two training runs that started from the same weights ended apart: lecture 03
+    compares accumulated with big-batch training with it.
+
+    Args:
+        a (torch.nn.Module): a model.
+        b (torch.nn.Module): a model with parameters of the same names and shapes.
+
+    Returns:
+        float: the largest absolute difference of any weight, computed in fp64.
+
+    Raises:
+        ValueError: naming ``a`` or ``b`` (not an ``nn.Module`` with parameters), or when their
+            parameters' names or shapes differ.
+
+    Example::
+
+        weight_gap(model, model)  # 0.0
+    """
+    named = {}
+    for name, model in (("a", a), ("b", b)):
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"{name} must be a torch.nn.Module, got {type(model).__name__}")
+        named[name] = {n: p.detach() for n, p in model.named_parameters()}
+        if not named[name]:
+            raise ValueError(f"{name} must have parameters, got none")
+    shapes = [{n: tuple(p.shape) for n, p in named[k].items()} for k in ("a", "b")]
+    if shapes[0] != shapes[1]:
+        raise ValueError("a and b must have parameters of the same names and shapes")
+    return max_abs_difference(named["a"], named["b"])
+
+
+#: The ``GradScaler`` methods :func:`count_scaler_calls` counts.
+SCALER_METHODS = ("scale", "unscale_", "step", "update")
+
+
+def count_scaler_calls(scaler) -> dict[str, int]:
+    """Count, from now on, how often a training loop calls ``scaler``'s methods.
+
+    The methods of :data:`SCALER_METHODS` of this one ``torch.amp.GradScaler`` are wrapped (in
+    place, on the instance) so that each call adds one to its entry of the returned dict. With
+    accumulation a right loop scales every micro-batch's loss and unscales, steps and updates
+    once per effective batch (PyTorch's AMP examples, "Gradient accumulation").
+
+    Args:
+        scaler: a ``torch.amp.GradScaler`` (anything with the four methods).
+
+    Returns:
+        dict: method name -> calls so far, updated as the loop runs.
+
+    Raises:
+        ValueError: naming ``scaler``, when it lacks one of the methods.
+
+    Example::
+
+        calls = count_scaler_calls(scaler)
+        train(model, opt, batches, micro_batch_size=4, accumulation_steps=4, grad_scaler=scaler)
+        calls  # {'scale': 12, 'unscale_': 3, 'step': 3, 'update': 3} for 3 steps of K = 4
+    """
+    missing = [m for m in SCALER_METHODS if not callable(getattr(scaler, m, None))]
+    if missing:
+        raise ValueError(f"scaler must be a GradScaler (with {', '.join(SCALER_METHODS)}), "
+                         f"got {type(scaler).__name__} without {', '.join(missing)}")
+    calls = dict.fromkeys(SCALER_METHODS, 0)
+    for name in SCALER_METHODS:
+        method = getattr(scaler, name)
+
+        def counted(*args, _name=name, _method=method, **kwargs):
+            calls[_name] += 1
+            return _method(*args, **kwargs)
+
+        setattr(scaler, name, counted)
+    return calls

@@ -1,0 +1,556 @@
+"""Activation checkpointing of the course GPT: which activations to keep, which to recompute.
+
+A checkpointed region keeps only its inputs during the forward pass and runs
+its forward again during the backward pass to rebuild what the backward needs
+(Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"). The
+course uses PyTorch's own machinery, ``torch.utils.checkpoint`` with
+``use_reentrant=False``; :func:`enable_checkpointing` switches a GPT between
+five modes (lecture 04 teaches the first three, lecture 05 the others):
+
+==============  ===========================================================  ==================
+mode            what is checkpointed                                         stored per layer
+==============  ===========================================================  ==================
+``none``        nothing                                                      all its activations
+``blocks``      every ``every``-th transformer block (``every=1``: all)      its input
+``sqrt``        ``checkpoint_sequential`` in ``k`` segments                  O(sqrt(n)), right k
+``selective``   every ``every``-th block under an op-level policy            input, matmul and
+                                                                             attention outputs
+``attention``   the attention core of every ``every``-th block (Megatron)    all but the core's
+==============  ===========================================================  ==================
+
+Two more modes are for a model whose MLP runs the course's fused kernel
+(``GPTConfig(fused_mlp=True)``, :mod:`course_lib.model.fused`), lecture 05's "one op to a policy":
+``save-kernel`` is ``selective`` that also saves the kernel's output (the kernel does not run in
+the backward pass; ``4*b*s*h`` more elements kept per block), ``recompute-kernel`` is
+``selective`` itself (the kernel, like every op the policy does not name, runs once more in
+the backward pass). :data:`KERNEL_POLICIES` names their ops; :data:`MODES` leaves them out (the
+planners choose among the modes every model has).
+
+``sqrt`` takes ``round(sqrt(n))`` segments unless told (:func:`sqrt_segments`, Chen et al.'s
+count for a block that keeps as much as its input); :func:`best_segments` gives the count with
+the least memory for a block that keeps ``A/X`` times its input (:func:`course_lib.prediction.checkpointed.block_ratio`), about
+``sqrt(n * A / X)``, counted with ``checkpoint_sequential``'s real cut.
+
+``selective`` uses ``torch.utils.checkpoint.create_selective_checkpoint_contexts``
+with the outputs of the matmul ops and of the fused attention kernels (:data:`SAVE_OPS`,
+as torchtitan's default op policy) saved and everything else (LayerNorm, GELU,
+softmax, dropout, ...) recomputed; the block's last matmul (the MLP's output, which
+no backward formula reads) is recomputed rather than saved unless dropout follows
+it (:class:`SelectiveContext`). ``attention`` is the
+"selective activation recomputation" of Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models"): only the attention core
+``softmax(QK^T) V``, whose ``a*s*s`` intermediates dominate at long sequences,
+is recomputed.
+
+Checkpointing does not change the numbers: ``torch.utils.checkpoint`` saves the
+RNG state and restores it for the recomputation, so dropout draws the same mask
+twice and gradients match those of the model without checkpointing (bitwise on
+the CPU, where the same kernels run again on the same inputs).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    checkpoint_sequential,
+    create_selective_checkpoint_contexts,
+    noop_context_fn,
+)
+
+from course_lib.measurement.memory import LiveTensorTracker
+from course_lib.model import fused
+from course_lib.model.gpt import CONFIG_MAXIMUM, check_batch
+from course_lib.units import storage_bytes
+from course_lib.validation import MAX_COUNT, choice, number, positive_int, tensor
+
+#: The most blocks a model has (:data:`course_lib.model.gpt.CONFIG_MAXIMUM`).
+MAX_LAYERS = CONFIG_MAXIMUM["n_layers"]
+
+MODES = ("none", "blocks", "sqrt", "selective", "attention")
+
+_aten = torch.ops.aten
+#: The matmul ops of the course GPT: ``mm`` (a linear without bias, the LM head),
+#: ``addmm`` (a linear with bias), ``bmm`` (``q @ k^T`` and ``probs @ v``).
+MATMULS = (_aten.mm.default, _aten.addmm.default, _aten.bmm.default)
+#: The matmuls alone (``selective`` mode's saved ops before it saved the attention output too).
+#: ``nn.Linear`` with a bias dispatches ``addmm`` (not ``mm``), batched ``q @ k^T`` ``bmm``.
+SAVE_MATMULS = MATMULS
+#: The ops of a linear layer: ``mm`` (no bias) and ``addmm`` (with a bias).
+LINEAR_OPS = (_aten.mm.default, _aten.addmm.default)
+#: The fused attention kernels ``F.scaled_dot_product_attention`` dispatches as one op each (the
+#: CPU's flash kernel; CUDA's flash, memory-efficient and cuDNN kernels; MPS's; other backends'
+#: overridable one). Its math kernel is no op of its own: it dispatches ``bmm`` and ``softmax``,
+#: which a policy sees instead.
+ATTENTION_OPS = tuple(getattr(_aten, name).default for name in (
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math_for_mps", "_scaled_dot_product_fused_attention_overrideable")
+    if hasattr(_aten, name))
+#: What ``selective`` mode saves: the matmuls and the attention kernels' outputs, as the default
+#: op-level policy of torchtitan (``_op_sac_save_list`` in its Llama ``parallelize.py``) does.
+SAVE_OPS = MATMULS + ATTENTION_OPS
+#: The course's own fused kernel as a policy names it (``torch.ops.course.bias_gelu.default``,
+#: :data:`course_lib.model.fused.OPS`): one op, however many lines of Triton it has inside.
+KERNEL_OPS = tuple(op for op, _, _ in fused.OPS.values())
+#: The two policies for a model with the fused MLP (``GPTConfig(fused_mlp=True)``), by mode:
+#: save the kernel's output too (:data:`SAVE_OPS` and :data:`KERNEL_OPS`: the kernel does not run
+#: in the backward pass), or recompute it (:data:`SAVE_OPS`, ``selective`` mode's own: it runs
+#: once more there). Each recomputes the block's last linear as ``selective`` does
+#: (:class:`SelectiveContext`).
+KERNEL_POLICIES = {"save-kernel": SAVE_OPS + KERNEL_OPS, "recompute-kernel": SAVE_OPS}
+#: The modes of :data:`KERNEL_POLICIES`, for a model with the fused MLP only.
+KERNEL_MODES = tuple(KERNEL_POLICIES)
+#: The modes that checkpoint blocks under an op-level policy.
+SELECTIVE_MODES = ("selective", *KERNEL_MODES)
+#: Every mode :func:`enable_checkpointing` and the predictions take.
+ALL_MODES = MODES + KERNEL_MODES
+#: The linears of a course GPT block, in forward order: QKV, attention output projection, MLP
+#: up-projection, MLP down-projection (the block's last matmul).
+BLOCK_LINEARS = 4
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """What :func:`enable_checkpointing` installed on a model (``model.checkpointing``).
+
+    Attributes:
+        mode (str): one of :data:`ALL_MODES`.
+        every (int): the stride of the checkpointed blocks (``blocks``, ``selective``,
+            ``attention`` and the kernel modes).
+        segments (int or None): the number of segments, ``sqrt`` mode only.
+        policy (tuple or callable or None): what is saved, ``selective`` mode only: a tuple of
+            ``OpOverload`` s or a policy function.
+        recompute_linear (int or None): ``selective`` mode's default policy only: the linear of
+            each block (counted from 1) that is recomputed rather than saved when no dropout
+            follows it (:class:`SelectiveContext`); None with a policy of one's own.
+    """
+
+    mode: str = "none"
+    every: int = 1
+    segments: int | None = None
+    policy: tuple | Callable | None = None
+    recompute_linear: int | None = None
+
+
+def check_ops(ops: Sequence, name: str = "ops") -> tuple:
+    """``ops`` as a tuple of ``OpOverload`` s, such as ``torch.ops.aten.mm.default``.
+
+    A packet such as ``torch.ops.aten.mm`` is refused: it never equals the overload that
+    actually runs, so a policy listing it would silently save nothing.
+
+    Args:
+        ops (sequence): the ops.
+        name (str): the caller's parameter, for the message.
+
+    Returns:
+        tuple: the ops.
+
+    Raises:
+        ValueError: naming ``name``, for a str or non-sequence, a packet, or anything but an
+            ``OpOverload``.
+    """
+    if isinstance(ops, str) or not isinstance(ops, Sequence):
+        raise ValueError(f"{name} must be a list of OpOverloads, got {ops!r}")
+    for op in ops:
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            raise ValueError(f"{name} must hold OpOverloads: write {op}.default, not the packet {op}")
+        if not isinstance(op, torch._ops.OpOverload):
+            raise ValueError(f"{name} must hold OpOverloads like torch.ops.aten.mm.default, got {op!r}")
+    return tuple(ops)
+
+
+class SelectiveContext:
+    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` that saves the outputs of ``ops``.
+
+    Every other op of the region is recomputed in the backward pass (``PREFER_RECOMPUTE``). With
+    ``recompute_linear=n`` the ``n``-th linear (``mm`` or ``addmm``) of each region is recomputed
+    too, whatever ``ops`` says: in a course GPT block the 4th (:data:`BLOCK_LINEARS`) is the MLP's
+    output, which only the residual add reads, and the add's backward needs neither input; without
+    dropout after it the recomputation stops before it, so saving it buys nothing. Each call (one
+    per checkpointed region) makes a fresh policy that counts the region's linears, apart in the
+    forward pass and in the recomputation (``ctx.is_recompute``), so that both make the same
+    choice, as torchtitan's policy that recomputes every second ``mm`` does.
+
+    Args:
+        ops (sequence): ``OpOverload`` s such as :data:`SAVE_OPS`.
+        recompute_linear (int, optional): the linear to recompute, counted from 1 in each region.
+
+    Raises:
+        ValueError: naming ``ops`` (a packet or anything but ``OpOverload`` s) or
+            ``recompute_linear`` (not a positive int).
+
+    Example::
+
+        checkpoint(block, x, use_reentrant=False,
+                   context_fn=SelectiveContext(SAVE_OPS, recompute_linear=BLOCK_LINEARS))
+    """
+
+    def __init__(self, ops: Sequence = SAVE_OPS, recompute_linear: int | None = None):
+        self.ops = check_ops(ops)
+        if recompute_linear is not None:
+            recompute_linear = positive_int("recompute_linear", recompute_linear, maximum=MAX_COUNT)
+        self.recompute_linear = recompute_linear
+
+    def policy(self) -> Callable:
+        """A fresh policy function for one region: ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``.
+
+        Returns:
+            callable: the policy.
+        """
+        saved, n = frozenset(self.ops), self.recompute_linear
+        seen = {False: 0, True: 0}  # linears met in the forward pass and in the recomputation
+
+        def policy(ctx, op, *args, **kwargs):
+            if n is not None and op in LINEAR_OPS:
+                seen[ctx.is_recompute] += 1
+                if seen[ctx.is_recompute] == n:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
+            return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return policy
+
+    def __call__(self):
+        return create_selective_checkpoint_contexts(self.policy())
+
+    def __repr__(self) -> str:
+        names = ", ".join(str(op).removeprefix("aten.").split(".")[0] for op in self.ops)
+        tail = "" if self.recompute_linear is None else f"; linear {self.recompute_linear} recomputed"
+        return f"save {names}{tail}"
+
+
+def sqrt_segments(n_layers: int) -> int:
+    """The segment count of ``sqrt`` mode: ``round(sqrt(n_layers))``, at least 1 (Chen et al. 2016).
+
+    Args:
+        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
+
+    Returns:
+        int: the number of segments.
+
+    Raises:
+        ValueError: naming ``n_layers``, for a value out of range.
+    """
+    n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
+    return max(1, round(math.sqrt(n_layers)))
+
+
+def checkpointed_blocks(n_layers: int, every: int = 1) -> list[int]:
+    """Indices of the blocks that ``blocks``/``selective``/``attention`` mode wrap: 0, every, 2*every, ...
+
+    ``every=1`` wraps all ``n_layers`` blocks; ``every=k`` wraps ``ceil(n_layers / k)`` of them.
+
+    Args:
+        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
+        every (int): the stride, a positive int.
+
+    Returns:
+        list of int: the block indices.
+
+    Raises:
+        ValueError: naming ``n_layers`` or ``every``, for a value out of range.
+
+    Example::
+
+        checkpointed_blocks(5, every=2)  # [0, 2, 4]
+    """
+    n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
+    every = positive_int("every", every, maximum=MAX_COUNT)
+    return list(range(0, n_layers, every))
+
+
+def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
+    """The blocks of each segment as ``torch.utils.checkpoint.checkpoint_sequential`` cuts them.
+
+    It makes ``segments - 1`` segments of ``n_layers // segments`` blocks, checkpointed, and
+    runs the rest (the last segment, which may be longer) *without* checkpointing: its
+    activations are needed first in the backward pass anyway.
+
+    Args:
+        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
+        segments (int): from 1 to ``n_layers``.
+
+    Returns:
+        list of list of int: the block indices of each segment, the last one not checkpointed.
+
+    Raises:
+        ValueError: naming ``n_layers`` or ``segments``, for a value out of range.
+
+    Example::
+
+        sequential_segments(5, 2)  # [[0, 1], [2, 3, 4]]
+    """
+    n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
+    segments = positive_int("segments", segments)
+    if segments > n_layers:
+        raise ValueError(f"segments must be at most n_layers={n_layers}, got {segments}")
+    size = n_layers // segments
+    cuts = [list(range(start, start + size)) for start in range(0, size * (segments - 1), size)]
+    return [*cuts, list(range(size * (segments - 1), n_layers))]
+
+
+def segments_memory(n_layers: int, segments: int, block_ratio: float) -> float:
+    """What ``checkpoint_sequential`` with ``segments`` segments keeps at its peak, in block inputs.
+
+    Chen et al.'s count: ``k - 1`` segment inputs ``X`` stay kept, and at the peak one segment's
+    activations ``A`` per block are alive: the last segment's, which is not checkpointed and is
+    the longest (:func:`sequential_segments`: ``m = n - (k - 1) * (n // k)`` blocks). In units of
+    ``X``: ``(k - 1) + m * A / X``. About ``k + (n / k) * A / X``, smallest near
+    ``k = sqrt(n * A / X)``, where it grows as ``sqrt(n)``. Per-block checkpointing is about
+    ``n + A / X``. Lecture 04, section 2.
+
+    Args:
+        n_layers (int): blocks ``n``, from 1 to :data:`MAX_LAYERS`.
+        segments (int): ``k``, from 1 to ``n_layers``.
+        block_ratio (float): ``A / X``, what a plain block keeps over its input's bytes, a number
+            above 0.
+
+    Returns:
+        float: multiples of one block input.
+
+    Raises:
+        ValueError: naming ``n_layers``, ``segments`` or ``block_ratio``, for a value out of range.
+
+    Example::
+
+        segments_memory(64, 32, 16.0)  # 31 + 2 * 16 = 63.0
+    """
+    sequential_segments(n_layers, segments)  # checks both counts
+    return _segments_memory(n_layers, segments,
+                            number("block_ratio", block_ratio, above=0, maximum=MAX_COUNT))
+
+
+def _segments_memory(n: int, k: int, ratio: float) -> float:
+    return (k - 1) + (n - (k - 1) * (n // k)) * ratio
+
+
+def best_segments(n_layers: int, block_ratio: float) -> int:
+    """The segment count with the least :func:`segments_memory` (the fewer on a tie).
+
+    Near ``sqrt(n * A / X)``, but counted with ``checkpoint_sequential``'s real cut, whose last
+    segment takes what ``n // k`` leaves over (with 36 blocks, 24 segments leave 13 blocks in the
+    last one). ``round(sqrt(n))`` (:func:`sqrt_segments`) is the best count only when a block
+    keeps as much as its input (``A = X``); a transformer block keeps many times more. Lecture
+    04, section 2.
+
+    Args:
+        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
+        block_ratio (float): ``A / X``, as for :func:`segments_memory`.
+
+    Returns:
+        int: the number of segments.
+
+    Raises:
+        ValueError: naming ``n_layers`` or ``block_ratio``.
+
+    Example::
+
+        best_segments(64, 16.0)  # 32: segments of 2 blocks
+    """
+    n = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
+    ratio = number("block_ratio", block_ratio, above=0, maximum=MAX_COUNT)
+    return min(range(1, n + 1), key=lambda k: (_segments_memory(n, k, ratio), k))
+
+
+def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1, *,
+                         segments: int | None = None,
+                         policy: Sequence | Callable | None = None) -> nn.Module:
+    """Switch the course GPT ``model`` to checkpointing ``mode`` (see the module doc); returns it.
+
+    The change is per instance (``model.run_blocks`` and each block's
+    ``attn.core`` are replaced), idempotent, and reversible: a later call
+    replaces the previous mode, ``mode="none"`` restores the plain model.
+    ``model.checkpointing`` holds the :class:`CheckpointSettings` in force.
+
+    Args:
+        model (torch.nn.Module): a course GPT (a module with a ``blocks`` ModuleList).
+        mode (str): one of :data:`ALL_MODES` (the kernel modes for a model with
+            ``config.fused_mlp`` only).
+        every (int): in ``blocks``, ``selective``, ``attention`` and the kernel modes, wrap blocks
+            0, every, 2*every, ... (:func:`checkpointed_blocks`).
+        segments (int, optional): in ``sqrt`` mode, the number of segments (default
+            :func:`sqrt_segments`).
+        policy (sequence or callable, optional): in ``selective`` mode, what to save: a list of
+            ``OpOverload`` such as ``torch.ops.aten.mm.default``, or a policy function
+            ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``. Default: :data:`SAVE_OPS`, with
+            the block's last linear recomputed unless dropout follows it
+            (:class:`SelectiveContext`), the policy the predictions describe.
+
+    Returns:
+        torch.nn.Module: ``model`` itself.
+
+    Raises:
+        ValueError: naming the parameter: a model without ``blocks``, an unknown ``mode``, a bad
+            ``every`` or ``segments``, ``segments`` outside ``sqrt`` mode, ``policy`` outside
+            ``selective`` mode, a policy that is neither OpOverloads nor callable, or a kernel
+            mode for a model without the fused MLP.
+
+    Example::
+
+        enable_checkpointing(model, "blocks", every=2)
+        enable_checkpointing(model, "none")  # back to the plain model
+    """
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
+        raise ValueError(f"model must be a course GPT (with a .blocks ModuleList), got {type(model)}")
+    segments = _check_mode(mode, every, segments, len(blocks))
+    if mode in KERNEL_MODES:
+        _check_kernel_mode(mode, getattr(model, "config", None))
+    if policy is not None and mode != "selective":
+        raise ValueError(f"policy applies to mode='selective' only, got mode={mode!r}")
+    recompute_linear = None
+    if mode in SELECTIVE_MODES:
+        if policy is None:
+            policy, recompute_linear = KERNEL_POLICIES.get(mode, SAVE_OPS), BLOCK_LINEARS
+        policy = _validate_policy(policy)
+
+    # Undo whatever an earlier call installed: the class's methods show through again.
+    model.__dict__.pop("run_blocks", None)
+    for block in blocks:
+        block.attn.__dict__.pop("core", None)
+    model.checkpointing = CheckpointSettings(mode, every, segments, policy, recompute_linear)
+    if mode == "attention":
+        for i in checkpointed_blocks(len(blocks), every):
+            attn = blocks[i].attn
+            attn.core = types.MethodType(_checkpointed_core, attn)
+    elif mode != "none":
+        # A bound method (not a closure) so that copy.deepcopy(model) binds the copy's blocks.
+        model.run_blocks = types.MethodType(_checkpointed_run_blocks, model)
+    return model
+
+
+def _validate_policy(policy):
+    return policy if callable(policy) else check_ops(policy, name="policy")
+
+
+def _checkpointed_run_blocks(self, x: torch.Tensor) -> torch.Tensor:
+    settings = self.checkpointing
+    if not torch.is_grad_enabled():  # nothing is saved for a backward pass: run plainly
+        return type(self).run_blocks(self, x)
+    if settings.mode == "sqrt":
+        return checkpoint_sequential(list(self.blocks), settings.segments, x, use_reentrant=False)
+    context_fn = keep_mlp_output = noop_context_fn
+    if settings.mode in SELECTIVE_MODES and callable(settings.policy):
+        context_fn = functools.partial(create_selective_checkpoint_contexts, settings.policy)
+    elif settings.mode in SELECTIVE_MODES:
+        # The default recomputes the MLP output, unless dropout follows it (its rerun needs it).
+        context_fn = SelectiveContext(settings.policy, settings.recompute_linear)
+        keep_mlp_output = SelectiveContext(settings.policy)
+    for i, block in enumerate(self.blocks):
+        if i % settings.every == 0:
+            fn = context_fn
+            if settings.recompute_linear is not None and _dropout_after_mlp(block):
+                fn = keep_mlp_output
+            x = checkpoint(block, x, use_reentrant=False, context_fn=fn)
+        else:
+            x = block(x)
+    return x
+
+
+def _dropout_after_mlp(block: nn.Module) -> bool:
+    """Whether dropout runs on the block's MLP output (a course GPT block in training mode)."""
+    drop = getattr(getattr(block, "mlp", None), "drop", None)
+    return drop is None or (drop.p > 0 and drop.training)
+
+
+def _checkpointed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    core = type(self).core
+    if not torch.is_grad_enabled():
+        return core(self, q, k, v)
+    return checkpoint(core, self, q, k, v, use_reentrant=False)
+
+
+# --------------------------------------------------------------------------- checks
+
+def _check_kernel_mode(mode: str, config) -> None:
+    """A kernel mode needs a model whose MLP runs the fused kernel (``config.fused_mlp``)."""
+    if mode in KERNEL_MODES and not getattr(config, "fused_mlp", False):
+        raise ValueError(f"mode={mode!r} needs a model with the fused MLP "
+                         f"(GPTConfig(fused_mlp=True)): one of {MODES} otherwise")
+
+
+def _check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> int | None:
+    choice("mode", mode, ALL_MODES)
+    every = positive_int("every", every, maximum=MAX_COUNT)
+    if segments is not None and mode != "sqrt":
+        raise ValueError(f"segments applies to mode='sqrt' only, got mode={mode!r}")
+    if mode == "sqrt":
+        segments = sqrt_segments(n_layers) if segments is None else segments
+        sequential_segments(n_layers, segments)
+    return segments
+
+
+def _regions(n_layers: int, mode: str, every: int = 1,
+             segments: int | None = None) -> list[list[int]]:
+    """The checkpointed regions of checked arguments, as lists of block indices (attention mode:
+    the blocks whose core); ``segments`` None in ``sqrt`` mode is :func:`sqrt_segments`'s."""
+    if mode == "none":
+        return []
+    if mode == "sqrt":
+        segments = sqrt_segments(n_layers) if segments is None else segments
+        return sequential_segments(n_layers, segments)[:-1]
+    return [[i] for i in checkpointed_blocks(n_layers, every)]
+
+
+def policy_label(mode: str, every: int = 1) -> str:
+    """A checkpointing policy as the tables print it: ``"blocks/2"`` (``mode/every``).
+
+    The mode alone for ``none`` and ``sqrt``, where ``every`` does not apply.
+
+    Args:
+        mode (str): one of :data:`ALL_MODES`.
+        every (int): a positive int.
+
+    Returns:
+        str: the label.
+
+    Raises:
+        ValueError: naming ``mode`` or ``every``.
+    """
+    choice("mode", mode, ALL_MODES)
+    every = positive_int("every", every, maximum=MAX_COUNT)
+    return mode if mode in ("none", "sqrt") else f"{mode}/{every}"
+
+
+# --------------------------------------------------------------------------- measurement
+
+def measure_kept_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    """Measured bytes the step holds between forward and backward, logits and loss excluded.
+
+    Runs ``model(inputs, targets)`` under :class:`course_lib.measurement.memory.LiveTensorTracker`
+    (exact tensor bytes on every device) and subtracts the outputs; the graph is
+    then dropped without a backward. Compare with :func:`course_lib.prediction.checkpointed.predict_kept_bytes`.
+    (``measure.saved_bytes`` cannot do this under checkpointing: reading a saved
+    tensor of a checkpointed region through ``grad_fn._saved_*`` recomputes it.)
+
+    Args:
+        model (torch.nn.Module): returns ``(logits, loss)`` from ``model(inputs, targets)``.
+        inputs (torch.Tensor): ``(B, T)`` token ids.
+        targets (torch.Tensor): ``(B, T)`` token ids.
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        ValueError: naming ``model`` (not a module), ``inputs`` or ``targets`` (not 2-d integer
+            tensors of one shape).
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    tensor("inputs", inputs, integral=True, dim=2)
+    tensor("targets", targets, integral=True, dim=2)
+    if inputs.shape != targets.shape:
+        raise ValueError(f"targets must have the shape of inputs {tuple(inputs.shape)}, got "
+                         f"{tuple(targets.shape)}")
+    check_batch(model, inputs, targets)
+    with LiveTensorTracker() as tracker:
+        logits, loss = model(inputs, targets)
+    return tracker.live - storage_bytes((logits, loss))

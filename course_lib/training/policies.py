@@ -1,0 +1,372 @@
+"""05: op-level checkpoint policies, and what a policy really keeps and recomputes.
+
+Selective activation checkpointing (``torch.utils.checkpoint`` with
+``context_fn=functools.partial(create_selective_checkpoint_contexts, policy)``)
+decides op by op, at the ``aten`` level, whether the output of an op inside a
+checkpointed region is saved during the forward pass or recomputed during the
+backward pass. A policy is either a list of ops to save or a function
+``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy``. Two facts bite:
+
+* ``op`` is an ``OpOverload`` (``torch.ops.aten.addmm.default``), never an
+  ``OpOverloadPacket`` (``torch.ops.aten.addmm``): a list entry must be an
+  overload (PyTorch rejects packets), and a policy function comparing ``op``
+  with a packet never matches, silently;
+* ``nn.Linear`` with a bias dispatches ``aten.addmm``, not ``aten.mm`` (without a
+  bias, ``mm``; batched ``q @ k^T`` dispatches ``bmm``), so a policy that saves
+  only ``aten.mm.default`` saves nothing in a model whose linears have biases.
+
+A policy that saves only the matmuls reruns a fused attention kernel
+(``F.scaled_dot_product_attention`` is one op, not a matmul) in the backward pass:
+:data:`SAVE_OPS` adds the kernels' outputs (:data:`ATTENTION_OPS`), as torchtitan's
+default op policy does, and ``selective`` mode's default
+(:class:`course_lib.training.checkpointing.SelectiveContext`) also leaves out the MLP's output,
+which no backward formula reads.
+
+:data:`KERNEL_POLICIES` are the two policies of the course's own fused kernel
+(``GPTConfig(fused_mlp=True)``): save its output, or recompute it; :func:`backward_ops` counts
+what the backward pass runs (the kernel: 0 times when saved, once per block when recomputed).
+
+:func:`dispatched_ops` shows what a piece of code dispatches; :func:`policy_cost`
+measures what a policy keeps, its peak, and which ops run again in the backward;
+:class:`BytesMoved` counts the bytes ops read and write (the time of a pointwise op on a GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+    noop_context_fn,
+)
+from torch.utils.flop_counter import flop_registry
+
+from course_lib.measurement.memory import LiveTensorTracker
+
+# The saved ops, the op check and the policy of selective mode are checkpointing's.
+from course_lib.training.checkpointing import ATTENTION_OPS as ATTENTION_OPS
+from course_lib.training.checkpointing import BLOCK_LINEARS as BLOCK_LINEARS
+from course_lib.training.checkpointing import KERNEL_OPS as KERNEL_OPS
+from course_lib.training.checkpointing import KERNEL_POLICIES as KERNEL_POLICIES
+from course_lib.training.checkpointing import LINEAR_OPS as LINEAR_OPS
+from course_lib.training.checkpointing import MATMULS as MATMULS
+from course_lib.training.checkpointing import SAVE_OPS as SAVE_OPS
+from course_lib.training.checkpointing import SelectiveContext as SelectiveContext
+from course_lib.training.checkpointing import check_ops
+
+_aten = torch.ops.aten
+#: ``policy_cost`` policies given by name: no checkpoint, or a checkpoint that saves nothing.
+NAMED_POLICIES = ("none", "full")
+
+
+def save_ops_policy(ops: Sequence) -> Callable:
+    """A policy function that saves the outputs of ``ops`` and prefers to recompute the rest.
+
+    ``MUST_SAVE`` for them, ``PREFER_RECOMPUTE`` for every other op (pointwise ops, LayerNorm,
+    softmax).
+
+    Args:
+        ops (sequence): ``OpOverload`` s such as :data:`MATMULS`.
+
+    Returns:
+        callable: ``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy``, with the saved ops
+        in its ``ops`` attribute.
+
+    Raises:
+        ValueError: naming ``ops``, for a packet or anything but ``OpOverload`` s
+            (:func:`course_lib.training.checkpointing.check_ops`).
+    """
+    saved = frozenset(check_ops(ops))
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    policy.ops = tuple(saved)
+    return policy
+
+
+def context_fn_for(policy) -> Callable:
+    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for ``policy``.
+
+    Args:
+        policy: ``"full"``: plain checkpointing (nothing saved inside the region); a list of
+            ``OpOverload`` s, a policy function or a :class:`SelectiveContext`: selective
+            checkpointing.
+
+    Returns:
+        callable: ``noop_context_fn``, the ``SelectiveContext`` itself, or a
+        ``create_selective_checkpoint_contexts`` partial.
+
+    Raises:
+        ValueError: naming ``policy``, for a list holding anything but ``OpOverload`` s.
+    """
+    if isinstance(policy, str) and policy == "full":
+        return noop_context_fn
+    if isinstance(policy, SelectiveContext):
+        return policy
+    if not callable(policy):
+        policy = list(check_ops(policy, "policy"))
+    return functools.partial(create_selective_checkpoint_contexts, policy)
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched while active, and their FLOPs by ``FlopCounterMode``'s rules.
+
+    (``FlopCounterMode`` itself cannot run during a selective-checkpoint backward: it
+    breaks the op order the checkpoint replays. Its per-op formulas only read shapes.)
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter = Counter()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops[func] += 1
+        count = flop_registry.get(func.overloadpacket)
+        if count is not None:
+            self.flops += count(*args, **kwargs, out_val=out)
+        return out
+
+
+def dispatched_ops(fn: Callable, *args, **kwargs) -> Counter:
+    """``Counter`` of the ``OpOverload`` s that ``fn(*args, **kwargs)`` dispatches, in order seen.
+
+    ``dispatched_ops(nn.Linear(8, 16), x)`` holds ``aten.addmm.default``:
+    that is the name a policy must use.
+
+    Args:
+        fn (callable): the work.
+        *args: its positional arguments.
+        **kwargs: its keyword arguments.
+
+    Returns:
+        collections.Counter: ``OpOverload`` -> times dispatched.
+
+    Raises:
+        ValueError: naming ``fn``, if it is not callable.
+    """
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {fn!r}")
+    with _OpCounter() as counter:
+        fn(*args, **kwargs)
+    return counter.ops
+
+
+def backward_ops(loss: torch.Tensor) -> Counter:
+    """``Counter`` of the ``OpOverload`` s that ``loss.backward()`` dispatches (it runs it).
+
+    Recomputation included: ``backward_ops(loss)[torch.ops.course.bias_gelu.default]`` is how
+    many times the course kernel runs again in the backward pass (0 under a policy that saves its
+    output, once per checkpointed block under one that recomputes it).
+
+    Args:
+        loss (torch.Tensor): a scalar with a graph (``requires_grad``).
+
+    Returns:
+        collections.Counter: ``OpOverload`` -> times dispatched.
+
+    Raises:
+        ValueError: naming ``loss``, for anything but a scalar tensor that requires grad.
+    """
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+        raise ValueError(f"loss must be a scalar tensor with a graph, got {loss!r}"[:200])
+    with _OpCounter() as counter:
+        loss.backward()
+    return counter.ops
+
+
+def _is_bookkeeping(op) -> bool:
+    # Views and metadata-only ops compute nothing: leave them out of "recomputed".
+    return not moves_bytes(op)
+
+
+@dataclass(frozen=True)
+class PolicyCost:
+    """What running ``fn`` under a checkpoint policy costs, measured (bytes, FLOPs, op counts).
+
+    Attributes:
+        policy (str): the policy's label (:func:`policy_name`).
+        kept_bytes (int): held from the end of the forward pass until the backward pass,
+            the output itself not counted (its activations, or under checkpointing the
+            inputs and whatever the policy saves).
+        peak_bytes (int): peak of forward plus backward above what was live before.
+        recomputed (collections.Counter): the ops that run again in the backward pass (views
+            left out), ``OpOverload`` -> count.
+        recompute_flops (int): their FLOPs as ``FlopCounterMode`` counts them (matmuls and
+            attention; pointwise ops count 0).
+    """
+
+    policy: str
+    kept_bytes: int
+    peak_bytes: int
+    recomputed: Counter
+    recompute_flops: int
+
+    def recomputes(self, op) -> int:
+        """How many times ``op`` (an OpOverload) runs again in the backward pass.
+
+        Args:
+            op (torch._ops.OpOverload): such as ``torch.ops.aten.mm.default``.
+
+        Returns:
+            int: the count (0 if it is not rerun).
+        """
+        return self.recomputed.get(op, 0)
+
+    def reruns(self) -> str:
+        """What runs again in the backward pass, in words: matmuls, attention kernel, the rest.
+
+        Returns:
+            str: such as ``"3 matmuls, attention, add, gelu, layer_norm"``, or ``"nothing"``.
+        """
+        matmuls = sum(self.recomputes(op) for op in MATMULS)
+        parts = [f"{matmuls} matmul{'s' * (matmuls != 1)}"] if matmuls else []
+        parts += ["attention"] if any(self.recomputes(op) for op in ATTENTION_OPS) else []
+        parts += sorted({str(op).split(".")[1].removeprefix("native_").removeprefix("_")
+                         for op in self.recomputed if op not in MATMULS + ATTENTION_OPS})
+        return ", ".join(parts) or "nothing"
+
+
+def _run(fn, inputs, context_fn):
+    wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if isinstance(fn, nn.Module):
+        wrt += [p for p in fn.parameters() if p.requires_grad]
+    if not wrt:
+        raise ValueError("inputs or fn's parameters must require grad: nothing to differentiate")
+    with LiveTensorTracker() as tracker:
+        if context_fn is None:
+            out = fn(*inputs)
+        else:
+            out = checkpoint(fn, *inputs, use_reentrant=False, context_fn=context_fn)
+        if not isinstance(out, torch.Tensor) or out.grad_fn is None:
+            raise ValueError("fn must return a tensor that requires grad")
+        kept = tracker.live - out.untyped_storage().nbytes()
+        # Start from empty .grad so that every run allocates the same; restore the learner's after.
+        before = [t.grad for t in wrt]
+        for t in wrt:
+            t.grad = None
+        try:
+            with _OpCounter() as counter:
+                out.sum().backward()
+        finally:
+            for t, grad in zip(wrt, before):
+                t.grad = grad
+    return kept, tracker.peak, counter.ops, counter.flops
+
+
+def policy_name(policy) -> str:
+    """A short label: "none", "full", the saved ops' names, or the policy function's name.
+
+    Args:
+        policy: a str, a :class:`SelectiveContext`, a policy function or a list of
+            ``OpOverload`` s.
+
+    Returns:
+        str: the label.
+
+    Raises:
+        ValueError: naming ``policy``, for a list holding anything but ``OpOverload`` s.
+    """
+    if isinstance(policy, str | SelectiveContext):
+        return str(policy)
+    if callable(policy):
+        return getattr(policy, "__name__", type(policy).__name__)
+    return "save " + ", ".join(str(op) for op in check_ops(policy, "policy"))
+
+
+def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:
+    """Measure ``fn(*inputs)`` (forward, then backward of ``out.sum()``) under ``policy``.
+
+    The recomputed ops and FLOPs are the backward pass's minus those of the same backward
+    without a checkpoint, so ``fn`` runs twice. Bytes come from the live-tensor tracker
+    (:class:`course_lib.measurement.memory.LiveTensorTracker`), exact on every device.
+
+    Args:
+        fn (callable): the region, ``fn(*inputs)`` returns a tensor.
+        *inputs: its inputs.
+        policy: ``"none"`` (no checkpoint), ``"full"`` (checkpoint, save nothing
+            inside), a list of ``OpOverload`` s to save, a policy function
+            ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``, or a :class:`SelectiveContext`.
+
+    Returns:
+        PolicyCost: kept and peak bytes, recomputed ops and their FLOPs.
+
+    Raises:
+        ValueError: naming ``fn`` (not callable) or ``policy`` (an unknown name, or a list of
+            anything but ``OpOverload`` s).
+    """
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {fn!r}")
+    if isinstance(policy, str) and policy not in NAMED_POLICIES:
+        raise ValueError(f"policy must be one of {NAMED_POLICIES}, a list of OpOverloads "
+                         f"or a policy function, got {policy!r}")
+    plain = _run(fn, inputs, None)
+    if isinstance(policy, str) and policy == "none":
+        return PolicyCost("none", plain[0], plain[1], Counter(), 0)
+    kept, peak, ops, flops = _run(fn, inputs, context_fn_for(policy))
+    recomputed = Counter({op: n for op, n in (ops - plain[2]).items() if not _is_bookkeeping(op)})
+    return PolicyCost(policy_name(policy), kept, peak, recomputed, flops - plain[3])
+
+
+#: Ops that relabel or allocate a storage without reading or writing its bytes, although
+#: PyTorch does not mark them as views (``_unsafe_view`` is the reshape of a matmul's output).
+METADATA_OPS = tuple(getattr(_aten, name).default for name in (
+    "_unsafe_view", "_reshape_alias", "alias", "lift_fresh", "empty_like", "new_empty",
+    "new_empty_strided") if hasattr(_aten, name)) + (_aten.empty.memory_format,
+                                                    _aten.empty_strided.default)
+
+
+def moves_bytes(op) -> bool:
+    """Whether ``op`` reads or writes tensor bytes: not a view, not a metadata-only op.
+
+    Args:
+        op (torch._ops.OpOverload): such as ``torch.ops.aten.gelu.default``.
+
+    Returns:
+        bool: False for views (``op.is_view``) and :data:`METADATA_OPS`.
+
+    Raises:
+        ValueError: naming ``op``, for anything but an ``OpOverload``.
+    """
+    if not isinstance(op, torch._ops.OpOverload):
+        raise ValueError(f"op must be an OpOverload like torch.ops.aten.gelu.default, got {op!r}")
+    return not op.is_view and op not in METADATA_OPS
+
+
+class BytesMoved(TorchDispatchMode):
+    """Bytes the ops dispatched while active read and write, per op (:func:`moves_bytes` ops only).
+
+    Each op that moves bytes counts its tensor arguments (read) and outputs (written), whole
+    tensors: the traffic of a pointwise op, which a GPU's memory bandwidth bounds. Works on the
+    ``meta`` device (shapes only). ``with BytesMoved() as m: work()`` then ``m.moved`` (a
+    ``Counter`` by op) and ``m.total``.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.moved: Counter = Counter()
+
+    @property
+    def total(self) -> int:
+        """All the bytes counted."""
+        return sum(self.moved.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if moves_bytes(func):
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            self.moved[func] += sum(t.numel() * t.element_size() for t in tensors)
+        return out

@@ -1,0 +1,466 @@
+"""02: lecture 02's figures and its out-of-memory widget.
+
+* :func:`scaling_figure`: gradient bytes against activation bytes as the batch grows, and
+  activation bytes as the sequence grows, one curve per attention kernel (measured values).
+* :func:`step_figure`: the memory of one training step, allocation by allocation, by category
+  (:func:`course_lib.measurement.memory.step_breakdown`), for a few steps side by side.
+* :func:`oom_threshold` (pure): a step's predicted memory on a GPU at batch sizes 1, 2, ...
+  (:func:`course_lib.prediction.engine.predict_step_memory`) and the largest batch that fits;
+  :func:`threshold_figure` draws it once, :func:`oom_widget` under controls.
+
+The figures are matplotlib ``Figure`` s on their own Agg canvas (no pyplot); :func:`show`
+displays one in a notebook. The widget draws through :func:`course_lib.views.widgets.live_plot`'s
+``setup``/``draw`` pair: its artists are made once, and a change only sets their data.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import ipywidgets as widgets
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from course_lib.device import GPU, GPUS, live_gpu, resolve_gpu
+from course_lib.measurement.memory import StepBreakdown
+from course_lib.model import kernels
+from course_lib.model.gpt import GPTConfig, check_config
+from course_lib.prediction import engine
+from course_lib.prediction.engine import StepMemory
+from course_lib.units import GiB, MiB, format_bytes
+from course_lib.validation import MAX_BATCH, MAX_BYTES, boolean, choice, positive_int
+from course_lib.views.widgets import live_plot
+
+#: The parts of a step's memory, bottom to top: (field of StepMemory, label, colour).
+PARTS = (("parameters", "parameters", "#4c72b0"), ("master_weights", "master weights", "#64b5cd"),
+         ("optimizer_state", "optimizer state", "#8172b2"), ("gradients", "gradients", "#55a868"),
+         ("activations", "activations", "#dd8452"), ("transient", "in flight", "#c44e52"))
+#: The widget's model widths: label -> (d_model, heads), GPT-2's sizes (50,257 tokens).
+WIDTHS = {"768 (GPT-2 small)": (768, 12), "1024 (GPT-2 medium)": (1024, 16),
+          "1280 (GPT-2 large)": (1280, 20), "1600 (GPT-2 XL)": (1600, 25),
+          "2560 (2.7B-wide)": (2560, 32)}
+#: Most batch sizes a figure draws.
+MAX_SHOWN = 128
+#: The categories of :func:`course_lib.measurement.memory.step_breakdown`, bottom to top: (name, label,
+#: colour); "transient" (gradients passed between ops, scratch) is what the threshold
+#: figure calls "in flight".
+_STEP_PARTS = (("parameters", "parameters", "#4c72b0"),
+               ("optimizer_state", "optimizer state", "#8172b2"),
+               ("gradients", "gradients", "#55a868"), ("activations", "activations", "#dd8452"),
+               ("transient", "in flight", "#c44e52"))
+_STEP_COLOURS = {name: colour for name, _, colour in _STEP_PARTS}
+
+
+def _figure(figsize: tuple) -> Figure:
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def show(fig: Figure):
+    """A figure of this module as an image a notebook displays (the cell's last expression).
+
+    Args:
+        fig (matplotlib.figure.Figure): what a ``*_figure`` function returned.
+
+    Returns:
+        IPython.display.Image: the figure as a PNG.
+
+    Raises:
+        ValueError: naming ``fig``, for anything but a matplotlib ``Figure``.
+    """
+    from IPython.display import Image
+
+    if not isinstance(fig, Figure):
+        raise ValueError(f"fig must be a matplotlib Figure, got {type(fig).__name__}")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return Image(buffer.getvalue())
+
+
+def _series(name: str, values, length: int | None = None) -> list[float]:
+    if not isinstance(values, list | tuple) or not values or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            for v in values):
+        raise ValueError(f"{name} must be a non-empty list of byte counts (numbers >= 0), "
+                         f"got {values!r}")
+    if length is not None and len(values) != length:
+        raise ValueError(f"{name} must hold {length} values, one per x, got {len(values)}")
+    return [v / MiB for v in values]
+
+
+def scaling_figure(batches, gradients, activations, seq_lens, curves: dict, *,
+                   figsize: tuple = (9.5, 3.2)) -> Figure:
+    """Two panels: bytes against the batch size (gradients, activations); activations against
+    the sequence length, one curve per label of ``curves``.
+
+    Args:
+        batches (list of int): the batch sizes measured.
+        gradients (list of int): gradient bytes at each batch size.
+        activations (list of int): saved activation bytes at each batch size.
+        seq_lens (list of int): the sequence lengths measured.
+        curves (dict): label -> list of saved activation bytes, one per sequence length.
+        figsize (tuple): inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas (:func:`show` displays it).
+
+    Raises:
+        ValueError: naming the argument, for lists that are not byte counts of the right length.
+    """
+    xs = _series("batches", batches)
+    grads = _series("gradients", gradients, len(xs))
+    acts = _series("activations", activations, len(xs))
+    seqs = _series("seq_lens", seq_lens)
+    if not isinstance(curves, dict) or not curves:
+        raise ValueError(f"curves must be a non-empty dict of label -> bytes, got {curves!r}")
+    fig = _figure(figsize)
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.88, wspace=0.22)
+    left, right = fig.subplots(1, 2)
+    left.plot(batches, grads, "o-", color=_STEP_COLOURS["gradients"], label="gradients")
+    left.plot(batches, acts, "s-", color=_STEP_COLOURS["activations"], label="saved activations")
+    left.set(xlabel="batch size", ylabel="MiB", title="the batch grows", ylim=(0, None))
+    for (label, values), style in zip(curves.items(), ["o-", "s-", "x--", "d:"] * 4):
+        right.plot(seq_lens, _series(f"curves[{label!r}]", values, len(seqs)), style, label=label)
+    right.set(xlabel="sequence length (tokens)", ylabel="saved activations, MiB",
+              title="the sequence grows", ylim=(0, None))
+    for ax in (left, right):
+        ax.title.set_fontsize(10)
+        ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+def step_figure(steps: dict, *, figsize: tuple = (9.5, 3.2)) -> Figure:
+    """One panel per training step: the bytes live after each allocation or free, by category.
+
+    Args:
+        steps (dict): panel title -> :class:`course_lib.measurement.memory.StepBreakdown`.
+        figsize (tuple): inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas (:func:`show` displays it).
+
+    Raises:
+        ValueError: naming ``steps``, for anything but a non-empty dict of ``StepBreakdown``.
+    """
+    if not isinstance(steps, dict) or not steps or not all(
+            isinstance(s, StepBreakdown) for s in steps.values()):
+        raise ValueError(f"steps must be a non-empty dict of title -> StepBreakdown, got {steps!r}")
+    fig = _figure(figsize)
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.27, top=0.9, wspace=0.12)
+    axes = fig.subplots(1, len(steps), sharey=True, squeeze=False)[0]
+    top = max(max(map(sum, zip(*s.series.values()))) for s in steps.values()) / MiB
+    for ax, (title, step) in zip(axes, steps.items()):
+        ax.stackplot(range(len(step.events)), *[[v / MiB for v in step.series[name]]
+                                                for name, _, _ in _STEP_PARTS],
+                     colors=[colour for _, _, colour in _STEP_PARTS],
+                     labels=[label for _, label, _ in _STEP_PARTS])
+        for phase in ("backward", "optimizer"):
+            if phase in step.events:
+                x = step.events.index(phase)
+                ax.axvline(x, color="k", lw=0.8, ls="--")
+                ax.text(x, 1.12 * top, f" {phase}", va="top", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("allocations and frees, in order", fontsize=9)
+        ax.set_ylim(0, 1.15 * top)
+    axes[0].set_ylabel("MiB live")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(_STEP_PARTS), fontsize=8,
+               frameon=False)
+    return fig
+
+
+# --------------------------------------------------------------------------- the threshold
+
+@dataclass(frozen=True)
+class Threshold:
+    """A step's predicted memory on a card at batch sizes 1, 2, ..., and where it stops fitting.
+
+    Attributes:
+        config (GPTConfig): the model.
+        seq_len (int): tokens per sequence.
+        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
+        gpu (GPU): the card.
+        capacity (int): the bytes a step may use: what PyTorch reports for a preset, what is free
+            for this kernel's GPU.
+        foreach (bool): AdamW's multi-tensor implementation (PyTorch's default on a GPU).
+        kernel (str): the attention kernel (:func:`course_lib.model.kernels.attention_kernel`).
+        memory (tuple of StepMemory): the predicted peak at batch 1, 2, ..., ``len(memory)``.
+        largest (int): the largest batch whose predicted ``total`` fits ``capacity``; 0 if none.
+    """
+
+    config: GPTConfig
+    seq_len: int
+    precision: str
+    gpu: GPU
+    capacity: int
+    foreach: bool
+    kernel: str
+    memory: tuple
+    largest: int
+
+    @property
+    def oom(self) -> int:
+        """The first batch size that runs out of memory: ``largest + 1``."""
+        return self.largest + 1
+
+    @property
+    def capacity_label(self) -> str:
+        """What the capacity is, in words: PyTorch's figure, and nvidia-smi's beside it."""
+        if self.gpu.live:
+            return (f"this GPU: {format_bytes(self.capacity)} free "
+                    f"of {format_bytes(self.gpu.total_memory)} (PyTorch)")
+        smi = (f" (nvidia-smi: {self.gpu.smi_memory // MiB:,} MiB)"
+               if self.gpu.smi_memory is not None else "")
+        return f"{self.gpu.name}: {format_bytes(self.capacity)} as PyTorch sees it{smi}"
+
+
+def oom_threshold(config: GPTConfig, gpu, *, precision: str = "fp16-mixed",
+                  seq_len: int | None = None, capacity: int | None = None,
+                  foreach: bool | None = None, shown: int = 16) -> Threshold:
+    """A step's predicted memory at batch sizes 1 to ``shown`` on ``gpu``, and the largest batch
+    that fits.
+
+    Each batch is predicted by :func:`course_lib.prediction.engine.predict_step_memory` (a steady-state
+    step without checkpointing: ``total`` counts everything the card holds at the peak); the
+    largest batch is found by doubling, then bisection (the total never shrinks as the batch
+    grows). Left out, as by the engine: the CUDA context, cuBLAS workspaces and the
+    allocator's fragmentation (lecture 06).
+
+    Args:
+        config (GPTConfig): the model.
+        gpu (str or GPU): a name of :data:`course_lib.device.GPUS`, "cuda" (this kernel's GPU)
+            or a :class:`~course_lib.device.GPU`; not the CPU.
+        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
+        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
+        capacity (int, optional): bytes; default the GPU's free memory for a live GPU, what
+            PyTorch reports (``total_memory``) for a preset.
+        foreach (bool, optional): AdamW's multi-tensor implementation; default PyTorch's
+            choice on a GPU (:func:`course_lib.model.kernels.adamw_foreach`).
+        shown (int): batch sizes to predict, 1 to :data:`MAX_SHOWN`.
+
+    Returns:
+        Threshold: the predictions and the threshold.
+
+    Raises:
+        ValueError: naming the argument, for a bad value (``gpu`` None: the CPU has no card).
+
+    Example:
+        >>> gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+        >>> oom_threshold(gpt2, "T4").largest > 0
+        True
+    """
+    check_config(config)
+    card = resolve_gpu(gpu)
+    if card is None:
+        raise ValueError(f"gpu must name a GPU (a preset of course_lib.device.GPUS, 'cuda' or a "
+                         f"GPU), got {gpu!r}")
+    spec = engine.precision_of(precision)
+    s = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
+                                                            maximum=config.seq_len)
+    if capacity is None:
+        capacity = card.free_memory if card.live and card.free_memory is not None \
+            else card.total_memory
+    capacity = positive_int("capacity", capacity, maximum=MAX_BYTES)
+    foreach = kernels.adamw_foreach(card) if foreach is None else boolean("foreach", foreach)
+    shown = positive_int("shown", shown, maximum=MAX_SHOWN)
+
+    def predict(b: int) -> StepMemory:
+        return engine.predict_step_memory(config, b, precision=precision, seq_len=s, gpu=card,
+                                          foreach=bool(foreach))
+
+    def fits(b: int) -> bool:
+        return predict(b).total <= capacity
+
+    largest = 0
+    if fits(1):
+        lo, hi = 1, 2  # fits(lo); doubling until hi does not fit
+        while hi <= MAX_BATCH and fits(hi):
+            lo, hi = hi, 2 * hi
+        hi = min(hi, MAX_BATCH + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        largest = lo
+    kernel = kernels.attention_kernel(config, spec.compute, card)
+    return Threshold(config, s, precision, card, capacity, bool(foreach), kernel,
+                     tuple(predict(b) for b in range(1, shown + 1)), largest)
+
+
+def _setup_threshold(fig: Figure, animated: bool = True) -> dict:
+    """The threshold figure's artists, made once: a filled step curve per part, the capacity line
+    and its label, the OOM line and its label, the chosen batch's outline, two title lines."""
+    fig.subplots_adjust(left=0.075, right=0.80, bottom=0.14, top=0.82)
+    ax = fig.subplots()
+    a = {"ax": ax, "parts": [ax.stairs([0], [0.5, 1.5], baseline=[0], fill=True, color=colour,
+                                       label=label) for _, label, colour in PARTS]}
+    a["capacity"] = ax.axhline(0, color="k", lw=1.2)
+    a["capacity_label"] = ax.text(0.6, 0, "", ha="left", va="bottom", fontsize=8,
+                                  bbox={"fc": "white", "ec": "none", "pad": 1, "alpha": 0.85})
+    a["oom"] = ax.axvline(0, color="#b00020", ls="--", lw=1.2)
+    a["oom_label"] = ax.text(0, 0, "", color="#b00020", va="top", fontsize=8,
+                             bbox={"fc": "white", "ec": "none", "pad": 1})
+    a["batch"] = ax.bar([1], [0], fill=False, edgecolor="k", lw=1.6, width=0.8,
+                        label="chosen batch")[0]
+    a["title"] = fig.text(0.075, 0.97, "", fontsize=9, va="top")
+    a["verdict"] = fig.text(0.075, 0.905, "", fontsize=9, va="top", weight="bold")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("GiB")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    if animated:
+        for artist in (*a["parts"], a["capacity"], a["capacity_label"], a["oom"], a["oom_label"],
+                       a["batch"], a["title"], a["verdict"]):
+            artist.set_animated(True)
+    return a
+
+
+def _draw_threshold(a: dict, t: Threshold, batch: int, title: str) -> None:
+    n = len(t.memory)
+    edges = [k - 0.5 for k in range(1, n + 2)]  # one step per batch size
+    bottom = [0.0] * n
+    for artist, (field, _, _) in zip(a["parts"], PARTS):  # one filled step per part, not n bars
+        top = [lo + getattr(m, field) / GiB for lo, m in zip(bottom, t.memory)]
+        artist.set_data(top, edges, baseline=bottom)
+        bottom = top
+    capacity = t.capacity / GiB
+    ymax = 1.25 * max(max(bottom), capacity)  # the top fifth stays free for the OOM label
+    a["ax"].set(xlim=(0, n + 1), ylim=(0, ymax))
+    a["capacity"].set_ydata([capacity] * 2)
+    a["capacity_label"].set_position((0.6, capacity))
+    a["capacity_label"].set_text(t.capacity_label)
+    shown = t.oom <= n
+    right = t.oom <= n / 2  # the label on the side of the line with room for it
+    a["oom"].set_xdata([t.oom - 0.5 if shown else math.nan] * 2)
+    a["oom_label"].set_position((t.oom - 0.35 if right else t.oom - 0.65, 0.97 * ymax))
+    a["oom_label"].set_horizontalalignment("left" if right else "right")
+    a["oom_label"].set_text(f"out of memory from batch {t.oom}" if shown else "")
+    b = min(batch, n)
+    a["batch"].set_x(b - 0.4)
+    a["batch"].set_height(bottom[b - 1])
+    a["title"].set_text(title)
+    if t.largest == 0:
+        verdict, colour = "not even batch 1 fits", "#b00020"
+    elif batch <= t.largest:
+        verdict, colour = f"batch {batch} fits; the largest that fits is {t.largest}", "#1a7f37"
+    else:
+        verdict, colour = (f"batch {batch} does NOT fit: out of memory from batch {t.oom}",
+                           "#b00020")
+    peak = t.memory[b - 1]
+    where = "the optimizer step" if peak.moment.startswith("optimizer") or \
+        peak.moment.startswith("AdamW") else peak.moment.split(",")[0]
+    a["verdict"].set_text(f"{verdict}   (peak of batch {b}: {format_bytes(peak.total)}, "
+                          f"in {where})")
+    a["verdict"].set_color(colour)
+
+
+def _title(t: Threshold) -> str:
+    c = t.config
+    adamw = "foreach" if t.foreach else "per-tensor"
+    return (f"d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, sequence {t.seq_len}, "
+            f"{t.precision}, {t.kernel} attention, {adamw} AdamW")
+
+
+def threshold_figure(t: Threshold, batch: int = 1, *, title: str | None = None,
+                     figsize: tuple = (9.5, 3.6)) -> Figure:
+    """The widget's picture of one setting as a static figure.
+
+    Args:
+        t (Threshold): what :func:`oom_threshold` returned.
+        batch (int): the batch size outlined, 1 to ``len(t.memory)``.
+        title (str, optional): the first line above the plot (default: the setting, as the
+            widget shows it).
+        figsize (tuple): inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas (:func:`show` displays it).
+
+    Raises:
+        ValueError: naming ``t``, ``batch`` or ``title``.
+    """
+    if not isinstance(t, Threshold):
+        raise ValueError(f"t must be a Threshold (oom_threshold), got {type(t).__name__}")
+    batch = positive_int("batch", batch, maximum=len(t.memory))
+    if title is not None and not isinstance(title, str):
+        raise ValueError(f"title must be a str or None, got {title!r}")
+    fig = _figure(figsize)
+    _draw_threshold(_setup_threshold(fig, animated=False), t, batch,
+                    _title(t) if title is None else title)
+    return fig
+
+
+def _shown(batch: int, oom: int) -> int:
+    """Batch sizes the widget draws: 16, 32, 64 or 128, enough for the batch and the threshold."""
+    want = max(16, batch, oom + 1)
+    return min(MAX_SHOWN, 2 ** math.ceil(math.log2(want)))
+
+
+def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8) -> widgets.VBox:
+    """The out-of-memory widget: a GPT's predicted step memory per batch size against a card.
+
+    Controls: the GPU (the presets of :data:`course_lib.device.GPUS` at the memory PyTorch
+    reports, and on a CUDA runtime this GPU with what is free on it, read once), the model's
+    width (:data:`WIDTHS`) and depth, the sequence length, the attention (SDPA or explicit),
+    the precision, AdamW's implementation and the batch size outlined. Dropout 0.1, 50,257
+    tokens.
+
+    Args:
+        gpu (str): the GPU shown first, a name of :data:`course_lib.device.GPUS`.
+        precision (str): the precision shown first, one of :data:`course_lib.prediction.engine.PRECISIONS`.
+        batch (int): the batch size outlined first, 1 to 64.
+
+    Returns:
+        ipywidgets.VBox: :func:`course_lib.views.widgets.live_plot`'s box.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    gpus = {name: card for name, card in GPUS.items()}
+    choice("gpu", gpu, tuple(gpus))
+    engine.precision_of(precision)
+    batch = positive_int("batch", batch, maximum=64)
+    if torch.cuda.is_available():
+        here = live_gpu()
+        gpus[f"this GPU ({here.name}, free)"] = here
+    style = {"description_width": "initial"}
+
+    def box(width: str) -> widgets.Layout:
+        return widgets.Layout(width=width)
+
+    controls = {
+        "gpu": widgets.Dropdown(options=list(gpus), value=gpu, description="GPU", style=style,
+                                layout=box("230px")),
+        "width": widgets.Dropdown(options=list(WIDTHS), value=next(iter(WIDTHS)),
+                                  description="width", style=style, layout=box("230px")),
+        "layers": widgets.IntSlider(value=12, min=1, max=64, description="layers", style=style,
+                                    layout=box("230px")),
+        "seq": widgets.Dropdown(options=[256, 512, 1024, 2048, 4096, 8192], value=1024,
+                                description="sequence", style=style, layout=box("180px")),
+        "attention": widgets.Dropdown(options=["sdpa", "explicit"], value="sdpa",
+                                      description="attention", style=style, layout=box("230px")),
+        "precision": widgets.Dropdown(options=list(engine.PRECISIONS), value=precision,
+                                      description="precision", style=style, layout=box("230px")),
+        "foreach": widgets.Dropdown(options=[("foreach (GPU default)", True),
+                                             ("per tensor", False)], value=True,
+                                    description="AdamW", style=style, layout=box("230px")),
+        "batch": widgets.IntSlider(value=batch, min=1, max=64, description="batch size",
+                                   style=style, layout=box("180px")),
+    }
+
+    def draw(a, gpu, width, layers, seq, attention, precision, foreach, batch):
+        d_model, heads = WIDTHS[width]
+        config = GPTConfig(vocab_size=50257, seq_len=seq, d_model=d_model, n_heads=heads,
+                           n_layers=layers, dropout=0.1, attention=attention)
+        first = oom_threshold(config, gpus[gpu], precision=precision, foreach=foreach, shown=16)
+        n = _shown(batch, first.oom)
+        t = first if n == 16 else oom_threshold(config, gpus[gpu], precision=precision,
+                                                 foreach=foreach, shown=n)
+        _draw_threshold(a, t, batch, _title(t))
+
+    return live_plot(draw, controls, figsize=(9.5, 3.6), columns=4, setup=_setup_threshold)
+
+
+__all__ = ["PARTS", "WIDTHS", "MAX_SHOWN", "Threshold", "show", "scaling_figure", "step_figure",
+           "oom_threshold", "threshold_figure", "oom_widget"]

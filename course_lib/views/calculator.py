@@ -1,0 +1,523 @@
+"""01: model states against a GPU's memory: the figures of lecture 01 and its calculator.
+
+Every figure here draws :class:`course_lib.prediction.formulas.TrainingMemory` values as stacked bars
+(parameters, gradients, optimizer states, fp32 master weights) against the memory of GPUs as
+PyTorch reports it (``GPUS[name].total_memory``, the budget a model must fit in). Each GPU is a
+line labelled with that figure and, beside it, ``nvidia-smi``'s total, the one learners see
+first. The labels stand in a column right of the axes, spread apart where cards are close
+(an A100 80GB and an H100 80GB differ by 32 MiB), each joined to its line:
+
+* :func:`states_figure`: a few bars side by side (lecture 01's opening question, the
+  corrected "14 + 14 + 56 GB" count);
+* :func:`zero_figure`: the bytes per GPU of ZeRO stages 0-3 against the number of GPUs;
+* :func:`calculator`: the widget, a model size, an optimizer, a precision, a ZeRO stage and a
+  number of GPUs over one bar, redrawn by :func:`course_lib.views.widgets.live_plot`;
+  :func:`calculator_figure` is its picture of one setting.
+
+Two figures without GPUs: :func:`bytes_per_param_figure` (what each precision keeps per
+parameter) and :func:`activations_figure` (what the forward pass keeps for the backward pass,
+by dtype). Drawing only: the numbers come from :mod:`course_lib.prediction.formulas` and the lecture's
+measurements.
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from course_lib.device import GPU, GPUS
+from course_lib.model.zoo import PRESETS
+from course_lib.prediction.formulas import MAX_PARAMS, OPTIMIZERS, TrainingMemory, training_memory
+from course_lib.units import GB, GiB, MiB, format_bytes
+from course_lib.validation import choice, items, number, positive_int, text
+from course_lib.views.widgets import live_plot, nice_ceiling, render_png
+
+#: The four model states as the figures draw them: field of TrainingMemory, label, colour.
+PARTS = (("parameters", "parameters", "#4c72b0"), ("gradients", "gradients", "#55a868"),
+         ("optimizer_state", "optimizer states", "#c44e52"),
+         ("master_weights", "fp32 master weights", "#8172b2"))
+#: The precisions the calculator offers, by the label its menu shows.
+CALCULATOR_PRECISIONS = {"fp32": "fp32", "bf16-mixed (fp32 master)": "bf16-mixed",
+                         "fp16-mixed (fp32 master)": "fp16-mixed",
+                         "autocast (fp32 model)": "autocast-bf16", "pure bf16": "bf16"}
+#: The numbers of data-parallel GPUs the calculator and the ZeRO figure offer.
+WORLD_SIZES = tuple(2**i for i in range(11))
+#: Where the axes sit in every figure of this module (figure fractions): room above for the
+#: title and the legend, right of them for the column of GPU labels.
+_AXES = (0.08, 0.13, 0.50, 0.62)
+_LABEL_X = 1.04   # the column of GPU labels, in axes fractions
+_LABEL_PT = 8     # their font size
+_FITS, _SHORT = "#1a7f37", "#6e7781"
+
+
+def capacity_label(gpu: GPU | str) -> str:
+    """A GPU's memory as the figures label it: PyTorch's figure, nvidia-smi's beside it.
+
+    Args:
+        gpu (GPU or str): a :class:`~course_lib.device.GPU` or a name of
+            :data:`course_lib.device.GPUS`.
+
+    Returns:
+        str: e.g. ``"A100 80GB: 79.15 GiB (nvidia-smi 80.00)"``.
+
+    Raises:
+        ValueError: naming ``gpu``, for anything else.
+
+    Example::
+
+        capacity_label("T4")  # "T4: 14.58 GiB (nvidia-smi 15.00)"
+    """
+    card = _gpu(gpu)
+    smi = f" (nvidia-smi {card.smi_memory / GiB:.2f})" if card.smi_memory else ""
+    return f"{card.name}: {card.total_memory / GiB:.2f} GiB{smi}"
+
+
+def _gpu(gpu, name: str = "gpu") -> GPU:
+    if isinstance(gpu, GPU):
+        return gpu
+    return GPUS[choice(name, gpu, tuple(GPUS))]
+
+
+def _gpus(gpus) -> list[GPU]:
+    cards = [_gpu(g, "gpus") for g in items("gpus", tuple(GPUS) if gpus is None else gpus,
+                                            min_len=1, max_len=12)]
+    return sorted(cards, key=lambda g: g.total_memory)
+
+
+def _spread(fractions: list[float], gap: float) -> list[float]:
+    """Label heights (axes fractions) near ``fractions`` (ascending), at least ``gap`` apart
+    and inside [0, 1] where there is room: pushed up from the bottom, then down from the top."""
+    placed = []
+    for f in fractions:
+        placed.append(max(f, placed[-1] + gap) if placed else max(f, 0.0))
+    top = 1.0
+    for i in reversed(range(len(placed))):
+        placed[i] = min(placed[i], top)
+        top = placed[i] - gap
+    return placed
+
+
+def _bars(name: str, bars) -> dict:
+    if not (isinstance(bars, dict) and 1 <= len(bars) <= 6 and all(
+            isinstance(k, str) and isinstance(v, TrainingMemory) for k, v in bars.items())):
+        raise ValueError(f"{name} must be a dict of one to six labels to TrainingMemory, "
+                         f"got {bars!r:.200}")
+    return bars
+
+
+def _new_figure(figsize) -> Figure:
+    """A Figure on its own Agg canvas, which a notebook shows as a PNG when a cell returns it."""
+    if not (isinstance(figsize, tuple | list) and len(figsize) == 2 and all(
+            isinstance(x, int | float) and not isinstance(x, bool) and 1 <= x <= 30
+            for x in figsize)):
+        raise ValueError(f"figsize must be two numbers of inches from 1 to 30, got {figsize!r}")
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    _show_figures_in_notebooks()
+    return fig
+
+
+def _show_figures_in_notebooks() -> None:
+    """Teach IPython to show a ``Figure`` as a PNG: matplotlib's inline backend does only once
+    pyplot is imported, and these figures never go through pyplot."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython ships with every notebook
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["image/png"].for_type(Figure, render_png)
+
+
+def _setup_lines(fig, ax, cards: list[GPU], animated: bool) -> dict:
+    """A line per GPU and its label in the column right of the axes, joined by a leader.
+
+    In a widget (``animated``) the lines are drawn over the bar on every change; the labels
+    stay in the kept picture of the axes (:class:`course_lib.views.widgets.Backgrounds`, whose key
+    holds their positions and colours): they move only with the axis limit and change colour
+    only where the model states cross a card's memory, and redrawing their text on every
+    change was most of the calculator's time.
+    """
+    lines = [ax.axhline(g.total_memory / GiB, color=_SHORT, ls="--", lw=1) for g in cards]
+    labels = [ax.annotate(capacity_label(g), xy=(1.0, g.total_memory / GiB),
+                          xycoords=("axes fraction", "data"), xytext=(_LABEL_X, 0.5),
+                          textcoords="axes fraction", va="center", fontsize=_LABEL_PT,
+                          color=_SHORT, annotation_clip=False,
+                          arrowprops=dict(arrowstyle="-", color=_SHORT, lw=0.6,
+                                          shrinkA=0, shrinkB=2, relpos=(0, 0.5)))
+              for g in cards]
+    for line in lines:
+        line.set_animated(animated)
+    return {"cards": cards, "lines": lines, "labels": labels}
+
+
+def _place_labels(fig, ax, a: dict, fits=None) -> None:
+    """Put each GPU label at its line's height (spread apart) and colour what fits."""
+    to_axes = ax.transAxes.inverted()
+    heights = [to_axes.transform(ax.transData.transform((0, g.total_memory / GiB)))[1]
+               for g in a["cards"]]
+    axes_inches = fig.get_size_inches()[1] * ax.get_position().height
+    gap = 1.6 * _LABEL_PT / 72 / axes_inches
+    for label, line, y, card in zip(a["labels"], a["lines"], _spread(heights, gap), a["cards"]):
+        label.set_position((_LABEL_X, y))
+        if fits is not None:
+            ok = fits(card)
+            colour = _FITS if ok else _SHORT
+            label.set_color(colour)
+            label.arrow_patch.set_color(colour)
+            line.set_color(colour)
+            line.set_linestyle("-" if ok else "--")
+
+
+def _setup_bars(fig, names: list[str], animated: bool, rect: tuple = _AXES) -> dict:
+    ax = fig.add_axes(rect)
+    x = range(len(names))
+    bars = {part: ax.bar(x, [0] * len(names), width=0.55, color=colour, label=label)
+            for part, label, colour in PARTS}
+    ax.set_xticks(list(x), names, fontsize=9)
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_ylabel("GiB per GPU")
+    ax.tick_params(axis="y", labelsize=8)
+    legend = fig.legend(loc="lower left", bbox_to_anchor=(rect[0] - 0.01, 0.765), ncol=2,
+                        fontsize=8, frameon=False, handlelength=1.2, columnspacing=1.2)
+    title = fig.text(0.01, 0.985, "", va="top", fontsize=10)
+    for artist in (*[p for c in bars.values() for p in c], legend, title):
+        artist.set_animated(animated)
+    return {"fig": fig, "ax": ax, "bars": bars, "legend": legend, "title": title}
+
+
+def _set_bars(a: dict, states: list[TrainingMemory], scale: float = GiB) -> float:
+    """Stack each bar's parts, in units of ``scale`` bytes; with one bar, the legend gives each
+    part's size in GiB. Returns the tallest bar's height."""
+    bottoms = [0.0] * len(states)
+    for (part, label, _), texts in zip(PARTS, a["legend"].get_texts()):
+        for i, (patch, m) in enumerate(zip(a["bars"][part], states)):
+            height = getattr(m, part) / scale
+            patch.set_y(bottoms[i])
+            patch.set_height(height)
+            bottoms[i] += height
+        if len(states) == 1:
+            texts.set_text(f"{label}: {getattr(states[0], part) / GiB:,.1f} GiB")
+    return max(bottoms)
+
+
+def states_figure(bars: dict, *, gpus=None, title: str = "",
+                  figsize: tuple = (8.4, 4.4)) -> Figure:
+    """Model states as stacked bars, side by side, against the memory of GPUs.
+
+    Args:
+        bars (dict): maps each bar's label (a str, ``"\\n"`` for a second line) to a
+            :class:`~course_lib.prediction.formulas.TrainingMemory`; one to six bars.
+        gpus (list, optional): names of :data:`course_lib.device.GPUS` (or ``GPU`` s) to draw
+            as labelled lines; None for all of them.
+        title (str): the figure's title (two lines at most read well).
+        figsize (tuple): inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas; a notebook shows it as its cell's value.
+
+    Raises:
+        ValueError: naming ``bars`` (not a dict of str to TrainingMemory, or more than six),
+            ``gpus`` or ``title``.
+
+    Example::
+
+        states_figure({"7B, mixed AdamW": training_memory(7e9, precision="bf16-mixed")},
+                      gpus=["T4", "A100 80GB"])
+    """
+    _bars("bars", bars)
+    cards = _gpus(gpus)
+    fig = _new_figure(figsize)
+    a = _setup_bars(fig, list(bars), animated=False)
+    a.update(_setup_lines(fig, a["ax"], cards, animated=False))
+    top = _set_bars(a, list(bars.values()))
+    if len(bars) > 1:  # the parts' sizes differ per bar: the labels above the bars say totals
+        for i, m in enumerate(bars.values()):
+            a["ax"].text(i, m.total / GiB, f"{m.total / GiB:,.1f} GiB\n= {m.total / GB:,.1f} GB",
+                         ha="center", va="bottom", fontsize=8, linespacing=1.1,
+                         bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none"))
+    a["ax"].set_ylim(0, nice_ceiling(1.1 * max(top, cards[-1].total_memory / GiB)))
+    a["title"].set_text(text("title", title))
+    _place_labels(fig, a["ax"], a)
+    return fig
+
+
+def bytes_per_param_figure(rows: dict, n_params: int, *, title: str = "",
+                           figsize: tuple = (6.4, 3.6)) -> Figure:
+    """Model states per parameter as stacked bars: what each recipe keeps, byte by byte.
+
+    Args:
+        rows (dict): maps each bar's label to a :class:`~course_lib.prediction.formulas.TrainingMemory` of
+            ``n_params`` parameters; one to six bars.
+        n_params (int): the parameters the rows count, from 1 to
+            :data:`course_lib.prediction.formulas.MAX_PARAMS`.
+        title (str): the figure's title.
+        figsize (tuple): inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas.
+
+    Raises:
+        ValueError: naming ``rows``, ``n_params`` or ``title``, for a bad value.
+
+    Example::
+
+        bytes_per_param_figure({"fp32": training_memory(10)}, 10)
+    """
+    _bars("rows", rows)
+    n = positive_int("n_params", n_params, maximum=MAX_PARAMS)
+    fig = _new_figure(figsize)
+    a = _setup_bars(fig, list(rows), animated=False, rect=(0.1, 0.13, 0.86, 0.62))
+    top = _set_bars(a, list(rows.values()), scale=n)
+    for i, m in enumerate(rows.values()):
+        a["ax"].text(i, m.total / n, f"{m.total / n:g} bytes", ha="center", va="bottom",
+                     fontsize=8)
+    a["ax"].set_ylim(0, 1.2 * top)
+    a["ax"].set_ylabel("bytes per parameter", fontsize=9)
+    a["title"].set_text(text("title", title))
+    return fig
+
+
+#: Colours of the dtypes :func:`activations_figure` draws.
+DTYPE_COLOURS = {"float32": "#4c72b0", "bfloat16": "#55a868", "float16": "#dd8452",
+                 "int64": "#8c8c8c"}
+
+
+def activations_figure(saved: dict, *, title: str = "", figsize: tuple = (8.4, 2.8)) -> Figure:
+    """What autograd keeps for the backward pass, by dtype: one horizontal bar per recipe.
+
+    Each bar is labelled with its total and its ratio to the first bar.
+
+    Args:
+        saved (dict): maps each recipe's label to ``{dtype name: bytes}`` (names as
+            ``str(dtype)`` without ``"torch."``); one to six recipes, the first the reference.
+        title (str): the figure's title.
+        figsize (tuple): inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas.
+
+    Raises:
+        ValueError: naming ``saved`` or ``title``, for a bad value.
+
+    Example::
+
+        activations_figure({"fp32": {"float32": 4096}, "bf16": {"bfloat16": 2048}})
+    """
+    if not (isinstance(saved, dict) and 1 <= len(saved) <= 6 and all(
+            isinstance(k, str) and isinstance(v, dict) and v and all(
+                isinstance(d, str) and isinstance(b, int) and b >= 0 for d, b in v.items())
+            for k, v in saved.items())):
+        raise ValueError(f"saved must be a dict of one to six labels to {{dtype name: bytes}}, "
+                         f"got {saved!r:.200}")
+    fig = _new_figure(figsize)
+    ax = fig.add_axes((0.16, 0.2, 0.62, 0.62))
+    names = list(saved)[::-1]  # the first recipe on top
+    reference = sum(next(iter(saved.values())).values())
+    dtypes = [d for d in DTYPE_COLOURS if any(d in v for v in saved.values())]
+    dtypes += sorted({d for v in saved.values() for d in v} - set(dtypes))
+    left = [0.0] * len(names)
+    for dtype in dtypes:
+        widths = [saved[name].get(dtype, 0) / MiB for name in names]
+        ax.barh(names, widths, left=left, height=0.6, label=dtype,
+                color=DTYPE_COLOURS.get(dtype, "#b0b0b0"))
+        left = [a + b for a, b in zip(left, widths)]
+    for i, name in enumerate(names):
+        total = sum(saved[name].values())
+        ax.text(left[i], i, f"  {format_bytes(total)}  ({total / reference:.3f}x)",
+                va="center", fontsize=8)
+    ax.set_xlim(0, 1.35 * max(left))
+    ax.set_xlabel("MiB saved for the backward pass", fontsize=9)
+    ax.tick_params(labelsize=8)
+    ax.tick_params(axis="y", labelsize=9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
+              title="dtype", title_fontsize=8)
+    fig.text(0.01, 0.985, text("title", title), va="top", fontsize=10)
+    return fig
+
+
+def zero_figure(n_params: int, *, precision: str = "bf16-mixed", optimizer: str = "adamw",
+                world_sizes=WORLD_SIZES, gpus=None, title: str = "",
+                figsize: tuple = (8.4, 4.4)) -> Figure:
+    """Model states per GPU under ZeRO stages 0-3 against the number of data-parallel GPUs.
+
+    Log-log: stage 3 falls as ``1/N``; stages 1 and 2 level off at the part they do not shard.
+
+    Args:
+        n_params (int): parameters P, as for :func:`course_lib.prediction.formulas.training_memory`.
+        precision (str): as for :func:`~course_lib.prediction.formulas.training_memory`.
+        optimizer (str): as for :func:`~course_lib.prediction.formulas.training_memory`.
+        world_sizes (list of int): the numbers of GPUs on the x axis, at least two.
+        gpus (list, optional): names of :data:`course_lib.device.GPUS` drawn as labelled lines;
+            None for all of them.
+        title (str): the figure's title.
+        figsize (tuple): inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
+
+    Example::
+
+        zero_figure(6_738_415_616, gpus=["T4", "A100 80GB"])
+    """
+    sizes = sorted(positive_int("world_sizes", n, maximum=2**24)
+                   for n in items("world_sizes", world_sizes, min_len=2, max_len=64))
+    per_stage = {stage: [training_memory(n_params, optimizer=optimizer, precision=precision,
+                                         zero_stage=stage, world_size=n).total / GiB
+                         for n in sizes] for stage in range(4)}
+    cards = _gpus(gpus)
+    fig = _new_figure(figsize)
+    ax = fig.add_axes((_AXES[0], _AXES[1], _AXES[2], 0.76))
+    for stage, values in per_stage.items():
+        ax.plot(sizes, values, marker="o", ms=3, label=f"stage {stage}")
+    ax.set(xscale="log", yscale="log")
+    ax.set_xticks(sizes, [str(n) for n in sizes], fontsize=8)
+    ax.minorticks_off()
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_xlabel("data-parallel GPUs N", fontsize=9)
+    ax.set_ylabel("model states per GPU (GiB)", fontsize=9)
+    low = min(per_stage[3][-1], cards[0].total_memory / GiB)
+    high = max(per_stage[0][0], cards[-1].total_memory / GiB)
+    ax.set_ylim(low / 2, high * 2)
+    ax.legend(loc="lower left", fontsize=8, title="ZeRO", title_fontsize=8)
+    fig.text(0.01, 0.985, text("title", title), va="top", fontsize=10)
+    a = _setup_lines(fig, ax, cards, animated=False)
+    _place_labels(fig, ax, a)
+    return fig
+
+
+def _billions(billions: float) -> str:
+    return f"{billions:,.0f}B" if billions >= 100 else f"{billions:.3g}B"
+
+
+def _setup_calculator(fig, animated: bool = True) -> dict:
+    a = _setup_bars(fig, ["per GPU"], animated)
+    a.update(_setup_lines(fig, a["ax"], _gpus(None), animated))
+    return a
+
+
+def _draw_calculator(a: dict, billions: float, optimizer: str, precision: str, zero_stage: int,
+                     world_size: int) -> None:
+    billions = number("billions", billions, above=0.0, maximum=MAX_PARAMS / 1e9)
+    n = positive_int("billions", round(billions * 1e9), maximum=MAX_PARAMS)
+    m = training_memory(n, optimizer=optimizer, precision=precision, zero_stage=zero_stage,
+                        world_size=world_size)
+    top = _set_bars(a, [m])
+    a["ax"].set_ylim(0, nice_ceiling(1.1 * max(top, a["cards"][-1].total_memory / GiB)))
+    _place_labels(a["fig"], a["ax"], a, fits=lambda card: m.total <= card.total_memory)
+    fitting = [g.name for g in a["cards"] if m.total <= g.total_memory]
+    shown = next(k for k, v in CALCULATOR_PRECISIONS.items() if v == precision)
+    gpus = f"ZeRO stage {zero_stage} on {world_size} GPU" + ("s" if world_size > 1 else "")
+    a["title"].set_text(
+        f"{_billions(billions)} parameters, {optimizer}, {shown}, {gpus}\n"
+        f"model states {m.total / GiB:,.1f} GiB per GPU: "
+        + ("fit on every GPU here" if len(fitting) == len(a["cards"])
+           else f"fit on {', '.join(fitting)}" if fitting else "fit on none of these GPUs"))
+
+
+def calculator_figure(billions: float, *, optimizer: str = "adamw",
+                      precision: str = "bf16-mixed", zero_stage: int = 0, world_size: int = 1,
+                      figsize: tuple = (8.4, 4.4)) -> Figure:
+    """The calculator's picture of one setting, as a static figure.
+
+    Args:
+        billions (float): parameters, in billions (from 1e-9 up).
+        optimizer (str): one of :data:`course_lib.prediction.formulas.OPTIMIZERS`.
+        precision (str): a value of :data:`CALCULATOR_PRECISIONS`.
+        zero_stage (int): 0 to 3.
+        world_size (int): data-parallel GPUs.
+        figsize (tuple): inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas.
+
+    Raises:
+        ValueError: naming the parameter, for a bad value.
+
+    Example::
+
+        calculator_figure(6.738415616, precision="bf16-mixed")
+    """
+    choice("precision", precision, tuple(CALCULATOR_PRECISIONS.values()))
+    fig = _new_figure(figsize)
+    _draw_calculator(_setup_calculator(fig, animated=False), billions, optimizer, precision,
+                     zero_stage, world_size)
+    return fig
+
+
+def _width(pixels: int) -> widgets.Layout:
+    return widgets.Layout(width=f"{pixels}px")
+
+
+def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> widgets.VBox:
+    """Lecture 01's calculator: the model states per GPU of a model, against every GPU preset.
+
+    A menu of published models (:data:`course_lib.model.zoo.PRESETS`) sets a size slider in
+    billions of parameters (0.1 to 1000, 20 steps a decade, plus every preset's exact size);
+    moving the slider away from a preset makes the size custom. Menus choose the optimizer, the
+    precision, the ZeRO stage and the number of data-parallel GPUs. The bar is
+    :func:`course_lib.prediction.formulas.training_memory` per GPU, in its four parts; each GPU's line
+    turns green where the model states fit the memory PyTorch reports for it.
+
+    Args:
+        preset (str): the model shown first, a name of :data:`course_lib.model.zoo.PRESETS`.
+        figsize (tuple): inches.
+
+    Returns:
+        ipywidgets.VBox: the preset menu above :func:`course_lib.views.widgets.live_plot`'s view
+        (``box.view``; its ``controls``, ``redraw`` and ``artists``).
+
+    Raises:
+        ValueError: naming ``preset``, for an unknown model.
+
+    Example::
+
+        calculator("Llama 2 70B")
+    """
+    start = PRESETS[choice("preset", preset, tuple(PRESETS))].published_params / 1e9
+    sizes = {f"{10 ** (e / 20):.3g}": 10 ** (e / 20) for e in range(-20, 61)}
+    sizes.update({f"{p.published_params / 1e9:.4g} ({name})": p.published_params / 1e9
+                  for name, p in PRESETS.items()})
+    wide = {"description_width": "initial"}
+    size = widgets.SelectionSlider(options=sorted(sizes.items(), key=lambda item: item[1]),
+                                   value=start, description="parameters (billions)",
+                                   style=wide, layout=_width(480))
+    menu = widgets.Dropdown(options=[("custom size", None)] + [
+        (name, p.published_params / 1e9) for name, p in PRESETS.items()],
+        value=start, description="model", style=wide, layout=_width(260))
+
+    def use_preset(change):
+        if change["new"] is not None:
+            size.value = change["new"]
+
+    def leave_preset(change):  # moving the slider away from a preset makes the size custom
+        if menu.value is not None and change["new"] != menu.value:
+            menu.value = None
+
+    menu.observe(use_preset, names="value")
+    size.observe(leave_preset, names="value")
+    view = live_plot(_draw_calculator, {
+        "billions": size,
+        "optimizer": widgets.Dropdown(options=list(OPTIMIZERS), value="adamw",
+                                      description="optimizer", style=wide, layout=_width(220)),
+        "precision": widgets.Dropdown(options=list(CALCULATOR_PRECISIONS.items()),
+                                      value="bf16-mixed", description="precision", style=wide,
+                                      layout=_width(300)),
+        "zero_stage": widgets.Dropdown(options=[0, 1, 2, 3], value=0, description="ZeRO stage",
+                                       style=wide, layout=_width(160)),
+        "world_size": widgets.Dropdown(options=list(WORLD_SIZES), value=1,
+                                       description="data-parallel GPUs", style=wide,
+                                       layout=_width(220)),
+    }, setup=_setup_calculator, figsize=figsize, columns=2)
+    box = widgets.VBox([menu, view])
+    box.view = view
+    return box
+
+
+__all__ = ["CALCULATOR_PRECISIONS", "DTYPE_COLOURS", "PARTS", "WORLD_SIZES", "activations_figure",
+           "bytes_per_param_figure", "calculator", "calculator_figure", "capacity_label",
+           "states_figure", "zero_figure"]

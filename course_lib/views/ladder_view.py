@@ -1,0 +1,300 @@
+"""08: the pictures of lecture 08: where a step's bytes are, and the fit ladder's widget.
+
+* :func:`peak_parts_figure`: the opening figure. For a few jobs, the predicted peak of the
+  plain step split into what holds it (weights, optimizer states, gradients, the
+  activations autograd keeps, what is in flight), against a card's memory: which part is
+  largest decides which lever helps.
+* :func:`ladder_figure` and :func:`ladder_explorer`: each lever of the course alone, as the
+  predicted peak of the step with it (:func:`course_lib.planning.fit_ladder.ladder`), its rank by
+  bytes saved per time paid and the time it pays, against the card's memory; the widget
+  lets a learner pick the model, the card, the tokens per sequence and the batch.
+
+A card's memory is drawn as PyTorch reports it (``total_memory`` of the presets,
+:data:`course_lib.device.GPUS`), the budget a step must fit in, and labelled with
+``nvidia-smi``'s figure beside it (:func:`capacity_label`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import ipywidgets as widgets
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from course_lib.device import GPUS
+from course_lib.model.gpt import GPTConfig, check_config
+from course_lib.planning import fit_ladder
+from course_lib.prediction.engine import StepMemory
+from course_lib.units import GiB, MiB, format_bytes
+from course_lib.validation import choice, positive_int
+from course_lib.views.widgets import check_figsize, check_figure, live_plot, nice_ceiling
+
+#: The explorer's models: the course GPT at the shapes of GPT-2 small to XL (Radford et al.
+#: 2019) and of a 1.2B model with Llama 3's 128k vocabulary; ``seq_len`` is the longest the
+#: explorer offers.
+LADDER_MODELS = {
+    "GPT-2 small (124M)": GPTConfig(vocab_size=50257, seq_len=8192, d_model=768, n_heads=12,
+                                    n_layers=12),
+    "GPT-2 medium (350M)": GPTConfig(vocab_size=50257, seq_len=8192, d_model=1024, n_heads=16,
+                                     n_layers=24),
+    "GPT-2 large (774M)": GPTConfig(vocab_size=50257, seq_len=8192, d_model=1280, n_heads=20,
+                                    n_layers=36),
+    "GPT-2 XL (1.5B)": GPTConfig(vocab_size=50257, seq_len=8192, d_model=1600, n_heads=25,
+                                 n_layers=48),
+    "1.2B, 128k vocabulary": GPTConfig(vocab_size=128256, seq_len=8192, d_model=2048,
+                                       n_heads=16, n_layers=16),
+}
+#: The explorer's choices of tokens per sequence and of sequences per optimizer step.
+SEQ_LENS = (512, 1024, 2048, 4096, 8192)
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+#: The parts of a step's memory in the opening figure: label, StepMemory fields, colour.
+PARTS = (("weights", ("parameters",), "#4c72b0"),
+         ("optimizer states (m, v, fp32 master weights)", ("optimizer_state", "master_weights"),
+          "#8172b2"),
+         ("gradients", ("gradients",), "#c44e52"),
+         ("activations autograd keeps", ("activations",), "#55a868"),
+         ("in flight: the loss's gradient buffers, scratch", ("transient",), "#dd8452"))
+_FREE, _PAID, _NOTHING, _PLAIN = "#55a868", "#dd8452", "#c8c8c8", "0.45"
+
+
+def capacity_label(gpu: str) -> str:
+    """The words beside a card's memory line: PyTorch's capacity, nvidia-smi's beside it.
+
+    Args:
+        gpu (str): a preset of :data:`course_lib.device.GPUS`.
+
+    Returns:
+        str: e.g. ``"T4: 14.58 GiB as PyTorch reports it (nvidia-smi: 15,360 MiB)"``.
+
+    Raises:
+        ValueError: for a name that is not a preset.
+    """
+    card = GPUS[choice("gpu", gpu, tuple(GPUS))]
+    smi = "" if card.smi_memory is None else f" (nvidia-smi: {card.smi_memory // MiB:,} MiB)"
+    return f"{gpu}: {format_bytes(card.total_memory)} as PyTorch reports it{smi}"
+
+
+def _figure(figsize) -> Figure:
+    fig = Figure(figsize=check_figsize(figsize))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | None = None,
+                      figsize: tuple = (9.5, 2.9)) -> Figure:
+    """One bar per job: its predicted peak split into :data:`PARTS`, and the card's memory.
+
+    Args:
+        jobs (dict): a label per job -> its peak (:func:`course_lib.prediction.engine.predict_step_memory`),
+            at most 4 jobs.
+        gpu (str): the preset whose memory the dashed line shows (:func:`capacity_label`).
+        fig (Figure, optional): an empty figure to draw on (in a notebook
+            ``plt.figure(figsize=...)``, then ``plt.show()``); None makes one with an Agg canvas.
+        figsize (tuple): inches, for a figure made here.
+
+    Returns:
+        matplotlib.figure.Figure: the figure drawn on.
+
+    Raises:
+        ValueError: for no jobs, more than 4, a value that is not a ``StepMemory``, or an
+            unknown ``gpu``.
+    """
+    if not isinstance(jobs, dict) or not 1 <= len(jobs) <= 4 or not all(
+            isinstance(k, str) and isinstance(v, StepMemory) for k, v in jobs.items()):
+        raise ValueError(f"jobs must map 1 to 4 labels to StepMemory peaks, got {jobs!r:.80}")
+    budget = GPUS[choice("gpu", gpu, tuple(GPUS))].total_memory
+    fig = _figure(figsize) if fig is None else check_figure("fig", fig)
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.2, right=0.97, top=0.9, bottom=0.42)
+    rows = list(jobs.items())
+    left = [0.0] * len(rows)
+    for label, fields, colour in PARTS:
+        width = [sum(getattr(m, f) for f in fields) / GiB for _, m in rows]
+        ax.barh(range(len(rows)), width, left=left, color=colour, label=label, height=0.6)
+        left = [x + w for x, w in zip(left, width)]
+    for i, (_, m) in enumerate(rows):
+        ax.text(m.total / GiB, i, f" {format_bytes(m.total)}", va="center", fontsize=8.5)
+    right = 5 * math.ceil(1.15 * max([m.total for _, m in rows] + [budget]) / GiB / 5)
+    ax.axvline(budget / GiB, color="k", ls="--", lw=1)
+    ax.text(budget / GiB, -0.62, " " + capacity_label(gpu), fontsize=8.5, va="bottom")
+    ax.set(xlim=(0, right), ylim=(len(rows) - 0.5, -1.0), xlabel="GiB at the step's peak")
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.4, -0.3), ncol=3, fontsize=8.5,
+              frameon=False)
+    return fig
+
+
+# --------------------------------------------------------------------------- the ladder
+
+
+def _setup(fig, animated: bool = True) -> dict:
+    """The ladder chart's axes and artists, made once: a bar and a label per row."""
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.31, right=0.97, bottom=0.16, top=0.9)
+    # the plain step, then every rung (a batch of 2 or more has them all)
+    rows = 1 + len(fit_ladder.ladder(LADDER_MODELS["GPT-2 small (124M)"], "T4", batch_size=2,
+                                     seq_len=512).listed)
+    a = {"ax": ax, "rows": rows,
+         "bars": ax.barh(range(rows), [0] * rows, height=0.7),
+         "labels": [ax.text(0, i, "", va="center", fontsize=8) for i in range(rows)],
+         "budget": ax.axvline(0, color="k", ls="--", lw=1),
+         "budget_text": ax.text(0, -0.75, "", fontsize=8.5, va="center", ha="left"),
+         "title": fig.text(0.02, 0.98, "", fontsize=9.5, va="top")}
+    # Every glyph of an animated text is rasterised again on each change: the words that do not
+    # change with the setting stay in the kept picture (the budget's label changes with the card
+    # only, and the card's memory is part of the kept picture's key through its line).
+    fig.text(0.02, 0.935, "#rank on the ladder (bytes saved per time paid), time paid against "
+             "the plain step (predicted)", fontsize=9.5, va="top")
+    ax.set(ylim=(rows - 0.5, -1.2), xlabel="predicted peak of the step with this lever alone (GiB)")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.legend(handles=[Patch(color=_PLAIN, label="the plain step: fp32, whole batch"),
+                       Patch(color=_FREE, label="costs no time"),
+                       Patch(color=_PAID, label="costs time (rank: bytes per time paid)"),
+                       Patch(color=_NOTHING, label="saves nothing here")],
+              loc="upper center", bbox_to_anchor=(0.32, -0.09), ncol=4, fontsize=8,
+              frameon=False, handlelength=1.2, columnspacing=1.2)
+    if animated:
+        for artist in (*a["bars"], *a["labels"], a["title"]):
+            artist.set_animated(True)
+    return a
+
+
+def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
+    """Set the chart's numbers for one :class:`course_lib.planning.fit_ladder.Ladder`."""
+    rungs = list(result.listed)
+    names = ["plain step"] + [r.lever for r in rungs]
+    peaks = [result.baseline.total / GiB] + [r.memory.total / GiB for r in rungs]
+    right = nice_ceiling(1.1 * max(peaks + [result.budget_bytes / GiB]))
+    for i, (bar, label) in enumerate(zip(a["bars"], a["labels"])):
+        if i >= len(names):
+            bar.set_width(0)
+            label.set_text("")
+            continue
+        r = rungs[i - 1] if i else None
+        bar.set_width(peaks[i])
+        bar.set_color(_PLAIN if r is None else _NOTHING if r.bytes_saved <= 0
+                      else _FREE if r.time_paid <= 0 else _PAID)
+        words = (format_bytes(result.baseline.total) if r is None else
+                 f"#{result.rungs.index(r) + 1}, {r.time_paid:+.1%}")
+        inside = peaks[i] > 0.75 * right  # no room after the bar: write on it, in white
+        label.set_text(f"{words}  " if inside else f"  {words}")
+        label.set_x(peaks[i])
+        label.set_horizontalalignment("right" if inside else "left")
+        label.set_color("white" if inside else "black")
+    a["ax"].set(xlim=(0, right))
+    ticks = names + [""] * (a["rows"] - len(names))
+    if a.get("ticks") != ticks:  # setting them anew costs more than the rest of a change
+        a["ax"].set_yticks(range(a["rows"]), ticks)
+        a["ticks"] = ticks
+    a["budget"].set_xdata([result.budget_bytes / GiB] * 2)
+    a["budget_text"].set_x(min(result.budget_bytes / GiB, 0.45 * right))
+    a["budget_text"].set_text(capacity_label(result.gpu))
+    a["title"].set_text(f"{model}, {result.batch_size} x {result.seq_len:,} tokens per step on a "
+                        f"{result.gpu}: each lever alone")
+
+
+def climb_text(result: fit_ladder.Ladder) -> str:
+    """The ladder's combination in words, one rung a line (each under 100 characters).
+
+    Args:
+        result (Ladder): what :func:`course_lib.planning.fit_ladder.ladder` returned.
+
+    Returns:
+        str: the rungs taken, the peak after each, and whether the step fits.
+
+    Raises:
+        ValueError: naming ``result``, for anything but a ``Ladder``.
+    """
+    if not isinstance(result, fit_ladder.Ladder):
+        raise ValueError(f"result must be a course_lib.planning.fit_ladder.Ladder, got {result!r:.60}")
+    lines = [f"the plain step: {format_bytes(result.baseline.total)}; "
+             f"{capacity_label(result.gpu)}"]
+    lines += [f"  + {lever:41s} -> {format_bytes(m.total):>10s}, time {paid:+.0%}"
+              for lever, m, paid in result.steps]
+    lines.append(("fits" if result.fits else "does not fit, with every rung that helps")
+                 + f": {format_bytes(result.memory.total)}")
+    return "\n".join(lines)
+
+
+def ladder_figure(result: fit_ladder.Ladder, model: str = "", *, fig: Figure | None = None,
+                  figsize: tuple = (9.5, 4.8)) -> Figure:
+    """The explorer's chart of one :class:`course_lib.planning.fit_ladder.Ladder`, as a static figure.
+
+    Args:
+        result (Ladder): what :func:`course_lib.planning.fit_ladder.ladder` returned.
+        model (str): the model's name in the title.
+        fig (Figure, optional): an empty figure to draw on; None makes one with an Agg canvas.
+        figsize (tuple): inches, for a figure made here.
+
+    Returns:
+        matplotlib.figure.Figure: the figure drawn on.
+
+    Raises:
+        ValueError: naming ``result``, for anything but a ``Ladder``.
+    """
+    if not isinstance(result, fit_ladder.Ladder):
+        raise ValueError(f"result must be a course_lib.planning.fit_ladder.Ladder, got {result!r:.60}")
+    fig = _figure(figsize) if fig is None else check_figure("fig", fig)
+    _draw(_setup(fig, animated=False), result, model or "the model")
+    return fig
+
+
+def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
+                    model: str = "GPT-2 medium (350M)", gpu: str = "T4", seq_len: int = 1024,
+                    batch_size: int = 16) -> widgets.VBox:
+    """Lecture 08's widget: the fit ladder for a model, a card, tokens and batch of one's choice.
+
+    Every change calls :func:`course_lib.planning.fit_ladder.ladder` and redraws the chart of
+    :func:`ladder_figure`; below it, :func:`climb_text` prints the combination that fits.
+
+    Args:
+        models (dict, optional): name -> ``GPTConfig`` (default :data:`LADDER_MODELS`); each
+            config's ``seq_len`` must allow the longest of :data:`SEQ_LENS` offered.
+        model (str): the model first shown.
+        gpu (str): the preset first shown.
+        seq_len (int): tokens per sequence first shown, one of :data:`SEQ_LENS`.
+        batch_size (int): sequences per optimizer step first shown, one of :data:`BATCHES`.
+
+    Returns:
+        The :func:`course_lib.views.widgets.live_plot` box.
+
+    Raises:
+        ValueError: naming the argument, for a choice that is not offered.
+    """
+    models = LADDER_MODELS if models is None else models
+    if not isinstance(models, dict) or not models:
+        raise ValueError(f"models must map at least one name to a GPTConfig, got {models!r:.80}")
+    for name, config in models.items():
+        check_config(config, f"models[{name!r}]")
+    choice("model", model, tuple(models))
+    choice("gpu", gpu, tuple(GPUS))
+    for name, value, options in (("seq_len", seq_len, SEQ_LENS),
+                                 ("batch_size", batch_size, BATCHES)):
+        if isinstance(value, bool) or value not in options:
+            raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    wide = {"description_width": "initial"}
+
+    def draw(artists, model, gpu, seq_len, batch_size):
+        config = models[model]
+        seq_len = positive_int("seq_len", seq_len, maximum=config.seq_len)
+        result = fit_ladder.ladder(config, gpu, batch_size=batch_size, seq_len=seq_len)
+        _draw(artists, result, model)
+        print(climb_text(result))
+
+    controls = {
+        "model": widgets.Dropdown(options=list(models), value=model, description="model",
+                                  style=wide),
+        "gpu": widgets.Dropdown(options=list(GPUS), value=gpu, description="GPU", style=wide),
+        "seq_len": widgets.SelectionSlider(options=list(SEQ_LENS), value=seq_len,
+                                           description="tokens per sequence", style=wide),
+        "batch_size": widgets.SelectionSlider(options=list(BATCHES), value=batch_size,
+                                              description="sequences per step", style=wide),
+    }
+    return live_plot(draw, controls, setup=_setup, columns=2, figsize=(9.5, 4.8))
+
+
+__all__ = ["LADDER_MODELS", "SEQ_LENS", "BATCHES", "PARTS", "capacity_label",
+           "peak_parts_figure", "climb_text", "ladder_figure", "ladder_explorer"]

@@ -1,0 +1,275 @@
+"""05: the figures of lecture 05 and its planner widget (drawing only; the numbers are given).
+
+Each ``draw_*`` function draws on a matplotlib ``Axes`` it is given, with text of at least
+:data:`FONT` points, and returns nothing; :func:`planner_widget` is the lecture's widget, a
+:func:`course_lib.views.widgets.live_plot` over :func:`course_lib.planning.planner.plan_checkpointing`.
+:func:`place_labels` puts point labels where they overlap neither each other nor the points.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ipywidgets as widgets
+from matplotlib.axes import Axes
+from matplotlib.transforms import Bbox
+
+from course_lib.planning import planner
+from course_lib.training import checkpointing as ckpt
+from course_lib.units import GiB, MiB, format_bytes
+from course_lib.validation import integer, number
+from course_lib.views.widgets import live_plot
+
+#: The smallest text the figures draw, in points (readable at 1280 px with the sidebar open).
+FONT = 8
+#: The half-width of the space kept free around each labelled point, in points.
+MARKER = 5
+#: Colours by policy family.
+COLOURS = {"none": "0.2", "blocks": "C1", "sqrt": "C4", "selective": "C0", "attention": "C2"}
+#: Where a label may go around its point, in points: right, left, above, below, then farther.
+OFFSETS = [(6, 3), (-6, 3), (6, -11), (-6, -11), (0, 9), (0, -17), (10, 12), (-10, 12),
+           (10, -20), (-10, -20), (0, 20), (0, -28)]
+
+
+def _unit(largest: int) -> tuple[int, str]:
+    """GiB for figures that reach 2 GiB, else MiB: ``(bytes per unit, its name)``."""
+    return (GiB, "GiB") if largest >= 2 * GiB else (MiB, "MiB")
+
+
+def _family(label: str) -> str:
+    return label.split("/")[0]
+
+
+def _overlap(a, b) -> float:
+    """The area two display boxes share (0 if they are apart)."""
+    w = min(a.x1, b.x1) - max(a.x0, b.x0)
+    h = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return w * h if w > 0 and h > 0 else 0.0
+
+
+def place_labels(ax: Axes, points, labels, *, fontsize: float = FONT) -> list:
+    """Label each point where the label overlaps no other label, no point and stays in the axes.
+
+    Tries :data:`OFFSETS` in order for each point (after the axes' limits are set: call it
+    last) and keeps the first free place, else the least crowded one.
+
+    Args:
+        ax (matplotlib.axes.Axes): the axes, limits final.
+        points (list): ``(x, y)`` in data coordinates.
+        labels (list of str): one per point.
+        fontsize (float): points, at least :data:`FONT`.
+
+    Returns:
+        list: the ``Annotation`` s, one per point.
+
+    Raises:
+        ValueError: naming ``labels`` (not one per point) or ``fontsize`` (below :data:`FONT`).
+    """
+    points, labels = list(points), list(labels)
+    if len(points) != len(labels):
+        raise ValueError(f"labels must be one per point: {len(labels)} for {len(points)} points")
+    number("fontsize", fontsize, minimum=FONT)
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    pad = MARKER * fig.dpi / 72  # the points' markers, and a little room around them
+    taken = []
+    for x, y in points:
+        px, py = ax.transData.transform((x, y))
+        taken.append(Bbox.from_extents(px - pad, py - pad, px + pad, py + pad))
+    texts = []
+    for (x, y), label in zip(points, labels):
+        best, best_cost = None, math.inf
+        for dx, dy in OFFSETS:
+            text = ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points",
+                               fontsize=fontsize, ha="left" if dx > 0 else "right" if dx < 0
+                               else "center", va="bottom")
+            box = text.get_window_extent(renderer).expanded(1.04, 1.1)
+            cost = sum(_overlap(box, other) for other in taken)
+            outside = box.width * box.height - _overlap(box, inside)
+            cost += 10 * outside
+            if cost < best_cost:
+                if best is not None:
+                    best[0].remove()
+                best, best_cost = (text, box), cost
+            else:
+                text.remove()
+            if cost == 0:
+                break
+        texts.append(best[0])
+        taken.append(best[1])
+    return texts
+
+
+def draw_question(ax: Axes, none: tuple, full: tuple) -> None:
+    """The lecture's opening figure: no checkpointing and every block checkpointed, and the gap.
+
+    Args:
+        ax (matplotlib.axes.Axes): where to draw.
+        none (tuple): ``(extra FLOPs in %, peak bytes)`` of no checkpointing.
+        full (tuple): the same for every block checkpointed.
+    """
+    unit, name = _unit(none[1])
+    xs, ys = [none[0], full[0]], [none[1] / unit, full[1] / unit]
+    ax.plot(xs, ys, ":", color="0.7")
+    ax.plot(xs, ys, "o", color="C3", ms=7)
+    ax.annotate("no checkpointing", (xs[0], ys[0]), xytext=(8, 4), textcoords="offset points",
+                fontsize=FONT + 1, va="bottom")
+    ax.annotate("every block checkpointed (lecture 04)", (xs[1], ys[1]), xytext=(-6, -10),
+                textcoords="offset points", fontsize=FONT + 1, ha="right", va="top")
+    middle = (sum(xs) / 2, sum(ys) / 2)
+    ax.text(middle[0] + 0.04 * xs[1], middle[1], "?", fontsize=26, color="C0", va="center")
+    ax.text(middle[0] + 0.12 * xs[1], middle[1], "most of the saving\nfor a fraction of the price?",
+            fontsize=FONT + 1, color="C0", va="center")
+    ax.set(xlabel="extra compute: recomputed FLOPs (% of a plain step)",
+           ylabel=f"peak of a training step ({name})", xlim=(-0.08 * xs[1], 1.25 * xs[1]),
+           ylim=(0, 1.2 * ys[0]))
+    ax.tick_params(labelsize=FONT + 1)
+
+
+def draw_every_k(ax: Axes, fractions, memory, flops, labels) -> None:
+    """Memory saving and recomputed FLOPs of every k-th block, as shares of every block's.
+
+    Args:
+        ax (matplotlib.axes.Axes): where to draw.
+        fractions (list of float): the share of the blocks checkpointed, one per policy.
+        memory (list of float): the memory saving of each, as a share of every block's.
+        flops (list of float): the recomputed FLOPs of each, as a share of every block's.
+        labels (list of str): one per policy, beside its memory point.
+    """
+    ax.plot([0, 1], [0, 1], color="0.75", lw=1, label="the share of blocks itself")
+    ax.plot(fractions, flops, "s", color="C1", ms=7, mfc="none", label="FLOPs recomputed (counted)")
+    ax.plot(fractions, memory, "o", color="C0", label="memory saved (measured peak)")
+    ax.set(xlabel="share of the blocks checkpointed", ylabel="share of what every block gives",
+           xlim=(0, 1.12), ylim=(0, 1.15))
+    ax.legend(fontsize=FONT, loc="upper left")
+    ax.tick_params(labelsize=FONT + 1)
+    place_labels(ax, list(zip(fractions, memory)), labels)
+
+
+def draw_policy_costs(ax: Axes, kept: dict, reruns: dict) -> None:
+    """One bar per policy: the bytes a block keeps; beside it, what its backward pass reruns.
+
+    Args:
+        ax (matplotlib.axes.Axes): where to draw.
+        kept (dict): ``{policy name: bytes kept}``, top to bottom.
+        reruns (dict): ``{policy name: short text}`` (what runs again).
+    """
+    names = list(kept)
+    ys = range(len(names))[::-1]
+    unit, unit_name = _unit(max(kept.values()))
+    values = [kept[n] / unit for n in names]
+    ax.barh(ys, values, color=["0.6" if i < 2 else "C0" for i in range(len(names))], height=0.6)
+    right = max(values)
+    for y, n, v in zip(ys, names, values):
+        ax.text(v + 0.02 * right, y, f"{format_bytes(kept[n])}; reruns {reruns[n]}",
+                fontsize=FONT, va="center")
+    ax.set_yticks(list(ys), names, fontsize=FONT + 1)
+    ax.set(xlabel=f"kept from the forward to the backward pass, one block ({unit_name})",
+           xlim=(0, 2.6 * right))
+    ax.tick_params(axis="x", labelsize=FONT + 1)
+
+
+def draw_frontier(ax: Axes, points, front_labels) -> None:
+    """Measured peak against measured time, one point per policy, the frontier joined.
+
+    Args:
+        ax (matplotlib.axes.Axes): where to draw.
+        points (list): ``(peak bytes, time ratio, label)`` per policy.
+        front_labels (collection of str): the labels on the frontier, joined by a dashed line.
+    """
+    unit, name = _unit(max(p[0] for p in points))
+    for peak, ratio, label in points:
+        ax.plot(peak / unit, ratio, "o", color=COLOURS[_family(label)], ms=6)
+    front = sorted((p for p in points if p[2] in front_labels), key=lambda p: p[0])
+    ax.plot([p[0] / unit for p in front], [p[1] for p in front], "k--", lw=1,
+            label="frontier: nothing both smaller and faster")
+    ys = [p[1] for p in points]
+    span = max(max(ys) - min(ys), 0.2)
+    ax.set(xlabel=f"peak of a training step ({name})", ylabel="step time / no checkpointing",
+           xlim=(0, 1.12 * max(p[0] for p in points) / unit),
+           ylim=(min(ys) - 0.25 * span, max(ys) + 0.3 * span))
+    ax.legend(fontsize=FONT, loc="upper right")
+    ax.tick_params(labelsize=FONT + 1)
+    place_labels(ax, [(p[0] / unit, p[1]) for p in points], [p[2] for p in points])
+
+
+def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None,
+                   percent: int = 60) -> widgets.VBox:
+    """The planner for a budget given as a share of the peak without checkpointing.
+
+    One bar per policy the planner can pick (:func:`course_lib.planning.planner.choices`), labelled with
+    its predicted step time against no checkpointing's (the course's time model,
+    :mod:`course_lib.prediction.time_model`), fastest at the top; the ones whose predicted peak fits the
+    budget are green, the planner's choice (the fastest that fits) is outlined and named in the
+    title with the FLOPs it recomputes.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): sequences per step.
+        precision (str): as :func:`course_lib.planning.planner.candidates` takes it.
+        gpu (str or GPU, optional): as :func:`course_lib.planning.planner.candidates` takes it.
+        percent (int): the budget shown first, from 10 to 100.
+
+    Returns:
+        ipywidgets.VBox: the :func:`course_lib.views.widgets.live_plot` widget.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    percent = integer("percent", percent, minimum=10, maximum=100)
+    options = planner.candidates(config, batch_size, precision=precision, gpu=gpu)
+    shown = planner.choices(options)
+    none = next(c for c in options if c.mode == "none")
+    plain, plain_s = none.peak_bytes, none.seconds
+    unit, unit_name = _unit(plain)
+
+    height = max(3.2, 1.3 + 0.26 * len(shown))  # inches: about 0.26 in (19 pt) a bar
+
+    def setup(fig):
+        ax = fig.subplots()
+        fig.subplots_adjust(left=0.22, right=0.97, bottom=0.6 / height, top=1 - 0.5 / height)
+        ys = range(len(shown))[::-1]
+        bars = ax.barh(ys, [c.peak_bytes / unit for c in shown], color="0.85", height=0.65,
+                       linewidth=2)
+        ax.set_yticks(list(ys), [f"{c.label}  x{c.seconds / plain_s:.2f}" for c in shown],
+                      fontsize=FONT + 1)
+        ax.set(xlim=(0, 1.12 * plain / unit), ylim=(-0.6, len(shown) + 0.3))
+        ax.set_xlabel(f"predicted peak of a training step ({unit_name})", fontsize=FONT + 1)
+        ax.text(-0.01, 1.0, "policy, predicted\ntime vs none", transform=ax.transAxes, ha="right",
+                va="bottom", fontsize=FONT)
+        ax.tick_params(axis="x", labelsize=FONT + 1)
+        line = ax.axvline(0, color="C3", ls="--")
+        note = ax.text(0, len(shown) - 0.2, "", color="C3", fontsize=FONT + 1)
+        title = ax.set_title("", fontsize=FONT + 2)
+        for artist in (*bars, line, note, title):
+            artist.set_animated(True)
+        return bars, line, note, title
+
+    def draw(artists, budget):
+        bars, line, note, title = artists
+        budget_bytes = max(1, int(plain * budget / 100))
+        try:
+            plan = planner.plan_checkpointing(config, batch_size, None, budget_bytes,
+                                              precision=precision, gpu=gpu)
+            title.set_text(f"the planner picks {ckpt.policy_label(plan.mode, plan.every)}: "
+                           f"x{plan.seconds / plain_s:.2f} time, "
+                           f"+{plan.recompute_fraction:.1%} FLOPs")
+        except planner.NothingFits:
+            plan = None
+            title.set_text("nothing fits: a smaller batch or more memory")
+        for bar, c in zip(bars, shown):
+            picked = plan is not None and (c.mode, c.every) == (plan.mode, plan.every)
+            bar.set_facecolor("C2" if c.peak_bytes <= budget_bytes else "0.85")
+            bar.set_edgecolor("k" if picked else "none")
+        x = budget_bytes / unit
+        line.set_xdata([x, x])
+        note.set_text(f" budget {format_bytes(budget_bytes)}")
+        note.set_x(x)
+        note.set_horizontalalignment("right" if budget > 70 else "left")
+
+    slider = widgets.IntSlider(value=percent, min=10, max=100, step=1,
+                               description="budget, % of the peak without checkpointing",
+                               style={"description_width": "initial"},
+                               layout=widgets.Layout(width="560px"))
+    return live_plot(draw, {"budget": slider}, setup=setup, figsize=(7.4, height))

@@ -1,0 +1,1014 @@
+"""03: the widgets of lecture 03, each a thin view over one back end.
+
+* :func:`tradeoff_explorer`: one optimizer step's two costs at a glance. A model, a card, a
+  precision, the micro-batch ``b`` and the accumulation steps ``K`` set two panels, each
+  comparing ``K`` micro-batches of ``b`` with one batch of ``b K`` in one pass (the step that
+  accumulation replaces): the **peak memory** in bytes, against the card's memory as PyTorch
+  reports it (:data:`course_lib.device.GPUS`' ``total_memory``, nvidia-smi's figure beside it; a
+  live card's free memory), with the verdict, fits or does not fit; and the **time per
+  optimizer step**. :func:`course_lib.views.playground.optimizer_step_cost` predicts both (the time with
+  :mod:`course_lib.prediction.time_model`), and a button
+  measures the setting on this device (:func:`course_lib.views.playground.measure_step_cost`).
+* :func:`step_through`: one optimizer step of ``K`` micro-batches, frame by frame (an
+  ``ipywidgets.Play`` and a slider), with the training loop above the figure and its current
+  line highlighted: the gradient buffer fills micro-batch by micro-batch (the real gradient
+  norms of a recorded run, :func:`record_accumulation_step`), the weights move only at
+  ``optimizer.step()``, ``zero_grad`` empties the buffer. Two wrong loops show where their
+  gradient goes wrong.
+* :func:`playground_view`: the sliders of a :class:`course_lib.views.playground.Playground`, its loss
+  curves against the samples seen, and one step's peak memory, predicted and measured.
+
+All draw with :func:`course_lib.views.widgets.live_plot`'s ``setup``/``draw`` pair: the axes, bars and
+texts are made once, and a change only sets their heights and texts. Figures are at most 8.6
+inches wide and their text at least 8 points, so that they read without scaling at 1280-1440
+pixels with JupyterLab's sidebar open.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import math
+import time
+from dataclasses import dataclass
+
+import ipywidgets as widgets
+import torch
+from matplotlib.collections import LineCollection
+from matplotlib.ticker import FuncFormatter
+
+from course_lib.device import GPUS, resolve_gpu
+from course_lib.measurement.timing import TimeLimitExceeded, within_seconds
+from course_lib.model.gpt import GPT, GPTConfig, check_batch, check_config, random_tokens
+from course_lib.model.toy_data import markov_entropy
+from course_lib.prediction.engine import predict_step_memory
+from course_lib.prediction.formulas import mixed_precision_for
+from course_lib.prediction.step_setup import build, train_options
+from course_lib.prediction.time_model import DeviceSpeed, step_ops
+from course_lib.training.loop import train
+from course_lib.units import GiB, KiB, MiB, format_bytes
+from course_lib.validation import MAX_BATCH, boolean, choice, number, positive_int
+from course_lib.validation import available_device as as_device
+from course_lib.views.playground import (
+    MeasuredStep,
+    Playground,
+    StepCost,
+    measure_step_cost,
+    optimizer_step_cost,
+)
+from course_lib.views.widgets import (
+    check_chosen,
+    check_figsize,
+    live_plot,
+    nice_ceiling,
+    show_error,
+)
+
+# --------------------------------------------------------------------------- shared
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as people read them: ``"850 µs"``, ``"742 ms"``, ``"1.86 s"``, ``"31.0 min"``.
+
+    Three significant digits up to a minute; minutes with one decimal up to an hour, hours
+    beyond.
+
+    Args:
+        seconds (float): a finite number of seconds, at least 0.
+
+    Returns:
+        str: the duration with its unit.
+
+    Raises:
+        ValueError: naming ``seconds``, for a negative or non-finite value.
+
+    Example:
+        >>> format_duration(1860.0), format_duration(0.0421)
+        ('31.0 min', '42.1 ms')
+    """
+    seconds = number("seconds", seconds, minimum=0.0)
+    if seconds / 60 >= 59.95:  # what would print as "60.0 min"
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 59.95:  # what would print as "60.0 s"
+        return f"{seconds / 60:.1f} min"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        value = seconds / scale
+        if value >= 0.9995 or unit == "µs":  # 0.9995 prints as "1.00", not "1000" below
+            digits = 0 if value >= 99.95 else 1 if value >= 9.995 else 2
+            return f"{value:.{digits}f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _duration_tick(seconds: float, _=None) -> str:
+    """A time axis's tick: :func:`format_duration` without trailing zeros (``"2 s"``, ``"0"``)."""
+    if seconds <= 0:
+        return "0"
+    value, unit = format_duration(seconds).split(" ")
+    return f"{value.rstrip('0').rstrip('.') if '.' in value else value} {unit}"
+
+
+def _byte_unit(n: float) -> tuple[int, str]:
+    """The binary unit a memory axis up to ``n`` bytes is labelled in."""
+    for size, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if n >= size:
+            return size, name
+    return 1, "bytes"
+
+
+def _animate(artists: dict, *names: str) -> None:
+    """Mark the artists a draw function changes: drawn over the still picture of the rest."""
+    for name in names:
+        items = artists[name]
+        for item in items if isinstance(items, (list, tuple)) or hasattr(items, "patches") else [items]:
+            for artist in getattr(item, "patches", [item]):
+                artist.set_animated(True)
+
+
+def _on_top(text, x: float, value: float, top: float, words: str) -> None:
+    """A number over a bar; for a bar above the panel, boxed inside its top, with an arrow."""
+    over = value > top * 0.88
+    text.set_position((x, top * 0.96 if over else value))
+    text.set_verticalalignment("top" if over else "bottom")
+    text.set_bbox(dict(boxstyle="round,pad=0.25", fc="white", ec="0.6", lw=0.6) if over else None)
+    text.set_text(("↑ " if over else "") + words)
+
+
+# --------------------------------------------------------------------------- the trade-off
+
+#: The checkpointing choices the explorer offers when asked to (lecture 04 teaches them):
+#: label -> mode of :mod:`course_lib.training.checkpointing`.
+CHECKPOINT_CHOICES = {"none": "none", "every block": "blocks", "selective": "selective"}
+#: Longest the "measure here" button may block, in seconds: it declines a setting predicted to
+#: take longer, and stops (at the first op past its share of the limit) a step that runs slower
+#: than predicted, as on a machine busy with other work.
+MEASURE_LIMIT_SECONDS = 20.0
+#: The micro-batch sizes and accumulation steps the explorer's sliders offer.
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+_PARTS = (("compute", "compute_seconds", "#4c72b0"), ("operators", "overhead_seconds", "#dd8452"),
+          ("optimizer", "optimizer_seconds", "#8c8c8c"))
+_FITS, _TOO_BIG, _NO_LIMIT = "#55a868", "#c44e52", "#8c8c8c"
+
+
+@dataclass(frozen=True)
+class Tradeoff:
+    """The explorer's numbers for one setting: this step, the one-batch step, and the card.
+
+    Attributes:
+        step (StepCost): the setting's predicted cost: ``K`` micro-batches of ``b``.
+        plain (StepCost): one batch of ``b K`` in one pass, no checkpointing.
+        precision (str): the precision both use (``"mixed"`` resolved to the card's).
+        target (str): where it runs: a preset's name, a live card's, or ``"the CPU"``.
+        capacity (int or None): the bytes a step may use: a preset's ``total_memory`` (what
+            PyTorch reports), a live card's free memory; None on the CPU (no limit drawn).
+        smi_memory (int or None): nvidia-smi's total for a preset (drawn beside ``capacity``), a
+            live card's total memory; None on the CPU.
+        live (bool): whether ``capacity`` is this kernel's GPU's free memory.
+    """
+
+    step: StepCost
+    plain: StepCost
+    precision: str
+    target: str = "the CPU"
+    capacity: int | None = None
+    smi_memory: int | None = None
+    live: bool = False
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the step's predicted peak is within ``capacity`` (None on the CPU)."""
+        return None if self.capacity is None else self.step.peak_bytes <= self.capacity
+
+    @property
+    def plain_fits(self) -> bool | None:
+        """Whether the one-batch step's predicted peak is within ``capacity`` (None on the CPU)."""
+        return None if self.capacity is None else self.plain.peak_bytes <= self.capacity
+
+    def capacity_label(self) -> str:
+        """The capacity line's label: PyTorch's figure, then nvidia-smi's (or the live total).
+
+        Returns:
+            str: two lines, or ``""`` on the CPU.
+        """
+        if self.capacity is None:
+            return ""
+        if self.live:
+            return (f"{self.target}: {format_bytes(self.capacity)} free\n"
+                    f"(of {format_bytes(self.smi_memory)})")
+        smi = f"\n(nvidia-smi: {format_bytes(self.smi_memory)})" if self.smi_memory else ""
+        return f"{self.target}: {format_bytes(self.capacity)}{smi}"
+
+    def verdict(self) -> str:
+        """One line: does each step fit, in words.
+
+        Returns:
+            str: the accumulated step's verdict, then the one batch's.
+        """
+        b, K, B = (self.step.micro_batch_size, self.step.accumulation_steps,
+                   self.step.effective_batch)
+        if self.capacity is None:
+            return f"on the CPU no memory limit is drawn (host memory): {B} sequences per step"
+        where = f"in the {self.target}'s {format_bytes(self.capacity)}" + (
+            " free" if self.live else "")
+        word = {True: "fits", False: "does not fit"}
+        return (f"{K} micro-batch{'es' if K > 1 else ''} of {b}: {word[self.fits]} {where};  "
+                f"one batch of {B}: {word[self.plain_fits]}")
+
+
+def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
+             checkpointing: str = "none", precision: str = "fp32", gpu=None,
+             speed: DeviceSpeed | None = None) -> Tradeoff:
+    """This step and the one-batch step (``b K`` in one pass, no checkpointing), predicted.
+
+    Args:
+        config (GPTConfig): the model.
+        micro_batch_size (int): b, sequences per pass.
+        accumulation_steps (int): K, micro-batches per optimizer step.
+        checkpointing (str): one of :data:`course_lib.views.playground.CHECKPOINTING` (lecture 04).
+        precision (str): "fp32" or "mixed" (the device's:
+            :func:`course_lib.prediction.formulas.mixed_precision_for`) or any of
+            :data:`course_lib.prediction.engine.PRECISIONS`.
+        gpu (str or GPU, optional): None (the CPU; then ``speed`` is required), or what
+            :func:`course_lib.device.resolve_gpu` takes.
+        speed (DeviceSpeed, optional): as :func:`course_lib.views.playground.optimizer_step_cost`.
+
+    Returns:
+        Tradeoff: both steps' costs and the card's memory in bytes.
+
+    Raises:
+        ValueError: naming the argument, as :func:`course_lib.views.playground.optimizer_step_cost`.
+    """
+    card = resolve_gpu(gpu)
+    resolved = mixed_precision_for(card) if precision == "mixed" else precision
+    kw = dict(precision=resolved, gpu=card, speed=speed)
+    step = optimizer_step_cost(config, micro_batch_size, accumulation_steps,
+                               checkpointing=checkpointing, **kw)
+    plain = optimizer_step_cost(config, micro_batch_size * accumulation_steps, 1, **kw)
+    if card is None:
+        return Tradeoff(step, plain, resolved)
+    if card.live:
+        return Tradeoff(step, plain, resolved, card.name, card.free_memory, card.total_memory,
+                        True)
+    return Tradeoff(step, plain, resolved, card.name, card.total_memory, card.smi_memory)
+
+
+def memory_top(config: GPTConfig, t: Tradeoff, largest: int = max(SIZES)) -> int:
+    """The top of the memory panel, in bytes: fixed for a card, a model and a precision.
+
+    On a card, a quarter above its capacity, so the capacity line stays put and a step that
+    does not fit shows as a bar through it; on the CPU, above one batch of ``largest``
+    sequences, the largest micro-batch the sliders offer. It does not depend on ``K``: a step
+    whose memory does not change with ``K`` keeps its bar's height when ``K`` moves.
+
+    Args:
+        config (GPTConfig): the model of ``t``.
+        t (Tradeoff): a setting (its precision and card are used).
+        largest (int): the largest micro-batch the view offers, a positive int.
+
+    Returns:
+        int: bytes, a 1, 2 or 5 times a power of ten of the panel's unit.
+
+    Raises:
+        ValueError: naming ``config`` (not a ``GPTConfig``) or ``largest`` (not a positive int).
+    """
+    check_config(config)
+    if not isinstance(t, Tradeoff):
+        raise ValueError(f"t must be a Tradeoff (tradeoff(...)), got {type(t).__name__}")
+    largest = positive_int("largest", largest, maximum=MAX_BATCH)
+    if t.capacity is not None:
+        top = 1.25 * t.capacity
+    else:
+        one = predict_step_memory(config, largest, 1, precision=t.precision)
+        top = 1.15 * one.total
+    unit, _ = _byte_unit(top)
+    return int(nice_ceiling(top / unit) * unit)
+
+
+def _setup_tradeoff(fig, animated: bool = True) -> dict:
+    mem, tim = fig.subplots(1, 2)
+    fig.subplots_adjust(left=0.075, right=0.99, bottom=0.17, top=0.75, wspace=0.28)
+    a = {"mem": mem, "time": tim}
+    a["mem_bars"] = mem.bar([0, 1], [0, 0], width=0.6, color=[_NO_LIMIT, _NO_LIMIT])
+    a["cap"] = mem.axhline(math.nan, color="k", ls="--", lw=1)
+    a["cap_text"] = mem.text(2.45, 0, "", ha="right", va="bottom", fontsize=8.5)
+    a["mem_labels"] = [mem.text(i, 0, "", ha="center", va="bottom", fontsize=8.5)
+                       for i in (0, 1)]
+    a["mem_measured"], = mem.plot([1], [math.nan], "k_", ms=34, mew=2.5)
+    a["time_bars"] = [tim.bar([0, 1], [0, 0], width=0.6, color=color, label=label)
+                      for label, _, color in _PARTS]
+    a["time_measured"], = tim.plot([1], [math.nan], "k_", ms=34, mew=2.5, label="measured")
+    a["time_labels"] = [tim.text(i, 0, "", ha="center", va="bottom", fontsize=8.5)
+                        for i in (0, 1)]
+    for ax, title in ((mem, "peak memory of one optimizer step"),
+                      (tim, "time per optimizer step (a model)")):
+        ax.set_xlim(-0.5, 2.5)
+        ax.set_xticks([0, 1], ["one batch\nof b K", "K x b\naccumulated"])
+        ax.tick_params(labelsize=8.5)
+        ax.set_title(title, fontsize=10)
+    tim.yaxis.set_major_formatter(FuncFormatter(_duration_tick))
+    tim.legend(loc="upper right", fontsize=8.5, frameon=False, markerscale=0.3)
+    a["title"] = fig.text(0.5, 0.985, "", ha="center", va="top", fontsize=10)
+    a["verdict"] = fig.text(0.5, 0.895, "", ha="center", va="top", fontsize=9.5)
+    if animated:
+        _animate(a, "mem_bars", "cap", "cap_text", "mem_labels", "mem_measured", "time_bars",
+                 "time_measured", "time_labels", "title", "verdict")
+    return a
+
+
+def _draw_tradeoff(a: dict, t: Tradeoff, measured: MeasuredStep | None, what: str,
+                   top: int) -> None:
+    step, plain = t.step, t.plain
+    b, K, B = step.micro_batch_size, step.accumulation_steps, step.effective_batch
+    ckpt = "" if step.checkpointing == "none" else f", checkpointing {step.checkpointing}"
+    a["title"].set_text(f"{what}\n{K} micro-batch{'es' if K > 1 else ''} of {b}{ckpt} "
+                        f"(= {B} sequences per step) against one batch of {B}")
+    a["verdict"].set_text(t.verdict())
+    a["verdict"].set_color("k" if t.fits is None else _FITS if t.fits else _TOO_BIG)
+    mem, tim = a["mem"], a["time"]
+    unit, name = _byte_unit(top)
+    mem.set_ylim(0, top / unit)
+    mem.set_ylabel(name, fontsize=9)
+    for ax in (mem, tim):
+        ax.set_xticks([0, 1], [f"one batch\nof {B}", f"{K} x {b}\naccumulated"])
+    for i, (cost, fits) in enumerate(((plain, t.plain_fits), (step, t.fits))):
+        bar = a["mem_bars"][i]
+        bar.set_height(min(cost.peak_bytes, top) / unit)
+        bar.set_color(_NO_LIMIT if fits is None else _FITS if fits else _TOO_BIG)
+        extra = (f"\nmeasured {format_bytes(measured.peak_bytes)}" if measured and i else "")
+        _on_top(a["mem_labels"][i], i, cost.peak_bytes / unit, top / unit,
+                format_bytes(cost.peak_bytes) + extra)
+    if t.capacity is None:
+        a["cap"].set_ydata([math.nan] * 2)
+        a["cap_text"].set_text("")
+    else:
+        a["cap"].set_ydata([t.capacity / unit] * 2)
+        a["cap_text"].set_position((2.45, t.capacity / unit))
+        a["cap_text"].set_text(t.capacity_label())
+    a["mem_measured"].set_ydata([min(measured.peak_bytes, top) / unit if measured else math.nan])
+    seconds = [plain.seconds, step.seconds] + ([measured.seconds] if measured else [])
+    time_top = nice_ceiling(1.3 * max(seconds))
+    tim.set_ylim(0, time_top)
+    bottom = [0.0, 0.0]
+    for bars, (_, field, _) in zip(a["time_bars"], _PARTS):
+        for i, (bar, cost) in enumerate(zip(bars, (plain, step))):
+            height = getattr(cost, field)
+            bar.set_y(bottom[i])
+            bar.set_height(height)
+            bottom[i] += height
+    for i, cost in enumerate((plain, step)):
+        ratio = "" if i == 0 else f" (x{step.seconds / plain.seconds:.2f})"
+        extra = f"\nmeasured {format_duration(measured.seconds)}" if measured and i else ""
+        _on_top(a["time_labels"][i], i, cost.seconds, time_top,
+                format_duration(cost.seconds) + ratio + extra)
+    a["time_measured"].set_ydata([measured.seconds if measured else math.nan])
+
+
+def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (8.6, 3.7)):
+    """The explorer's picture of one setting as a static ``Figure`` (for a page or a file).
+
+    Args:
+        t (Tradeoff): what :func:`tradeoff` returned.
+        what (str): the title's first line: the model, precision and card.
+        figsize (tuple): the figure's size in inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas, not shown.
+
+    Raises:
+        ValueError: naming ``t`` (not a :class:`Tradeoff`) or ``figsize``.
+
+    Example::
+
+        tradeoff_figure(tradeoff(...), "GPT-2 124M on an A100").savefig("tradeoff.png")
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not isinstance(t, Tradeoff):
+        raise ValueError(f"t must be a Tradeoff (tradeoff(...)), got {type(t).__name__}")
+    fig = Figure(figsize=check_figsize(figsize))
+    FigureCanvasAgg(fig)
+    top = int(1.25 * t.capacity if t.capacity is not None else
+              1.3 * max(t.step.peak_bytes, t.plain.peak_bytes))
+    unit, _ = _byte_unit(top)
+    top = int(nice_ceiling(top / unit) * unit)
+    _draw_tradeoff(_setup_tradeoff(fig, animated=False), t, None, what, top)
+    return fig
+
+
+def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
+                      device: torch.device | str = "cpu", model: str | None = None,
+                      gpu: str | None = None, precision: str = "fp32",
+                      micro_batch_size: int = 4, accumulation_steps: int = 4,
+                      checkpointing: bool = False) -> widgets.VBox:
+    """The trade-off widget of lecture 03 (see the module doc).
+
+    Args:
+        models (dict): the model menu, name -> config.
+        speed (DeviceSpeed): this device's measured speed
+            (:func:`course_lib.prediction.time_model.measure_speed`).
+        device (torch.device or str): this kernel's device: the GPU menu's "(here)" entry, and
+            where the button measures.
+        model, gpu (str, optional): the menus' first values (default: the first model, "here").
+        precision (str): the precision menu's first value, ``"fp32"`` or ``"mixed"``.
+        micro_batch_size, accumulation_steps (int): the sliders' first values, among
+            :data:`SIZES`.
+        checkpointing (bool): offer a checkpointing menu (lecture 04's modes); without it every
+            step runs without checkpointing.
+
+    Returns:
+        A ``VBox`` with ``view`` (the :func:`course_lib.views.widgets.live_plot` box), ``button``,
+        ``status`` (an ``Output``), ``measured`` (setting -> :class:`MeasuredStep`) and
+        ``measure()`` (what the button does).
+
+    Raises:
+        ValueError: for an empty ``models`` or one that maps a name to anything but a
+            ``GPTConfig``, or a first value that is not among the choices.
+    """
+    if not isinstance(models, dict) or not models:
+        raise ValueError(f"models must map at least one name to a GPTConfig, got {models!r:.80}")
+    for name, config in models.items():
+        check_config(config, f"models[{name!r}]")
+    boolean("checkpointing", checkpointing)
+    device = as_device("device", device)
+    if not isinstance(speed, DeviceSpeed):
+        raise ValueError(f"speed must be a DeviceSpeed (measure_device_speed), got "
+                         f"{type(speed).__name__}")
+    here = speed.name if device.type == "cpu" else f"{speed.name} (here)"
+    targets = {**{n: n for n in GPUS}, here: "cuda" if device.type == "cuda" else None}
+    model = next(iter(models)) if model is None else model
+    gpu = here if gpu is None else gpu
+    micro_batch_size = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
+    accumulation_steps = positive_int("accumulation_steps", accumulation_steps,
+                                      maximum=MAX_BATCH)
+    for label, value, options in (("model", model, models), ("gpu", gpu, targets),
+                                  ("precision", precision, ("fp32", "mixed")),
+                                  ("micro_batch_size", micro_batch_size, SIZES),
+                                  ("accumulation_steps", accumulation_steps, SIZES)):
+        if isinstance(value, bool) or not isinstance(value, str | int) or value not in options:
+            raise ValueError(f"{label} must be one of {list(options)}, got {value!r:.80}")
+    wide = {"style": {"description_width": "initial"}}
+    controls = {
+        "model": widgets.Dropdown(options=list(models), value=model, description="model",
+                                  layout=widgets.Layout(width="300px"), **wide),
+        "gpu": widgets.Dropdown(options=list(targets), value=gpu, description="GPU",
+                                layout=widgets.Layout(width="250px"), **wide),
+        "precision": widgets.Dropdown(options=[("fp32", "fp32"), ("16-bit mixed", "mixed")],
+                                      value=precision, description="precision",
+                                      layout=widgets.Layout(width="210px"), **wide),
+        "micro_batch_size": widgets.SelectionSlider(
+            options=list(SIZES), value=micro_batch_size, description="micro-batch b", **wide),
+        "accumulation_steps": widgets.SelectionSlider(
+            options=list(SIZES), value=accumulation_steps, description="accumulation steps K",
+            **wide),
+    }
+    if checkpointing:
+        controls["checkpointing"] = widgets.ToggleButtons(
+            options=list(CHECKPOINT_CHOICES), value="none", description="checkpointing", **wide)
+    measured: dict[tuple, MeasuredStep] = {}
+    modes = CHECKPOINT_CHOICES.values() if checkpointing else ("none",)
+    for config in models.values():  # count the operators of every choice now, not on a change
+        for mode in modes:
+            for name in ("fp32", "fp16-mixed", "bf16-mixed"):
+                step_ops(config, mode, name)
+    tops: dict[tuple, int] = {}
+
+    def settings(values: dict) -> tuple[Tradeoff, tuple]:
+        t = tradeoff(models[values["model"]], values["micro_batch_size"],
+                     values["accumulation_steps"],
+                     checkpointing=CHECKPOINT_CHOICES[values.get("checkpointing", "none")],
+                     precision=values["precision"], gpu=targets[values["gpu"]],
+                     speed=speed if values["gpu"] == here else None)
+        key = (values["model"], t.precision, t.step.micro_batch_size,
+               t.step.accumulation_steps, t.step.checkpointing)
+        return t, key
+
+    def draw(artists, model, gpu, precision, micro_batch_size, accumulation_steps,
+             checkpointing="none"):
+        values = dict(model=model, gpu=gpu, precision=precision,
+                      micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
+                      checkpointing=checkpointing)
+        t, key = settings(values)
+        scale = (model, gpu, t.precision)  # the memory axis: fixed for a model, card, precision
+        if scale not in tops:
+            tops[scale] = memory_top(models[model], t)
+        _draw_tradeoff(artists, t, measured.get(key) if gpu == here else None,
+                       f"{model}, {t.precision}, on {gpu}", tops[scale])
+
+    view = live_plot(draw, controls, setup=_setup_tradeoff, figsize=(8.6, 3.7))
+    button = widgets.Button(description="measure here", icon="stopwatch",
+                            tooltip="run this setting on this kernel's device and draw the "
+                                    "measurement beside the prediction",
+                            layout=widgets.Layout(width="auto"))
+    status = widgets.Output()
+
+    def measure(_=None) -> None:
+        status.clear_output()
+        with status:
+            try:
+                done = _measure_within_limit(controls, here, settings, models, device, measured)
+            except Exception as exc:  # a button must show a message, never a traceback
+                show_error(exc)
+                return
+        if done:
+            view.redraw()
+
+    button.on_click(measure)
+    box = widgets.VBox([view, widgets.HBox([button, status])])
+    box.view, box.button, box.status, box.measured, box.measure = (view, button, status,
+                                                                   measured, measure)
+    return box
+
+
+#: Steps a measurement runs, in units of one plain step: two for memory (under the tracker,
+#: slower), one warm-up and three timed.
+_MEASURED_STEPS = 8
+
+
+def _measure_within_limit(controls, here, settings, models, device, measured) -> bool:
+    """The explorer's button: measure the setting here unless it would block past
+    :data:`MEASURE_LIMIT_SECONDS`; print what happened; whether a measurement was added.
+
+    The prediction may be many times too low on a loaded machine, so it only declines what is
+    hopeless at once. Then one step (building the model, paying one-off costs) runs under
+    :func:`course_lib.measurement.timing.within_seconds`, stopped at a third of the limit, and a second one
+    runs plainly (it is no slower than the first); the measurement (two steps under the memory
+    tracker, as slow as the first, and four plain ones) runs only if it fits in what is left.
+    """
+    controls["gpu"].value = here  # what is measured here is compared with this device
+    values = {name: c.value for name, c in controls.items()}
+    check_chosen(controls, values)
+    t, key = settings(values)
+    model_name, config = values["model"], models[values["model"]]
+    predicted = format_duration(t.step.seconds)
+    if _MEASURED_STEPS * t.step.seconds > MEASURE_LIMIT_SECONDS:
+        print(f"not measured: {model_name} would take about "
+              f"{format_duration(_MEASURED_STEPS * t.step.seconds)} here (predicted {predicted} "
+              f"per step); choose a smaller model")
+        return False
+    start = time.perf_counter()
+    b, K, mode = t.step.micro_batch_size, t.step.accumulation_steps, t.step.checkpointing
+
+    def one_step() -> None:  # what the measurement repeats: build, then one optimizer step
+        model, optimizer = build(config, precision=t.precision, mode=mode, device=device)
+        x, y = random_tokens(config, b * K, device=device)
+        train(model, optimizer, [(x, y)], micro_batch_size=b, accumulation_steps=K,
+              **train_options(t.precision, device))
+
+    limit = MEASURE_LIMIT_SECONDS / 3
+    try:
+        _, first = within_seconds(one_step, limit, what="the first step")
+    except TimeLimitExceeded:
+        print(f"not measured: the first step of {model_name} took more than "
+              f"{format_duration(limit)} here (predicted {predicted} per step): this machine is "
+              f"slower than predicted, or busy; stopped after "
+              f"{format_duration(time.perf_counter() - start)}")
+        return False
+    second = time.perf_counter()
+    one_step()
+    plain = time.perf_counter() - second
+    need = 2 * first + 4 * plain
+    if time.perf_counter() - start + need > MEASURE_LIMIT_SECONDS:
+        print(f"not measured: one step of {model_name} took {format_duration(plain)} here "
+              f"(predicted {predicted}), so the measurement would take about "
+              f"{format_duration(need)} more; choose a smaller model")
+        return False
+    m = measured[key] = measure_step_cost(config, b, K, checkpointing=mode,
+                                          precision=t.precision, device=device)
+    print(f"measured here: peak {format_bytes(m.peak_bytes)} (predicted "
+          f"{format_bytes(t.step.peak_bytes)}), {format_duration(m.seconds)} per step "
+          f"(predicted {predicted}); took {format_duration(time.perf_counter() - start)}")
+    return True
+
+
+# --------------------------------------------------------------------------- the step-through
+
+#: The loops the step-through shows: mode -> lines of code. Frame lines refer to their roles.
+LOOPS = {
+    "right": ["optimizer.zero_grad()",
+              "for x, y in batch.split(b):       # K micro-batches",
+              "    loss = model(x, y)            # forward",
+              "    (loss / K).backward()         # .grad += gradient / K",
+              "optimizer.step()                  # the weights move, once",
+              "optimizer.zero_grad()             # empty the buffer"],
+    "no / K (bug)": ["optimizer.zero_grad()",
+                     "for x, y in batch.split(b):",
+                     "    loss = model(x, y)",
+                     "    loss.backward()               # BUG: not divided by K",
+                     "optimizer.step()",
+                     "optimizer.zero_grad()"],
+    "zero_grad in the loop (bug)": ["for x, y in batch.split(b):",
+                                    "    optimizer.zero_grad()         # BUG: empties .grad",
+                                    "    loss = model(x, y)",
+                                    "    (loss / K).backward()",
+                                    "optimizer.step()",
+                                    "optimizer.zero_grad()"],
+}
+_WRONG_LINE = {"right": None, "no / K (bug)": 3, "zero_grad in the loop (bug)": 1}
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One moment of the step: the code lines running, and the state they leave.
+
+    Attributes:
+        lines (tuple of int): indices into the loop's code (:data:`LOOPS`).
+        caption (str): what happens, in words.
+        micro_batch (int or None): the micro-batch running (0-based), None outside the loop.
+        done (int): micro-batches whose backward has run.
+        grad (tuple of float): per group: ``||.grad|| / ||full-batch gradient||``.
+        moved (tuple of float): per group: ``||w - w_before|| / ||w_before||``.
+    """
+
+    lines: tuple[int, ...]
+    caption: str
+    micro_batch: int | None
+    done: int
+    grad: tuple[float, ...]
+    moved: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class StepRecording:
+    """A recorded optimizer step of ``K`` micro-batches, as frames (one loop ``mode``).
+
+    Attributes:
+        mode (str): the loop, a key of :data:`LOOPS`.
+        groups (tuple of str): the parameter groups (:func:`parameter_groups`).
+        K (int): micro-batches.
+        micro_batch_size (int): sequences per micro-batch.
+        frames (tuple of Frame): the moments, in order.
+    """
+
+    mode: str
+    groups: tuple[str, ...]
+    K: int
+    micro_batch_size: int
+    frames: tuple[Frame, ...]
+
+
+def parameter_groups(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Group name -> parameter names, for the step-through's bars.
+
+    The embeddings, each block's attention and MLP, and the LayerNorms (all of them, one
+    group).
+
+    Args:
+        model (torch.nn.Module): a course GPT (names as ``GPT.named_parameters()``).
+
+    Returns:
+        dict: group name -> list of parameter names, embeddings first, LayerNorms last.
+
+    Raises:
+        ValueError: naming ``model``, for anything but a course GPT.
+    """
+    if not isinstance(model, GPT):
+        raise ValueError(f"model must be a course_lib.model.gpt.GPT, got {type(model).__name__}")
+    groups: dict[str, list[str]] = {}
+    for name, _ in model.named_parameters():
+        parts = name.split(".")
+        if parts[0] == "blocks" and parts[2] in ("attn", "mlp"):
+            key = f"block {parts[1]} {'attention' if parts[2] == 'attn' else 'MLP'}"
+        elif "emb" in parts[0]:
+            key = "embeddings"
+        else:
+            key = "LayerNorms"
+        groups.setdefault(key, []).append(name)
+    order = ["embeddings", *(k for k in groups if k.startswith("block")), "LayerNorms"]
+    return {k: groups[k] for k in order if k in groups}
+
+
+def _norms(tensors: dict[str, torch.Tensor | None], groups: dict[str, list[str]]) -> list[float]:
+    return [math.sqrt(sum(float(tensors[n].double().pow(2).sum()) for n in names
+                          if tensors.get(n) is not None)) for names in groups.values()]
+
+
+def record_accumulation_step(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                             micro_batch_size: int, mode: str = "right",
+                             lr: float = 1e-2) -> StepRecording:
+    """Run and record one AdamW step of ``K = B / micro_batch_size`` micro-batches.
+
+    It runs on a copy of ``model`` with the loop ``mode`` of :data:`LOOPS`, recording
+    ``.grad`` after every line.
+
+    Each group's gradient norm is divided by that group's norm of the whole batch's gradient
+    (one forward and backward pass over ``inputs``), so a right loop ends at 1 in every
+    group; the weights' change is relative to their norm before the step. ``model`` itself is
+    not changed.
+
+    Args:
+        model (torch.nn.Module): ``model(x, y)`` must return ``(logits, loss)`` with the loss a
+            mean, as the course GPT does.
+        inputs (torch.Tensor): ``(B, T)`` token ids.
+        targets (torch.Tensor): ``(B, T)`` targets.
+        micro_batch_size (int): must divide ``B`` into 2 or more micro-batches.
+        mode (str): a key of :data:`LOOPS`.
+        lr (float): AdamW's learning rate.
+
+    Returns:
+        StepRecording: the frames of the step.
+
+    Raises:
+        ValueError: naming the parameter: a ``model`` that is not a course GPT, a batch it cannot
+            train on, an unknown ``mode``, an ``lr`` not in ``(0, 10]`` or a
+            ``micro_batch_size`` that does not divide the batch into 2 or more.
+    """
+    choice("mode", mode, tuple(LOOPS))
+    if not isinstance(model, GPT):
+        raise ValueError(f"model must be a course_lib.model.gpt.GPT, got {type(model).__name__}")
+    check_batch(model, inputs, targets)
+    lr = number("lr", lr, above=0.0, maximum=10.0)
+    b = positive_int("micro_batch_size", micro_batch_size)
+    B = inputs.size(0)
+    if B % b or B == b:
+        raise ValueError(f"micro_batch_size must divide the batch of {B} into 2 or more, got {b}")
+    K = B // b
+    model = copy.deepcopy(model)
+    groups = parameter_groups(model)
+    params = dict(model.named_parameters())
+    full = dict(zip(params, torch.autograd.grad(model(inputs, targets)[1], list(params.values()))))
+    reference = _norms(full, groups)
+    before = {n: p.detach().clone() for n, p in params.items()}
+    size = _norms(before, groups)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def grads():
+        return tuple(g / r for g, r in zip(_norms({n: p.grad for n, p in params.items()}, groups),
+                                            reference))
+
+    def moved():
+        now = _norms({n: p.detach() - before[n] for n, p in params.items()}, groups)
+        return tuple(d / s for d, s in zip(now, size))
+
+    zero = tuple(0.0 for _ in groups)
+    right, no_k, inside = mode == "right", mode == "no / K (bug)", mode.startswith("zero_grad")
+    frames = []
+    optimizer.zero_grad()
+    frames.append(Frame((0,), "the loop starts: the batch is cut into K micro-batches" if inside
+                        else "optimizer.zero_grad(): the gradient buffer starts empty",
+                        None, 0, zero, zero))
+    forward, backward = (2, 3)
+    for k, (x, y) in enumerate(zip(inputs.split(b), targets.split(b))):
+        lines = (1, forward) if not inside else (0, 1, forward)
+        if inside:
+            optimizer.zero_grad()
+        _, loss = model(x, y)
+        caption = (f"micro-batch {k + 1} of {K}: forward pass, loss {loss.item():.3f}"
+                   + ("; zero_grad() has just emptied the buffer" if inside and k else ""))
+        frames.append(Frame(lines, caption, k, k, grads() if not inside else zero, moved()))
+        (loss if no_k else loss / K).backward()
+        share = "all of its gradient" if no_k else f"1/{K} of its gradient"
+        frames.append(Frame((backward,), f"micro-batch {k + 1}: backward adds {share} to .grad",
+                            k, k + 1, grads(), moved()))
+    at_step = grads()
+    optimizer.step()
+    verdict = ("= the whole batch's gradient" if right else
+               f"= {K} x the whole batch's gradient" if no_k else
+               "= the last micro-batch's share only")
+    frames.append(Frame((4,), f"optimizer.step(): the weights move once, with .grad {verdict}",
+                        None, K, at_step, moved()))
+    optimizer.zero_grad()
+    frames.append(Frame((5,), "optimizer.zero_grad(): the buffer is empty for the next step",
+                        None, K, zero, moved()))
+    return StepRecording(mode, tuple(groups), K, b, tuple(frames))
+
+
+def _code_html(mode: str, lines: tuple[int, ...]) -> str:
+    """The loop as HTML: one line per row, never wrapped (a narrow page scrolls it sideways)."""
+    rows = []
+    for i, text in enumerate(LOOPS[mode]):
+        style = "background:#ffe9a8;" if i in lines else ""
+        if i == _WRONG_LINE[mode]:
+            style += "color:#c0392b;font-weight:bold;"
+        rows.append(f'<div style="{style}padding:0 6px">{html.escape(text) or "&nbsp;"}</div>')
+    return ('<pre style="font-size:12px;line-height:1.5;margin:4px 0;border:1px solid #ddd;'
+            'padding:4px 0;white-space:pre;overflow-x:auto;max-width:100%">'
+            + "".join(rows) + "</pre>")
+
+
+def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900) -> widgets.VBox:
+    """The step-through widget of lecture 03 (see the module doc).
+
+    Args:
+        recordings (dict): loop mode -> :func:`record_accumulation_step` of the same batch, each
+            with the same number of frames (the modes of :data:`LOOPS`).
+        interval_ms (int): the Play widget's time per frame.
+
+    Returns:
+        A ``VBox``: a Play button, a frame slider (linked in the browser) and the loop menu; the
+        code, its current line highlighted, across the page's width; the figure under it. With
+        ``view`` (the :func:`course_lib.views.widgets.live_plot` box), ``play`` and ``code``
+        attributes.
+
+    Raises:
+        ValueError: for no recordings, an unknown mode, or recordings of different lengths.
+    """
+    if (not isinstance(recordings, dict) or not recordings
+            or any(m not in LOOPS or not isinstance(r, StepRecording)
+                   for m, r in recordings.items())):
+        raise ValueError(f"recordings must map modes of {list(LOOPS)} to recordings "
+                         f"(record_accumulation_step), got {recordings!r:.80}")
+    interval_ms = positive_int("interval_ms", interval_ms, maximum=60_000)
+    lengths = {len(r.frames) for r in recordings.values()}
+    if len(lengths) != 1:
+        raise ValueError(f"recordings must have the same number of frames, got {sorted(lengths)}")
+    first = next(iter(recordings.values()))
+    n, groups, K = lengths.pop(), first.groups, first.K
+    frame = widgets.IntSlider(value=0, min=0, max=n - 1, description="frame")
+    mode = widgets.Dropdown(options=list(recordings), value=first.mode, description="loop")
+    play = widgets.Play(value=0, min=0, max=n - 1, interval=interval_ms, description="play")
+    widgets.jslink((play, "value"), (frame, "value"))
+    code = widgets.HTML(_code_html(first.mode, first.frames[0].lines))
+    top = max(max(f.grad) for r in recordings.values() for f in r.frames)
+    top_moved = max(max(f.moved) for r in recordings.values() for f in r.frames) or 1.0
+
+    def setup(fig):
+        grid = fig.add_gridspec(2, 2, height_ratios=[1, 5], width_ratios=[2.4, 1])
+        fig.subplots_adjust(left=0.08, right=0.985, bottom=0.3, top=0.87, hspace=0.55,
+                            wspace=0.25)
+        strip, ax, wax = (fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]),
+                          fig.add_subplot(grid[1, 1]))
+        a = {"boxes": strip.bar(range(K), [1] * K, width=0.9, color="0.85")}
+        strip.set(xlim=(-0.5, K - 0.5), ylim=(0, 1), yticks=[], xticks=range(K),
+                  xticklabels=[f"micro-batch {k + 1}" for k in range(K)])
+        strip.tick_params(length=0, labelsize=8.5)
+        strip.set_title(f"the batch, split into K = {K} micro-batches", fontsize=9.5)
+        x = range(len(groups))
+        a["grad"] = ax.bar(x, [0] * len(groups), color="#4c72b0")
+        ax.axhline(1, color="k", ls="--", lw=1)
+        ax.text(len(groups) - 0.5, 1, "the whole batch's gradient", ha="right", va="bottom",
+                fontsize=8.5)
+        ax.set(ylim=(0, 1.15 * max(top, 1.0)), xticks=x)
+        ax.set_xticklabels(groups, rotation=25, ha="right", fontsize=8)
+        ax.tick_params(axis="y", labelsize=8)
+        ax.set_ylabel("|.grad| / |whole batch's|", fontsize=8.5)
+        ax.set_title(".grad: the gradient buffer, per parameter group", fontsize=9.5)
+        a["moved"] = wax.bar(x, [0] * len(groups), color="#c44e52")
+        wax.set(ylim=(0, 1.2 * top_moved), xticks=x)
+        wax.set_xticklabels(groups, rotation=40, ha="right", fontsize=8)
+        wax.tick_params(axis="y", labelsize=8)
+        wax.set_title("the weights: |w - w0| / |w0|", fontsize=9.5)
+        a["caption"] = fig.text(0.5, 0.015, "", ha="center", fontsize=9)
+        a["verdict"] = fig.text(0.5, 0.955, "", ha="center", fontsize=9.5)
+        _animate(a, "boxes", "grad", "moved", "caption", "verdict")
+        return a
+
+    def draw(a, frame, mode):
+        rec = recordings[mode]
+        f = rec.frames[frame]
+        code.value = _code_html(mode, f.lines)
+        for k, box in enumerate(a["boxes"]):
+            box.set_color("#dd8452" if k == f.micro_batch else "#55a868" if k < f.done else "0.85")
+        for bar, value in zip(a["grad"], f.grad):
+            bar.set_height(value)
+        for bar, value in zip(a["moved"], f.moved):
+            bar.set_height(value)
+        a["caption"].set_text(f"frame {frame + 1}/{len(rec.frames)}: {f.caption}")
+        end = rec.frames[-2].grad  # .grad as optimizer.step() used it
+        a["verdict"].set_text(f"at optimizer.step(): |.grad| / |whole batch's| = "
+                              f"{min(end):.2f} to {max(end):.2f}")
+
+    view = live_plot(draw, {"frame": frame, "mode": mode}, setup=setup, figsize=(8.2, 4.0))
+    controls_row = view.children[0]
+    box = widgets.VBox([widgets.HBox([play, *controls_row.children]), code, view.image,
+                        view.output])
+    box.view, box.play, box.code = view, play, code
+    return box
+
+
+# --------------------------------------------------------------------------- the playground
+
+
+def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
+                    steps: tuple = (1, 2, 4, 8), micro_batch_size: int = 8,
+                    accumulation_steps: int = 4, checkpointing: bool | None = None
+                    ) -> widgets.VBox:
+    """The playground widget of lecture 03: sliders, live loss curves and one step's memory.
+
+    The left panel draws the loss of every optimizer step against the samples seen, for the
+    setting on the sliders (the other cached runs in grey) and the toy language's floor,
+    ln 2 (:func:`course_lib.model.toy_data.markov_entropy`); the right one the peak memory of one
+    step, predicted by the memory engine and measured. **train this setting** trains the run
+    the sliders name (:meth:`Playground.run`), its loss shown step by step under the button.
+
+    Args:
+        playground (Playground): the runs' back end (its cache is what the view shows).
+        sizes, steps (tuple of int): the micro-batch sizes and accumulation steps the sliders
+            offer (positive ints, ascending).
+        micro_batch_size, accumulation_steps (int): the sliders' first values.
+        checkpointing (bool, optional): None: no checkbox, every run without checkpointing; True
+            or False: a "checkpoint every block" checkbox (lecture 04) with that first value.
+
+    Returns:
+        A ``VBox`` with ``view`` (the :func:`course_lib.views.widgets.live_plot` box), ``button``,
+        ``status`` (a ``Label``) and ``train()`` (what the button does).
+
+    Raises:
+        ValueError: naming the argument: not a :class:`Playground`, sliders' values that are not
+            ascending positive ints, a first value not among them, a bad ``checkpointing``.
+    """
+    if not isinstance(playground, Playground):
+        raise ValueError(f"playground must be a course_lib.views.playground.Playground, got "
+                         f"{type(playground).__name__}")
+    firsts = {}
+    for name, options, first_name, first in (
+            ("sizes", sizes, "micro_batch_size", micro_batch_size),
+            ("steps", steps, "accumulation_steps", accumulation_steps)):
+        if not (isinstance(options, tuple | list) and 1 <= len(options) <= 16
+                and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_BATCH
+                        for v in options) and list(options) == sorted(set(options))):
+            raise ValueError(f"{name} must be 1 to 16 ascending ints from 1 to {MAX_BATCH:,}, "
+                             f"got {options!r:.80}")
+        firsts[first_name] = positive_int(first_name, first, maximum=MAX_BATCH)
+        if firsts[first_name] not in options:
+            raise ValueError(f"{first_name} must be one of {name} {list(options)}, "
+                             f"got {first!r}")
+    micro_batch_size, accumulation_steps = (firsts["micro_batch_size"],
+                                            firsts["accumulation_steps"])
+    if checkpointing is not None:
+        boolean("checkpointing", checkpointing)
+    wide = {"style": {"description_width": "initial"}}
+    controls = {
+        "micro_batch_size": widgets.SelectionSlider(options=list(sizes), value=micro_batch_size,
+                                                    description="micro-batch b", **wide),
+        "accumulation_steps": widgets.SelectionSlider(options=list(steps),
+                                                      value=accumulation_steps,
+                                                      description="accumulation steps K",
+                                                      **wide),
+    }
+    if checkpointing is not None:
+        controls["checkpointing"] = widgets.Checkbox(value=checkpointing,
+                                                     description="checkpoint every block",
+                                                     **wide)
+    modes = (False, True) if checkpointing is not None else (False,)
+    top = max(playground.predict_peak(b, K, c) for b in sizes for K in steps for c in modes)
+    unit, unit_name = _byte_unit(top)
+
+    def setup(fig):
+        ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2.3, 1]})
+        fig.subplots_adjust(left=0.07, right=0.985, bottom=0.15, top=0.86, wspace=0.3)
+        a = {"others": ax1.add_collection(LineCollection([], colors="0.8", lw=1)),
+             "run": ax1.plot([], [], ".-", color="C0", label="this setting")[0],
+             "missing": ax1.text(0.5, 0.5, "", ha="center", transform=ax1.transAxes,
+                                 fontsize=9),
+             "title": ax1.set_title("", fontsize=10), "mode": ax2.set_title("", fontsize=10)}
+        ax1.axhline(markov_entropy(), color="C2", ls=":", lw=1.5, label="best possible: ln 2")
+        ax1.plot([], [], color="0.8", lw=1, label="other runs")
+        # lower left, above the floor line: where no loss curve passes (they start near ln 64)
+        ax1.legend(loc="lower left", bbox_to_anchor=(0, 0.17), fontsize=8.5)
+        ax1.set(xlim=(0, playground.samples * 1.02), ylim=(0, 4.5))
+        ax1.set_xlabel("samples seen", fontsize=9)
+        ax1.set_ylabel("training loss", fontsize=9)
+        a["bars"] = ax2.bar(["predicted", "measured"], [0, 0], color=["C1", "C0"])
+        a["labels"] = [ax2.text(i, 0, "", ha="center", va="bottom", fontsize=8.5) for i in (0, 1)]
+        ax2.set_ylim(0, 1.3 * top / unit)
+        ax2.set_ylabel(f"peak memory of a step ({unit_name})", fontsize=9)
+        for ax in (ax1, ax2):
+            ax.tick_params(labelsize=8.5)
+        _animate(a, "others", "run", "missing", "title", "mode", "bars", "labels")
+        return a
+
+    def draw(a, micro_batch_size, accumulation_steps, checkpointing=False):
+        b, K = micro_batch_size, accumulation_steps
+        run = playground.cached(b, K, checkpointing)
+        predicted = playground.predict_peak(b, K, checkpointing)
+        a["others"].set_segments([list(zip(r.samples_seen, r.losses))
+                                  for r in playground.cache.values()])
+        a["run"].set_data(run.samples_seen if run else [], run.losses if run else [])
+        a["missing"].set_text("" if run else "not trained yet: press 'train this setting'")
+        a["title"].set_text(f"b = {b}, K = {K}: effective batch {b * K}, "
+                            f"{playground.samples // (b * K)} optimizer steps")
+        measured = run.measured_peak if run else 0
+        for bar, label, value in zip(a["bars"], a["labels"], (predicted, measured)):
+            bar.set_height(value / unit)
+            label.set_position((label.get_position()[0], value / unit))
+            label.set_text(format_bytes(value) if value else "?")
+        a["mode"].set_text("checkpointing every block" if checkpointing else
+                           "one step's memory")
+
+    view = live_plot(draw, controls, setup=setup, figsize=(8.6, 3.5))
+    button = widgets.Button(description="train this setting", layout=widgets.Layout(width="auto"))
+    status = widgets.Label()
+
+    def train(_=None) -> None:
+        values = {name: c.value for name, c in controls.items()}
+        try:  # a button must show a message, never a traceback
+            check_chosen(controls, values)
+            b, K = values["micro_batch_size"], values["accumulation_steps"]
+            steps_total = playground.samples // (b * K)
+            start = time.perf_counter()
+
+            def progress(step, loss):  # live: the label follows the run step by step
+                status.value = f"step {step}/{steps_total}: loss {loss:.3f}"
+
+            playground.run(b, K, values.get("checkpointing", False), on_step=progress)
+            status.value += f" (trained in {format_duration(time.perf_counter() - start)})"
+        except Exception as exc:
+            status.value = f"⚠ {exc}" if isinstance(exc, ValueError) else \
+                f"⚠ {type(exc).__name__}: {exc}"
+            return
+        view.redraw()
+
+    button.on_click(train)
+    box = widgets.VBox([view, widgets.HBox([button, status])])
+    box.view, box.button, box.status, box.train = view, button, status, train
+    return box
