@@ -66,12 +66,12 @@ def test_per_block_checkpointing_keeps_one_input_per_block():
 
 
 def test_regions_and_labels_of_each_policy():
-    assert ckpt._regions(10, "none") == []
-    assert ckpt._regions(10, "blocks", 3) == ckpt._regions(10, "selective", 3) == [[0], [3], [6], [9]]
+    assert ckpt.checkpointed_regions(10, "none") == []
+    assert ckpt.checkpointed_regions(10, "blocks", 3) == ckpt.checkpointed_regions(10, "selective", 3) == [[0], [3], [6], [9]]
     # sqrt: the segments checkpoint_sequential checkpoints (its last one runs plainly)
-    assert ckpt._regions(10, "sqrt") == ckpt._regions(10, "sqrt", segments=3) == [
+    assert ckpt.checkpointed_regions(10, "sqrt") == ckpt.checkpointed_regions(10, "sqrt", segments=3) == [
         [0, 1, 2], [3, 4, 5]]
-    assert ckpt._regions(10, "sqrt", segments=2) == [[0, 1, 2, 3, 4]]
+    assert ckpt.checkpointed_regions(10, "sqrt", segments=2) == [[0, 1, 2, 3, 4]]
     assert [ckpt.policy_label(m, e) for m, e in (("none", 1), ("sqrt", 1), ("blocks", 2),
                                                  ("selective", 1), ("attention", 4))] == [
         "none", "sqrt", "blocks/2", "selective/1", "attention/4"]

@@ -205,6 +205,43 @@ def test_the_import_check_catches_a_later_import(tmp_path):
                                            "views.widgets"}
 
 
+def _private_uses(path) -> list[str]:
+    """Another course_lib module's private names that ``path`` uses: ``from course_lib.x import
+    _y`` and ``alias._y`` where ``alias`` is a course_lib module it imported."""
+    import ast
+
+    tree, own = ast.parse(path.read_text()), path.stem
+    aliases, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(
+                "course_lib")):
+            source = (node.module or "").split(".")[-1]
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__") and source != own:
+                    found.append(f"{node.module}.{a.name}")
+                elif not a.name.startswith("_"):
+                    aliases[a.asname or a.name] = a.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and node.attr.startswith("_")
+                and not node.attr.startswith("__") and aliases[node.value.id] != own):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    used = {str(p.relative_to(ROOT)): _private_uses(p)
+            for p in sorted((ROOT / "course_lib").rglob("*.py"))}
+    assert not {p: names for p, names in used.items() if names}
+
+
+def test_the_private_name_check_catches_both_forms(tmp_path):
+    module = tmp_path / "mod.py"
+    module.write_text("from course_lib.prediction import activations as act\n"
+                      "from course_lib.model.kernels import _gpu\nact._check(1)\n")
+    assert sorted(_private_uses(module)) == ["act._check", "course_lib.model.kernels._gpu"]
+
+
 def _notebook_imports(path) -> set[str]:
     """The course_lib modules a notebook's code cells import."""
 

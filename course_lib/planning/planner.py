@@ -275,7 +275,7 @@ def _candidates(config: GPTConfig, batch_size: int, seq_len: int | None, precisi
             peak = predict_peak(config, batch_size, mode, every, seq_len=seq_len,
                                 precision=precision, gpu=gpu)
             kept = checkpointed.predict_kept_bytes(config, batch_size, mode, every, **kw)
-            regions = len(ckpt._regions(L, mode, every))
+            regions = len(ckpt.checkpointed_regions(L, mode, every))
             seconds = time_model.step_seconds(config, batch_size, 1, mode=mode, every=every,
                                               precision=precision, seq_len=seq_len, gpu=gpu,
                                               speed=speed)

@@ -49,11 +49,11 @@ from course_lib.device import GPU, resolve_gpu
 from course_lib.docstrings import fill_doc
 from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_config
+from course_lib.model.kernels import Target
 from course_lib.units import as_dtype, dtype_bytes
 from course_lib.validation import (
     MAX_BATCH,
     MAX_COUNT,
-    boolean,
     choice,
     integer,
     positive_int,
@@ -62,7 +62,6 @@ from course_lib.validation import (
 
 _INDEX = torch.int64
 _FP32 = torch.float32
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -140,62 +139,82 @@ def total_bytes(items: list[Saved], kinds: tuple = KINDS, gpu: GPU | None = None
     if kinds is not KINDS and (not isinstance(kinds, tuple | list)
                                or not all(isinstance(k, str) and k in KINDS for k in kinds)):
         raise ValueError(f"kinds must be a tuple of {KINDS}, got {kinds!r}")
-    gpu = kernels._gpu(gpu)
+    gpu = resolve_gpu(gpu)
     return sum(kernels.allocated(item.nbytes, gpu) for item in items if item.kind in kinds)
-
-
-@dataclass(frozen=True)
-class _Dtypes:
-    """The dtypes one forward pass runs in: matmul inputs and outputs (``compute``), the
-    residual stream and LayerNorm (``stream``), and where it runs (``gpu``)."""
-
-    compute: torch.dtype
-    stream: torch.dtype
-    gpu: GPU | None
-    autocast: bool
-
-    def mask(self, dtype: torch.dtype) -> torch.dtype:
-        return kernels.mask_dtype(dtype, self.gpu)
-
-    @property
-    def stats(self) -> torch.dtype:
-        return kernels.stats_dtype(self.stream, self.gpu)
 
 
 # --------------------------------------------------------------------------- validation
 
-def _check(config, batch_size, seq_len, dtype, gpu, autocast=False, *,
-           names=("batch_size", "seq_len")) -> tuple[int, int, _Dtypes]:
-    """Every argument of a prediction checked: ``batch_size`` from 1 to
-    :data:`course_lib.validation.MAX_BATCH`, ``seq_len`` from 1 to ``config.seq_len``."""
+def prediction_args(config, batch_size, seq_len, dtype, gpu, autocast=False, *,
+                    names=("batch_size", "seq_len")) -> tuple[int, int, Target]:
+    """Every argument of a prediction checked, and its target resolved once: ``batch_size`` from
+    1 to :data:`course_lib.validation.MAX_BATCH`, ``seq_len`` from 1 to ``config.seq_len``, and
+    ``dtype``, ``gpu`` and ``autocast`` as :meth:`course_lib.model.kernels.Target.resolve` takes
+    them. The functions of the prediction wing pass the :class:`Target` inward from here.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): sequences.
+        seq_len (int): tokens per sequence.
+        dtype (torch.dtype or str): the matmuls' dtype.
+        gpu (str or GPU, optional): the target.
+        autocast (bool): ``torch.autocast`` over an fp32 model.
+        names (tuple of str): the caller's names for ``batch_size`` and ``seq_len``.
+
+    Returns:
+        tuple: ``(batch_size, seq_len, target)``.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
     check_config(config)
     positive_int(names[0], batch_size, maximum=MAX_BATCH)
     positive_int(names[1], seq_len)
     if seq_len > config.seq_len:
         raise ValueError(f"{names[1]} must be at most config.seq_len={config.seq_len}, "
                          f"got {seq_len}")
-    dtype = as_dtype(dtype)
-    if dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"dtype must be one of {_FLOAT_DTYPES}, got {dtype!r}")
-    boolean("autocast", autocast)
-    if autocast and dtype == _FP32:
-        raise ValueError("autocast=True needs a 16-bit dtype (torch.bfloat16 or torch.float16)")
-    gpu = resolve_gpu(gpu)
-    return batch_size, seq_len, _Dtypes(dtype, _FP32 if autocast else dtype, gpu, autocast)
+    return batch_size, seq_len, Target.resolve(dtype, gpu, autocast)
 
 
 # --------------------------------------------------------------------------- building blocks
 
-def _layernorm_saved(name: str, b: int, s: int, h: int, t: _Dtypes) -> list[Saved]:
-    """``native_layer_norm`` keeps its input and the per-token mean and 1/std (``rstd``)."""
+def layernorm_items(name: str, b: int, s: int, h: int, t: Target) -> list[Saved]:
+    """``native_layer_norm`` keeps its input and the per-token mean and 1/std (``rstd``).
+
+    A building block of the prediction wing (:func:`block_items`, the engine's core peaks).
+
+    Args:
+        name (str): the LayerNorm's name in the listing (``"ln1"``).
+        b (int): sequences.
+        s (int): tokens per sequence.
+        h (int): the model width.
+        t (Target): the resolved target (:func:`prediction_args`).
+
+    Returns:
+        list of Saved: the input in ``t.stream``; mean and rstd in ``t.stats``.
+    """
     return [Saved(name, "input", (b, s, h), t.stream),
             Saved(name, "mean", (b, s, 1), t.stats),
             Saved(name, "rstd", (b, s, 1), t.stats)]
 
 
-def _linear_saved(name: str, what: str, b: int, s: int, n_in: int, n_out: int,
-                  t: _Dtypes) -> list[Saved]:
-    """A linear keeps its input; under autocast a 16-bit copy of it and of its weight."""
+def linear_items(name: str, what: str, b: int, s: int, n_in: int, n_out: int,
+                  t: Target) -> list[Saved]:
+    """A linear keeps its input; under autocast a 16-bit copy of it and of its weight.
+
+    Args:
+        name (str): the linear's name in the listing (``"qkv"``).
+        what (str): what its input is, for the listing.
+        b (int): sequences.
+        s (int): tokens per sequence.
+        n_in (int): input features.
+        n_out (int): output features.
+        t (Target): the resolved target (:func:`prediction_args`).
+
+    Returns:
+        list of Saved: the input (in ``t.compute``), and under autocast the weight's copy
+        (kind ``"weight copy"``).
+    """
     if not t.autocast:
         return [Saved(name, f"input ({what})", (b, s, n_in), t.compute)]
     return [Saved(name, f"input: 16-bit copy of {what}", (b, s, n_in), t.compute),
@@ -204,7 +223,7 @@ def _linear_saved(name: str, what: str, b: int, s: int, n_in: int, n_out: int,
 
 
 def _dropout_saved(name: str, shape: tuple, p: float, dtype: torch.dtype,
-                   t: _Dtypes) -> list[Saved]:
+                   t: Target) -> list[Saved]:
     """Dropout with ``p > 0`` on input of ``dtype`` keeps its mask
     (:func:`course_lib.model.kernels.mask_dtype`); ``p = 0`` keeps nothing."""
     return [Saved(name, "mask", shape, t.mask(dtype))] if p > 0 else []
@@ -228,8 +247,24 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     return kernels.sdpa_kernel(check_config(config), dtype, gpu)
 
 
-def _core_saved(config: GPTConfig, b: int, s: int, t: _Dtypes,
+def core_items(config: GPTConfig, b: int, s: int, t: Target,
                 kernel: str | None = None) -> list[Saved]:
+    """What the attention core (``softmax(q k^T / sqrt(d)) v``) keeps for the backward pass.
+
+    The explicit core keeps q, k, the probabilities (and dropout's mask) and v; an SDPA kernel
+    keeps what it saves (math: the ``s x s`` maps; flash, efficient, cuDNN: the output and the
+    logsumexp). :func:`attention_core_saved` is the checked entry.
+
+    Args:
+        config (GPTConfig): the model (its heads, dropout and attention).
+        b (int): sequences.
+        s (int): tokens per sequence.
+        t (Target): the resolved target (:func:`prediction_args`).
+        kernel (str, optional): an SDPA kernel to predict for; None: the one ``t`` runs.
+
+    Returns:
+        list of Saved: the core's saved tensors, exact shapes and dtypes.
+    """
     a, p, h, dtype = config.n_heads, config.dropout, config.d_model, t.compute
     probs = (b, a, s, s)
     if config.attention == "explicit" and kernel is None:
@@ -307,28 +342,52 @@ def attention_core_saved(config: GPTConfig, b: int, s: int, dtype, gpu=None, *,
         ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
             ``dtype``; ``kernel`` not one of the SDPA kernels).
     """
-    b, s, t = _check(config, b, s, dtype, gpu, autocast, names=("b", "s"))
+    b, s, t = prediction_args(config, b, s, dtype, gpu, autocast, names=("b", "s"))
     if kernel is not None and kernel not in kernels.SDPA_KERNELS:
         raise ValueError(f"kernel must be one of {kernels.SDPA_KERNELS} or None, got {kernel!r}")
-    return _core_saved(config, b, s, t, kernel)
+    return core_items(config, b, s, t, kernel)
 
 
-def _fused(config: GPTConfig, t: _Dtypes) -> bool:
+def runs_fused_mlp(config: GPTConfig, t: Target) -> bool:
+    """Whether the attention's output reaches the out-projection as one storage (a fused SDPA
+    kernel, not the math kernel), so no contiguous copy of the merged heads is kept.
+
+    Args:
+        config (GPTConfig): the model.
+        t (Target): the resolved target.
+
+    Returns:
+        bool: True for ``attention="sdpa"`` on a fused kernel.
+    """
     return config.attention == "sdpa" and kernels.sdpa_kernel(config, t.compute, t.gpu) != "math"
 
 
-def _block_saved(config: GPTConfig, b: int, s: int, t: _Dtypes) -> list[Saved]:
+def block_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
+    """Everything one transformer block keeps for the backward pass, in forward order.
+
+    :func:`block_saved` is the checked entry; the engine and the checkpointing predictions call
+    this one with a target resolved once.
+
+    Args:
+        config (GPTConfig): the model.
+        b (int): sequences.
+        s (int): tokens per sequence.
+        t (Target): the resolved target (:func:`prediction_args`).
+
+    Returns:
+        list of Saved: the block's saved tensors.
+    """
     h, p = config.d_model, config.dropout
-    items = _layernorm_saved("ln1", b, s, h, t)
-    items += _linear_saved("qkv", "ln1's output", b, s, h, 3 * h, t)
-    items += _core_saved(config, b, s, t)
-    if not _fused(config, t):  # a fused kernel's output is the out-projection's input (one storage)
-        items += _linear_saved("attn proj", "the merged heads, contiguous", b, s, h, h, t)
+    items = layernorm_items("ln1", b, s, h, t)
+    items += linear_items("qkv", "ln1's output", b, s, h, 3 * h, t)
+    items += core_items(config, b, s, t)
+    if not runs_fused_mlp(config, t):  # a fused kernel's output is the out-projection's input (one storage)
+        items += linear_items("attn proj", "the merged heads, contiguous", b, s, h, h, t)
     elif t.autocast:  # the kernel's output is already 16-bit: only the weight is copied
-        items += _linear_saved("attn proj", "", b, s, h, h, t)[1:]
+        items += linear_items("attn proj", "", b, s, h, h, t)[1:]
     items += _dropout_saved("attn resid dropout", (b, s, h), p, t.compute, t)
-    items += _layernorm_saved("ln2", b, s, h, t)
-    items += _linear_saved("mlp fc", "ln2's output", b, s, h, 4 * h, t)
+    items += layernorm_items("ln2", b, s, h, t)
+    items += linear_items("mlp fc", "ln2's output", b, s, h, 4 * h, t)
     if config.fused_mlp:  # the course kernel keeps its inputs: x @ W.T and the bias
         items.append(Saved("bias_gelu", "input x (fc's x @ W.T)", (b, s, 4 * h), t.compute))
         if t.autocast:  # the fp32 bias cast to the 16-bit matmul output's dtype
@@ -336,7 +395,7 @@ def _block_saved(config: GPTConfig, b: int, s: int, t: _Dtypes) -> list[Saved]:
                                kind="weight copy"))
     else:
         items.append(Saved("gelu", "input (fc's output)", (b, s, 4 * h), t.compute))
-    proj = _linear_saved("mlp proj", "gelu's output", b, s, 4 * h, h, t)
+    proj = linear_items("mlp proj", "gelu's output", b, s, 4 * h, h, t)
     items += [replace(proj[0], what="input (gelu's output)"), *proj[1:]]
     items += _dropout_saved("mlp dropout", (b, s, h), p, t.compute, t)
     return items
@@ -380,8 +439,8 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
             ``dtype``).
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
-    b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
-    return _block_saved(config, b, s, t)
+    b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
+    return block_items(config, b, s, t)
 
 
 @fill_doc(shape_args=_SHAPE_ARGS)
@@ -401,7 +460,7 @@ def embedding_saved(config: GPTConfig, batch_size: int, seq_len: int | None = No
             ``dtype``).
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
-    b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
+    b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
     return [Saved("tok_emb", "token ids (the input)", (b, s), _INDEX, kind="input"),
             Saved("pos_emb", "positions (arange)", (s,), _INDEX),
             *_dropout_saved("emb dropout", (b, s, config.d_model), config.dropout, t.stream, t)]
@@ -428,10 +487,10 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
             ``dtype``).
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
-    b, s, t = _check(config, batch_size, seq_len, dtype, gpu, autocast)
+    b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
     h, V = config.d_model, config.vocab_size
-    return [*_layernorm_saved("ln_f", b, s, h, t),
-            *_linear_saved("lm_head", "ln_f's output", b, s, h, V, t),
+    return [*layernorm_items("ln_f", b, s, h, t),
+            *linear_items("lm_head", "ln_f's output", b, s, h, V, t),
             Saved("log_softmax", "output, also nll_loss's input", (b * s, V), _FP32),
             Saved("nll_loss", "targets", (b * s,), _INDEX, kind="input"),
             Saved("nll_loss", "total_weight", (), _FP32)]
@@ -534,7 +593,7 @@ def korthikanti_terms(config: GPTConfig, batch_size: int, seq_len: int | None = 
         ValueError: naming the parameter for a bad value, or without dropout or with fp32.
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
-    b, s, t = _check(config, batch_size, seq_len, dtype, gpu)
+    b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu)
     if config.dropout == 0 or dtype_bytes(t.compute) != 2:
         raise ValueError("korthikanti_terms is for the paper's setting: config.dropout > 0 and a "
                          f"16-bit dtype, got dropout={config.dropout}, dtype={t.compute}")

@@ -22,9 +22,9 @@ from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.prediction import activations as act
 from course_lib.training.checkpointing import (
     SELECTIVE_MODES,
-    _check_kernel_mode,
-    _check_mode,
-    _regions,
+    check_kernel_mode,
+    check_mode,
+    checkpointed_regions,
 )
 from course_lib.units import dtype_bytes
 
@@ -41,7 +41,7 @@ def _selective_outputs(config: GPTConfig, b: int, s: int, t, mode: str = "select
         items += [act.Saved("q @ k^T (bmm)", "scores", (b, a, s, s), inner),
                   act.Saved("probs @ v (bmm)", "output", (b, s, h), inner)]
     else:  # a fused kernel: its output and log-sum-exp, what its backward reads
-        items += [item for item in act._core_saved(config, b, s, t) if item.op.startswith("sdpa/")]
+        items += [item for item in act.core_items(config, b, s, t) if item.op.startswith("sdpa/")]
     items += [act.Saved("attn proj (addmm)", "output", (b, s, h), dtype),
               act.Saved("mlp fc (mm)" if config.fused_mlp else "mlp fc (addmm)", "output",
                         (b, s, 4 * h), dtype)]
@@ -55,8 +55,8 @@ def _selective_outputs(config: GPTConfig, b: int, s: int, t, mode: str = "select
 def _attention_recomputed_block(config: GPTConfig, b: int, s: int, t) -> list:
     """One block with its attention core checkpointed: the core keeps only its inputs q, k, v
     (views of the one QKV output) and, for fused kernels, its output (the out-projection's input)."""
-    core = act._core_saved(config, b, s, t)
-    kept = [item for item in act._block_saved(config, b, s, t) if item not in core]
+    core = act.core_items(config, b, s, t)
+    kept = [item for item in act.block_items(config, b, s, t) if item not in core]
     kept.append(act.Saved("checkpoint", "core inputs q, k, v: the QKV output",
                           (b, s, 3 * config.d_model), t.compute))
     kept += [item for item in core if item.op.startswith("sdpa/")
@@ -64,23 +64,38 @@ def _attention_recomputed_block(config: GPTConfig, b: int, s: int, t) -> list:
     return kept
 
 
-def _layout(config: GPTConfig, batch_size: int, mode: str, every: int, segments: int | None,
+def kept_layout(config: GPTConfig, batch_size: int, mode: str, every: int, segments: int | None,
             seq_len: int | None, dtype, gpu, autocast: bool = False):
     """``(embed, per_block, head, regions, full_block)``: the items kept by the embeddings, by each
     block (a list per block; blocks inside a ``sqrt`` segment but its first keep nothing), by the
-    head; the checkpointed regions; and the items of one block without checkpointing."""
+    head; the checkpointed regions; and the items of one block without checkpointing.
+
+    Args:
+        config (GPTConfig): the model.
+        batch_size (int): sequences.
+        mode (str): one of :data:`course_lib.training.checkpointing.ALL_MODES`.
+        every (int): checkpoint every ``every``-th block.
+        segments (int, optional): ``sqrt`` only.
+        seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
+        dtype (torch.dtype or str): the matmuls' dtype.
+        gpu (str or GPU, optional): the target.
+        autocast (bool): ``torch.autocast`` over an fp32 model.
+
+    Returns:
+        tuple: lists of :class:`course_lib.prediction.activations.Saved` and the regions.
+    """
     check_config(config)
     seq_len = config.seq_len if seq_len is None else seq_len
     args = (config, batch_size, seq_len, dtype, gpu)
     embed = act.embedding_saved(*args, autocast=autocast)
     head = act.head_saved(*args, autocast=autocast)
-    b, s, t = act._check(*args, autocast)
-    block = act._block_saved(config, b, s, t)
+    b, s, t = act.prediction_args(*args, autocast)
+    block = act.block_items(config, b, s, t)
     L = config.n_layers
-    segments = _check_mode(mode, every, segments, L)
-    _check_kernel_mode(mode, config)
+    segments = check_mode(mode, every, segments, L)
+    check_kernel_mode(mode, config)
     block_input = [act.Saved("checkpoint", "block input", (b, s, config.d_model), t.stream)]
-    regions = _regions(L, mode, every, segments)
+    regions = checkpointed_regions(L, mode, every, segments)
     if mode in SELECTIVE_MODES:
         wrapped = block_input + _selective_outputs(config, b, s, t, mode)
     elif mode == "attention":
@@ -141,7 +156,7 @@ def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every:
         ValueError: naming the parameter, for a bad value (``segments`` outside ``sqrt`` mode
             included).
     """
-    return _layout(config, batch_size, mode, every, segments, seq_len, dtype, gpu, autocast)[1]
+    return kept_layout(config, batch_size, mode, every, segments, seq_len, dtype, gpu, autocast)[1]
 
 
 @fill_doc(policy_args=_POLICY_ARGS, kernel_args=_KERNEL_ARGS)
@@ -164,7 +179,7 @@ def kept_items(config: GPTConfig, batch_size: int, mode: str = "none", every: in
         ValueError: naming the parameter, for a bad value (``segments`` outside ``sqrt`` mode
             included).
     """
-    embed, per_block, head, _, _ = _layout(config, batch_size, mode, every, segments, seq_len,
+    embed, per_block, head, _, _ = kept_layout(config, batch_size, mode, every, segments, seq_len,
                                            dtype, gpu, autocast)
     return [*embed, *(item for items in per_block for item in items), *head]
 
@@ -193,7 +208,7 @@ def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", e
             included).
     """
     gpu = resolve_gpu(kwargs.get("gpu"))
-    embed, per_block, head, _, _ = _layout(config, batch_size, mode, every,
+    embed, per_block, head, _, _ = kept_layout(config, batch_size, mode, every,
                                            kwargs.get("segments"), kwargs.get("seq_len"),
                                            kwargs.get("dtype", torch.float32), gpu,
                                            kwargs.get("autocast", False))
@@ -303,9 +318,9 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     """
     check_config(config)
     L = config.n_layers
-    segments = _check_mode(mode, every, segments, L)
+    segments = check_mode(mode, every, segments, L)
     seq_len = config.seq_len if seq_len is None else seq_len
-    _, _, t = act._check(config, batch_size, seq_len, dtype, gpu, autocast)
+    _, _, t = act.prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
     b, s, h = batch_size, seq_len, config.d_model
     kernel = kernels.attention_kernel(config, t.compute, t.gpu)
     linears, core, head = 24 * b * s * h * h, 4 * b * s * s * h, 2 * b * s * h * config.vocab_size
@@ -313,7 +328,7 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     if t.gpu is None and kernel == "flash":
         core = core_backward = 0
     plain = L * (3 * linears + core + core_backward) + 3 * head
-    regions = _regions(L, mode, every, segments)
+    regions = checkpointed_regions(L, mode, every, segments)
     if mode in ("blocks", "sqrt"):
         tail = 0 if config.dropout > 0 else 8 * b * s * h * h
         extra = sum(len(r) * (linears + core) - tail for r in regions)

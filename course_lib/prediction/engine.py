@@ -285,7 +285,7 @@ class _Effect:
 class _Backward:
     """The backward pass of the course GPT, node by node, in bytes as the target allocates them.
 
-    ``t`` holds the dtypes (:class:`course_lib.prediction.activations._Dtypes`); ``params`` the
+    ``t`` holds the dtypes (:class:`course_lib.model.kernels.Target`); ``params`` the
     parameters' dtype. Under autocast each linear's backward produces 16-bit weight
     gradients that a cast turns into fp32 ones, and 16-bit input gradients that a cast
     turns back into the fp32 residual stream.
@@ -465,7 +465,7 @@ class _Backward:
         if kernel in ("flash", "cudnn", "efficient"):
             # The proj's input is the kernel's output, freed with the kernel's saved tensors.
             self.linear(r, "attn proj backward", h, h, X, [(_TMP, g_in)])
-            saved = act.total_bytes(act._core_saved(c, b, s, t), act.STEP_KINDS, t.gpu)
+            saved = act.total_bytes(act.core_items(c, b, s, t), act.STEP_KINDS, t.gpu)
             scratch = 0
             if t.gpu is not None:  # fp32 accumulators of the CUDA backward kernels
                 rows = 128 * math.ceil(s / 128)
@@ -497,7 +497,7 @@ class _Backward:
         r.node("merge heads backward (copy)", [(_TMP, Xi)], [(_TMP, Xi if inner != t.compute else X)])
         kept_probs = S if (p > 0 or cast) else 0  # a storage of its own for probs @ v
         # With b == 1 or a == 1 the head batches are views of the QKV output (see
-        # activations._core_saved); that storage goes only when q and k have been used too.
+        # activations.core_items); that storage goes only when q and k have been used too.
         v_view = (b == 1 or a == 1) and inner == t.compute
         v = 0 if v_view else Xi
         r.node("probs @ v backward", [(_TMP, Xi), (_TMP, S)], [(_TMP, Xi), (_ACT, v + kept_probs)])
@@ -574,7 +574,7 @@ def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, 
     is the model's with one layer (cached).
     """
     gpu = t.gpu
-    block = act.total_bytes(act._block_saved(config, b, s, t), act.STEP_KINDS, gpu)
+    block = act.total_bytes(act.block_items(config, b, s, t), act.STEP_KINDS, gpu)
     h = config.d_model
     x_in = kernels.allocated(b * s * h * dtype_bytes(t.stream), gpu)  # the block's input
     if mode in ("blocks", "sqrt"):
@@ -583,14 +583,14 @@ def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, 
     kept = (checkpointed.predict_kept_bytes(config, b, mode, **kw)
             - checkpointed.predict_kept_bytes(config, b, "blocks", **kw) + x_in)
     if mode == "attention":
-        core = act._core_saved(config, b, s, t)
+        core = act.core_items(config, b, s, t)
         rebuilt = act.total_bytes([i for i in core if "QKV output" not in i.what],
                                   act.STEP_KINDS, gpu)
     else:  # selective: the matmul and attention outputs are kept; the rest is rebuilt
         fc_out = kernels.allocated(4 * b * s * h * dtype_bytes(t.compute), gpu)  # GELU's input
         # A fused kernel's saved tensors (q, k, v in the QKV output, its output, log-sum-exp)
         # are all kept outputs: none is rebuilt.
-        core = act._core_saved(config, b, s, t) if act._fused(config, t) else []
+        core = act.core_items(config, b, s, t) if act.runs_fused_mlp(config, t) else []
         rebuilt = block - x_in - fc_out - act.total_bytes(core, act.STEP_KINDS, gpu)
         if mode == "save-kernel":  # the course kernel's output (the MLP proj's input) is kept
             rebuilt -= fc_out
@@ -610,7 +610,7 @@ def _kept_pieces(one: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int
     """``(outside the blocks, a plain block, a checkpointed region's first block)``: bytes kept
     from forward to backward (:func:`course_lib.prediction.checkpointed.kept_items`), per piece."""
     kw = dict(seq_len=s, dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
-    embed, per_block, head, _, block = checkpointed._layout(one, b, mode, 1, None, s, t.compute, t.gpu,
+    embed, per_block, head, _, block = checkpointed.kept_layout(one, b, mode, 1, None, s, t.compute, t.gpu,
                                                     t.autocast)
     wrapped = checkpointed.kept_by_block(one, b, "blocks" if mode in ("none", "sqrt") else mode, 1, **kw)
     total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=t.gpu)
@@ -624,7 +624,7 @@ def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
     # none, blocks and sqrt keep the same pieces (a region's first block keeps its input)
     piece_mode = "blocks" if mode in ("none", "sqrt") else mode
     outside, block, wrapped = _kept_pieces(_one_layer(config), b, s, t, piece_mode)
-    regions = ckpt._regions(config.n_layers, mode, every, segments)
+    regions = ckpt.checkpointed_regions(config.n_layers, mode, every, segments)
     covered = sum(len(region) for region in regions)
     return outside + (config.n_layers - covered) * block + len(regions) * wrapped
 
@@ -638,8 +638,8 @@ def _rerun_core(one: GPTConfig, b: int, s: int, t) -> tuple[int, int] | None:
     if t.autocast or one.fused_mlp:
         return None
     kernel = kernels.attention_kernel(one, t.compute, t.gpu)
-    block = act._block_saved(one, b, s, t)
-    core = act._core_saved(one, b, s, t)
+    block = act.block_items(one, b, s, t)
+    core = act.core_items(one, b, s, t)
     end = max(i for i, item in enumerate(block) if item in core)
     total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=t.gpu)
     if kernel == "math":
@@ -736,7 +736,7 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
         bw.head(r)
     else:
         bw.chunked_head(r, loss_chunk)
-    regions = ckpt._regions(config.n_layers, mode, every, segments)
+    regions = ckpt.checkpointed_regions(config.n_layers, mode, every, segments)
     last = {region[-1]: region for region in regions}
     first = {region[0] for region in regions}
     one = _one_layer(config)  # every block is alike: one is replayed (cached)
@@ -801,7 +801,7 @@ def _math_scratch(config: GPTConfig, b: int, s: int, t) -> int:
     def al(numel, nbytes):
         return kernels.allocated(numel * nbytes, gpu)
 
-    views = b == 1 or a == 1  # head batches are views: no copies (activations._core_saved)
+    views = b == 1 or a == 1  # head batches are views: no copies (activations.core_items)
     if e == 4:
         return 2 * al(n, 4) + al(s * s, 4) + (0 if views else al(3 * n, e))
     copies = (3 if views else 5) * al(n, 4)
@@ -822,7 +822,7 @@ def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
         return None
     gpu = t.gpu
     scratch = _math_scratch(config, b, s, t)
-    block = act._block_saved(config, b, s, t)
+    block = act.block_items(config, b, s, t)
     last_core = max(i for i, item in enumerate(block) if item.op.startswith("sdpa"))
     args = (config, b, s, t.compute, gpu)
     after = (act.total_bytes(block[last_core + 1:], act.STEP_KINDS, gpu)
@@ -900,7 +900,7 @@ def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: in
     if config.attention != "explicit" or t.autocast:
         return None
     gpu, L, h = t.gpu, config.n_layers, config.d_model
-    embed, per_block, _, regions, _ = checkpointed._layout(config, b, mode, every, segments, s,
+    embed, per_block, _, regions, _ = checkpointed.kept_layout(config, b, mode, every, segments, s,
                                                    t.compute, gpu, t.autocast)
     total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=gpu)
     below = total(embed) + sum(total(items) for items in per_block[:L - 1])
@@ -909,8 +909,8 @@ def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: in
     last_wrapped = last in wrapped
     x_in = kernels.allocated(b * s * h * dtype_bytes(t.stream), gpu)
     qkv_out = kernels.allocated(3 * b * s * h * dtype_bytes(t.compute), gpu)
-    ln_and_input = total(act._layernorm_saved("ln1", b, s, h, t)
-                         + act._linear_saved("qkv", "", b, s, h, 3 * h, t))
+    ln_and_input = total(act.layernorm_items("ln1", b, s, h, t)
+                         + act.linear_items("qkv", "", b, s, h, 3 * h, t))
     if not last_wrapped or mode == "attention":
         start = ln_and_input + qkv_out
     else:  # blocks, selective: the block's input, LayerNorm's output (the attention's argument,
@@ -975,7 +975,7 @@ def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every
              segments: int | None, s: int, gpu: GPU | None, first_step: bool,
              foreach: bool, loss_chunk: int | None = None) -> dict[str, StepMemory]:
     spec = PRECISION[precision]
-    _, _, t = act._check(config, b, s, spec.compute, gpu, spec.autocast)
+    _, _, t = act.prediction_args(config, b, s, spec.compute, gpu, spec.autocast)
 
     def sizes(dtype) -> _Sizes:
         return _param_sizes(config, dtype_bytes(dtype), gpu)
@@ -1027,7 +1027,7 @@ def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every
 def _floor(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: int, s: int,
            gpu: GPU | None) -> int:
     spec = PRECISION[precision]
-    _, _, t = act._check(config, b, s, spec.compute, gpu, spec.autocast)
+    _, _, t = act.prediction_args(config, b, s, spec.compute, gpu, spec.autocast)
     params, master, state = _model_states(config, precision, gpu)
     kept = _kept_bytes(config, b, s, t, mode, every, None)
     return (params.total + master + state + (params.total if K > 1 else 0) + kept
@@ -1082,8 +1082,8 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
     precision_of(precision)
     choice("mode", mode, ckpt.ALL_MODES)
     every = positive_int("every", every, maximum=MAX_COUNT)
-    ckpt._check_mode(mode, every, segments, config.n_layers)
-    ckpt._check_kernel_mode(mode, config)
+    ckpt.check_mode(mode, every, segments, config.n_layers)
+    ckpt.check_kernel_mode(mode, config)
     s = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
     if s > config.seq_len:
         raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {s}")

@@ -74,7 +74,7 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
     """
     check_config(config)
     spec = engine.precision_of(precision)
-    ckpt._check_mode(mode, every, None, config.n_layers)
+    ckpt.check_mode(mode, every, None, config.n_layers)
     device = as_device("device", device)
     lr = number("lr", lr, minimum=0.0)
     seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)

@@ -780,7 +780,7 @@ def _step_time(config, b, K, mode, every, precision, seq_len, gpu, speed, u, sta
                                 gpu=gpu)
     # operators: every block runs the same ones, so a mode checkpointing some blocks reruns
     # its per-block extra in those only; ``sqrt`` segments rerun whole blocks
-    regions = ckpt._regions(L, mode, every)
+    regions = ckpt.checkpointed_regions(L, mode, every)
     counted = "blocks" if mode == "sqrt" else mode
     per_micro, per_step = step_ops(config, "none", precision)
     if mode != "none":

@@ -401,9 +401,9 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
     blocks = getattr(model, "blocks", None)
     if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
         raise ValueError(f"model must be a course GPT (with a .blocks ModuleList), got {type(model)}")
-    segments = _check_mode(mode, every, segments, len(blocks))
+    segments = check_mode(mode, every, segments, len(blocks))
     if mode in KERNEL_MODES:
-        _check_kernel_mode(mode, getattr(model, "config", None))
+        check_kernel_mode(mode, getattr(model, "config", None))
     if policy is not None and mode != "selective":
         raise ValueError(f"policy applies to mode='selective' only, got mode={mode!r}")
     recompute_linear = None
@@ -470,14 +470,36 @@ def _checkpointed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
 
 # --------------------------------------------------------------------------- checks
 
-def _check_kernel_mode(mode: str, config) -> None:
-    """A kernel mode needs a model whose MLP runs the fused kernel (``config.fused_mlp``)."""
+def check_kernel_mode(mode: str, config) -> None:
+    """A kernel mode needs a model whose MLP runs the fused kernel (``config.fused_mlp``).
+
+    Args:
+        mode (str): a mode of :data:`ALL_MODES`.
+        config (GPTConfig): the model.
+
+    Raises:
+        ValueError: naming ``mode``, for a kernel mode on a model without the fused MLP.
+    """
     if mode in KERNEL_MODES and not getattr(config, "fused_mlp", False):
         raise ValueError(f"mode={mode!r} needs a model with the fused MLP "
                          f"(GPTConfig(fused_mlp=True)): one of {MODES} otherwise")
 
 
-def _check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> int | None:
+def check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> int | None:
+    """``mode``, ``every`` and ``segments`` checked together; the segment count ``sqrt`` uses.
+
+    Args:
+        mode (str): one of :data:`ALL_MODES`.
+        every (int): from 1.
+        segments (int, optional): ``sqrt`` only (None: :func:`sqrt_segments`).
+        n_layers (int): blocks in the model.
+
+    Returns:
+        int or None: the segments of ``sqrt`` mode, else ``segments`` (None).
+
+    Raises:
+        ValueError: naming ``mode``, ``every`` or ``segments``.
+    """
     choice("mode", mode, ALL_MODES)
     every = positive_int("every", every, maximum=MAX_COUNT)
     if segments is not None and mode != "sqrt":
@@ -488,10 +510,20 @@ def _check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> i
     return segments
 
 
-def _regions(n_layers: int, mode: str, every: int = 1,
+def checkpointed_regions(n_layers: int, mode: str, every: int = 1,
              segments: int | None = None) -> list[list[int]]:
-    """The checkpointed regions of checked arguments, as lists of block indices (attention mode:
-    the blocks whose core); ``segments`` None in ``sqrt`` mode is :func:`sqrt_segments`'s."""
+    """The checkpointed regions of checked arguments (:func:`check_mode`), as lists of block
+    indices (attention mode: the blocks whose core is checkpointed).
+
+    Args:
+        n_layers (int): blocks.
+        mode (str): one of :data:`ALL_MODES`.
+        every (int): every ``every``-th block.
+        segments (int, optional): ``sqrt`` only; None is :func:`sqrt_segments`'s count.
+
+    Returns:
+        list of list of int: one list per region.
+    """
     if mode == "none":
         return []
     if mode == "sqrt":

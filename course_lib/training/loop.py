@@ -47,11 +47,11 @@ import torch
 import torch.nn as nn
 
 from course_lib.model.gpt import check_batch
-from course_lib.training.accumulation import _check_normalize, micro_batch_loss
+from course_lib.training.accumulation import NORMALIZATIONS, micro_batch_loss
 
 # The toy language lives in course_lib.model.toy_data; these names stay importable from here for the
 # code that still imports them from training (the playground, lectures 06 and 08).
-from course_lib.validation import MAX_COUNT, integer, number, positive_int
+from course_lib.validation import MAX_COUNT, choice, integer, number, positive_int
 
 AMP_DTYPES = (None, torch.float16, torch.bfloat16)
 
@@ -179,7 +179,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
                          f"{type(optimizer).__name__}")
     micro_batch_size = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_COUNT)
     accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
-    _check_normalize(normalize)
+    choice("normalize", normalize, NORMALIZATIONS)
     ignore_index = integer("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)
     if amp_dtype not in AMP_DTYPES:
         raise ValueError(f"amp_dtype must be one of {AMP_DTYPES}, got {amp_dtype!r}")
