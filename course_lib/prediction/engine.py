@@ -916,9 +916,9 @@ def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: in
     else:  # blocks, selective: the block's input, LayerNorm's output (the attention's argument,
         # alive until the attention returns) and the QKV output (cached or not)
         start = 2 * x_in + qkv_out
-    saved = not checkpointed
+    saved = not last_wrapped
     core = _explicit_core_peak(config, b, s, t, saved=saved,
-                               keep_scores=checkpointed and mode in ckpt.SELECTIVE_MODES)
+                               keep_scores=last_wrapped and mode in ckpt.SELECTIVE_MODES)
     return {"live": {_GRAD: 0, _ACT: below + start, _TMP: core},
             "moment": "last block's attention (forward)"}
 
