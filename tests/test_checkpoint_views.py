@@ -16,7 +16,7 @@ from course_lib.views import checkpoint_views as views  # noqa: E402
 
 
 def test_explore_predicts_the_setting_and_the_plain_step():
-    s = views.explore("T4", 48, "per-block", 8, 6)
+    s = views.explore("T4", 48, "blocks", 8, 6)
     config = GPTConfig(**views.GPT2_SMALL, n_layers=48)
     assert s.precision == "autocast-fp16"
     assert s.memory == engine.predict_step_memory(config, 6, precision="autocast-fp16",
@@ -28,20 +28,20 @@ def test_explore_predicts_the_setting_and_the_plain_step():
 
 
 def test_explore_segments_clips_k_and_names_the_best_count():
-    s = views.explore("T4", 12, "segments", 50, 2)
+    s = views.explore("T4", 12, "sqrt", 50, 2)
     assert s.segments == 12
     config = GPTConfig(**views.GPT2_SMALL, n_layers=96)
-    deep = views.explore("T4", 96, "segments", 32, 8)
+    deep = views.explore("T4", 96, "sqrt", 32, 8)
     assert deep.best_segments == ckpt.best_segments(96, checkpointed.block_ratio(
         config, 8, dtype="fp16", gpu="T4", autocast=True))
     # at batch 8 the backward holds the peak (at batch 4 foreach AdamW's step would, for both)
-    best = views.explore("T4", 96, "segments", deep.best_segments, 8)
-    assert best.memory.total < views.explore("T4", 96, "per-block", 1, 8).memory.total
+    best = views.explore("T4", 96, "sqrt", deep.best_segments, 8)
+    assert best.memory.total < views.explore("T4", 96, "blocks", 1, 8).memory.total
 
 
 @pytest.mark.parametrize("kwargs,name", [
     (dict(gpu="V100"), "gpu"), (dict(layers=0), "layers"), (dict(layers=97), "layers"),
-    (dict(checkpointing="selective"), "checkpointing"), (dict(segments=0), "segments"),
+    (dict(mode="selective"), "mode"), (dict(segments=0), "segments"),
     (dict(batch_size=0), "batch_size"),
 ])
 def test_explore_names_a_bad_argument(kwargs, name):
@@ -55,7 +55,7 @@ def test_explorer_redraws_for_every_control():
     box = views.explorer()
     first = box.image.value
     assert "every block checkpointed" in box.artists["title"].get_text()
-    for name, value in (("checkpointing", "segments"), ("segments", 5), ("layers", 96),
+    for name, value in (("mode", "sqrt"), ("segments", 5), ("layers", 96),
                         ("batch_size", 16), ("gpu", "H100 80GB")):
         before = box.image.value
         box.controls[name].value = value

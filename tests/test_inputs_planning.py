@@ -45,6 +45,7 @@ CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=2)
 MODEL = GPT(CFG)
 X, Y = random_tokens(CFG, 2)
 PLAYGROUND = playground.Playground(CFG, samples=8)
+PLAYGROUND_MODES = playground.PLAYGROUND_MODES
 READING = allocator.Reading(allocated=0, reserved=0, free=1, total=2)
 PROBE = allocator.Probe(False, 2, (("CUDA initialised", READING),))
 FLOAT_DTYPES = ("fp32", "float32", "fp16", "float16", "bf16", "bfloat16")
@@ -475,16 +476,16 @@ CASES = {
                              "world_size", not_an_int(1, 4096)),
     "Playground.run.micro_batch_size": (lambda v: PLAYGROUND.run(v, 1), "micro_batch_size",
                                         not_an_int(1, MAX_BATCH)),
-    "Playground.run.checkpointing": (lambda v: PLAYGROUND.run(1, 1, v), "checkpointing",
-                                     NOT_A_BOOL),
+    "Playground.run.mode": (lambda v: PLAYGROUND.run(1, 1, v), "mode",
+                            not_one_of(PLAYGROUND_MODES)),
     "Playground.run.on_step": (lambda v: PLAYGROUND.run(1, 1, on_step=v), "on_step",
                                given_value(NOT_A_CALLABLE)),
     "Playground.cached.accumulation_steps": (lambda v: PLAYGROUND.cached(1, v),
                                              "accumulation_steps", not_an_int(1, MAX_BATCH)),
-    "Playground.cached.checkpointing": (lambda v: PLAYGROUND.cached(1, 1, v), "checkpointing",
-                                        NOT_A_BOOL),
-    "Playground.predict_peak.checkpointing": (lambda v: PLAYGROUND.predict_peak(1, 1, v),
-                                              "checkpointing", NOT_A_BOOL),
+    "Playground.cached.mode": (lambda v: PLAYGROUND.cached(1, 1, v), "mode",
+                               not_one_of(PLAYGROUND_MODES)),
+    "Playground.predict_peak.mode": (lambda v: PLAYGROUND.predict_peak(1, 1, v),
+                                     "mode", not_one_of(PLAYGROUND_MODES)),
     # device
     "pick_device.prefer": (lambda v: device.pick_device(v), "prefer",
                            given_value(st.one_of(not_one_of(("cuda", "mps", "cpu")),

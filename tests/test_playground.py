@@ -62,9 +62,9 @@ def test_memory_is_flat_in_k_and_predicted_by_the_engine(playground):
 
 
 def test_checkpointing_lowers_the_peak_and_keeps_the_curve(playground):
-    plain, ckpt = playground.run(4, 2), playground.run(4, 2, True)
+    plain, ckpt = playground.run(4, 2), playground.run(4, 2, "blocks")
     assert ckpt.measured_peak < plain.measured_peak
-    assert playground.predict_peak(4, 2, True) < playground.predict_peak(4, 2)
+    assert playground.predict_peak(4, 2, "blocks") < playground.predict_peak(4, 2)
     assert ckpt.measured_peak <= ckpt.predicted_peak              # an upper bound from K = 2 on
     assert max(abs(u - v) for u, v in zip(plain.losses, ckpt.losses)) < 1e-5
 
@@ -93,7 +93,7 @@ GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_laye
 
 
 def test_optimizer_step_cost_is_the_time_model_and_the_engine():
-    cost = pgm.optimizer_step_cost(GPT2, 4, 8, checkpointing="blocks", precision="bf16-mixed",
+    cost = pgm.optimizer_step_cost(GPT2, 4, 8, mode="blocks", precision="bf16-mixed",
                                    gpu="A100 80GB")
     assert cost.effective_batch == 32
     same = tm.step_time(GPT2, 4, 8, mode="blocks", precision="bf16-mixed", gpu="A100 80GB")
@@ -116,7 +116,7 @@ def test_smaller_micro_batches_cost_time_at_a_fixed_effective_batch_and_save_mem
     assert costs[-1].achieved_utilisation < costs[0].achieved_utilisation <= 0.4
     assert [c.peak_bytes for c in costs] == sorted((c.peak_bytes for c in costs), reverse=True)
     plain = pgm.optimizer_step_cost(GPT2, 8, 1, gpu="H100 80GB")
-    ckpt = pgm.optimizer_step_cost(GPT2, 8, 1, checkpointing="blocks", gpu="H100 80GB")
+    ckpt = pgm.optimizer_step_cost(GPT2, 8, 1, mode="blocks", gpu="H100 80GB")
     assert ckpt.peak_bytes < plain.peak_bytes and ckpt.compute_seconds > plain.compute_seconds
 
 
@@ -136,7 +136,7 @@ def test_measured_speed_and_step_on_this_cpu():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(micro_batch_size=0), "micro_batch_size"),
     (dict(accumulation_steps=1.5), "accumulation_steps"),
-    (dict(checkpointing="sqrt"), "checkpointing must be one of"),
+    (dict(mode="sqrt"), "mode must be one of"),
     (dict(precision="fp8"), "precision must be one of"),
     (dict(gpu="V100"), "gpu must be"),
     (dict(utilisation=1.5), "utilisation"),

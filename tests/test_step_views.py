@@ -79,10 +79,10 @@ def test_step_through_widget_follows_the_frames(recordings):
 
 
 def test_tradeoff_compares_with_one_plain_batch_against_the_cards_memory():
-    t = sv.tradeoff(GPT2, 2, 8, checkpointing="blocks", precision="mixed", gpu="T4")
+    t = sv.tradeoff(GPT2, 2, 8, mode="blocks", precision="mixed", gpu="T4")
     assert t.precision == "fp16-mixed" and t.capacity == 14930 * 2**20
     assert t.smi_memory == 15360 * 2**20 and t.target == "T4" and not t.live
-    assert (t.plain.micro_batch_size, t.plain.accumulation_steps, t.plain.checkpointing) == (
+    assert (t.plain.micro_batch_size, t.plain.accumulation_steps, t.plain.mode) == (
         16, 1, "none")
     assert sv.tradeoff(GPT2, 2, 8, precision="mixed", gpu="H100 80GB").precision == "bf16-mixed"
     assert formulas.mixed_precision_for(None) == "bf16-mixed"
@@ -136,7 +136,7 @@ def test_tradeoff_explorer_redraws_and_measures(speed):
     models = {"tiny": CFG, "GPT-2 124M": GPT2}
     box = sv.tradeoff_explorer(models, speed=speed)
     controls, image = box.view.controls, box.view.image
-    assert "checkpointing" not in controls  # lecture 04 teaches it
+    assert "mode" not in controls  # lecture 04 teaches it
     assert all(c.style.description_width == "initial" for c in controls.values())
     seen = {image.value}
     for name, value in (("accumulation_steps", 8), ("micro_batch_size", 1), ("gpu", "A100 80GB"),
@@ -178,8 +178,10 @@ def test_the_accumulated_bar_refuses_to_budge_and_the_card_line_is_labelled(spee
     assert a["cap_text"].get_text() == "T4: 14.58 GiB\n(nvidia-smi: 15.00 GiB)"
     assert "does not fit" in a["verdict"].get_text()
     assert "↑" in a["mem_labels"][0].get_text()  # the cut bar says so
-    with_ckpt = sv.tradeoff_explorer({"tiny": CFG}, speed=speed, checkpointing=True)
-    assert list(with_ckpt.view.controls["checkpointing"].options) == list(sv.CHECKPOINT_CHOICES)
+    with_ckpt = sv.tradeoff_explorer({"tiny": CFG}, speed=speed, checkpointing_menu=True)
+    menu = with_ckpt.view.controls["mode"]
+    assert [value for _, value in menu.options] == list(sv.CHECKPOINT_CHOICES)
+    assert [label for label, _ in menu.options] == ["none", "every block", "selective"]
 
 
 def test_tradeoff_figure_is_static_and_drawn():
@@ -216,11 +218,11 @@ def test_playground_view_draws_runs_and_trains_on_the_button(small_playground):
     box.train()
     assert "two optimizer steps" in box.status.value
     checked = sv.playground_view(small_playground, sizes=(1, 2), steps=(1, 2),
-                                 micro_batch_size=2, accumulation_steps=2, checkpointing=False)
-    assert checked.view.controls["checkpointing"].value is False
+                                 micro_batch_size=2, accumulation_steps=2, mode="none")
+    assert checked.view.controls["every_block"].value is False
     for kwargs, match in ((dict(sizes=(2, 1)), "sizes"), (dict(steps=()), "steps"),
-                          (dict(micro_batch_size=3), "sizes"), (dict(checkpointing=1),
-                                                                "checkpointing")):
+                          (dict(micro_batch_size=3), "sizes"), (dict(mode="sqrt"),
+                                                                "mode")):
         with pytest.raises(ValueError, match=match):
             sv.playground_view(small_playground, **kwargs)
     with pytest.raises(ValueError, match="playground must be"):

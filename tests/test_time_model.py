@@ -162,7 +162,7 @@ def test_step_ops_are_counted_and_linear_in_depth():
     (lambda: tm.datasheet_speed("T4", op_seconds=0), "op_seconds"),
     (lambda: tm.DeviceSpeed("x", 0, 1, 1, 1, 1, True, "x"), "fp32_flops"),
     (lambda: tm.DeviceSpeed("x", 1, 1, 1, 1, 1, True, "x").flops(torch.float64), "dtype"),
-    (lambda: tm.step_ops(SMALL, "sqrt"), "checkpointing"),
+    (lambda: tm.step_ops(SMALL, "sqrt"), "mode"),
     (lambda: tm.pointwise_bytes(SMALL, 0), "micro_batch_size"),
     (lambda: tm.matmul_flops(SMALL, 1, precision="int8"), "precision"),
 ])

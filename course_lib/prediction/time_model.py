@@ -410,7 +410,7 @@ def _ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
     return per_micro_batch, counts[0] - per_micro_batch
 
 
-def step_ops(config: GPTConfig, checkpointing: str = "none",
+def step_ops(config: GPTConfig, mode: str = "none",
              precision: str = "fp32") -> tuple[int, int]:
     """Operators one step of ``GPT(config)`` runs: ``(per micro-batch, per optimizer step)``.
 
@@ -425,23 +425,23 @@ def step_ops(config: GPTConfig, checkpointing: str = "none",
 
     Args:
         config (GPTConfig): the model.
-        checkpointing (str): one of :data:`CHECKPOINTING` (every block checkpointed).
+        mode (str): the checkpointing, one of :data:`CHECKPOINTING`.
         precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
 
     Returns:
         tuple of int: ``(per micro-batch, per optimizer step)`` operator counts.
 
     Raises:
-        ValueError: naming ``config``, ``checkpointing`` or ``precision``.
+        ValueError: naming ``config``, ``mode`` or ``precision``.
 
     Example:
         >>> step_ops(GPTConfig(n_layers=4))[0] > step_ops(GPTConfig(n_layers=2))[0]
         True
     """
     check_config(config)
-    choice("checkpointing", checkpointing, CHECKPOINTING)
+    choice("mode", mode, CHECKPOINTING)
     precision_of(precision)
-    key = (config.dropout > 0, config.attention, config.bias, checkpointing, precision)
+    key = (config.dropout > 0, config.attention, config.bias, mode, precision)
     one, two = _ops(1, *key), _ops(2, *key)
     L = config.n_layers
     return tuple(a + (L - 1) * (b - a) for a, b in zip(one, two))

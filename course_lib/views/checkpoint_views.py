@@ -31,9 +31,9 @@ from course_lib.units import format_bytes
 from course_lib.validation import MAX_BATCH, choice, integer, items, number, positive_int
 from course_lib.views.widgets import live_plot
 
-#: The checkpointing of lecture 04, as its figures name it -> the mode of
-#: :func:`course_lib.training.checkpointing.enable_checkpointing`.
-CHOICES = {"none": "none", "per-block": "blocks", "segments": "sqrt"}
+#: The checkpointing modes of lecture 04's explorer (of
+#: :func:`course_lib.training.checkpointing.enable_checkpointing`) -> how its menu names them.
+CHOICES = {"none": "none", "blocks": "per-block", "sqrt": "segments"}
 #: The explorer's model: GPT-2 small's width, heads, sequence and vocabulary.
 GPT2_SMALL = dict(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12)
 #: The most layers the explorer offers.
@@ -146,8 +146,8 @@ class Setting:
         gpu (GPU): the card.
         precision (str): how the step trains there (autocast in the card's dtype).
         layers (int): blocks of the model.
-        checkpointing (str): a key of :data:`CHOICES`.
-        segments (int or None): ``k``, for ``"segments"`` only.
+        mode (str): a key of :data:`CHOICES`.
+        segments (int or None): ``k``, for ``"sqrt"`` only.
         best_segments (int): the count with the least memory
             (:func:`course_lib.training.checkpointing.best_segments`).
         memory (engine.StepMemory): the step's peak with this checkpointing.
@@ -158,7 +158,7 @@ class Setting:
     gpu: GPU
     precision: str
     layers: int
-    checkpointing: str
+    mode: str
     segments: int | None
     best_segments: int
     memory: engine.StepMemory
@@ -171,7 +171,7 @@ class Setting:
         return self.memory.total <= self.gpu.total_memory
 
 
-def explore(gpu: str = "T4", layers: int = 48, checkpointing: str = "per-block",
+def explore(gpu: str = "T4", layers: int = 48, mode: str = "blocks",
             segments: int = 8, batch_size: int = 6) -> Setting:
     """Predict one steady-state AdamW step of a GPT-2-small-sized model on a GPU preset.
 
@@ -183,8 +183,8 @@ def explore(gpu: str = "T4", layers: int = 48, checkpointing: str = "per-block",
     Args:
         gpu (str): a name of :data:`course_lib.device.GPUS`.
         layers (int): from 1 to :data:`MAX_EXPLORER_LAYERS`.
-        checkpointing (str): a key of :data:`CHOICES`.
-        segments (int): ``k`` for ``"segments"``, at least 1; more than ``layers`` counts as
+        mode (str): a key of :data:`CHOICES`.
+        segments (int): ``k`` for ``"sqrt"``, at least 1; more than ``layers`` counts as
             ``layers``. Ignored otherwise.
         batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
 
@@ -196,17 +196,16 @@ def explore(gpu: str = "T4", layers: int = 48, checkpointing: str = "per-block",
 
     Example::
 
-        explore("T4", 48, "segments", 16, 6).fits
+        explore("T4", 48, "sqrt", 16, 6).fits
     """
     choice("gpu", gpu, tuple(GPUS))
     layers = positive_int("layers", layers, maximum=MAX_EXPLORER_LAYERS)
-    choice("checkpointing", checkpointing, tuple(CHOICES))
+    choice("mode", mode, tuple(CHOICES))
     segments = positive_int("segments", segments, maximum=MAX_EXPLORER_LAYERS)
     batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     card = GPUS[gpu]
     precision = _precision(card)
     config = GPTConfig(**GPT2_SMALL, n_layers=layers)
-    mode = CHOICES[checkpointing]
     k = min(segments, layers) if mode == "sqrt" else None
     kernel = dict(dtype=pick_dtype(card), gpu=card, autocast=True)
     memory = engine.predict_step_memory(config, batch_size, precision=precision, mode=mode,
@@ -214,7 +213,7 @@ def explore(gpu: str = "T4", layers: int = 48, checkpointing: str = "per-block",
     plain = engine.predict_step_memory(config, batch_size, precision=precision, gpu=card)
     cost = checkpointed.checkpoint_cost(config, batch_size, mode, segments=k, **kernel)
     best = ckpt.best_segments(layers, checkpointed.block_ratio(config, batch_size, **kernel))
-    return Setting(card, precision, layers, checkpointing, k, best, memory, plain,
+    return Setting(card, precision, layers, mode, k, best, memory, plain,
                    cost.flop_ratio)
 
 
@@ -252,9 +251,9 @@ def _setup(fig) -> dict:
     return a
 
 
-def _draw(a: dict, gpu: str, layers: int, checkpointing: str, segments: int,
+def _draw(a: dict, gpu: str, layers: int, mode: str, segments: int,
           batch_size: int) -> None:
-    s = explore(gpu, layers, checkpointing, segments, batch_size)
+    s = explore(gpu, layers, mode, segments, batch_size)
     gib = 2**30
     top = 1.15 * max(s.plain.total, s.memory.total, s.gpu.total_memory) / gib
     a["mem"].set_ylim(0, top)
@@ -277,8 +276,8 @@ def _draw(a: dict, gpu: str, layers: int, checkpointing: str, segments: int,
     for text, ratio, x in zip(a["flops_labels"], (1.0, s.flop_ratio), (0, 1)):
         text.set_position((x, min(ratio, 1.5)))
         text.set_text(f"x{ratio:.2f}")
-    how = {"none": "no checkpointing", "per-block": "every block checkpointed",
-           "segments": f"{s.segments} segments"}[checkpointing]
+    how = {"none": "no checkpointing", "blocks": "every block checkpointed",
+           "sqrt": f"{s.segments} segments"}[mode]
     verdict = "fits" if s.fits else "does NOT fit"
     a["title"].set_text(
         f"{layers} layers, batch {batch_size}, {s.precision} on the {gpu}, {how}: "
@@ -287,14 +286,14 @@ def _draw(a: dict, gpu: str, layers: int, checkpointing: str, segments: int,
         f"{layers // s.best_segments} blocks (round(√{layers}) = {ckpt.sqrt_segments(layers)})")
 
 
-def explorer(*, gpu: str = "T4", layers: int = 48, checkpointing: str = "per-block",
+def explorer(*, gpu: str = "T4", layers: int = 48, mode: str = "blocks",
              segments: int = 8, batch_size: int = 6) -> widgets.VBox:
     """The explorer of lecture 04 (see the module doc): controls over :func:`explore`'s figure.
 
     Args:
         gpu (str): the preset shown first, a name of :data:`course_lib.device.GPUS`.
         layers (int): the depth shown first, from 4 to :data:`MAX_EXPLORER_LAYERS`.
-        checkpointing (str): a key of :data:`CHOICES`.
+        mode (str): a key of :data:`CHOICES`.
         segments (int): ``k`` shown first, from 1 to :data:`MAX_EXPLORER_LAYERS`.
         batch_size (int): the batch shown first, from 1 to 32.
 
@@ -305,7 +304,7 @@ def explorer(*, gpu: str = "T4", layers: int = 48, checkpointing: str = "per-blo
         ValueError: naming the parameter, for a value :func:`explore` refuses or outside the
             sliders' ranges.
     """
-    explore(gpu, layers, checkpointing, segments, batch_size)  # checks the arguments
+    explore(gpu, layers, mode, segments, batch_size)  # checks the arguments
     for name, value, low, high in (("layers", layers, 4, MAX_EXPLORER_LAYERS),
                                    ("batch_size", batch_size, 1, 32)):
         integer(name, value, minimum=low, maximum=high)  # the slider's range
@@ -314,8 +313,8 @@ def explorer(*, gpu: str = "T4", layers: int = 48, checkpointing: str = "per-blo
         "gpu": widgets.Dropdown(options=list(GPUS), value=gpu, description="GPU"),
         "layers": widgets.IntSlider(value=layers, min=4, max=MAX_EXPLORER_LAYERS,
                                     description="layers", style=style),
-        "checkpointing": widgets.Dropdown(options=list(CHOICES), value=checkpointing,
-                                          description="checkpointing", style=style),
+        "mode": widgets.Dropdown(options=[(label, m) for m, label in CHOICES.items()], value=mode,
+                                 description="checkpointing", style=style),
         "segments": widgets.IntSlider(value=segments, min=1, max=MAX_EXPLORER_LAYERS,
                                       description="segments k", style=style),
         "batch_size": widgets.IntSlider(value=batch_size, min=1, max=32,

@@ -42,7 +42,6 @@ from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.training.loop import batches_of, train
 from course_lib.validation import (
     MAX_BATCH,
-    boolean,
     choice,
     function,
     integer,
@@ -131,6 +130,10 @@ def step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch,
     return resident + peak_memory(lambda: train(model, optimizer, [batch], log=log, **train_kwargs))
 
 
+#: The checkpointing modes the playground runs: none, or every block checkpointed.
+PLAYGROUND_MODES = ("none", "blocks")
+
+
 @dataclass(frozen=True)
 class Run:
     """One cached playground run; memory in bytes.
@@ -138,7 +141,7 @@ class Run:
     Attributes:
         micro_batch_size (int): sequences per forward and backward pass.
         accumulation_steps (int): micro-batches per optimizer step.
-        checkpointing (bool): every block checkpointed (``mode="blocks"``).
+        mode (str): ``"none"``, or ``"blocks"`` (every block checkpointed).
         effective_batch (int): ``micro_batch_size * accumulation_steps``.
         optimizer_steps (int): steps the run's sample budget bought.
         measured_peak (int): bytes of the second (steady-state) step, measured
@@ -150,7 +153,7 @@ class Run:
 
     micro_batch_size: int
     accumulation_steps: int
-    checkpointing: bool
+    mode: str
     effective_batch: int
     optimizer_steps: int
     measured_peak: int
@@ -188,23 +191,23 @@ class Playground:
                                   seed=seed, device=self.device)
         self.cache: dict[tuple[int, int, bool], Run] = {}
 
-    def _model(self, checkpointing: bool) -> tuple[GPT, torch.optim.Optimizer]:
+    def _model(self, mode: str) -> tuple[GPT, torch.optim.Optimizer]:
         torch.manual_seed(self.seed)
         model = GPT(self.config).to(self.device)
-        if checkpointing:
-            enable_checkpointing(model, mode="blocks", every=1)
+        if mode != "none":
+            enable_checkpointing(model, mode=mode)
         # foreach=False: the per-tensor AdamW whose scratch the engine counts (on CUDA the
         # default is the multi-tensor one, which holds a copy of v at once).
         return model, torch.optim.AdamW(model.parameters(), lr=self.lr, foreach=False)
 
     def predict_peak(self, micro_batch_size: int, accumulation_steps: int,
-                     checkpointing: bool = False) -> int:
+                     mode: str = "none") -> int:
         """The engine's peak bytes of a steady-state step with these settings (see the module doc).
 
         Args:
             micro_batch_size (int): sequences per forward and backward pass.
             accumulation_steps (int): micro-batches per optimizer step.
-            checkpointing (bool): every block checkpointed.
+            mode (str): one of :data:`PLAYGROUND_MODES` (``"blocks"``: every block checkpointed).
 
         Returns:
             int: bytes (``predict_step_memory(...).total``).
@@ -212,19 +215,19 @@ class Playground:
         Raises:
             ValueError: naming the parameter, for a bad value.
         """
-        boolean("checkpointing", checkpointing)
+        choice("mode", mode, PLAYGROUND_MODES)
         return predict_step_memory(self.config, micro_batch_size, accumulation_steps,
-                                   mode="blocks" if checkpointing else "none",
+                                   mode=mode,
                                    gpu=self._gpu).total
 
     def cached(self, micro_batch_size: int, accumulation_steps: int,
-               checkpointing: bool = False) -> Run | None:
+               mode: str = "none") -> Run | None:
         """The run with these settings if it has been trained, else None.
 
         Args:
             micro_batch_size (int): as :func:`effective_batch`.
             accumulation_steps (int): as :func:`effective_batch`.
-            checkpointing (bool): every block checkpointed.
+            mode (str): one of :data:`PLAYGROUND_MODES` (``"blocks"``: every block checkpointed).
 
         Returns:
             Run or None: the cached run.
@@ -233,10 +236,10 @@ class Playground:
             ValueError: naming the parameter, for a bad value.
         """
         effective_batch(micro_batch_size, accumulation_steps)
-        boolean("checkpointing", checkpointing)
-        return self.cache.get((micro_batch_size, accumulation_steps, checkpointing))
+        choice("mode", mode, PLAYGROUND_MODES)
+        return self.cache.get((micro_batch_size, accumulation_steps, mode))
 
-    def run(self, micro_batch_size: int, accumulation_steps: int, checkpointing: bool = False, *,
+    def run(self, micro_batch_size: int, accumulation_steps: int, mode: str = "none", *,
             on_step: Callable[[int, float], None] | None = None) -> Run:
         """Train (or fetch from the cache) one run with these settings.
 
@@ -246,7 +249,7 @@ class Playground:
         Args:
             micro_batch_size (int): as :func:`effective_batch`.
             accumulation_steps (int): as :func:`effective_batch`.
-            checkpointing (bool): every block checkpointed.
+            mode (str): one of :data:`PLAYGROUND_MODES` (``"blocks"``: every block checkpointed).
             on_step (callable, optional): ``on_step(step, loss)``, called after every optimizer step
                 of a new run (a widget shows the progress with it).
 
@@ -258,9 +261,9 @@ class Playground:
                 fewer than two optimizer steps in ``samples``.
         """
         b = effective_batch(micro_batch_size, accumulation_steps)
-        boolean("checkpointing", checkpointing)
+        choice("mode", mode, PLAYGROUND_MODES)
         function("on_step", on_step, optional=True)
-        key = (micro_batch_size, accumulation_steps, checkpointing)
+        key = (micro_batch_size, accumulation_steps, mode)
         if key in self.cache:
             return self.cache[key]
         steps = optimizer_steps(self.samples, micro_batch_size, accumulation_steps)
@@ -268,14 +271,14 @@ class Playground:
             raise ValueError(f"micro_batch_size * accumulation_steps must be at most "
                              f"{self.samples // 2} (two optimizer steps in {self.samples} samples), "
                              f"got {b}")
-        model, opt = self._model(checkpointing)
+        model, opt = self._model(mode)
         batches = batches_of(*self.data, b)
         kw = dict(micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
                   on_step=on_step)
         log = train(model, opt, batches[:1], **kw)  # the first step creates AdamW's m and v
         measured = step_memory(model, opt, batches[1], log=log, **kw)
         train(model, opt, batches[2:], log=log, **kw)
-        result = Run(micro_batch_size, accumulation_steps, bool(checkpointing), b, steps,
+        result = Run(micro_batch_size, accumulation_steps, mode, b, steps,
                      measured_peak=measured,
                      predicted_peak=self.predict_peak(*key),
                      samples_seen=tuple(b * (i + 1) for i in range(log.steps)),
@@ -291,9 +294,9 @@ class Playground:
 # plain step, one batch of b * K.
 
 
-def _check_choices(checkpointing: str, precision: str) -> None:
-    if checkpointing not in CHECKPOINTING:
-        raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
+def _check_choices(mode: str, precision: str) -> None:
+    if mode not in CHECKPOINTING:
+        raise ValueError(f"mode must be one of {CHECKPOINTING}, got {mode!r}")
     precision_of(precision)
 
 
@@ -304,7 +307,7 @@ class StepCost:
     Attributes:
         micro_batch_size (int): sequences per forward and backward pass (b).
         accumulation_steps (int): micro-batches per optimizer step (K).
-        checkpointing (str): the checkpointing mode.
+        mode (str): the checkpointing mode.
         precision (str): the precision.
         memory (StepMemory): the engine's prediction; its ``total`` is :attr:`peak_bytes`.
         time (StepTime): :func:`course_lib.prediction.time_model.step_time`'s terms.
@@ -312,7 +315,7 @@ class StepCost:
 
     micro_batch_size: int
     accumulation_steps: int
-    checkpointing: str
+    mode: str
     precision: str
     memory: StepMemory
     time: StepTime
@@ -376,7 +379,7 @@ class StepCost:
 
 
 def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
-                        checkpointing: str = "none", precision: str = "fp32", gpu=None,
+                        mode: str = "none", precision: str = "fp32", gpu=None,
                         speed: DeviceSpeed | None = None,
                         utilisation: float | None = None) -> StepCost:
     """Predicted peak bytes and seconds of one optimizer step of ``K`` micro-batches of ``b``.
@@ -396,7 +399,7 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
         config (GPTConfig): the model (a :class:`~course_lib.model.gpt.GPTConfig`).
         micro_batch_size (int): ``b``, sequences per forward and backward pass.
         accumulation_steps (int): ``K``, micro-batches per optimizer step.
-        checkpointing (str): one of :data:`CHECKPOINTING`.
+        mode (str): one of :data:`CHECKPOINTING`.
         precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
         gpu (str or GPU, optional): where it runs: a preset name of :data:`course_lib.device.GPUS`,
             a :class:`~course_lib.device.GPU`, "cuda", or None/"cpu" (this CPU, measured once).
@@ -419,12 +422,12 @@ def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_s
     check_config(config)
     b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
-    _check_choices(checkpointing, precision)
+    _check_choices(mode, precision)
     card = resolve_gpu(gpu)
-    time = step_time(config, b, K, mode=checkpointing, precision=precision, gpu=card,
+    time = step_time(config, b, K, mode=mode, precision=precision, gpu=card,
                      speed=speed, utilisation=utilisation)
-    memory = predict_step_memory(config, b, K, precision=precision, mode=checkpointing, gpu=card)
-    return StepCost(b, K, checkpointing, precision, memory, time)
+    memory = predict_step_memory(config, b, K, precision=precision, mode=mode, gpu=card)
+    return StepCost(b, K, mode, precision, memory, time)
 
 
 def _best_seconds(fn, repeats: int, device: torch.device, clock: str = "wall") -> float:
@@ -448,7 +451,7 @@ class MeasuredStep:
 
 
 def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
-                      checkpointing: str = "none", precision: str = "fp32",
+                      mode: str = "none", precision: str = "fp32",
                       device: torch.device | str = "cpu", steps: int = 3,
                       clock: str = "wall") -> MeasuredStep:
     """Run the setting of :func:`optimizer_step_cost` on ``device`` and measure it.
@@ -465,7 +468,7 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
         config (GPTConfig): the model.
         micro_batch_size (int): sequences per forward and backward pass.
         accumulation_steps (int): micro-batches per optimizer step.
-        checkpointing (str): one of :data:`CHECKPOINTING`.
+        mode (str): one of :data:`CHECKPOINTING`.
         precision (str): one of :data:`course_lib.prediction.formulas.PRECISIONS`.
         device (str or torch.device): where it runs.
         steps (int): timed steps, from 1 to :data:`course_lib.measurement.timing.MAX_RUNS`.
@@ -482,11 +485,11 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
     K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     steps = positive_int("steps", steps, maximum=MAX_RUNS)
     choice("clock", clock, CLOCKS)
-    _check_choices(checkpointing, precision)
+    _check_choices(mode, precision)
     device = as_device("device", device)
-    peak = measure_step_memory(config, b, K, precision=precision, mode=checkpointing,
+    peak = measure_step_memory(config, b, K, precision=precision, mode=mode,
                                device=device)
-    model, optimizer = build(config, precision=precision, mode=checkpointing, device=device)
+    model, optimizer = build(config, precision=precision, mode=mode, device=device)
     options = train_options(precision, device)
     x, y = markov_tokens(b * K, config.seq_len, config.vocab_size, device=device)
     seconds = _best_seconds(lambda: train(model, optimizer, [(x, y)], micro_batch_size=b,

@@ -50,6 +50,7 @@ from course_lib.units import GiB, KiB, MiB, format_bytes
 from course_lib.validation import MAX_BATCH, boolean, choice, number, positive_int
 from course_lib.validation import available_device as as_device
 from course_lib.views.playground import (
+    PLAYGROUND_MODES,
     MeasuredStep,
     Playground,
     StepCost,
@@ -135,9 +136,9 @@ def _on_top(text, x: float, value: float, top: float, words: str) -> None:
 
 # --------------------------------------------------------------------------- the trade-off
 
-#: The checkpointing choices the explorer offers when asked to (lecture 04 teaches them):
-#: label -> mode of :mod:`course_lib.training.checkpointing`.
-CHECKPOINT_CHOICES = {"none": "none", "every block": "blocks", "selective": "selective"}
+#: The checkpointing modes the explorer offers when asked to (lecture 04 teaches them), as its
+#: menu labels them: mode of :mod:`course_lib.training.checkpointing` -> label.
+CHECKPOINT_CHOICES = {"none": "none", "blocks": "every block", "selective": "selective"}
 #: Longest the "measure here" button may block, in seconds: it declines a setting predicted to
 #: take longer, and stops (at the first op past its share of the limit) a step that runs slower
 #: than predicted, as on a machine busy with other work.
@@ -215,7 +216,7 @@ class Tradeoff:
 
 
 def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
-             checkpointing: str = "none", precision: str = "fp32", gpu=None,
+             mode: str = "none", precision: str = "fp32", gpu=None,
              speed: DeviceSpeed | None = None) -> Tradeoff:
     """This step and the one-batch step (``b K`` in one pass, no checkpointing), predicted.
 
@@ -223,7 +224,8 @@ def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, 
         config (GPTConfig): the model.
         micro_batch_size (int): b, sequences per pass.
         accumulation_steps (int): K, micro-batches per optimizer step.
-        checkpointing (str): one of :data:`course_lib.views.playground.CHECKPOINTING` (lecture 04).
+        mode (str): the checkpointing, one of :data:`course_lib.prediction.time_model.CHECKPOINTING`
+            (lecture 04).
         precision (str): "fp32" or "mixed" (the device's:
             :func:`course_lib.prediction.formulas.mixed_precision_for`) or any of
             :data:`course_lib.prediction.engine.PRECISIONS`.
@@ -241,7 +243,7 @@ def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, 
     resolved = mixed_precision_for(card) if precision == "mixed" else precision
     kw = dict(precision=resolved, gpu=card, speed=speed)
     step = optimizer_step_cost(config, micro_batch_size, accumulation_steps,
-                               checkpointing=checkpointing, **kw)
+                               mode=mode, **kw)
     plain = optimizer_step_cost(config, micro_batch_size * accumulation_steps, 1, **kw)
     if card is None:
         return Tradeoff(step, plain, resolved)
@@ -318,7 +320,7 @@ def _draw_tradeoff(a: dict, t: Tradeoff, measured: MeasuredStep | None, what: st
                    top: int) -> None:
     step, plain = t.step, t.plain
     b, K, B = step.micro_batch_size, step.accumulation_steps, step.effective_batch
-    ckpt = "" if step.checkpointing == "none" else f", checkpointing {step.checkpointing}"
+    ckpt = "" if step.mode == "none" else f", checkpointing {step.mode}"
     a["title"].set_text(f"{what}\n{K} micro-batch{'es' if K > 1 else ''} of {b}{ckpt} "
                         f"(= {B} sequences per step) against one batch of {B}")
     a["verdict"].set_text(t.verdict())
@@ -399,7 +401,7 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
                       device: torch.device | str = "cpu", model: str | None = None,
                       gpu: str | None = None, precision: str = "fp32",
                       micro_batch_size: int = 4, accumulation_steps: int = 4,
-                      checkpointing: bool = False) -> widgets.VBox:
+                      checkpointing_menu: bool = False) -> widgets.VBox:
     """The trade-off widget of lecture 03 (see the module doc).
 
     Args:
@@ -412,8 +414,8 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
         precision (str): the precision menu's first value, ``"fp32"`` or ``"mixed"``.
         micro_batch_size, accumulation_steps (int): the sliders' first values, among
             :data:`SIZES`.
-        checkpointing (bool): offer a checkpointing menu (lecture 04's modes); without it every
-            step runs without checkpointing.
+        checkpointing_menu (bool): offer a menu of checkpointing modes (lecture 04's,
+            :data:`CHECKPOINT_CHOICES`); without it every step runs without checkpointing.
 
     Returns:
         A ``VBox`` with ``view`` (the :func:`course_lib.views.widgets.live_plot` box), ``button``,
@@ -428,7 +430,7 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
         raise ValueError(f"models must map at least one name to a GPTConfig, got {models!r:.80}")
     for name, config in models.items():
         check_config(config, f"models[{name!r}]")
-    boolean("checkpointing", checkpointing)
+    boolean("checkpointing_menu", checkpointing_menu)
     device = as_device("device", device)
     if not isinstance(speed, DeviceSpeed):
         raise ValueError(f"speed must be a DeviceSpeed (measure_device_speed), got "
@@ -461,11 +463,12 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
             options=list(SIZES), value=accumulation_steps, description="accumulation steps K",
             **wide),
     }
-    if checkpointing:
-        controls["checkpointing"] = widgets.ToggleButtons(
-            options=list(CHECKPOINT_CHOICES), value="none", description="checkpointing", **wide)
+    if checkpointing_menu:
+        controls["mode"] = widgets.ToggleButtons(
+            options=[(label, mode) for mode, label in CHECKPOINT_CHOICES.items()], value="none",
+            description="checkpointing", **wide)
     measured: dict[tuple, MeasuredStep] = {}
-    modes = CHECKPOINT_CHOICES.values() if checkpointing else ("none",)
+    modes = tuple(CHECKPOINT_CHOICES) if checkpointing_menu else ("none",)
     for config in models.values():  # count the operators of every choice now, not on a change
         for mode in modes:
             for name in ("fp32", "fp16-mixed", "bf16-mixed"):
@@ -475,18 +478,18 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     def settings(values: dict) -> tuple[Tradeoff, tuple]:
         t = tradeoff(models[values["model"]], values["micro_batch_size"],
                      values["accumulation_steps"],
-                     checkpointing=CHECKPOINT_CHOICES[values.get("checkpointing", "none")],
+                     mode=values.get("mode", "none"),
                      precision=values["precision"], gpu=targets[values["gpu"]],
                      speed=speed if values["gpu"] == here else None)
         key = (values["model"], t.precision, t.step.micro_batch_size,
-               t.step.accumulation_steps, t.step.checkpointing)
+               t.step.accumulation_steps, t.step.mode)
         return t, key
 
     def draw(artists, model, gpu, precision, micro_batch_size, accumulation_steps,
-             checkpointing="none"):
+             mode="none"):
         values = dict(model=model, gpu=gpu, precision=precision,
                       micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
-                      checkpointing=checkpointing)
+                      mode=mode)
         t, key = settings(values)
         scale = (model, gpu, t.precision)  # the memory axis: fixed for a model, card, precision
         if scale not in tops:
@@ -546,7 +549,7 @@ def _measure_within_limit(controls, here, settings, models, device, measured) ->
               f"per step); choose a smaller model")
         return False
     start = time.perf_counter()
-    b, K, mode = t.step.micro_batch_size, t.step.accumulation_steps, t.step.checkpointing
+    b, K, mode = t.step.micro_batch_size, t.step.accumulation_steps, t.step.mode
 
     def one_step() -> None:  # what the measurement repeats: build, then one optimizer step
         model, optimizer = build(config, precision=t.precision, mode=mode, device=device)
@@ -572,7 +575,7 @@ def _measure_within_limit(controls, here, settings, models, device, measured) ->
               f"(predicted {predicted}), so the measurement would take about "
               f"{format_duration(need)} more; choose a smaller model")
         return False
-    m = measured[key] = measure_step_cost(config, b, K, checkpointing=mode,
+    m = measured[key] = measure_step_cost(config, b, K, mode=mode,
                                           precision=t.precision, device=device)
     print(f"measured here: peak {format_bytes(m.peak_bytes)} (predicted "
           f"{format_bytes(t.step.peak_bytes)}), {format_duration(m.seconds)} per step "
@@ -880,7 +883,7 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
 
 def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
                     steps: tuple = (1, 2, 4, 8), micro_batch_size: int = 8,
-                    accumulation_steps: int = 4, checkpointing: bool | None = None
+                    accumulation_steps: int = 4, mode: str | None = None
                     ) -> widgets.VBox:
     """The playground widget of lecture 03: sliders, live loss curves and one step's memory.
 
@@ -895,8 +898,9 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
         sizes, steps (tuple of int): the micro-batch sizes and accumulation steps the sliders
             offer (positive ints, ascending).
         micro_batch_size, accumulation_steps (int): the sliders' first values.
-        checkpointing (bool, optional): None: no checkbox, every run without checkpointing; True
-            or False: a "checkpoint every block" checkbox (lecture 04) with that first value.
+        mode (str, optional): None: no checkbox, every run without checkpointing; ``"none"`` or
+            ``"blocks"`` (:data:`course_lib.views.playground.PLAYGROUND_MODES`): a "checkpoint
+            every block" checkbox (lecture 04), first unticked or ticked.
 
     Returns:
         A ``VBox`` with ``view`` (the :func:`course_lib.views.widgets.live_plot` box), ``button``,
@@ -904,7 +908,7 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
 
     Raises:
         ValueError: naming the argument: not a :class:`Playground`, sliders' values that are not
-            ascending positive ints, a first value not among them, a bad ``checkpointing``.
+            ascending positive ints, a first value not among them, a bad ``mode``.
     """
     if not isinstance(playground, Playground):
         raise ValueError(f"playground must be a course_lib.views.playground.Playground, got "
@@ -924,8 +928,8 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
                              f"got {first!r}")
     micro_batch_size, accumulation_steps = (firsts["micro_batch_size"],
                                             firsts["accumulation_steps"])
-    if checkpointing is not None:
-        boolean("checkpointing", checkpointing)
+    if mode is not None:
+        choice("mode", mode, PLAYGROUND_MODES)
     wide = {"style": {"description_width": "initial"}}
     controls = {
         "micro_batch_size": widgets.SelectionSlider(options=list(sizes), value=micro_batch_size,
@@ -935,12 +939,12 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
                                                       description="accumulation steps K",
                                                       **wide),
     }
-    if checkpointing is not None:
-        controls["checkpointing"] = widgets.Checkbox(value=checkpointing,
+    if mode is not None:
+        controls["every_block"] = widgets.Checkbox(value=mode == "blocks",
                                                      description="checkpoint every block",
                                                      **wide)
-    modes = (False, True) if checkpointing is not None else (False,)
-    top = max(playground.predict_peak(b, K, c) for b in sizes for K in steps for c in modes)
+    modes = PLAYGROUND_MODES if mode is not None else ("none",)
+    top = max(playground.predict_peak(b, K, m) for b in sizes for K in steps for m in modes)
     unit, unit_name = _byte_unit(top)
 
     def setup(fig):
@@ -967,10 +971,10 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
         _animate(a, "others", "run", "missing", "title", "mode", "bars", "labels")
         return a
 
-    def draw(a, micro_batch_size, accumulation_steps, checkpointing=False):
-        b, K = micro_batch_size, accumulation_steps
-        run = playground.cached(b, K, checkpointing)
-        predicted = playground.predict_peak(b, K, checkpointing)
+    def draw(a, micro_batch_size, accumulation_steps, every_block=False):
+        b, K, mode = micro_batch_size, accumulation_steps, "blocks" if every_block else "none"
+        run = playground.cached(b, K, mode)
+        predicted = playground.predict_peak(b, K, mode)
         a["others"].set_segments([list(zip(r.samples_seen, r.losses))
                                   for r in playground.cache.values()])
         a["run"].set_data(run.samples_seen if run else [], run.losses if run else [])
@@ -982,7 +986,7 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
             bar.set_height(value / unit)
             label.set_position((label.get_position()[0], value / unit))
             label.set_text(format_bytes(value) if value else "?")
-        a["mode"].set_text("checkpointing every block" if checkpointing else
+        a["mode"].set_text("checkpointing every block" if every_block else
                            "one step's memory")
 
     view = live_plot(draw, controls, setup=setup, figsize=(8.6, 3.5))
@@ -1000,7 +1004,8 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
             def progress(step, loss):  # live: the label follows the run step by step
                 status.value = f"step {step}/{steps_total}: loss {loss:.3f}"
 
-            playground.run(b, K, values.get("checkpointing", False), on_step=progress)
+            playground.run(b, K, "blocks" if values.get("every_block") else "none",
+                           on_step=progress)
             status.value += f" (trained in {format_duration(time.perf_counter() - start)})"
         except Exception as exc:
             status.value = f"⚠ {exc}" if isinstance(exc, ValueError) else \
