@@ -51,8 +51,8 @@ lecture modules its notebooks import (the lecture, its companion, its exercises)
         units
 08      claims, device, grading, measurement.memory, measurement.timing, model.gpt,
         model.toy_data, planning.fit_ladder, prediction.activations, prediction.checkpointed,
-        prediction.engine, prediction.step_setup, prediction.time_model, training.checkpointing,
-        training.levers, training.loop, units, views.ladder_view
+        prediction.engine, prediction.step_setup, prediction.time_model, training.levers,
+        training.loop, units, views.ladder_view
 ======  ==========================================================================================
 
 This package is the learner's runtime (what Colab pip-installs). The instructor's and the

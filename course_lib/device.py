@@ -30,8 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .units import MiB, as_dtype, format_bytes
-from .validation import MAX_BYTES, boolean, integer, number, text
-from .validation import device as as_device
+from .validation import MAX_BYTES, boolean, device as as_device, integer, number, text
 
 _KINDS = ("cuda", "mps", "cpu")
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.training import accumulation as acc

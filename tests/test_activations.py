@@ -6,8 +6,7 @@ import itertools
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from course_lib.device import pick_dtype
 from course_lib.measurement.memory import saved_bytes, saved_tensors

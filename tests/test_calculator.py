@@ -2,8 +2,7 @@
 
 import matplotlib.colors as mcolors
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from matplotlib.text import Text
 
 from course_lib.device import GPU, GPUS

@@ -7,8 +7,7 @@ import weakref
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from course_lib.model import gpt
 from course_lib.model.gpt import GPT, GPTConfig, gpt_param_count

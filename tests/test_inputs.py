@@ -15,8 +15,7 @@ import math
 import ipywidgets
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from input_strategies import (
     BOOLS,
     FRACTIONS,

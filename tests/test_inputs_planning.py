@@ -12,8 +12,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from input_strategies import (
     BOOLS,
     INT64,

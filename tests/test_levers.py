@@ -15,8 +15,7 @@ from course_lib import device
 from course_lib.measurement.memory import peak_memory, saved_bytes
 from course_lib.model.gpt import GPT, GPTConfig, param_numels, random_tokens
 from course_lib.planning import fit_ladder
-from course_lib.prediction import activations as act
-from course_lib.prediction import engine, step_setup, time_model
+from course_lib.prediction import activations as act, engine, step_setup, time_model
 from course_lib.training import levers
 
 TINY = GPTConfig(vocab_size=96, seq_len=16, d_model=32, n_heads=4, n_layers=2)

@@ -4,8 +4,7 @@ checked against byte counts derived by hand and against autograd's own saved-ten
 import pytest
 import torch
 import torch.nn as nn
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from torch.utils.checkpoint import checkpoint
 
 from course_lib.measurement.memory import (

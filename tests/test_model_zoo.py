@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from course_lib.model.gpt import GPT, GPTConfig, count_parameters, random_tokens
 from course_lib.model.zoo import (

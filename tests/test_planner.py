@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from course_lib.measurement.memory import peak_memory, training_step
 from course_lib.model.gpt import GPT, GPTConfig, random_tokens

@@ -6,11 +6,9 @@ import torch
 
 from course_lib.model.gpt import GPT, GPTConfig
 from course_lib.model.toy_data import markov_tokens
-from course_lib.prediction import formulas
-from course_lib.prediction import time_model as tm
+from course_lib.prediction import formulas, time_model as tm
 from course_lib.units import GiB
-from course_lib.views import playground as pgm
-from course_lib.views import step_views as sv
+from course_lib.views import playground as pgm, step_views as sv
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=2)
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)

@@ -10,8 +10,7 @@ from course_lib.device import GPU, GPUS
 from course_lib.measurement.timing import step_times
 from course_lib.model.gpt import GPTConfig, gpt_param_count, random_tokens
 from course_lib.planning import planner
-from course_lib.prediction import checkpointed, step_setup
-from course_lib.prediction import time_model as tm
+from course_lib.prediction import checkpointed, step_setup, time_model as tm
 from course_lib.training import levers
 from course_lib.training.loop import train
 

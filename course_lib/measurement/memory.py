@@ -33,8 +33,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_batch, check_config
 from course_lib.units import as_dtype, storage_bytes, storage_key
-from course_lib.validation import device as as_device
-from course_lib.validation import function, integer, positive_int
+from course_lib.validation import device as as_device, function, integer, positive_int
 
 # Ops whose tensor argument is a storage made outside the dispatcher (``torch.tensor([...])``
 # builds it in C++ then "lifts" it): their output is a new allocation, not a foreign tensor.

@@ -46,8 +46,15 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from course_lib.validation import available_device as as_device
-from course_lib.validation import choice, function, integer, number, positive_int, text
+from course_lib.validation import (
+    available_device as as_device,
+    choice,
+    function,
+    integer,
+    number,
+    positive_int,
+    text,
+)
 
 CLOCKS = ("auto", "wall", "cpu")
 

@@ -33,8 +33,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.model import fused
-from course_lib.validation import available_device as as_device
-from course_lib.validation import boolean, choice, integer, number, positive_int, tensor
+from course_lib.validation import (
+    available_device as as_device,
+    boolean,
+    choice,
+    integer,
+    number,
+    positive_int,
+    tensor,
+)
 
 ATTENTION_KINDS = ("explicit", "sdpa")
 #: The largest value of each size of a :class:`GPTConfig` (well above any real model's:

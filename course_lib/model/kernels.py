@@ -36,8 +36,7 @@ import torch
 from course_lib.device import GPU, resolve_gpu
 from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.units import as_dtype
-from course_lib.validation import available_device as as_device
-from course_lib.validation import boolean, integer, positive_int
+from course_lib.validation import available_device as as_device, boolean, integer, positive_int
 
 #: The attention kernels ``F.scaled_dot_product_attention`` can pick, and "explicit" for the
 #: course GPT's hand-written attention (``config.attention == "explicit"``).

@@ -15,8 +15,7 @@ import math
 import torch
 
 from course_lib.model.gpt import MAX_SEED
-from course_lib.validation import MAX_COUNT, integer, positive_int
-from course_lib.validation import available_device as as_device
+from course_lib.validation import MAX_COUNT, available_device as as_device, integer, positive_int
 
 #: The longest sequence, and the most tokens, one call makes (each token is one step of a
 #: Python loop over the batch: 2**26 tokens take a few seconds).

@@ -20,8 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.model.gpt import CONFIG_MAXIMUM, GPT, GPTConfig, gpt_param_count
-from course_lib.validation import available_device as as_device
-from course_lib.validation import number, positive_int, tensor
+from course_lib.validation import available_device as as_device, number, positive_int, tensor
 
 #: The largest value of each size of a :class:`LlamaConfig` (the course GPT's maxima, and a
 #: SwiGLU width of up to 2**20; Llama 3.1 405B has 53,248).

@@ -19,12 +19,10 @@ from dataclasses import dataclass, replace
 from course_lib.device import GPUS, resolve_gpu
 from course_lib.model.gpt import GPTConfig, check_config, param_numels
 from course_lib.planning.fit import FIT_POLICIES
-from course_lib.prediction import activations as act
-from course_lib.prediction import engine, time_model
+from course_lib.prediction import activations as act, engine, time_model
 from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.formulas import MAX_WORLD_SIZE, mixed_precision_for
-from course_lib.training import checkpointing as ckpt
-from course_lib.training import levers
+from course_lib.training import checkpointing as ckpt, levers
 from course_lib.units import dtype_bytes, format_bytes
 from course_lib.validation import (
     MAX_BATCH,

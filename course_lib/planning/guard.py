@@ -19,8 +19,14 @@ import torch
 from course_lib.measurement.memory import LiveTensorTracker, peak_memory
 from course_lib.prediction.engine import StepMemory
 from course_lib.units import format_bytes
-from course_lib.validation import MAX_BYTES, function, integer, positive_int, text
-from course_lib.validation import available_device as as_device
+from course_lib.validation import (
+    MAX_BYTES,
+    available_device as as_device,
+    function,
+    integer,
+    positive_int,
+    text,
+)
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 

@@ -46,8 +46,14 @@ from course_lib.prediction.engine import StepMemory
 from course_lib.training import checkpointing as ckpt
 from course_lib.training.loop import train
 from course_lib.units import format_bytes
-from course_lib.validation import MAX_BATCH, MAX_BYTES, boolean, items, positive_int
-from course_lib.validation import available_device as as_device
+from course_lib.validation import (
+    MAX_BATCH,
+    MAX_BYTES,
+    available_device as as_device,
+    boolean,
+    items,
+    positive_int,
+)
 
 #: The modes the planner considers, in order of increasing recompute for one region.
 PLAN_MODES = ("none", "selective", "attention", "blocks", "sqrt")

@@ -83,8 +83,7 @@ import torch
 from course_lib.device import GPU, resolve_gpu
 from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_config, param_numels
-from course_lib.prediction import activations as act
-from course_lib.prediction import checkpointed
+from course_lib.prediction import activations as act, checkpointed
 from course_lib.prediction.formulas import (  # noqa: F401 (re-exported)
     PRECISION,
     PRECISIONS,

@@ -18,16 +18,21 @@ import torch
 from course_lib.device import resolve_gpu
 from course_lib.measurement.memory import peak_memory, resident_bytes
 from course_lib.model.gpt import GPT, MAX_SEED, GPTConfig, check_config, random_tokens
-from course_lib.prediction import activations as act
-from course_lib.prediction import checkpointed, engine
-from course_lib.training import checkpointing as ckpt
-from course_lib.training import levers
+from course_lib.prediction import activations as act, checkpointed, engine
+from course_lib.training import checkpointing as ckpt, levers
 from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.training.loop import make_grad_scaler, train
 from course_lib.training.mixed_precision import MasterWeightAdamW
 from course_lib.training.policies import backward_ops
-from course_lib.validation import MAX_BATCH, MAX_COUNT, function, integer, number, positive_int
-from course_lib.validation import available_device as as_device
+from course_lib.validation import (
+    MAX_BATCH,
+    MAX_COUNT,
+    available_device as as_device,
+    function,
+    integer,
+    number,
+    positive_int,
+)
 
 
 def model_dtype(precision: str) -> torch.dtype:

@@ -53,12 +53,12 @@ from course_lib.validation import (
     MAX_COUNT,
     boolean,
     choice,
+    device as as_device,
     integer,
     number,
     optional_positive_int,
     positive_int,
 )
-from course_lib.validation import device as as_device
 
 #: Fraction of the datasheet's peak FLOP/s that a training step's matmuls reach on a GPU
 #: preset's 16-bit tensor cores. An assumption, not a measurement: the best published model

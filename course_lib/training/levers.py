@@ -45,8 +45,14 @@ import torch.nn as nn
 
 from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.units import storage_bytes, storage_key
-from course_lib.validation import MAX_COUNT, boolean, integer, items, positive_int
-from course_lib.validation import available_device as as_device
+from course_lib.validation import (
+    MAX_COUNT,
+    available_device as as_device,
+    boolean,
+    integer,
+    items,
+    positive_int,
+)
 
 #: The largest tokens or chunk rows any function here takes.
 MAX_TOKENS = MAX_COUNT

@@ -53,15 +53,17 @@ from torch.utils.flop_counter import flop_registry
 from course_lib.measurement.memory import LiveTensorTracker
 
 # The saved ops, the op check and the policy of selective mode are checkpointing's.
-from course_lib.training.checkpointing import ATTENTION_OPS as ATTENTION_OPS
-from course_lib.training.checkpointing import BLOCK_LINEARS as BLOCK_LINEARS
-from course_lib.training.checkpointing import KERNEL_OPS as KERNEL_OPS
-from course_lib.training.checkpointing import KERNEL_POLICIES as KERNEL_POLICIES
-from course_lib.training.checkpointing import LINEAR_OPS as LINEAR_OPS
-from course_lib.training.checkpointing import MATMULS as MATMULS
-from course_lib.training.checkpointing import SAVE_OPS as SAVE_OPS
-from course_lib.training.checkpointing import SelectiveContext as SelectiveContext
-from course_lib.training.checkpointing import check_ops
+from course_lib.training.checkpointing import (
+    ATTENTION_OPS as ATTENTION_OPS,
+    BLOCK_LINEARS as BLOCK_LINEARS,
+    KERNEL_OPS as KERNEL_OPS,
+    KERNEL_POLICIES as KERNEL_POLICIES,
+    LINEAR_OPS as LINEAR_OPS,
+    MATMULS as MATMULS,
+    SAVE_OPS as SAVE_OPS,
+    SelectiveContext as SelectiveContext,
+    check_ops,
+)
 
 _aten = torch.ops.aten
 #: ``policy_cost`` policies given by name: no checkpoint, or a checkpoint that saves nothing.

@@ -42,13 +42,13 @@ from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.training.loop import batches_of, train
 from course_lib.validation import (
     MAX_BATCH,
+    available_device as as_device,
     choice,
     function,
     integer,
     number,
     positive_int,
 )
-from course_lib.validation import available_device as as_device
 
 #: The most samples a playground trains on, and the largest micro-batch and accumulation
 #: steps it takes (each at most :data:`course_lib.validation.MAX_BATCH`).

@@ -47,8 +47,14 @@ from course_lib.prediction.step_setup import build, train_options
 from course_lib.prediction.time_model import DeviceSpeed, step_ops
 from course_lib.training.loop import train
 from course_lib.units import GiB, KiB, MiB, format_bytes
-from course_lib.validation import MAX_BATCH, boolean, choice, number, positive_int
-from course_lib.validation import available_device as as_device
+from course_lib.validation import (
+    MAX_BATCH,
+    available_device as as_device,
+    boolean,
+    choice,
+    number,
+    positive_int,
+)
 from course_lib.views.playground import (
     PLAYGROUND_MODES,
     MeasuredStep,
