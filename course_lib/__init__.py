@@ -41,8 +41,8 @@ lecture modules its notebooks import (the lecture, its companion, its exercises)
         training.loop, units, views.checkpoint_views
 05      claims, device, grading, measurement.memory, measurement.timing, model.fused, model.gpt,
         model.kernels, planning.planner, prediction.activations, prediction.checkpointed,
-        prediction.formulas, prediction.step_setup, training.checkpointing, training.loop,
-        training.policies, units, views.policy_views
+        prediction.formulas, prediction.step_setup, prediction.time_model, training.checkpointing,
+        training.loop, training.policies, units, views.policy_views
 06      claims, device, grading, measurement.allocator, measurement.memory, measurement.timeline,
         model.gpt, model.toy_data, planning.fit, planning.guard, prediction.engine,
         prediction.formulas, prediction.step_setup, training.checkpointing, training.loop, units,

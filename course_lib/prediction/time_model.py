@@ -834,8 +834,98 @@ def step_seconds(config: GPTConfig, micro_batch_size: int, accumulation_steps: i
     return step_time(config, micro_batch_size, accumulation_steps, **kwargs).seconds
 
 
+# --------------------------------------------------------------------------- calibration
+
+
+def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: int,
+              accumulation_steps: int = 1, *, mode: str = "none", every: int = 1,
+              precision: str = "fp32", seq_len: int | None = None, gpu=None) -> DeviceSpeed:
+    """``speed`` with its matmul rate and memory bandwidth fitted to one measured step's split.
+
+    ``split`` is the :class:`course_lib.measurement.timing.TimeSplit` of a step of this setting
+    (:func:`course_lib.measurement.timing.profile_step`: device time on a GPU, the profiler's CPU
+    time elsewhere). The operators keep ``speed.op_seconds`` (measured on their own by
+    :func:`measure_speed`); the two rates are fitted so that the model gives each class the
+    time it took:
+
+    * the compute dtype's matmul rate: the step's FLOPs (:func:`matmul_flops`, all ``K``
+      micro-batches) over the time of its "matmul" and "attention" classes;
+    * the memory bandwidth: the bytes pointwise work and the optimizer move
+      (:func:`pointwise_bytes`, :func:`optimizer_bytes`) over the time of the other classes
+      ("fused kernel", "other pointwise", "optimizer") less the operators' fixed cost, which
+      is floored at a tenth of that time (on a busy CPU the operators can seem to cost more
+      than the whole).
+
+    The calibrated model then prices the other settings of the same model (other
+    checkpointing modes, batch sizes) with rates the step really reached, where
+    :func:`measure_speed`'s large matmul and GELU reach more. Lecture 05's companion compares
+    both with measured steps.
+
+    Args:
+        speed (DeviceSpeed): the device's figures (:func:`device_speed`); its operator and
+            region costs are kept.
+        split (TimeSplit): the measured step, by kernel class.
+        config (GPTConfig): the model that ran.
+        micro_batch_size (int): ``b`` of that step.
+        accumulation_steps (int): ``K`` of that step.
+        mode (str): its checkpointing mode (:data:`course_lib.training.checkpointing.MODES`).
+        every (int): its stride.
+        precision (str): its precision (:data:`course_lib.prediction.engine.PRECISIONS`).
+        seq_len (int, optional): its tokens per sequence.
+        gpu (str or GPU, optional): whose kernels ran it: None for the CPU's, "cuda" for this
+            kernel's GPU (the saved bytes, hence the pointwise bytes, depend on them).
+
+    Returns:
+        DeviceSpeed: measured, with the fitted rate and bandwidth and a ``source`` that says so.
+
+    Raises:
+        ValueError: naming ``speed`` or ``split`` (not a DeviceSpeed or a TimeSplit, or a split
+            with no matmul or no other time), or a setting :func:`step_time` refuses.
+
+    Example:
+        >>> from course_lib.measurement.timing import TimeSplit
+        >>> split = TimeSplit({"matmul": 0.02, "attention": 0.0, "fused kernel": 0.0,
+        ...                    "other pointwise": 0.05, "optimizer": 0.01}, "cpu")
+        >>> cpu = datasheet_speed("T4")
+        >>> fitted = calibrate(cpu, split, GPTConfig(n_layers=2), 4)
+        >>> t = step_time(GPTConfig(n_layers=2), 4, speed=fitted)
+        >>> round(t.compute_seconds, 6), round(t.seconds, 6)
+        (0.02, 0.08)
+    """
+    from course_lib.measurement.timing import TimeSplit
+
+    if not isinstance(speed, DeviceSpeed):
+        raise ValueError(f"speed must be a DeviceSpeed, got {type(speed).__name__}")
+    if not isinstance(split, TimeSplit):
+        raise ValueError(f"split must be a TimeSplit (profile_step), got {type(split).__name__}")
+    spec = precision_of(precision)
+    plain = step_time(config, micro_batch_size, accumulation_steps, mode=mode, every=every,
+                      precision=precision, seq_len=seq_len, gpu=gpu, speed=speed,
+                      utilisation=1.0)
+    seconds = {name: number(f"split.seconds[{name!r}]", split.seconds.get(name, 0.0),
+                            minimum=0.0, maximum=1e6) for name in split.seconds}
+    matmul = seconds.get("matmul", 0.0) + seconds.get("attention", 0.0)
+    rest = sum(seconds.values()) - matmul
+    if matmul <= 0 or rest <= 0:
+        raise ValueError(f"split must hold matmul and other time, got {split.seconds!r:.120}")
+    operators = plain.launch_seconds + (plain.optimizer_seconds
+                                        - plain.optimizer_bytes / speed.memory_bandwidth)
+    moving = max(rest - operators, rest / 10)
+    rate = plain.flops / matmul
+    rates = {torch.float32: speed.fp32_flops, torch.float16: speed.fp16_flops,
+             torch.bfloat16: speed.bf16_flops}
+    rates[spec.compute] = min(rate, MAX_FLOPS)
+    return DeviceSpeed(speed.name, rates[torch.float32], rates[torch.float16],
+                       rates[torch.bfloat16],
+                       min((plain.pointwise_bytes + plain.optimizer_bytes) / moving, MAX_BANDWIDTH),
+                       speed.op_seconds, True,
+                       f"{speed.source}; rates fitted to a measured {mode} step by kernel class "
+                       f"({split.clock} time)", speed.region_seconds, speed.host_link,
+                       speed.peer_link, 1.0)
+
+
 __all__ = ["UTILISATION", "FP32_UTILISATION", "OP_SECONDS", "HOST_BANDWIDTH", "FORWARD_PASSES", "BACKWARD_PASSES",
            "ADAMW_VALUES", "CHECKPOINTING", "BASES", "DeviceSpeed", "datasheet_speed",
-           "measure_speed", "device_speed", "step_ops", "matmul_flops", "pointwise_bytes",
+           "measure_speed", "device_speed", "calibrate", "step_ops", "matmul_flops", "pointwise_bytes",
            "optimizer_bytes", "low_bit_state_bytes", "LOW_BIT_OPS_PER_ROUND", "LOW_BIT_OPS",
            "LOW_BIT_MIN_NUMEL", "transfer_seconds", "StepTime", "step_time", "step_seconds"]
