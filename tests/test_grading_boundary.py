@@ -153,6 +153,42 @@ def test_drawn_cases_refuse_a_table_of_the_public_answers():
         os.waitpid(pid, 0)
 
 
+def _public_table(cases, default):
+    """A learner's function that looks the public cases up in a table, ``default`` otherwise."""
+    table = {tuple(case[:-1]): case[-1] for case in cases}
+    return lambda *args: table.get(args, default)
+
+
+@pytest.mark.parametrize("check,cases,defaults", [
+    ("pick_training_dtype", "DTYPE_CASES", (torch.float32, torch.bfloat16, torch.float16)),
+    ("bytes_per_param", "BYTES_CASES", (4, 6, 8, 12, 16)),
+])
+def test_drawn_cases_refuse_a_table_of_the_few_public_inputs(check, cases, defaults):
+    """``pick_training_dtype`` and ``bytes_per_param`` take a few values each: their public
+    cases leave some out, and every draw holds those, so a table of the public answers fails
+    whatever its default, at every seed; the solution passes."""
+    from course_lib.grading import lecture00, lecture01
+
+    public = getattr(lecture00 if check == "pick_training_dtype" else lecture01, cases)
+    solution = definitions(ROOT / "solutions" / ("00_setup.ipynb" if check ==
+                                                 "pick_training_dtype" else
+                                                 "01_where_the_memory_goes.ipynb"))
+    namespace = {f"table_{i}": _public_table(public, d) for i, d in enumerate(defaults)}
+    checker, pid = _serve({**namespace, check: solution[check]})
+    try:
+        for seed in range(5):
+            hidden.CASES[check](checker.function(check), random.Random(seed))
+        for name in namespace:
+            fn = checker.function(name)
+            assert grading.CHECKS[f"check_{check}"](fn, quiet=True), name
+            for seed in range(5):
+                with pytest.raises(grading.CheckFailed, match="a case drawn by the grader"):
+                    hidden.CASES[check](fn, random.Random(seed))
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 def test_drawn_cases_refuse_the_public_models_answers():
     """Lecture 03: names looked up from the public models' layers pass the check, not the models
     the grader draws."""
