@@ -10,8 +10,9 @@ tests/test_submissions.py and tests/test_hostile_submissions.py):
   wrong answer of tests/wrong_answers/, as it does in a notebook;
 * the cases the grader draws: solutions pass them, a table of the public answers does not;
 * attacks that need another notebook than 00: lecture 01's truth helpers, a fake module for a
-  course module a check imports lazily (lecture 05), and ``--grade-unmatched`` with arguments
-  the notebook chose.
+  course module a check imports lazily (lecture 05), a measure patched in the learner's process
+  (lecture 08: the memory the checker reads from outside still counts), and
+  ``--grade-unmatched`` with arguments the notebook chose.
 """
 
 import contextlib
@@ -108,7 +109,7 @@ def _serve(namespace: dict):
         finally:
             os._exit(0)
     theirs.close()
-    return ipc.Checker(mine), pid
+    return ipc.Checker(mine, pid), pid
 
 
 def _through(check: str, namespace: dict, args: list[str], drawn: bool = False) -> bool:
@@ -320,6 +321,36 @@ def test_a_fake_lazily_imported_module_does_not_reach_the_check():
     assert results["selective_policy"][0] == "failed", results["selective_policy"]
     assert "ran again" in results["selective_policy"][1]
     assert results["choose_every"][0] == results["pareto_front"][0] == "passed"
+
+
+_FULL_LOGITS = (
+    "import torch.nn.functional as F\n"
+    "def chunked_loss(hidden, weight, targets, chunk_size):\n"
+    "    return F.cross_entropy(hidden @ weight.T, targets)  # the whole logits at once\n")
+
+
+@pytest.mark.parametrize("attack,notes", [
+    ("import course_lib.grading.lecture08 as _L\n"
+     "def _fake(fn, hidden, weight, targets, chunk):\n"
+     "    return {'loss': fn(hidden, weight, targets, chunk), 'largest': 0}\n"
+     "_L._chunked_run = _fake  # the measure the check names, as it runs in this process\n",
+     ("the process running your code grew by",)),
+    ("import ctypes\n"
+     "import course_lib.grading.lecture08 as _L\n"
+     "_L._chunked_run = lambda fn, *a: {'loss': fn(*a), 'largest': 0}\n"
+     "ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # non-dumpable: /proc/PID is root's\n",
+     ("could not be read", "grew by")),  # the second where the tests run as root
+], ids=["patched measure", "patched measure, unreadable process"])
+def test_a_patched_measure_does_not_hide_the_memory_used(attack, notes):
+    """Lecture 08: ``chunked_loss`` builds the whole logits and patches the measure that runs in
+    its process (``grading.observe``) to report no large tensor. The memory the process grew by
+    is read by the checker from outside (``grading.observe_peak``): failed; and a process that
+    hides its memory from the checker fails too."""
+    path = ROOT / "solutions" / "08_more_levers.ipynb"
+    results = _judge(path, lambda nb: _set_exercise(nb, "chunked_loss", attack + _FULL_LOGITS))
+    assert results["chunked_loss"][0] == "failed", results["chunked_loss"]
+    assert any(note in results["chunked_loss"][1] for note in notes), results["chunked_loss"]
+    assert results["fuse_optimizer"][0] == results["rank_levers"][0] == "passed"
 
 
 def test_grade_unmatched_uses_the_solutions_arguments():

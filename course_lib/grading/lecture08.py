@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import expect, grader, observe
+from . import expect, grader, observe, observe_peak, peak_supported
 
 
 class _Tied(nn.Module):
@@ -163,6 +163,40 @@ def check_chunked_loss(fn):
                f"{case}: a tensor of {largest} elements appeared; one chunk of logits "
                f"has {min(chunk, N) * V}", hint="compute hidden[i:i + chunk_size] @ weight.T inside the loop, "
                                     "never hidden @ weight.T")
+    _check_chunked_memory(fn)
+
+
+def _check_chunked_memory(fn) -> None:
+    """A case whose full logits (256 MiB) dwarf a chunk's (4 MiB): the peak resident memory of
+    the process running ``fn`` must grow by less than half the full logits. Under the grader it
+    is measured from outside that process (:func:`course_lib.grading.observe_peak`), so a
+    learner's process that fakes the dispatch mode's count still shows what it allocated."""
+    g = torch.Generator().manual_seed(4)
+    N, h, V, chunk = 4096, 8, 16384, 64
+    hidden = torch.randn(N, h, generator=g)
+    weight = torch.randn(V, h, generator=g)
+    targets = torch.randint(0, V, (N,), generator=g)
+    targets[::7] = -100
+    kept = targets != -100
+    total = sum(F.cross_entropy(hidden[i:i + chunk] @ weight.T, targets[i:i + chunk],
+                                reduction="sum").double() for i in range(0, N, chunk))
+    truth = total / kept.sum()
+    run, grown = observe_peak(_chunked_run, fn, hidden, weight, targets, chunk)
+    case = f"chunk_size={chunk}, {N} tokens, a vocabulary of {V}, fp32"
+    got = torch.as_tensor(run["loss"], dtype=torch.float64)
+    expect(got.numel() == 1 and torch.allclose(got, truth, rtol=1e-4, atol=1e-5),
+           f"{case}: got {got.flatten()[:1].tolist()}, expected {truth.item():.6f}",
+           hint="sum the per-token losses over every chunk, then divide once by the number of "
+                "targets that are not -100")
+    full, one = N * V * 4, chunk * V * 4
+    if grown is None:
+        expect(not peak_supported(), f"{case}: the memory of the process running your code "
+               "could not be read", hint="do not change how your process can be inspected")
+        return
+    expect(grown < full // 2, f"{case}: the process running your code grew by "
+           f"{grown / 2**20:.0f} MiB; the full logits take {full / 2**20:.0f} MiB, one chunk "
+           f"{one / 2**20:.0f} MiB", hint="compute hidden[i:i + chunk_size] @ weight.T inside "
+           "the loop, never hidden @ weight.T, and keep no chunk's logits past its turn")
 
 
 #: ``(numel, bits, bytes of m and v)``: torchao's block-wise quantized AdamW states (8-bit:
