@@ -127,7 +127,11 @@ def _read_peak(pid: int) -> int | None:
 
 
 def peak_supported() -> bool:
-    """Whether this OS reports a process's peak resident memory and lets it be reset (Linux)."""
+    """Whether this OS reports a process's peak resident memory and lets it be reset (Linux).
+
+    Returns:
+        bool: True where ``/proc/self/clear_refs`` exists.
+    """
     return os.path.exists("/proc/self/clear_refs")
 
 
