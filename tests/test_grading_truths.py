@@ -7,7 +7,6 @@ and those truths absent from the installed package."""
 import importlib
 import pkgutil
 import random
-
 from fractions import Fraction
 
 import pytest
@@ -16,8 +15,8 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib.device import GPUS
 import course_lib
+from course_lib.device import GPUS
 from course_lib.grading import (
     lecture00,
     lecture01,
