@@ -1,17 +1,25 @@
-"""Cases the grader adds to the checks, drawn when it grades (not part of ``course_lib``).
+"""Cases the grader adds to the checks, drawn when it grades, and the checks' truths (not part
+of ``course_lib``).
 
 The checks in ``course_lib.grading`` try public cases: the learner sees them, and each message
 names the expected answer, so a table of their answers would pass them. When the grader runs a
 check that passed, it tries the learner's function on cases of :data:`CASES` too, drawn from a
 seed that the check process takes from the operating system after the learner's process has
 started (the learner's process holds no copy of it), with the truths computed here, in the
-check's process. The truth formulas of lecture 01 live only here, not in the installed package.
+check's process. The truth formulas and measured tables live only here, not in the installed
+package: lecture 01's bytes per parameter and ZeRO formulas, lecture 00's dtype rule, lecture
+02's and 04's measured steps, lecture 05's every-k peak and Pareto front, lecture 06's step
+phases and micro-batch search, lecture 07's plan and shard sizes, lecture 08's quantized state
+bytes and fit ladder. The checks' public cases carry their answers written out;
+``tests/test_grading_truths.py`` checks them against the truths here.
 
 Each entry is ``CASES[check name](fn, rng)``: it calls ``fn`` (the learner's function, through
 the grader's boundary) on a few drawn cases and raises ``course_lib.grading.CheckFailed``
 (through :func:`course_lib.grading.expect`) at the first wrong answer, its message ending with
-:data:`DRAWN`. Checks whose inputs are all public (``pick_training_dtype``,
-``bytes_per_param``) or that build their own models and data (lectures 02-04, 07's
+:data:`DRAWN`. ``pick_training_dtype`` and ``bytes_per_param`` have inputs of a few values
+only: their public cases leave some out (a Mac's GPU without bf16, the CPU with bf16; five of
+the sixteen recipes), and their drawn cases always hold those. Checks that build their own
+models and data (lecture 03's gradients, 04's ``checkpoint_blocks``, 05's policies, 07's
 ``average_gradients``, 08's ``fuse_optimizer`` and ``chunked_loss``, 06's ``train_or_report``)
 have no entry.
 """
@@ -43,6 +51,22 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+# --- the truths -------------------------------------------------------------------------------
+
+
+def bytes_per_param(optimizer: str, precision: str) -> int:
+    """Lecture 01: bytes of model states per parameter, from :data:`TABLE`."""
+    return TABLE[precision][OPTIMIZERS.index(optimizer)]
+
+
+def training_dtype(device_type: str, has_native_bf16: bool) -> torch.dtype:
+    """Lecture 00 (and ``course_lib.device.pick_dtype``): fp32 on the CPU; on a GPU (CUDA or a
+    Mac's MPS) bf16 where it runs natively, else fp16."""
+    if device_type == "cpu":
+        return torch.float32
+    return torch.bfloat16 if has_native_bf16 else torch.float16
+
+
 def fewest_gpus(P: int, capacity: int, stage: int) -> int | None:
     """Smallest N with a*P + b*P/N <= capacity (exact integers); None if no N is enough."""
     a, b = ZERO[stage]
@@ -51,6 +75,155 @@ def fewest_gpus(P: int, capacity: int, stage: int) -> int | None:
     if a * P >= capacity:
         return None
     return max(1, -(-b * P // (capacity - a * P)))
+
+
+#: Lecture 02, measured (torch 2.13, CPU, ``course_lib.measurement.memory.LiveTensorTracker``):
+#: the bytes live at the peak of one steady-state training step of ``GPT(lecture02.SMALL)`` (the
+#: parameters and AdamW's ``m``, ``v`` and step counters held before it, plus the step's own
+#: peak: forward, backward, ``AdamW(foreach=False).step()``), by ``(precision, seq_len)``, for
+#: micro-batches 1, 2, 3, ... "fp32": an fp32 model; "bf16": a bf16 model and AdamW state.
+SMALL_STEP_BYTES = {
+    ("fp32", 24): (506484, 622008, 755448, 888888, 1022328, 1155768, 1289208, 1422648,
+                   1556088, 1689528, 1822968, 1956408, 2089848),
+    ("bf16", 32): (285432, 393080, 500728, 608376, 716024, 823672, 931320),
+}
+
+
+def measured_largest_batch(precision: str, seq_len: int, capacity: int) -> int:
+    """Lecture 02: the most sequences whose measured step (:data:`SMALL_STEP_BYTES`) fits."""
+    return max((b for b, nbytes in enumerate(SMALL_STEP_BYTES[(precision, seq_len)], start=1)
+                if nbytes <= capacity), default=0)
+
+
+#: Lecture 04, measured (torch 2.13, CPU) for ``GPT(lecture04.SEGMENTS_CONFIG)`` on
+#: ``lecture04.SEGMENTS_BATCH`` sequences with its blocks in ``k`` segments
+#: (``torch.utils.checkpoint.checkpoint_sequential``, the last segment not checkpointed),
+#: ``k = 1 .. 16``: ``(peak bytes, FLOPs)``. Peak bytes: a steady-state AdamW step's, what was
+#: held before it (parameters, ``m``, ``v``, step counters) plus its own peak
+#: (``course_lib.measurement.memory.LiveTensorTracker``); FLOPs: forward, backward and
+#: recomputation, as ``torch.utils.flop_counter.FlopCounterMode`` counts them.
+SEGMENT_COSTS = {
+    1: (11228952, 305135616), 2: (7316632, 353370112), 3: (5990168, 363855872),
+    4: (5398168, 374341632), 5: (4994840, 372244480), 6: (6088472, 357564416),
+    7: (5060376, 368050176), 8: (4438936, 378535936), 9: (7247640, 338690048),
+    10: (6749976, 342884352), 11: (6252312, 347078656), 12: (5754648, 351272960),
+    13: (5256984, 355467264), 14: (4759320, 359661568), 15: (4261656, 363855872),
+    16: (3959320, 368050176),
+}
+
+
+def cheapest_segments(budget: int) -> int | None:
+    """Lecture 04: of the segment counts whose measured peak fits, the fewest FLOPs."""
+    fits = [k for k, (nbytes, _) in SEGMENT_COSTS.items() if nbytes <= budget]
+    return min(fits, key=lambda k: (SEGMENT_COSTS[k][1], k)) if fits else None
+
+
+def every_peak(n_layers: int, every: int, block: int, inp: int, fixed: int) -> int:
+    """Lecture 05 (Chen et al. 2016): blocks 0, every, 2*every, ... keep their input, the others
+    all they save; backward rebuilds one checkpointed block on top."""
+    wrapped = len(range(0, n_layers, every))
+    return fixed + (n_layers - wrapped) * block + wrapped * inp + (block - inp)
+
+
+def largest_every(n_layers: int, block: int, inp: int, fixed: int, budget: int) -> int | None:
+    """Lecture 05: the largest ``every`` whose peak fits, None if none does."""
+    fitting = [k for k in range(1, n_layers + 1)
+               if every_peak(n_layers, k, block, inp, fixed) <= budget]
+    return max(fitting) if fitting else None
+
+
+def front(points: list) -> list:
+    """Lecture 05: the points no other point dominates, sorted by memory, then time."""
+    return sorted((p for p in points if not any(
+        q[0] <= p[0] and q[1] <= p[1] and (q[0] < p[0] or q[1] < p[1]) for q in points)),
+        key=lambda p: (p[0], p[1]))
+
+
+def phases_peak(resident: int, act: int, grads: int, scratch: int, K: int) -> int:
+    """Lecture 06: live bytes in every phase of the step (micro-batch k holds the gradient from
+    the second one on; then optimizer.step()), the largest of them."""
+    live = [resident + (grads if k > 0 else 0) + act for k in range(K)]
+    return max(live + [resident + grads + scratch])
+
+
+def best_micro_batch(peak_of, budget: int, effective: int) -> tuple[int, int] | None:
+    """Lecture 06: the largest micro-batch that divides ``effective`` and fits, with its
+    accumulation steps; None when not even 1 fits."""
+    ok = [b for b in range(1, effective + 1) if effective % b == 0 and peak_of(b) <= budget]
+    return (max(ok), effective // max(ok)) if ok else None
+
+
+def ddp_plan(N: int, micro: int, K: int, buckets: int, no_sync: bool) -> tuple[int, int]:
+    """Lecture 07: (world x micro x accumulation, all-reduces per optimizer step per rank)."""
+    return N * micro * K, buckets * (1 if no_sync else K)
+
+
+def fsdp_numels(shape: tuple, N: int) -> list[int]:
+    """Lecture 07: FSDP2 cuts dim 0 as ``torch.chunk``: ceil(rows / N) whole rows in turn."""
+    rows, row = shape[0], math.prod(shape[1:])
+    step = -(-rows // N)
+    return [max(0, min(step, rows - r * step)) * row for r in range(N)]
+
+
+#: Lecture 08, torchao's block-wise quantized AdamW states: elements per fp32 scale and the
+#: number of fp32 entries of each state's quantization map.
+LOW_BIT = {8: (256, 256), 4: (128, 16)}
+
+
+def quantized_bytes(numel: int, bits: int) -> int:
+    """Lecture 08: bytes of AdamW's m and v for one fp32 tensor of ``numel`` elements."""
+    block, qmap = LOW_BIT[bits]
+    if numel >= 4096 and numel % block == 0:
+        return 2 * (numel * bits // 8 + 4 * (numel // block) + 4 * qmap)
+    return 2 * 4 * numel
+
+
+def ladder_order(levers: list) -> list[str]:
+    """Lecture 08: free levers (most time gained, then most bytes), then bytes saved per time
+    paid, largest first, then those that save nothing, in the order given."""
+    free = [lv for lv in levers if lv[1] > 0 and lv[2] <= 0]
+    paid = [lv for lv in levers if lv[1] > 0 and lv[2] > 0]
+    nothing = [lv for lv in levers if lv[1] <= 0]
+    free.sort(key=lambda lv: (lv[2], -lv[1]))
+    paid.sort(key=lambda lv: -lv[1] / lv[2])
+    return [name for name, _, _ in free + paid + nothing]
+
+
+# --- the drawn cases --------------------------------------------------------------------------
+
+
+#: ``(device_type, has_native_bf16)`` that the public check of ``pick_training_dtype`` leaves
+#: out, and ``(optimizer, precision)`` that the public check of ``bytes_per_param`` leaves out:
+#: every drawn set holds them, so that a table of the public answers fails.
+DTYPE_HELD_BACK = (("cpu", True), ("mps", False))
+BYTES_HELD_BACK = (("sgd-momentum", "bf16-mixed"), ("adamw", "bf16-mixed"),
+                   ("sgd", "fp16-mixed"), ("adam", "fp16-mixed"), ("adamw", "bf16"))
+
+
+def _pick_training_dtype(fn, rng: random.Random) -> None:
+    domain = [(d, b) for d in ("cpu", "cuda", "mps") for b in (False, True)]
+    drawn = list(DTYPE_HELD_BACK) + rng.sample(domain, 2)
+    rng.shuffle(drawn)
+    for device_type, bf16 in drawn:
+        truth = training_dtype(device_type, bf16)
+        got = fn(device_type, bf16)
+        expect(got == truth, f"pick_training_dtype({device_type!r}, has_native_bf16={bf16}) "
+               f"returned {got!r}, expected {truth} {DRAWN}",
+               hint="fp32 on the CPU whatever it supports; on a GPU, CUDA or a Mac's MPS, bf16 "
+                    "where it runs natively, else fp16")
+
+
+def _bytes_per_param(fn, rng: random.Random) -> None:
+    domain = [(o, p) for p in TABLE for o in OPTIMIZERS]
+    drawn = list(BYTES_HELD_BACK) + rng.sample(domain, 3)
+    rng.shuffle(drawn)
+    for optimizer, precision in drawn:
+        truth = bytes_per_param(optimizer, precision)
+        got = fn(optimizer, precision)
+        expect(_is_int(got) and got == truth, f"bytes_per_param({optimizer!r}, {precision!r}) "
+               f"returned {got!r}, expected {truth} {DRAWN}",
+               hint="weights + gradients + master copy (mixed recipes) + optimizer state, "
+                    "each in its dtype")
 
 
 def _tensor_nbytes(fn, rng: random.Random) -> None:
@@ -83,8 +256,7 @@ def _largest_model(fn, rng: random.Random) -> None:
     for _ in range(4):
         capacity = rng.randint(10**9, 2 * 10**11)
         optimizer, precision = rng.choice(OPTIMIZERS), rng.choice(list(TABLE))
-        per = TABLE[precision][OPTIMIZERS.index(optimizer)]
-        truth = capacity // per
+        truth = capacity // bytes_per_param(optimizer, precision)
         got = fn(capacity, optimizer, precision)
         expect(_is_int(got) and got == truth, f"largest_model({capacity}, {optimizer!r}, "
                f"{precision!r}) returned {got!r}, expected {truth} {DRAWN}",
@@ -104,16 +276,11 @@ def _gpus_needed(fn, rng: random.Random) -> None:
 
 
 def _choose_every(fn, rng: random.Random) -> None:
-    def peak(n, every, block, inp, fixed):
-        wrapped = len(range(0, n, every))
-        return fixed + (n - wrapped) * block + wrapped * inp + (block - inp)
-
     for _ in range(6):
         n, block = rng.randint(1, 30), rng.randint(20, 600)
         inp, fixed = rng.randint(1, block // 2), rng.randint(0, 2000)
         budget = rng.randint(fixed, fixed + n * block + block)
-        fitting = [k for k in range(1, n + 1) if peak(n, k, block, inp, fixed) <= budget]
-        truth = max(fitting) if fitting else None
+        truth = largest_every(n, block, inp, fixed, budget)
         got = fn(n, block, inp, fixed, budget)
         expect(got == truth,
                f"choose_every(n_layers={n}, block_bytes={block}, input_bytes={inp}, "
@@ -125,9 +292,7 @@ def _pareto_front(fn, rng: random.Random) -> None:
     for _ in range(4):
         pairs = {(rng.randint(1, 20), rng.randint(1, 20) / 4) for _ in range(rng.randint(2, 12))}
         points = [(m, t, f"q{i}") for i, (m, t) in enumerate(sorted(pairs, key=str))]
-        truth = sorted((p for p in points if not any(
-            q[0] <= p[0] and q[1] <= p[1] and (q[0] < p[0] or q[1] < p[1]) for q in points)),
-            key=lambda p: (p[0], p[1]))
+        truth = front(points)
         got = fn(list(points))
         expect(isinstance(got, list) and [tuple(p) if isinstance(p, list | tuple) else p
                                           for p in got] == truth,
@@ -140,8 +305,7 @@ def _step_peak(fn, rng: random.Random) -> None:
         resident, act, grads, scratch, K = (rng.randint(1, 5000), rng.randint(1, 3000),
                                             rng.randint(1, 3000), rng.randint(0, 3000),
                                             rng.randint(1, 9))
-        live = [resident + (grads if k > 0 else 0) + act for k in range(K)]
-        truth = max(live + [resident + grads + scratch])
+        truth = phases_peak(resident, act, grads, scratch, K)
         got = fn(resident, act, grads, scratch, K)
         expect(got == truth, f"step_peak({resident}, {act}, {grads}, {scratch}, {K}) returned "
                f"{got!r}, expected {truth} {DRAWN}", hint="the largest phase of the step")
@@ -157,8 +321,7 @@ def _largest_micro_batch(fn, rng: random.Random) -> None:
 
         fitting = [b for b in range(1, effective + 1) if effective % b == 0]
         budget = peak_of(rng.choice(fitting)) + rng.randint(0, per)
-        ok = [b for b in fitting if peak_of(b) <= budget]
-        truth = (max(ok), effective // max(ok))
+        truth = best_micro_batch(peak_of, budget, effective)
         got = fn(peak_of, budget, effective)
         expect(isinstance(got, tuple) and got == truth, f"largest_micro_batch(peak_of, "
                f"{budget}, {effective}) returned {got!r}, expected {truth} {DRAWN}",
@@ -170,7 +333,7 @@ def _ddp_accumulation_plan(fn, rng: random.Random) -> None:
         N, micro, K, buckets = (rng.randint(1, 64), rng.randint(1, 32), rng.randint(1, 32),
                                 rng.randint(1, 40))
         no_sync = rng.random() < 0.5
-        truth = (N * micro * K, buckets * (1 if no_sync else K))
+        truth = ddp_plan(N, micro, K, buckets, no_sync)
         got = fn(N, micro, K, buckets, no_sync)
         expect(isinstance(got, tuple | list) and tuple(got) == truth,
                f"ddp_accumulation_plan({N}, {micro}, {K}, {buckets}, use_no_sync={no_sync}) "
@@ -182,9 +345,7 @@ def _fsdp_local_numel(fn, rng: random.Random) -> None:
     for _ in range(4):
         shape = tuple(rng.randint(1, 300) for _ in range(rng.randint(1, 3)))
         N = rng.randint(1, 16)
-        rows, row = shape[0], math.prod(shape[1:])
-        step = -(-rows // N)
-        truth = [max(0, min(step, rows - r * step)) * row for r in range(N)]
+        truth = fsdp_numels(shape, N)
         got = fn(shape, N)
         expect(isinstance(got, list | tuple) and list(got) == truth,
                f"fsdp_local_numel({shape}, {N}) returned {got!r}, expected {truth} {DRAWN}",
@@ -192,15 +353,10 @@ def _fsdp_local_numel(fn, rng: random.Random) -> None:
 
 
 def _quantized_state_bytes(fn, rng: random.Random) -> None:
-    low_bit = {8: (256, 256), 4: (128, 16)}
     for _ in range(4):
         bits = rng.choice([8, 4])
-        block, qmap = low_bit[bits]
-        numel = rng.choice([rng.randint(1, 8000), block * rng.randint(1, 5000)])
-        if numel >= 4096 and numel % block == 0:
-            truth = 2 * (numel * bits // 8 + 4 * (numel // block) + 4 * qmap)
-        else:
-            truth = 2 * 4 * numel
+        numel = rng.choice([rng.randint(1, 8000), LOW_BIT[bits][0] * rng.randint(1, 5000)])
+        truth = quantized_bytes(numel, bits)
         got = fn(numel, bits)
         expect(got == truth, f"quantized_state_bytes({numel}, {bits}) = {got!r}, expected "
                f"{truth} {DRAWN}", hint="codes, one fp32 scale per block, one fp32 map per "
@@ -219,14 +375,10 @@ def _rank_levers(fn, rng: random.Random) -> None:
             used.add(key)
             levers.append((f"lever {i}", saved, paid))
         free = [lv for lv in levers if lv[1] > 0 and lv[2] <= 0]
-        paid_ = [lv for lv in levers if lv[1] > 0 and lv[2] > 0]
-        nothing = [lv for lv in levers if lv[1] <= 0]
-        free.sort(key=lambda lv: (lv[2], -lv[1]))
-        paid_.sort(key=lambda lv: -lv[1] / lv[2])
-        ratios = [lv[1] / lv[2] for lv in paid_]
+        ratios = [lv[1] / lv[2] for lv in levers if lv[1] > 0 and lv[2] > 0]
         if len(set(ratios)) != len(ratios) or len({(lv[2], lv[1]) for lv in free}) != len(free):
             continue  # a tie: more than one order is right
-        truth = [name for name, _, _ in free + paid_ + nothing]
+        truth = ladder_order(levers)
         got = fn([tuple(lv) for lv in levers])
         expect(isinstance(got, list | tuple) and list(got) == truth,
                f"for {levers} you gave {got!r}, expected {truth} {DRAWN}",
@@ -310,13 +462,12 @@ def _largest_batch(fn, rng: random.Random) -> None:
 
 
 def _choose_segments(fn, rng: random.Random) -> None:
-    from course_lib.grading.lecture04 import SEGMENT_COSTS, SEGMENTS_BATCH, SEGMENTS_CONFIG
+    from course_lib.grading.lecture04 import SEGMENTS_BATCH, SEGMENTS_CONFIG
 
     peaks = sorted({nbytes for nbytes, _ in SEGMENT_COSTS.values()})
     for _ in range(2):
         budget = rng.randint(peaks[0] - 1000, peaks[-1] + 1000)
-        fits = [k for k, (nbytes, _) in SEGMENT_COSTS.items() if nbytes <= budget]
-        truth = min(fits, key=lambda k: (SEGMENT_COSTS[k][1], k)) if fits else None
+        truth = cheapest_segments(budget)
         got = fn(SEGMENTS_CONFIG, SEGMENTS_BATCH, budget)
         expect(got == truth, f"choose_segments(config, {SEGMENTS_BATCH}, budget={budget:,}) "
                f"returned {got!r}, expected {truth!r} {DRAWN}",
@@ -325,6 +476,7 @@ def _choose_segments(fn, rng: random.Random) -> None:
 
 #: The drawn cases of each check, by the check's name (without ``check_``).
 CASES: dict[str, Callable[..., None]] = {
+    "pick_training_dtype": _pick_training_dtype, "bytes_per_param": _bytes_per_param,
     "tensor_nbytes": _tensor_nbytes, "zero_bytes_per_device": _zero_bytes_per_device,
     "largest_model": _largest_model, "gpus_needed": _gpus_needed,
     "choose_every": _choose_every, "pareto_front": _pareto_front, "step_peak": _step_peak,

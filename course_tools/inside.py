@@ -74,6 +74,19 @@ def _non_dumpable() -> None:
         pass
 
 
+def _dumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 1): the learner's process (forked from the non-dumpable judge)
+    lets the checker, the same user, reset and read its ``/proc/PID/clear_refs`` and ``status``;
+    it holds nothing of the grader's. Should its code undo this, the checks that measure its
+    memory fail."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)
+    except Exception:
+        pass
+
+
 # --- run: the learner's notebook in a kernel ------------------------------------------------
 
 
@@ -252,6 +265,7 @@ def _learner(sock, cells: list[dict]) -> None:
     keep = sock.fileno()
     os.closerange(3, keep)
     os.closerange(keep + 1, 65536)
+    _dumpable()  # the checker reads and resets this process's peak memory (/proc/PID)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     first_error = ""
     try:
@@ -344,7 +358,7 @@ def _run_check(check, name: str, args: list[str], cells, fd: int, limits: dict,
             mine.close()
             _learner(theirs, cells)
         theirs.close()
-        checker = ipc.Checker(mine)
+        checker = ipc.Checker(mine, learner)
         values = [checker.function(source) for source in args]
         out = _CappedText(1 << 16)
         sys.stdout = sys.stderr = out

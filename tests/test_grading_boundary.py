@@ -10,8 +10,9 @@ tests/test_submissions.py and tests/test_hostile_submissions.py):
   wrong answer of tests/wrong_answers/, as it does in a notebook;
 * the cases the grader draws: solutions pass them, a table of the public answers does not;
 * attacks that need another notebook than 00: lecture 01's truth helpers, a fake module for a
-  course module a check imports lazily (lecture 05), and ``--grade-unmatched`` with arguments
-  the notebook chose.
+  course module a check imports lazily (lecture 05), a measure patched in the learner's process
+  (lecture 08: the memory the checker reads from outside still counts), and
+  ``--grade-unmatched`` with arguments the notebook chose.
 """
 
 import contextlib
@@ -108,7 +109,7 @@ def _serve(namespace: dict):
         finally:
             os._exit(0)
     theirs.close()
-    return ipc.Checker(mine), pid
+    return ipc.Checker(mine, pid), pid
 
 
 def _through(check: str, namespace: dict, args: list[str], drawn: bool = False) -> bool:
@@ -148,6 +149,42 @@ def test_drawn_cases_refuse_a_table_of_the_public_answers():
         assert grading.CHECKS["check_tensor_nbytes"](fn, quiet=True)
         with pytest.raises(grading.CheckFailed, match="a case drawn by the grader"):
             hidden.CASES["tensor_nbytes"](fn, random.Random(0))
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def _public_table(cases, default):
+    """A learner's function that looks the public cases up in a table, ``default`` otherwise."""
+    table = {tuple(case[:-1]): case[-1] for case in cases}
+    return lambda *args: table.get(args, default)
+
+
+@pytest.mark.parametrize("check,cases,defaults", [
+    ("pick_training_dtype", "DTYPE_CASES", (torch.float32, torch.bfloat16, torch.float16)),
+    ("bytes_per_param", "BYTES_CASES", (4, 6, 8, 12, 16)),
+])
+def test_drawn_cases_refuse_a_table_of_the_few_public_inputs(check, cases, defaults):
+    """``pick_training_dtype`` and ``bytes_per_param`` take a few values each: their public
+    cases leave some out, and every draw holds those, so a table of the public answers fails
+    whatever its default, at every seed; the solution passes."""
+    from course_lib.grading import lecture00, lecture01
+
+    public = getattr(lecture00 if check == "pick_training_dtype" else lecture01, cases)
+    solution = definitions(ROOT / "solutions" / ("00_setup.ipynb" if check ==
+                                                 "pick_training_dtype" else
+                                                 "01_where_the_memory_goes.ipynb"))
+    namespace = {f"table_{i}": _public_table(public, d) for i, d in enumerate(defaults)}
+    checker, pid = _serve({**namespace, check: solution[check]})
+    try:
+        for seed in range(5):
+            hidden.CASES[check](checker.function(check), random.Random(seed))
+        for name in namespace:
+            fn = checker.function(name)
+            assert grading.CHECKS[f"check_{check}"](fn, quiet=True), name
+            for seed in range(5):
+                with pytest.raises(grading.CheckFailed, match="a case drawn by the grader"):
+                    hidden.CASES[check](fn, random.Random(seed))
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -284,6 +321,36 @@ def test_a_fake_lazily_imported_module_does_not_reach_the_check():
     assert results["selective_policy"][0] == "failed", results["selective_policy"]
     assert "ran again" in results["selective_policy"][1]
     assert results["choose_every"][0] == results["pareto_front"][0] == "passed"
+
+
+_FULL_LOGITS = (
+    "import torch.nn.functional as F\n"
+    "def chunked_loss(hidden, weight, targets, chunk_size):\n"
+    "    return F.cross_entropy(hidden @ weight.T, targets)  # the whole logits at once\n")
+
+
+@pytest.mark.parametrize("attack,notes", [
+    ("import course_lib.grading.lecture08 as _L\n"
+     "def _fake(fn, hidden, weight, targets, chunk):\n"
+     "    return {'loss': fn(hidden, weight, targets, chunk), 'largest': 0}\n"
+     "_L._chunked_run = _fake  # the measure the check names, as it runs in this process\n",
+     ("the process running your code grew by",)),
+    ("import ctypes\n"
+     "import course_lib.grading.lecture08 as _L\n"
+     "_L._chunked_run = lambda fn, *a: {'loss': fn(*a), 'largest': 0}\n"
+     "ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # non-dumpable: /proc/PID is root's\n",
+     ("could not be read", "grew by")),  # the second where the tests run as root
+], ids=["patched measure", "patched measure, unreadable process"])
+def test_a_patched_measure_does_not_hide_the_memory_used(attack, notes):
+    """Lecture 08: ``chunked_loss`` builds the whole logits and patches the measure that runs in
+    its process (``grading.observe``) to report no large tensor. The memory the process grew by
+    is read by the checker from outside (``grading.observe_peak``): failed; and a process that
+    hides its memory from the checker fails too."""
+    path = ROOT / "solutions" / "08_more_levers.ipynb"
+    results = _judge(path, lambda nb: _set_exercise(nb, "chunked_loss", attack + _FULL_LOGITS))
+    assert results["chunked_loss"][0] == "failed", results["chunked_loss"]
+    assert any(note in results["chunked_loss"][1] for note in notes), results["chunked_loss"]
+    assert results["fuse_optimizer"][0] == results["rank_levers"][0] == "passed"
 
 
 def test_grade_unmatched_uses_the_solutions_arguments():

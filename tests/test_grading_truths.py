@@ -1,7 +1,12 @@
-"""The truths the grading checks carry written out, against real tensors and published figures:
-lecture 01's bytes per parameter against real optimizer steps and its ZeRO formulas against the
-paper's figures and a brute-force search, lecture 02's and 04's measured steps measured again."""
+"""The truths of the grading checks, against real tensors and published figures: lecture 01's
+bytes per parameter against real optimizer steps and its ZeRO formulas against the paper's
+figures and a brute-force search, lecture 02's and 04's measured steps measured again; the
+answers the public cases carry written out against the grader's truths (``course_tools/hidden.py``),
+and those truths absent from the installed package."""
 
+import importlib
+import pkgutil
+import random
 from fractions import Fraction
 
 import pytest
@@ -10,8 +15,18 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.flop_counter import FlopCounterMode
 
+import course_lib
 from course_lib.device import GPUS
-from course_lib.grading import lecture01, lecture02, lecture04
+from course_lib.grading import (
+    lecture00,
+    lecture01,
+    lecture02,
+    lecture04,
+    lecture05,
+    lecture06,
+    lecture07,
+    lecture08,
+)
 from course_lib.measurement.memory import peak_memory
 from course_lib.model.gpt import GPT, random_tokens
 from course_lib.units import storage_bytes
@@ -51,9 +66,9 @@ def _measured_bytes_per_param(optimizer: str, precision: str) -> Fraction:
     return Fraction(kept, sum(p.numel() for p in params))
 
 
-@pytest.mark.parametrize("precision", list(lecture01._TABLE))
+@pytest.mark.parametrize("precision", list(hidden.TABLE))
 def test_lecture01_bytes_per_param_are_what_real_steps_keep(precision):
-    for optimizer, expected in zip(lecture01._OPTIMIZERS, lecture01._TABLE[precision]):
+    for optimizer, expected in zip(hidden.OPTIMIZERS, hidden.TABLE[precision]):
         assert _measured_bytes_per_param(optimizer, precision) == expected, optimizer
 
 
@@ -92,8 +107,25 @@ def test_lecture01_written_out_answers_are_the_formulas():
             P, capacity, stage), (P, card, stage)
 
 
-def test_the_grader_table_is_the_check_table():
-    assert hidden.TABLE == lecture01._TABLE and hidden.OPTIMIZERS == lecture01._OPTIMIZERS
+def test_lecture01_public_recipes_are_the_table_less_the_held_back_ones():
+    public = {(o, p): truth for o, p, truth in lecture01.BYTES_CASES}
+    assert public == {(o, p): hidden.bytes_per_param(o, p) for p in hidden.TABLE
+                      for o in hidden.OPTIMIZERS if (o, p) not in hidden.BYTES_HELD_BACK}
+    assert len(public) + len(hidden.BYTES_HELD_BACK) == 16
+    for card, optimizer, precision, truth in lecture01.LARGEST_CASES:
+        capacity = GPUS[card].total_memory if isinstance(card, str) else card
+        assert truth == capacity // hidden.bytes_per_param(optimizer, precision)
+        assert truth * hidden.bytes_per_param(optimizer, precision) <= capacity
+
+
+def test_lecture00_public_dtypes_are_the_rule_less_the_held_back_inputs():
+    assert torch.bfloat16 == course_lib.device.pick_dtype(GPUS["A100 80GB"])
+    assert torch.float16 == course_lib.device.pick_dtype(GPUS["T4"])
+    public = {(d, b): truth for d, b, truth in lecture00.DTYPE_CASES}
+    domain = {(d, b) for d in ("cpu", "cuda", "mps") for b in (False, True)}
+    assert set(public) == domain - set(hidden.DTYPE_HELD_BACK)
+    assert all(truth == hidden.training_dtype(*key) for key, truth in public.items())
+    assert hidden.training_dtype("cuda", False) == course_lib.device.pick_dtype(GPUS["T4"])
 
 
 # --------------------------------------------------------------------------- lecture 02
@@ -117,11 +149,11 @@ def _steady_step_bytes(config, batch: int, dtype: torch.dtype, seq_len: int) -> 
     return held + peak_memory(step, device="cpu")
 
 
-@pytest.mark.parametrize("key", list(lecture02.SMALL_STEP_BYTES))
+@pytest.mark.parametrize("key", list(hidden.SMALL_STEP_BYTES))
 def test_lecture02_small_steps_are_measured(key):
     precision, seq_len = key
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
-    written = lecture02.SMALL_STEP_BYTES[key]
+    written = hidden.SMALL_STEP_BYTES[key]
     measured = tuple(_steady_step_bytes(lecture02.SMALL, b, dtype, seq_len)
                      for b in range(1, len(written) + 1))
     assert measured == written
@@ -130,10 +162,11 @@ def test_lecture02_small_steps_are_measured(key):
 
 def test_lecture02_measured_cases_lie_inside_the_table():
     truths = []
-    for s, capacity, precision, truth in lecture02._measured_cases():
-        table = lecture02.SMALL_STEP_BYTES[(precision, s)]
+    for s, capacity, precision, truth in lecture02.MEASURED_CASES:
+        table = hidden.SMALL_STEP_BYTES[(precision, s)]
         assert capacity < table[-1]  # the table goes past the answer
         assert truth == 0 or table[truth - 1] <= capacity < table[truth]
+        assert truth == hidden.measured_largest_batch(precision, s, capacity)
         truths.append(truth)
     assert truths == [11, 6, 0]
 
@@ -165,4 +198,85 @@ def test_lecture04_segment_costs_are_measured():
             model(x, y)[1].backward()
         model.zero_grad(set_to_none=True)
         measured[k] = (peak, counter.get_total_flops())
-    assert measured == lecture04.SEGMENT_COSTS
+    assert measured == hidden.SEGMENT_COSTS
+
+
+def test_lecture04_public_budgets_answer_as_the_measured_costs():
+    for budget, truth in lecture04.SEGMENT_CASES:
+        assert truth == hidden.cheapest_segments(budget), budget
+    peaks = sorted(nbytes for nbytes, _ in hidden.SEGMENT_COSTS.values())
+    assert lecture04.SEGMENT_CASES[0][0] == peaks[0] - 1  # below every measured peak
+
+
+# --------------------------------------------------------------------------- lectures 05 to 08
+
+def test_lecture05_written_out_answers_are_the_graders():
+    assert lecture05.EVERY_ANSWERS == [hidden.largest_every(*case)
+                                       for case in lecture05._every_cases()]
+    assert lecture05.FRONT_ANSWERS == [[p[2] for p in hidden.front(points)]
+                                       for points in lecture05._front_cases()]
+
+
+def test_lecture05_every_peak_is_what_checkpointing_keeps():
+    """Chen et al.'s model, counted block by block: k=1 keeps every input, k=n only the first."""
+    n, block, inp, fixed = 6, 100, 10, 50
+    assert hidden.every_peak(n, 1, block, inp, fixed) == fixed + n * inp + block - inp
+    assert hidden.every_peak(n, n, block, inp, fixed) == fixed + (n - 1) * block + block
+
+
+def test_lecture06_written_out_answers_are_the_graders():
+    for *case, truth in lecture06.STEP_PEAK_CASES:
+        assert truth == hidden.phases_peak(*case)
+    for base, per, budget, effective, truth in lecture06.MICRO_BATCH_CASES:
+        assert truth == hidden.best_micro_batch(lecture06._quadratic(base, per), budget,
+                                                effective)
+
+
+def test_lecture07_written_out_answers_are_the_graders_and_torch_chunks():
+    for *case, truth in lecture07.PLAN_CASES:
+        assert truth == hidden.ddp_plan(*case)
+    for shape, N, truth in lecture07.NUMEL_CASES:
+        chunks = torch.empty(shape, device="meta").chunk(N, dim=0)
+        assert truth == hidden.fsdp_numels(shape, N) == [c.numel() for c in chunks] + [0] * (
+            N - len(chunks))
+    rng = random.Random(0)
+    for _ in range(200):  # the grader's rule is torch.chunk's on drawn shapes too
+        shape, N = tuple(rng.randint(1, 40) for _ in range(rng.randint(1, 3))), rng.randint(1, 9)
+        chunks = torch.empty(shape, device="meta").chunk(N, dim=0)
+        assert hidden.fsdp_numels(shape, N) == [c.numel() for c in chunks] + [0] * (
+            N - len(chunks))
+
+
+def test_lecture08_written_out_answers_are_the_graders():
+    for numel, bits, truth in lecture08.QUANTIZED_CASES:
+        assert truth == hidden.quantized_bytes(numel, bits)
+    assert lecture08.LADDER_ANSWERS == [hidden.ladder_order(c) for c in lecture08._LADDER_CASES]
+
+
+# --------------------------------------------------------------------------- not installed
+
+#: The grader's truths, by the names they had in the installed package and have in hidden.py.
+_TRUTH_NAMES = {"_TABLE", "_OPTIMIZERS", "_fits", "_ZERO", "_fewest_gpus", "_peak", "_front",
+                "_phases_peak", "_ladder_order", "_chunk_numels", "_measured_cases",
+                "SMALL_STEP_BYTES", "SEGMENT_COSTS", "TABLE", "ZERO", "LOW_BIT",
+                *(name for name, value in vars(hidden).items()
+                  if callable(value) and getattr(value, "__module__", "") == hidden.__name__
+                  and not name.startswith("_"))}
+
+
+def test_the_truths_are_not_in_the_installed_package():
+    """A learner's code can import all of ``course_lib``: no module of it holds a truth of the
+    grader's (by name), a table of its measured bytes, or a function that computes one."""
+    assert {"bytes_per_param", "front", "ladder_order", "phases_peak"} <= _TRUTH_NAMES
+    modules = [course_lib] + [importlib.import_module(info.name) for info in pkgutil.walk_packages(
+        course_lib.__path__, "course_lib.")]
+    measured = set(hidden.SEGMENT_COSTS.values()) | set(hidden.SMALL_STEP_BYTES.values())
+    for module in modules:
+        names = set(vars(module))
+        if module.__name__.startswith("course_lib.grading"):
+            assert not names & _TRUTH_NAMES, (module.__name__, names & _TRUTH_NAMES)
+        for name, value in vars(module).items():
+            assert not (isinstance(value, dict) and any(
+                isinstance(v, tuple) and v in measured for v in value.values())), (
+                module.__name__, name)
+            assert getattr(value, "__module__", None) != hidden.__name__, (module.__name__, name)

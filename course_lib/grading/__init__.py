@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import pkgutil
 import re
 import textwrap
@@ -98,6 +99,68 @@ def observe(measure: Callable, fn: Callable, *args, **kwargs):
     if remote is not None:
         return remote(fn, measure, *args, **kwargs)
     return measure(fn, *args, **kwargs)
+
+
+def _reset_peak(pid: int) -> int | None:
+    """Reset the peak resident memory (``VmHWM``) of process ``pid`` to its current resident
+    memory (Linux: ``5`` written to ``/proc/PID/clear_refs``); that peak, or None when the
+    process's files cannot be written (another OS, or a process that made itself unreadable)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _read_peak(pid)
+
+
+def _read_peak(pid: int) -> int | None:
+    """The peak resident memory of process ``pid`` since its last reset, in bytes (None if
+    unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def peak_supported() -> bool:
+    """Whether this OS reports a process's peak resident memory and lets it be reset (Linux).
+
+    Returns:
+        bool: True where ``/proc/self/clear_refs`` exists.
+    """
+    return os.path.exists("/proc/self/clear_refs")
+
+
+def observe_peak(measure: Callable, fn: Callable, *args, **kwargs):
+    """:func:`observe`, and how much the peak resident memory of the process running ``fn`` grew
+    while it ran, measured from outside that process under the grader.
+
+    Memory is the one effect of the learner's code that the operating system counts for it:
+    under the grader, the check's process resets the learner's process's peak resident memory
+    and reads it back after the call (``/proc/PID/clear_refs`` and ``VmHWM``, Linux), so code
+    in the learner's process cannot report a smaller figure (it could only start other
+    processes, whose memory is not counted). In a notebook it is this process's own.
+
+    Args:
+        measure (callable): as for :func:`observe`.
+        fn (callable): the learner's function.
+
+    Returns:
+        tuple: ``(what measure returned, growth in bytes)``; the growth is None where it could
+        not be measured (another OS than Linux, or a process that made itself unreadable).
+    """
+    if getattr(type(fn), "__course_remote__", None) is not None:
+        pid = getattr(fn, "__course_pid__", None)
+    else:
+        pid = os.getpid()
+    start = _reset_peak(pid) if isinstance(pid, int) else None
+    result = observe(measure, fn, *args, **kwargs)
+    end = _read_peak(pid) if start is not None else None
+    return result, (None if end is None else max(0, end - start))
 
 
 def _describe(exc: BaseException) -> str:

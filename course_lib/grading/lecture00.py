@@ -1,4 +1,9 @@
-"""Checks for exercises/00_setup.ipynb."""
+"""Checks for exercises/00_setup.ipynb.
+
+A tensor's bytes are measured on a real tensor; the training dtype's public cases carry their
+answers written out (the rule lives with the grader, ``course_tools/hidden.py``, which also
+tries the inputs these cases leave out).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +29,12 @@ def check_tensor_nbytes(fn):
                     "(torch.empty((), dtype=dtype).element_size())")
 
 
+#: ``(device_type, has_native_bf16, dtype)``: the public cases of ``pick_training_dtype``, one
+#: per rule; the grader adds cases of its own.
+DTYPE_CASES = [("cpu", False, torch.float32), ("cuda", True, torch.bfloat16),
+               ("cuda", False, torch.float16), ("mps", True, torch.bfloat16)]
+
+
 @grader
 def check_pick_training_dtype(fn):
     """``fn(device_type, has_native_bf16)`` picks the mixed-precision dtype the course uses.
@@ -31,11 +42,9 @@ def check_pick_training_dtype(fn):
     Args:
         fn (callable): the learner's ``pick_training_dtype``, called as above.
     """
-    cases = {("cpu", False): torch.float32, ("cpu", True): torch.float32,
-             ("cuda", True): torch.bfloat16, ("cuda", False): torch.float16}
-    for (device_type, bf16), truth in cases.items():
+    for device_type, bf16, truth in DTYPE_CASES:
         got = fn(device_type, bf16)
         expect(got == truth, f"pick_training_dtype({device_type!r}, has_native_bf16={bf16}) "
                f"returned {got!r}, expected {truth}",
                hint="bf16 on GPUs that support it natively, fp16 (with GradScaler) on older GPUs "
-                    "such as the T4, fp32 on the CPU")
+                    "such as the T4, fp32 on the CPU; a Mac's GPU (mps) follows the GPUs' rule")

@@ -4,10 +4,11 @@ Each truth is measured or searched here, independently of the learner's formula:
 the MLP's saved bytes with :func:`course_lib.measurement.memory.saved_bytes` on a real
 module, the distinct saved storages with autograd's own ``saved_tensors_hooks``.
 
-The largest batch on the CPU comes from steps measured on real tensors
-(:data:`SMALL_STEP_BYTES`, written out here: the exercise's answer comes from the
-memory engine, pure arithmetic, and must not move when a learner's torch saves a
-tensor more or less; ``tests/test_grading_truths.py`` measures them again). On the
+The largest batch on the CPU comes from steps measured on real tensors (kept by the
+grader, ``course_tools/hidden.py``; the public cases' answers are written out here: the
+exercise's answer comes from the memory engine, pure arithmetic, and must not move when a
+learner's torch saves a tensor more or less; ``tests/test_grading_truths.py`` measures the
+steps again). On the
 GPU presets, which no CPU can measure, it is found by trying every batch size
 against the engine (:func:`course_lib.prediction.engine.predict_step_memory`): those cases
 rest on the engine's GPU rules, which the ``gpu`` tests compare with the CUDA
@@ -137,28 +138,11 @@ def check_distinct_saved_bytes(fn):
 #: The CPU cases' model: two blocks, SDPA attention, no dropout.
 SMALL = GPTConfig(vocab_size=96, seq_len=32, d_model=32, n_heads=2, n_layers=2)
 
-#: Measured (torch 2.13, CPU, :class:`course_lib.measurement.memory.LiveTensorTracker`): the bytes live at
-#: the peak of one steady-state training step of ``GPT(SMALL)`` (the parameters and AdamW's
-#: ``m``, ``v`` and step counters held before it, plus the step's own peak: forward, backward,
-#: ``AdamW(foreach=False).step()``), by ``(precision, seq_len)``, for micro-batches 1, 2, 3, ...
-#: "fp32": an fp32 model; "bf16": a bf16 model and AdamW state.
-SMALL_STEP_BYTES = {
-    ("fp32", 24): (506484, 622008, 755448, 888888, 1022328, 1155768, 1289208, 1422648,
-                   1556088, 1689528, 1822968, 1956408, 2089848),
-    ("bf16", 32): (285432, 393080, 500728, 608376, 716024, 823672, 931320),
-}
-
-
-def _measured_cases():
-    """``(seq_len, capacity, precision, truth)``: the largest measured step within ``capacity``."""
-    fp32, bf16 = SMALL_STEP_BYTES[("fp32", 24)], SMALL_STEP_BYTES[("bf16", 32)]
-    cases = [(24, (fp32[10] + fp32[11]) // 2, "fp32"),  # between 11 and 12 sequences
-             (32, bf16[5], "bf16"),                     # exactly 6 sequences' step
-             (24, fp32[0] - 1, "fp32")]                 # not even one sequence
-    for s, capacity, precision in cases:
-        measured = SMALL_STEP_BYTES[(precision, s)]
-        yield s, capacity, precision, max((b for b, nbytes in enumerate(measured, start=1)
-                                           if nbytes <= capacity), default=0)
+#: ``(seq_len, capacity, precision, most sequences)``: the CPU cases, answered from steps of
+#: ``GPT(SMALL)`` measured on real tensors (the grader keeps the measured bytes,
+#: ``course_tools/hidden.py``): between 11 and 12 fp32 sequences of 24 tokens, exactly 6 bf16
+#: sequences of 32, and not even one; written out.
+MEASURED_CASES = [(24, 1889688, "fp32", 11), (32, 823672, "bf16", 6), (24, 506483, "fp32", 0)]
 
 
 @grader
@@ -183,7 +167,7 @@ def check_largest_batch(fn):
             "which counts the model states too (they do not shrink with the batch); return the "
             "last batch whose total is <= capacity, and 0 when even batch 1 does not fit; pass "
             "gpu on: a T4 picks other kernels than an A100")
-    for s, capacity, precision, truth in _measured_cases():
+    for s, capacity, precision, truth in MEASURED_CASES:
         got = fn(SMALL, s, capacity, precision, None)
         expect(got == truth, f"largest_batch(d_model={SMALL.d_model}, n_layers={SMALL.n_layers}, "
                f"seq_len={s}, capacity={capacity:,}, {precision!r}, gpu=None) returned {got!r}; "

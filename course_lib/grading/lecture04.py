@@ -3,10 +3,10 @@
 The truths do not come from ``course_lib.training.checkpointing`` or the memory engine,
 which the exercises use: what checkpointing each block keeps is measured on a
 reference that calls ``torch.utils.checkpoint`` itself, and the segment counts'
-step peaks and FLOPs were measured on real steps (:data:`SEGMENT_COSTS`, written
-out here because the exercise's answer comes from the engine, pure arithmetic,
-and must not move when a learner's torch differs; ``tests/test_grading_truths.py``
-measures them again).
+step peaks and FLOPs were measured on real steps (kept by the grader,
+``course_tools/hidden.py``; the public cases' answers are written out here because the
+exercise's answer comes from the engine, pure arithmetic, and must not move when a
+learner's torch differs; ``tests/test_grading_truths.py`` measures the steps again).
 """
 
 from __future__ import annotations
@@ -110,20 +110,13 @@ def check_checkpoint_blocks(fn):
 SEGMENTS_CONFIG = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=16)
 SEGMENTS_BATCH = 8
 
-#: Measured (torch 2.13, CPU) for ``GPT(SEGMENTS_CONFIG)`` on ``SEGMENTS_BATCH`` sequences with
-#: its blocks in ``k`` segments (``torch.utils.checkpoint.checkpoint_sequential``, the last
-#: segment not checkpointed), ``k = 1 .. 16``: ``(peak bytes, FLOPs)``. Peak bytes: a
-#: steady-state AdamW step's, what was held before it (parameters, ``m``, ``v``, step counters)
-#: plus its own peak (:class:`course_lib.measurement.memory.LiveTensorTracker`); FLOPs: forward, backward
-#: and recomputation, as ``torch.utils.flop_counter.FlopCounterMode`` counts them.
-SEGMENT_COSTS = {
-    1: (11228952, 305135616), 2: (7316632, 353370112), 3: (5990168, 363855872),
-    4: (5398168, 374341632), 5: (4994840, 372244480), 6: (6088472, 357564416),
-    7: (5060376, 368050176), 8: (4438936, 378535936), 9: (7247640, 338690048),
-    10: (6749976, 342884352), 11: (6252312, 347078656), 12: (5754648, 351272960),
-    13: (5256984, 355467264), 14: (4759320, 359661568), 15: (4261656, 363855872),
-    16: (3959320, 368050176),
-}
+#: ``(budget bytes, segment count or None)``: the public cases of :func:`check_choose_segments`,
+#: answered from steps of ``GPT(SEGMENTS_CONFIG)`` measured on real tensors (peak bytes and
+#: FLOPs of every segment count, kept by the grader, ``course_tools/hidden.py``): below the
+#: smallest peak, at it, at the next, at the peaks of 4, 3 and 9 segments, and twice the
+#: largest; written out.
+SEGMENT_CASES = [(3959319, None), (3959320, 16), (4261656, 15), (5398168, 13), (5990168, 12),
+                 (7247640, 9), (22457904, 1)]
 
 
 @grader
@@ -137,17 +130,8 @@ def check_choose_segments(fn):
         fn (callable): the learner's ``choose_segments``, called as above.
     """
     config, batch = SEGMENTS_CONFIG, SEGMENTS_BATCH
-    peak = {k: nbytes for k, (nbytes, _) in SEGMENT_COSTS.items()}
-    flops = {k: count for k, (_, count) in SEGMENT_COSTS.items()}
-
-    def truth(budget):
-        fits = [k for k in peak if peak[k] <= budget]
-        return min(fits, key=lambda k: (flops[k], k)) if fits else None
-
-    peaks = sorted(set(peak.values()))
-    budgets = [peaks[0] - 1, peaks[0], peaks[1], peak[4], peak[3], peak[9], 2 * peaks[-1]]
-    for budget in budgets:
-        want, got = truth(budget), fn(config, batch, budget)
+    for budget, want in SEGMENT_CASES:
+        got = fn(config, batch, budget)
         expect(got == want, f"choose_segments(config, {batch}, budget={budget:,}) returned {got!r}, "
                f"expected {want!r}",
                hint="try every segment count from 1 to config.n_layers: keep those whose "

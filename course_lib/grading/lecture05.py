@@ -1,4 +1,11 @@
-"""Checks for exercises/05_selective_checkpointing.ipynb."""
+"""Checks for exercises/05_selective_checkpointing.ipynb.
+
+The policies are measured on real checkpointed blocks. The planning exercises' public cases
+carry their answers written out (:data:`EVERY_ANSWERS`, :data:`FRONT_ANSWERS`): the peak model
+of every-k checkpointing and the Pareto front live with the grader (``course_tools/hidden.py``),
+which also draws cases of its own; ``tests/test_grading_truths.py`` checks the written-out
+answers against them.
+"""
 
 from __future__ import annotations
 
@@ -64,21 +71,8 @@ def check_selective_policy(policy):
                hint="save only the matmul and attention outputs; everything else is recomputed")
 
 
-def _peak(n_layers, every, block_bytes, input_bytes, fixed_bytes):
-    # Independent model (Chen et al. 2016): blocks 0, every, 2*every, ... keep their input,
-    # the others all they save; backward rebuilds one checkpointed block on top.
-    wrapped = len(range(0, n_layers, every))
-    kept = (n_layers - wrapped) * block_bytes + wrapped * input_bytes
-    return fixed_bytes + kept + (block_bytes - input_bytes)
-
-
-@grader
-def check_choose_every(fn):
-    """``fn(n_layers, block_bytes, input_bytes, fixed_bytes, budget_bytes)`` -> largest fitting every.
-
-    Args:
-        fn (callable): the learner's ``choose_every``, called as above.
-    """
+def _every_cases() -> list[tuple]:
+    """The public cases of :func:`check_choose_every`: six chosen, thirty from a seeded draw."""
     rng = random.Random(5)
     cases = [(6, 100, 10, 50, 700), (6, 100, 10, 50, 5000), (6, 100, 10, 50, 100),
              (12, 300, 20, 1000, 3500), (7, 64, 8, 0, 300), (1, 100, 10, 5, 105)]
@@ -88,9 +82,24 @@ def check_choose_every(fn):
         inp = rng.randint(1, block // 2)
         fixed = rng.randint(0, 1000)
         cases.append((n, block, inp, fixed, rng.randint(fixed, fixed + n * block + block)))
-    for n, block, inp, fixed, budget in cases:
-        fitting = [k for k in range(1, n + 1) if _peak(n, k, block, inp, fixed) <= budget]
-        truth = max(fitting) if fitting else None
+    return cases
+
+
+#: The answers to :func:`_every_cases`, in order (the model of Chen et al. 2016: blocks 0, k,
+#: 2k, ... keep their input, the others all they save, and backward rebuilds one checkpointed
+#: block on top), written out.
+EVERY_ANSWERS = [6, 6, None, 2, 2, 1, 9, 5, 1, 1, 1, None, None, None, None, 1, 1, 1, 3, None,
+                 None, None, 1, None, 2, 3, None, 1, 4, 2, 2, None, 1, 5, None, 1]
+
+
+@grader
+def check_choose_every(fn):
+    """``fn(n_layers, block_bytes, input_bytes, fixed_bytes, budget_bytes)`` -> largest fitting every.
+
+    Args:
+        fn (callable): the learner's ``choose_every``, called as above.
+    """
+    for (n, block, inp, fixed, budget), truth in zip(_every_cases(), EVERY_ANSWERS, strict=True):
         got = fn(n, block, inp, fixed, budget)
         expect(got == truth, f"choose_every(n_layers={n}, block_bytes={block}, input_bytes={inp}, "
                f"fixed_bytes={fixed}, budget_bytes={budget}) returned {got!r}, expected {truth!r}",
@@ -99,10 +108,27 @@ def check_choose_every(fn):
                     "during backward; the largest k that fits recomputes least; None if none fits")
 
 
-def _front(points):
-    return sorted((p for p in points if not any(
-        q[0] <= p[0] and q[1] <= p[1] and (q[0] < p[0] or q[1] < p[1]) for q in points)),
-        key=lambda p: (p[0], p[1]))
+def _front_cases() -> list[list]:
+    """The public cases of :func:`check_pareto_front`: five chosen, twenty from a seeded draw."""
+    rng = random.Random(7)
+    cases = [[(10, 1.0, "none"), (4, 1.3, "full"), (6, 1.1, "half"), (7, 1.2, "worse")],
+             [(5, 1.0, "a"), (5, 1.2, "same memory, slower"), (3, 1.2, "b")],
+             [(5, 1.0, "a"), (6, 1.0, "same time, more memory"), (1, 2.0, "c")],
+             [(2, 2.0, "only")], []]
+    for _ in range(20):  # distinct (memory, time) pairs, so that the order is unique
+        pairs = {(rng.randint(1, 9), rng.randint(1, 9) / 4) for _ in range(rng.randint(2, 10))}
+        cases.append([(m, t, f"p{i}") for i, (m, t) in enumerate(sorted(pairs, key=str))])
+    return cases
+
+
+#: The labels of the front of each of :func:`_front_cases`, in order (sorted by memory, then
+#: time), written out.
+FRONT_ANSWERS = [
+    ["full", "half", "none"], ["b", "a"], ["c", "a"], ["only"], [], ["p0", "p2"], ["p0"],
+    ["p0", "p4"], ["p0", "p3"], ["p0", "p1", "p2"], ["p0"], ["p0", "p1"], ["p0", "p3"],
+    ["p0", "p1", "p4"], ["p0", "p1"], ["p0"], ["p0"], ["p0", "p1"], ["p0", "p3"],
+    ["p0", "p1", "p2"], ["p0", "p2"], ["p0", "p1"], ["p0", "p1", "p4"], ["p0", "p2"], ["p0"],
+]
 
 
 @grader
@@ -112,16 +138,9 @@ def check_pareto_front(fn):
     Args:
         fn (callable): the learner's ``pareto_front``, called as above.
     """
-    rng = random.Random(7)
-    cases = [[(10, 1.0, "none"), (4, 1.3, "full"), (6, 1.1, "half"), (7, 1.2, "worse")],
-             [(5, 1.0, "a"), (5, 1.2, "same memory, slower"), (3, 1.2, "b")],
-             [(5, 1.0, "a"), (6, 1.0, "same time, more memory"), (1, 2.0, "c")],
-             [(2, 2.0, "only")], []]
-    for _ in range(20):  # distinct (memory, time) pairs, so that the order is unique
-        pairs = {(rng.randint(1, 9), rng.randint(1, 9) / 4) for _ in range(rng.randint(2, 10))}
-        cases.append([(m, t, f"p{i}") for i, (m, t) in enumerate(sorted(pairs, key=str))])
-    for points in cases:
-        truth = _front(points)
+    for points, labels in zip(_front_cases(), FRONT_ANSWERS, strict=True):
+        by_label = {p[2]: p for p in points}
+        truth = [by_label[label] for label in labels]
         got = fn(list(points))
         expect(isinstance(got, list) and [tuple(p) for p in got] == truth,
                f"pareto_front({points}) returned {got!r}, expected {truth}",

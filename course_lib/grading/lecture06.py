@@ -1,8 +1,10 @@
 """Checks for exercises/06_fit_it_together.ipynb.
 
-Each check builds its own cases and derives the answers independently: the
-step peak by walking the phases of a step one by one, the micro-batch by
-trying every size, the guard by raising each kind of error inside ``fn``.
+The planning exercises' public cases carry their answers written out (the step's peak, the
+micro-batch and its accumulation steps): the walk through a step's phases and the micro-batch
+search live with the grader (``course_tools/hidden.py``), which also draws cases of its own;
+``tests/test_grading_truths.py`` checks the written-out answers against them. The guard is
+checked by raising each kind of error inside ``fn``.
 """
 
 from __future__ import annotations
@@ -20,13 +22,12 @@ from . import expect, grader, observe
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
-def _phases_peak(resident, activation_peak, grads, optimizer_scratch, K):
-    """The reference: live bytes in every phase of the step, the largest of them."""
-    live = []
-    for k in range(K):  # micro-batch k: the gradient exists from the second one on
-        live.append(resident + (grads if k > 0 else 0) + activation_peak)
-    live.append(resident + grads + optimizer_scratch)  # optimizer.step()
-    return max(live)
+#: ``(resident, activation_peak, grads, optimizer_scratch, accumulation_steps, peak)``: the
+#: step peaks at its largest phase (micro-batch 1 without a gradient, micro-batches 2..K with
+#: it, then optimizer.step()); written out.
+STEP_PEAK_CASES = [(100, 50, 30, 10, 1, 150), (100, 50, 30, 10, 4, 180), (100, 5, 30, 20, 2, 150),
+                   (1000, 400, 300, 200, 1, 1500), (1000, 400, 300, 200, 8, 1700),
+                   (7, 3, 2, 9, 3, 18)]
 
 
 @grader
@@ -36,11 +37,8 @@ def check_step_peak(fn):
     Args:
         fn (callable): the learner's ``step_peak``, called as above.
     """
-    cases = [(100, 50, 30, 10, 1), (100, 50, 30, 10, 4), (100, 5, 30, 20, 2), (1000, 400, 300, 200, 1),
-             (1000, 400, 300, 200, 8), (7, 3, 2, 9, 3)]
-    for resident, act, grads, scratch, K in cases:
+    for resident, act, grads, scratch, K, want in STEP_PEAK_CASES:
         got = fn(resident, act, grads, scratch, K)
-        want = _phases_peak(resident, act, grads, scratch, K)
         what = (f"resident={resident}, activation_peak={act}, grads={grads}, "
                 f"optimizer_scratch={scratch}, accumulation_steps={K}")
         if got == want:
@@ -65,6 +63,14 @@ def _quadratic(base, per_sample):
     return lambda b: base + per_sample * b + b * b
 
 
+#: ``(base, per_sample, budget_bytes, effective_batch, (micro_batch_size, accumulation_steps))``
+#: for ``peak_of(b) = base + per_sample * b + b * b``: the largest micro-batch that divides the
+#: effective batch and fits; written out.
+MICRO_BATCH_CASES = [(1000, 300, 2500, 16, (4, 4)), (1000, 300, 1000 + 1200 + 16, 16, (4, 4)),
+                     (1000, 300, 2700, 12, (4, 3)), (10, 1, 10**6, 24, (24, 1)),
+                     (500, 50, 560, 7, (1, 7))]
+
+
 @grader
 def check_largest_micro_batch(fn):
     """``fn(peak_of, budget_bytes, effective_batch)`` -> ``(micro_batch_size, accumulation_steps)``.
@@ -72,12 +78,8 @@ def check_largest_micro_batch(fn):
     Args:
         fn (callable): the learner's ``largest_micro_batch``, called as above.
     """
-    cases = [(_quadratic(1000, 300), 2500, 16), (_quadratic(1000, 300), 1000 + 1200 + 16, 16),
-             (_quadratic(1000, 300), 2700, 12), (_quadratic(10, 1), 10**6, 24),
-             (_quadratic(500, 50), 560, 7)]
-    for peak_of, budget, effective in cases:
-        fitting = [b for b in range(1, effective + 1) if effective % b == 0 and peak_of(b) <= budget]
-        want = (max(fitting), effective // max(fitting))
+    for base, per_sample, budget, effective, want in MICRO_BATCH_CASES:
+        peak_of = _quadratic(base, per_sample)
         got = fn(peak_of, budget, effective)
         what = f"budget {budget} bytes, effective batch {effective}"
         expect(isinstance(got, tuple) and len(got) == 2,

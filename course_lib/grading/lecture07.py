@@ -1,9 +1,10 @@
 """Checks for exercises/07_beyond_one_gpu.ipynb.
 
-The answers are derived here independently of ``course_lib.distributed.workers``: the
-effective batch and DDP's all-reduce count by counting, the average of the
-gradients with plain tensor arithmetic, FSDP2's shard sizes with ``torch.chunk``
-(which FSDP2 uses to cut each parameter along dim 0). ``average_gradients`` is
+The answers are derived independently of ``course_lib.distributed.workers``: the average of
+the gradients here, with plain tensor arithmetic; the effective batch and DDP's all-reduce count
+(by counting) and FSDP2's shard sizes (``torch.chunk`` along dim 0, as FSDP2 cuts each
+parameter) are written out for the public cases, their rules living with the grader
+(``course_tools/hidden.py``), which also draws cases of its own. ``average_gradients`` is
 run on simulated ranks: one thread per rank and an ``all_reduce_sum`` that
 meets the other threads at a barrier, as ``torch.distributed.all_reduce`` does.
 """
@@ -20,6 +21,15 @@ from . import CheckFailed, expect, grader, observe
 _BARRIER_TIMEOUT = 5.0  # seconds a simulated rank waits for the others in all_reduce_sum
 
 
+#: ``(world_size, micro_batch, accum_steps, n_buckets, use_no_sync, (effective batch,
+#: all-reduces))``: every rank runs K micro-batches, and each backward that synchronises
+#: all-reduces each bucket; written out.
+PLAN_CASES = [(2, 2, 4, 4, True, (16, 4)), (2, 2, 4, 4, False, (16, 16)),
+              (8, 1, 16, 10, True, (128, 10)), (8, 1, 16, 10, False, (128, 160)),
+              (4, 8, 1, 3, True, (32, 3)), (4, 8, 1, 3, False, (32, 3)),
+              (3, 5, 2, 1, False, (30, 2))]
+
+
 @grader
 def check_ddp_accumulation_plan(fn):
     """``fn(world_size, micro_batch, accum_steps, n_buckets, use_no_sync)``.
@@ -29,11 +39,7 @@ def check_ddp_accumulation_plan(fn):
     Args:
         fn (callable): the learner's ``ddp_accumulation_plan``, called as above.
     """
-    cases = [(2, 2, 4, 4, True), (2, 2, 4, 4, False), (8, 1, 16, 10, True),
-             (8, 1, 16, 10, False), (4, 8, 1, 3, True), (4, 8, 1, 3, False), (3, 5, 2, 1, False)]
-    for N, micro, K, buckets, no_sync in cases:
-        # Every rank runs K micro-batches; each backward that synchronises all-reduces each bucket.
-        truth = (N * micro * K, buckets * (1 if no_sync else K))
+    for N, micro, K, buckets, no_sync, truth in PLAN_CASES:
         args = f"{N}, {micro}, {K}, {buckets}, use_no_sync={no_sync}"
         got = fn(N, micro, K, buckets, no_sync)
         expect(isinstance(got, tuple | list) and len(got) == 2,
@@ -149,9 +155,11 @@ def check_average_gradients(fn):
                             "world_size, in place (p.grad.div_) or by assigning p.grad")
 
 
-def _chunk_numels(shape: tuple, world_size: int) -> list[int]:
-    chunks = torch.empty(shape, device="meta").chunk(world_size, dim=0)
-    return [c.numel() for c in chunks] + [0] * (world_size - len(chunks))
+#: ``(shape, world_size, elements per rank)``: ``torch.chunk`` along dim 0, ranks past the
+#: last chunk holding nothing; written out.
+NUMEL_CASES = [((257, 64), 2, [8256, 8192]), ((64,), 2, [32, 32]), ((10,), 3, [4, 4, 2]),
+               ((5, 3), 4, [6, 6, 3, 0]), ((3,), 4, [1, 1, 1, 0]), ((1, 8), 2, [8, 0]),
+               ((50257, 768), 8, [4825344] * 7 + [4819968]), ((7, 2, 2), 3, [12, 12, 4])]
 
 
 @grader
@@ -161,10 +169,7 @@ def check_fsdp_local_numel(fn):
     Args:
         fn (callable): the learner's ``fsdp_local_numel``, called as above.
     """
-    cases = [((257, 64), 2), ((64,), 2), ((10,), 3), ((5, 3), 4), ((3,), 4), ((1, 8), 2),
-             ((50257, 768), 8), ((7, 2, 2), 3)]
-    for shape, N in cases:
-        truth = _chunk_numels(shape, N)
+    for shape, N, truth in NUMEL_CASES:
         got = fn(shape, N)
         expect(isinstance(got, list | tuple) and len(got) == N,
                f"fsdp_local_numel({shape}, {N}) returned {got!r}, expected a list of {N} ints "

@@ -1,12 +1,13 @@
 """Checks for exercises/08_more_levers.ipynb.
 
-The answers are derived here independently of ``course_lib.training.levers``: the optimizer in
-backward against an ordinary AdamW step on a copy of the model, the chunked loss against
-``F.cross_entropy`` with the largest tensor the learner's code creates watched by a
-dispatch mode, the quantized state bytes from torchao's rules written out (codes, one fp32
-scale per block, one fp32 quantization map per state, only tensors of at least 4096
-elements that the block divides), the fit ladder's order from its three bands written out
-(free levers, then bytes saved per time paid, then levers that save nothing).
+The answers are derived independently of ``course_lib.training.levers``: here, the optimizer
+in backward against an ordinary AdamW step on a copy of the model, the chunked loss against
+``F.cross_entropy`` with the largest tensor the learner's code creates watched by a dispatch
+mode; written out for the public cases, the quantized state bytes (torchao's rules: codes, one
+fp32 scale per block, one fp32 quantization map per state, only tensors of at least 4096
+elements that the block divides) and the fit ladder's order (free levers, then bytes saved per
+time paid, then levers that save nothing), whose rules live with the grader
+(``course_tools/hidden.py``), which also draws cases of its own.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import expect, grader, observe
+from . import expect, grader, observe, observe_peak, peak_supported
 
 
 class _Tied(nn.Module):
@@ -162,11 +163,50 @@ def check_chunked_loss(fn):
                f"{case}: a tensor of {largest} elements appeared; one chunk of logits "
                f"has {min(chunk, N) * V}", hint="compute hidden[i:i + chunk_size] @ weight.T inside the loop, "
                                     "never hidden @ weight.T")
+    _check_chunked_memory(fn)
 
 
-#: torchao's block-wise quantized AdamW states, written out: elements per fp32 scale and the
-#: number of fp32 entries of each state's quantization map.
-_LOW_BIT = {8: (256, 256), 4: (128, 16)}
+def _check_chunked_memory(fn) -> None:
+    """A case whose full logits (256 MiB) dwarf a chunk's (4 MiB): the peak resident memory of
+    the process running ``fn`` must grow by less than half the full logits. Under the grader it
+    is measured from outside that process (:func:`course_lib.grading.observe_peak`), so a
+    learner's process that fakes the dispatch mode's count still shows what it allocated."""
+    g = torch.Generator().manual_seed(4)
+    N, h, V, chunk = 4096, 8, 16384, 64
+    hidden = torch.randn(N, h, generator=g)
+    weight = torch.randn(V, h, generator=g)
+    targets = torch.randint(0, V, (N,), generator=g)
+    targets[::7] = -100
+    kept = targets != -100
+    total = sum(F.cross_entropy(hidden[i:i + chunk] @ weight.T, targets[i:i + chunk],
+                                reduction="sum").double() for i in range(0, N, chunk))
+    truth = total / kept.sum()
+    run, grown = observe_peak(_chunked_run, fn, hidden, weight, targets, chunk)
+    case = f"chunk_size={chunk}, {N} tokens, a vocabulary of {V}, fp32"
+    got = torch.as_tensor(run["loss"], dtype=torch.float64)
+    expect(got.numel() == 1 and torch.allclose(got, truth, rtol=1e-4, atol=1e-5),
+           f"{case}: got {got.flatten()[:1].tolist()}, expected {truth.item():.6f}",
+           hint="sum the per-token losses over every chunk, then divide once by the number of "
+                "targets that are not -100")
+    full, one = N * V * 4, chunk * V * 4
+    if grown is None:
+        expect(not peak_supported(), f"{case}: the memory of the process running your code "
+               "could not be read", hint="do not change how your process can be inspected")
+        return
+    expect(grown < full // 2, f"{case}: the process running your code grew by "
+           f"{grown / 2**20:.0f} MiB; the full logits take {full / 2**20:.0f} MiB, one chunk "
+           f"{one / 2**20:.0f} MiB", hint="compute hidden[i:i + chunk_size] @ weight.T inside "
+           "the loop, never hidden @ weight.T, and keep no chunk's logits past its turn")
+
+
+#: ``(numel, bits, bytes of m and v)``: torchao's block-wise quantized AdamW states (8-bit:
+#: blocks of 256, a 256-entry map; 4-bit: blocks of 128, a 16-entry map; tensors under 4096
+#: elements or that the block does not divide stay in fp32); written out.
+QUANTIZED_CASES = [(4096, 8, 10368), (4096, 4, 4480), (1 << 20, 8, 2131968),
+                   (1 << 20, 4, 1114240), (100, 8, 800), (4095 * 256, 4, 1113968),
+                   (2048, 4, 16384), (4100, 8, 32800), (768 * 2304, 8, 3596288),
+                   (50257 * 768, 4, 41009840), (12800, 8, 28048)]
+_LOW_BIT = {8: (256, 256), 4: (128, 16)}  # block and map sizes, for the hint
 
 
 @grader
@@ -176,16 +216,11 @@ def check_quantized_state_bytes(fn):
     Args:
         fn (callable): the learner's ``quantized_state_bytes``, called as above.
     """
-    cases = [(4096, 8), (4096, 4), (1 << 20, 8), (1 << 20, 4), (100, 8), (4095 * 256, 4),
-             (2048, 4), (4100, 8), (768 * 2304, 8), (50257 * 768, 4), (12800, 8)]
-    for numel, bits in cases:
+    for numel, bits, truth in QUANTIZED_CASES:
         block, qmap = _LOW_BIT[bits]
-        if numel >= 4096 and numel % block == 0:
-            truth = 2 * (numel * bits // 8 + 4 * (numel // block) + 4 * qmap)
-            why = "quantized: codes, one fp32 scale per block, one fp32 map, for m and for v"
-        else:
-            truth = 2 * 4 * numel
-            why = ("left in fp32 (fewer than 4096 elements, or the block does not divide them)")
+        why = ("left in fp32 (fewer than 4096 elements, or the block does not divide them)"
+               if truth == 8 * numel else
+               "quantized: codes, one fp32 scale per block, one fp32 map, for m and for v")
         got = fn(numel, bits)
         expect(got == truth, f"quantized_state_bytes({numel}, {bits}) = {got!r}, expected "
                f"{truth} ({why})",
@@ -193,18 +228,9 @@ def check_quantized_state_bytes(fn):
                     f"{qmap} fp32 map entries; two states; small tensors stay at 4 bytes each")
 
 
-def _ladder_order(levers: list[tuple]) -> list[str]:
-    """The fit ladder's order written out in three bands (lecture 08, section 6)."""
-    free = [lv for lv in levers if lv[1] > 0 and lv[2] <= 0]
-    paid = [lv for lv in levers if lv[1] > 0 and lv[2] > 0]
-    nothing = [lv for lv in levers if lv[1] <= 0]
-    free.sort(key=lambda lv: (lv[2], -lv[1]))
-    paid.sort(key=lambda lv: -lv[1] / lv[2])
-    return [name for name, _, _ in free + paid + nothing]
-
-
 #: Cases for check_rank_levers: ``(name, bytes saved, time paid)``, each ordered without ties
-#: inside a band. The first is lecture 08's GPT-2 small on a T4, in MiB and rounded.
+#: inside a band. The first is lecture 08's GPT-2 small on a T4, in MiB and rounded. Their
+#: orders are :data:`LADDER_ANSWERS`.
 _LADDER_CASES = [
     [("precision", 9073, -0.875), ("accumulation", 35850, 0.0), ("4-bit states", 822, 0.0),
      ("chunked loss", 18401, 0.088), ("selective", 6932, 0.043), ("offload optimizer", 949, 0.007),
@@ -216,6 +242,15 @@ _LADDER_CASES = [
 ]
 
 
+#: The fit ladder's order of each of :data:`_LADDER_CASES` (lecture 08, section 6), written out.
+LADDER_ANSWERS = [
+    ["precision", "accumulation", "4-bit states", "chunked loss", "selective",
+     "offload optimizer", "blocks/1", "offload activations", "in backward"],
+    ["faster", "free", "fast and small", "slow but large", "adds bytes", "saves nothing"],
+    ["e", "a", "b", "c", "d"],
+]
+
+
 @grader
 def check_rank_levers(fn):
     """``fn(levers)``: lever names in the fit ladder's order, best first.
@@ -224,8 +259,7 @@ def check_rank_levers(fn):
         fn (callable): the learner's ``rank_levers``, called with a list of
             ``(name, bytes_saved, time_paid)``.
     """
-    for case in _LADDER_CASES:
-        truth = _ladder_order(case)
+    for case, truth in zip(_LADDER_CASES, LADDER_ANSWERS, strict=True):
         got = fn([tuple(lv) for lv in case])
         expect(isinstance(got, list | tuple) and list(got) == truth,
                f"for {[name for name, _, _ in case]} you gave {got!r}, expected {truth}",
