@@ -839,7 +839,8 @@ def step_seconds(config: GPTConfig, micro_batch_size: int, accumulation_steps: i
 
 def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: int,
               accumulation_steps: int = 1, *, mode: str = "none", every: int = 1,
-              precision: str = "fp32", seq_len: int | None = None, gpu=None) -> DeviceSpeed:
+              precision: str = "fp32", seq_len: int | None = None, gpu=None,
+              seconds: float | None = None) -> DeviceSpeed:
     """``speed`` with its matmul rate and memory bandwidth fitted to one measured step's split.
 
     ``split`` is the :class:`course_lib.measurement.timing.TimeSplit` of a step of this setting
@@ -855,6 +856,11 @@ def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: in
       ("fused kernel", "other pointwise", "optimizer") less the operators' fixed cost, which
       is floored at a tenth of that time (on a busy CPU the operators can seem to cost more
       than the whole).
+
+    On the CPU the profiler's times are wall clock, op by op: a busy machine (and the profiler
+    itself) inflates them, up to twice on a loaded 2-core machine here, where the process time
+    of :func:`course_lib.measurement.timing.step_times` is not. Pass that measured time as
+    ``seconds``: the split then gives only each class's share of it.
 
     The calibrated model then prices the other settings of the same model (other
     checkpointing modes, batch sizes) with rates the step really reached, where
@@ -874,6 +880,7 @@ def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: in
         seq_len (int, optional): its tokens per sequence.
         gpu (str or GPU, optional): whose kernels ran it: None for the CPU's, "cuda" for this
             kernel's GPU (the saved bytes, hence the pointwise bytes, depend on them).
+        seconds (float, optional): the step's measured time; None: the split's total.
 
     Returns:
         DeviceSpeed: measured, with the fitted rate and bandwidth and a ``source`` that says so.
@@ -902,12 +909,15 @@ def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: in
     plain = step_time(config, micro_batch_size, accumulation_steps, mode=mode, every=every,
                       precision=precision, seq_len=seq_len, gpu=gpu, speed=speed,
                       utilisation=1.0)
-    seconds = {name: number(f"split.seconds[{name!r}]", split.seconds.get(name, 0.0),
-                            minimum=0.0, maximum=1e6) for name in split.seconds}
-    matmul = seconds.get("matmul", 0.0) + seconds.get("attention", 0.0)
-    rest = sum(seconds.values()) - matmul
+    by_class = {name: number(f"split.seconds[{name!r}]", split.seconds.get(name, 0.0),
+                             minimum=0.0, maximum=1e6) for name in split.seconds}
+    matmul = by_class.get("matmul", 0.0) + by_class.get("attention", 0.0)
+    rest = sum(by_class.values()) - matmul
     if matmul <= 0 or rest <= 0:
         raise ValueError(f"split must hold matmul and other time, got {split.seconds!r:.120}")
+    if seconds is not None:  # the split's shares of the measured time
+        scale = number("seconds", seconds, above=0.0, maximum=1e6) / (matmul + rest)
+        matmul, rest = matmul * scale, rest * scale
     operators = plain.launch_seconds + (plain.optimizer_seconds
                                         - plain.optimizer_bytes / speed.memory_bandwidth)
     moving = max(rest - operators, rest / 10)
