@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from course_lib.device import pick_dtype
 from course_lib.measurement.memory import saved_bytes, saved_tensors
+from course_lib.model import kernels
 from course_lib.model.gpt import GPT, Block, GPTConfig, random_tokens
 from course_lib.prediction import activations as act
 
@@ -76,7 +77,7 @@ def test_the_sdpa_kernel_is_the_one_the_graph_shows():
     for dropout, kernel, node in [(0.0, "flash", "ScaledDotProductFlashAttentionForCpuBackward0"),
                                   (0.1, "math", "SafeSoftmaxBackward0")]:
         c = dataclasses.replace(cfg, dropout=dropout)
-        assert act.sdpa_kernel(c, torch.bfloat16, "cpu") == kernel
+        assert kernels.sdpa_kernel(c, torch.bfloat16, "cpu") == kernel
         model = GPT(c).to(torch.bfloat16)
         _, loss = model(*random_tokens(c, 2))
         assert node in {r.node for r in saved_tensors(loss)}
@@ -222,7 +223,7 @@ CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2)
     (lambda: act.predict_saved_bytes(CFG, 1, 8, torch.float32, autocast=True), "autocast"),
     (lambda: act.predict_saved_bytes(CFG, 1, 8, torch.bfloat16, autocast="yes"), "autocast"),
     (lambda: act.block_saved(CFG, True, 8), "batch_size"),
-    (lambda: act.sdpa_kernel(CFG, torch.float32, "mps"), "gpu"),
+    (lambda: kernels.sdpa_kernel(CFG, torch.float32, "mps"), "gpu"),
 ])
 def test_bad_inputs_raise_value_errors_naming_the_parameter(call, name):
     with pytest.raises(ValueError, match=name):

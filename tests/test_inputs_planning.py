@@ -146,8 +146,6 @@ CASES = {
                                     "seq_len", given_value(not_an_int(1, CFG.seq_len))),
     "korthikanti_terms.gpu": (lambda v: activations.korthikanti_terms(CFG, 1, gpu=v), "gpu",
                               NOT_A_GPU),
-    "activations.sdpa_kernel.config": (lambda v: activations.sdpa_kernel(v, "fp32"), "config",
-                                       NOT_A_CONFIG),
     # kernels
     "mask_dtype.dtype": (lambda v: kernels.mask_dtype(v), "dtype", NOT_A_DTYPE),
     "mask_dtype.gpu": (lambda v: kernels.mask_dtype("fp32", v), "gpu", NOT_A_GPU),

@@ -52,8 +52,8 @@ def test_optimizer_bytes_by_hand():
     assert tm.optimizer_bytes(10, "bf16-mixed") == 400  # + casts of grads (2+4) and weights (4+2)
     # per value of m or v: code read 1, fp32 written 4, update 8, scaling 12, 8 search rounds of
     # 40, rounding 60
-    assert tm.low_bit_state_bytes(8) == 1 + 4 + 8 + 12 + 320 + 60 == 405
-    assert tm.low_bit_state_bytes(4) == 1 + 4 + 8 + 12 + 160 + 60
+    assert tm.low_bit_bytes_moved(8) == 1 + 4 + 8 + 12 + 320 + 60 == 405
+    assert tm.low_bit_bytes_moved(4) == 1 + 4 + 8 + 12 + 160 + 60
     assert tm.optimizer_bytes(10, state_bits=8) == 10 * (28 + 2 * (405 - 8))
     assert tm.transfer_seconds(63_000_000_000, 63e9) == 1.0
 
@@ -152,7 +152,7 @@ def test_step_ops_are_counted_and_linear_in_depth():
     (lambda: tm.step_time({"n_layers": 2}, 1), "config"),
     (lambda: tm.optimizer_bytes(0), "n_params"),
     (lambda: tm.optimizer_bytes(1, state_bits=2), "state_bits"),
-    (lambda: tm.low_bit_state_bytes(32), "state_bits"),
+    (lambda: tm.low_bit_bytes_moved(32), "state_bits"),
     (lambda: tm.transfer_seconds(-1, 1e9), "nbytes"),
     (lambda: tm.transfer_seconds(1, 0), "bytes_per_second"),
     (lambda: tm.measure_speed("meta"), "device"),

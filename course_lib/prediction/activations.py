@@ -229,24 +229,6 @@ def _dropout_saved(name: str, shape: tuple, p: float, dtype: torch.dtype,
     return [Saved(name, "mask", shape, t.mask(dtype))] if p > 0 else []
 
 
-def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
-    """The kernel ``F.scaled_dot_product_attention`` picks: :func:`course_lib.model.kernels.sdpa_kernel`.
-
-    Args:
-        config (GPTConfig): the course GPT's shape.
-        dtype (torch.dtype or str): the dtype of q, k and v.
-        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
-            takes.
-
-    Returns:
-        str: one of :data:`course_lib.model.kernels.SDPA_KERNELS`.
-
-    Raises:
-        ValueError: naming ``config``, ``dtype`` or ``gpu``, for a bad value.
-    """
-    return kernels.sdpa_kernel(check_config(config), dtype, gpu)
-
-
 def core_items(config: GPTConfig, b: int, s: int, t: Target,
                 kernel: str | None = None) -> list[Saved]:
     """What the attention core (``softmax(q k^T / sqrt(d)) v``) keeps for the backward pass.

@@ -537,7 +537,7 @@ def optimizer_bytes(n_params: int, precision: str = "fp32", state_bits: int = 32
     weights back (``2e + 8`` more): 40 bytes per parameter in fp16/bf16-mixed.
 
     8- and 4-bit states (torchao's ``AdamW8bit``/``AdamW4bit`` as lecture 08 runs them, eagerly)
-    replace each state's ``2 s`` by :func:`low_bit_state_bytes` per value: smaller states save
+    replace each state's ``2 s`` by :func:`low_bit_bytes_moved` per value: smaller states save
     memory and cost time.
 
     Args:
@@ -561,7 +561,7 @@ def optimizer_bytes(n_params: int, precision: str = "fp32", state_bits: int = 32
     s, e = dtype_bytes(spec.state), dtype_bytes(spec.params)
     per = ADAMW_VALUES * s + (2 * e + 8 if spec.master else 0)
     if _bits(state_bits) != 32:  # two states, each 2 s in the plain count
-        per += 2 * (low_bit_state_bytes(state_bits) - 2 * s)
+        per += 2 * (low_bit_bytes_moved(state_bits) - 2 * s)
     return n * per
 
 
@@ -571,7 +571,7 @@ def _bits(state_bits) -> int:
     return state_bits
 
 
-def low_bit_state_bytes(state_bits: int) -> int:
+def low_bit_bytes_moved(state_bits: int) -> int:
     """Bytes the eager 8-/4-bit AdamW step moves per value of one state (``m`` or ``v``).
 
     Counted from torchao's step (``torchao/optim/quant_utils.py``, run eagerly as lecture 08
@@ -593,7 +593,7 @@ def low_bit_state_bytes(state_bits: int) -> int:
 
     Example::
 
-        low_bit_state_bytes(8)  # 405
+        low_bit_bytes_moved(8)  # 405
     """
     if _bits(state_bits) == 32:
         raise ValueError("state_bits must be 8 or 4 here, got 32")
@@ -937,5 +937,5 @@ def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: in
 __all__ = ["UTILISATION", "FP32_UTILISATION", "OP_SECONDS", "HOST_BANDWIDTH", "FORWARD_PASSES", "BACKWARD_PASSES",
            "ADAMW_VALUES", "CHECKPOINTING", "BASES", "DeviceSpeed", "datasheet_speed",
            "measure_speed", "device_speed", "calibrate", "step_ops", "matmul_flops", "pointwise_bytes",
-           "optimizer_bytes", "low_bit_state_bytes", "LOW_BIT_OPS_PER_ROUND", "LOW_BIT_OPS",
+           "optimizer_bytes", "low_bit_bytes_moved", "LOW_BIT_OPS_PER_ROUND", "LOW_BIT_OPS",
            "LOW_BIT_MIN_NUMEL", "transfer_seconds", "StepTime", "step_time", "step_seconds"]
