@@ -1,6 +1,6 @@
 """Companion package of the course "Training bigger models on smaller GPUs".
 
-Five modules at the top, which every lecture uses, then one wing (a subpackage) per concern,
+Five modules at the top, which the whole package uses, then one wing (a subpackage) per concern,
 in the order they build on one another. A module imports only the top modules above it, the
 wings above its own, and the modules above it in its wing's index (each wing's ``__init__``);
 ``tests/test_repo.py`` checks it, function bodies included:
