@@ -408,18 +408,14 @@ def _fitting(config: GPTConfig, budget: int, effective_batch: int, precision: st
     """Every ``(seconds, recompute, -b, mode, every, b)`` of ``config`` in ``precision`` whose step
     fits ``budget``, fastest first, and the memory of each, as ``(rows, memory)``.
 
-    The settings are visited in order of predicted time (:func:`time_model.step_seconds`, which
-    needs no memory prediction); a setting is predicted only when what is known does not decide
-    it: below the whole batch, memory grows with the micro-batch, so a policy's micro-batch
-    fits if a larger one of the same policy does, and does not if a smaller one does not.
+    For each policy, the whole batch at once is tried on its own (without accumulation the
+    gradient is never whole during a backward pass, so it can fit where half of it with
+    accumulation does not); below it memory grows with the micro-batch, so the largest that
+    fits is found by bisection and every smaller one fits. Each fitting setting is then timed
+    (:func:`time_model.step_seconds`).
     """
     seq_len = config.seq_len
     micro = _micro_batches(effective_batch, max_accumulation_steps)
-    rows = sorted((time_model.step_seconds(config, b, effective_batch // b, mode=mode,
-                                           every=every, precision=precision, gpu=gpu,
-                                           speed=speed),
-                   _recompute_fraction(config, mode, every, seq_len), -b, mode, every, b)
-                  for mode, every in policies for b in micro)
     memories = {}
 
     def memory(mode, every, b):
@@ -429,26 +425,22 @@ def _fitting(config: GPTConfig, budget: int, effective_batch: int, precision: st
                 gpu=gpu)
         return memories[mode, every, b]
 
-    fits_up_to, fails_from = {}, {}  # (mode, every) -> micro-batches known to fit / not
-    out = []
-    for row in rows:
-        mode, every, b = row[3:]
-        policy = (mode, every)
-        if b == effective_batch:  # no accumulation: the gradient is never whole during a
-            ok = memory(mode, every, b).total <= budget  # backward pass: not monotone with the rest
-        elif b <= fits_up_to.get(policy, 0):
-            ok = True
-        elif b >= fails_from.get(policy, MAX_BATCH + 1):
-            ok = False
-        else:
-            ok = memory(mode, every, b).total <= budget
-            if ok:
-                fits_up_to[policy] = max(b, fits_up_to.get(policy, 0))
-            else:
-                fails_from[policy] = min(b, fails_from.get(policy, MAX_BATCH + 1))
-        if ok:
-            out.append(row)
-    return out, memory
+    rows = []
+    for mode, every in policies:
+        def fits(b, mode=mode, every=every):
+            return memory(mode, every, b).total <= budget
+
+        below = micro[:-1] if micro[-1] == effective_batch else micro
+        largest = _largest(fits, below)
+        fitting = [b for b in below if b <= largest]
+        if below is not micro and fits(effective_batch):
+            fitting.append(effective_batch)
+        recompute = _recompute_fraction(config, mode, every, seq_len) if fitting else 0.0
+        rows += [(time_model.step_seconds(config, b, effective_batch // b, mode=mode,
+                                          every=every, precision=precision, gpu=gpu,
+                                          speed=speed), recompute, -b, mode, every, b)
+                 for b in fitting]
+    return sorted(rows), memory
 
 
 def _fit_of(config: GPTConfig, budget: int, effective_batch: int, precision: str, row, memory,
