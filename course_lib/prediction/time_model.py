@@ -311,7 +311,7 @@ def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None
     gelu = {"gelu": lambda: torch.nn.functional.gelu(block)}
     bandwidth = 2 * block.nbytes / _median_seconds(gelu, repeats, device)["gelu"]
     tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=2)
-    steps = {mode: _tiny_step(tiny, mode, "fp32", 1, device) for mode in CHECKPOINTING}
+    steps = {mode: _tiny_steps(tiny, mode, "fp32", device)[1] for mode in CHECKPOINTING}
     tiny_times = _median_seconds(steps, repeats, device)
     plain = tiny_times["none"]
     op_seconds = plain / sum(step_ops(tiny))
@@ -382,29 +382,33 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _tiny_step(config: GPTConfig, mode: str, precision: str, K: int, device) -> Callable[[], None]:
-    """One optimizer step of ``K`` micro-batches of one sequence, as a callable."""
+def _tiny_steps(config: GPTConfig, mode: str, precision: str,
+                device) -> dict[int, Callable[[], None]]:
+    """One optimizer step of ``K`` micro-batches of one sequence, for ``K`` of 1 and 2, as callables
+    that train one model and optimizer."""
     model, optimizer = build(config, precision=precision, mode=mode, device=device)
     options = train_options(precision, device)
     if options["grad_scaler"] is not None:  # a scale that never overflows: no step skipped
         options["grad_scaler"] = make_grad_scaler(torch.device(device).type, init_scale=1.0)
-    x = torch.zeros(K, config.seq_len, dtype=torch.long, device=device)
-    return lambda: train(model, optimizer, [(x, x)], micro_batch_size=1, accumulation_steps=K,
-                         **options)
+    x = torch.zeros(2, config.seq_len, dtype=torch.long, device=device)
+    return {K: functools.partial(train, model, optimizer, [(x[:K], x[:K])], micro_batch_size=1,
+                                 accumulation_steps=K, **options) for K in (1, 2)}
 
 
 @functools.lru_cache(maxsize=256)
 def _ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
          precision: str) -> tuple[int, int]:
-    """``(per micro-batch, per optimizer step)`` operators of a tiny GPT of this structure."""
+    """``(per micro-batch, per optimizer step)`` operators of a tiny GPT of this structure: the
+    steps of 1 and 2 micro-batches counted on one model, after a first step (the optimizer state
+    exists, as in every later step)."""
     tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=n_layers,
                      dropout=0.1 if dropout else 0.0, attention=attention, bias=bias)
+    steps = _tiny_steps(tiny, mode, precision, "cpu")
+    steps[1]()
     counts = []
     for K in (1, 2):
-        step = _tiny_step(tiny, mode, precision, K, "cpu")
-        step()
-        with _OpCounter() as counter:  # the second step: the optimizer state exists
-            step()
+        with _OpCounter() as counter:
+            steps[K]()
         counts.append(counter.ops)
     per_micro_batch = counts[1] - counts[0]
     return per_micro_batch, counts[0] - per_micro_batch
