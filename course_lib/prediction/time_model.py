@@ -31,6 +31,7 @@ operators, timed through :func:`course_lib.measurement.timing.step_times`), once
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,6 +55,7 @@ from course_lib.validation import (
     boolean,
     choice,
     integer,
+    items,
     number,
     optional_positive_int,
     positive_int,
@@ -451,6 +453,49 @@ def step_ops(config: GPTConfig, mode: str = "none",
     return tuple(a + (L - 1) * (b - a) for a, b in zip(one, two))
 
 
+def _counted(mode: str) -> str:
+    """The mode whose operators :func:`step_time` counts for ``mode``: ``sqrt`` segments rerun
+    whole blocks, as ``blocks`` does."""
+    return "blocks" if mode == "sqrt" else mode
+
+
+def count_ops(configs, modes=tuple(ckpt.MODES), precisions=("fp32",)) -> int:
+    """Counts now the operators :func:`step_time` will ask :func:`step_ops` for, and keeps them.
+
+    The counts depend on a model's structure (attention, dropout, bias), the checkpointing and
+    the precision, never on a slider's width, depth or batch: a widget's set-up counts what its
+    menus can reach once, so that no first visit to a setting waits for a tiny model to run.
+
+    Args:
+        configs (sequence of GPTConfig): models whose structures are counted (one count serves
+            every model of the same structure).
+        modes (sequence of str): checkpointing modes of
+            :data:`course_lib.training.checkpointing.MODES` (``sqrt`` is counted as ``blocks``).
+        precisions (sequence of str): of :data:`course_lib.prediction.engine.PRECISIONS`.
+
+    Returns:
+        int: the structures, modes and precisions counted (those already kept included).
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    configs = items("configs", configs, max_len=64)
+    for config in configs:
+        check_config(config)
+    modes = [_counted(choice("modes", m, ckpt.MODES)) for m in items("modes", modes, max_len=16)]
+    precisions = items("precisions", precisions, max_len=16)
+    for precision in precisions:
+        precision_of(precision, "precisions")
+    done = set()
+    for config in configs:
+        for mode, precision in itertools.product(("none", *modes), precisions):
+            key = (config.dropout > 0, config.attention, config.bias, mode, precision)
+            if key not in done:
+                step_ops(config, mode, precision)
+                done.add(key)
+    return len(done)
+
+
 def matmul_flops(config: GPTConfig, micro_batch_size: int, mode: str = "none", every: int = 1, *,
                  seq_len: int | None = None, precision: str = "fp32", gpu=None) -> tuple[int, int]:
     """``(flops, recomputed)`` of one micro-batch's forward, backward and recomputation.
@@ -785,7 +830,7 @@ def _step_time(config, b, K, mode, every, precision, seq_len, gpu, speed, u, sta
     # operators: every block runs the same ones, so a mode checkpointing some blocks reruns
     # its per-block extra in those only; ``sqrt`` segments rerun whole blocks
     regions = ckpt.checkpointed_regions(L, mode, every)
-    counted = "blocks" if mode == "sqrt" else mode
+    counted = _counted(mode)
     per_micro, per_step = step_ops(config, "none", precision)
     if mode != "none":
         extra_ops = step_ops(config, counted, precision)[0] - per_micro
@@ -840,6 +885,6 @@ def step_seconds(config: GPTConfig, micro_batch_size: int, accumulation_steps: i
 
 __all__ = ["UTILISATION", "FP32_UTILISATION", "OP_SECONDS", "HOST_BANDWIDTH", "FORWARD_PASSES", "BACKWARD_PASSES",
            "ADAMW_VALUES", "CHECKPOINTING", "BASES", "DeviceSpeed", "datasheet_speed",
-           "measure_speed", "device_speed", "step_ops", "matmul_flops", "pointwise_bytes",
+           "measure_speed", "device_speed", "step_ops", "count_ops", "matmul_flops", "pointwise_bytes",
            "optimizer_bytes", "low_bit_state_bytes", "LOW_BIT_OPS_PER_ROUND", "LOW_BIT_OPS",
            "LOW_BIT_MIN_NUMEL", "transfer_seconds", "StepTime", "step_time", "step_seconds"]
