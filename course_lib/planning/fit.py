@@ -467,10 +467,11 @@ def _settings(config: GPTConfig, budget: int, effective_batch: int, precision: s
     return _fit_of(config, budget, effective_batch, precision, rows[0], memory, gpu, speed)
 
 
-def _check_speed(speed, gpu) -> time_model.DeviceSpeed:
-    if speed is None:
-        return time_model.device_speed(gpu)
-    if not isinstance(speed, time_model.DeviceSpeed):
+def _check_speed(speed):
+    """``speed`` if it is a DeviceSpeed or None (the time model then uses
+    :func:`course_lib.prediction.time_model.device_speed` of the target, when a time is first
+    asked for: a search that finds nothing measures nothing)."""
+    if speed is not None and not isinstance(speed, time_model.DeviceSpeed):
         raise ValueError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
     return speed
 
@@ -514,7 +515,7 @@ def settings(config: GPTConfig, budget_bytes: int, *, effective_batch: int = 32,
     max_accumulation_steps = optional_positive_int(
         "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
     gpu = resolve_gpu(gpu)
-    speed = _check_speed(speed, gpu)
+    speed = _check_speed(speed)
     rows, memory = _fitting(config, budget, effective_batch, precision, policies,
                             max_accumulation_steps, gpu, speed)
     return [_fit_of(config, budget, effective_batch, precision, row, memory, gpu, speed)
@@ -654,7 +655,7 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
         "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
     _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
     gpu = resolve_gpu(gpu)
-    speed = _check_speed(speed, gpu)
+    speed = _check_speed(speed)
     micro = _micro_batches(effective_batch, max_accumulation_steps)
     # The least memory: the smallest micro-batch, or the whole batch without accumulation (see
     # _settings); a model fits if one of them does.
