@@ -425,15 +425,17 @@ def _fitting(config: GPTConfig, budget: int, effective_batch: int, precision: st
                 gpu=gpu)
         return memories[mode, every, b]
 
+    def fits(b, mode, every):  # a step whose floor is over the budget is not predicted
+        return (engine.predict_floor(config, b, effective_batch // b, precision=precision,
+                                     mode=mode, every=every, gpu=gpu) <= budget
+                and memory(mode, every, b).total <= budget)
+
     rows = []
     for mode, every in policies:
-        def fits(b, mode=mode, every=every):
-            return memory(mode, every, b).total <= budget
-
         below = micro[:-1] if micro[-1] == effective_batch else micro
-        largest = _largest(fits, below)
+        largest = _largest(lambda b, mode=mode, every=every: fits(b, mode, every), below)
         fitting = [b for b in below if b <= largest]
-        if below is not micro and fits(effective_batch):
+        if below is not micro and fits(effective_batch, mode, every):
             fitting.append(effective_batch)
         recompute = _recompute_fraction(config, mode, every, seq_len) if fitting else 0.0
         rows += [(time_model.step_seconds(config, b, effective_batch // b, mode=mode,
