@@ -26,6 +26,7 @@ from matplotlib.patches import Patch
 from course_lib.device import GPUS
 from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.planning import fit_ladder
+from course_lib.planning.fit import FIT_POLICIES
 from course_lib.prediction import time_model
 from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.formulas import mixed_precision_for
@@ -280,7 +281,7 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
                                  ("batch_size", batch_size, BATCHES)):
         if isinstance(value, bool) or value not in options:
             raise ValueError(f"{name} must be one of {options}, got {value!r}")
-    time_model.count_ops(list(models.values()), modes=[m for m, _ in fit_ladder.FIT_POLICIES],
+    time_model.count_ops(list(models.values()), modes=[m for m, _ in FIT_POLICIES],
                          precisions=["fp32", *sorted({mixed_precision_for(g)
                                                       for g in GPUS.values()})])
     wide = {"description_width": "initial"}
