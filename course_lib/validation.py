@@ -25,6 +25,8 @@ MAX_BYTES = 2**60
 def _as_int(value) -> int | None:
     """``value`` as an ``int`` if it is an integer (a Python, numpy or 0-d torch integer, never
     a bool or a float, even a whole one); ``None`` otherwise."""
+    if type(value) is int:  # the common case, first: predictions check thousands of shapes
+        return value
     if hasattr(value, "dtype") and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         item = value.item()  # a numpy or torch integer scalar
         value = item if isinstance(item, int) and not isinstance(item, bool) else value

@@ -5,7 +5,7 @@ here, the top modules of :mod:`course_lib` and the wings above this one):
 
 ====================  ==============================================================================
 ``planner``           05: the fastest checkpointing policy (predicted) that fits a memory budget
-``fit``               06: the largest GPT, or the largest batch, that trains within a budget
+``fit``               06: the largest GPT, or batch, within a budget; the fastest setting that fits
 ``guard``             06: a budget checked before a step runs and enforced while it runs
 ``fit_ladder``        08: every lever for one model and one GPU, ranked; the mix that fits
 ====================  ==============================================================================

@@ -12,7 +12,9 @@ not model-state memory: the claim check of lecture 06 measures it.
 :func:`largest_batch` finds, for one model, the largest micro-batch under each
 checkpointing policy; :func:`fit_model` finds the largest GPT of a search space
 and the settings (precision, micro-batch, accumulation steps, checkpointing)
-that train it with a given effective batch. The set-up those predictions are for,
+that train it with a given effective batch: of those that fit, the fastest by the course's one
+time model (:func:`course_lib.prediction.time_model.step_time`; :func:`settings` lists them
+all, fastest first). The set-up those predictions are for,
 and its measured step, are :mod:`course_lib.prediction.step_setup`'s; the guard that runs it
 under the budget is :mod:`course_lib.planning.guard`'s.
 """
@@ -21,21 +23,34 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from course_lib.device import resolve_gpu
-from course_lib.model.gpt import CONFIG_MAXIMUM, GPTConfig, check_config, gpt_param_count
-from course_lib.prediction import checkpointed, engine
+from course_lib.measurement import timing
+from course_lib.model.gpt import (
+    CONFIG_MAXIMUM,
+    GPTConfig,
+    check_config,
+    gpt_param_count,
+    random_tokens,
+)
+from course_lib.prediction import checkpointed, engine, step_setup, time_model
 from course_lib.prediction.engine import StepMemory, predict_step_memory
 from course_lib.prediction.formulas import training_memory
 from course_lib.training import checkpointing as ckpt
+from course_lib.training.loop import train
 from course_lib.units import format_bytes
 from course_lib.validation import (
     MAX_BATCH,
     MAX_BYTES,
     MAX_COUNT,
+    available_device as as_device,
+    items,
     number,
     optional_positive_int,
     positive_int,
@@ -44,7 +59,9 @@ from course_lib.validation import (
 FIT_PRECISIONS = engine.PRECISIONS
 #: The checkpointing policies the search considers, ``(mode, every)``, in order of increasing
 #: recompute (:func:`course_lib.prediction.checkpointed.step_flops`): none; matmul outputs kept, the rest
-#: of every block recomputed; every other block whole; every block; sqrt(n) segments.
+#: of every block recomputed; every other block whole; every block; sqrt(n) segments. The order
+#: of FLOPs is not that of time (lecture 05 measures ``selective`` as the slowest): a setting is
+#: chosen by its predicted step time (:func:`settings`).
 FIT_POLICIES = (("none", 1), ("selective", 1), ("blocks", 2), ("blocks", 1), ("sqrt", 1))
 #: Default search space of :func:`fit_model`: d_model in steps of 128, 1 to 128 layers, 64-wide heads,
 #: d_model / n_layers between 32 and 128 (see :func:`search_space`).
@@ -195,6 +212,8 @@ class Fit:
         memory (StepMemory): the predicted step.
         budget_bytes (int): the budget it was fitted to.
         recompute_fraction (float): recomputed FLOPs over a plain step's.
+        time (StepTime): the predicted optimizer step
+            (:func:`course_lib.prediction.time_model.step_time`), by term.
     """
 
     config: GPTConfig
@@ -207,6 +226,12 @@ class Fit:
     memory: StepMemory
     budget_bytes: int
     recompute_fraction: float
+    time: time_model.StepTime
+
+    @property
+    def seconds(self) -> float:
+        """Predicted seconds of one optimizer step: ``time.seconds``."""
+        return self.time.seconds
 
     @property
     def peak_bytes(self) -> int:
@@ -224,7 +249,8 @@ class Fit:
         return ckpt.policy_label(self.mode, self.every)
 
     def summary(self) -> str:
-        """Five lines: the model, the precision, the batch, the checkpointing and the peak.
+        """Six lines: the model, the precision, the batch, the checkpointing, the step's predicted
+        time and its peak.
 
         Returns:
             str: the lines joined by newlines.
@@ -237,9 +263,15 @@ class Fit:
             f"batch      : {self.micro_batch_size} x {self.accumulation_steps} accumulation steps "
             f"= {self.effective_batch} sequences per optimizer step",
             f"checkpoint : {self.label} (+{self.recompute_fraction:.0%} FLOPs against a plain step)",
+            f"step time  : {_format_seconds(self.seconds)} predicted ({self.time.basis})",
             f"peak       : {format_bytes(self.peak_bytes)} predicted, budget "
             f"{format_bytes(self.budget_bytes)} ({self.peak_bytes / self.budget_bytes:.0%})",
         ])
+
+
+def _format_seconds(seconds: float) -> str:
+    """``"32.1 ms"`` below a second, ``"1.25 s"`` from one."""
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def _check_space(widths, depths, head_size, aspect_ratio, seq_len=1024,
@@ -371,33 +403,165 @@ def _micro_batches(effective_batch: int, max_accumulation_steps: int | None) -> 
     return [d for d in _divisors(effective_batch) if effective_batch // d <= K]
 
 
+def _fitting(config: GPTConfig, budget: int, effective_batch: int, precision: str,
+             policies: tuple, max_accumulation_steps: int | None, gpu, speed) -> list:
+    """Every ``(seconds, recompute, -b, mode, every, b)`` of ``config`` in ``precision`` whose step
+    fits ``budget``, fastest first, and the memory of each, as ``(rows, memory)``.
+
+    For each policy, the whole batch at once is tried on its own (without accumulation the
+    gradient is never whole during a backward pass, so it can fit where half of it with
+    accumulation does not); below it memory grows with the micro-batch, so the largest that
+    fits is found by bisection and every smaller one fits. Each fitting setting is then timed
+    (:func:`time_model.step_seconds`).
+    """
+    seq_len = config.seq_len
+    micro = _micro_batches(effective_batch, max_accumulation_steps)
+    memories = {}
+
+    def memory(mode, every, b):
+        if (mode, every, b) not in memories:
+            memories[mode, every, b] = predict_step_memory(
+                config, b, effective_batch // b, precision=precision, mode=mode, every=every,
+                gpu=gpu)
+        return memories[mode, every, b]
+
+    def fits(b, mode, every):  # a step whose floor is over the budget is not predicted
+        return (engine.predict_floor(config, b, effective_batch // b, precision=precision,
+                                     mode=mode, every=every, gpu=gpu) <= budget
+                and memory(mode, every, b).total <= budget)
+
+    rows = []
+    for mode, every in policies:
+        below = micro[:-1] if micro[-1] == effective_batch else micro
+        largest = _largest(lambda b, mode=mode, every=every: fits(b, mode, every), below)
+        fitting = [b for b in below if b <= largest]
+        if below is not micro and fits(effective_batch, mode, every):
+            fitting.append(effective_batch)
+        recompute = _recompute_fraction(config, mode, every, seq_len) if fitting else 0.0
+        rows += [(time_model.step_seconds(config, b, effective_batch // b, mode=mode,
+                                          every=every, precision=precision, gpu=gpu,
+                                          speed=speed), recompute, -b, mode, every, b)
+                 for b in fitting]
+    return sorted(rows), memory
+
+
+def _fit_of(config: GPTConfig, budget: int, effective_batch: int, precision: str, row, memory,
+            gpu, speed) -> Fit:
+    mode, every, b = row[3:]
+    return Fit(config, gpt_param_count(config), precision, b, effective_batch // b, mode, every,
+               memory(mode, every, b), budget, row[1],
+               time_model.step_time(config, b, effective_batch // b, mode=mode, every=every,
+                                    precision=precision, gpu=gpu, speed=speed))
+
+
 def _settings(config: GPTConfig, budget: int, effective_batch: int, precision: str,
               policies: tuple, max_accumulation_steps: int | None = None,
-              gpu=None) -> Fit | None:
-    """The cheapest way to train ``config`` in ``precision`` under ``budget``, or None.
+              gpu=None, speed=None) -> Fit | None:
+    """The fastest way to train ``config`` in ``precision`` under ``budget``, or None.
 
-    Policies are tried in order of increasing recompute; for the first with any
-    fitting micro-batch (a divisor of ``effective_batch``), its largest one.
+    Of every policy and micro-batch (a divisor of ``effective_batch``) whose step fits, the least
+    predicted step time; ties go to the least recompute, then the largest micro-batch.
     """
-    micro = _micro_batches(effective_batch, max_accumulation_steps)
-    seq_len = config.seq_len
-    for mode, every in sorted(policies, key=lambda p: _recompute_fraction(config, *p, seq_len)):
-        def memory(b, mode=mode, every=every):
-            return predict_step_memory(config, b, effective_batch // b, precision=precision,
-                                       mode=mode, every=every, gpu=gpu)
+    rows, memory = _fitting(config, budget, effective_batch, precision, policies,
+                            max_accumulation_steps, gpu, speed)
+    if not rows:
+        return None
+    return _fit_of(config, budget, effective_batch, precision, rows[0], memory, gpu, speed)
 
-        # Without accumulation the gradient is never whole during a backward pass, so the whole
-        # batch at once can fit where half of it with accumulation does not: try it on its own.
-        # Below it, memory grows with the micro-batch: bisect.
-        if micro[-1] == effective_batch and memory(effective_batch).total <= budget:
-            b = effective_batch
-        else:
-            b = _largest(lambda b: memory(b).total <= budget, micro[:-1] or micro)
-        if b:
-            return Fit(config, gpt_param_count(config), precision, b, effective_batch // b,
-                       mode, every, memory(b), budget,
-                       _recompute_fraction(config, mode, every, seq_len))
-    return None
+
+def _check_speed(speed):
+    """``speed`` if it is a DeviceSpeed or None (the time model then uses
+    :func:`course_lib.prediction.time_model.device_speed` of the target, when a time is first
+    asked for: a search that finds nothing measures nothing)."""
+    if speed is not None and not isinstance(speed, time_model.DeviceSpeed):
+        raise ValueError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
+    return speed
+
+
+def settings(config: GPTConfig, budget_bytes: int, *, effective_batch: int = 32,
+             precision: str = "fp32", policies: Sequence[tuple[str, int]] = FIT_POLICIES,
+             max_accumulation_steps: int | None = None, gpu=None,
+             speed: time_model.DeviceSpeed | None = None) -> list[Fit]:
+    """Every setting of one model and precision whose step fits ``budget_bytes``, fastest first.
+
+    A setting is a checkpointing policy of ``policies`` and a micro-batch ``b`` dividing
+    ``effective_batch`` (with ``effective_batch // b`` accumulation steps). Each is timed by the
+    course's one time model (:func:`course_lib.prediction.time_model.step_time`) and its step
+    predicted by :func:`predict_step_memory`; the first is what :func:`fit_model` chooses for
+    the model it finds. Ties go to the least recompute, then the largest micro-batch.
+
+    Args:
+        config (GPTConfig): the model.
+        budget_bytes (int): the memory, in bytes, from 1 to
+            :data:`course_lib.validation.MAX_BYTES`.
+        effective_batch (int): sequences per optimizer step, up to :data:`MAX_EFFECTIVE_BATCH`.
+        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
+        policies (sequence of tuple): ``(mode, every)`` checkpointing policies.
+        max_accumulation_steps (int, optional): the most accumulation steps (None: no limit).
+        gpu (str or GPU, optional): where it trains, as :func:`predict_step_memory` takes it.
+        speed (DeviceSpeed, optional): the time model's figures; default
+            :func:`course_lib.prediction.time_model.device_speed` of ``gpu`` (this CPU measured
+            once, or a preset's datasheet).
+
+    Returns:
+        list of Fit: fastest first; empty when nothing fits.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    check_config(config)
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    effective_batch = positive_int("effective_batch", effective_batch, maximum=MAX_EFFECTIVE_BATCH)
+    engine.precision_of(precision)
+    policies = _check_policies(policies)
+    max_accumulation_steps = optional_positive_int(
+        "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
+    gpu = resolve_gpu(gpu)
+    speed = _check_speed(speed)
+    rows, memory = _fitting(config, budget, effective_batch, precision, policies,
+                            max_accumulation_steps, gpu, speed)
+    return [_fit_of(config, budget, effective_batch, precision, row, memory, gpu, speed)
+            for row in rows]
+
+
+def measure_seconds(fits: Sequence[Fit], *, device: str | torch.device = "cpu",
+                    repeats: int = 3) -> list[float]:
+    """Each setting's optimizer step measured: the median seconds over ``repeats`` runs.
+
+    Each :class:`Fit` is built (:func:`course_lib.prediction.step_setup.build`, seed 0) and
+    trained one whole optimizer step on random tokens, its micro-batches and accumulation steps
+    as the setting says; :func:`course_lib.measurement.timing.step_times` times the steps in
+    turn, round after round, after a warm-up (on a GPU the wall clock after synchronizing,
+    elsewhere the process's CPU time), as the time model's figures for this device were
+    measured. What :attr:`Fit.seconds` predicts, so the two compare.
+
+    Args:
+        fits (sequence of Fit): up to 16 settings (:func:`settings`, :func:`fit_model`).
+        device (str or torch.device): where they run.
+        repeats (int): rounds, from 1 to 100.
+
+    Returns:
+        list of float: seconds per optimizer step, in the order of ``fits``.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    fits = items("fits", fits, max_len=16)
+    if not fits or not all(isinstance(f, Fit) for f in fits):
+        raise ValueError(f"fits must be a non-empty sequence of Fit, got {fits!r:.80}")
+    repeats = positive_int("repeats", repeats, maximum=100)
+    device = as_device("device", device)
+    steps = {}
+    for i, f in enumerate(fits):
+        model, optimizer = step_setup.build(f.config, precision=f.precision, mode=f.mode,
+                                            every=f.every, device=device)
+        x, y = random_tokens(f.config, f.effective_batch, device=device)
+        steps[str(i)] = functools.partial(
+            train, model, optimizer, [(x, y)], micro_batch_size=f.micro_batch_size,
+            accumulation_steps=f.accumulation_steps,
+            **step_setup.train_options(f.precision, device))
+    medians = timing.step_times(steps, repeats=repeats, device=device).median()
+    return [medians[str(i)] for i in range(len(fits))]
 
 
 def _state_bytes(precision: str) -> tuple[int, int]:
@@ -428,7 +592,8 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
               aspect_ratio: tuple | None = DEFAULT_ASPECT_RATIO,
               precisions: Sequence[str] = ("bf16-mixed", "fp32"),
               policies: Sequence[tuple[str, int]] = FIT_POLICIES,
-              max_accumulation_steps: int | None = None, gpu=None) -> Fit:
+              max_accumulation_steps: int | None = None, gpu=None,
+              speed: time_model.DeviceSpeed | None = None) -> Fit:
     """The largest GPT of the search space that trains within ``budget_bytes``, and how.
 
     Search space: :func:`search_space` (``d_model`` in ``widths``, ``n_layers`` in
@@ -439,9 +604,11 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     ``effective_batch`` with ``effective_batch // b`` accumulation steps, and a
     checkpointing policy of ``policies``. For the largest fitting model the
     setting chosen is: the first precision of ``precisions`` that fits (the order
-    is a preference: ``"bf16-mixed"`` before ``"fp32"`` by default; pure
-    ``"bf16"`` only if listed), then the policy with the least recompute, then
-    the largest micro-batch.
+    is a preference, since precisions train differently: ``"bf16-mixed"`` before
+    ``"fp32"`` by default; pure ``"bf16"`` only if listed), then, of the policies and
+    micro-batches that fit in it, the fastest by predicted step time
+    (:func:`settings`; the course's one time model,
+    :func:`course_lib.prediction.time_model.step_time`).
 
     Search: memory grows with depth at a fixed width and with width at a fixed depth,
     so each width's deepest fitting model is found by bisection above the deepest
@@ -466,9 +633,11 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
             up to :data:`MAX_EFFECTIVE_BATCH`.
         gpu (str or GPU, optional): where it trains, as :func:`predict_step_memory` takes it (the
             budget is still ``budget_bytes``).
+        speed (DeviceSpeed, optional): the time model's figures; default
+            :func:`course_lib.prediction.time_model.device_speed` of ``gpu``.
 
     Returns:
-        Fit: the model, its setting and its predicted memory.
+        Fit: the model, its setting, its predicted memory and time.
 
     Raises:
         ValueError: if nothing fits, and naming the argument for a bad one: counts are ints,
@@ -488,6 +657,7 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
         "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
     _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
     gpu = resolve_gpu(gpu)
+    speed = _check_speed(speed)
     micro = _micro_batches(effective_batch, max_accumulation_steps)
     # The least memory: the smallest micro-batch, or the whole batch without accumulation (see
     # _settings); a model fits if one of them does.
@@ -535,7 +705,7 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
     if best is not None:
         for precision in precisions:
             fit = _settings(best, budget, effective_batch, precision, policies,
-                            max_accumulation_steps, gpu)
+                            max_accumulation_steps, gpu, speed)
             if fit is not None:
                 return fit
     smallest = configs[-1]
@@ -545,4 +715,4 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
 
 
 __all__ = ["FIT_PRECISIONS", "FIT_POLICIES", "BatchFit", "Fit", "largest_batch", "search_space",
-           "fit_model"]
+           "settings", "measure_seconds", "fit_model"]

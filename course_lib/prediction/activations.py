@@ -95,10 +95,12 @@ class Saved:
     def __post_init__(self):
         for name in ("op", "what"):
             text(name, getattr(self, name))
-        if isinstance(self.shape, str | bytes) or not isinstance(self.shape, tuple | list):
-            raise ValueError(f"shape must be a tuple of ints >= 0, got {self.shape!r}")
-        shape = tuple(integer("shape", d, minimum=0, maximum=MAX_COUNT) for d in self.shape)
-        object.__setattr__(self, "shape", shape)
+        if type(self.shape) is not tuple or not all(  # the common case checked at once
+                type(d) is int and 0 <= d <= MAX_COUNT for d in self.shape):
+            if isinstance(self.shape, str | bytes) or not isinstance(self.shape, tuple | list):
+                raise ValueError(f"shape must be a tuple of ints >= 0, got {self.shape!r}")
+            shape = tuple(integer("shape", d, minimum=0, maximum=MAX_COUNT) for d in self.shape)
+            object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", as_dtype(self.dtype))
         choice("kind", self.kind, KINDS)
 

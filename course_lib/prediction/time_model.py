@@ -31,6 +31,7 @@ operators, timed through :func:`course_lib.measurement.timing.step_times`), once
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ from course_lib.validation import (
     choice,
     device as as_device,
     integer,
+    items,
     number,
     optional_positive_int,
     positive_int,
@@ -311,7 +313,7 @@ def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None
     gelu = {"gelu": lambda: torch.nn.functional.gelu(block)}
     bandwidth = 2 * block.nbytes / _median_seconds(gelu, repeats, device)["gelu"]
     tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=2)
-    steps = {mode: _tiny_step(tiny, mode, "fp32", 1, device) for mode in CHECKPOINTING}
+    steps = {mode: _tiny_steps(tiny, mode, "fp32", device)[1] for mode in CHECKPOINTING}
     tiny_times = _median_seconds(steps, repeats, device)
     plain = tiny_times["none"]
     op_seconds = plain / sum(step_ops(tiny))
@@ -382,29 +384,33 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _tiny_step(config: GPTConfig, mode: str, precision: str, K: int, device) -> Callable[[], None]:
-    """One optimizer step of ``K`` micro-batches of one sequence, as a callable."""
+def _tiny_steps(config: GPTConfig, mode: str, precision: str,
+                device) -> dict[int, Callable[[], None]]:
+    """One optimizer step of ``K`` micro-batches of one sequence, for ``K`` of 1 and 2, as callables
+    that train one model and optimizer."""
     model, optimizer = build(config, precision=precision, mode=mode, device=device)
     options = train_options(precision, device)
     if options["grad_scaler"] is not None:  # a scale that never overflows: no step skipped
         options["grad_scaler"] = make_grad_scaler(torch.device(device).type, init_scale=1.0)
-    x = torch.zeros(K, config.seq_len, dtype=torch.long, device=device)
-    return lambda: train(model, optimizer, [(x, x)], micro_batch_size=1, accumulation_steps=K,
-                         **options)
+    x = torch.zeros(2, config.seq_len, dtype=torch.long, device=device)
+    return {K: functools.partial(train, model, optimizer, [(x[:K], x[:K])], micro_batch_size=1,
+                                 accumulation_steps=K, **options) for K in (1, 2)}
 
 
 @functools.lru_cache(maxsize=256)
 def _ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
          precision: str) -> tuple[int, int]:
-    """``(per micro-batch, per optimizer step)`` operators of a tiny GPT of this structure."""
+    """``(per micro-batch, per optimizer step)`` operators of a tiny GPT of this structure: the
+    steps of 1 and 2 micro-batches counted on one model, after a first step (the optimizer state
+    exists, as in every later step)."""
     tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=n_layers,
                      dropout=0.1 if dropout else 0.0, attention=attention, bias=bias)
+    steps = _tiny_steps(tiny, mode, precision, "cpu")
+    steps[1]()
     counts = []
     for K in (1, 2):
-        step = _tiny_step(tiny, mode, precision, K, "cpu")
-        step()
-        with _OpCounter() as counter:  # the second step: the optimizer state exists
-            step()
+        with _OpCounter() as counter:
+            steps[K]()
         counts.append(counter.ops)
     per_micro_batch = counts[1] - counts[0]
     return per_micro_batch, counts[0] - per_micro_batch
@@ -445,6 +451,49 @@ def step_ops(config: GPTConfig, mode: str = "none",
     one, two = _ops(1, *key), _ops(2, *key)
     L = config.n_layers
     return tuple(a + (L - 1) * (b - a) for a, b in zip(one, two))
+
+
+def _counted(mode: str) -> str:
+    """The mode whose operators :func:`step_time` counts for ``mode``: ``sqrt`` segments rerun
+    whole blocks, as ``blocks`` does."""
+    return "blocks" if mode == "sqrt" else mode
+
+
+def count_ops(configs, modes=tuple(ckpt.MODES), precisions=("fp32",)) -> int:
+    """Counts now the operators :func:`step_time` will ask :func:`step_ops` for, and keeps them.
+
+    The counts depend on a model's structure (attention, dropout, bias), the checkpointing and
+    the precision, never on a slider's width, depth or batch: a widget's set-up counts what its
+    menus can reach once, so that no first visit to a setting waits for a tiny model to run.
+
+    Args:
+        configs (sequence of GPTConfig): models whose structures are counted (one count serves
+            every model of the same structure).
+        modes (sequence of str): checkpointing modes of
+            :data:`course_lib.training.checkpointing.MODES` (``sqrt`` is counted as ``blocks``).
+        precisions (sequence of str): of :data:`course_lib.prediction.engine.PRECISIONS`.
+
+    Returns:
+        int: the structures, modes and precisions counted (those already kept included).
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    configs = items("configs", configs, max_len=64)
+    for config in configs:
+        check_config(config)
+    modes = [_counted(choice("modes", m, ckpt.MODES)) for m in items("modes", modes, max_len=16)]
+    precisions = items("precisions", precisions, max_len=16)
+    for precision in precisions:
+        precision_of(precision, "precisions")
+    done = set()
+    for config in configs:
+        for mode, precision in itertools.product(("none", *modes), precisions):
+            key = (config.dropout > 0, config.attention, config.bias, mode, precision)
+            if key not in done:
+                step_ops(config, mode, precision)
+                done.add(key)
+    return len(done)
 
 
 def matmul_flops(config: GPTConfig, micro_batch_size: int, mode: str = "none", every: int = 1, *,
@@ -781,7 +830,7 @@ def _step_time(config, b, K, mode, every, precision, seq_len, gpu, speed, u, sta
     # operators: every block runs the same ones, so a mode checkpointing some blocks reruns
     # its per-block extra in those only; ``sqrt`` segments rerun whole blocks
     regions = ckpt.checkpointed_regions(L, mode, every)
-    counted = "blocks" if mode == "sqrt" else mode
+    counted = _counted(mode)
     per_micro, per_step = step_ops(config, "none", precision)
     if mode != "none":
         extra_ops = step_ops(config, counted, precision)[0] - per_micro
@@ -936,6 +985,7 @@ def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: in
 
 __all__ = ["UTILISATION", "FP32_UTILISATION", "OP_SECONDS", "HOST_BANDWIDTH", "FORWARD_PASSES", "BACKWARD_PASSES",
            "ADAMW_VALUES", "CHECKPOINTING", "BASES", "DeviceSpeed", "datasheet_speed",
-           "measure_speed", "device_speed", "calibrate", "step_ops", "matmul_flops", "pointwise_bytes",
-           "optimizer_bytes", "low_bit_bytes_moved", "LOW_BIT_OPS_PER_ROUND", "LOW_BIT_OPS",
+           "measure_speed", "device_speed", "calibrate", "step_ops", "count_ops", "matmul_flops",
+           "pointwise_bytes", "optimizer_bytes", "low_bit_bytes_moved", "LOW_BIT_OPS_PER_ROUND",
+           "LOW_BIT_OPS",
            "LOW_BIT_MIN_NUMEL", "transfer_seconds", "StepTime", "step_time", "step_seconds"]

@@ -22,9 +22,9 @@ import functools
 from collections.abc import Mapping, Sequence
 
 from course_lib.device import GPU, GPUS, live_gpu
-from course_lib.model.gpt import CONFIG_MAXIMUM
+from course_lib.model.gpt import CONFIG_MAXIMUM, GPTConfig
 from course_lib.planning import fit
-from course_lib.prediction import engine
+from course_lib.prediction import engine, time_model
 from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.formulas import mixed_precision_for
 from course_lib.units import GB, GiB, MiB, format_bytes
@@ -276,6 +276,9 @@ def setup_explorer(fig, animated: bool = True) -> dict:
     lines; :func:`draw_explorer` sets their numbers, the title and the legend. With
     ``animated``, the bars, the lines and the title are drawn over a kept picture of the rest
     (:func:`course_lib.views.widgets.render_png`), which the axis limit and the legend select.
+    It also counts, once, the operators the time model needs for every card's precisions and
+    the planner's checkpointing (:func:`course_lib.prediction.time_model.count_ops`): they do
+    not change with the sliders, and no first visit to a card waits for them.
 
     Args:
         fig (matplotlib.figure.Figure): the empty figure to draw on.
@@ -286,6 +289,9 @@ def setup_explorer(fig, animated: bool = True) -> dict:
         dict: the artists, for :func:`draw_explorer`.
     """
     check_figure("fig", fig)
+    time_model.count_ops([GPTConfig()], modes=[mode for mode, _ in fit.FIT_POLICIES],
+                         precisions=["fp32", *sorted({mixed_precision_for(g)
+                                                      for g in GPUS.values()})])
     ax = fig.subplots()
     fig.subplots_adjust(left=0.15, right=0.98, bottom=0.36, top=0.8)
     # the bars first, row by row (as draw_steps stacks them), then the lines and the text

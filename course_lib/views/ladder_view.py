@@ -26,7 +26,10 @@ from matplotlib.patches import Patch
 from course_lib.device import GPUS
 from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.planning import fit_ladder
+from course_lib.planning.fit import FIT_POLICIES
+from course_lib.prediction import time_model
 from course_lib.prediction.engine import StepMemory
+from course_lib.prediction.formulas import mixed_precision_for
 from course_lib.units import GiB, MiB, format_bytes
 from course_lib.validation import choice, positive_int
 from course_lib.views.widgets import check_figsize, check_figure, live_plot, nice_ceiling
@@ -248,7 +251,10 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
     """Lecture 08's widget: the fit ladder for a model, a card, tokens and batch of one's choice.
 
     Every change calls :func:`course_lib.planning.fit_ladder.ladder` and redraws the chart of
-    :func:`ladder_figure`; below it, :func:`climb_text` prints the combination that fits.
+    :func:`ladder_figure`; below it, :func:`climb_text` prints the combination that fits. The
+    operators the time model needs for every model, card precision and checkpointing mode on
+    offer are counted once here (:func:`course_lib.prediction.time_model.count_ops`): they do
+    not change with the menus, and no first visit waits for them.
 
     Args:
         models (dict, optional): name -> ``GPTConfig`` (default :data:`LADDER_MODELS`); each
@@ -275,6 +281,9 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
                                  ("batch_size", batch_size, BATCHES)):
         if isinstance(value, bool) or value not in options:
             raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    time_model.count_ops(list(models.values()), modes=[m for m, _ in FIT_POLICIES],
+                         precisions=["fp32", *sorted({mixed_precision_for(g)
+                                                      for g in GPUS.values()})])
     wide = {"description_width": "initial"}
 
     def draw(artists, model, gpu, seq_len, batch_size):
