@@ -443,7 +443,7 @@ def test_a_lora_rank_is_named_and_at_most_the_width():
     with pytest.raises(ValueError, match="^plan.lora_rank must be a positive int of at most 8"):
         fit_ladder.predict_plan(CFG, 2, fit_ladder.Plan(lora_rank=10**6))
     with pytest.raises(ValueError, match="^plan.lora_rank must be a positive int of at most 8"):
-        fit_ladder.step_seconds(CFG, 2, fit_ladder.Plan(lora_rank=9), "T4")
+        fit_ladder.plan_seconds(CFG, 2, fit_ladder.Plan(lora_rank=9), "T4")
     with pytest.raises(ValueError, match="^rank must be a positive int of at most 8, got 9"):
         levers.lora_parameter_count(CFG, 9)
     assert levers.lora_parameter_count(CFG, 8) == 16 * 8 * 8 * CFG.n_layers

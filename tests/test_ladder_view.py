@@ -17,11 +17,11 @@ def _texts(fig) -> list[str]:
 
 
 def test_capacity_label_gives_pytorchs_memory_and_nvidia_smis():
-    label = ladder_view.capacity_label("T4")
+    label = ladder_view._capacity_label("T4")
     assert label.startswith("T4: 14.58 GiB as PyTorch reports it")
     assert f"nvidia-smi: {GPUS['T4'].smi_memory // MiB:,} MiB" in label
     with pytest.raises(ValueError, match="gpu"):
-        ladder_view.capacity_label("V100")
+        ladder_view._capacity_label("V100")
 
 
 def test_peak_parts_stack_to_the_peak_and_label_the_card():
@@ -31,7 +31,7 @@ def test_peak_parts_stack_to_the_peak_and_label_the_card():
     right_edge = max(p.get_x() + p.get_width() for p in ax.patches)
     assert right_edge == pytest.approx(peak.total / GiB)
     assert ax.lines[0].get_xdata()[0] == pytest.approx(GPUS["T4"].total_memory / GiB)
-    assert ladder_view.capacity_label("T4") in " ".join(_texts(fig))
+    assert ladder_view._capacity_label("T4") in " ".join(_texts(fig))
     assert len(ax.get_legend().get_texts()) == len(ladder_view.PARTS)
     with pytest.raises(ValueError, match="jobs"):
         ladder_view.peak_parts_figure({}, "T4")
@@ -48,7 +48,7 @@ def test_the_ladder_chart_draws_each_rung_its_rank_and_the_labelled_budget():
     assert widths[1:] == pytest.approx([r.memory.total / GiB for r in result.listed])
     texts = " ".join(_texts(fig))
     assert "#1," in texts and f"#{len(result.rungs)}," in texts
-    assert ladder_view.capacity_label("T4") in texts
+    assert ladder_view._capacity_label("T4") in texts
     budget = [line for line in ax.lines if line.get_linestyle() == "--"][0]
     assert budget.get_xdata()[0] == pytest.approx(result.budget_bytes / GiB)
 

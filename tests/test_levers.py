@@ -321,11 +321,11 @@ def test_ladder_ranks_every_lever_by_bytes_saved_per_time_paid_and_finds_a_fit()
     # Each rung's bytes and time again from its plan, by the engine and the time model
     # directly: free levers by time gained (most first), the others by bytes per time paid.
     base = fit_ladder.predict_plan(GPT2, 32, fit_ladder.Plan(), gpu="T4")
-    base_s = fit_ladder.step_seconds(GPT2, 32, fit_ladder.Plan(), "T4")
+    base_s = fit_ladder.plan_seconds(GPT2, 32, fit_ladder.Plan(), "T4")
 
     def again(r):
         saved = base.total - fit_ladder.predict_plan(GPT2, 32, r.plan, gpu="T4").total
-        return saved, fit_ladder.step_seconds(GPT2, 32, r.plan, "T4") / base_s - 1
+        return saved, fit_ladder.plan_seconds(GPT2, 32, r.plan, "T4") / base_s - 1
 
     assert all(again(r)[0] > 0 and again(r)[1] <= 1e-6 for r in free)
     assert all(again(a)[1] <= again(b)[1] for a, b in zip(free, free[1:]))
@@ -416,4 +416,4 @@ def test_ladder_validates():
     with pytest.raises(ValueError, match="seq_len"):
         fit_ladder.ladder(GPT2, "T4", seq_len=4096)
     with pytest.raises(ValueError, match="utilization"):
-        fit_ladder.step_seconds(GPT2, 8, fit_ladder.Plan(), "T4", utilization=0)
+        fit_ladder.plan_seconds(GPT2, 8, fit_ladder.Plan(), "T4", utilization=0)

@@ -3,7 +3,7 @@
 :class:`Plan` is one way to run a step (a setting per lever); :func:`predict_plan` predicts
 its peak bytes (the memory engine for precision, accumulation, checkpointing and the
 chunked loss; closed forms over the engine's moments for the levers of lecture 08) and
-:func:`step_seconds` its time (the course's one time model, :mod:`course_lib.prediction.time_model`, from
+:func:`plan_seconds` its time (the course's one time model, :mod:`course_lib.prediction.time_model`, from
 datasheet figures: a prediction, not a measurement);
 :func:`ladder` ranks every lever alone by bytes saved per time paid, both against the plain
 step, and adds them in that order until the step fits the GPU. The chart and the widget of
@@ -254,7 +254,7 @@ def _check_plan(plan) -> Plan:
     return plan
 
 
-def step_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
+def plan_seconds(config: GPTConfig, batch_size: int, plan: Plan, gpu: str, *,
                  seq_len: int | None = None, utilization: float | None = None) -> float:
     """Predicted seconds of one optimizer step run as ``plan`` on the preset ``gpu``.
 
@@ -463,7 +463,7 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
     The plain step is fp32 AdamW, the whole batch of ``batch_size`` sequences at once,
     nothing checkpointed, offloaded or sharded: the one baseline of every saving and every
     price. Each lever alone (a :class:`Rung`) is predicted with :func:`predict_plan` (bytes
-    saved) and :func:`step_seconds` (time paid, as a fraction of the plain step's predicted
+    saved) and :func:`plan_seconds` (time paid, as a fraction of the plain step's predicted
     time: datasheet figures, not a measurement); the rungs are ranked by bytes saved per time
     paid (:func:`rank_key`: the levers that cost no time first, the job-changing levers,
     :data:`JOB_CHANGING`: LoRA trains other parameters, ZeRO needs ``world_size`` GPUs,
@@ -484,7 +484,7 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
             or ``config.d_model`` if smaller).
         world_size (int): GPUs for the ZeRO rungs.
         utilization (float): share of the GPU's peak FLOP/s the step reaches
-            (:func:`step_seconds`).
+            (:func:`plan_seconds`).
 
     Returns:
         Ladder: the rungs, the combination and whether it fits; the same (frozen) object for
@@ -529,7 +529,7 @@ def _ladder(config: GPTConfig, gpu: str, batch_size: int, seq_len: int, budget: 
         return predict_plan(config, batch_size, plan, gpu=gpu, seq_len=seq_len)
 
     def seconds(plan):
-        return step_seconds(config, batch_size, plan, gpu, seq_len=seq_len,
+        return plan_seconds(config, batch_size, plan, gpu, seq_len=seq_len,
                             utilization=utilization)
 
     baseline, base_time = memory(base_plan), seconds(base_plan)
@@ -564,5 +564,5 @@ def _ladder(config: GPTConfig, gpu: str, batch_size: int, seq_len: int, budget: 
 
 
 
-__all__ = ["LADDER_GROUPS", "JOB_CHANGING", "Plan", "predict_plan", "step_seconds", "Rung", "Ladder",
+__all__ = ["LADDER_GROUPS", "JOB_CHANGING", "Plan", "predict_plan", "plan_seconds", "Rung", "Ladder",
            "rank_key", "ladder"]

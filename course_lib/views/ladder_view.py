@@ -11,7 +11,7 @@
 
 A card's memory is drawn as PyTorch reports it (``total_memory`` of the presets,
 :data:`course_lib.device.GPUS`), the budget a step must fit in, and labelled with
-``nvidia-smi``'s figure beside it (:func:`capacity_label`).
+``nvidia-smi``'s figure beside it (:func:`_capacity_label`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ PARTS = (("weights", ("parameters",), "#4c72b0"),
 _FREE, _PAID, _NOTHING, _PLAIN = "#55a868", "#dd8452", "#c8c8c8", "0.45"
 
 
-def capacity_label(gpu: str) -> str:
+def _capacity_label(gpu: str) -> str:
     """The words beside a card's memory line: PyTorch's capacity, nvidia-smi's beside it.
 
     Args:
@@ -93,7 +93,7 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
     Args:
         jobs (dict): a label per job -> its peak (:func:`course_lib.prediction.engine.predict_step_memory`),
             at most 4 jobs.
-        gpu (str): the preset whose memory the dashed line shows (:func:`capacity_label`).
+        gpu (str): the preset whose memory the dashed line shows (:func:`_capacity_label`).
         fig (Figure, optional): an empty figure to draw on (in a notebook
             ``plt.figure(figsize=...)``, then ``plt.show()``); None makes one with an Agg canvas.
         figsize (tuple): inches, for a figure made here.
@@ -122,7 +122,7 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
         ax.text(m.total / GiB, i, f" {format_bytes(m.total)}", va="center", fontsize=8.5)
     right = 5 * math.ceil(1.15 * max([m.total for _, m in rows] + [budget]) / GiB / 5)
     ax.axvline(budget / GiB, color="k", ls="--", lw=1)
-    ax.text(budget / GiB, -0.62, " " + capacity_label(gpu), fontsize=8.5, va="bottom")
+    ax.text(budget / GiB, -0.62, " " + _capacity_label(gpu), fontsize=8.5, va="bottom")
     ax.set(xlim=(0, right), ylim=(len(rows) - 0.5, -1.0), xlabel="GiB at the step's peak")
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=9)
     ax.legend(loc="upper center", bbox_to_anchor=(0.4, -0.3), ncol=3, fontsize=8.5,
@@ -194,7 +194,7 @@ def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
         a["ticks"] = ticks
     a["budget"].set_xdata([result.budget_bytes / GiB] * 2)
     a["budget_text"].set_x(min(result.budget_bytes / GiB, 0.45 * right))
-    a["budget_text"].set_text(capacity_label(result.gpu))
+    a["budget_text"].set_text(_capacity_label(result.gpu))
     a["title"].set_text(f"{model}, {result.batch_size} x {result.seq_len:,} tokens per step on a "
                         f"{result.gpu}: each lever alone")
 
@@ -214,7 +214,7 @@ def climb_text(result: fit_ladder.Ladder) -> str:
     if not isinstance(result, fit_ladder.Ladder):
         raise ValueError(f"result must be a course_lib.planning.fit_ladder.Ladder, got {result!r:.60}")
     lines = [f"the plain step: {format_bytes(result.baseline.total)}; "
-             f"{capacity_label(result.gpu)}"]
+             f"{_capacity_label(result.gpu)}"]
     lines += [f"  + {lever:41s} -> {format_bytes(m.total):>10s}, time {paid:+.0%}"
               for lever, m, paid in result.steps]
     lines.append(("fits" if result.fits else "does not fit, with every rung that helps")
@@ -305,5 +305,5 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
     return live_plot(draw, controls, setup=_setup, columns=2, figsize=(9.5, 4.8))
 
 
-__all__ = ["LADDER_MODELS", "SEQ_LENS", "BATCHES", "PARTS", "capacity_label",
+__all__ = ["LADDER_MODELS", "SEQ_LENS", "BATCHES", "PARTS",
            "peak_parts_figure", "climb_text", "ladder_figure", "ladder_explorer"]
