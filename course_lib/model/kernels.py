@@ -29,14 +29,12 @@ foreach when every parameter is on CUDA).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from course_lib.device import GPU, resolve_gpu
 from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.units import as_dtype
-from course_lib.validation import available_device as as_device, boolean, integer, positive_int
+from course_lib.validation import available_device as as_device, integer, positive_int
 
 #: The attention kernels ``F.scaled_dot_product_attention`` can pick, and "explicit" for the
 #: course GPT's hand-written attention (``config.attention == "explicit"``).
@@ -323,101 +321,6 @@ def attention_kernel(config: GPTConfig, dtype, gpu=None) -> str:
         resolve_gpu(gpu)
         return "explicit"
     return sdpa_kernel(config, dtype, gpu)
-
-
-#: The dtypes a step's matmuls can run in.
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-@dataclass(frozen=True)
-class Target:
-    """What a prediction is for: where the step runs and the dtypes it runs in.
-
-    A public entry of the prediction wing resolves its ``dtype``, ``gpu`` and ``autocast``
-    arguments once (:meth:`resolve`) and passes the target inward; every rule that depends on the
-    device (the attention kernel, dropout's mask, LayerNorm's statistics, the allocator's
-    rounding) is asked of it.
-
-    Attributes:
-        compute (torch.dtype): the matmuls' inputs and outputs.
-        stream (torch.dtype): the residual stream and LayerNorm: fp32 under autocast (the model's
-            weights and the stream stay fp32), else ``compute``.
-        gpu (GPU or None): the GPU (a preset of :data:`course_lib.device.GPUS` or this machine's),
-            or None for the CPU's kernels.
-        autocast (bool): ``torch.autocast`` runs over an fp32 model.
-
-    Example::
-
-        t = Target.resolve(torch.float16, "T4", autocast=True)
-        t.stream, t.mask(torch.float16), t.allocated(1)  # (torch.float32, torch.bool, 512)
-    """
-
-    compute: torch.dtype
-    stream: torch.dtype
-    gpu: GPU | None
-    autocast: bool
-
-    @classmethod
-    def resolve(cls, dtype=torch.float32, gpu=None, autocast: bool = False) -> Target:
-        """The target of a prediction's arguments, checked and resolved.
-
-        Args:
-            dtype (torch.dtype or str): the matmuls' dtype, one of :data:`FLOAT_DTYPES`.
-            gpu (str or GPU, optional): what :func:`course_lib.device.resolve_gpu` takes.
-            autocast (bool): ``torch.autocast`` over an fp32 model (a 16-bit ``dtype``).
-
-        Returns:
-            Target: the resolved target.
-
-        Raises:
-            ValueError: naming ``dtype`` (not one of :data:`FLOAT_DTYPES`), ``gpu``, or
-                ``autocast`` (not a bool, or True with fp32).
-        """
-        dtype = as_dtype(dtype)
-        if dtype not in FLOAT_DTYPES:
-            raise ValueError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype!r}")
-        boolean("autocast", autocast)
-        if autocast and dtype == torch.float32:
-            raise ValueError("autocast=True needs a 16-bit dtype (torch.bfloat16 or torch.float16)")
-        return cls(dtype, torch.float32 if autocast else dtype, resolve_gpu(gpu), autocast)
-
-    def mask(self, dtype: torch.dtype) -> torch.dtype:
-        """Dropout's saved mask on input of ``dtype`` (:func:`mask_dtype`).
-
-        Args:
-            dtype (torch.dtype): the dropout's input.
-
-        Returns:
-            torch.dtype: the mask's dtype.
-        """
-        return mask_dtype(dtype, self.gpu)
-
-    @property
-    def stats(self) -> torch.dtype:
-        """LayerNorm's saved mean and 1/std (:func:`stats_dtype`)."""
-        return stats_dtype(self.stream, self.gpu)
-
-    def allocated(self, nbytes: int) -> int:
-        """Bytes a tensor of ``nbytes`` takes from the allocator (:func:`allocated`).
-
-        Args:
-            nbytes (int): the tensor's bytes.
-
-        Returns:
-            int: bytes, rounded up to the allocator's block on a GPU.
-        """
-        return allocated(nbytes, self.gpu)
-
-    def attention_kernel(self, config: GPTConfig) -> str:
-        """The attention kernel ``config`` runs with here (:func:`attention_kernel`).
-
-        Args:
-            config (GPTConfig): the model.
-
-        Returns:
-            str: ``"explicit"`` or one of :data:`SDPA_KERNELS`.
-        """
-        return attention_kernel(config, self.compute, self.gpu)
 
 
 def detect_sdpa_kernel(config: GPTConfig, dtype, batch_size: int = 1,

@@ -5,6 +5,7 @@ here, the top modules of :mod:`course_lib` and the wings above this one):
 
 ====================  ==============================================================================
 ``formulas``          01: the precisions; analytic bytes of params, grads, optimizer, activations
+``target``            02-08: what a prediction is for: the GPU, the precision, the dtypes (``Target``)
 ``activations``       02: the course GPT's saved activations, op by op, on the CPU or a GPU
 ``checkpointed``      04-05: what a checkpointed step keeps and recomputes; its FLOPs
 ``engine``            02-06: the memory engine: one step's peak bytes, any precision, any target

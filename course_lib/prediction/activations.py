@@ -49,7 +49,7 @@ from course_lib.device import GPU, resolve_gpu
 from course_lib.docstrings import fill_doc
 from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_config
-from course_lib.model.kernels import Target
+from course_lib.prediction.target import Target
 from course_lib.units import as_dtype, dtype_bytes
 from course_lib.validation import (
     MAX_BATCH,
@@ -151,7 +151,7 @@ def prediction_args(config, batch_size, seq_len, dtype, gpu, autocast=False, *,
                     names=("batch_size", "seq_len")) -> tuple[int, int, Target]:
     """Every argument of a prediction checked, and its target resolved once: ``batch_size`` from
     1 to :data:`course_lib.validation.MAX_BATCH`, ``seq_len`` from 1 to ``config.seq_len``, and
-    ``dtype``, ``gpu`` and ``autocast`` as :meth:`course_lib.model.kernels.Target.resolve` takes
+    ``dtype``, ``gpu`` and ``autocast`` as :meth:`course_lib.prediction.target.Target.resolve` takes
     them. The functions of the prediction wing pass the :class:`Target` inward from here.
 
     Args:

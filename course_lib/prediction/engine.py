@@ -284,7 +284,7 @@ class _Effect:
 class _Backward:
     """The backward pass of the course GPT, node by node, in bytes as the target allocates them.
 
-    ``t`` holds the dtypes (:class:`course_lib.model.kernels.Target`); ``params`` the
+    ``t`` holds the dtypes (:class:`course_lib.prediction.target.Target`); ``params`` the
     parameters' dtype. Under autocast each linear's backward produces 16-bit weight
     gradients that a cast turns into fp32 ones, and 16-bit input gradients that a cast
     turns back into the fp32 residual stream.
