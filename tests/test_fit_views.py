@@ -77,13 +77,13 @@ def test_explorer_offers_the_presets_and_this_gpu_only_with_cuda():
 
 def test_capacity_is_pytorchs_total_for_a_preset_and_the_free_memory_for_a_live_card():
     t4 = GPUS["T4"]
-    memory, where = fit_views.capacity_of(t4)
+    memory, where = fit_views._capacity_of(t4)
     assert memory == t4.total_memory and "nvidia-smi: 15.00 GiB" in where and "14.58 GiB" in where
     live = GPU("Tesla T4", t4.total_memory, (7, 5), free_memory=14 * GiB, live=True)
-    memory, where = fit_views.capacity_of(live)
+    memory, where = fit_views._capacity_of(live)
     assert memory == 14 * GiB and "mem_get_info" in where
     with pytest.raises(ValueError, match="gpu"):
-        fit_views.capacity_of("T4")
+        fit_views._capacity_of("T4")
 
 
 def test_the_explorer_draws_a_plan_that_fits_its_budget(capsys):

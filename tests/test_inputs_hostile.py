@@ -184,7 +184,7 @@ def test_the_step_through_refuses_what_it_cannot_record():
         with pytest.raises(ValueError, match=match):
             step_views.record_accumulation_step(*args, **kwargs)
     with pytest.raises(ValueError, match="^model must be a course_lib.model.gpt.GPT, got Linear"):
-        step_views.parameter_groups(torch.nn.Linear(2, 2))
+        step_views._parameter_groups(torch.nn.Linear(2, 2))
 
 
 # --- numpy and torch ints: their value, used ---------------------------------------------------
@@ -237,8 +237,8 @@ def _step_views_tradeoff():
     (lambda: step_views.tradeoff_figure(_step_views_tradeoff(), "x", figsize=(BEYOND_FLOAT, 1)),
      "^figsize must be two positive numbers"),
     (lambda: step_views.tradeoff_figure(3, "x"), "^t must be a Tradeoff"),
-    (lambda: step_views.memory_top(CFG, None), "^t must be a Tradeoff"),
-    (lambda: step_views.memory_top(CFG, _step_views_tradeoff(), 2**30),
+    (lambda: step_views._memory_top(CFG, None), "^t must be a Tradeoff"),
+    (lambda: step_views._memory_top(CFG, _step_views_tradeoff(), 2**30),
      "^largest must be a positive int of at most 16,777,216"),
     (lambda: widgets.live_plot(lambda a, x: None, {"x": ipywidgets.IntSlider()},
                                figsize=(BEYOND_FLOAT, 2)), "^figsize must be two positive"),
@@ -508,7 +508,7 @@ def test_batches_are_refused_by_the_callers_names_not_idx():
         accumulation.full_batch_gradients(model, x + 100, y)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match=r"^batch's targets must hold token ids in \[0, 16\)"):
-        playground.step_memory(model, opt, (x, y + 100), micro_batch_size=4)
+        playground._step_memory(model, opt, (x, y + 100), micro_batch_size=4)
 
 
 def test_more_sizes_have_a_maximum():

@@ -430,10 +430,10 @@ CASES = {
                                            "accumulation_steps", not_an_int(1, MAX_BATCH)),
     "optimizer_steps.samples": (lambda v: playground.optimizer_steps(v, 1, 1), "samples",
                                 not_an_int(1, playground.MAX_SAMPLES)),
-    "step_memory.model": (lambda v: playground.step_memory(v, None, (X, Y)), "model", OTHERS),
-    "step_memory.optimizer": (lambda v: playground.step_memory(MODEL, v, (X, Y)), "optimizer",
+    "step_memory.model": (lambda v: playground._step_memory(v, None, (X, Y)), "model", OTHERS),
+    "step_memory.optimizer": (lambda v: playground._step_memory(MODEL, v, (X, Y)), "optimizer",
                               OTHERS),
-    "step_memory.batch": (lambda v: playground.step_memory(MODEL, torch.optim.SGD(
+    "step_memory.batch": (lambda v: playground._step_memory(MODEL, torch.optim.SGD(
         MODEL.parameters(), lr=0.1), v), "batch", st.one_of(OTHERS, st.just((X,)),
                                                              st.just((X, None)))),
     "Playground.config": (lambda v: playground.Playground(v), "config",

@@ -27,7 +27,7 @@ def _texts_readable(fig):
     for ax in fig.axes:
         texts = [t for t in ax.texts if t.get_text()]
         texts += [t for t in ax.get_xticklabels() + ax.get_yticklabels() if t.get_text()]
-        assert all(t.get_fontsize() >= policy_views.FONT for t in texts)
+        assert all(t.get_fontsize() >= policy_views._FONT for t in texts)
         boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_text()]
         for a, b in itertools.combinations(boxes, 2):
             assert policy_views._overlap(a, b) == 0, (a, b)
@@ -40,7 +40,7 @@ def test_labels_of_crowded_points_do_not_overlap():
     ax.set(xlim=(0, 42), ylim=(0.9, 1.65))
     for x, y in points:
         ax.plot(x, y, "o")
-    texts = policy_views.place_labels(ax, points, [f"policy/{i}" for i in range(len(points))])
+    texts = policy_views._place_labels(ax, points, [f"policy/{i}" for i in range(len(points))])
     assert len(texts) == len(points)
     _texts_readable(fig)
     inside = ax.get_window_extent(fig.canvas.get_renderer())
@@ -48,9 +48,9 @@ def test_labels_of_crowded_points_do_not_overlap():
         box = t.get_window_extent(fig.canvas.get_renderer())
         assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 <= inside.y1
     with pytest.raises(ValueError, match="labels"):
-        policy_views.place_labels(ax, points, ["one"])
+        policy_views._place_labels(ax, points, ["one"])
     with pytest.raises(ValueError, match="fontsize"):
-        policy_views.place_labels(ax, points[:1], ["a"], fontsize=6)
+        policy_views._place_labels(ax, points[:1], ["a"], fontsize=6)
 
 
 def test_the_lecture_figures_draw_readable_text():
@@ -88,6 +88,6 @@ def test_planner_widget_shows_the_planners_choice_for_the_budget():
     assert sum(b.get_edgecolor() == (0, 0, 0, 1) for b in bars) == 1  # the choice, outlined
     box.controls["budget"].value = 10
     assert title.get_text().startswith("nothing fits")
-    assert all(t.get_fontsize() >= policy_views.FONT for t in box.figure.axes[0].get_yticklabels())
+    assert all(t.get_fontsize() >= policy_views._FONT for t in box.figure.axes[0].get_yticklabels())
     with pytest.raises(ValueError, match="percent"):
         policy_views.planner_widget(CONFIG, 4, percent=5)

@@ -97,14 +97,14 @@ def test_tradeoff_compares_with_one_plain_batch_against_the_cards_memory():
 
 def test_memory_top_is_fixed_for_a_card_and_above_the_cpus_largest_batch():
     t4 = sv.tradeoff(GPT2, 4, 8, precision="mixed", gpu="T4")
-    assert sv.memory_top(GPT2, t4) == 20 * GiB  # 1.25 x 14.58 GiB, rounded up to 1, 2 or 5
-    assert sv.memory_top(GPT2, sv.tradeoff(GPT2, 1, 64, precision="mixed", gpu="T4")) == 20 * GiB
+    assert sv._memory_top(GPT2, t4) == 20 * GiB  # 1.25 x 14.58 GiB, rounded up to 1, 2 or 5
+    assert sv._memory_top(GPT2, sv.tradeoff(GPT2, 1, 64, precision="mixed", gpu="T4")) == 20 * GiB
     speed = tm.DeviceSpeed("cpu", 1e10, 1e9, 1e9, 1e9, 1e-5, True, "x")
     cpu = sv.tradeoff(CFG, 2, 2, speed=speed)
     one = pgm.optimizer_step_cost(CFG, 64, 1, speed=speed).peak_bytes
-    assert one < sv.memory_top(CFG, cpu) <= 2 * 1.15 * one
+    assert one < sv._memory_top(CFG, cpu) <= 2 * 1.15 * one
     with pytest.raises(ValueError, match="largest"):
-        sv.memory_top(CFG, cpu, 0)
+        sv._memory_top(CFG, cpu, 0)
 
 
 @pytest.mark.parametrize("seconds, text", [(1860.0, "31.0 min"), (0.0421, "42.1 ms"),

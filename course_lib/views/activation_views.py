@@ -39,7 +39,7 @@ PARTS = (("parameters", "parameters", "#4c72b0"), ("master_weights", "master wei
          ("optimizer_state", "optimizer state", "#8172b2"), ("gradients", "gradients", "#55a868"),
          ("activations", "activations", "#dd8452"), ("transient", "in flight", "#c44e52"))
 #: The widget's model widths: label -> (d_model, heads), GPT-2's sizes (50,257 tokens).
-WIDTHS = {"768 (GPT-2 small)": (768, 12), "1024 (GPT-2 medium)": (1024, 16),
+_WIDTHS = {"768 (GPT-2 small)": (768, 12), "1024 (GPT-2 medium)": (1024, 16),
           "1280 (GPT-2 large)": (1280, 20), "1600 (GPT-2 XL)": (1600, 25),
           "2560 (2.7B-wide)": (2560, 32)}
 #: Most batch sizes a figure draws.
@@ -402,7 +402,7 @@ def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8
 
     Controls: the GPU (the presets of :data:`course_lib.device.GPUS` at the memory PyTorch
     reports, and on a CUDA runtime this GPU with what is free on it, read once), the model's
-    width (:data:`WIDTHS`) and depth, the sequence length, the attention (SDPA or explicit),
+    width (:data:`_WIDTHS`) and depth, the sequence length, the attention (SDPA or explicit),
     the precision, AdamW's implementation and the batch size outlined. Dropout 0.1, 50,257
     tokens.
 
@@ -432,7 +432,7 @@ def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8
     controls = {
         "gpu": widgets.Dropdown(options=list(gpus), value=gpu, description="GPU", style=style,
                                 layout=box("230px")),
-        "width": widgets.Dropdown(options=list(WIDTHS), value=next(iter(WIDTHS)),
+        "width": widgets.Dropdown(options=list(_WIDTHS), value=next(iter(_WIDTHS)),
                                   description="width", style=style, layout=box("230px")),
         "layers": widgets.IntSlider(value=12, min=1, max=64, description="layers", style=style,
                                     layout=box("230px")),
@@ -450,7 +450,7 @@ def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8
     }
 
     def draw(a, gpu, width, layers, seq, attention, precision, foreach, batch):
-        d_model, heads = WIDTHS[width]
+        d_model, heads = _WIDTHS[width]
         config = GPTConfig(vocab_size=50257, seq_len=seq, d_model=d_model, n_heads=heads,
                            n_layers=layers, dropout=0.1, attention=attention)
         first = oom_threshold(config, gpus[gpu], precision=precision, foreach=foreach, shown=16)
@@ -462,5 +462,5 @@ def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8
     return live_plot(draw, controls, figsize=(9.5, 3.6), columns=4, setup=_setup_threshold)
 
 
-__all__ = ["PARTS", "WIDTHS", "MAX_SHOWN", "Threshold", "show", "scaling_figure", "step_figure",
+__all__ = ["PARTS", "MAX_SHOWN", "Threshold", "show", "scaling_figure", "step_figure",
            "oom_threshold", "threshold_figure", "oom_widget"]

@@ -280,7 +280,7 @@ def bytes_per_param_figure(rows: dict, n_params: int, *, title: str = "",
 
 
 #: Colours of the dtypes :func:`activations_figure` draws.
-DTYPE_COLOURS = {"float32": "#4c72b0", "bfloat16": "#55a868", "float16": "#dd8452",
+_DTYPE_COLOURS = {"float32": "#4c72b0", "bfloat16": "#55a868", "float16": "#dd8452",
                  "int64": "#8c8c8c"}
 
 
@@ -315,13 +315,13 @@ def activations_figure(saved: dict, *, title: str = "", figsize: tuple = (8.4, 2
     ax = fig.add_axes((0.16, 0.2, 0.62, 0.62))
     names = list(saved)[::-1]  # the first recipe on top
     reference = sum(next(iter(saved.values())).values())
-    dtypes = [d for d in DTYPE_COLOURS if any(d in v for v in saved.values())]
+    dtypes = [d for d in _DTYPE_COLOURS if any(d in v for v in saved.values())]
     dtypes += sorted({d for v in saved.values() for d in v} - set(dtypes))
     left = [0.0] * len(names)
     for dtype in dtypes:
         widths = [saved[name].get(dtype, 0) / MiB for name in names]
         ax.barh(names, widths, left=left, height=0.6, label=dtype,
-                color=DTYPE_COLOURS.get(dtype, "#b0b0b0"))
+                color=_DTYPE_COLOURS.get(dtype, "#b0b0b0"))
         left = [a + b for a, b in zip(left, widths)]
     for i, name in enumerate(names):
         total = sum(saved[name].values())
@@ -518,6 +518,6 @@ def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> wi
     return box
 
 
-__all__ = ["CALCULATOR_PRECISIONS", "DTYPE_COLOURS", "PARTS", "WORLD_SIZES", "activations_figure",
+__all__ = ["CALCULATOR_PRECISIONS", "PARTS", "WORLD_SIZES", "activations_figure",
            "bytes_per_param_figure", "calculator", "calculator_figure", "capacity_label",
            "states_figure", "zero_figure"]

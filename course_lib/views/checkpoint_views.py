@@ -41,7 +41,7 @@ MAX_EXPLORER_LAYERS = 96
 #: Colours of the figures: one per curve of :func:`plot_depths` and per memory category.
 COLORS = {"none": "#c44e52", "per-block": "#4c72b0", "√n segments": "#8c8c8c",
           "best segments": "#55a868"}
-CATEGORY_COLORS = {"parameters": "#8172b2", "optimizer state": "#da8bc3", "gradients": "#55a868",
+_CATEGORY_COLORS = {"parameters": "#8172b2", "optimizer state": "#da8bc3", "gradients": "#55a868",
                    "activations": "#4c72b0", "transient": "#c44e52"}
 
 
@@ -223,7 +223,7 @@ def _setup(fig) -> dict:
     a = {"mem": mem, "title": fig.text(0.5, 0.975, "", ha="center", va="top", fontsize=10)}
     a["plain"] = mem.bar([0], [0], width=0.6, color="0.8")[0]
     a["parts"] = {name: mem.bar([1], [0], width=0.6, color=color)[0]
-                  for name, color in CATEGORY_COLORS.items()}
+                  for name, color in _CATEGORY_COLORS.items()}
     for name, patch in a["parts"].items():
         patch.set_label(name)
     a["labels"] = [mem.text(i, 0, "", ha="center", va="bottom", fontsize=9) for i in (0, 1)]

@@ -227,7 +227,7 @@ def explorer_gpus(live: bool | None = None) -> dict[str, GPU]:
     return gpus
 
 
-def capacity_of(gpu: GPU) -> tuple[int, str]:
+def _capacity_of(gpu: GPU) -> tuple[int, str]:
     """The memory a card offers training, and how it was read.
 
     Args:
@@ -319,7 +319,7 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
     """The widget "what fits on which GPU": the largest GPT ``gpus[gpu]`` trains, and its step.
 
     :func:`course_lib.planning.fit.fit_model` over its default search space (GPT-2's vocabulary, 64-wide
-    heads) with ``usable`` percent of the card's memory (:func:`capacity_of`) as the budget, in
+    heads) with ``usable`` percent of the card's memory (:func:`_capacity_of`) as the budget, in
     the card's mixed precision (:func:`course_lib.prediction.formulas.mixed_precision_for`) or fp32,
     predicted for the card's kernels. Draws the planned step stacked by category against the
     budget and the capacity, and the same model trained naively (fp32, the whole effective batch
@@ -354,7 +354,7 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
         raise ValueError(f"gpus must be a non-empty mapping of name -> GPU, got {gpus!r}")
     target = gpus[choice("gpu", gpu, tuple(gpus))]
     usable = integer("usable", usable, minimum=1, maximum=100)
-    memory, where = capacity_of(target)
+    memory, where = _capacity_of(target)
     budget = memory * usable // 100
     seq_len = positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
     effective_batch = positive_int("effective_batch", effective_batch,
@@ -411,4 +411,4 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
 
 
 __all__ = ["COLORS", "SEQ_LENS", "EFFECTIVE_BATCHES", "THIS_GPU", "unit_of", "draw_steps",
-           "draw_largest", "draw_timeline", "explorer_gpus", "capacity_of", "setup_explorer", "draw_explorer"]
+           "draw_largest", "draw_timeline", "explorer_gpus", "setup_explorer", "draw_explorer"]

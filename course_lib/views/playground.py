@@ -92,7 +92,7 @@ def optimizer_steps(samples: int, micro_batch_size: int, accumulation_steps: int
     return samples // effective_batch(micro_batch_size, accumulation_steps)
 
 
-def step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, *,
+def _step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, *,
                 log=None, **train_kwargs) -> int:
     """Bytes of one training step on ``batch`` (an ``(inputs, targets)`` pair): resident plus peak.
 
@@ -145,7 +145,7 @@ class Run:
         effective_batch (int): ``micro_batch_size * accumulation_steps``.
         optimizer_steps (int): steps the run's sample budget bought.
         measured_peak (int): bytes of the second (steady-state) step, measured
-            (:func:`step_memory`).
+            (:func:`_step_memory`).
         predicted_peak (int): the engine's bytes for the same step.
         samples_seen (tuple of int): samples trained on after each optimizer step.
         losses (tuple of float): the loss of each optimizer step.
@@ -244,7 +244,7 @@ class Playground:
         """Train (or fetch from the cache) one run with these settings.
 
         The first optimizer step creates AdamW's state; the second is measured
-        (:func:`step_memory`); the rest train on.
+        (:func:`_step_memory`); the rest train on.
 
         Args:
             micro_batch_size (int): as :func:`effective_batch`.
@@ -276,7 +276,7 @@ class Playground:
         kw = dict(micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
                   on_step=on_step)
         log = train(model, opt, batches[:1], **kw)  # the first step creates AdamW's m and v
-        measured = step_memory(model, opt, batches[1], log=log, **kw)
+        measured = _step_memory(model, opt, batches[1], log=log, **kw)
         train(model, opt, batches[2:], log=log, **kw)
         result = Run(micro_batch_size, accumulation_steps, mode, b, steps,
                      measured_peak=measured,

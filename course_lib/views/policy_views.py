@@ -1,9 +1,9 @@
 """05: the figures of lecture 05 and its planner widget (drawing only; the numbers are given).
 
 Each ``draw_*`` function draws on a matplotlib ``Axes`` it is given, with text of at least
-:data:`FONT` points, and returns nothing; :func:`planner_widget` is the lecture's widget, a
+:data:`_FONT` points, and returns nothing; :func:`planner_widget` is the lecture's widget, a
 :func:`course_lib.views.widgets.live_plot` over :func:`course_lib.planning.planner.plan_checkpointing`.
-:func:`place_labels` puts point labels where they overlap neither each other nor the points.
+:func:`_place_labels` puts point labels where they overlap neither each other nor the points.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from course_lib.validation import integer, number
 from course_lib.views.widgets import live_plot
 
 #: The smallest text the figures draw, in points (readable at 1280 px with the sidebar open).
-FONT = 8
+_FONT = 8
 #: The half-width of the space kept free around each labelled point, in points.
 MARKER = 5
 #: Colours by policy family.
-COLOURS = {"none": "0.2", "blocks": "C1", "sqrt": "C4", "selective": "C0", "attention": "C2"}
+_COLOURS = {"none": "0.2", "blocks": "C1", "sqrt": "C4", "selective": "C0", "attention": "C2"}
 #: Where a label may go around its point, in points: right, left, above, below, then farther.
-OFFSETS = [(6, 3), (-6, 3), (6, -11), (-6, -11), (0, 9), (0, -17), (10, 12), (-10, 12),
+_OFFSETS = [(6, 3), (-6, 3), (6, -11), (-6, -11), (0, 9), (0, -17), (10, 12), (-10, 12),
            (10, -20), (-10, -20), (0, 20), (0, -28)]
 
 
@@ -47,28 +47,28 @@ def _overlap(a, b) -> float:
     return w * h if w > 0 and h > 0 else 0.0
 
 
-def place_labels(ax: Axes, points, labels, *, fontsize: float = FONT) -> list:
+def _place_labels(ax: Axes, points, labels, *, fontsize: float = _FONT) -> list:
     """Label each point where the label overlaps no other label, no point and stays in the axes.
 
-    Tries :data:`OFFSETS` in order for each point (after the axes' limits are set: call it
+    Tries :data:`_OFFSETS` in order for each point (after the axes' limits are set: call it
     last) and keeps the first free place, else the least crowded one.
 
     Args:
         ax (matplotlib.axes.Axes): the axes, limits final.
         points (list): ``(x, y)`` in data coordinates.
         labels (list of str): one per point.
-        fontsize (float): points, at least :data:`FONT`.
+        fontsize (float): points, at least :data:`_FONT`.
 
     Returns:
         list: the ``Annotation`` s, one per point.
 
     Raises:
-        ValueError: naming ``labels`` (not one per point) or ``fontsize`` (below :data:`FONT`).
+        ValueError: naming ``labels`` (not one per point) or ``fontsize`` (below :data:`_FONT`).
     """
     points, labels = list(points), list(labels)
     if len(points) != len(labels):
         raise ValueError(f"labels must be one per point: {len(labels)} for {len(points)} points")
-    number("fontsize", fontsize, minimum=FONT)
+    number("fontsize", fontsize, minimum=_FONT)
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)
@@ -80,7 +80,7 @@ def place_labels(ax: Axes, points, labels, *, fontsize: float = FONT) -> list:
     texts = []
     for (x, y), label in zip(points, labels):
         best, best_cost = None, math.inf
-        for dx, dy in OFFSETS:
+        for dx, dy in _OFFSETS:
             text = ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points",
                                fontsize=fontsize, ha="left" if dx > 0 else "right" if dx < 0
                                else "center", va="bottom")
@@ -114,17 +114,17 @@ def draw_question(ax: Axes, none: tuple, full: tuple) -> None:
     ax.plot(xs, ys, ":", color="0.7")
     ax.plot(xs, ys, "o", color="C3", ms=7)
     ax.annotate("no checkpointing", (xs[0], ys[0]), xytext=(8, 4), textcoords="offset points",
-                fontsize=FONT + 1, va="bottom")
+                fontsize=_FONT + 1, va="bottom")
     ax.annotate("every block checkpointed (lecture 04)", (xs[1], ys[1]), xytext=(-6, -10),
-                textcoords="offset points", fontsize=FONT + 1, ha="right", va="top")
+                textcoords="offset points", fontsize=_FONT + 1, ha="right", va="top")
     middle = (sum(xs) / 2, sum(ys) / 2)
     ax.text(middle[0] + 0.04 * xs[1], middle[1], "?", fontsize=26, color="C0", va="center")
     ax.text(middle[0] + 0.12 * xs[1], middle[1], "most of the saving\nfor a fraction of the price?",
-            fontsize=FONT + 1, color="C0", va="center")
+            fontsize=_FONT + 1, color="C0", va="center")
     ax.set(xlabel="extra compute: recomputed FLOPs (% of a plain step)",
            ylabel=f"peak of a training step ({name})", xlim=(-0.08 * xs[1], 1.25 * xs[1]),
            ylim=(0, 1.2 * ys[0]))
-    ax.tick_params(labelsize=FONT + 1)
+    ax.tick_params(labelsize=_FONT + 1)
 
 
 def draw_every_k(ax: Axes, fractions, memory, flops, labels) -> None:
@@ -142,9 +142,9 @@ def draw_every_k(ax: Axes, fractions, memory, flops, labels) -> None:
     ax.plot(fractions, memory, "o", color="C0", label="memory saved (measured peak)")
     ax.set(xlabel="share of the blocks checkpointed", ylabel="share of what every block gives",
            xlim=(0, 1.12), ylim=(0, 1.15))
-    ax.legend(fontsize=FONT, loc="upper left")
-    ax.tick_params(labelsize=FONT + 1)
-    place_labels(ax, list(zip(fractions, memory)), labels)
+    ax.legend(fontsize=_FONT, loc="upper left")
+    ax.tick_params(labelsize=_FONT + 1)
+    _place_labels(ax, list(zip(fractions, memory)), labels)
 
 
 def draw_policy_costs(ax: Axes, kept: dict, reruns: dict) -> None:
@@ -163,11 +163,11 @@ def draw_policy_costs(ax: Axes, kept: dict, reruns: dict) -> None:
     right = max(values)
     for y, n, v in zip(ys, names, values):
         ax.text(v + 0.02 * right, y, f"{format_bytes(kept[n])}; reruns {reruns[n]}",
-                fontsize=FONT, va="center")
-    ax.set_yticks(list(ys), names, fontsize=FONT + 1)
+                fontsize=_FONT, va="center")
+    ax.set_yticks(list(ys), names, fontsize=_FONT + 1)
     ax.set(xlabel=f"kept from the forward to the backward pass, one block ({unit_name})",
            xlim=(0, 2.6 * right))
-    ax.tick_params(axis="x", labelsize=FONT + 1)
+    ax.tick_params(axis="x", labelsize=_FONT + 1)
 
 
 def draw_frontier(ax: Axes, points, front_labels) -> None:
@@ -180,7 +180,7 @@ def draw_frontier(ax: Axes, points, front_labels) -> None:
     """
     unit, name = _unit(max(p[0] for p in points))
     for peak, ratio, label in points:
-        ax.plot(peak / unit, ratio, "o", color=COLOURS[_family(label)], ms=6)
+        ax.plot(peak / unit, ratio, "o", color=_COLOURS[_family(label)], ms=6)
     front = sorted((p for p in points if p[2] in front_labels), key=lambda p: p[0])
     ax.plot([p[0] / unit for p in front], [p[1] for p in front], "k--", lw=1,
             label="frontier: nothing both smaller and faster")
@@ -189,9 +189,9 @@ def draw_frontier(ax: Axes, points, front_labels) -> None:
     ax.set(xlabel=f"peak of a training step ({name})", ylabel="step time / no checkpointing",
            xlim=(0, 1.12 * max(p[0] for p in points) / unit),
            ylim=(min(ys) - 0.25 * span, max(ys) + 0.3 * span))
-    ax.legend(fontsize=FONT, loc="upper right")
-    ax.tick_params(labelsize=FONT + 1)
-    place_labels(ax, [(p[0] / unit, p[1]) for p in points], [p[2] for p in points])
+    ax.legend(fontsize=_FONT, loc="upper right")
+    ax.tick_params(labelsize=_FONT + 1)
+    _place_labels(ax, [(p[0] / unit, p[1]) for p in points], [p[2] for p in points])
 
 
 def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None,
@@ -233,15 +233,15 @@ def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None
         bars = ax.barh(ys, [c.peak_bytes / unit for c in shown], color="0.85", height=0.65,
                        linewidth=2)
         ax.set_yticks(list(ys), [f"{c.label}  x{c.seconds / plain_s:.2f}" for c in shown],
-                      fontsize=FONT + 1)
+                      fontsize=_FONT + 1)
         ax.set(xlim=(0, 1.12 * plain / unit), ylim=(-0.6, len(shown) + 0.3))
-        ax.set_xlabel(f"predicted peak of a training step ({unit_name})", fontsize=FONT + 1)
+        ax.set_xlabel(f"predicted peak of a training step ({unit_name})", fontsize=_FONT + 1)
         ax.text(-0.01, 1.0, "policy, predicted\ntime vs none", transform=ax.transAxes, ha="right",
-                va="bottom", fontsize=FONT)
-        ax.tick_params(axis="x", labelsize=FONT + 1)
+                va="bottom", fontsize=_FONT)
+        ax.tick_params(axis="x", labelsize=_FONT + 1)
         line = ax.axvline(0, color="C3", ls="--")
-        note = ax.text(0, len(shown) - 0.2, "", color="C3", fontsize=FONT + 1)
-        title = ax.set_title("", fontsize=FONT + 2)
+        note = ax.text(0, len(shown) - 0.2, "", color="C3", fontsize=_FONT + 1)
+        title = ax.set_title("", fontsize=_FONT + 2)
         for artist in (*bars, line, note, title):
             artist.set_animated(True)
         return bars, line, note, title

@@ -259,7 +259,7 @@ def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, 
     return Tradeoff(step, plain, resolved, card.name, card.total_memory, card.smi_memory)
 
 
-def memory_top(config: GPTConfig, t: Tradeoff, largest: int = max(SIZES)) -> int:
+def _memory_top(config: GPTConfig, t: Tradeoff, largest: int = max(SIZES)) -> int:
     """The top of the memory panel, in bytes: fixed for a card, a model and a precision.
 
     On a card, a quarter above its capacity, so the capacity line stays put and a step that
@@ -499,7 +499,7 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
         t, key = settings(values)
         scale = (model, gpu, t.precision)  # the memory axis: fixed for a model, card, precision
         if scale not in tops:
-            tops[scale] = memory_top(models[model], t)
+            tops[scale] = _memory_top(models[model], t)
         _draw_tradeoff(artists, t, measured.get(key) if gpu == here else None,
                        f"{model}, {t.precision}, on {gpu}", tops[scale])
 
@@ -642,7 +642,7 @@ class StepRecording:
 
     Attributes:
         mode (str): the loop, a key of :data:`LOOPS`.
-        groups (tuple of str): the parameter groups (:func:`parameter_groups`).
+        groups (tuple of str): the parameter groups (:func:`_parameter_groups`).
         K (int): micro-batches.
         micro_batch_size (int): sequences per micro-batch.
         frames (tuple of Frame): the moments, in order.
@@ -655,7 +655,7 @@ class StepRecording:
     frames: tuple[Frame, ...]
 
 
-def parameter_groups(model: torch.nn.Module) -> dict[str, list[str]]:
+def _parameter_groups(model: torch.nn.Module) -> dict[str, list[str]]:
     """Group name -> parameter names, for the step-through's bars.
 
     The embeddings, each block's attention and MLP, and the LayerNorms (all of them, one
@@ -732,7 +732,7 @@ def record_accumulation_step(model: torch.nn.Module, inputs: torch.Tensor, targe
         raise ValueError(f"micro_batch_size must divide the batch of {B} into 2 or more, got {b}")
     K = B // b
     model = copy.deepcopy(model)
-    groups = parameter_groups(model)
+    groups = _parameter_groups(model)
     params = dict(model.named_parameters())
     full = dict(zip(params, torch.autograd.grad(model(inputs, targets)[1], list(params.values()))))
     reference = _norms(full, groups)

@@ -244,7 +244,7 @@ def render_png(fig: Figure, backgrounds: Backgrounds | None = None) -> bytes:
 
     With ``backgrounds`` and artists marked animated, only those are drawn, over the
     figure's still part, which is drawn in full when its :meth:`Backgrounds.key` is new
-    (matplotlib's blitting, as its animations use it), and :func:`png_bytes` encodes the
+    (matplotlib's blitting, as its animations use it), and :func:`_png_bytes` encodes the
     pixels. zlib level 1: a chart of flat colours compresses almost as well as at the
     default level 6, in less time.
 
@@ -270,14 +270,14 @@ def render_png(fig: Figure, backgrounds: Backgrounds | None = None) -> bytes:
         canvas.restore_region(region)
     for artist in sorted(animated, key=lambda a: a.get_zorder()):
         fig.draw_artist(artist)
-    return png_bytes(np.asarray(canvas.buffer_rgba()))
+    return _png_bytes(np.asarray(canvas.buffer_rgba()))
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
-def png_bytes(rgba: np.ndarray) -> bytes:
+def _png_bytes(rgba: np.ndarray) -> bytes:
     """An opaque picture as a PNG file: RGB, 8 bits, no row filter, zlib level 1.
 
     What a widget sends on every change. Pillow (which ``savefig`` and ``imsave`` use) tries
