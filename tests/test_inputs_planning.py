@@ -508,7 +508,7 @@ CASES = {
     **{f"LlamaConfig.{name}": (_llama_with(name), name, not_an_int(1, maximum))
        for name, maximum in zoo.LLAMA_MAXIMUM.items()},
     "LlamaConfig.rope_base": (_llama_with("rope_base"), "rope_base",
-                              st.one_of(not_a_number(0.0), st.just(0.0))),
+                              st.one_of(not_a_number(0.0, zoo.MAX_ROPE_BASE), st.just(0.0))),
     "LlamaConfig.tie_embeddings": (_llama_with("tie_embeddings"), "tie_embeddings", NOT_A_BOOL),
     "rotate.x": (lambda v: zoo.rotate(v, 10000.0), "x",
                  st.one_of(NOT_A_TENSOR, st.sampled_from([torch.ones(3), torch.ones(2, 3),

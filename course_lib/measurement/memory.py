@@ -184,7 +184,7 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
 
     Raises:
         ValueError: naming ``fn`` (not callable) or ``device`` (not cuda, cpu, mps or None), or
-            for ``device="cuda"`` on a machine without CUDA.
+            for ``device="cuda"`` or ``"mps"`` on a machine without it.
 
     Example::
 
@@ -195,6 +195,8 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
     kind = _device_kind(device)
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but this machine has no CUDA device")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device='mps' but this machine has no MPS device")
     use_cuda = kind == "cuda" or (kind is None and torch.cuda.is_available())
     if use_cuda:
         torch.cuda.synchronize()

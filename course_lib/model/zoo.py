@@ -30,6 +30,11 @@ LLAMA_MAXIMUM = {"vocab_size": CONFIG_MAXIMUM["vocab_size"], "d_model": CONFIG_M
                  "seq_len": CONFIG_MAXIMUM["seq_len"]}
 
 
+#: The largest RoPE base a config takes, 2**40: far above any published one (Llama 2 uses 10,000,
+#: Llama 3 500,000), a bound like every other field's that keeps a typo or an overflow out.
+MAX_ROPE_BASE = 2.0**40
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     """Shape of a Llama-style model; every field is validated (``ValueError`` names it).
@@ -37,14 +42,14 @@ class LlamaConfig:
     ``d_ff`` is the SwiGLU hidden size (Llama 2 7B: 11008); ``n_kv_heads`` below
     ``n_heads`` is grouped-query attention; ``tie_embeddings`` shares the token
     embedding with the output head (Llama 3.2 1B and 3B do). Sizes are ints (not bools or
-    floats) from 1 to :data:`LLAMA_MAXIMUM`; ``rope_base`` a finite number > 0. Each field's
-    comment says what it does and why one would change it.
+    floats) from 1 to :data:`LLAMA_MAXIMUM`; ``rope_base`` a finite number > 0, at most
+    :data:`MAX_ROPE_BASE`. Each field's comment says what it does and why one would change it.
 
     Raises:
         ValueError: naming the field, for a size that is not an int from 1 to its
             :data:`LLAMA_MAXIMUM`, a ``d_model`` that is not ``n_heads`` times an even head size,
             an ``n_kv_heads`` that does not divide ``n_heads``, a non-bool ``tie_embeddings`` or
-            a ``rope_base`` that is not a finite number > 0.
+            a ``rope_base`` that is not a finite number in (0, :data:`MAX_ROPE_BASE`].
 
     Example::
 
@@ -88,7 +93,7 @@ class LlamaConfig:
                              f"n_heads={self.n_heads}")
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
-        number("rope_base", self.rope_base, above=0.0)
+        number("rope_base", self.rope_base, above=0.0, maximum=MAX_ROPE_BASE)
 
     @property
     def d_head(self) -> int:

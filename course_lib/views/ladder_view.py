@@ -275,6 +275,9 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
         raise ValueError(f"models must map at least one name to a GPTConfig, got {models!r:.80}")
     for name, config in models.items():
         check_config(config, f"models[{name!r}]")
+        if config.seq_len < max(SEQ_LENS):  # the slider offers every length to every model
+            raise ValueError(f"models[{name!r}] must allow seq_len {max(SEQ_LENS)} (the slider's "
+                             f"longest), got config.seq_len={config.seq_len}")
     choice("model", model, tuple(models))
     choice("gpu", gpu, tuple(GPUS))
     for name, value, options in (("seq_len", seq_len, SEQ_LENS),
