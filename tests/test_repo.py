@@ -131,30 +131,25 @@ def _module_index() -> list[str]:
     return order
 
 
-def _course_lib_imports(path) -> set[str]:
-    """The course_lib modules ``path`` imports (``units``, ``model.gpt``), at the top or inside
-    functions: absolute imports, and relative ones inside course_lib/grading/."""
+def _imports_in(source: str, package: tuple = ("course_lib",)) -> set[str]:
+    """The course_lib modules ``source`` imports (``units``, ``model.gpt``, ``grading``), at the
+    top or inside functions; a relative import resolves against ``package``, the parts of the
+    source's package (``("course_lib", "grading")`` for a file of course_lib/grading/)."""
     import ast
 
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: course_lib/grading's own modules or course_lib's
-                parts = ["course_lib", "grading"][:3 - node.level - (path.parent.name != "grading")]
-                parts += node.module.split(".") if node.module else []
-            else:
-                parts = (node.module or "").split(".")
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.Import):
-            parts, names = None, [a.name for a in node.names]
-            for name in names:
-                if name.startswith("course_lib."):
-                    found.add(".".join(name.split(".")[1:3]))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(".".join(a.name.split(".")[1:3]) for a in node.names
+                         if a.name.startswith("course_lib."))
             continue
-        else:
+        if not isinstance(node, ast.ImportFrom):
             continue
-        if parts[0] != "course_lib":
+        parts = list(package[:len(package) - node.level + 1]) if node.level else []
+        parts += node.module.split(".") if node.module else []
+        if parts[:1] != ["course_lib"]:
             continue
+        names = [a.name for a in node.names]
         if len(parts) == 1:
             found.update(names)
         elif (ROOT / "course_lib" / parts[1] / "__init__.py").exists() and len(parts) == 2:
@@ -163,6 +158,12 @@ def _course_lib_imports(path) -> set[str]:
         else:
             found.add(".".join(parts[1:3]))
     return {"grading" if m.startswith("grading") else m for m in found}
+
+
+def _course_lib_imports(path) -> set[str]:
+    """:func:`_imports_in` of a file of course_lib, its package taken from its path."""
+    parts = path.parent.parts
+    return _imports_in(path.read_text(), parts[len(parts) - parts[::-1].index("course_lib") - 1:])
 
 
 def test_the_module_index_lists_every_module_once():
@@ -203,6 +204,10 @@ def test_the_import_check_catches_a_later_import(tmp_path):
                       "from course_lib.views import widgets\n")
     assert _course_lib_imports(module) == {"training.levers", "planning.fit", "units",
                                            "views.widgets"}
+    grading = tmp_path / "course_lib" / "grading" / "lecture09.py"
+    grading.parent.mkdir()
+    grading.write_text("from .core import grader\nfrom ..units import GiB\nfrom .. import claims\n")
+    assert _course_lib_imports(grading) == {"grading", "units", "claims"}
 
 
 def _private_uses(path) -> list[str]:
@@ -243,20 +248,12 @@ def test_the_private_name_check_catches_both_forms(tmp_path):
 
 
 def _notebook_imports(path) -> set[str]:
-    """The course_lib modules a notebook's code cells import."""
-
+    """The course_lib modules a notebook's code cells import (shell and magic lines left out)."""
     found = set()
     for cell in json.loads(path.read_text())["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        source = "\n".join(line for line in "".join(cell["source"]).splitlines()
-                           if not line.lstrip().startswith(("%", "!")))
-        file = ROOT / ".notebook_cell.py"
-        try:
-            file.write_text(source)
-            found |= _course_lib_imports(file)
-        finally:
-            file.unlink()
+        if cell["cell_type"] == "code":
+            found |= _imports_in("\n".join(line for line in "".join(cell["source"]).splitlines()
+                                           if not line.lstrip().startswith(("%", "!"))))
     return found
 
 
