@@ -6,8 +6,9 @@
 
 Parts, each within 10 minutes on an H100 so that they can also run one per call:
 
-* **notebooks**: every lecture and solution notebook, run top to bottom from a fresh kernel
-  with nbclient (their CUDA branches run here), saved with outputs to ``build/gpu/``;
+* **notebooks**: every lecture, companion and solution notebook, run top to bottom from a
+  fresh kernel with nbclient (their CUDA branches run here; ``--jobs N`` runs N at once),
+  saved with outputs to ``build/gpu/``;
 * **tests**: ``pytest -m gpu tests``: the engine against ``torch.cuda.max_memory_allocated``
   over 24+ configurations, the kernel rules against PyTorch's own choice, the allocator;
 * **benchmarks**: ``estimator_accuracy.py --device cuda`` (predicted against measured step
@@ -58,32 +59,46 @@ def cuda_or_exit() -> dict:
             "sdp_priority_order": list(torch._C._get_sdp_priority_order())}
 
 
-def run_notebooks(timeout: int) -> dict:
-    """Execute every lecture and solution in a fresh kernel; outputs to build/gpu/."""
+def _run_one(path: Path, timeout: int) -> tuple[str, dict]:
     import nbformat
     from nbclient.exceptions import CellExecutionError
 
-    results = {}
-    for path in notebooks([], ("notebooks", "solutions")):
-        nb = nbformat.read(path, as_version=4)
-        start = time.perf_counter()
-        entry = {"ok": True}
-        try:
-            entry["tries"] = execute(nb, str(path.parent), timeout)
-        except CellExecutionError as exc:
-            entry = {"ok": False, "error": str(exc).strip().splitlines()[-1][:2000],
-                     "traceback": str(exc)[-4000:]}
-        except Exception as exc:  # a kernel that died, a timeout: recorded, the others still run
-            entry = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-        entry["seconds"] = round(time.perf_counter() - start, 1)
-        out = BUILD / path.parent.name / path.name
-        out.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, out)
-        key = f"{path.parent.name}/{path.name}"
-        results[key] = entry
-        print(f"{'ok  ' if entry['ok'] else 'FAIL'} {key} ({entry['seconds']} s)"
-              + ("" if entry["ok"] else f": {entry['error'][:300]}"), flush=True)
-    return {"ok": all(r["ok"] for r in results.values()), "notebooks": results}
+    nb = nbformat.read(path, as_version=4)
+    start = time.perf_counter()
+    entry = {"ok": True}
+    try:
+        entry["tries"] = execute(nb, str(path.parent), timeout)
+    except CellExecutionError as exc:
+        entry = {"ok": False, "error": str(exc).strip().splitlines()[-1][:2000],
+                 "traceback": str(exc)[-4000:]}
+    except Exception as exc:  # a kernel that died, a timeout: recorded, the others still run
+        entry = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+    entry["seconds"] = round(time.perf_counter() - start, 1)
+    out = BUILD / path.parent.name / path.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out)
+    key = f"{path.parent.name}/{path.name}"
+    print(f"{'ok  ' if entry['ok'] else 'FAIL'} {key} ({entry['seconds']} s)"
+          + ("" if entry["ok"] else f": {entry['error'][:300]}"), flush=True)
+    return key, entry
+
+
+def run_notebooks(timeout: int, jobs: int = 1) -> dict:
+    """Execute every lecture, companion and solution in a fresh kernel; outputs to build/gpu/.
+
+    With ``jobs`` > 1 that many kernels share the GPU at once: each measures its own
+    allocator (``torch.cuda.max_memory_allocated`` is per process), but timings printed in
+    the notebooks then include the others' load, and readings of the whole device
+    (``torch.cuda.mem_get_info``: companion 06's probe of the CUDA context) see the other
+    kernels' memory come and go. The figures of record come from ``jobs=1``.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = notebooks([], ("notebooks", "solutions"))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = dict(pool.map(lambda path: _run_one(path, timeout), paths))
+    return {"ok": all(r["ok"] for r in results.values()), "jobs": jobs,
+            "notebooks": dict(sorted(results.items()))}
 
 
 def run_tests() -> dict:
@@ -148,24 +163,26 @@ def main(argv=None) -> int:
     parser.add_argument("--part", choices=("all", *PARTS), default="all")
     parser.add_argument("--quick", action="store_true", help="benchmarks: a few configurations")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per notebook cell")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="notebooks: kernels run at once (their timings then share the GPU)")
     args = parser.parse_args(argv)
     device = cuda_or_exit()
     path = RESULTS / f"{REPORT}.json"
-    report = json.loads(path.read_text()) if path.exists() else {}
-    if report.get("device", {}).get("name") != device["name"]:
-        report = {}  # another GPU's results are not this one's
-    report.update({"machine": machine(), "device": device})
-    report.setdefault("parts", {})
     for part in PARTS if args.part == "all" else (args.part,):
         start = time.perf_counter()
         print(f"== {part}", flush=True)
         try:
-            result = {"notebooks": lambda: run_notebooks(args.timeout), "tests": run_tests,
-                      "benchmarks": lambda: run_benchmarks(args.quick)}[part]()
+            result = {"notebooks": lambda: run_notebooks(args.timeout, args.jobs),
+                      "tests": run_tests, "benchmarks": lambda: run_benchmarks(args.quick)}[part]()
         except Exception:
             result = {"ok": False, "error": traceback.format_exc()[-4000:]}
         result["seconds"] = round(time.perf_counter() - start, 1)
-        report["parts"][part] = result
+        # Read again before writing: parts may run at once, in separate processes.
+        report = json.loads(path.read_text()) if path.exists() else {}
+        if report.get("device", {}).get("name") != device["name"]:
+            report = {}  # another GPU's results are not this one's
+        report.update({"machine": machine(), "device": device})
+        report.setdefault("parts", {})[part] = result
         write(REPORT, report)
     failed = [part for part, result in report["parts"].items() if not result.get("ok")]
     print(f"report: {path.relative_to(ROOT)}; "

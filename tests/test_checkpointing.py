@@ -215,10 +215,11 @@ def test_timeline_from_a_synthetic_snapshot():
              {"action": "alloc", "size": 512, "time_us": 2},
              {"action": "alloc", "size": 1024, "time_us": 3},
              {"action": "free_requested", "size": 512, "time_us": 4},
-             {"action": "free_completed", "size": 512, "time_us": 5}]
+             {"action": "free_completed", "size": 512, "time_us": 5},
+             {"action": "alloc", "size": 4, "time_us": 6}]  # a scalar takes a whole block
     timeline = timeline_from_snapshot({"device_traces": [trace]}, baseline=100)
-    assert timeline.clock == [2, 3, 5] and timeline.unit == "µs"
-    assert timeline.allocated == [612, 1636, 1124] and timeline.peak == 1636
+    assert timeline.clock == [2, 3, 5, 6] and timeline.unit == "µs"
+    assert timeline.allocated == [612, 1636, 1124, 1636] and timeline.peak == 1636
     with pytest.raises(ValueError, match="snapshot"):
         timeline_from_snapshot({"segments": []})
     with pytest.raises(ValueError, match="device"):

@@ -20,7 +20,7 @@ OP = torch.ops.course.bias_gelu.default
 
 def _grads(fn, x, bias):
     out = fn(x, bias)
-    weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(out.dtype)
+    weights = torch.linspace(-1, 1, out.numel(), device=out.device).reshape(out.shape).to(out.dtype)
     return (out, *torch.autograd.grad((out * weights).sum(), (x, bias)))
 
 
@@ -144,3 +144,19 @@ def test_interpreted_launches_leave_no_tensor_alive():
     storage = weakref.ref(out.untyped_storage())
     del out
     assert storage() is None
+
+
+def test_the_kernels_read_no_python_global_but_triton_language():
+    """Triton's interpreter lets a kernel read a module's float; the compiler refuses it
+    ("Cannot access global variable"), so a constant must be written out in the kernel."""
+    import ast
+
+    for kernel in ("forward", "backward"):
+        tree = ast.parse(fused.source(kernel))
+        function = tree.body[0]
+        local = {a.arg for a in function.args.args} | {
+            n.id for n in ast.walk(function) if isinstance(n, ast.Name)
+            and isinstance(n.ctx, ast.Store)}
+        read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Load)}
+        assert read - local == {"tl"}, (kernel, read - local)

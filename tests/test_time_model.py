@@ -8,7 +8,7 @@ import torch
 
 from course_lib.device import GPU, GPUS
 from course_lib.measurement.timing import step_times
-from course_lib.model.gpt import GPTConfig, gpt_param_count, random_tokens
+from course_lib.model.gpt import GPTConfig, gpt_param_count, param_numels, random_tokens
 from course_lib.planning import planner
 from course_lib.prediction import checkpointed, step_setup, time_model as tm
 from course_lib.training import levers
@@ -63,7 +63,7 @@ def test_step_time_is_the_sum_of_its_terms_on_a_datasheet():
     t = tm.step_time(GPT2, b, K, mode="blocks", precision="bf16-mixed", gpu="A100 80GB")
     flops, recomputed = tm.matmul_flops(GPT2, b, "blocks", precision="bf16-mixed",
                                         gpu="A100 80GB")
-    per_micro, per_step = tm.step_ops(GPT2, "blocks", "bf16-mixed")
+    per_micro, per_step = tm.step_ops(GPT2, "blocks", "bf16-mixed", foreach=True)  # a GPU's AdamW
     P = gpt_param_count(GPT2)
     assert (t.flops, t.recompute_flops) == (K * flops, K * recomputed)
     # at 40 % of the A100's 312 TFLOP/s of bf16 tensor cores, 2,039 GB/s, 10 us an operator
@@ -326,3 +326,17 @@ def test_a_calibrated_model_predicts_the_other_policies_measured_on_this_cpu(one
               for m in steps}
     assert all(1 / 1.5 < r < 1.5 for r in ratios.values()), ratios
 
+
+
+def test_a_gpus_adamw_runs_its_operators_over_all_tensors_at_once():
+    """On a GPU AdamW defaults to its multi-tensor (foreach) implementation: each of its operators
+    covers every tensor, where the CPU's per-tensor loop runs about nine per tensor."""
+    shallow, deep = GPTConfig(n_layers=2), GPTConfig(n_layers=8)
+    per_tensor = [tm.step_ops(c)[1] for c in (shallow, deep)]
+    multi = [tm.step_ops(c, foreach=True)[1] for c in (shallow, deep)]
+    tensors = len(param_numels(deep)) - len(param_numels(shallow))
+    assert per_tensor[1] - per_tensor[0] >= 8 * tensors
+    assert multi[1] - multi[0] <= 1.5 * tensors and multi[0] < per_tensor[0] / 4
+    assert tm.step_ops(shallow, foreach=True)[0] == tm.step_ops(shallow)[0]  # forward, backward
+    with pytest.raises(ValueError, match="foreach"):
+        tm.step_ops(shallow, foreach="yes")

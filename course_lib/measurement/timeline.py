@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.measurement.memory import LiveTensorTracker
+from course_lib.model.kernels import CUDA_BLOCK
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,9 @@ def timeline_from_snapshot(snapshot: dict, baseline: int = 0, device: int = 0) -
 
     Walks ``snapshot["device_traces"][device]``: ``alloc`` adds the block's
     ``size``, ``free_completed`` subtracts it (other actions, such as segment
-    maps, do not change allocated bytes). Sizes are the allocator's blocks (multiples of 512
-    bytes), the same units as ``torch.cuda.memory_allocated``.
+    maps, do not change allocated bytes). The trace logs the bytes asked for (a scalar's 4);
+    each is rounded up to the allocator's block, a multiple of 512 bytes
+    (:data:`course_lib.model.kernels.CUDA_BLOCK`), the units of ``torch.cuda.memory_allocated``.
 
     Args:
         snapshot (dict): what ``torch.cuda.memory._snapshot()`` returned, recorded with
@@ -73,10 +75,11 @@ def timeline_from_snapshot(snapshot: dict, baseline: int = 0, device: int = 0) -
         raise ValueError(f"baseline must be a non-negative int of bytes, got {baseline!r}")
     live, clock, allocated = baseline, [], []
     for index, event in enumerate(traces[device]):
+        block = -(-event["size"] // CUDA_BLOCK) * CUDA_BLOCK
         if event["action"] == "alloc":
-            live += event["size"]
+            live += block
         elif event["action"] == "free_completed":
-            live -= event["size"]
+            live -= block
         else:
             continue
         clock.append(event.get("time_us", index))

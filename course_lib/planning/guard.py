@@ -180,18 +180,20 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
     if kind == "cuda":
         gc.collect()  # blocks cached from earlier work would count against the fraction
         torch.cuda.empty_cache()
-        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), torch.device(device))
+        # set_per_process_memory_fraction wants an index: "cuda" alone is refused
+        index = torch.cuda.current_device() if device.index is None else device.index
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), index)
         result = []
         try:
-            start = torch.cuda.memory_allocated()
+            start = torch.cuda.memory_allocated(index)
             peak = start + peak_memory(lambda: result.append(fn()), device="cuda")
         except _OOM as exc:  # the real thing: the allocator could not get a block
             # its first two sentences: "CUDA out of memory. Tried to allocate 2.00 GiB"
             first = ". ".join(str(exc).splitlines()[0].split(". ")[:2])
             failure = f"torch.OutOfMemoryError: {first}"
         finally:
-            torch.cuda.set_per_process_memory_fraction(1.0, torch.device(device))
+            torch.cuda.set_per_process_memory_fraction(1.0, index)
     else:
         result = []
         try:

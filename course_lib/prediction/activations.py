@@ -77,9 +77,9 @@ class Saved:
             "input" for the token ids and targets (saved too, so ``saved_bytes`` counts them,
             but allocated before the step), "weight copy" for the 16-bit copy of a weight that
             autocast makes and a matmul saves (its size does not depend on the batch), and
-            "scalar" for the 0-d float64 tensor autograd wraps around a Python number (a host
-            tensor made outside the dispatcher: the live-tensor tracker does not see it, and on
-            CUDA it is not GPU memory).
+            "scalar" for a 0-d host tensor: the float64 one autograd wraps around a Python
+            number, or the RNG seed and offset of the memory-efficient CUDA kernel (not GPU
+            memory, and the live-tensor tracker does not see the first).
 
     Raises:
         ValueError: naming the field: ``op`` or ``what`` not a str, ``shape`` not a tuple of ints
@@ -284,11 +284,20 @@ def core_items(config: GPTConfig, b: int, s: int, t: Target,
         return items + [Saved("sdpa/math: probs @ v", what, v_shape, inner)]
     # Fused kernels keep q, k, v (views of the one QKV output storage), their output
     # (laid out (b, s, a, d), so the proj's input is a view of it), and per-row log-sum-exp.
-    # Their RNG seed and offset are host tensors.
     rows = 32 * math.ceil(s / 32) if kernel == "efficient" else s  # memory-efficient pads to 32
-    return [Saved("qkv", "QKV output, kept by sdpa as q, k and v", (b, s, 3 * h), dtype),
-            Saved(f"sdpa/{kernel}", "output, also the out-projection's input", (b, s, h), dtype),
-            Saved(f"sdpa/{kernel}", "logsumexp", (b, a, rows), _FP32)]
+    items = [Saved("qkv", "QKV output, kept by sdpa as q, k and v", (b, s, 3 * h), dtype),
+             Saved(f"sdpa/{kernel}", "output, also the out-projection's input", (b, s, h), dtype),
+             Saved(f"sdpa/{kernel}", "logsumexp", (b, a, rows), _FP32)]
+    if t.gpu is None:  # the CPU's flash kernel keeps no RNG state
+        return items
+    # CUDA kernels keep their dropout RNG's seed and offset, with or without dropout (measured
+    # with PyTorch 2.11 on an H200): memory-efficient's on the host, cuDNN's and flash's on the GPU
+    if kernel == "flash":
+        return items + [Saved("sdpa/flash", "RNG seed and offset", (2,), torch.uint64),
+                        Saved("sdpa/flash", "RNG slot, unused", (), torch.uint64)]
+    kind = "scalar" if kernel == "efficient" else "activation"
+    return items + [Saved(f"sdpa/{kernel}", f"RNG {what}", (), torch.int64, kind=kind)
+                    for what in ("seed", "offset")]
 
 
 def attention_core_saved(config: GPTConfig, b: int, s: int, dtype, gpu=None, *,

@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from course_lib.device import GPU, GPUS, MAX_BANDWIDTH, MAX_FLOPS, resolve_gpu
 from course_lib.measurement.timing import step_times
 from course_lib.model.gpt import GPTConfig, check_config, gpt_param_count, param_numels
-from course_lib.model.kernels import attention_kernel
+from course_lib.model.kernels import adamw_foreach, attention_kernel
 from course_lib.prediction import checkpointed
 from course_lib.prediction.engine import precision_of
 from course_lib.prediction.step_setup import build, train_options
@@ -316,10 +316,13 @@ def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None
     steps = {mode: _tiny_steps(tiny, mode, "fp32", device)[1] for mode in CHECKPOINTING}
     tiny_times = _median_seconds(steps, repeats, device)
     plain = tiny_times["none"]
-    op_seconds = plain / sum(step_ops(tiny))
+    # the tiny steps ran PyTorch's default AdamW: foreach on a GPU, per tensor on the CPU
+    foreach = adamw_foreach(resolve_gpu("cuda") if device.type == "cuda" else None)
+    ops = {mode: sum(step_ops(tiny, mode, foreach=foreach)) for mode in CHECKPOINTING}
+    op_seconds = plain / ops["none"]
     regions = tuple(
-        (mode, max(0.0, (tiny_times[mode] - plain - (sum(step_ops(tiny, mode)) - sum(step_ops(tiny)))
-                         * op_seconds) / tiny.n_layers))
+        (mode, max(0.0, (tiny_times[mode] - plain - (ops[mode] - ops["none"]) * op_seconds)
+                   / tiny.n_layers))
         for mode in CHECKPOINTING[1:])
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "this CPU"
     links = (None, None)
@@ -384,11 +387,14 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _tiny_steps(config: GPTConfig, mode: str, precision: str,
-                device) -> dict[int, Callable[[], None]]:
+def _tiny_steps(config: GPTConfig, mode: str, precision: str, device,
+                foreach: bool | None = None) -> dict[int, Callable[[], None]]:
     """One optimizer step of ``K`` micro-batches of one sequence, for ``K`` of 1 and 2, as callables
-    that train one model and optimizer."""
+    that train one model and optimizer (AdamW ``foreach`` as given; None: PyTorch's default)."""
     model, optimizer = build(config, precision=precision, mode=mode, device=device)
+    if foreach is not None:  # AdamW reads its group's flag at each step
+        for group in optimizer.param_groups:
+            group["foreach"] = foreach
     options = train_options(precision, device)
     if options["grad_scaler"] is not None:  # a scale that never overflows: no step skipped
         options["grad_scaler"] = make_grad_scaler(torch.device(device).type, init_scale=1.0)
@@ -399,13 +405,13 @@ def _tiny_steps(config: GPTConfig, mode: str, precision: str,
 
 @functools.lru_cache(maxsize=256)
 def _ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
-         precision: str) -> tuple[int, int]:
+         precision: str, foreach: bool = False) -> tuple[int, int]:
     """``(per micro-batch, per optimizer step)`` operators of a tiny GPT of this structure: the
     steps of 1 and 2 micro-batches counted on one model, after a first step (the optimizer state
     exists, as in every later step)."""
     tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=n_layers,
                      dropout=0.1 if dropout else 0.0, attention=attention, bias=bias)
-    steps = _tiny_steps(tiny, mode, precision, "cpu")
+    steps = _tiny_steps(tiny, mode, precision, "cpu", foreach)
     steps[1]()
     counts = []
     for K in (1, 2):
@@ -416,8 +422,8 @@ def _ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
     return per_micro_batch, counts[0] - per_micro_batch
 
 
-def step_ops(config: GPTConfig, mode: str = "none",
-             precision: str = "fp32") -> tuple[int, int]:
+def step_ops(config: GPTConfig, mode: str = "none", precision: str = "fp32", *,
+             foreach: bool = False) -> tuple[int, int]:
     """Operators one step of ``GPT(config)`` runs: ``(per micro-batch, per optimizer step)``.
 
     Counted, not estimated: :func:`course_lib.training.loop.train` runs a tiny model of the same
@@ -427,12 +433,16 @@ def step_ops(config: GPTConfig, mode: str = "none",
     are linear in the layers (every block runs the same operators), which gives any depth.
     Widths and batch sizes do not change them. The CPU's kernels are counted: on a GPU the
     same model runs the same operators, except SDPA with dropout, which is one fused kernel
-    there and the math kernel's dozen operators here.
+    there and the math kernel's dozen operators here. AdamW is counted as ``foreach`` says:
+    per tensor (the CPU's default) runs a dozen operators for each parameter, the multi-tensor
+    implementation (a GPU's default, :func:`course_lib.model.kernels.adamw_foreach`) a dozen
+    over all of them at once.
 
     Args:
         config (GPTConfig): the model.
         mode (str): the checkpointing, one of :data:`CHECKPOINTING`.
         precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
+        foreach (bool): count AdamW's multi-tensor implementation.
 
     Returns:
         tuple of int: ``(per micro-batch, per optimizer step)`` operator counts.
@@ -447,7 +457,8 @@ def step_ops(config: GPTConfig, mode: str = "none",
     check_config(config)
     choice("mode", mode, CHECKPOINTING)
     precision_of(precision)
-    key = (config.dropout > 0, config.attention, config.bias, mode, precision)
+    key = (config.dropout > 0, config.attention, config.bias, mode, precision,
+           boolean("foreach", foreach))
     one, two = _ops(1, *key), _ops(2, *key)
     L = config.n_layers
     return tuple(a + (L - 1) * (b - a) for a, b in zip(one, two))
@@ -459,7 +470,8 @@ def _counted(mode: str) -> str:
     return "blocks" if mode == "sqrt" else mode
 
 
-def count_ops(configs, modes=tuple(ckpt.MODES), precisions=("fp32",)) -> int:
+def count_ops(configs, modes=tuple(ckpt.MODES), precisions=("fp32",),
+              foreach=(False, True)) -> int:
     """Counts now the operators :func:`step_time` will ask :func:`step_ops` for, and keeps them.
 
     The counts depend on a model's structure (attention, dropout, bias), the checkpointing and
@@ -472,9 +484,11 @@ def count_ops(configs, modes=tuple(ckpt.MODES), precisions=("fp32",)) -> int:
         modes (sequence of str): checkpointing modes of
             :data:`course_lib.training.checkpointing.MODES` (``sqrt`` is counted as ``blocks``).
         precisions (sequence of str): of :data:`course_lib.prediction.engine.PRECISIONS`.
+        foreach (sequence of bool): AdamW's implementations (the CPU's, a GPU's).
 
     Returns:
-        int: the structures, modes and precisions counted (those already kept included).
+        int: the structures, modes, precisions and implementations counted (those already
+        kept included).
 
     Raises:
         ValueError: naming the argument, for a bad value.
@@ -486,12 +500,13 @@ def count_ops(configs, modes=tuple(ckpt.MODES), precisions=("fp32",)) -> int:
     precisions = items("precisions", precisions, max_len=16)
     for precision in precisions:
         precision_of(precision, "precisions")
+    foreach = [boolean("foreach", f) for f in items("foreach", foreach, max_len=2)]
     done = set()
     for config in configs:
-        for mode, precision in itertools.product(("none", *modes), precisions):
-            key = (config.dropout > 0, config.attention, config.bias, mode, precision)
+        for mode, precision, each in itertools.product(("none", *modes), precisions, foreach):
+            key = (config.dropout > 0, config.attention, config.bias, mode, precision, each)
             if key not in done:
-                step_ops(config, mode, precision)
+                step_ops(config, mode, precision, foreach=each)
                 done.add(key)
     return len(done)
 
@@ -831,9 +846,10 @@ def _step_time(config, b, K, mode, every, precision, seq_len, gpu, speed, u, sta
     # its per-block extra in those only; ``sqrt`` segments rerun whole blocks
     regions = ckpt.checkpointed_regions(L, mode, every)
     counted = _counted(mode)
-    per_micro, per_step = step_ops(config, "none", precision)
+    foreach = adamw_foreach(gpu)
+    per_micro, per_step = step_ops(config, "none", precision, foreach=foreach)
     if mode != "none":
-        extra_ops = step_ops(config, counted, precision)[0] - per_micro
+        extra_ops = step_ops(config, counted, precision, foreach=foreach)[0] - per_micro
         per_micro += round(extra_ops * sum(len(r) for r in regions) / L)
     launch = K * (per_micro * speed.op_seconds + len(regions) * speed.checkpoint_seconds(mode))
     shard = N if zero_stage >= 1 else 1

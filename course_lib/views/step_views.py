@@ -478,7 +478,8 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     for config in models.values():  # count the operators of every choice now, not on a change
         for mode in modes:
             for name in ("fp32", "fp16-mixed", "bf16-mixed"):
-                step_ops(config, mode, name)
+                for foreach in (False, True):  # AdamW per tensor (the CPU), foreach (a GPU)
+                    step_ops(config, mode, name, foreach=foreach)
     tops: dict[tuple, int] = {}
 
     def settings(values: dict) -> tuple[Tradeoff, tuple]:
