@@ -72,7 +72,7 @@ class Claim:
         return f"{self.said}\n    measured: {self.measured}\n    verdict : {self.verdict}\n"
 
 
-class ClaimTable:
+class _ClaimTable:
     """Claims shown as a table: an HTML table in a notebook, the plain-text layout elsewhere.
 
     Args:
@@ -127,7 +127,7 @@ def check_claims(claims: Iterable[Claim]) -> list[Claim]:
     for claim in claims:
         if not isinstance(claim, Claim):
             raise ValueError(f"claims must hold Claim records, got {type(claim).__name__}")
-    table = ClaimTable(claims)
+    table = _ClaimTable(claims)
     try:
         from IPython import get_ipython
         from IPython.display import display
@@ -142,4 +142,4 @@ def check_claims(claims: Iterable[Claim]) -> list[Claim]:
     return claims
 
 
-__all__ = ["VERDICTS", "Claim", "ClaimTable", "check_claims"]
+__all__ = ["VERDICTS", "Claim", "check_claims"]

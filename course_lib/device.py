@@ -350,7 +350,8 @@ def pick_dtype(device: torch.device | str | GPU) -> torch.dtype:
     """The training dtype for ``device``: bf16 or fp16 on GPUs, fp32 on the CPU (see module doc).
 
     ``device`` may also be a :class:`GPU` (a preset of :data:`GPUS`): ``GPUS["T4"]`` gives
-    ``torch.float16``, Ampere and newer ``torch.bfloat16``.
+    ``torch.float16``, Ampere and newer ``torch.bfloat16``. A live CUDA device is asked
+    :func:`cuda_has_native_bf16`.
 
     Args:
         device (torch.device or str or GPU): the device to train on, or a card.

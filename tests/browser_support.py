@@ -32,7 +32,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.distributed.ranks import free_port
+from course_lib.distributed.ranks import _free_port
 
 CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
 # Flags that work as root in a container: no sandbox, no GPU, and no traffic of its own.
@@ -112,7 +112,7 @@ def lab_server(notebooks: Iterable[Path], *, start_timeout: float = 120) -> Iter
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
     env.pop("MPLBACKEND", None)  # the kernel must use its inline backend, as a learner's does
-    port, token = free_port(), secrets.token_hex(16)
+    port, token = _free_port(), secrets.token_hex(16)
     log = tmp / "jupyter.log"
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                f"--ServerApp.port={port}", "--ServerApp.port_retries=0",

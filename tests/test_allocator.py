@@ -36,20 +36,20 @@ def test_reading_validation(kw, match):
 
 def test_context_bytes_is_free_memory_taken_beyond_the_reserved():
     after_init = reading(allocated=0, reserved=2 * MiB, free=14000 * MiB, total=15360 * MiB)
-    assert al.context_bytes(14500 * MiB, after_init) == 498 * MiB
+    assert al._context_bytes(14500 * MiB, after_init) == 498 * MiB
     with pytest.raises(ValueError, match="free_before_init"):
-        al.context_bytes(-1, after_init)
+        al._context_bytes(-1, after_init)
 
 
 def test_parse_alloc_conf():
-    assert al.parse_alloc_conf(None) == {} and al.parse_alloc_conf("") == {}
-    assert al.parse_alloc_conf("max_split_size_mb:128, expandable_segments:True") == {
+    assert al._parse_alloc_conf(None) == {} and al._parse_alloc_conf("") == {}
+    assert al._parse_alloc_conf("max_split_size_mb:128, expandable_segments:True") == {
         "max_split_size_mb": "128", "expandable_segments": "True"}
     for bad in ("expandable_segments", ":True"):
         with pytest.raises(ValueError, match="key:value"):
-            al.parse_alloc_conf(bad)
+            al._parse_alloc_conf(bad)
     with pytest.raises(ValueError, match="value must be"):
-        al.parse_alloc_conf(128)
+        al._parse_alloc_conf(128)
 
 
 def test_alloc_conf_env_keeps_other_options_and_replaces_the_setting():
@@ -67,12 +67,12 @@ def test_alloc_conf_env_keeps_other_options_and_replaces_the_setting():
 
 
 def test_expandable_segments_enabled():
-    assert not al.expandable_segments_enabled({})
-    assert al.expandable_segments_enabled(al.alloc_conf_env({}, True))
-    assert not al.expandable_segments_enabled(al.alloc_conf_env({}, False))
-    assert al.expandable_segments_enabled({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:true"})
+    assert not al._expandable_segments_enabled({})
+    assert al._expandable_segments_enabled(al.alloc_conf_env({}, True))
+    assert not al._expandable_segments_enabled(al.alloc_conf_env({}, False))
+    assert al._expandable_segments_enabled({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:true"})
     # PYTORCH_ALLOC_CONF decides when both are set
-    assert not al.expandable_segments_enabled({"PYTORCH_ALLOC_CONF": "backend:native",
+    assert not al._expandable_segments_enabled({"PYTORCH_ALLOC_CONF": "backend:native",
                                                "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
 
 
@@ -119,10 +119,10 @@ def test_probe_from_the_processes_json():
 # --------------------------------------------------------------------------- not on CUDA
 
 def test_not_on_cuda_is_falsy_and_says_why():
-    missing = al.not_on_cuda("cpu")
+    missing = al._not_on_cuda("cpu")
     assert not missing and str(missing).startswith("not on CUDA") and "cpu" in missing.reason
     with pytest.raises(ValueError, match="device"):
-        al.not_on_cuda(object())
+        al._not_on_cuda(object())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
@@ -134,7 +134,7 @@ def test_without_cuda_every_measurement_returns_not_on_cuda():
         assert "no CUDA device" in result.reason
     assert not ran  # the step is not run
     data = al._measure(123, 0, (1, 2))  # what the probing process prints
-    assert data == {"available": False, "reason": al.not_on_cuda(0).reason}
+    assert data == {"available": False, "reason": al._not_on_cuda(0).reason}
 
 
 def test_bad_arguments():
@@ -180,11 +180,11 @@ def test_probe_sees_context_workspace_and_expandable_segments():
 # --------------------------------------------------------------------------- nvidia-smi
 
 def test_parse_smi_reads_mib_as_bytes():
-    smi = al.parse_smi("15360, 1234, 14126\n")
+    smi = al._parse_smi("15360, 1234, 14126\n")
     assert (smi.total, smi.used, smi.free) == (15360 * MiB, 1234 * MiB, 14126 * MiB)
     for bad in ("", "15360, 1234", "a, b, c", "1, -2, 3"):
         with pytest.raises(ValueError, match="output"):
-            al.parse_smi(bad)
+            al._parse_smi(bad)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the result on machines without CUDA")

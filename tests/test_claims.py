@@ -2,7 +2,7 @@
 
 import pytest
 
-from course_lib.claims import Claim, ClaimTable, check_claims
+from course_lib.claims import Claim, _ClaimTable, check_claims
 
 
 def test_prints_every_claim_in_the_course_layout(capsys):
@@ -13,7 +13,7 @@ def test_prints_every_claim_in_the_course_layout(capsys):
 
 
 def test_the_table_escapes_and_splits_word_and_reason():
-    table = ClaimTable([Claim('"<b>x</b>"', "1 < 2", "half-true: only with <K>", True)])
+    table = _ClaimTable([Claim('"<b>x</b>"', "1 < 2", "half-true: only with <K>", True)])
     html = table._repr_html_()
     assert "&lt;b&gt;x&lt;/b&gt;" in html and "1 &lt; 2" in html and "<b>x</b>" not in html
     assert ">half-true</b><br>only with &lt;K&gt;</td>" in html

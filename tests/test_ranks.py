@@ -7,7 +7,7 @@ import pytest
 import torch
 from process_tools import alive
 
-from course_lib.distributed.ranks import Ranks, free_port, launch
+from course_lib.distributed.ranks import Ranks, _free_port, launch
 from course_lib.distributed.workers import all_reduce_demo
 
 WORLD = 2
@@ -76,4 +76,4 @@ def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
 
 
 def test_free_port_is_a_port():
-    assert 0 < free_port() < 65536
+    assert 0 < _free_port() < 65536

@@ -363,3 +363,57 @@ def test_the_readme_claims_speak_the_lectures_verdict_vocabulary():
     words = [re.match(r"\| \".*?\"[^|]*\| \*\*([^*]+)\*\*", row) for row in rows]
     assert all(words), [row[:80] for row, w in zip(rows, words) if not w]
     assert {w.group(1) for w in words} <= set(VERDICTS)
+
+
+def _public_names(module) -> list[str]:
+    """``__all__``, else the classes and functions the module defines without an underscore."""
+    names = getattr(module, "__all__", None)
+    if names is not None:
+        return list(names)
+    return [n for n, v in vars(module).items() if not n.startswith("_")
+            and getattr(v, "__module__", None) == module.__name__]
+
+
+def _docs_beside(module, name: str) -> str:
+    """The module's docstring and those of its other public names, methods and properties."""
+    import inspect
+
+    docs = [inspect.getdoc(module) or ""]
+    for other in _public_names(module):
+        obj = getattr(module, other)
+        if other == name or not (callable(obj) or inspect.isclass(obj)):
+            continue
+        docs.append(inspect.getdoc(obj) or "")
+        for member in vars(obj).values() if inspect.isclass(obj) else ():
+            member = member.fget if isinstance(member, property) else getattr(
+                member, "__func__", member)
+            if callable(member):
+                docs.append(inspect.getdoc(member) or "")
+    return "\n".join(docs)
+
+
+def test_every_public_name_is_used_or_documented_beside_what_uses_it():
+    """What the notebooks, the exercises and other modules use is public; so are the types a
+    public function returns and the menus its parameters name, which its docstring names. The
+    rest is private to its module (an underscore), so that a reader knows what to learn."""
+    import importlib
+    import pkgutil
+
+    import course_lib
+
+    texts = {}
+    for path in [*LECTURES, *COMPANIONS, *EXERCISES, *SOLUTIONS]:
+        texts[str(path)] = "\n".join(c.source for c in read(path).cells if c.cell_type == "code")
+    for folder in ("course_lib", "course_tools", "benchmarks"):
+        for path in (ROOT / folder).rglob("*.py"):
+            texts[str(path)] = path.read_text()
+    unused = []
+    for info in pkgutil.walk_packages(course_lib.__path__, "course_lib."):
+        module = importlib.import_module(info.name)
+        own = str(ROOT / (info.name.replace(".", "/") + ".py"))
+        for name in _public_names(module):
+            word = re.compile(rf"\b{re.escape(name)}\b")
+            if not any(word.search(t) for path, t in texts.items() if path != own) and not (
+                    word.search(_docs_beside(module, name))):
+                unused.append(f"{info.name}.{name}")
+    assert not unused, f"public, yet used and documented nowhere else: {unused}"

@@ -43,7 +43,7 @@ BACKEND = "gloo"
 MAX_WORLD_SIZE = 16
 
 
-def free_port() -> int:
+def _free_port() -> int:
     """A TCP port on 127.0.0.1 that is free now (the OS picks it), for the rendezvous.
 
     Returns:
@@ -168,7 +168,7 @@ class Ranks:
         self.world_size, self.timeout = world_size, _check_seconds("timeout", timeout)
         self._tmp = tempfile.TemporaryDirectory(prefix="course_ranks_")
         self._dir, self._tasks, self._procs, self._ended = Path(self._tmp.name), 0, [], []
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                    WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
                    COURSE_RANKS_DIR=self._tmp.name, COURSE_RANKS_TIMEOUT=str(self.timeout),
                    PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # what the parent imports

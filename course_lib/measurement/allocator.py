@@ -81,7 +81,7 @@ class NotOnCUDA:
         return self.reason
 
 
-def not_on_cuda(device: torch.device | str | int | None = None) -> NotOnCUDA | None:
+def _not_on_cuda(device: torch.device | str | int | None = None) -> NotOnCUDA | None:
     """``None`` if ``device`` is a usable CUDA device, else the :class:`NotOnCUDA` that says why not.
 
     Args:
@@ -92,9 +92,9 @@ def not_on_cuda(device: torch.device | str | int | None = None) -> NotOnCUDA | N
         None, or a :class:`NotOnCUDA`.
 
     Example:
-        >>> bool(not_on_cuda("cpu"))
+        >>> bool(_not_on_cuda("cpu"))
         False
-        >>> str(not_on_cuda("cpu")).startswith("not on CUDA")
+        >>> str(_not_on_cuda("cpu")).startswith("not on CUDA")
         True
     """
     device = _device(device)
@@ -183,7 +183,7 @@ def read(device: torch.device | str | int | None = None) -> Reading | NotOnCUDA:
         >>> reading = read()
         >>> reading.cached if reading else reading.reason  # doctest: +SKIP
     """
-    missing = not_on_cuda(device)
+    missing = _not_on_cuda(device)
     if missing is not None:
         return missing
     device = _device(device)
@@ -217,7 +217,7 @@ class SmiReading:
     free: int
 
 
-def parse_smi(output: str) -> SmiReading:
+def _parse_smi(output: str) -> SmiReading:
     """The first line of ``nvidia-smi --query-gpu=memory.total,memory.used,memory.free
     --format=csv,noheader,nounits`` (``"15360, 1234, 14126"``, in MiB) as a :class:`SmiReading`.
 
@@ -231,7 +231,7 @@ def parse_smi(output: str) -> SmiReading:
         ValueError: naming ``output``, unless its first line is three non-negative integers.
 
     Example:
-        >>> parse_smi("15360, 0, 15095").total // MiB
+        >>> _parse_smi("15360, 0, 15095").total // MiB
         15360
     """
     text("output", output)
@@ -266,7 +266,7 @@ def smi_reading(device: torch.device | str | int | None = None, *,
         ValueError: naming ``device`` or ``timeout``, for a bad value.
     """
     number("timeout", timeout, above=0.0, maximum=MAX_PROBE_SECONDS)
-    missing = not_on_cuda(device)
+    missing = _not_on_cuda(device)
     if missing is not None:
         return missing
     dev = _device(device)
@@ -277,7 +277,7 @@ def smi_reading(device: torch.device | str | int | None = None, *,
         done = subprocess.run(["nvidia-smi", f"--id={card}", f"--query-gpu={SMI_QUERY}",
                                "--format=csv,noheader,nounits"], capture_output=True, text=True,
                               timeout=timeout, check=True)
-        return parse_smi(done.stdout)
+        return _parse_smi(done.stdout)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         return NotOnCUDA(f"no nvidia-smi: it could not be read here ({type(exc).__name__})")
 
@@ -367,7 +367,7 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
     for name, value in (("predicted", predicted), ("resident", resident)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be a non-negative int of bytes, got {value!r}")
-    missing = not_on_cuda(device)
+    missing = _not_on_cuda(device)
     if missing is not None:
         return missing
     device = _device(device)
@@ -381,7 +381,7 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
 
 # --------------------------------------------------------------------------- a fresh process
 
-def parse_alloc_conf(value: str | None) -> dict[str, str]:
+def _parse_alloc_conf(value: str | None) -> dict[str, str]:
     """``PYTORCH_CUDA_ALLOC_CONF``'s ``"key:value,key:value"`` as a dict (empty for None or "").
 
     Args:
@@ -394,7 +394,7 @@ def parse_alloc_conf(value: str | None) -> dict[str, str]:
         ValueError: for a value that is not a str or None, or an entry without a ``:``.
 
     Example:
-        >>> parse_alloc_conf("max_split_size_mb:128,expandable_segments:True")
+        >>> _parse_alloc_conf("max_split_size_mb:128,expandable_segments:True")
         {'max_split_size_mb': '128', 'expandable_segments': 'True'}
     """
     if value is None:
@@ -435,7 +435,7 @@ def alloc_conf_env(env: Mapping[str, str], expandable_segments: bool) -> dict[st
     _check_env(env)
     env = dict(env)
     for name in [n for n in ALLOC_CONF_VARS if n in env] or [ALLOC_CONF]:
-        options = parse_alloc_conf(env[name] if name in env else None)
+        options = _parse_alloc_conf(env[name] if name in env else None)
         options["expandable_segments"] = str(bool(expandable_segments))
         env[name] = ",".join(f"{k}:{v}" for k, v in options.items())
     return env
@@ -447,7 +447,7 @@ def _check_env(env) -> None:
                          f"{type(env).__name__}")
 
 
-def expandable_segments_enabled(env: Mapping[str, str]) -> bool:
+def _expandable_segments_enabled(env: Mapping[str, str]) -> bool:
     """Whether a process started with ``env`` runs its CUDA allocator with expandable segments.
 
     The first of :data:`ALLOC_CONF_VARS` that ``env`` sets decides, as in PyTorch 2.8 and later.
@@ -462,13 +462,13 @@ def expandable_segments_enabled(env: Mapping[str, str]) -> bool:
         ValueError: naming ``env`` if it is not a mapping, or its setting is malformed.
 
     Example:
-        >>> expandable_segments_enabled({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+        >>> _expandable_segments_enabled({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
         True
     """
     _check_env(env)
     for name in ALLOC_CONF_VARS:
         if name in env:
-            return parse_alloc_conf(env[name]).get("expandable_segments", "").lower() == "true"
+            return _parse_alloc_conf(env[name]).get("expandable_segments", "").lower() == "true"
     return False
 
 
@@ -525,7 +525,7 @@ class Probe:
     @property
     def context(self) -> int:
         """The CUDA context: bytes the process took when CUDA initialised, beyond its allocator's."""
-        return context_bytes(self.free_before_init, self.stage("CUDA initialised"))
+        return _context_bytes(self.free_before_init, self.stage("CUDA initialised"))
 
     @property
     def cublas_workspace(self) -> int:
@@ -536,7 +536,7 @@ class Probe:
     @property
     def library_code(self) -> int:
         """Bytes outside the allocator that the first matmul added: cuBLAS' kernels, loaded lazily."""
-        return (context_bytes(self.free_before_init, self.stage("first matmul"))
+        return (_context_bytes(self.free_before_init, self.stage("first matmul"))
                 - self.context)
 
     @property
@@ -593,7 +593,7 @@ def _check_reading(reading) -> None:
                          f"{type(reading).__name__}")
 
 
-def context_bytes(free_before_init: int, reading: Reading) -> int:
+def _context_bytes(free_before_init: int, reading: Reading) -> int:
     """Bytes a process holds on the device outside its allocator.
 
     The free bytes it took since before it initialised CUDA, minus what its allocator
@@ -612,7 +612,7 @@ def context_bytes(free_before_init: int, reading: Reading) -> int:
 
     Example:
         >>> r = Reading(allocated=0, reserved=2 * MiB, free=14000 * MiB, total=15360 * MiB)
-        >>> context_bytes(14500 * MiB, r) // MiB
+        >>> _context_bytes(14500 * MiB, r) // MiB
         498
     """
     if not isinstance(free_before_init, int) or isinstance(free_before_init, bool) \
@@ -661,7 +661,7 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
         raise ValueError(f"device must be a CUDA device index (an int >= 0), got {device!r}")
     sizes = _check_sizes(sizes_mib)
     number("timeout", timeout, above=0.0, maximum=MAX_PROBE_SECONDS)
-    missing = not_on_cuda(device)
+    missing = _not_on_cuda(device)
     if missing is not None:
         return missing
     free_before, _ = torch.cuda.mem_get_info(device)
@@ -688,7 +688,7 @@ def _check_sizes(sizes_mib) -> tuple[int, ...]:
 
 def _measure(free_before_init: int, device: int, sizes_mib: Sequence[int]) -> dict:
     """The probing process's work (see :func:`probe`); returns its JSON object."""
-    missing = not_on_cuda(device)
+    missing = _not_on_cuda(device)
     if missing is not None:
         return {"available": False, "reason": missing.reason}
     dev = torch.device("cuda", device)
@@ -715,7 +715,7 @@ def _measure(free_before_init: int, device: int, sizes_mib: Sequence[int]) -> di
     torch.cuda.empty_cache()
     stage("empty_cache")
     return {"available": True, "free_before_init": free_before_init,
-            "expandable_segments": expandable_segments_enabled(os.environ), "stages": stages}
+            "expandable_segments": _expandable_segments_enabled(os.environ), "stages": stages}
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

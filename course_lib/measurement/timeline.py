@@ -5,7 +5,8 @@ allocation and free (with its size, address and time) and
 ``torch.cuda.memory._snapshot()`` returns that log; PyTorch's viewer at
 https://pytorch.org/memory_viz draws the same data from ``_dump_snapshot``. Here
 the log becomes one curve, bytes allocated against time, that matplotlib draws
-in a notebook. On other devices :func:`track_timeline` draws the same curve from
+in a notebook (:func:`record_timeline`; a snapshot saved earlier, with
+:func:`timeline_from_snapshot`). On other devices :func:`track_timeline` draws the same curve from
 the live-tensor tracker (:class:`course_lib.measurement.memory.LiveTensorTracker`), with the
 event number as its clock.
 """

@@ -6,7 +6,8 @@ one kernel that reads ``x`` and ``b`` once and writes the activation once; its b
 *recomputes* ``gelu'(x + b)`` from the same two inputs instead of keeping an intermediate. This
 is the pattern of FlashAttention and of Megatron-LM's fused bias-GELU, small enough to read.
 
-Registered as one PyTorch operator, ``torch.ops.course.bias_gelu`` (with
+Each Triton program handles :data:`BLOCK` elements. Registered as one PyTorch operator,
+``torch.ops.course.bias_gelu`` (its backward another, :func:`bias_gelu_backward`; with
 :func:`torch.library.custom_op` and a Triton launch inside), the kernel is a single op to
 autograd and to a selective-checkpointing policy: a policy can save its output (the kernel does
 not run again in backward) or recompute it (it runs once more). A plain

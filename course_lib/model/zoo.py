@@ -4,9 +4,10 @@
   Foundation and Fine-Tuned Chat Models"; Meta 2024, "The Llama 3 Herd of
   Models"): RMSNorm, rotary position embeddings, grouped-query attention and a
   SwiGLU MLP, no biases. It is small and readable; its job in the course is to
-  have exactly the parameter shapes of the published models.
+  have exactly the parameter shapes of the published models. A stack of :class:`LlamaBlock`;
+  :func:`rotate` applies the rotary embeddings.
 * :data:`PRESETS`: GPT-2 (as the course :class:`~course_lib.model.gpt.GPT`) and Llama
-  configurations with the parameter counts their publishers report.
+  configurations with the parameter counts their publishers report, each a :class:`Preset`.
 * :func:`build_model` builds any of them on the ``meta`` device: shapes and dtypes
   without storage, so that a 405B model is counted in a second on a laptop.
 """

@@ -626,7 +626,7 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
         vocab_size (int): the vocabulary, up to :data:`course_lib.model.gpt.CONFIG_MAXIMUM`.
         widths, depths, head_size, aspect_ratio: the shapes to search, as for
             :func:`search_space`.
-        precisions (sequence of str): of :data:`course_lib.prediction.engine.PRECISIONS`, in order of
+        precisions (sequence of str): of :data:`FIT_PRECISIONS` (the engine's), in order of
             preference.
         policies (sequence of tuple): ``(mode, every)`` checkpointing policies.
         max_accumulation_steps (int, optional): the most accumulation steps (None: no limit),

@@ -324,8 +324,8 @@ class Rung:
 
     Attributes:
         lever (str): the lever's name.
-        group (str): levers of one group replace each other in the combination (two
-            checkpointing modes, say).
+        group (str): one of :data:`LADDER_GROUPS`; levers of one group replace each other in
+            the combination (two checkpointing modes, say).
         plan (Plan): the plain step with this lever.
         memory (StepMemory): its predicted peak moment.
         bytes_saved (int): predicted peak bytes it removes (negative: it adds).

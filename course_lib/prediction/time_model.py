@@ -596,7 +596,8 @@ def optimizer_bytes(n_params: int, precision: str = "fp32", state_bits: int = 32
     """Bytes one AdamW step over ``n_params`` parameters reads and writes.
 
     Per parameter it reads the weight, the gradient, ``m`` and ``v`` and writes the weight,
-    ``m`` and ``v``: ``7 s`` bytes with ``s`` bytes per state value (4 in fp32, 2 in pure bf16).
+    ``m`` and ``v``: ``7 s`` bytes (:data:`ADAMW_VALUES`) with ``s`` bytes per state value (4 in
+    fp32, 2 in pure bf16).
     With fp32 master weights it also casts the ``e``-byte gradients to fp32 and the master
     weights back (``2e + 8`` more): 40 bytes per parameter in fp16/bf16-mixed.
 
@@ -779,7 +780,9 @@ def step_time(config: GPTConfig, micro_batch_size: int, accumulation_steps: int 
         gpu (str or GPU, optional): where it runs: None/"cpu", a preset name, a ``GPU``, "cuda".
         speed (DeviceSpeed, optional): the figures; default :func:`device_speed` of ``gpu``.
         utilisation (float, optional): ``u`` in (0, 1]; default ``speed.reached(compute dtype)``.
-        state_bits (int): bits per optimizer state value: 32, 8 or 4.
+        state_bits (int): bits per optimizer state value: 32, 8 or 4. Below 32, each state
+            tensor of at least :data:`LOW_BIT_MIN_NUMEL` elements adds the eager quantisation's
+            operators: :data:`LOW_BIT_OPS_PER_ROUND` per bit and :data:`LOW_BIT_OPS`.
         offload_activations (bool): saved activations go to the host and back.
         offload_optimizer (bool): the optimizer steps on the host.
         trained_params (int, optional): parameters the optimizer steps (None: all; fewer with

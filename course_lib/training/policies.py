@@ -5,7 +5,8 @@ Selective activation checkpointing (``torch.utils.checkpoint`` with
 decides op by op, at the ``aten`` level, whether the output of an op inside a
 checkpointed region is saved during the forward pass or recomputed during the
 backward pass. A policy is either a list of ops to save or a function
-``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy``. Two facts bite:
+``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy`` (:func:`save_ops_policy` makes one from
+a list). Two facts bite:
 
 * ``op`` is an ``OpOverload`` (``torch.ops.aten.addmm.default``), never an
   ``OpOverloadPacket`` (``torch.ops.aten.addmm``): a list entry must be an
@@ -96,7 +97,7 @@ def save_ops_policy(ops: Sequence) -> Callable:
     return policy
 
 
-def context_fn_for(policy) -> Callable:
+def _context_fn_for(policy) -> Callable:
     """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for ``policy``.
 
     Args:
@@ -317,7 +318,7 @@ def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:
     plain = _run(fn, inputs, None)
     if isinstance(policy, str) and policy == "none":
         return PolicyCost("none", plain[0], plain[1], Counter(), 0)
-    kept, peak, ops, flops = _run(fn, inputs, context_fn_for(policy))
+    kept, peak, ops, flops = _run(fn, inputs, _context_fn_for(policy))
     recomputed = Counter({op: n for op, n in (ops - plain[2]).items() if not _is_bookkeeping(op)})
     return PolicyCost(policy_name(policy), kept, peak, recomputed, flops - plain[3])
 
