@@ -40,3 +40,20 @@ def test_the_device_rules_are_the_kernels_modules():
 def test_bad_arguments_are_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_public_entry_resolves_its_target_once(monkeypatch):
+    """Inside, the items are built from the target resolved at the entry (``*_items(config, b, s,
+    t)``), not by public functions that would resolve it again."""
+    from course_lib.prediction import activations as act, checkpointed
+
+    calls = []
+    resolve = Target.resolve.__func__
+    monkeypatch.setattr(Target, "resolve", classmethod(
+        lambda cls, *a, **k: calls.append(a) or resolve(cls, *a, **k)))
+    config = GPTConfig(n_layers=3, dropout=0.1)
+    checkpointed.kept_layout(config, 2, "blocks", 1, None, None, torch.bfloat16, "T4", True)
+    assert len(calls) == 1
+    calls.clear()
+    act.model_saved(config, 2, gpu="A100 80GB")
+    assert len(calls) == 1

@@ -16,7 +16,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from course_lib.device import GPUS, resolve_gpu
+from course_lib.device import GPUS
 from course_lib.model.gpt import GPTConfig, check_config, param_numels
 from course_lib.planning.fit import FIT_POLICIES
 from course_lib.prediction import activations as act, engine, time_model
@@ -156,12 +156,11 @@ def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: 
              if plan.state_bits != 32 or plan.lora_rank else None)  # None: the engine's count
     resident_acts = None
     if plan.offload_activations:  # on the device: what the op being differentiated needs
-        args = (config, b, seq_len, spec.compute, gpu)
-        where = resolve_gpu(gpu)
-        resident_acts = max(act.total_bytes(act.block_saved(*args, autocast=spec.autocast),
-                                            act.STEP_KINDS, where),
-                            act.total_bytes(act.head_saved(*args, autocast=spec.autocast),
-                                            act.STEP_KINDS, where))
+        b_, s_, t = act.prediction_args(config, b, seq_len, spec.compute, gpu, spec.autocast)
+        resident_acts = max(act.total_bytes(act.block_items(config, b_, s_, t), act.STEP_KINDS,
+                                            t.gpu),
+                            act.total_bytes(act.head_items(config, b_, s_, t), act.STEP_KINDS,
+                                            t.gpu))
     N, z = plan.world_size, plan.zero_stage
     out = []
     for name, m in moments.items():

@@ -453,7 +453,23 @@ def embedding_saved(config: GPTConfig, batch_size: int, seq_len: int | None = No
             ``dtype``).
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
-    b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
+    return embedding_items(config, *prediction_args(config, batch_size, seq_len, dtype, gpu,
+                                                    autocast))
+
+
+def embedding_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
+    """:func:`embedding_saved` for checked sizes and a target resolved once (as
+    :func:`block_items`).
+
+    Args:
+        config (GPTConfig): the model.
+        b (int): sequences.
+        s (int): tokens per sequence.
+        t (Target): the resolved target (:func:`prediction_args`).
+
+    Returns:
+        list of Saved: the embeddings' saved tensors.
+    """
     return [Saved("tok_emb", "token ids (the input)", (b, s), _INDEX, kind="input"),
             Saved("pos_emb", "positions (arange)", (s,), _INDEX),
             *_dropout_saved("emb dropout", (b, s, config.d_model), config.dropout, t.stream, t)]
@@ -480,7 +496,21 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
             ``dtype``).
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
-    b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
+    return head_items(config, *prediction_args(config, batch_size, seq_len, dtype, gpu, autocast))
+
+
+def head_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
+    """:func:`head_saved` for checked sizes and a target resolved once (as :func:`block_items`).
+
+    Args:
+        config (GPTConfig): the model.
+        b (int): sequences.
+        s (int): tokens per sequence.
+        t (Target): the resolved target (:func:`prediction_args`).
+
+    Returns:
+        list of Saved: the head's and the loss's saved tensors.
+    """
     h, V = config.d_model, config.vocab_size
     return [*layernorm_items("ln_f", b, s, h, t),
             *linear_items("lm_head", "ln_f's output", b, s, h, V, t),
@@ -505,11 +535,10 @@ def model_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
         ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
             ``dtype``).
     """
-    check_config(config)
-    args = (config, batch_size, seq_len, dtype, gpu)
-    blocks = block_saved(*args, autocast=autocast)
-    return [*embedding_saved(*args, autocast=autocast), *(blocks * config.n_layers),
-            *head_saved(*args, autocast=autocast)]
+    seq_len = check_config(config).seq_len if seq_len is None else seq_len
+    b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
+    return [*embedding_items(config, b, s, t), *(block_items(config, b, s, t) * config.n_layers),
+            *head_items(config, b, s, t)]
 
 
 @fill_doc(shape_args=_SHAPE_ARGS)

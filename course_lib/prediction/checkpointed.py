@@ -86,10 +86,8 @@ def kept_layout(config: GPTConfig, batch_size: int, mode: str, every: int, segme
     """
     check_config(config)
     seq_len = config.seq_len if seq_len is None else seq_len
-    args = (config, batch_size, seq_len, dtype, gpu)
-    embed = act.embedding_saved(*args, autocast=autocast)
-    head = act.head_saved(*args, autocast=autocast)
-    b, s, t = act.prediction_args(*args, autocast)
+    b, s, t = act.prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
+    embed, head = act.embedding_items(config, b, s, t), act.head_items(config, b, s, t)
     block = act.block_items(config, b, s, t)
     L = config.n_layers
     segments = check_mode(mode, every, segments, L)

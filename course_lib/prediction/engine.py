@@ -823,11 +823,11 @@ def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
     scratch = _math_scratch(config, b, s, t)
     block = act.block_items(config, b, s, t)
     last_core = max(i for i, item in enumerate(block) if item.op.startswith("sdpa"))
-    args = (config, b, s, t.compute, gpu)
+    head = act.head_items(config, b, s, t)
     after = (act.total_bytes(block[last_core + 1:], act.STEP_KINDS, gpu)
-             + act.total_bytes(act.head_saved(*args, autocast=t.autocast), act.STEP_KINDS, gpu))
-    saved = act.total_bytes(act.model_saved(*args, autocast=t.autocast), act.STEP_KINDS,
-                            gpu) - after
+             + act.total_bytes(head, act.STEP_KINDS, gpu))
+    whole = [*act.embedding_items(config, b, s, t), *(block * config.n_layers), *head]
+    saved = act.total_bytes(whole, act.STEP_KINDS, gpu) - after
     return {"live": {_GRAD: 0, _ACT: saved, _TMP: scratch},
             "moment": "last block's attention (forward)"}
 
