@@ -13,8 +13,9 @@ Parts, each within 10 minutes on an H100 so that they can also run one per call:
   over 24+ configurations, the kernel rules against PyTorch's own choice, the allocator;
 * **benchmarks**: ``estimator_accuracy.py --device cuda`` (predicted against measured step
   peaks: median 3 %, max 5 % is the goal), ``checkpoint_cost.py --device cuda`` (time and
-  FLOPs per checkpointing mode) and ``widget_latency.py`` (each lecture's widgets, in a kernel
-  that runs on the GPU).
+  FLOPs per checkpointing mode), ``peak_anatomy.py --device cuda`` (where the engine and the
+  allocator part from the live tensors) and ``widget_latency.py`` (each lecture's widgets, in a
+  kernel that runs on the GPU).
 
 The report, ``benchmarks/results/gpu_check.json``, holds the device (name, capability,
 memory, driver, CUDA, cuDNN), the torch version, every figure the parts produced and every
@@ -134,13 +135,16 @@ def _script(args: list[str], result: Path | None) -> dict:
 
 
 def run_benchmarks(quick: bool) -> dict:
-    """The estimator-accuracy, checkpoint-cost and widget-latency benchmarks, on this GPU."""
+    """The estimator-accuracy, checkpoint-cost, peak-anatomy and widget-latency benchmarks, on this
+    GPU."""
     flag = ["--quick", "--out", str(BUILD / "quick.json")] if quick else []
     out = {
         "estimator_accuracy": _script(["estimator_accuracy.py", "--device", "cuda", *flag],
                                       RESULTS / "estimator_accuracy.json"),
         "checkpoint_cost": _script(["checkpoint_cost.py", "--device", "cuda", *flag],
                                    RESULTS / "checkpoint_cost.json"),
+        "peak_anatomy": _script(["peak_anatomy.py", "--device", "cuda", *flag],
+                                RESULTS / "peak_anatomy.json"),
     }
     # The widget benchmark writes one file per machine kind: keep the committed CPU figures.
     latency = RESULTS / "widget_latency.json"

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench_device  # noqa: E402
 import checkpoint_cost  # noqa: E402
 import estimator_accuracy as accuracy  # noqa: E402
+import peak_anatomy  # noqa: E402
 
 from course_lib.model.gpt import GPTConfig, gpt_param_count  # noqa: E402
 from course_lib.prediction.formulas import training_memory  # noqa: E402
@@ -143,3 +144,19 @@ def test_grading_time_builds_a_class_half_solved(tmp_path):
     solved = ["NotImplementedError" not in "".join(
         c.source for c in nbformat.read(p, 4).cells if c.cell_type == "code") for p in notebooks]
     assert solved == [True, False, True]
+
+
+def test_peak_anatomy_on_the_cpu_the_engine_is_the_live_tensors(tmp_path, capsys):
+    """Its tracker, on the CPU, sees the step the engine predicts: the same bytes, and the ops
+    holding them at the peak; with a storage made before it, or a view, counted nowhere."""
+    out = tmp_path / "peak_anatomy.json"
+    assert peak_anatomy.main(["--quick", "--device", "cpu", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["runs"]["cpu"]["rows"]
+    assert len(rows) == 2 and all(r["engine"] == r["tensors"] > 0 for r in rows)
+    assert all(r["allocator"] is None and r["held_at_peak"] for r in rows)
+    before = torch.ones(1000)
+    with peak_anatomy.OpTracker("cpu") as tracker:
+        view = before.view(10, 100)  # aliases a storage made before: not counted
+        made = before * 2  # 4,000 bytes by "mul", alive at the peak
+        del view
+    assert tracker.peak == made.nbytes and tracker.holders() == [("mul", made.nbytes)]
