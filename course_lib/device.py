@@ -240,6 +240,7 @@ _H100 = ("NVIDIA H100 Tensor Core GPU datasheet (SXM): FP32 67 TFLOPS, BF16/FP16
          "with sparsity, 3.35 TB/s")
 _H200 = ("NVIDIA H200 Tensor Core GPU datasheet (SXM): FP32 67 TFLOPS, BF16/FP16 1,979 TFLOPS "
          "with sparsity, 4.8 TB/s")
+#: The GPU presets, by name: memory as PyTorch reports it, capability, datasheet rates and links.
 GPUS: dict[str, GPU] = {
     "T4": GPU("T4", 14930 * MiB, (7, 5), fp32_flops=8.1e12, tensor_flops=65e12,
               memory_bandwidth=320e9, datasheet=_T4,

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+#: The process group's backend (CPU ranks talk over gloo), and the most ranks launched.
 BACKEND = "gloo"
 MAX_WORLD_SIZE = 16
 

@@ -514,6 +514,7 @@ def saved_table(output: torch.Tensor, params=(), *, parameters: bool = False) ->
 
 # --------------------------------------------------------------------------- one training step
 
+#: What a step's bytes are, the vocabulary of :class:`StepBreakdown`, and the step's phases.
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "transient")
 PHASES = ("forward", "backward", "optimizer")
 

@@ -43,6 +43,7 @@ from course_lib.validation import (
     tensor,
 )
 
+#: The course GPT's attention: written out op by op, or ``F.scaled_dot_product_attention``.
 ATTENTION_KINDS = ("explicit", "sdpa")
 #: The largest value of each size of a :class:`GPTConfig` (well above any real model's:
 #: vocabularies of 256k tokens, contexts of 1M, widths of 65536, 1024 layers).

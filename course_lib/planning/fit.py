@@ -56,6 +56,7 @@ from course_lib.validation import (
     positive_int,
 )
 
+#: The precision recipes the search may try (the engine's).
 FIT_PRECISIONS = engine.PRECISIONS
 #: The checkpointing policies the search considers, ``(mode, every)``, in order of increasing
 #: recompute (:func:`course_lib.prediction.checkpointed.step_flops`): none; matmul outputs kept, the rest

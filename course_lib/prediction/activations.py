@@ -110,6 +110,7 @@ class Saved:
         return math.prod(self.shape) * dtype_bytes(self.dtype)
 
 
+#: The kinds of :class:`Saved` storage (its docstring says what each is).
 KINDS = ("activation", "weight copy", "input", "scalar")
 #: The kinds a training step allocates on the device (token ids existed before it; the
 #: scalar lives on the host).

@@ -101,6 +101,7 @@ from course_lib.validation import (
     positive_int,
 )
 
+#: The checkpointing modes the engine predicts (:data:`course_lib.training.checkpointing.MODES`).
 MODES = ckpt.MODES
 _F32 = torch.float32
 

@@ -55,6 +55,7 @@ MAX_PARAMS = 2**50
 #: The most data-parallel ranks.
 MAX_WORLD_SIZE = 2**24
 
+#: The optimizers and ZeRO stages the model-state formulas cover.
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE_MODES = ("none", "selective", "full")

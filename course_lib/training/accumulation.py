@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from course_lib.model.gpt import check_batch
 from course_lib.validation import MAX_COUNT, choice, integer, positive_int, tensor
 
+#: How a loss over micro-batches is normalised: by tokens (right), or two of the bugs.
 NORMALIZATIONS = ("tokens", "mean-of-means", "sum-of-means")
 #: Token ids and ``ignore_index`` are int64 values.
 INT64 = (-(2**63), 2**63 - 1)

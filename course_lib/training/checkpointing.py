@@ -75,6 +75,7 @@ from course_lib.validation import MAX_COUNT, choice, number, positive_int, tenso
 #: The most blocks a model has (:data:`course_lib.model.gpt.CONFIG_MAXIMUM`).
 MAX_LAYERS = CONFIG_MAXIMUM["n_layers"]
 
+#: The checkpointing modes of :func:`enable_checkpointing`.
 MODES = ("none", "blocks", "sqrt", "selective", "attention")
 
 _aten = torch.ops.aten

@@ -53,6 +53,7 @@ from course_lib.training.accumulation import NORMALIZATIONS, micro_batch_loss
 # code that still imports them from training (the playground, lectures 06 and 08).
 from course_lib.validation import MAX_COUNT, choice, integer, number, positive_int
 
+#: The autocast dtypes :func:`train` takes (None: no autocast).
 AMP_DTYPES = (None, torch.float16, torch.bfloat16)
 
 
