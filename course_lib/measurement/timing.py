@@ -56,7 +56,7 @@ from course_lib.validation import (
     text,
 )
 
-#: The clocks a :class:`StepTimes` reads (auto: the wall clock on CUDA and MPS, CPU time on the CPU).
+#: The clocks a :class:`StepTimes` reads (auto: wall clock on CUDA and MPS, CPU time on the CPU).
 CLOCKS = ("auto", "wall", "cpu")
 
 
