@@ -201,7 +201,8 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
     use_cuda = kind == "cuda" or (kind is None and torch.cuda.is_available())
     if use_cuda:
         # Garbage of earlier work (reference cycles) would otherwise be collected during fn:
-        # the allocator's figure would drop below fn's own peak (by 12-27 % on an H200).
+        # the allocator's figure would drop below fn's own peak (on an H200 the engine then
+        # looked 12-27 % high).
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
