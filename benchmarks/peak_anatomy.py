@@ -10,9 +10,9 @@ ways:
 
 * **engine**: ``course_lib.prediction.engine.predict_step_memory(...).total`` less the resident
   bytes (``gpu="cuda"`` on a GPU, the CPU's kernels on the CPU);
-* **tensors**: the peak of the step's own live tensors, counted by a dispatch mode that records
-  the op that made each storage (storages rounded to the allocator's 512-byte blocks on CUDA);
-  it lists the ops whose outputs are alive at that peak;
+* **tensors**: the peak of the step's own live tensors, counted by the course's live-tensor
+  tracker, which also remembers the op that made each storage (storages rounded to the
+  allocator's 512-byte blocks on CUDA); it lists the ops whose outputs are alive at that peak;
 * **allocator**: ``torch.cuda.max_memory_allocated`` above the bytes allocated before the step
   (CUDA only; garbage collected first).
 
@@ -30,15 +30,13 @@ from __future__ import annotations
 
 import collections
 import gc
-import weakref
 
 import torch
 from bench_common import table
 from bench_device import arguments, save, setup
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from course_lib.measurement.memory import resident_bytes
+from course_lib.measurement.memory import LiveTensorTracker, resident_bytes
 from course_lib.model.gpt import GPTConfig, random_tokens
 from course_lib.prediction import engine, step_setup
 from course_lib.training.loop import train
@@ -75,50 +73,43 @@ CASES = {
 }
 
 
-class OpTracker(TorchDispatchMode):
-    """The live storages made inside it, each with the op that made it; the peak and who held it.
+class OpTracker(LiveTensorTracker):
+    """The course's live-tensor tracker, remembering which op made each storage it counts."""
 
-    Storages that existed before (the parameters, the optimizer's state) and outputs that alias
-    an input (views, in-place ops) are not counted.
-    """
-
-    def __init__(self, device_type: str):
+    def __init__(self):
         super().__init__()
-        self.device_type, self.block = device_type, 512 if device_type == "cuda" else 1
-        self.live, self.known, self.total, self.peak, self.at_peak = {}, set(), 0, 0, {}
-
-    def _free(self, key):
-        self.known.discard(key)
-        record = self.live.pop(key, None)
-        if record is not None:
-            self.total -= record[1]
+        self.ops: dict[int, str] = {}  # storage record's index -> the op that made it
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor)}
-        self.known |= {key for key in inputs if key not in self.live}
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
-                continue
-            storage = t.untyped_storage()
-            key, nbytes = storage.data_ptr(), storage.nbytes()
-            if nbytes == 0 or key in self.live or key in inputs or key in self.known:
-                continue
-            nbytes = -(-nbytes // self.block) * self.block
-            self.live[key] = (func.overloadpacket.__name__, nbytes)
-            weakref.finalize(storage, self._free, key)
-            self.total += nbytes
-            if self.total > self.peak:
-                self.peak, self.at_peak = self.total, dict(self.live)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        for item in tree_leaves(out):
+            record = self.record_of(item) if isinstance(item, torch.Tensor) else None
+            if record is not None:
+                self.ops.setdefault(record.index, func.overloadpacket.__name__)
         return out
 
-    def holders(self, most: int = 6) -> list[tuple[str, int]]:
-        """The ops whose outputs are alive at the peak, by bytes, largest first."""
+    def peak_holders(self, block: int = 1, most: int = 6) -> tuple[int, list[tuple[str, int]]]:
+        """The peak with each storage rounded up to ``block`` bytes (512: the CUDA allocator's),
+        and the ops whose outputs are alive at it, by bytes, largest first."""
+        events = sorted([(r.born, r) for r in self.storages]
+                        + [(r.died, r) for r in self.storages if r.died is not None],
+                        key=lambda event: event[0])
+        live, total, peak, at_peak = set(), 0, 0, set()
+        for clock, record in events:
+            size = -(-record.nbytes // block) * block
+            if clock == record.born:
+                live.add(record.index)
+                total += size
+            else:
+                live.discard(record.index)
+                total -= size
+            if total > peak:
+                peak, at_peak = total, set(live)
         by_op = collections.Counter()
-        for op, nbytes in self.at_peak.values():
-            by_op[op] += nbytes
-        return by_op.most_common(most)
+        for record in self.storages:
+            if record.index in at_peak:
+                by_op[self.ops.get(record.index, "?")] += -(-record.nbytes // block) * block
+        return peak, by_op.most_common(most)
 
 
 def anatomy(name: str, fields: dict, batch: int, precision: str, mode: str, device: str) -> dict:
@@ -143,17 +134,18 @@ def anatomy(name: str, fields: dict, batch: int, precision: str, mode: str, devi
         step()
         torch.cuda.synchronize()
         allocator = torch.cuda.max_memory_allocated() - before
-    tracker = OpTracker(device)
+    tracker = OpTracker()
     with tracker:
         step()
+    tensors, held = tracker.peak_holders(512 if device == "cuda" else 1)
     model = optimizer = None  # noqa: F841 (let them go before the next case)
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
     return {"case": name, "precision": precision, "mode": mode, "batch": batch, **fields,
             "engine": predicted.total - resident, "engine_moment": predicted.moment,
-            "tensors": tracker.peak, "allocator": allocator, "resident": resident,
-            "held_at_peak": tracker.holders()}
+            "tensors": tensors, "allocator": allocator, "resident": resident,
+            "held_at_peak": held}
 
 
 def main(argv=None) -> int:

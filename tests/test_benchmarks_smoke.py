@@ -155,8 +155,9 @@ def test_peak_anatomy_on_the_cpu_the_engine_is_the_live_tensors(tmp_path, capsys
     assert len(rows) == 2 and all(r["engine"] == r["tensors"] > 0 for r in rows)
     assert all(r["allocator"] is None and r["held_at_peak"] for r in rows)
     before = torch.ones(1000)
-    with peak_anatomy.OpTracker("cpu") as tracker:
+    with peak_anatomy.OpTracker() as tracker:
         view = before.view(10, 100)  # aliases a storage made before: not counted
         made = before * 2  # 4,000 bytes by "mul", alive at the peak
         del view
-    assert tracker.peak == made.nbytes and tracker.holders() == [("mul", made.nbytes)]
+    assert tracker.peak_holders() == (made.nbytes, [("mul", made.nbytes)])
+    assert tracker.peak_holders(512) == (4096, [("mul", 4096)])  # the CUDA allocator's blocks
