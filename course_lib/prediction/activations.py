@@ -232,6 +232,15 @@ def _dropout_saved(name: str, shape: tuple, p: float, dtype: torch.dtype,
     return [Saved(name, "mask", shape, t.mask(dtype))] if p > 0 else []
 
 
+# The arguments of the ``*_items`` builders, described once: sizes checked, the target resolved.
+_ITEMS_ARGS = """\
+config (GPTConfig): the model.
+b (int): sequences.
+s (int): tokens per sequence.
+t (Target): the resolved target (:func:`prediction_args`).
+"""
+
+
 def core_items(config: GPTConfig, b: int, s: int, t: Target,
                 kernel: str | None = None) -> list[Saved]:
     """What the attention core (``softmax(q k^T / sqrt(d)) v``) keeps for the backward pass.
@@ -356,6 +365,7 @@ def runs_fused_mlp(config: GPTConfig, t: Target) -> bool:
     return config.attention == "sdpa" and kernels.sdpa_kernel(config, t.compute, t.gpu) != "math"
 
 
+@fill_doc(items_args=_ITEMS_ARGS)
 def block_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
     """Everything one transformer block keeps for the backward pass, in forward order.
 
@@ -363,10 +373,7 @@ def block_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
     this one with a target resolved once.
 
     Args:
-        config (GPTConfig): the model.
-        b (int): sequences.
-        s (int): tokens per sequence.
-        t (Target): the resolved target (:func:`prediction_args`).
+        {items_args}
 
     Returns:
         list of Saved: the block's saved tensors.
@@ -458,15 +465,13 @@ def embedding_saved(config: GPTConfig, batch_size: int, seq_len: int | None = No
                                                     autocast))
 
 
+@fill_doc(items_args=_ITEMS_ARGS)
 def embedding_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
     """:func:`embedding_saved` for checked sizes and a target resolved once (as
     :func:`block_items`).
 
     Args:
-        config (GPTConfig): the model.
-        b (int): sequences.
-        s (int): tokens per sequence.
-        t (Target): the resolved target (:func:`prediction_args`).
+        {items_args}
 
     Returns:
         list of Saved: the embeddings' saved tensors.
@@ -500,14 +505,12 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     return head_items(config, *prediction_args(config, batch_size, seq_len, dtype, gpu, autocast))
 
 
+@fill_doc(items_args=_ITEMS_ARGS)
 def head_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
     """:func:`head_saved` for checked sizes and a target resolved once (as :func:`block_items`).
 
     Args:
-        config (GPTConfig): the model.
-        b (int): sequences.
-        s (int): tokens per sequence.
-        t (Target): the resolved target (:func:`prediction_args`).
+        {items_args}
 
     Returns:
         list of Saved: the head's and the loss's saved tensors.
