@@ -14,12 +14,19 @@ The sandbox (``bwrap``, Debian package ``bubblewrap``) sees:
   namespaces (it cannot see or signal the grader, and when the sandbox ends every process in
   it dies, detached or not); a new session (no terminal injection); the root is read-only.
 
+Namespaces do not isolate the kernel's keyrings, so a seccomp filter (:func:`seccomp_filter`)
+refuses ``add_key``, ``request_key`` and every ``keyctl`` but one: joining a new, empty session
+keyring, which ``inside.py`` does before anything else, so that no process of the sandbox holds
+the grader's session keyring. The same filter refuses new user namespaces (``unshare`` or
+``clone`` with ``CLONE_NEWUSER``; ``clone3``, whose flags a filter cannot read, answers
+``ENOSYS`` and the C library falls back to ``clone``), which the sandbox never needs.
+
 It runs as an unprivileged user with no capabilities: as root, bwrap sets the sandbox up and
-``setpriv`` drops to uid ``SANDBOX_UID + slot`` (one uid per parallel slot, so the process
-limit of one submission cannot starve another), with an empty bounding set and
-``no_new_privs``; as another user, bwrap's user namespace maps it to uid 65534. Each grading
-run draws a fresh range of these uids (:func:`fresh_uid_base`), so that the process limit of one
-run never counts another's processes. ``inside.py`` then applies the per-process resource limits
+``setpriv`` drops to a uid of its own, with an empty bounding set and ``no_new_privs``; as
+another user, bwrap's user namespace maps it to uid 65534. Each sandbox draws a uid that no
+process of the machine runs as and no earlier sandbox of the run had (:func:`fresh_uid`), so
+that its process limit counts its own processes only and its per-user kernel state (the user
+keyring among it) starts empty. ``inside.py`` then applies the per-process resource limits
 (address space, processes, file size, CPU time) before any of the submission's code runs.
 
 Where the grader may make cgroups (root with cgroup v1, or a delegated cgroup v2 subtree, see
@@ -41,13 +48,15 @@ import os
 import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The first uid the sandboxed processes run as when the grader runs as root (one per slot).
+#: The lowest uid a sandboxed process runs as when the grader runs as root (one per sandbox).
 SANDBOX_UID = 1_900_000
 INSIDE = Path(__file__).with_name("inside.py")
 
@@ -166,7 +175,8 @@ class Sandbox:
         self.env_paths = environment_paths(hidden) if not unsafe else []
         self.cgroups = Cgroups()
         self.started = 0
-        self.uid_base = fresh_uid_base(MAX_SLOTS) if self.root else None
+        self.uids_given: set[int] = set()
+        self.uid_lock = threading.Lock()
         if unsafe:
             return
         if self.bwrap is None:
@@ -178,13 +188,34 @@ class Sandbox:
         if self.root and self.setpriv is None:
             raise ValueError("unsafe_no_sandbox must be given: running as root, the sandbox "
                              "needs `setpriv` (util-linux) to drop to an unprivileged user")
-        probe = subprocess.run(self._bwrap_args(None, 0) + ["true"], capture_output=True,
-                               timeout=60)
+        read_fd = self._seccomp_fd()
+        try:
+            probe = subprocess.run(self._bwrap_args(None, read_fd) + ["true"], capture_output=True,
+                                   timeout=60, pass_fds=(read_fd,))
+        finally:
+            os.close(read_fd)
         if probe.returncode:
             raise ValueError("unsafe_no_sandbox must be given: bubblewrap cannot start a "
                              f"sandbox here: {probe.stderr.decode(errors='replace')[-300:]}")
 
-    def _bwrap_args(self, job_dir: Path | None, slot: int) -> list[str]:
+    @staticmethod
+    def _seccomp_fd() -> int:
+        """A pipe's read end holding :func:`seccomp_filter` (bwrap reads it to the end)."""
+        program = seccomp_filter()
+        read_fd, write_fd = os.pipe()
+        try:
+            os.write(write_fd, program)  # a few hundred bytes: the pipe's buffer holds them
+        finally:
+            os.close(write_fd)
+        return read_fd
+
+    def _next_uid(self) -> int:
+        with self.uid_lock:  # sandboxes start from several threads
+            uid = fresh_uid(used=self.uids_given)
+            self.uids_given.add(uid)
+        return uid
+
+    def _bwrap_args(self, job_dir: Path | None, seccomp_fd: int) -> list[str]:
         args = [self.bwrap]
         for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(name):
@@ -217,13 +248,14 @@ class Sandbox:
                  "--remount-ro", "/",
                  "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                  "--unshare-cgroup-try", "--hostname", "sandbox",
-                 "--die-with-parent", "--new-session", "--chdir", "/tmp/work", "--clearenv"]
+                 "--die-with-parent", "--new-session", "--chdir", "/tmp/work", "--clearenv",
+                 "--seccomp", str(seccomp_fd)]
         for key, value in self.environment("/tmp/work", "/course").items():
             args += ["--setenv", key, value]
         if not self.root:
             args += ["--unshare-user", "--uid", "65534", "--gid", "65534"]
         else:
-            uid = str(self.uid_base + slot)
+            uid = str(self._next_uid())
             args += ["--", self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                      "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
         return args
@@ -259,27 +291,91 @@ class Sandbox:
             argv = [sys.executable, "-I", str(self.run_dir / "grader" / "inside.py"), command,
                     str(job_dir / "job.json"), str(fd)]
             kwargs = {"cwd": scratch / "work"}
+            passed = (fd,)
         else:
-            argv = self._bwrap_args(job_dir, slot) + [
+            seccomp_fd = self._seccomp_fd()
+            argv = self._bwrap_args(job_dir, seccomp_fd) + [
                 python_executable(), "-I", "/grader/inside.py", command, "/job/job.json", str(fd)]
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-            kwargs = {}
+            kwargs, passed = {}, (fd, seccomp_fd)
         if cgroup is not None:
             argv = ["/bin/sh", "-c", JOIN_CGROUP, "sh", *cgroup.procs_files(), "--", *argv]
         try:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                    pass_fds=(fd,), start_new_session=True, **kwargs)
+                                    pass_fds=passed, start_new_session=True, **kwargs)
         except BaseException:
             if cgroup is not None:
                 cgroup.remove()
             raise
+        finally:
+            if not self.unsafe:
+                os.close(seccomp_fd)
         proc.cgroup = cgroup  # None where no cgroup could be made
         return proc
 
 
-#: The most sandboxes one grading run starts at once (its ``jobs``), each with its own uid.
-MAX_SLOTS = 64
+# --- the seccomp filter ------------------------------------------------------------------------
+
+#: Per machine: the audit architecture and the numbers of the calls the filter looks at
+#: (``<asm/unistd.h>``; ``<linux/audit.h>`` for the architectures).
+SYSCALLS = {
+    "x86_64": (0xC000003E, {"keyctl": 250, "add_key": 248, "request_key": 249,
+                            "unshare": 272, "clone": 56, "clone3": 435}),
+    "aarch64": (0xC00000B7, {"keyctl": 219, "add_key": 217, "request_key": 218,
+                             "unshare": 97, "clone": 220, "clone3": 435}),
+}
+_LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|..|K, BPF_RET|K
+_ALLOW, _KILL, _ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+_EPERM, _ENOSYS = 1, 38
+_CLONE_NEWUSER, _KEYCTL_JOIN_SESSION_KEYRING = 0x10000000, 1
+_ARG0, _ARG1 = 16, 24  # offsetof(struct seccomp_data, args[i]); the low word first (little-endian)
+
+
+def seccomp_filter(machine: str | None = None) -> bytes:
+    """The sandbox's seccomp program (classic BPF, ``struct sock_filter`` array) for bubblewrap's
+    ``--seccomp FD``.
+
+    It refuses with ``EPERM``: ``add_key``, ``request_key``, every ``keyctl`` except
+    ``KEYCTL_JOIN_SESSION_KEYRING`` with no name (a new, empty session keyring), and ``unshare``
+    or ``clone`` asking for ``CLONE_NEWUSER``; ``clone3`` gets ``ENOSYS``, so that glibc falls
+    back to ``clone``, whose flags the filter can read (as Docker's default profile does). Any
+    other ABI (i386 or x32 calls on x86_64, whose numbers mean other calls) kills the process.
+    Everything else is allowed: the sandbox's mounts, namespaces and limits do the rest.
+
+    Args:
+        machine: ``platform.machine()`` of the machine (the running one when None).
+
+    Raises:
+        ValueError: for a machine the filter has no numbers for.
+    """
+    import platform
+
+    machine = machine or platform.machine()
+    if machine not in SYSCALLS:
+        raise ValueError(f"machine must be one of {sorted(SYSCALLS)}, got {machine!r}")
+    audit, nr = SYSCALLS[machine]
+
+    def deny_if_newuser():  # A = the low word of the flags
+        return [(_LD, 0, 0, _ARG0), (_JSET, 0, 1, _CLONE_NEWUSER),
+                (_RET, 0, 0, _ERRNO | _EPERM), (_RET, 0, 0, _ALLOW)]
+
+    join_only = [(_LD, 0, 0, _ARG0), (_JEQ, 0, 5, _KEYCTL_JOIN_SESSION_KEYRING),
+                 (_LD, 0, 0, _ARG1), (_JEQ, 0, 3, 0), (_LD, 0, 0, _ARG1 + 4), (_JEQ, 0, 1, 0),
+                 (_RET, 0, 0, _ALLOW), (_RET, 0, 0, _ERRNO | _EPERM)]
+    cases = [("keyctl", join_only), ("add_key", [(_RET, 0, 0, _ERRNO | _EPERM)]),
+             ("request_key", [(_RET, 0, 0, _ERRNO | _EPERM)]),
+             ("unshare", deny_if_newuser()), ("clone", deny_if_newuser()),
+             ("clone3", [(_RET, 0, 0, _ERRNO | _ENOSYS)])]
+    program = [(_LD, 0, 0, 4), (_JEQ, 1, 0, audit), (_RET, 0, 0, _KILL), (_LD, 0, 0, 0)]
+    if machine == "x86_64":  # x32 calls: the number with bit 30 set
+        program += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _KILL)]
+    for name, body in cases:  # each body ends in a return; a miss jumps over it, A = nr still
+        program += [(_JEQ, 0, len(body), nr[name]), *body]
+    program.append((_RET, 0, 0, _ALLOW))
+    return b"".join(struct.pack("=HBBI", *ins) for ins in program)
+
+
 #: Joins the cgroups named before ``--`` (their cgroup.procs files), then runs what follows;
 #: exit 97 if a cgroup cannot be joined, so that no sandbox runs outside its limits.
 JOIN_CGROUP = ('while [ "$1" != -- ]; do echo $$ > "$1" || exit 97; shift; done; shift; '
@@ -495,33 +591,26 @@ def _rmdir(folder: Path) -> None:
             time.sleep(0.02)  # the last process is still leaving
 
 
-def fresh_uid_base(slots: int, used: set[int] | None = None) -> int:
-    """The first uid of a range of ``slots`` uids that no process of this machine runs as.
+def fresh_uid(used: set[int] | None = None) -> int:
+    """A uid from :data:`SANDBOX_UID` up, below 2**31, that no process of this machine runs as
+    and that is not in ``used`` (the uids this run already gave out).
 
-    Each grading run draws its own range, so that the process limit of one run's sandboxes
-    (``RLIMIT_NPROC`` counts a uid machine-wide) never counts another run's processes.
-
-    Args:
-        slots (int): how many consecutive uids the run needs (one per parallel slot).
-        used (set of int, optional): uids in use (read from ``/proc`` when None).
-
-    Returns:
-        int: a uid from :data:`SANDBOX_UID` up, below 2**31.
+    A fresh uid per sandbox: ``RLIMIT_NPROC`` counts a uid machine-wide, and the kernel keeps
+    per-uid state (the user keyring) after the uid's processes end.
     """
     import secrets
 
-    if used is None:
-        used = set()
-        for entry in os.scandir("/proc") if os.path.isdir("/proc") else []:
-            if entry.name.isdigit():
-                try:
-                    used.add(os.stat(entry.path).st_uid)
-                except OSError:
-                    pass
+    taken = set(used or ())
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else []:
+        if entry.name.isdigit():
+            try:
+                taken.add(os.stat(entry.path).st_uid)
+            except OSError:
+                pass
     while True:
-        base = SANDBOX_UID + slots * secrets.randbelow((2**31 - SANDBOX_UID) // slots - 1)
-        if not any(base <= uid < base + slots for uid in used):
-            return base
+        uid = SANDBOX_UID + secrets.randbelow(2**31 - SANDBOX_UID)
+        if uid not in taken:
+            return uid
 
 
 def kill(proc: subprocess.Popen) -> None:

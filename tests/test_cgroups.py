@@ -64,11 +64,12 @@ def test_no_usable_hierarchy_is_reported_not_raised(tmp_path):
     assert only_io.version is None and "controllers" in only_io.reason
 
 
-def test_fresh_uid_ranges_avoid_uids_in_use():
-    base = sandbox.fresh_uid_base(64, used=set())
-    assert sandbox.SANDBOX_UID <= base < 2**31 - 64 and (base - sandbox.SANDBOX_UID) % 64 == 0
-    bases = {sandbox.fresh_uid_base(64, used={base + 3}) for _ in range(20)}
-    assert base not in bases and len(bases) > 1  # each run draws its own range
+def test_fresh_uids_avoid_uids_in_use_and_given_out(monkeypatch):
+    uid = sandbox.fresh_uid(used=set())
+    assert sandbox.SANDBOX_UID <= uid < 2**31
+    drawn = iter([5, 5, 9])  # the first two land on a uid already given out
+    monkeypatch.setattr("secrets.randbelow", lambda n: next(drawn))
+    assert sandbox.fresh_uid(used={sandbox.SANDBOX_UID + 5}) == sandbox.SANDBOX_UID + 9
 
 
 REAL = Cgroups()
