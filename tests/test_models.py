@@ -129,6 +129,24 @@ def test_forward_refuses_ids_it_cannot_embed_or_score(idx, targets, match):
         model(idx, targets)
 
 
+def test_forward_and_batch_check_read_no_ids_off_the_cpu_unless_asked():
+    """A tensor on the meta device has no values: reading one (``int(idx.max())``, what would make
+    the host wait for a GPU) raises. The forward pass and check_batch must not read it; with the
+    debug switch the forward pass does."""
+    from course_lib.model.gpt import check_batch
+
+    cfg = GPTConfig(vocab_size=256, seq_len=8, d_model=16, n_heads=2, n_layers=1)
+    with torch.device("meta"):
+        model = GPT(cfg)
+        idx = torch.zeros(2, 4, dtype=torch.long)
+    check_batch(model, idx, idx)
+    logits, loss = model(idx, idx)
+    assert logits.shape == (2, 4, 256) and loss.device.type == "meta"
+    model.check_ids = True
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        model(idx, idx)
+
+
 def test_ignore_index_targets_are_still_accepted():
     model = GPT(GPTConfig(vocab_size=256, seq_len=8, d_model=16, n_heads=2, n_layers=1))
     targets = torch.zeros(2, 4, dtype=torch.long)

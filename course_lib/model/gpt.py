@@ -260,6 +260,12 @@ class GPT(nn.Module):
     ``ignore_index`` (-100), as ``F.cross_entropy`` computes it. Weights are initialised as
     GPT-2's (normal with std 0.02, zero biases); the LM head is tied to the token embedding.
 
+    The forward pass never waits for the device: token ids out of range raise ``ValueError``
+    on the CPU (where the embedding's ``IndexError`` is caught), while on a GPU reading them
+    would stall the host every step, so they are checked only with ``check_ids = True`` (a
+    debug switch; without it a bad id is a CUDA device-side assert, as in any PyTorch model).
+    Ids are best checked on the host, where the data is made (:func:`check_batch`).
+
     Args:
         config (GPTConfig): the model's shape.
 
@@ -273,6 +279,7 @@ class GPT(nn.Module):
         super().__init__()
         config = check_config(config)
         self.config = config
+        self.check_ids = False  # True: read the ids on a GPU (one host-device sync per forward)
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_emb = nn.Embedding(config.seq_len, config.d_model)
         self.drop = nn.Dropout(config.dropout)
@@ -335,7 +342,7 @@ class GPT(nn.Module):
                 raise ValueError(f"targets must be int64 of idx's shape {tuple(idx.shape)}, got "
                                  f"{targets.dtype} of shape {tuple(targets.shape)}")
         vocab = self.config.vocab_size
-        if idx.device.type == "cuda":  # out of range there is a device-side assert, not an error
+        if self.check_ids:
             _check_ids(idx, targets, vocab, ignore_index)
         pos = torch.arange(T, device=idx.device)
         try:
@@ -363,8 +370,9 @@ def check_batch(model, inputs, targets, *, names: tuple = ("inputs", "targets"),
 
     For the course GPT: ``inputs`` a non-empty ``(B, T)`` int64 (or int32) tensor with T at most
     ``config.seq_len``, ``targets`` int64 of the same shape, every id in ``[0, vocab_size)``
-    (``ignore_index`` allowed among the targets). For any other module: two tensors with the same
-    leading dimension.
+    (``ignore_index`` allowed among the targets; the ids are read only from tensors on the CPU,
+    since reading them from a GPU would make the host wait for it). For any other module: two
+    tensors with the same leading dimension.
 
     Args:
         model (torch.nn.Module): the model the batch is for.
@@ -399,6 +407,8 @@ def check_batch(model, inputs, targets, *, names: tuple = ("inputs", "targets"),
     if targets.shape != inputs.shape or targets.dtype != torch.int64:
         raise ValueError(f"{y_name} must be int64 of {x_name}'s shape {tuple(inputs.shape)}, got "
                          f"{targets.dtype} of shape {tuple(targets.shape)}")
+    if inputs.device.type != "cpu" or targets.device.type != "cpu":
+        return
     vocab = config.vocab_size
     low, high = int(inputs.min()), int(inputs.max())
     if low < 0 or high >= vocab:
