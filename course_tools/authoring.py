@@ -7,12 +7,15 @@ or nbformat). Every command takes the course folder explicitly.
 solutions/ is the single source of every exercise notebook. In a solution cell,
 the code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (directly inside a
 function body, so that an unfinished exercise still defines its name) becomes a
-stub that raises ``NotImplementedError``; a marker variant (other hashes, other case, trailing
-text), a marker inside a string, and a cell that would not change or not compile are refused
-before anything is written, so no solution can reach exercises/; ``### BEGIN HIDDEN TESTS`` ...
-``### END HIDDEN TESTS`` blocks are removed. The markers are nbgrader's, and the
-cells carry nbgrader's metadata, so an instructor can also release and autograde
-solutions/ with nbgrader itself.
+stub that raises ``NotImplementedError``; ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN
+TESTS`` blocks are removed. Everything else that could carry a solution into exercises/ stops the
+generation before anything is written, naming the notebook and the cell: any other line that
+reads as a marker (other hashes, case, spelling or order, a zero-width space, a Cyrillic letter;
+see :func:`_marker_like`), a marker in a string, in a Markdown or raw cell or in metadata, an
+nbgrader answer cell (``solution: true``) without a block to stub, a cell that would not change
+or not compile, and a solution's text found in any other cell. Outputs are not copied. The
+markers are nbgrader's, and the cells carry nbgrader's metadata, so an instructor can also
+release and autograde solutions/ with nbgrader itself.
 
 The generator writes to solutions/ only to add what is missing (the nbgrader metadata of a new
 solution or check cell, a grade id); it keeps what authors wrote there (a check worth
@@ -42,6 +45,7 @@ import os
 import re
 import sys
 import tokenize
+import unicodedata
 from pathlib import Path
 
 import nbformat
@@ -69,7 +73,7 @@ def bootstrap_source() -> str:
     from course_lib import COURSE_REPO
 
     return (
-        "# On Colab only: install the course package (locally, `make lab` has installed it).\n"
+        "#@title On Colab only: install the course package (locally, `make lab` has installed it)\n"
         "import sys\n"
         "\n"
         'if "google.colab" in sys.modules:\n'
@@ -169,9 +173,13 @@ def stamp_slides(nb) -> None:
         cell.metadata["slideshow"] = {"slide_type": kind}
 
 
-#: The first line of a check cell: Colab shows it as the collapsed cell's title, and
-#: JupyterLab (4.0 on) shows a collapsed cell's first line.
-CHECK_TITLE = "#@title Check: "
+#: The first line of a collapsed cell: Colab shows it as the cell's title (a form), and
+#: JupyterLab (4.0 on) shows a collapsed cell's first line. Three kinds are collapsed: the Colab
+#: bootstrap, a lecture's setup cell (imports, helpers, plotting style: the story starts with its
+#: first idea) and the check cells.
+TITLE = "#@title "
+CHECK_TITLE = TITLE + "Check: "
+SETUP_TITLE = TITLE + "Setup: "
 
 
 def is_check_cell(cell) -> bool:
@@ -180,7 +188,8 @@ def is_check_cell(cell) -> bool:
 
 
 def stamp_check_cells(nb) -> int:
-    """Collapse every check cell by default: its code hidden, its title line and output shown.
+    """Collapse every titled cell (bootstrap, setup, checks) by default: its code hidden, its
+    title line and output shown.
 
     ``metadata.jupyter.source_hidden`` is JupyterLab's collapsed input (nbformat 4.5), and
     ``metadata.cellView = "form"`` Colab's; every other code cell loses both, so a cell that
@@ -191,8 +200,8 @@ def stamp_check_cells(nb) -> int:
         if cell.cell_type != "code":
             continue
         jupyter = cell.metadata.get("jupyter", {})
-        if is_check_cell(cell):
-            count += 1
+        if cell.source.startswith(TITLE):
+            count += is_check_cell(cell)
             cell.metadata["jupyter"] = {**jupyter, "source_hidden": True}
             cell.metadata["cellView"] = "form"
         else:
@@ -209,11 +218,27 @@ class AuthoringError(ValueError):
     """A solution notebook breaks the marker rules, or an exercise holds foreign changes."""
 
 
-#: Any line that looks like a marker: a comment naming BEGIN/END SOLUTION or HIDDEN TESTS,
-#: whatever its hashes, case or trailing text. Only the four exact markers are allowed; a
-#: variant would be taken for plain code and written, solution and all, into exercises/.
-_MARKER_LIKE = re.compile(r"#+\s*(BEGIN|END)\s+(SOLUTION|HIDDEN\s+TESTS)\b", re.IGNORECASE)
 _MARKERS = (BEGIN_SOLUTION, END_SOLUTION, BEGIN_HIDDEN, END_HIDDEN)
+#: Cyrillic and Greek capitals drawn like Latin ones (small letters are upper-cased first).
+_LOOKALIKES = str.maketrans("АВЕЅІЈКМНОРСТХУԀԌԚԜҺӀΑΒΕΖΗΙΚΜΝΟΡΤΥΧ",
+                            "ABESIJKMHOPCTXYDGQWHIABEZHIKMNOPTYX")
+#: nbgrader's markers (and its mark-scheme markers), read as bare letters, in either order.
+_MARKER_WORDS = re.compile(r"(BEGIN|END)(SOLUTION|HIDDENTESTS?|MARKSCHEME)"
+                           r"|(SOLUTION|HIDDENTESTS?|MARKSCHEME)(BEGIN|END)")
+
+
+def _marker_like(line: str) -> bool:
+    """Whether a line reads as a marker to a person or to another tool.
+
+    The line is reduced to the letters a reader sees: compatibility forms and accents undone
+    (NFKD), upper case, Cyrillic and Greek look-alikes read as Latin, and everything that is not
+    a letter dropped (zero-width spaces and other format characters, ``#``, ``_``, ``-``,
+    spaces). ``### BEGIN_SOLUTION``, ``SOLUTION BEGIN`` and ``### BEGIN SОLUTION`` (a Cyrillic
+    О) all read as BEGINSOLUTION. Only the exact markers in a code cell are replaced; a variant
+    would be copied, solution and all, so it is refused instead.
+    """
+    letters = unicodedata.normalize("NFKD", line).upper().translate(_LOOKALIKES)
+    return bool(_MARKER_WORDS.search("".join(ch for ch in letters if ch.isalpha())))
 
 
 def _comment_lines(source: str, where: str) -> set[int]:
@@ -234,7 +259,7 @@ def _check_markers(source: str, where: str) -> None:
     the function's body and the unfinished exercise still defines the name and still parses.
     """
     lines = source.splitlines()
-    marked = [(n, line) for n, line in enumerate(lines, 1) if _MARKER_LIKE.search(line)]
+    marked = [(n, line) for n, line in enumerate(lines, 1) if _marker_like(line)]
     if not marked:
         return
     for number, line in marked:
@@ -302,7 +327,8 @@ def _exercise_source(source: str, where: str) -> str:
     _check_markers(source, where)
     exercise = _replace_blocks(source, BEGIN_SOLUTION, END_SOLUTION, True, where)
     exercise = _replace_blocks(exercise, BEGIN_HIDDEN, END_HIDDEN, False, where)
-    if BEGIN_SOLUTION in source and (exercise == source or _MARKER_LIKE.search(exercise)):
+    if BEGIN_SOLUTION in source and (exercise == source or any(
+            _marker_like(line) for line in exercise.splitlines())):
         raise AuthoringError(f"{where}: the solution cell did not change when its blocks were "
                              "replaced; its solution would reach the exercise")
     try:
@@ -384,16 +410,72 @@ def check_points(cell, where: str) -> float:
     return float(points)
 
 
+def _strings(value):
+    """Every string in a cell or in metadata, however deeply nested."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict | list):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _strings(item)
+
+
+def _solution_blocks(source: str) -> list[str]:
+    """The text between a code cell's solution markers, one string per block, spaces collapsed."""
+    blocks, current = [], None
+    for line in source.splitlines():
+        if line.strip() == BEGIN_SOLUTION:
+            current = []
+        elif line.strip() == END_SOLUTION:
+            blocks.append(" ".join(" ".join(current).split()))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+#: A solution shorter than this is not searched for in other cells (``return x`` is everywhere).
+_SHORTEST_SEARCHED = 16
+
+
+def _refuse_leaks(value, where: str, solutions: list[tuple[int, str]]) -> None:
+    """Refuse a part of an exercise notebook that holds a marker or a solution's text."""
+    texts = list(_strings(value))
+    for line in (line for text in texts for line in text.splitlines()):
+        if _marker_like(line):
+            raise AuthoringError(
+                f"{where}: {line.strip()[:60]!r} reads as a marker; only the exact markers, in a "
+                "code cell, are replaced, and this would reach the exercise as it is")
+    flat = " ".join(" ".join(texts).split())
+    for origin, block in solutions:
+        if len(block) >= _SHORTEST_SEARCHED and block in flat:
+            raise AuthoringError(f"{where}: it holds the solution of cell {origin} "
+                                 f"({block[:40]!r}...), which would reach the exercise")
+
+
 def make_exercise(solution, name: str = "solution"):
-    """The exercise notebook for a solution notebook (a new object; the input is unchanged)."""
+    """The exercise notebook for a solution notebook (a new object; the input is unchanged).
+
+    Raises:
+        AuthoringError: naming the notebook and the cell, if anything could carry a solution
+            into the exercise (see the module's docstring).
+    """
     nb = copy.deepcopy(solution)
     stamp_solution(nb)
+    solutions = []
     for index, cell in enumerate(nb.cells):
         where = f"{name} cell {index}"
-        if cell_kind(cell) == "check":
+        kind = cell_kind(cell)
+        if kind == "check":
             check_points(cell, where)
+        grader = cell.metadata.get("nbgrader")
+        if kind != "solution" and isinstance(grader, dict) and grader.get("solution"):
+            raise AuthoringError(
+                f"{where}: nbgrader marks this {cell.cell_type} cell as an answer (solution: "
+                f"true), but it holds no {BEGIN_SOLUTION} block in a code cell to replace")
         if cell.cell_type == "code":
-            cell.source = _exercise_source(cell.source, where)
+            exercise = _exercise_source(cell.source, where)
+            solutions += [(index, block) for block in _solution_blocks(cell.source)]
+            cell.source = exercise
             cell.outputs = []
             cell.execution_count = None
         cell.metadata.pop("execution", None)
@@ -402,6 +484,9 @@ def make_exercise(solution, name: str = "solution"):
             colab_url(f"solutions/{name}"), colab_url(f"exercises/{name}"))
     nb.metadata["course"] = {"generated_from": f"solutions/{name}", "cells_sha256": _cells_hash(nb)}
     nb.metadata.pop("widgets", None)
+    for index, cell in enumerate(nb.cells):
+        _refuse_leaks(cell, f"{name} cell {index}", solutions)
+    _refuse_leaks(nb.metadata, f"{name} metadata", solutions)
     return nb
 
 
@@ -432,12 +517,12 @@ def generate(solutions_dir, exercises_dir, *, force: bool = False,
         The solution and exercise notebooks that changed (or would change).
 
     Raises:
-        AuthoringError: before writing anything, if a solution breaks the marker rules (a
-            marker variant, a marker in a string or outside a ``def``, a cell that would not
-            change or not compile) or an exercise notebook holds foreign changes and ``force``
+        AuthoringError: before writing anything, if a solution could reach an exercise (see
+            :func:`make_exercise`) or an exercise notebook holds foreign changes and ``force``
             is False.
         TypeError: if ``force`` or ``write`` is not a bool (``"no"`` is truthy).
-        ValueError: if ``solutions_dir`` is not a folder.
+        ValueError: if ``solutions_dir`` is not a folder, or ``exercises_dir`` is, holds or
+            sits inside ``solutions_dir`` or the course's ``notebooks/`` or ``course_lib/``.
 
     Example::
 
@@ -449,6 +534,11 @@ def generate(solutions_dir, exercises_dir, *, force: bool = False,
     solutions_dir, exercises_dir = Path(solutions_dir), Path(exercises_dir)
     if not solutions_dir.is_dir():
         raise ValueError(f"solutions_dir must be a folder, got {str(solutions_dir)!r}")
+    source, target = solutions_dir.resolve(), exercises_dir.resolve()
+    for kept in (source, source.parent / "notebooks", source.parent / "course_lib"):
+        if target == kept or kept in target.parents or target in kept.parents:
+            raise ValueError(f"exercises_dir must be a folder apart from {kept} (not it, not "
+                             f"inside it, not holding it), got {str(exercises_dir)!r}")
     plans = []
     for src in sorted(solutions_dir.glob("*.ipynb")):
         solution = nbformat.read(src, as_version=4)
@@ -472,7 +562,9 @@ def generate(solutions_dir, exercises_dir, *, force: bool = False,
             changed.append(dst)
             if write:
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                dst.write_text(new_text)
+                tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+                tmp.write_text(new_text)
+                os.replace(tmp, dst)  # replaces a link at dst, never writes through it
     return changed
 
 

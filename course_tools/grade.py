@@ -14,21 +14,25 @@ only: links are refused; ``.ipynb_checkpoints`` is skipped):
    every submission; else the one its metadata says it was generated from, else the one with
    its file name, else the one whose released cells it holds most of). The checks, their names and
    their points come from that solutions notebook only. A submission that nothing matches
-   scores 0, with the reason, unless ``--grade-unmatched`` is given: then the checks its own
-   check cells call are graded, 1 point each, each called with the arguments solutions/ gives
-   it (never the notebook's own; the verdicts still come from the sandbox).
+   scores 0, with the reason, unless ``--grade-unmatched`` is given: then it is graded as the
+   assignment whose checks its own check cells call most, on all of that assignment's checks
+   at their points (:func:`graded_as`), each called with the arguments solutions/ gives it
+   (never the notebook's own; the verdicts still come from the sandbox).
 2. **Run** the notebook, its check cells restored as released, in a fresh kernel inside a
    sandbox (see :mod:`course_tools.sandbox`), with a limit per cell (``--cell-timeout``: the
    kernel is interrupted), per notebook (``--timeout``), and on the output kept. This run only
    tells the learner how their notebook ran (``--executed`` saves it): no point depends on it.
 3. **Judge** in a second, fresh sandbox: a process imports the pristine ``course_lib`` copy,
-   then runs each check in a *checker* process of its own, where no learner code has run. The
-   learner's functions run in a separate process (exercise cells in full; from the other cells
-   imports, functions, classes and assignments) and the check calls them over a socket,
-   accepting only plain values back (:mod:`course_tools.ipc`). A check that passed then tries
-   cases drawn at grading time (:mod:`course_tools.hidden`). Each verdict is sent over a pipe the
-   grader opened; a check gets ``--cell-timeout`` seconds. Nothing the notebook prints, and no
-   file it writes, is read as a verdict.
+   then starts the learner's process, which runs the notebook's cells once, as Jupyter does (an
+   IPython shell, in order, magics included, a cell's error not stopping the next; the check
+   calls left out), and forks, before each check's cell, a process holding the names that cell
+   saw. Each check runs in a *checker* process of its own, where no learner code has run, and
+   calls the learner's functions in that process over a socket, accepting only plain values
+   back (:mod:`course_tools.ipc`). A check that passed then tries cases drawn at grading time
+   (:mod:`course_tools.hidden`). Each verdict is sent over a pipe the grader opened. The cells
+   get ``--timeout`` seconds (each ``--cell-timeout``), a check ``--cell-timeout`` seconds: CPU
+   seconds, with a wall-clock backstop of :data:`WALL_BACKSTOP` times the limit. Nothing the
+   notebook prints, and no file it writes, is read as a verdict.
 4. **Score** each check: its points if it passed, else 0 with the reason (failed, not done,
    error, timeout, crashed, not run).
 
@@ -57,6 +61,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -232,12 +237,14 @@ def match(nb, filename: str, assignments: dict[str, Assignment]) -> tuple[str | 
     course = nb.metadata.get("course")
     generated = course.get("generated_from") if isinstance(course, dict) else None
     named = Path(generated).name if isinstance(generated, str) else ""
+    by_name = {name.casefold(): name for name in assignments}  # 00_setup.IPYNB is 00_setup.ipynb
+    filed = by_name.get(filename.casefold())
     if named in assignments:
         note = (f"file name {filename!r} differs from its notebook {named!r}"
-                if filename in assignments and filename != named else "")
+                if filed is not None and filed != named else "")
         return named, note
-    if filename in assignments:
-        return filename, ""
+    if filed is not None:
+        return filed, ""
     # Else by its cells: how many are word for word as released (titles, text, stubs, checks).
     mine = {_norm(c.source) for c in nb.cells} - {""}
     scores = {name: len(mine & a.released) for name, a in assignments.items()}
@@ -309,13 +316,15 @@ def _read_submission(path: Path):
 class _Deadline:
     """A time limit of one sandbox: its cgroup's CPU seconds where it has a cgroup (load from
     elsewhere does not count), with a wall-clock backstop of :data:`WALL_BACKSTOP` times the
-    limit; wall-clock seconds where it has none."""
+    limit; wall-clock seconds where it has none, unless ``counted``: the sandbox counts its own
+    CPU time (the judge does), and gets the backstop."""
 
-    def __init__(self, proc, seconds: float):
+    def __init__(self, proc, seconds: float, counted: bool = False):
         self.cgroup = getattr(proc, "cgroup", None)
         self.seconds, self.start_wall = seconds, time.monotonic()
         self.start_cpu = self.cgroup.cpu_seconds() if self.cgroup is not None else 0.0
-        self.wall = self.start_wall + seconds * (WALL_BACKSTOP if self.cgroup is not None else 1)
+        backstop = self.cgroup is not None or counted
+        self.wall = self.start_wall + seconds * (WALL_BACKSTOP if backstop else 1)
 
     def expired(self) -> bool:
         if time.monotonic() >= self.wall:
@@ -324,10 +333,13 @@ class _Deadline:
                 and self.cgroup.cpu_seconds() - self.start_cpu >= self.seconds)
 
 
-def _next(channel: Channel, *deadlines: _Deadline) -> dict | None:
-    """The sandbox's next message, or None once the pipe closes or any deadline has passed."""
+def _next(channel: Channel, *deadlines: _Deadline, tick=None) -> dict | None:
+    """The sandbox's next message, or None once the pipe closes or any deadline has passed;
+    ``tick()`` is called at least every half second while waiting."""
     while True:
         wake = min([time.monotonic() + 0.5] + [d.wall for d in deadlines])
+        if tick is not None:
+            tick()
         message = channel.next(wake)
         if message is not None or channel.closed or any(d.expired() for d in deadlines):
             return message
@@ -470,15 +482,16 @@ class _Run:
         """Run the checks in a sandbox; return ``{id: (status, detail)}``, the checks, a problem."""
         job = {"limits": self._limits(self.limits.cpu_seconds), "cells": cells,
                "checks": checks or [], "discover": checks is None,
-               "canonical": self.canonical,
-               "cell_timeout": self.cell_timeout, "message_chars": MESSAGE_CHARS}
+               "canonical": self.canonical, "cell_timeout": self.cell_timeout,
+               "timeout": self.timeout, "wall_backstop": WALL_BACKSTOP,
+               "message_chars": MESSAGE_CHARS}
         proc, channel, job_dir = self._phase("judge", job, None, slot, 1 << 20,
                                              drawn=DRAWN_CASES)
         results, problem = {}, ""
         deadline = _Deadline(proc, STARTUP)
         try:
             while True:
-                message = _next(channel, deadline)
+                message = _next(channel, deadline, tick=lambda: _continue(proc))
                 if message is None:
                     why = channel.error_text()
                     if proc.cgroup is not None and proc.cgroup.out_of_memory():
@@ -502,8 +515,10 @@ class _Run:
                     break
                 elif event == "end":
                     break
-                if event in ("ready", "check", "checks"):
-                    deadline = _Deadline(proc, self.cell_timeout + INTERRUPT_GRACE)
+                if event == "program":  # the learner's cells, once, within --timeout
+                    deadline = _Deadline(proc, self.timeout + INTERRUPT_GRACE, counted=True)
+                elif event in ("ready", "check", "checks", "program_done"):
+                    deadline = _Deadline(proc, self.cell_timeout + INTERRUPT_GRACE, counted=True)
         finally:
             kill(proc)
             channel.close()
@@ -528,6 +543,33 @@ class _Run:
         if _tree_hash(self.dir / "course") != self.course_hash:
             raise RuntimeError("the grading run's copy of course_lib changed while a submission "
                                "ran: the sandbox failed; stopping")
+
+
+def _continue(proc) -> None:
+    """SIGCONT to every process of a sandbox: the learner's code, running as the judge's user,
+    can stop the judge, which would then wait for the backstop instead of answering."""
+    cgroup = getattr(proc, "cgroup", None)
+    for pid in cgroup.pids() if cgroup is not None else _descendants(proc.pid):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux's ``/proc/PID/task/TID/children``; none elsewhere)."""
+    found, stack = [], [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            for task in os.listdir(f"/proc/{parent}/task"):
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(p) for p in f.read().split()]
+                found += children
+                stack += children
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def _cells(indices) -> str:
@@ -566,24 +608,47 @@ def grade_notebook(path: Path, root: Path, run: _Run, assignments: dict[str, Ass
         sub.problem = f"{name} has no check cells"
         return sub
     sub.run_notes += _run_and_save(run, nb, chosen, slot, executed, sub.path)
-    cells = [{"source": c.source, "full": _is_exercise_cell(c, chosen)}
+    cells = [{"source": c.source, "full": _is_exercise_cell(c, chosen), "id": _grade_id(c)}
              for c in nb.cells if c.cell_type == "code"]
     checks = None if chosen is None else [
         {"id": c.grade_id, "name": c.name, "args": c.args} for c in chosen.checks]
     results, checks, problem = run.judge(cells, checks, slot)
     if chosen is None:
-        sub.problem = "not matched with solutions/: graded on the checks its own cells call"
-        sub.checks = [CheckResult(c["name"], c["id"], 1.0) for c in checks]
+        sub.notebook, sub.checks, sub.problem = graded_as(checks, assignments)
     else:
         sub.checks = [CheckResult(c.name, c.grade_id, c.points) for c in chosen.checks]
     if problem:
         sub.problem = "; ".join(p for p in (sub.problem, problem) if p)
     for result in sub.checks:
-        status, detail = results.get(result.grade_id, ("not run", ""))
+        status, detail = results.get(result.grade_id, ("not run", result.detail))
         result.status, result.detail = status, detail
         result.points = result.max_points if status == "passed" else 0.0
     sub.seconds = round(time.monotonic() - start, 1)
     return sub
+
+
+def graded_as(called: list[dict], assignments: dict[str, Assignment]):
+    """``(assignment, its checks, the row's note)`` for a notebook that ``solutions/`` cannot
+    match, graded with ``--grade-unmatched``: the assignment whose checks its cells call most
+    (the first by name on a tie), scored on all of that assignment's checks at their points, a
+    check its cells do not call scoring 0; the checks of other assignments it calls are not
+    graded. So a notebook scores against one assignment's maximum, which its row names, and
+    another lecture's exercise cannot add to it.
+
+    Args:
+        called: the checks the judge found in its cells (``{"id", "name", ...}``).
+        assignments: the notebooks of ``solutions/``, by name.
+    """
+    ids = {c["name"]: c["id"] for c in called}
+    counts = {name: sum(c.name in ids for c in a.checks) for name, a in assignments.items()}
+    best = max(sorted(counts), key=counts.get, default=None)
+    if best is None or counts[best] == 0:
+        return "", [], "not matched with solutions/, and its cells call no check of it: scored 0"
+    checks = [CheckResult(c.name, ids.get(c.name, c.grade_id), c.points,
+                          detail="" if c.name in ids else "no cell of the notebook calls it")
+              for c in assignments[best].checks]
+    return best, checks, (f"not matched with solutions/: graded as {best}, whose checks its cells "
+                          f"call ({counts[best]} of {len(checks)})")
 
 
 def _run_and_save(run: _Run, nb, chosen, slot, executed: Path | None, relpath: str) -> list[str]:
@@ -593,8 +658,7 @@ def _run_and_save(run: _Run, nb, chosen, slot, executed: Path | None, relpath: s
         if text is None:
             notes.append("no executed notebook came back")
         else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(inert_notebook(text), encoding="utf-8", errors="backslashreplace")
+            _replace_file(target, lambda f: f.write(_text(inert_notebook(text))))
     return notes
 
 
@@ -604,6 +668,11 @@ ACTIVE_OUTPUTS = ("text/html", "application/javascript", "text/javascript", "ima
                   "text/markdown", "text/latex", "application/vnd.jupyter.widget-view+json",
                   "application/vnd.jupyter.widget-state+json")
 REMOVED_NOTE = "[{} output removed by the grader: only text and images are returned]"
+#: A URL scheme that a browser runs or opens as a page of its own (``javascript:``,
+#: ``vbscript:``, ``data:``), in any case, with what a browser or Markdown drops inside it
+#: (tabs, line breaks, a backslash escape before the colon).
+ACTIVE_SCHEME = re.compile("(" + "|".join(r"[\t\n\r]*".join(word) for word in (
+    "javascript", "vbscript", "data")) + r")([\t\n\r\\]*:)", re.IGNORECASE)
 
 
 def inert_notebook(text: str) -> str:
@@ -613,7 +682,10 @@ def inert_notebook(text: str) -> str:
     removed, each leaving a ``text/plain`` note where nothing else was left; the widget state
     is dropped; raw cells become markdown; and markdown cells' HTML tags are escaped, so that a
     ``<script>`` or an ``onerror`` handler shows as text in JupyterLab and in
-    ``nbconvert --to html`` alike. Text, PNG and JPEG outputs stay.
+    ``nbconvert --to html`` alike. A zero-width space follows every ``&`` that could start an
+    entity (Markdown renderers decode those in links, some twice) and precedes the colon of every
+    :data:`ACTIVE_SCHEME`, which leaves such a link a harmless relative one. Text, PNG and JPEG
+    outputs stay.
 
     Args:
         text: the executed notebook's JSON.
@@ -633,7 +705,10 @@ def inert_notebook(text: str) -> str:
             cell.pop("outputs", None)
             cell.pop("execution_count", None)
         if cell.cell_type == "markdown":
-            cell.source = cell.source.replace("&", "&amp;").replace("<", "&lt;")
+            # An entity must not survive even a renderer that decodes links twice.
+            source = re.sub("&([#A-Za-z]?)", lambda m: "&amp;" + "\u200b" * bool(m[1]) + m[1],
+                            cell.source).replace("<", "&lt;")
+            cell.source = ACTIVE_SCHEME.sub("\\1\u200b\\2", source)
             cell.pop("attachments", None)
             continue
         for output in cell.get("outputs", []):
@@ -651,10 +726,23 @@ def inert_notebook(text: str) -> str:
     return nbformat.writes(nb)
 
 
-def find_notebooks(root: Path) -> list[Path]:
-    """Every ``*.ipynb`` under ``root`` (or ``root`` itself), checkpoints excluded, sorted.
+def _is_notebook_name(path: Path) -> bool:
+    """Whether ``path`` names a notebook: ``.ipynb`` in any case (``00_setup.IPYNB`` too)."""
+    return Path(path).suffix.lower() == ".ipynb"
 
-    Symbolic links are listed too (and refused when read), never followed into folders.
+
+#: The row of a submitted file that is not a notebook.
+NOT_A_NOTEBOOK = "not graded: not a notebook (only .ipynb files are graded)"
+
+
+def find_notebooks(root: Path) -> list[Path]:
+    """Every file under ``root`` (or ``root`` itself), Jupyter's checkpoints excluded, sorted.
+
+    Each gets a row of the scores: a notebook (:func:`_is_notebook_name`) is graded, any other
+    file is listed with :data:`NOT_A_NOTEBOOK`, so that nothing a learner handed in goes
+    unmentioned, except the hidden files an operating system leaves (``.DS_Store``, ``._*``) and
+    ``Thumbs.db``. Symbolic links are listed too (and refused when read), never followed into
+    folders.
     """
     root = Path(root)
     if root.is_file():
@@ -662,7 +750,8 @@ def find_notebooks(root: Path) -> list[Path]:
     found = []
     for folder, dirs, files in os.walk(root, followlinks=False):
         dirs[:] = sorted(d for d in dirs if d != ".ipynb_checkpoints")
-        found += [Path(folder) / f for f in files if f.endswith(".ipynb")]
+        found += [Path(folder) / f for f in files if _is_notebook_name(f) or not (
+            f.startswith(".") or f in ("Thumbs.db", "desktop.ini"))]
     return sorted(found)
 
 
@@ -689,8 +778,9 @@ def grade(folder, *, course, assignment: str | None = None, timeout: float = 600
         jobs: submissions graded at once.
         limits: the resource limits of the sandbox (default :class:`Limits()`).
         executed: a folder to save each executed notebook in (for the learners), or ``None``.
-        grade_unmatched: grade a notebook that ``solutions/`` cannot match on the checks its
-            own check cells call, 1 point each, instead of scoring it 0.
+        grade_unmatched: grade a notebook that ``solutions/`` cannot match as the assignment
+            whose checks its own check cells call most (:func:`graded_as`), instead of scoring
+            it 0.
         unsafe_no_sandbox: run without bubblewrap; prints :data:`UNSAFE_WARNING`.
 
     Returns:
@@ -743,6 +833,9 @@ def grade(folder, *, course, assignment: str | None = None, timeout: float = 600
     base = folder.parent if folder.is_file() else folder
 
     def one(path: Path) -> Submission:
+        if not _is_notebook_name(path):
+            return Submission(path=str(path.relative_to(base)), notebook="",
+                              problem=NOT_A_NOTEBOOK)
         slot = run.slots.get()
         try:
             return grade_notebook(path, base, run, assignments, assignment=assignment,
@@ -812,19 +905,63 @@ def _text(value):
     return value
 
 
+def _private_folder(folder: Path) -> None:
+    """Create ``folder`` and its missing parents, each open to its owner only (0700)."""
+    for path in reversed([p for p in (folder, *folder.parents) if not p.exists()]):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:  # another job made it meanwhile
+            pass
+
+
 def _replace_file(out: Path, write) -> None:
     """Write ``out`` through a temporary file beside it, renamed into place once complete: an
-    error half-way leaves an older file whole and no temporary behind."""
+    error half-way leaves an older file whole and no temporary behind. Scores and learners'
+    notebooks are private: the file is 0600 (``mkstemp``'s mode), in folders made 0700."""
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    _private_folder(out.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
+        with open(fd, "w", encoding="utf-8", newline="") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out)
     finally:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _is_scores(path: Path) -> bool:
+    """Whether an existing file is one the grader wrote: a scores CSV, or its JSON."""
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        head = f.read(64)
+    return (head.startswith(b"submission,notebook,")
+            or re.match(rb'\[\s*(\]|\{\s*"submission")', head) is not None)
+
+
+def _score_files(out, folder, course, executed=None) -> tuple[Path, Path]:
+    """The CSV and the JSON that ``--out`` names: ``scores.csv`` or ``scores.json``, the other
+    beside it with the other suffix.
+
+    Raises:
+        ValueError: naming ``out``, if either would overwrite what a learner or an instructor
+            wrote: a file inside the submissions, the executed notebooks or any folder of the
+            course, or an existing file that is not an earlier scores file.
+    """
+    out = Path(out)
+    csv_path, json_path = ((out.with_suffix(".csv"), out) if out.suffix.lower() == ".json"
+                           else (out, out.with_suffix(".json")))
+    course = Path(course).resolve()
+    kept = [Path(folder).resolve(), *([Path(executed).resolve()] if executed else []),
+            *(p.resolve() for p in (course.iterdir() if course.is_dir() else ()) if p.is_dir())]
+    for path in (csv_path, json_path):
+        if _inside_any(path.resolve(), kept) or (os.path.lexists(path) and not _is_scores(path)):
+            raise ValueError(
+                "out must be a new file or an earlier scores file, outside the submissions, the "
+                f"executed notebooks and the course's folders, got {str(path)!r}")
+    return csv_path, json_path
 
 
 def write_results(results: list[Submission], out) -> None:
@@ -920,7 +1057,9 @@ def main(argv=None) -> int:
     parser.add_argument("folder", type=Path, help="folder of submissions (searched recursively)")
     parser.add_argument("--course", type=Path, required=True,
                         help="the course folder (holding solutions/ and course_lib/)")
-    parser.add_argument("--out", type=Path, default=Path("scores.csv"), help="CSV to write")
+    parser.add_argument("--out", type=Path, default=Path("scores.csv"),
+                        help="the scores: a CSV, and the same name with .json beside it "
+                             "(default scores.csv)")
     parser.add_argument("--assignment", help="grade every notebook against this solutions "
                         "notebook (e.g. 03_gradient_accumulation.ipynb)")
     parser.add_argument("--timeout", type=float, default=600.0,
@@ -943,13 +1082,14 @@ def main(argv=None) -> int:
                         help="CPU seconds per process (default: --timeout for the kernel, "
                              "--cell-timeout for each check)")
     parser.add_argument("--grade-unmatched", action="store_true",
-                        help="grade a notebook that solutions/ cannot match on the checks its "
-                             "own cells call (1 point each) instead of scoring it 0")
+                        help="grade a notebook that solutions/ cannot match as the assignment "
+                             "whose checks its own cells call most, instead of scoring it 0")
     parser.add_argument("--unsafe-no-sandbox", action="store_true",
                         help="run without bubblewrap: the submissions' code runs as you "
                              "(only for notebooks you trust)")
     args = parser.parse_args(argv)
     try:
+        scores_csv, scores_json = _score_files(args.out, args.folder, args.course, args.executed)
         limits = Limits(memory_bytes=parse_size(args.memory_bytes),
                         processes=int(args.processes), file_bytes=parse_size(args.file_bytes),
                         disk_bytes=parse_size(args.disk_bytes), cpu_seconds=args.cpu_time,
@@ -963,11 +1103,10 @@ def main(argv=None) -> int:
     except (ValueError, authoring.AuthoringError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    write_results(results, Path(args.out).with_suffix(".json"))  # first: nothing formatted yet
-    write_csv(results, args.out)
+    write_results(results, scores_json)  # first: nothing formatted yet
+    write_csv(results, scores_csv)
     print(summary(results))
-    print(f"\nwrote {args.out} and {Path(args.out).with_suffix('.json')} "
-          f"({len(results)} submissions)")
+    print(f"\nwrote {scores_csv} and {scores_json} ({len(results)} submissions)")
     return 0
 
 

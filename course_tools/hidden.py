@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from course_lib.grading import expect
+from course_lib.grading import exactly, expect
 
 #: The end of every message about a drawn case.
 DRAWN = "(a case drawn by the grader)"
@@ -120,9 +120,11 @@ def cheapest_segments(budget: int) -> int | None:
 
 def every_peak(n_layers: int, every: int, block: int, inp: int, fixed: int) -> int:
     """Lecture 05 (Chen et al. 2016): blocks 0, every, 2*every, ... keep their input, the others
-    all they save; backward rebuilds one checkpointed block on top."""
+    all they save; backward rebuilds a checkpointed block once the blocks after it are freed,
+    which adds to the peak only for the last block (``every`` divides ``n_layers - 1``)."""
     wrapped = len(range(0, n_layers, every))
-    return fixed + (n_layers - wrapped) * block + wrapped * inp + (block - inp)
+    rebuilt = block - inp if (n_layers - 1) % every == 0 else 0
+    return fixed + (n_layers - wrapped) * block + wrapped * inp + rebuilt
 
 
 def largest_every(n_layers: int, block: int, inp: int, fixed: int, budget: int) -> int | None:
@@ -207,7 +209,7 @@ def _pick_training_dtype(fn, rng: random.Random) -> None:
     for device_type, bf16 in drawn:
         truth = training_dtype(device_type, bf16)
         got = fn(device_type, bf16)
-        expect(got == truth, f"pick_training_dtype({device_type!r}, has_native_bf16={bf16}) "
+        expect(exactly(got, truth), f"pick_training_dtype({device_type!r}, has_native_bf16={bf16}) "
                f"returned {got!r}, expected {truth} {DRAWN}",
                hint="fp32 on the CPU whatever it supports; on a GPU, CUDA or a Mac's MPS, bf16 "
                     "where it runs natively, else fp16")
@@ -220,7 +222,8 @@ def _bytes_per_param(fn, rng: random.Random) -> None:
     for optimizer, precision in drawn:
         truth = bytes_per_param(optimizer, precision)
         got = fn(optimizer, precision)
-        expect(_is_int(got) and got == truth, f"bytes_per_param({optimizer!r}, {precision!r}) "
+        expect(_is_int(got) and exactly(got, truth),
+               f"bytes_per_param({optimizer!r}, {precision!r}) "
                f"returned {got!r}, expected {truth} {DRAWN}",
                hint="weights + gradients + master copy (mixed recipes) + optimizer state, "
                     "each in its dtype")
@@ -234,7 +237,7 @@ def _tensor_nbytes(fn, rng: random.Random) -> None:
         dtype = rng.choice(dtypes)
         truth = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         got = fn(shape, dtype)
-        expect(got == truth, f"tensor_nbytes({shape}, {dtype}) returned {got!r}, expected "
+        expect(exactly(got, truth), f"tensor_nbytes({shape}, {dtype}) returned {got!r}, expected "
                f"{truth} {DRAWN}", hint="elements = product of the shape, times the bytes per "
                "element of the dtype")
 
@@ -246,7 +249,8 @@ def _zero_bytes_per_device(fn, rng: random.Random) -> None:
         a, b = ZERO[stage]
         truth = a * P + b * P // N
         got = fn(P, stage, N)
-        expect(_is_int(got) and got == truth, f"zero_bytes_per_device({P}, zero_stage={stage}, "
+        expect(_is_int(got) and exactly(got, truth),
+               f"zero_bytes_per_device({P}, zero_stage={stage}, "
                f"world_size={N}) returned {got!r}, expected {truth} {DRAWN}",
                hint="per device: stage 0 16P, stage 1 4P + 12P/N, stage 2 2P + 14P/N, stage 3 "
                     "16P/N, rounded down")
@@ -258,7 +262,7 @@ def _largest_model(fn, rng: random.Random) -> None:
         optimizer, precision = rng.choice(OPTIMIZERS), rng.choice(list(TABLE))
         truth = capacity // bytes_per_param(optimizer, precision)
         got = fn(capacity, optimizer, precision)
-        expect(_is_int(got) and got == truth, f"largest_model({capacity}, {optimizer!r}, "
+        expect(_is_int(got) and exactly(got, truth), f"largest_model({capacity}, {optimizer!r}, "
                f"{precision!r}) returned {got!r}, expected {truth} {DRAWN}",
                hint="capacity // bytes per parameter")
 
@@ -269,7 +273,7 @@ def _gpus_needed(fn, rng: random.Random) -> None:
             rng.randint(0, 3)
         truth = fewest_gpus(P, capacity, stage)
         got = fn(P, capacity, stage)
-        expect((got is None) if truth is None else (_is_int(got) and got == truth),
+        expect(_is_int(got) and exactly(got, truth) if truth is not None else got is None,
                f"gpus_needed({P:,}, {capacity:,}, zero_stage={stage}) returned {got!r}, "
                f"expected {truth!r} {DRAWN}",
                hint="the smallest N with a*P + b*P/N <= capacity, or None")
@@ -282,7 +286,7 @@ def _choose_every(fn, rng: random.Random) -> None:
         budget = rng.randint(fixed, fixed + n * block + block)
         truth = largest_every(n, block, inp, fixed, budget)
         got = fn(n, block, inp, fixed, budget)
-        expect(got == truth,
+        expect(exactly(got, truth),
                f"choose_every(n_layers={n}, block_bytes={block}, input_bytes={inp}, "
                f"fixed_bytes={fixed}, budget_bytes={budget}) returned {got!r}, expected "
                f"{truth!r} {DRAWN}", hint="the largest k whose peak fits, None if none")
@@ -294,8 +298,7 @@ def _pareto_front(fn, rng: random.Random) -> None:
         points = [(m, t, f"q{i}") for i, (m, t) in enumerate(sorted(pairs, key=str))]
         truth = front(points)
         got = fn(list(points))
-        expect(isinstance(got, list) and [tuple(p) if isinstance(p, list | tuple) else p
-                                          for p in got] == truth,
+        expect(isinstance(got, list) and exactly(got, truth),
                f"pareto_front({points}) returned {got!r}, expected {truth} {DRAWN}",
                hint="keep the points no other point dominates, sorted by memory")
 
@@ -307,7 +310,8 @@ def _step_peak(fn, rng: random.Random) -> None:
                                             rng.randint(1, 9))
         truth = phases_peak(resident, act, grads, scratch, K)
         got = fn(resident, act, grads, scratch, K)
-        expect(got == truth, f"step_peak({resident}, {act}, {grads}, {scratch}, {K}) returned "
+        expect(exactly(got, truth),
+               f"step_peak({resident}, {act}, {grads}, {scratch}, {K}) returned "
                f"{got!r}, expected {truth} {DRAWN}", hint="the largest phase of the step")
 
 
@@ -323,7 +327,7 @@ def _largest_micro_batch(fn, rng: random.Random) -> None:
         budget = peak_of(rng.choice(fitting)) + rng.randint(0, per)
         truth = best_micro_batch(peak_of, budget, effective)
         got = fn(peak_of, budget, effective)
-        expect(isinstance(got, tuple) and got == truth, f"largest_micro_batch(peak_of, "
+        expect(isinstance(got, tuple) and exactly(got, truth), f"largest_micro_batch(peak_of, "
                f"{budget}, {effective}) returned {got!r}, expected {truth} {DRAWN}",
                hint="the largest micro-batch that divides the effective batch and fits")
 
@@ -335,7 +339,7 @@ def _ddp_accumulation_plan(fn, rng: random.Random) -> None:
         no_sync = rng.random() < 0.5
         truth = ddp_plan(N, micro, K, buckets, no_sync)
         got = fn(N, micro, K, buckets, no_sync)
-        expect(isinstance(got, tuple | list) and tuple(got) == truth,
+        expect(isinstance(got, tuple | list) and exactly(got, truth),
                f"ddp_accumulation_plan({N}, {micro}, {K}, {buckets}, use_no_sync={no_sync}) "
                f"returned {got!r}, expected {truth} {DRAWN}",
                hint="(world x micro x accumulation, buckets x synchronising backwards)")
@@ -347,7 +351,7 @@ def _fsdp_local_numel(fn, rng: random.Random) -> None:
         N = rng.randint(1, 16)
         truth = fsdp_numels(shape, N)
         got = fn(shape, N)
-        expect(isinstance(got, list | tuple) and list(got) == truth,
+        expect(isinstance(got, list | tuple) and exactly(got, truth),
                f"fsdp_local_numel({shape}, {N}) returned {got!r}, expected {truth} {DRAWN}",
                hint="ceil(rows / world_size) whole rows per rank, in turn")
 
@@ -358,7 +362,7 @@ def _quantized_state_bytes(fn, rng: random.Random) -> None:
         numel = rng.choice([rng.randint(1, 8000), LOW_BIT[bits][0] * rng.randint(1, 5000)])
         truth = quantized_bytes(numel, bits)
         got = fn(numel, bits)
-        expect(got == truth, f"quantized_state_bytes({numel}, {bits}) = {got!r}, expected "
+        expect(exactly(got, truth), f"quantized_state_bytes({numel}, {bits}) = {got!r}, expected "
                f"{truth} {DRAWN}", hint="codes, one fp32 scale per block, one fp32 map per "
                "state; small tensors stay in fp32")
 
@@ -380,7 +384,7 @@ def _rank_levers(fn, rng: random.Random) -> None:
             continue  # a tie: more than one order is right
         truth = ladder_order(levers)
         got = fn([tuple(lv) for lv in levers])
-        expect(isinstance(got, list | tuple) and list(got) == truth,
+        expect(isinstance(got, list | tuple) and exactly(got, truth),
                f"for {levers} you gave {got!r}, expected {truth} {DRAWN}",
                hint="free levers, then bytes saved per time paid, then those that save nothing")
 
@@ -397,7 +401,8 @@ def _mlp_saved_bytes(fn, rng: random.Random) -> None:
         truth = saved_bytes(mlp(torch.randn(b, seq, h, dtype=dtype, requires_grad=True)),
                             mlp.parameters())
         got = fn(b, seq, h, dtype, p)
-        expect(got == truth, f"mlp_saved_bytes({b}, {seq}, {h}, {dtype}, dropout={p}) returned "
+        expect(exactly(got, truth),
+               f"mlp_saved_bytes({b}, {seq}, {h}, {dtype}, dropout={p}) returned "
                f"{got!r}, measured {truth} {DRAWN}", hint="list what each op keeps")
 
 
@@ -417,7 +422,7 @@ def _distinct_saved_bytes(fn, rng: random.Random) -> None:
         weights = {storage_key(p) for p in params}
         truth = storage_bytes(t for t in seen if storage_key(t) not in weights)
         got = observe(_drawn_distinct_answer, fn, widths, acts, batch, seed)
-        expect(got == truth, f"for a Sequential of widths {widths} with {acts} on {batch} "
+        expect(exactly(got, truth), f"for a Sequential of widths {widths} with {acts} on {batch} "
                f"samples you returned {got!r}, autograd keeps {truth} bytes {DRAWN}",
                hint="each distinct storage once, parameters left out")
 
@@ -432,7 +437,8 @@ def _batch_coupled_modules(fn, rng: random.Random) -> None:
         truth = {name for name, kind in layers if kind in COUPLED_KINDS}
         got = observe(_drawn_coupled_answer, fn, layers, rng.randint(0, 10**6))
         expect(isinstance(got, list | set | tuple) and all(isinstance(n, str) for n in got)
-               and set(got) == truth, f"for a Sequential of {[k for _, k in layers]} you "
+               and {str.__str__(n) for n in got} == truth,
+               f"for a Sequential of {[k for _, k in layers]} you "
                f"returned {got!r}, expected {sorted(truth)} {DRAWN}",
                hint="test every leaf module by measurement")
 
@@ -455,7 +461,7 @@ def _largest_batch(fn, rng: random.Random) -> None:
         while need(truth + 1) <= capacity:
             truth += 1
         got = fn(SMALL, seq, capacity, precision, gpu)
-        expect(got == truth, f"largest_batch(d_model={SMALL.d_model}, n_layers="
+        expect(exactly(got, truth), f"largest_batch(d_model={SMALL.d_model}, n_layers="
                f"{SMALL.n_layers}, seq_len={seq}, capacity={capacity:,}, {precision!r}, "
                f"gpu={gpu!r}) returned {got!r}, expected {truth} {DRAWN}",
                hint="the last batch whose predicted total fits the capacity")
@@ -469,7 +475,7 @@ def _choose_segments(fn, rng: random.Random) -> None:
         budget = rng.randint(peaks[0] - 1000, peaks[-1] + 1000)
         truth = cheapest_segments(budget)
         got = fn(SEGMENTS_CONFIG, SEGMENTS_BATCH, budget)
-        expect(got == truth, f"choose_segments(config, {SEGMENTS_BATCH}, budget={budget:,}) "
+        expect(exactly(got, truth), f"choose_segments(config, {SEGMENTS_BATCH}, budget={budget:,}) "
                f"returned {got!r}, expected {truth!r} {DRAWN}",
                hint="the fewest FLOPs among the segment counts that fit")
 

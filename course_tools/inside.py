@@ -13,16 +13,23 @@ non-dumpable (so that the learner's processes, running as the same user, cannot 
   notebook. The grader uses this only to tell the learner how their notebook ran; no point
   depends on it.
 * ``judge``: the checks' verdicts. ``course_lib.grading`` is imported from the run's pristine
-  copy before anything of the learner's exists in this process. For each check, a *checker* is
-  forked (no learner code has run in it, none ever will); it starts the *learner's process*, a
-  child that closes every descriptor but its socket, defines the learner's names (exercise
-  cells in full; the other cells' imports, functions, classes and assignments) and answers
-  calls. The check calls the learner's functions over that socket and gets plain values back
-  (``ipc.py``); if it passes, the cases the grader draws (``drawn.py`` in the job, held open by
-  the judge and removed by the grader before any learner code runs) are tried with a seed taken
-  after the learner's process started. The judge waits for each checker at most
-  ``cell_timeout`` seconds, then kills it (and the learner's process with it), and forwards a
-  verdict per check.
+  copy before anything of the learner's exists in this process. The *learner's root process*,
+  a child that closes every descriptor but its sockets to the checks, then runs the notebook's
+  code cells once, in order, in an IPython shell, as Jupyter does (magics included; a cell that
+  raises does not stop the next; outside the exercise cells, statements that call a check are
+  left out, their verdicts come from the checkers; cells after the last check's cell do not run).
+  Before each check's cell it forks that check's *learner process*, which keeps the names as
+  the check cell saw them and answers calls. For each check, a *checker* is forked from this
+  process (no learner code has run in it, none ever will); the kernel tells it which process
+  greets it on its socket; the check calls the learner's functions over that socket and gets
+  plain values back (``ipc.py``); if it passes, the cases the grader draws (``drawn.py`` in the
+  job, held open by the judge and removed by the grader before any learner code runs) are tried
+  with a seed taken after the learner's process started. Time limits count CPU seconds of this
+  process's descendants (it is their subreaper, so detached ones count too), with a wall-clock
+  backstop of ``wall_backstop`` times the limit: ``timeout`` for the learner's cells
+  (``cell_timeout`` each, interrupted as Jupyter's interrupt does), ``cell_timeout`` per check;
+  the checker, and the learner's process with it, are killed at the limit. A verdict per check
+  is forwarded.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import os
 import resource
 import select
 import signal
+import socket
 import sys
 import time
 import types
@@ -93,6 +101,17 @@ def _own_session_keyring() -> None:
         errno = ctypes.get_errno()
         if errno != 38:  # ENOSYS: a kernel without keyrings has none to leave
             raise OSError(errno, "could not leave the grader's session keyring")
+
+
+def _subreaper() -> None:
+    """prctl(PR_SET_CHILD_SUBREAPER, 1): processes the learner's code detaches stay below the
+    judge, whose limits count their CPU time."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+    except Exception:  # not Linux: wall-clock limits there
+        pass
 
 
 def _dumpable() -> None:
@@ -222,39 +241,79 @@ def run_notebook(job: dict, fd: int) -> None:
 # --- judge: the checks' verdicts -------------------------------------------------------------
 
 
-def _program(cells: list[dict]) -> list[tuple[bool, list]]:
-    """``[(full, [code object per statement])]``: what the learner's process runs of the cells.
-
-    Exercise cells run in full. Of the other cells, the imports, definitions (functions,
-    classes) and assignments run (a helper table in a cell of its own is there, as in the
-    notebook); other statements (demos, training loops, prints, the check calls) do not.
-    """
+def _calls_check(node) -> bool:
+    """Whether a statement calls a check (``grading.check_NAME(...)``); a definition does not."""
     import ast
 
-    from IPython.core.inputtransformer2 import TransformerManager
+    return not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+        and n.func.attr.startswith("check_") for n in ast.walk(node))
 
-    transform = TransformerManager().transform_cell
-    program = []
-    for number, cell in enumerate(cells):
+
+def _shell():
+    """An IPython shell, as a Jupyter kernel runs cells (magics, ``get_ipython()``, the display
+    hook, ``In`` and ``Out``), writing no history file; with an AST transformer that, while
+    ``.skip_checks`` is set, leaves out the statements that call a check (their verdicts come
+    from the checkers)."""
+    import ast
+
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    class Shell(InteractiveShell):
+        def enable_gui(self, gui=None):  # %matplotlib inline: figures drawn for no one
+            pass
+
+        def ask_exit(self):  # exit() in a cell restarts a kernel; the cells go on here
+            pass
+
+    class WithoutCheckCalls(ast.NodeTransformer):
+        def visit_Module(self, node):
+            if shell.skip_checks:
+                node.body = [s for s in node.body if not _calls_check(s)]
+            return node
+
+    config = Config()
+    config.HistoryManager.enabled = False
+    config.InteractiveShell.colors = "nocolor"
+    shell = Shell.instance(config=config)
+    shell.skip_checks = False
+    shell.ast_transformers.append(WithoutCheckCalls())
+    return shell
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt("the cell ran past the cell time limit")
+
+
+def _run_cell(shell, source: str, seconds: float, backstop: float):
+    """Run one cell as Jupyter does, interrupted (``KeyboardInterrupt``) after ``seconds`` of
+    this process's CPU time or ``backstop`` times that in wall-clock time; its error or None."""
+    try:
         try:
-            tree = ast.parse(transform(cell["source"]))
-        except (SyntaxError, ValueError, MemoryError, RecursionError):
-            program.append((cell["full"], None))
-            continue
-        keep = []
-        for node in tree.body:
-            if not cell["full"] and not isinstance(
-                    node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.AsyncFunctionDef
-                    | ast.ClassDef | ast.Assign | ast.AnnAssign):
-                continue
-            if not cell["full"] and any(
-                    isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                    and n.func.attr.startswith("check_") for n in ast.walk(node)):
-                continue
-            module = ast.Module(body=[node], type_ignores=[])
-            keep.append(compile(module, f"<cell {number}>", "exec"))
-        program.append((cell["full"], keep))
-    return program
+            signal.setitimer(signal.ITIMER_PROF, seconds)
+            signal.setitimer(signal.ITIMER_REAL, seconds * backstop)
+            result = shell.run_cell(source, store_history=True)  # In, Out, _ as in Jupyter
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except BaseException as exc:  # an interrupt that landed outside the cell's own code
+        return exc
+    return result.error_before_exec or result.error_in_exec
+
+
+def _checkpoint(cells: list[dict], item: dict) -> int:
+    """The cell before which a check reads the learner's names, as its check cell did in
+    Jupyter: the check cell (by its nbgrader id, else the last cell other than an exercise cell
+    that calls the check), or the end of the notebook if there is none."""
+    import re
+
+    for index, cell in enumerate(cells):
+        if cell.get("id") is not None and cell.get("id") == item["id"] and not cell["full"]:
+            return index
+    call = re.compile(rf"\.check_{re.escape(item['name'])}\s*\(")
+    found = [i for i, c in enumerate(cells) if not c["full"] and call.search(c["source"])]
+    return found[-1] if found else len(cells)
 
 
 class _CappedText:
@@ -276,36 +335,66 @@ class _CappedText:
         return self.text
 
 
-def _learner(sock, cells: list[dict]) -> None:
-    """The learner's process (a child of the checker): every descriptor but its socket closed
-    before any of the learner's code runs; defines the learner's names, then answers calls."""
-    import builtins
-
+def _learner_root(ends: list, points: list[int], job: dict) -> None:
+    """The learner's root process (a child of the judge): every descriptor but its sockets to
+    the checks closed before any of the learner's code runs; runs the notebook's code cells once,
+    in order, in an IPython shell, as Jupyter does (a cell that raises does not stop the next;
+    each is interrupted at the cell time limit); and before check ``k``'s cell (``points[k]``),
+    forks that check's learner process, which keeps the names defined so far and answers its
+    calls on ``ends[k]``. Cells after the last check's cell do not run: no check saw them."""
     ipc = _ipc()
 
-    keep = sock.fileno()
-    os.closerange(3, keep)
-    os.closerange(keep + 1, 65536)
-    _dumpable()  # the checker reads and resets this process's peak memory (/proc/PID)
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
-    first_error = ""
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    start = 3
+    for number in sorted(s.fileno() for s in ends):
+        os.closerange(start, number)
+        start = number + 1
+    os.closerange(start, 65536)
+    _dumpable()  # the checker reads and resets its learner process's peak memory (/proc/PID)
+    cpu = int(job["timeout"]) + 2
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard == resource.RLIM_INFINITY or hard > cpu:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    cells, first_error = job["cells"], ""
     try:
-        program = _program(cells)
-        for full, codes in program:
-            if codes is None:
-                first_error = first_error or "an exercise cell is not valid Python"
-                continue
-            for code in codes:
-                try:
-                    exec(code, namespace)
-                except BaseException as exc:  # the learner's code may raise anything
-                    if full and not first_error:
-                        first_error = ipc._error_reply(exc)
-                        first_error = (f"your exercise cell raised {first_error['type']}: "
-                                       f"{first_error['message']}")
-        ipc.Learner(sock, namespace, first_error).serve()
+        for number in (signal.SIGPROF, signal.SIGALRM):
+            signal.signal(number, _interrupt)
+        shell = _shell()
+        last = max(points, default=0)
+        for index in range(last + 1):
+            for k, point in enumerate(points):
+                if point == index:
+                    _fork_learner(ends, k, shell.user_ns, first_error)
+            if index == last:
+                break
+            shell.skip_checks = not cells[index]["full"]
+            error = _run_cell(shell, cells[index]["source"], job["cell_timeout"],
+                              job["wall_backstop"])
+            if error is not None and cells[index]["full"] and not first_error:
+                reply = ipc._error_reply(error)
+                first_error = f"your exercise cell raised {reply['type']}: {reply['message']}"
     finally:
         os._exit(0)
+
+
+def _fork_learner(ends: list, k: int, namespace: dict, first_error: str) -> None:
+    """Check ``k``'s learner process: a fork of the root's state now, greeting its checker
+    (which learns its process id from the kernel), then answering calls."""
+    ipc = _ipc()
+
+    if os.fork() == 0:
+        try:
+            for other, sock in enumerate(ends):
+                if other != k and sock is not None:
+                    sock.close()
+            ipc.greet(ends[k])
+            ipc.Learner(ends[k], namespace, first_error).serve()
+        finally:
+            os._exit(0)
+    ends[k].close()
+    ends[k] = None
 
 
 def _load_drawn(drawn_fd: int):
@@ -348,21 +437,22 @@ def _drawn_verdict(draw, values, checker) -> tuple[str, str]:
     return "passed", ""
 
 
-def _run_check(check, name: str, args: list[str], cells, fd: int, limits: dict,
-               drawn_fd: int = -1) -> None:
-    """In the forked checker (no learner code has run in it, none ever will): start the
-    learner's process, call the check with the learner's functions as proxies, report, exit."""
-    import socket
+def _run_check(check, name: str, args: list[str], mine, fd: int, limits: dict,
+               drawn_fd: int, missing: dict) -> None:
+    """In the forked checker (no learner code has run in it, none ever will): greet the
+    check's learner process, call the check with the learner's functions as proxies, report,
+    exit. ``missing`` is the verdict where that process was never started (the notebook's run
+    ended before the check's cell)."""
     import traceback
 
     ipc = _ipc()
 
-    learner = 0
+    learner = None
     try:
         null = os.open(os.devnull, os.O_RDWR)
         for target in (0, 1, 2):
             os.dup2(null, target)
-        keep = sorted({fd, drawn_fd} - {-1})
+        keep = sorted({fd, drawn_fd, mine.fileno()} - {-1})
         start = 3
         for number in keep:
             os.closerange(start, number)
@@ -372,13 +462,12 @@ def _run_check(check, name: str, args: list[str], cells, fd: int, limits: dict,
         soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
         if hard == resource.RLIM_INFINITY or hard > cpu:
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        mine, theirs = socket.socketpair()
-        os.set_inheritable(fd, False)
-        learner = os.fork()
-        if learner == 0:
-            mine.close()
-            _learner(theirs, cells)
-        theirs.close()
+        try:
+            learner = ipc.greeted(mine)
+        except ipc.LearnerProcessEnded:
+            _send(fd, missing)
+            os._exit(0)
+        _send(fd, {"learner": learner})
         checker = ipc.Checker(mine, learner)
         values = [checker.function(source) for source in args]
         out = _CappedText(1 << 16)
@@ -390,11 +479,9 @@ def _run_check(check, name: str, args: list[str], cells, fd: int, limits: dict,
         mine_lines = [line for line in lines if line.split(":", 1)[0] in
                       (f"{mark} {name}" for mark in (PASS, FAIL, TODO))]
         if checker.ended:
-            _, status = os.waitpid(learner, 0)
-            learner = 0
-            why = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-                   else f"exit status {os.waitstatus_to_exitcode(status)}")
-            status, detail = "crashed", f"the process running your code died ({why})"
+            why = _ended(learner)
+            status, detail = "crashed", "the process running your code died" + (
+                f" ({why})" if why else "")
         elif result is True:
             drawn = _load_drawn(drawn_fd)
             draw = drawn.CASES.get(name) if drawn is not None else None
@@ -417,41 +504,137 @@ def _run_check(check, name: str, args: list[str], cells, fd: int, limits: dict,
     if learner:
         try:
             os.kill(learner, signal.SIGKILL)
-            os.waitpid(learner, 0)
         except OSError:
             pass
     os._exit(0)
 
 
-def _wait_child(pid: int, read_fd: int, timeout: float, limit: int) -> dict:
-    deadline = time.monotonic() + timeout
-    data = b""
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
+# Time: what the judge's descendants used, from /proc (Linux), so that a loaded machine does not
+# count against a learner; the sandbox's cgroup, read by the grader, bounds the whole.
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> list[str]:
+    """``/proc/PID/stat``'s fields from the third (the state) on."""
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    return text[text.rindex(")") + 2:].split()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(p) for p in f.read().split()]
+    return found
+
+
+def _descendants(root: int) -> list[int]:
+    found, stack = [], [root]
+    while stack:
+        try:
+            children = _children(stack.pop())
+        except (OSError, ValueError):
+            continue
+        found += children
+        stack += children
+    return found
+
+
+def _tree_cpu(root: int) -> float | None:
+    """CPU seconds of ``root``'s descendants (a subreaper: orphans stay below it), alive or
+    reaped; None where /proc does not say."""
+    try:
+        total = sum(int(x) for x in _stat(root)[13:15])  # what it reaped
+        _children(root)
+    except (OSError, ValueError, IndexError):
+        return None
+    for pid in _descendants(root):
+        try:
+            total += sum(int(x) for x in _stat(pid)[11:15])  # its own, and what it reaped
+        except (OSError, ValueError, IndexError):
+            pass  # it ended and was reaped meanwhile: counted with its parent
+    return total / _TICKS
+
+
+def _ended(pid) -> str:
+    """Why process ``pid`` (not this process's child) ended, read from its zombie's status."""
+    for _ in range(50):
+        try:
+            fields = _stat(pid)
+            if fields[0] == "Z":
+                status = int(fields[49])
+                return (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+                        else f"exit status {os.waitstatus_to_exitcode(status)}")
+        except (OSError, ValueError, IndexError, TypeError):
+            return ""
+        time.sleep(0.01)
+    return ""
+
+
+class _Clock:
+    """A time limit: CPU seconds of the judge's descendants where /proc tells them, with a
+    wall-clock backstop of ``backstop`` times the limit (for code that sleeps); wall-clock
+    seconds where it does not."""
+
+    def __init__(self, seconds: float, backstop: float):
+        self.seconds, self.start = seconds, _tree_cpu(os.getpid())
+        self.wall = time.monotonic() + seconds * (backstop if self.start is not None else 1)
+
+    def expired(self) -> bool:
+        if time.monotonic() >= self.wall:
+            return True
+        return self.start is not None and (
+            (_tree_cpu(os.getpid()) or self.start) - self.start >= self.seconds)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL to ``pid`` and its descendants, if it is one of this process's descendants."""
+    if pid not in _descendants(os.getpid()):
+        return
+    for target in [pid, *_descendants(pid)]:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _wait_check(pid: int, read_fd: int, job: dict) -> dict:
+    """The checker's verdict; it and its learner's process are killed once it is in, or at the
+    check's time limit (``cell_timeout`` CPU seconds, see :class:`_Clock`)."""
+    clock, limit = _Clock(job["cell_timeout"], job["wall_backstop"]), job["message_chars"] * 4
+    data, learner, result = b"", None, None
+    while result is None:
+        if clock.expired():
             result = {"status": "timeout", "detail": "stopped at the cell time limit"}
             break
-        ready, _, _ = select.select([read_fd], [], [], left)
+        ready, _, _ = select.select([read_fd], [], [], 0.1)
         if not ready:
             continue
         chunk = os.read(read_fd, 65536)
-        if chunk:
-            data += chunk
-            if b"\n" in data or len(data) > limit:
-                try:
-                    result = json.loads(data.split(b"\n", 1)[0][:limit])
-                    if not isinstance(result, dict):
-                        raise ValueError
-                except ValueError:
-                    result = {"status": "error", "detail": "the check's process sent garbage"}
-                break
-            continue
-        _, status = os.waitpid(pid, 0)
-        pid = 0
-        why = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-               else f"exit status {os.waitstatus_to_exitcode(status)}")
-        result = {"status": "crashed", "detail": f"the check's process died ({why})"}
-        break
+        if not chunk:
+            _, status = os.waitpid(pid, 0)
+            pid = 0
+            why = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+                   else f"exit status {os.waitstatus_to_exitcode(status)}")
+            result = {"status": "crashed", "detail": f"the check's process died ({why})"}
+            break
+        data += chunk
+        while b"\n" in data and result is None:
+            line, data = data.split(b"\n", 1)
+            try:
+                message = json.loads(line[:limit])
+                if not isinstance(message, dict):
+                    raise ValueError
+            except ValueError:
+                message = {"status": "error", "detail": "the check's process sent garbage"}
+            if isinstance(message.get("learner"), int) and "status" not in message:
+                learner = message["learner"]
+            else:
+                result = message
+        if result is None and len(data) > limit:
+            result = {"status": "error", "detail": "the check's process sent garbage"}
     if pid:
         for target in (-pid, pid):
             try:
@@ -459,6 +642,8 @@ def _wait_child(pid: int, read_fd: int, timeout: float, limit: int) -> dict:
             except OSError:
                 pass
         os.waitpid(pid, 0)
+    if learner is not None:
+        _kill_tree(learner)
     os.close(read_fd)
     return result
 
@@ -491,6 +676,8 @@ def _discover(cells: list[dict], checks: dict, canonical: dict) -> list[dict]:
 def judge(job: dict, fd: int) -> None:
     from course_lib import grading
 
+    ipc = _ipc()
+    _subreaper()
     checks = dict(grading.CHECKS)
     drawn_fd = -1
     drawn = os.path.join(job.get("job_dir", ""), "drawn.py")
@@ -507,28 +694,75 @@ def judge(job: dict, fd: int) -> None:
     if job.get("discover"):
         job["checks"] = _discover(job["cells"], checks, job.get("canonical", {}))
         _send(fd, {"event": "checks", "checks": job["checks"]})
+    plan = []  # (item, its check or None, the verdict where it cannot run)
     for item in job["checks"]:
         check = checks.get(f"check_{item['name']}")
         if check is None:
-            result = {"status": "error", "detail": "no such check in course_lib.grading"}
+            plan.append((item, None, {"status": "error",
+                                      "detail": "no such check in course_lib.grading"}))
         elif not all(isinstance(a, str) and a.isidentifier() for a in item["args"]):
-            result = {"status": "error", "detail": "a check is given the notebook's functions "
-                                                   "by name only"}
+            plan.append((item, None, {"status": "error", "detail": "a check is given the "
+                                      "notebook's functions by name only"}))
         else:
+            plan.append((item, check, None))
+    pairs = {i: socket.socketpair() for i, (_, check, _) in enumerate(plan) if check is not None}
+    for mine, _ in pairs.values():
+        ipc.passcred(mine)  # the kernel names the process that greets the checker
+    missing = _run_program(job, fd, [(pairs[i], plan[i][0]) for i in sorted(pairs)])
+    for i, (item, check, result) in enumerate(plan):
+        if check is not None:
+            mine = pairs[i][0]
             read_fd, write_fd = os.pipe()
             pid = os.fork()
             if pid == 0:
                 os.setpgid(0, 0)
                 os.close(read_fd)
-                _run_check(check, item["name"], item["args"], job["cells"], write_fd, job,
-                           drawn_fd)
+                _run_check(check, item["name"], item["args"], mine, write_fd, job, drawn_fd,
+                           missing)
             os.close(write_fd)
-            result = _wait_child(pid, read_fd, job["cell_timeout"], job["message_chars"] * 4)
+            mine.close()
+            result = _wait_check(pid, read_fd, job)
         status = result.get("status") if isinstance(result.get("status"), str) else "error"
         detail = result.get("detail") if isinstance(result.get("detail"), str) else ""
         _send(fd, {"event": "check", "id": item["id"], "status": status,
                    "detail": detail[: job["message_chars"]]})
     _send(fd, {"event": "end"})
+
+
+def _run_program(job: dict, fd: int, checks: list) -> dict:
+    """Run the learner's cells once, in the learner's root process (``checks``: ``[((the
+    checker's socket, the learner's), item)]``), within the notebook time limit (``timeout``
+    CPU seconds, see :class:`_Clock`). Returns the verdict of a check whose cell the run never
+    reached."""
+    if not checks:
+        return {}
+    points = [_checkpoint(job["cells"], item) for _, item in checks]
+    _send(fd, {"event": "program"})
+    pid = os.fork()
+    if pid == 0:
+        for (mine, _), _ in checks:
+            mine.detach()  # the checkers' ends: closed below with every other descriptor
+        _learner_root([theirs for (_, theirs), _ in checks], points, job)
+    for (_, theirs), _ in checks:
+        theirs.close()
+    clock = _Clock(job["timeout"], job["wall_backstop"])
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            why = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+                   else f"exit status {os.waitstatus_to_exitcode(status)}")
+            missing = {"status": "crashed", "detail": f"the process running your notebook "
+                                                      f"ended ({why}) before this check's cell"}
+            break
+        if clock.expired():
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            missing = {"status": "timeout", "detail": "your notebook's cells ran past the "
+                       "notebook time limit before this check's cell"}
+            break
+        time.sleep(0.05)
+    _send(fd, {"event": "program_done"})
+    return missing
 
 
 def main(argv: list[str]) -> None:

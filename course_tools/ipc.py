@@ -1,7 +1,9 @@
 """The boundary between a check and the learner's code while grading (runs inside the sandbox).
 
 A check runs in a *checker* process where no learner code has ever run; the learner's functions
-run in a *learner* process of their own, and the checker calls them over a socket:
+run in a *learner* process of their own, and the checker calls them over a socket. The learner's
+process speaks first (:func:`greet`): the kernel tells the checker which process that is
+(:func:`greeted`), the one whose memory it reads. Then:
 
 * checker -> learner: the call (the function's name and its arguments, pickled: the checker's
   data may be anything the learner's function is given, a model, a config, a tensor);
@@ -68,6 +70,37 @@ def _read_exact(sock: socket.socket, size: int) -> bytes:
         parts.append(chunk)
         left -= len(chunk)
     return b"".join(parts)
+
+
+def passcred(sock: socket.socket) -> None:
+    """Have the kernel name the process that sends each message to ``sock`` (Linux)."""
+    if hasattr(socket, "SO_PASSCRED"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+
+
+def greet(sock: socket.socket) -> None:
+    """The learner's process's first word to its checker: one byte."""
+    sock.sendall(b"H")
+
+
+def greeted(sock: socket.socket) -> int | None:
+    """The process id of whoever sent the greeting, as the kernel stamped it (:func:`passcred`;
+    None where it does not), so that no process can name another.
+
+    Raises:
+        LearnerProcessEnded: if the socket closes first.
+    """
+    size = socket.CMSG_SPACE(12) if hasattr(socket, "SCM_CREDENTIALS") else 0
+    try:
+        data, ancillary, _, _ = sock.recvmsg(1, size)
+    except OSError:
+        data = b""
+    if not data:
+        raise LearnerProcessEnded("the process running your code has ended")
+    for level, kind, payload in ancillary:
+        if (level, kind) == (socket.SOL_SOCKET, getattr(socket, "SCM_CREDENTIALS", None)):
+            return struct.unpack("3i", payload[:12])[0]
+    return None
 
 
 def read_frame(sock: socket.socket) -> bytes:
@@ -145,7 +178,7 @@ def _enc(value, depth, count):
             return {"$np": [data.dtype.str, list(data.shape),
                             base64.b64encode(data.tobytes()).decode()]}
         if isinstance(value, numpy.generic) and type(value).__module__ == "numpy":
-            if value.dtype.kind not in "biufc":
+            if value.dtype.kind not in "biufcUS":  # numpy's str_ and bytes_ as str and bytes
                 raise NotPlain(f"a numpy {value.dtype}")
             return _enc(value.item(), depth + 1, count)
     raise NotPlain(_kind_name(value))

@@ -169,6 +169,15 @@ def test_check_cells_are_collapsed_and_other_cells_open():
         "jupyter": {"outputs_hidden": False}}  # idempotent
 
 
+def test_a_setup_cell_is_collapsed_too_but_not_counted_as_a_check():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("#@title Setup: the helpers\nimport torch"),
+                nbformat.v4.new_code_cell("# Setup, without the title\nimport torch")]
+    assert authoring.stamp_check_cells(nb) == 0
+    assert nb.cells[0].metadata == {"jupyter": {"source_hidden": True}, "cellView": "form"}
+    assert nb.cells[1].metadata == {}
+
+
 def _stamped(sol):
     authoring.generate(sol, sol.parent / "exercises")
     return nbformat.read(sol / "01_t.ipynb", 4)
@@ -180,7 +189,7 @@ def test_generator_keeps_custom_points_and_metadata_in_solutions(dirs):
     nb.cells[2].metadata["nbgrader"]["points"] = 3
     nb.cells[2].metadata["nbgrader"]["grade_id"] = "my-area-check"
     nb.cells[0].metadata["nbgrader"] = {"grade": True, "grade_id": "essay", "points": 2,
-                                        "solution": True, "task": False, "schema_version": 3}
+                                        "solution": False, "task": True, "schema_version": 3}
     nb.cells[1].metadata["custom"] = {"keep": "me"}
     nbformat.write(nb, sol / "01_t.ipynb")
     text = (sol / "01_t.ipynb").read_text()
@@ -338,3 +347,115 @@ def test_generate_takes_bools_only(dirs, kwargs):
     with pytest.raises(TypeError, match=next(iter(kwargs))):
         authoring.generate(sol, ex, **kwargs)
     assert not ex.exists()
+
+
+def _generate_refuses(tmp_path, nb, message):
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    nbformat.write(nb, sol / "bad.ipynb")
+    with pytest.raises(authoring.AuthoringError, match=message):
+        authoring.generate(sol, tmp_path / "exercises")
+    assert not (tmp_path / "exercises").exists()
+
+
+@pytest.mark.parametrize("marker", [
+    "### {}_SOLUTION", "### {}-SOLUTION", "### {}SOLUTION", "### SOLUTION {}",
+    "### {}\u200b SOLUTION", "### {} S\u041eLUTION", "### {} \uff33\uff2f\uff2c\uff35\uff34\uff29\uff2f\uff2e",
+    "### {} HIDDEN\u200bTESTS", "### {} hidden-tests", "### {} s\u043elution",
+])
+def test_marker_lookalikes_stop_the_generation(tmp_path, marker):
+    begin, end = marker.format("BEGIN"), marker.format("END")
+    source = f"def f():\n    {begin}\n    return 42  # the answer\n    {end}"
+    _generate_refuses(tmp_path, _solution(source), r"bad\.ipynb cell 1: line 2: .* not a marker")
+
+
+def _cell(kind, source, **metadata):
+    make = {"markdown": nbformat.v4.new_markdown_cell, "raw": nbformat.v4.new_raw_cell,
+            "code": nbformat.v4.new_code_cell}[kind]
+    cell = make(source)
+    cell.metadata.update(metadata)
+    return cell
+
+
+ANSWER = {"grade": True, "grade_id": "why", "points": 2, "schema_version": 3,
+          "solution": True, "task": False, "locked": False}
+
+
+@pytest.mark.parametrize("cell,message", [
+    (_cell("markdown", "### BEGIN SOLUTION\nThe answer is 42.\n### END SOLUTION"), "marker"),
+    (_cell("raw", "### BEGIN SOLUTION\nThe answer is 42.\n### END SOLUTION"), "marker"),
+    (_cell("markdown", "### BEGIN HIDDEN TESTS\nassert f() == 42\n### END HIDDEN TESTS"), "marker"),
+    (_cell("markdown", "=== BEGIN MARK SCHEME ===\n42, 1 point\n=== END MARK SCHEME ==="),
+     "marker"),
+    (_cell("code", "x = 1", note="### BEGIN SOLUTION"), "marker"),
+    # nbgrader's answer cells: autograded (code, no markers) and manually graded (Markdown)
+    (_cell("code", "def f():\n    return 42", nbgrader={**ANSWER, "grade": False}), "nbgrader"),
+    (_cell("markdown", "The answer is 42, because ...", nbgrader=ANSWER), "nbgrader"),
+    (_cell("raw", "42", nbgrader=ANSWER), "nbgrader"),
+])
+def test_markers_outside_code_and_unmarked_answer_cells_stop_the_generation(
+        tmp_path, cell, message):
+    nb = _solution(SOLUTION_CELL)
+    nb.cells.append(cell)
+    _generate_refuses(tmp_path, nb, rf"bad\.ipynb cell 2: .*{message}")
+
+
+LONG = "def area(w, h):\n    ### BEGIN SOLUTION\n    return width_of(w) * h\n    ### END SOLUTION"
+
+
+def _quoting(where):
+    nb = _solution(LONG, "x = 1")
+    cell = nb.cells[2]
+    if where == "markdown":
+        nb.cells.append(nbformat.v4.new_markdown_cell("Hint: `return  width_of(w) * h`"))
+    elif where == "metadata":
+        cell.metadata["notes"] = {"answer": "return width_of(w) * h"}
+    elif where == "attachment":
+        nb.cells.append(nbformat.v4.new_markdown_cell("![a](attachment:a.txt)"))
+        nb.cells[3].attachments = {"a.txt": {"text/plain": "return width_of(w) * h"}}
+    elif where == "notebook":
+        nb.metadata["answers"] = ["return width_of(w) * h"]
+    else:  # a later cell's output printed the solution: outputs are never copied
+        cell.outputs = [nbformat.v4.new_output("stream", text="return width_of(w) * h\n")]
+    return nb
+
+
+@pytest.mark.parametrize("where,message", [
+    ("markdown", "cell 3: it holds the solution of cell 1"),
+    ("metadata", "cell 2: it holds the solution of cell 1"),
+    ("attachment", "cell 3: it holds the solution of cell 1"),
+    ("notebook", "metadata: it holds the solution of cell 1"),
+])
+def test_a_solution_quoted_elsewhere_stops_the_generation(tmp_path, where, message):
+    _generate_refuses(tmp_path, _quoting(where), message)
+
+
+def test_outputs_never_reach_the_exercise(tmp_path):
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    nbformat.write(_quoting("output"), sol / "ok.ipynb")
+    authoring.generate(sol, tmp_path / "exercises")
+    assert "width_of" not in (tmp_path / "exercises" / "ok.ipynb").read_text()
+
+
+@pytest.mark.parametrize("target", ["solutions", "solutions/sub", ".", "notebooks",
+                                    "course_lib/x"])
+def test_the_generator_never_writes_over_its_sources(dirs, target):
+    sol, ex = dirs
+    before = (sol / "01_t.ipynb").read_text()
+    with pytest.raises(ValueError, match="exercises_dir"):
+        authoring.generate(sol, sol.parent / target, force=True)
+    assert (sol / "01_t.ipynb").read_text() == before
+    assert sorted(p.name for p in sol.parent.rglob("*")) == ["01_t.ipynb", "solutions"]
+
+
+def test_an_exercise_linked_to_its_solution_is_replaced_not_written_through(dirs):
+    sol, ex = dirs
+    authoring.generate(sol, sol.parent / "elsewhere")  # adds the solution's nbgrader metadata
+    before = (sol / "01_t.ipynb").read_text()
+    ex.mkdir()
+    (ex / "01_t.ipynb").symlink_to(sol / "01_t.ipynb")
+    authoring.generate(sol, ex, force=True)
+    assert (sol / "01_t.ipynb").read_text() == before
+    assert not (ex / "01_t.ipynb").is_symlink()
+    assert "w * h" not in (ex / "01_t.ipynb").read_text()

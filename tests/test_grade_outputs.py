@@ -4,6 +4,8 @@ executed notebooks returned to learners."""
 import csv
 import json
 import os
+import re
+from html.parser import HTMLParser
 
 import nbformat
 import pytest
@@ -75,3 +77,34 @@ def test_executed_notebooks_come_back_without_active_content():
     assert "removed by the grader" in outputs[1].data["text/plain"]
     assert set(outputs[2].data) == {"image/png"} and outputs[3].text == "2 passed\n"
     assert grade.inert_notebook("not json") == "not json"
+
+
+_LINKS = ["[a](javascript:steal())", "[b](JaVaScRiPt:steal())", "[c]( vbscript:msgbox(1) )",
+          "[d](data:text/html;base64,PHNjcmlwdD4=)", "[e](javascript&#58;steal())",
+          "[f](java&#x09;script:steal())", "[f2](javascript&amp;#58;steal())", "[g](javascript\\:steal())", "[h](DATA\\:text/html,x)",
+          "![i](data:image/svg+xml;base64,PHN2Zz4=)", "[j][ref]\n\n[ref]: javascript:steal()",
+          "<a href='javascript:steal()'>k</a>", "[l](https://pytorch.org)"]
+
+
+@pytest.mark.parametrize("markdown", _LINKS)
+def test_links_in_returned_notebooks_cannot_run_code(markdown):
+    """Every link and image of a learner's Markdown, exported to HTML and read as a browser reads
+    a URL (entities decoded, tabs and line breaks dropped, spaces trimmed), is not a
+    ``javascript:``, ``vbscript:`` or ``data:`` URL."""
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(markdown)]
+    page, _ = HTMLExporter().from_notebook_node(
+        nbformat.reads(grade.inert_notebook(nbformat.writes(nb)), as_version=4))
+    urls = []
+
+    class Links(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            urls.extend(re.sub(r"[\t\n\r]", "", v).strip("".join(map(chr, range(33)))).lower()
+                        for k, v in attrs if k in ("href", "src") and v)
+
+    Links().feed(page[page.index("jp-MarkdownCell"):])
+    assert not [u for u in urls if u.split(":")[0] in ("javascript", "vbscript", "data")], urls
+    if "pytorch" in markdown:
+        assert "https://pytorch.org" in urls  # an ordinary link stays a link

@@ -60,6 +60,8 @@ def test_plain_values_cross_as_themselves():
     array = np.arange(5, dtype=np.int16)
     assert np.array_equal(_round_trip(array), array)
     assert _round_trip(np.int64(7)) == 7 and type(_round_trip(np.int64(7))) is int
+    names = _round_trip([np.str_("bn"), np.bytes_(b"x")])  # what a numpy array's items are
+    assert names == ["bn", b"x"] and [type(n) for n in names] == [str, bytes]
 
 
 class _Equal(int):
@@ -217,17 +219,17 @@ def _judge(path, edit=None, *, discover=False):
     nb = read(path)
     if edit is not None:
         edit(nb)
-    assignment = grade.load_assignment(path)
-    cells = [{"source": c.source, "full": grade._is_exercise_cell(c, assignment)}
-             for c in nb.cells if c.cell_type == "code"]
+    assignment = grade.load_assignment(ROOT / "solutions" / path.name)
+    cells = [{"source": c.source, "full": grade._is_exercise_cell(c, assignment),
+              "id": grade._grade_id(c)} for c in nb.cells if c.cell_type == "code"]
     canonical = {c.name: list(c.args) for a in SOLUTIONS
                  for c in grade.load_assignment(a).checks}
     folder = tempfile.mkdtemp()
     shutil.copyfile(grade.DRAWN_CASES, os.path.join(folder, "drawn.py"))
     checks = [{"id": c.name, "name": c.name, "args": c.args} for c in assignment.checks]
     job = {"cells": cells, "checks": [] if discover else checks, "discover": discover,
-           "canonical": canonical, "cell_timeout": 120, "message_chars": 300,
-           "job_dir": folder}
+           "canonical": canonical, "cell_timeout": 120, "timeout": 600, "wall_backstop": 3.0,
+           "message_chars": 300, "job_dir": folder}
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
@@ -351,6 +353,61 @@ def test_a_patched_measure_does_not_hide_the_memory_used(attack, notes):
     assert results["chunked_loss"][0] == "failed", results["chunked_loss"]
     assert any(note in results["chunked_loss"][1] for note in notes), results["chunked_loss"]
     assert results["fuse_optimizer"][0] == results["rank_levers"][0] == "passed"
+
+
+_PATCH_MEASURE = ("import course_lib.grading.lecture08 as _L\n"
+                  "_L._chunked_run = lambda fn, *a: {'loss': fn(*a), 'largest': 0}\n")
+
+
+@pytest.mark.parametrize("attack", [
+    "def chunked_loss(hidden, weight, targets, chunk_size):\n"
+    "    loss = F.cross_entropy(hidden @ weight.T, targets)\n"
+    "    with open('/proc/self/clear_refs', 'w') as f:\n"
+    "        f.write('5')  # the peak resident memory is reset to what is resident now\n"
+    "    return loss\n",
+    "import os, signal, socket, struct\n"
+    "def _children(pid):\n"
+    "    found = []\n"
+    "    for task in os.listdir(f'/proc/{pid}/task'):\n"
+    "        with open(f'/proc/{pid}/task/{task}/children') as f:\n"
+    "            found += [int(p) for p in f.read().split()]\n"
+    "    return found\n"
+    "def _grader():  # the checker: the parent, or a child of the socket pair's maker\n"
+    "    found = [os.getppid()] if os.getppid() > 1 else []\n"
+    "    for fd in range(3, 64):\n"
+    "        try:\n"
+    "            with socket.socket(fileno=os.dup(fd)) as sock:\n"
+    "                maker = struct.unpack('3i', sock.getsockopt(\n"
+    "                    socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]\n"
+    "        except OSError:\n"
+    "            continue\n"
+    "        found += [pid for pid in _children(maker) if pid != os.getpid()]\n"
+    "    return found\n"
+    "def chunked_loss(hidden, weight, targets, chunk_size):\n"
+    "    stopped = _grader()\n"
+    "    for pid in stopped:\n"
+    "        os.kill(pid, signal.SIGSTOP)  # while the logits are built\n"
+    "    try:\n"
+    "        loss = F.cross_entropy(hidden @ weight.T, targets)\n"
+    "        with open('/proc/self/clear_refs', 'w') as f:\n"
+    "            f.write('5')\n"
+    "    finally:\n"
+    "        for pid in stopped:\n"
+    "            os.kill(pid, signal.SIGCONT)\n"
+    "    return loss\n",
+], ids=["peak reset", "checker stopped, peak reset"])
+@pytest.mark.skipif(not grading.peak_supported(), reason="reads /proc/PID (Linux)")
+def test_a_process_that_resets_its_peak_still_shows_the_memory_it_held(attack):
+    """Lecture 08: ``chunked_loss`` builds the whole logits, patches the dispatch mode's count
+    and resets its own peak resident memory before returning, with the checker stopped
+    meanwhile or not: the checker watched the memory while the call ran, or knows it could not
+    (a stopped process is resumed by SIGCONT, which it notices)."""
+    path = ROOT / "solutions" / "08_more_levers.ipynb"
+    code = _PATCH_MEASURE + "import torch.nn.functional as F\n" + attack
+    results = _judge(path, lambda nb: _set_exercise(nb, "chunked_loss", code))
+    assert results["chunked_loss"][0] == "failed", results["chunked_loss"]
+    assert ("grew by" in results["chunked_loss"][1]
+            or "could not be watched" in results["chunked_loss"][1]), results["chunked_loss"]
 
 
 def test_grade_unmatched_uses_the_solutions_arguments():

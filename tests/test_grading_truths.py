@@ -9,13 +9,16 @@ import pkgutil
 import random
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from notebook_tools import SOLUTIONS, check_calls, definitions
 from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.flop_counter import FlopCounterMode
 
 import course_lib
+from course_lib import grading
 from course_lib.device import GPUS
 from course_lib.grading import (
     lecture00,
@@ -218,10 +221,15 @@ def test_lecture05_written_out_answers_are_the_graders():
 
 
 def test_lecture05_every_peak_is_what_checkpointing_keeps():
-    """Chen et al.'s model, counted block by block: k=1 keeps every input, k=n only the first."""
+    """Chen et al.'s model, counted block by block: k=1 keeps every input and rebuilds the last
+    block; k=n keeps the first block's input only; k=n-1 checkpoints the last block too, and its
+    rebuild costs what checkpointing it saved (lecture 05 measures both to the byte)."""
     n, block, inp, fixed = 6, 100, 10, 50
     assert hidden.every_peak(n, 1, block, inp, fixed) == fixed + n * inp + block - inp
-    assert hidden.every_peak(n, n, block, inp, fixed) == fixed + (n - 1) * block + block
+    assert hidden.every_peak(n, n, block, inp, fixed) == fixed + (n - 1) * block + inp
+    assert hidden.every_peak(n, n - 1, block, inp, fixed) == hidden.every_peak(n, n, block, inp,
+                                                                               fixed)
+    assert hidden.every_peak(n, 2, block, inp, fixed) == fixed + 3 * block + 3 * inp
 
 
 def test_lecture06_written_out_answers_are_the_graders():
@@ -280,3 +288,66 @@ def test_the_truths_are_not_in_the_installed_package():
                 isinstance(v, tuple) and v in measured for v in value.values())), (
                 module.__name__, name)
             assert getattr(value, "__module__", None) != hidden.__name__, (module.__name__, name)
+
+
+# --------------------------------------------------------------------------- every check
+
+
+class _EqualToAll:
+    """An answer that says it equals whatever it is compared with."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+
+def _liar(*args, **kwargs):
+    return _EqualToAll()
+
+
+_CALLS = sorted({(name, len(args)) for path in SOLUTIONS for name, args in check_calls(path)})
+
+
+@pytest.mark.parametrize("check,n_args", _CALLS, ids=[c for c, _ in _CALLS])
+def test_no_check_takes_an_answer_that_equals_everything(check, n_args):
+    """A check compares a learner's answer by its value (``grading.exactly``), never by the
+    answer's own ``__eq__``: nor do the grader's drawn cases."""
+    liars = [_liar] * n_args
+    assert not grading.CHECKS[check](*liars, quiet=True)
+    draw = hidden.CASES.get(check.removeprefix("check_"))
+    if draw is not None:
+        with pytest.raises(grading.CheckFailed):
+            draw(*liars, random.Random(0))
+
+
+@pytest.mark.parametrize("got,truth,same", [
+    (torch.tensor(float("inf"), dtype=torch.float16), 70_000, False),
+    (torch.tensor(float("nan")), 3, False), (float("nan"), float("nan"), False),
+    (torch.tensor(24), 24, True), (torch.tensor([24.0]), 24, True), (24.0, 24, True),
+    (np.int64(24), 24, True), (np.array([[7]]), 7, True), (True, 1, False),
+    (torch.tensor(2, dtype=torch.float16), 2.0, True), ("2", 2, False),
+    (torch.tensor(1.3, dtype=torch.float16), 1.3, False), ([np.str_("bn")], ["bn"], True),
+    ((1, 2.5, "a"), [1, 2.5, "a"], True), ([1, 2], (1, 2, 3), False),
+    (torch.float32, torch.float, True), (_EqualToAll(), None, False), (None, None, True),
+    (_EqualToAll(), torch.float32, False), (_EqualToAll(), "bn", False),
+])
+def test_answers_are_compared_by_their_exact_value(got, truth, same):
+    assert grading.exactly(got, truth) is same
+
+
+_SOLVED = [(path, name, args) for path in SOLUTIONS for name, args in check_calls(path)]
+
+
+@pytest.mark.parametrize("path,check,args", _SOLVED, ids=[c for _, c, _ in _SOLVED])
+def test_a_check_leaves_the_notebooks_random_state_as_it_was(path, check, args):
+    """A check seeds what it builds, and the learner's code may draw too: the notebook's random
+    state is the same after the check as before it."""
+    solution = definitions(path)
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    assert grading.CHECKS[check](*[solution[a] for a in args], quiet=True)
+    assert torch.equal(torch.get_rng_state(), before)

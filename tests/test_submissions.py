@@ -242,6 +242,35 @@ def test_a_submission_is_matched_with_its_solutions_notebook(edit, note):
     assert name == "00_setup.ipynb" and note in why
 
 
+def _without_any_metadata_in_capitals(nb):
+    _without_any_metadata(nb)
+    nb.cells = [c for c in nb.cells if c.cell_type == "code"][:2]  # too few cells to match by
+    return "00_setup.IPYNB"
+
+
+def test_a_notebook_is_matched_by_its_name_in_any_case():
+    nb = read(EXERCISE)
+    assert grade.match(nb, _without_any_metadata_in_capitals(nb), _assignments()) == (
+        "00_setup.ipynb", "")
+
+
+def test_every_file_handed_in_gets_a_row(tmp_path, capsys):
+    """A notebook whose suffix is in capitals is graded; a file that is not a notebook is
+    listed, with the reason; Jupyter's checkpoints and a file browser's hidden files are not."""
+    (tmp_path / "ann").mkdir()
+    (tmp_path / "ann" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "ann" / ".ipynb_checkpoints" / "00_setup-checkpoint.ipynb").write_text("{}")
+    (tmp_path / "ann" / "00_setup.IPYNB").write_text("{ not a notebook")
+    (tmp_path / "ann" / "00_setup.py").write_text("def tensor_nbytes(shape, dtype): ...")
+    (tmp_path / "ann" / ".DS_Store").write_bytes(b"\0")  # left by the learner's file browser
+    assert grade.find_notebooks(tmp_path) == [tmp_path / "ann" / "00_setup.IPYNB",
+                                              tmp_path / "ann" / "00_setup.py"]
+    results = grade.grade(tmp_path, course=ROOT, unsafe_no_sandbox=True)
+    assert [(r.path, r.problem.split(":")[0]) for r in results] == [
+        ("ann/00_setup.IPYNB", "unreadable notebook"), ("ann/00_setup.py", "not graded")]
+    assert results[1].problem == grade.NOT_A_NOTEBOOK
+
+
 def test_a_notebook_of_other_text_is_not_matched():
     nb = read(EXERCISE)
     nb.metadata.pop("course")
@@ -337,8 +366,9 @@ def test_missing_folder_is_a_usage_error(tmp_path, capsys):
 
 def test_without_bubblewrap_the_grader_refuses_to_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sandbox, "find_bwrap", lambda: None)
-    nbformat.write(read(EXERCISE), tmp_path / "00_setup.ipynb")
-    assert grade.main([str(tmp_path), "--course", str(ROOT), "--out",
+    (tmp_path / "in").mkdir()
+    nbformat.write(read(EXERCISE), tmp_path / "in" / "00_setup.ipynb")
+    assert grade.main([str(tmp_path / "in"), "--course", str(ROOT), "--out",
                        str(tmp_path / "s.csv")]) == 2
     err = capsys.readouterr().err
     assert "unsafe_no_sandbox" in err and "bubblewrap" in err
@@ -380,13 +410,28 @@ def test_unmatched_notebooks_are_graded_on_their_own_check_calls_when_asked(tmp_
     assert [(c.name, c.status, c.points) for c in asked.checks] == [
         ("tensor_nbytes", "passed", 1.0), ("pick_training_dtype", "not done", 0.0)]
     assert asked.problem.startswith("not matched with solutions/")
+    assert asked.notebook == "00_setup.ipynb" and asked.max_points == 2
+
+
+def test_an_unmatched_notebook_scores_against_one_assignments_maximum():
+    """``--grade-unmatched``: a notebook whose cells call lecture 01's checks and lecture 00's
+    easy one is graded as lecture 01, on all of its checks; lecture 00's adds nothing."""
+    assignments = _assignments()
+    called = [{"id": f"cell-check-{n}", "name": n}
+              for n in ("tensor_nbytes", "bytes_per_param", "zero_bytes_per_device")]
+    name, checks, note = grade.graded_as(called, assignments)
+    assert name == "01_where_the_memory_goes.ipynb" and note.startswith("not matched")
+    assert [(c.name, c.max_points) for c in checks] == [
+        (c.name, c.points) for c in assignments[name].checks]
+    assert [c.grade_id for c in checks if c.grade_id.startswith("cell-check-")] == [
+        "cell-check-bytes_per_param", "cell-check-zero_bytes_per_device"]
+    assert grade.graded_as([], assignments)[:2] == ("", [])
 
 
 @needs_sandbox
 def test_every_solution_earns_full_marks_from_the_sandboxed_checks():
-    # The checks load only the learner's definitions (exercise cells in full, other cells'
-    # imports, functions, classes and constants) and watch for changes to course_lib and torch:
-    # neither may cost a real solution a point.
+    # The judge runs every cell as Jupyter does (check calls left out) and each check reads the
+    # names its check cell saw: that may not cost a real solution a point.
     from concurrent.futures import ThreadPoolExecutor
 
     run = grade._Run(ROOT, [ROOT], sandbox.Limits(), False, 600.0, 60.0)

@@ -17,7 +17,7 @@ Writing a check::
 
     @grader
     def check_tensor_bytes(fn):
-        expect(fn((2, 3), torch.float32) == 24, "a (2, 3) fp32 tensor has 24 bytes",
+        expect(exactly(fn((2, 3), torch.float32), 24), "a (2, 3) fp32 tensor has 24 bytes",
                hint="multiply the element count by the bytes per element")
 """
 
@@ -28,9 +28,15 @@ import importlib
 import os
 import pkgutil
 import re
+import signal
+import sys
 import textwrap
+import threading
+import time
 import traceback
 from collections.abc import Callable
+
+import torch
 
 #: Every registered check, by name (``check_tensor_bytes`` -> function).
 CHECKS: dict[str, Callable[..., bool]] = {}
@@ -69,7 +75,7 @@ def expect(condition: bool, message: str, *, hint: str | None = None) -> None:
 
     Example::
 
-        expect(fn((2, 3), torch.float32) == 24, "a (2, 3) fp32 tensor has 24 bytes",
+        expect(exactly(fn((2, 3), torch.float32), 24), "a (2, 3) fp32 tensor has 24 bytes",
                hint="multiply the element count by the bytes per element")
     """
     if not isinstance(message, str):
@@ -78,6 +84,73 @@ def expect(condition: bool, message: str, *, hint: str | None = None) -> None:
         raise ValueError(f"hint must be a str or None, got {hint!r}")
     if not condition:
         raise CheckFailed(message, hint)
+
+
+def seed_cpu(seed: int) -> None:
+    """Seed the CPU's random generator, which builds a check's models and data on the CPU.
+
+    ``torch.manual_seed`` would also reseed every GPU's generator, outside the CPU state that
+    each check restores when it ends (:func:`grader`): a check leaves a learner's random
+    state as it found it.
+
+    Args:
+        seed (int): the seed.
+    """
+    torch.default_generator.manual_seed(seed)
+
+
+def _as_number(value):
+    """``value`` as a Python int or float when it is one real number (a Python, numpy or torch
+    scalar, or a tensor or array of one element: its exact ``.item()``), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):  # int.__int__: a subclass's own __eq__ and __int__ play no part
+        return int.__int__(value)
+    if isinstance(value, float):  # numpy's float64 too
+        return float.__float__(value)
+    numpy = sys.modules.get("numpy")
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype == torch.bool or value.is_complex():
+            return None
+    elif numpy is None or not isinstance(value, numpy.generic | numpy.ndarray) or (
+            value.size != 1 or value.dtype.kind not in "iuf"):
+        return None
+    item = value.item()
+    return item if type(item) in (int, float) else None
+
+
+def exactly(got, truth) -> bool:
+    """Whether the learner's answer ``got`` is ``truth``, compared as Python compares plain values.
+
+    ``got == truth`` alone lets an answer choose how it compares: a float16 tensor holding
+    ``inf`` equals every integer from 65,520 up (the integer is cast to float16 first), an
+    object may define ``__eq__`` to say yes. Here a number is compared by its exact value (a
+    one-element tensor or array by its ``.item()``; NaN equals nothing, ``inf`` no finite
+    truth), a str as a str, and the rest by identity.
+
+    Args:
+        got: what the learner's function returned.
+        truth: a number (as ``got``), a str, None, a bool, a ``torch.dtype`` or an enum member
+            (compared by identity), or a list or tuple of these (``got`` then any list or tuple
+            of as many items, compared item by item).
+
+    Returns:
+        bool: True when ``got`` is ``truth``.
+
+    Example::
+
+        expect(exactly(fn((2, 3), torch.float32), 24), "a (2, 3) fp32 tensor has 24 bytes")
+    """
+    if isinstance(truth, list | tuple):
+        return (isinstance(got, list | tuple) and len(got) == len(truth)
+                and all(exactly(a, b) for a, b in zip(got, truth)))
+    if isinstance(truth, str):
+        return isinstance(got, str) and str.__str__(got) == truth
+    number = _as_number(truth)
+    if number is not None:
+        got = _as_number(got)
+        return got is not None and got == number
+    return got is truth
 
 
 def observe(measure: Callable, fn: Callable, *args, **kwargs):
@@ -101,29 +174,30 @@ def observe(measure: Callable, fn: Callable, *args, **kwargs):
     return measure(fn, *args, **kwargs)
 
 
-def _reset_peak(pid: int) -> int | None:
+def _reset_peak(pid: int) -> bool:
     """Reset the peak resident memory (``VmHWM``) of process ``pid`` to its current resident
-    memory (Linux: ``5`` written to ``/proc/PID/clear_refs``); that peak, or None when the
-    process's files cannot be written (another OS, or a process that made itself unreadable)."""
+    memory (Linux: ``5`` written to ``/proc/PID/clear_refs``); False when the process's files
+    cannot be written (another OS, or a process that made itself unreadable)."""
     try:
         with open(f"/proc/{pid}/clear_refs", "w") as f:
             f.write("5")
     except OSError:
-        return None
-    return _read_peak(pid)
+        return False
+    return True
 
 
-def _read_peak(pid: int) -> int | None:
-    """The peak resident memory of process ``pid`` since its last reset, in bytes (None if
-    unreadable)."""
+def _memory(pid: int) -> tuple[int, int] | None:
+    """``(resident now, peak resident since the last reset)`` of process ``pid``, in bytes
+    (``VmRSS`` and ``VmHWM``); None if unreadable."""
+    found = {}
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    found[line[:5]] = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return None
+    return (found["VmRSS"], found["VmHWM"]) if len(found) == 2 else None
 
 
 def peak_supported() -> bool:
@@ -135,15 +209,108 @@ def peak_supported() -> bool:
     return os.path.exists("/proc/self/clear_refs")
 
 
+#: Seconds between two looks at the memory of the process running the learner's code while the
+#: grader watches it (:func:`observe_peak`); a gap between looks long enough to hide a stop of
+#: the checker, when a SIGCONT arrives as it ends; and the longest gap a measurement may hold.
+PEAK_INTERVAL, PEAK_STOP_GAP, PEAK_GAP = 0.0005, 0.01, 0.1
+#: Calls of the learner's function :func:`observe_peak` may make before it gives up.
+PEAK_TRIES = 3
+
+
+class _Watch(threading.Thread):
+    """Looks at process ``pid``'s memory every :data:`PEAK_INTERVAL` seconds until finished:
+    the most it saw resident (and its peak since our reset, where ``hwm``), whether a look
+    failed, the gaps between looks longer than :data:`PEAK_STOP_GAP`, and when it found a
+    SIGCONT noted on the descriptor ``woken`` (the signal's wakeup descriptor)."""
+
+    def __init__(self, pid: int, hwm: bool, woken: int | None):
+        super().__init__(daemon=True)
+        self.pid, self.hwm, self.woken = pid, hwm, woken
+        self.peak, self.failed, self.gaps, self.resumed = 0, False, [], []
+        self.last = time.monotonic()
+        self.done = threading.Event()
+
+    def look(self) -> None:
+        now = time.monotonic()
+        if now - self.last > PEAK_STOP_GAP:
+            self.gaps.append((self.last, now))
+        self.last = now
+        try:
+            if self.woken is not None and signal.SIGCONT in os.read(self.woken, 4096):
+                self.resumed.append(now)
+        except BlockingIOError:
+            pass
+        memory = _memory(self.pid)
+        if memory is None:
+            self.failed = True
+        else:
+            self.peak = max(self.peak, memory[0], memory[1] if self.hwm else 0)
+
+    def run(self) -> None:
+        while not self.done.wait(PEAK_INTERVAL):
+            self.look()
+
+    def finish(self) -> None:
+        self.done.set()
+        self.join()
+        self.look()
+
+    def missed(self) -> bool:
+        """Whether the watch may have missed something: a gap longer than :data:`PEAK_GAP`, or
+        one that ended as a SIGCONT came (what ends a stop)."""
+        return any(end - start > PEAK_GAP or any(
+            end - PEAK_STOP_GAP <= t <= end + PEAK_STOP_GAP for t in self.resumed)
+            for start, end in self.gaps)
+
+
+def _watched(measure: Callable, fn: Callable, pid: int, *args, **kwargs):
+    """One call of ``fn`` under a :class:`_Watch` of process ``pid``: ``(what measure returned,
+    growth in bytes or None if unreadable, whether the watch may have missed something)``."""
+    start = _memory(pid)
+    if start is None:
+        return observe(measure, fn, *args, **kwargs), None, False
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    try:  # the signal's C handler writes its number to ``write`` at once, in whatever thread
+        previous = signal.signal(signal.SIGCONT, lambda *_: None)
+        wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread (never so in the grader's checker)
+        previous = wakeup = None
+    watch = _Watch(pid, _reset_peak(pid), None if previous is None else read)
+    watch.start()
+    try:
+        result = observe(measure, fn, *args, **kwargs)
+    finally:
+        watch.finish()
+        if previous is not None:
+            signal.set_wakeup_fd(wakeup)
+            signal.signal(signal.SIGCONT, previous)
+        os.close(read)
+        os.close(write)
+    grown = None if watch.failed else max(0, watch.peak - start[0])
+    return result, grown, watch.missed()
+
+
 def observe_peak(measure: Callable, fn: Callable, *args, **kwargs):
-    """:func:`observe`, and how much the peak resident memory of the process running ``fn`` grew
+    """:func:`observe`, and how much the resident memory of the process running ``fn`` grew
     while it ran, measured from outside that process under the grader.
 
-    Memory is the one effect of the learner's code that the operating system counts for it:
-    under the grader, the check's process resets the learner's process's peak resident memory
-    and reads it back after the call (``/proc/PID/clear_refs`` and ``VmHWM``, Linux), so code
-    in the learner's process cannot report a smaller figure (it could only start other
-    processes, whose memory is not counted). In a notebook it is this process's own.
+    Memory is the one effect of the learner's code that the operating system counts for it. In
+    a notebook the figure is this process's own peak since a reset (``/proc/self/clear_refs``
+    and ``VmHWM``, Linux). Under the grader, where ``fn`` runs in the learner's process, that
+    process could reset its own peak before it returns; so a thread of the checker's process,
+    which no learner code reaches, looks at it every :data:`PEAK_INTERVAL` seconds while the
+    call runs (``VmRSS``, and ``VmHWM`` since the checker's own reset). A reset lowers the peak
+    the learner's process reports, never the memory it holds, and a large tensor stays resident
+    far longer than between two looks while it is written and read (the 256 MiB of lecture 08's
+    logits: tens of milliseconds on a fast, idle machine; a busy machine slows both alike). The
+    learner's code could stop the checker meanwhile, but only SIGCONT resumes a stopped process,
+    and the checker notes when one arrives: a call whose watch paused for longer than
+    :data:`PEAK_STOP_GAP` as a SIGCONT came, or for longer than :data:`PEAK_GAP` whatever the
+    cause, is made again, up to :data:`PEAK_TRIES` times, and None is returned if none was
+    watched throughout (or the process could not be read). Other processes the learner's code
+    starts are not counted.
 
     Args:
         measure (callable): as for :func:`observe`.
@@ -151,16 +318,23 @@ def observe_peak(measure: Callable, fn: Callable, *args, **kwargs):
 
     Returns:
         tuple: ``(what measure returned, growth in bytes)``; the growth is None where it could
-        not be measured (another OS than Linux, or a process that made itself unreadable).
+        not be measured (another OS than Linux, or as above).
     """
-    if getattr(type(fn), "__course_remote__", None) is not None:
-        pid = getattr(fn, "__course_pid__", None)
-    else:
+    if getattr(type(fn), "__course_remote__", None) is None:
         pid = os.getpid()
-    start = _reset_peak(pid) if isinstance(pid, int) else None
-    result = observe(measure, fn, *args, **kwargs)
-    end = _read_peak(pid) if start is not None else None
-    return result, (None if end is None else max(0, end - start))
+        reset = _reset_peak(pid)
+        start = _memory(pid)
+        result = observe(measure, fn, *args, **kwargs)
+        end = _memory(pid) if reset and start is not None else None
+        return result, (None if end is None else max(0, end[1] - start[0]))
+    pid = getattr(fn, "__course_pid__", None)
+    if not isinstance(pid, int):
+        return observe(measure, fn, *args, **kwargs), None
+    for _ in range(PEAK_TRIES):
+        result, grown, missed = _watched(measure, fn, pid, *args, **kwargs)
+        if not missed:
+            return result, grown
+    return result, None
 
 
 def _describe(exc: BaseException) -> str:
@@ -196,7 +370,8 @@ def grader(body: Callable[..., None]) -> Callable[..., bool]:
 
     Returns:
         The check, registered in :data:`CHECKS`; its docstring is ``body``'s with the ``quiet``
-        switch and what every check returns added (:data:`CHECK_DOC`).
+        switch and what every check returns added (:data:`CHECK_DOC`). The CPU's random state
+        is restored when the check ends, whatever the body and the learner's code drew.
 
     Raises:
         ValueError: if ``body`` is not named ``check_NAME``, or NAME is one of :data:`RESERVED`
@@ -220,7 +395,8 @@ def grader(body: Callable[..., None]) -> Callable[..., bool]:
                 print(line)
 
         try:
-            body(*args, **kwargs)
+            with torch.random.fork_rng(devices=[]):  # the notebook's random state stays its own
+                body(*args, **kwargs)
         except CheckFailed as exc:
             hint = f" Hint: {exc.hint}" if exc.hint else ""
             say(f"{FAIL} {name}: {exc.message}.{hint}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import expect, grader
+from . import exactly, expect, grader
 
 
 @grader
@@ -24,7 +24,8 @@ def check_tensor_nbytes(fn):
     for shape, dtype in cases:
         truth = torch.empty(shape, dtype=dtype).untyped_storage().nbytes()
         got = fn(shape, dtype)
-        expect(got == truth, f"tensor_nbytes({shape}, {dtype}) returned {got!r}, expected {truth}",
+        expect(exactly(got, truth),
+               f"tensor_nbytes({shape}, {dtype}) returned {got!r}, expected {truth}",
                hint="elements = product of the shape; bytes per element depends on the dtype "
                     "(torch.empty((), dtype=dtype).element_size())")
 
@@ -44,7 +45,7 @@ def check_pick_training_dtype(fn):
     """
     for device_type, bf16, truth in DTYPE_CASES:
         got = fn(device_type, bf16)
-        expect(got == truth, f"pick_training_dtype({device_type!r}, has_native_bf16={bf16}) "
+        expect(exactly(got, truth), f"pick_training_dtype({device_type!r}, has_native_bf16={bf16}) "
                f"returned {got!r}, expected {truth}",
                hint="bf16 on GPUs that support it natively, fp16 (with GradScaler) on older GPUs "
                     "such as the T4, fp32 on the CPU; a Mac's GPU (mps) follows the GPUs' rule")

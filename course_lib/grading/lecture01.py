@@ -18,7 +18,7 @@ import numbers
 
 from ..device import GPUS
 from ..units import GiB
-from . import expect, grader
+from . import exactly, expect, grader
 
 #: ``(optimizer, precision, bytes per parameter)``: 16-bit or fp32 weights and gradients, an
 #: fp32 master copy in the mixed recipes, and the optimizer's state tensors (0, 1 or 2) in the
@@ -86,7 +86,7 @@ def check_bytes_per_param(fn):
                 if precision.endswith("mixed") else
                 "pure bf16 keeps everything in 2 bytes and has no master copy"
                 if precision == "bf16" else "fp32 keeps everything in 4 bytes")
-        expect(got == truth, f"bytes_per_param({args}) returned {got}, expected {truth}",
+        expect(exactly(got, truth), f"bytes_per_param({args}) returned {got}, expected {truth}",
                hint=hint + "; SGD keeps no state, SGD with momentum one buffer, Adam two (m, v)")
 
 
@@ -101,7 +101,8 @@ def check_zero_bytes_per_device(fn):
         got = fn(P, stage, N)
         args = f"{P}, zero_stage={stage}, world_size={N}"
         _int_answer("zero_bytes_per_device", got, args)
-        expect(got == truth, f"zero_bytes_per_device({args}) returned {got}, expected {truth} "
+        expect(exactly(got, truth),
+               f"zero_bytes_per_device({args}) returned {got}, expected {truth} "
                f"(= {truth / GiB:.2f} GiB)",
                hint="16 bytes/param = 2 (16-bit weights) + 2 (16-bit grads) + K = 12 (fp32 master, "
                     "m, v); stage 1 shards the K bytes, stage 2 also the grads, stage 3 also the "
@@ -161,7 +162,7 @@ def check_gpus_needed(fn):
             continue
         expect(_is_int(got), f"gpus_needed({args}) returned {got!r}, expected the int {truth}",
                hint="return a whole number of GPUs, or None when no number is enough")
-        expect(got == truth, f"gpus_needed({args}) returned {got}, expected {truth}",
+        expect(exactly(got, truth), f"gpus_needed({args}) returned {got}, expected {truth}",
                hint="the smallest N with a*P + b*P/N <= capacity: round up, and a model that "
                     "fits exactly fits; per device: stage 0 16P, stage 1 4P + 12P/N, "
                     "stage 2 2P + 14P/N, stage 3 16P/N")

@@ -26,7 +26,7 @@ from course_lib.prediction.engine import predict_step_memory
 
 from ..device import GPUS
 from ..units import storage_bytes, storage_key
-from . import expect, grader, observe
+from . import exactly, expect, grader, observe, seed_cpu
 
 
 @grader
@@ -39,12 +39,13 @@ def check_mlp_saved_bytes(fn):
     cases = [(2, 8, 16, torch.float32, 0.0), (3, 5, 32, torch.float32, 0.1),
              (1, 7, 24, torch.bfloat16, 0.2), (4, 3, 8, torch.bfloat16, 0.0)]
     for b, s, h, dtype, p in cases:
-        torch.manual_seed(0)
+        seed_cpu(0)
         mlp = MLP(GPTConfig(d_model=h, n_heads=1, dropout=p)).to(dtype).train()
         x = torch.randn(b, s, h, dtype=dtype, requires_grad=True)
         truth = saved_bytes(mlp(x), mlp.parameters())
         got = fn(b, s, h, dtype, p)
-        expect(got == truth, f"mlp_saved_bytes({b}, {s}, {h}, {dtype}, dropout={p}) returned "
+        expect(exactly(got, truth),
+               f"mlp_saved_bytes({b}, {s}, {h}, {dtype}, dropout={p}) returned "
                f"{got!r}, measured {truth}",
                hint="list what each op keeps: fc keeps its input (b*s*h), GELU its input "
                     "(b*s*4h), proj its input (GELU's output, b*s*4h), and dropout with p > 0 its "
@@ -66,7 +67,7 @@ def _hook_truth(build):
 
 
 def _sequential():
-    torch.manual_seed(0)
+    seed_cpu(0)
     model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(),
                           nn.Linear(24, 6))
     x = torch.randn(5, 12, requires_grad=True)
@@ -74,7 +75,7 @@ def _sequential():
 
 
 def _mlp_with_dropout():
-    torch.manual_seed(0)
+    seed_cpu(0)
     mlp = MLP(GPTConfig(d_model=16, n_heads=1, dropout=0.1)).train()
     x = torch.randn(3, 4, 16, requires_grad=True)
     return mlp(x), list(mlp.parameters())
@@ -82,7 +83,7 @@ def _mlp_with_dropout():
 
 def _gpt_sdpa():
     # (Explicit attention would also keep a 0-d float64 for 1/sqrt(d), which hooks never see.)
-    torch.manual_seed(0)
+    seed_cpu(0)
     cfg = GPTConfig(vocab_size=30, seq_len=8, d_model=16, n_heads=2, n_layers=1, attention="sdpa")
     model = GPT(cfg).to(torch.bfloat16)
     x, y = (t.clone() for t in random_tokens(cfg, 2))
@@ -103,7 +104,7 @@ def _distinct_answer(fn, name: str):
 def _drawn_sequential(widths: list[int], acts: list[str], batch: int, seed: int):
     """A ``nn.Sequential`` of Linear layers of ``widths`` with the activations ``acts`` between
     them (``"relu"``, ``"tanh"``, ``"gelu"``), run on a seeded batch: ``(output, params)``."""
-    torch.manual_seed(seed)
+    seed_cpu(seed)
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(widths, widths[1:])):
         layers.append(nn.Linear(a, b))
@@ -128,7 +129,8 @@ def check_distinct_saved_bytes(fn):
     for name, build in _BUILDS.items():
         truth = _hook_truth(build)[2]
         got = observe(_distinct_answer, fn, name)
-        expect(got == truth, f"for {name} you returned {got!r}, autograd keeps {truth} bytes",
+        expect(exactly(got, truth),
+               f"for {name} you returned {got!r}, autograd keeps {truth} bytes",
                hint="one row per (node, saved tensor), but several rows can share one storage "
                     "(ReLU's output is also the next Linear's input; sdpa keeps q, k, v as views "
                     "of one tensor): count each storage_id once, at its nbytes, and skip "
@@ -169,7 +171,8 @@ def check_largest_batch(fn):
             "gpu on: a T4 picks other kernels than an A100")
     for s, capacity, precision, truth in MEASURED_CASES:
         got = fn(SMALL, s, capacity, precision, None)
-        expect(got == truth, f"largest_batch(d_model={SMALL.d_model}, n_layers={SMALL.n_layers}, "
+        expect(exactly(got, truth),
+               f"largest_batch(d_model={SMALL.d_model}, n_layers={SMALL.n_layers}, "
                f"seq_len={s}, capacity={capacity:,}, {precision!r}, gpu=None) returned {got!r}; "
                f"measured on the CPU, {truth} sequences fit", hint=hint)
 
@@ -184,6 +187,7 @@ def check_largest_batch(fn):
         while need(cfg, truth + 1, s, precision, gpu) <= capacity:
             truth += 1
         got = fn(cfg, s, capacity, precision, gpu)
-        expect(got == truth, f"largest_batch(d_model={cfg.d_model}, n_layers={cfg.n_layers}, "
+        expect(exactly(got, truth),
+               f"largest_batch(d_model={cfg.d_model}, n_layers={cfg.n_layers}, "
                f"seq_len={s}, capacity={capacity:,}, {precision!r}, gpu={gpu!r}) returned "
                f"{got!r}, expected {truth}", hint=hint)

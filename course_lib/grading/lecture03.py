@@ -15,14 +15,25 @@ import torch.nn.functional as F
 
 from course_lib.model.gpt import GPT, GPTConfig
 
-from . import expect, grader, observe
+from . import expect, grader, observe, seed_cpu
 
 _CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
 
 
-def _gpt(seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(_CFG)
+class _BatchCoupledGPT(GPT):
+    """The course GPT whose blocks see their input less half its mean over the batch, which
+    couples the sequences of one forward pass as a BatchNorm does: its gradient depends on which
+    sequences share a pass. Its reference is therefore the micro-batches' own sum, and a
+    function that runs the whole batch at once (through ``model.forward`` or any other door,
+    whatever it shows a hook) gets another gradient."""
+
+    def run_blocks(self, x):
+        return super().run_blocks(x - 0.5 * x.mean(dim=0, keepdim=True))
+
+
+def _gpt(seed: int = 0, coupled: bool = False) -> GPT:
+    seed_cpu(seed)
+    return (_BatchCoupledGPT if coupled else GPT)(_CFG)
 
 
 def _tokens(batch: int, seed: int):
@@ -37,6 +48,35 @@ def _full_batch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     logits = model(x)
     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
     return list(torch.autograd.grad(loss, list(model.parameters()))), loss.item()
+
+
+def _micro_batch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
+    """The reference ``(gradients, loss)`` of accumulation, pass by pass: one forward and
+    backward per micro-batch, each micro-batch's summed token loss divided by the batch's
+    targets that are not -100 (without padding: its mean divided by K)."""
+    model = copy.deepcopy(model)
+    params = list(model.parameters())
+    grads = [torch.zeros_like(p) for p in params]
+    tokens, total = (y != -100).sum(), 0.0
+    for i in range(0, x.size(0), micro):
+        logits = model(x[i:i + micro])
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y[i:i + micro].reshape(-1),
+                               ignore_index=-100, reduction="sum") / tokens
+        for g, d in zip(grads, torch.autograd.grad(loss, params)):
+            g += d
+        total += loss.item()
+    return grads, total
+
+
+def _whole_batch_at_once(grads, model: nn.Module, x, y) -> None:
+    """Fail when ``grads`` are those of one pass over the whole batch through the coupled model."""
+    whole, _ = _full_batch_grads(model, x, y)
+    got = torch.cat([g.flatten() for g in grads])
+    expect(not torch.allclose(got, torch.cat([g.flatten() for g in whole]), rtol=1e-4, atol=1e-6),
+           "the gradients are those of one forward pass over the whole batch (this model couples "
+           "the sequences of a forward pass, as BatchNorm does, so its gradient tells)",
+           hint="run the model on one micro-batch at a time, model(inputs[i:i + "
+                "micro_batch_size]), and call backward() on each micro-batch's loss")
 
 
 class _MicroBatchRecorder:
@@ -82,10 +122,11 @@ def _loss_answer(loss):
     return repr(loss)[:200]
 
 
-def _accumulate_run(fn, batch: int, micro: int, seed: int, padded: list | None = None) -> dict:
+def _accumulate_run(fn, batch: int, micro: int, seed: int, padded: list | None = None,
+                    coupled: bool = False) -> dict:
     """Run ``fn`` on the case's model (beside the learner's code): the gradients it left, the
     loss it returned and the batch size of every forward call."""
-    model = _gpt(seed)
+    model = _gpt(seed, coupled)
     x, y = _tokens(batch, seed) if padded is None else _padded_tokens(padded, seed)
     for p in model.parameters():  # leftovers from an earlier step must not survive
         p.grad = torch.ones_like(p) if padded is None else None
@@ -122,6 +163,16 @@ def check_accumulate_gradients(fn):
         expect(isinstance(loss, float | int | torch.Tensor) and abs(float(loss) - ref_loss) < 1e-4,
                f"for {what}, you returned the loss {loss!r}; the batch's mean loss is {ref_loss:.6f}",
                hint="return the sum of the micro-batch losses you called backward() on, as a float")
+    # What ran, told by the gradient itself: a model that couples the sequences of a pass.
+    batch, micro, seed = 8, 2, 4
+    x, y = _tokens(batch, seed)
+    reference, _ = _micro_batch_grads(_gpt(seed, coupled=True), x, y, micro)
+    grads = observe(_accumulate_run, fn, batch, micro, seed, coupled=True)["grads"]
+    expect(all(g is not None for g in grads), "after a batch of 8 in micro-batches of 2, some "
+           "parameters have no .grad", hint="call .backward() on each micro-batch's loss")
+    _whole_batch_at_once(grads, _gpt(seed, coupled=True), x, y)
+    _compare_grads(grads, reference, f"a batch of {batch} in micro-batches of {micro}, through a "
+                   "model that couples the sequences of a forward pass", batch // micro)
 
 
 def _padded_tokens(lengths: list[int], seed: int):
@@ -163,6 +214,21 @@ def check_accumulate_padded(fn):
                f"tokens is {ref_loss:.6f}",
                hint="a micro-batch of padding only has a mean loss of 0/0 = NaN: sum the token "
                     "losses (reduction='sum') and divide the total by the batch's real tokens")
+    lengths, micro, seed = [8, 3, 0, 5, 8, 1], 2, 5
+    x, y = _padded_tokens(lengths, seed)
+    reference, _ = _micro_batch_grads(_gpt(seed, coupled=True), x, y, micro)
+    grads = observe(_accumulate_run, fn, len(lengths), micro, seed, lengths, coupled=True)["grads"]
+    expect(all(g is not None and bool(torch.isfinite(g).all()) for g in grads),
+           f"for sequences of lengths {lengths}, some gradients are missing or not finite",
+           hint="sum the token losses (F.cross_entropy(..., reduction='sum'))")
+    _whole_batch_at_once(grads, _gpt(seed, coupled=True), x, y)
+    got = torch.cat([g.flatten() for g in grads])
+    ref = torch.cat([g.flatten() for g in reference])
+    expect(torch.allclose(got, ref, rtol=1e-4, atol=1e-6),
+           f"for sequences of lengths {lengths} in micro-batches of {micro}, through a model that "
+           "couples the sequences of a forward pass, .grad differs from the micro-batches' sum",
+           hint="one forward and backward per micro-batch, each its summed token loss divided "
+                "by the batch's real tokens")
 
 
 class _BatchCenter(nn.Module):
@@ -173,7 +239,7 @@ class _BatchCenter(nn.Module):
 
 
 def _coupling_model() -> tuple[nn.Module, set[str]]:
-    torch.manual_seed(0)
+    seed_cpu(0)
     model = nn.Sequential()
     model.add_module("fc1", nn.Linear(6, 8))
     model.add_module("bn", nn.BatchNorm1d(8))
@@ -190,7 +256,7 @@ def _coupling_model() -> tuple[nn.Module, set[str]]:
 
 
 def _conv_model() -> tuple[nn.Module, set[str]]:
-    torch.manual_seed(1)
+    seed_cpu(1)
     body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
                          nn.GroupNorm(2, 4), nn.InstanceNorm2d(4))
     model = nn.Sequential()
@@ -211,7 +277,7 @@ COUPLED_KINDS = {"bn", "center"}
 
 def _drawn_coupling_model(kinds: list[tuple[str, str]], seed: int) -> nn.Module:
     """A ``nn.Sequential`` of ``(name, kind)`` layers of :data:`_LAYERS`, 8 features wide."""
-    torch.manual_seed(seed)
+    seed_cpu(seed)
     model = nn.Sequential()
     for name, kind in kinds:
         model.add_module(name, _LAYERS[kind]())
@@ -243,7 +309,7 @@ def check_batch_coupled_modules(fn):
         expect(isinstance(got, list | set | tuple) and all(isinstance(n, str) for n in got),
                f"returned {got!r}; expected a list of module names (str)",
                hint="names as model.named_modules() gives them, e.g. 'bn' or 'body.1'")
-        got = set(got)
+        got = {str.__str__(n) for n in got}  # a str's own value, whatever its __eq__
         missing, extra = sorted(truth - got), sorted(got - truth)
         layers = {name: type(m).__name__ for name, m in model.named_modules()}
         expect(not missing, f"missed {[f'{n} ({layers.get(n)})' for n in missing]}",
@@ -270,10 +336,10 @@ class _StepRecorder:
              for p in self.params]).clone()))
 
 
-def _epoch_run(fn, n: int, micro: int, K: int) -> dict:
+def _epoch_run(fn, n: int, micro: int, K: int, coupled: bool = False) -> dict:
     """Train one epoch with ``fn`` (beside the learner's code): the gradient each optimizer
     step saw and the batch size of every forward call."""
-    model = _gpt(n)
+    model = _gpt(n, coupled)
     x, y = _tokens(n, n)
     recorder = _StepRecorder(model)
     sizes = _MicroBatchRecorder(model)
@@ -294,13 +360,16 @@ def check_epoch_windows(fn):
     Args:
         fn (callable): the learner's ``train_epoch``, called as above.
     """
-    cases = ((20, 2, 4), (14, 2, 3), (16, 2, 4), (12, 4, 2))  # windows 4,4,2 / 3,3,1 / 4,4 / 2
-    for n, micro, K in cases:
-        model = _gpt(n)
+    # windows 4,4,2 / 3,3,1 / 4,4 / 2,1; the last through a model that couples the sequences of
+    # a forward pass, whose gradients tell the micro-batches from a window run at once
+    cases = ((20, 2, 4, False), (14, 2, 3, False), (16, 2, 4, False), (12, 4, 2, False),
+             (6, 1, 4, True))
+    for n, micro, K, coupled in cases:
+        model = _gpt(n, coupled)
         x, y = _tokens(n, n)
         micro_batches = n // micro
         windows = [list(range(s, min(s + K, micro_batches))) for s in range(0, micro_batches, K)]
-        run = observe(_epoch_run, fn, n, micro, K)
+        run = observe(_epoch_run, fn, n, micro, K, coupled)
         sizes, seen_steps = run["sizes"], run["seen"]
         what = (f"{n} sequences in micro-batches of {micro} with K = {K} "
                 f"(windows of {[len(w) for w in windows]} micro-batches)")
@@ -315,10 +384,16 @@ def check_epoch_windows(fn):
                else "step once per window of K micro-batches, not once per micro-batch")
         for number, (window, seen) in enumerate(zip(windows, seen_steps), start=1):
             first, last = window[0] * micro, (window[-1] + 1) * micro
-            reference, _ = _full_batch_grads(model, x[first:last], y[first:last])
+            reference, _ = _micro_batch_grads(model, x[first:last], y[first:last], micro)
             ref = torch.cat([g.flatten() for g in reference])
             if torch.allclose(seen, ref, rtol=1e-4, atol=1e-6):
                 continue
+            if coupled and torch.allclose(seen, torch.cat([g.flatten() for g in _full_batch_grads(
+                    model, x[first:last], y[first:last])[0]]), rtol=1e-4, atol=1e-6):
+                expect(False, f"for {what}, optimizer step {number} saw the gradient of one "
+                       "forward pass over its whole window (this model couples the sequences of "
+                       "a forward pass, as BatchNorm does, so its gradient tells)",
+                       hint="run the model on one micro-batch at a time")
             ratio = (seen.norm() / ref.norm()).item()
             if len(window) < K and abs(ratio - len(window) / K) < 0.02:
                 hint = (f"the last window holds {len(window)} micro-batches, not K = {K}: divide "

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.training.checkpointing import measure_kept_bytes
 
-from . import expect, grader, observe
+from . import exactly, expect, grader, observe, seed_cpu
 
 
 def _per_block_reference(blocks, x):
@@ -35,13 +35,13 @@ _BLOCKS_CONFIG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_l
 
 def _blocks_case():
     """The case's model (seeded) and batch."""
-    torch.manual_seed(0)
+    seed_cpu(0)
     model = GPT(_BLOCKS_CONFIG)
     return model, random_tokens(_BLOCKS_CONFIG, 4, seed=1)
 
 
 def _blocks_grads(model, x, y):
-    torch.manual_seed(3)
+    seed_cpu(3)
     model(x, y)[1].backward()
     return [p.grad for p in model.parameters()]
 
@@ -91,9 +91,11 @@ def check_checkpoint_blocks(fn):
     reference.run_blocks = lambda h: _per_block_reference(reference.blocks, h)
     kept = run["kept"]
     truth, plain_kept = (measure_kept_bytes(m, x, y) for m in (reference, plain))
-    expect(kept != plain_kept, f"the model keeps {kept:,} bytes between forward and backward, as "
+    expect(not exactly(kept, plain_kept),
+           f"the model keeps {kept:,} bytes between forward and backward, as "
            "many as without checkpointing", hint="call torch.utils.checkpoint.checkpoint on each block")
-    expect(kept == truth, f"the model keeps {kept:,} bytes between forward and backward; checkpointing "
+    expect(exactly(kept, truth),
+           f"the model keeps {kept:,} bytes between forward and backward; checkpointing "
            f"each block separately keeps {truth:,}",
            hint="one checkpoint per block (not one around the whole loop): each keeps its input")
 
@@ -132,7 +134,8 @@ def check_choose_segments(fn):
     config, batch = SEGMENTS_CONFIG, SEGMENTS_BATCH
     for budget, want in SEGMENT_CASES:
         got = fn(config, batch, budget)
-        expect(got == want, f"choose_segments(config, {batch}, budget={budget:,}) returned {got!r}, "
+        expect(exactly(got, want),
+               f"choose_segments(config, {batch}, budget={budget:,}) returned {got!r}, "
                f"expected {want!r}",
                hint="try every segment count from 1 to config.n_layers: keep those whose "
                     "predict_step_memory(config, batch_size, mode='sqrt', segments=k).total is at "

@@ -14,11 +14,16 @@ import random
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
-from . import expect, grader
+from . import exactly, expect, grader, seed_cpu
 
 _aten = torch.ops.aten
 _SAVE = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
 _RECOMPUTE = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
+
+
+def _one_of(got, policies) -> bool:
+    """Whether ``got`` is one of ``policies`` (enum members: by identity, not by ``==``)."""
+    return any(exactly(got, policy) for policy in policies)
 
 
 @grader
@@ -39,23 +44,24 @@ def check_selective_policy(policy):
     ctx = SelectiveCheckpointContext(is_recompute=False)
     for op in (_aten.mm.default, _aten.addmm.default, _aten.bmm.default):
         got = policy(ctx, op)
-        expect(got in _SAVE, f"for {op} your policy returned {got!r}, expected MUST_SAVE",
+        expect(_one_of(got, _SAVE), f"for {op} your policy returned {got!r}, expected MUST_SAVE",
                hint="nn.Linear with a bias dispatches aten.addmm, without one aten.mm, and a "
                     "batched q @ k^T aten.bmm; `op` is an OpOverload such as "
                     "torch.ops.aten.addmm.default, and it never equals the packet torch.ops.aten.addmm")
     for op in ATTENTION_OPS:
         got = policy(ctx, op)
-        expect(got in _SAVE, f"for {op} your policy returned {got!r}, expected MUST_SAVE",
+        expect(_one_of(got, _SAVE), f"for {op} your policy returned {got!r}, expected MUST_SAVE",
                hint="F.scaled_dot_product_attention dispatches one fused op, not a matmul: save "
                     "its output too, or the backward pass runs the attention forward again")
     for op in (_aten.gelu.default, _aten._softmax.default, _aten.native_layer_norm.default,
                _aten.add.Tensor, _aten.mul.Tensor):
         got = policy(ctx, op)
-        expect(got in _RECOMPUTE, f"for {op} your policy returned {got!r}, expected PREFER_RECOMPUTE",
+        expect(_one_of(got, _RECOMPUTE),
+               f"for {op} your policy returned {got!r}, expected PREFER_RECOMPUTE",
                hint="pointwise ops, LayerNorm and softmax are cheap to rerun: recompute them")
     # End to end on one block of the course GPT (linears with bias), with either attention.
     for attention in ("explicit", "sdpa"):
-        torch.manual_seed(0)
+        seed_cpu(0)
         config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=1,
                            attention=attention)
         block = GPT(config).blocks[0]
@@ -86,10 +92,10 @@ def _every_cases() -> list[tuple]:
 
 
 #: The answers to :func:`_every_cases`, in order (the model of Chen et al. 2016: blocks 0, k,
-#: 2k, ... keep their input, the others all they save, and backward rebuilds one checkpointed
-#: block on top), written out.
-EVERY_ANSWERS = [6, 6, None, 2, 2, 1, 9, 5, 1, 1, 1, None, None, None, None, 1, 1, 1, 3, None,
-                 None, None, 1, None, 2, 3, None, 1, 4, 2, 2, None, 1, 5, None, 1]
+#: 2k, ... keep their input, the others all they save, and backward's rebuild of a checkpointed
+#: block adds to the peak only for the last block, when k divides n - 1), written out.
+EVERY_ANSWERS = [6, 6, None, 3, 2, 1, 18, 7, 1, 1, 1, None, None, None, None, 1, 1, 1, 3, None,
+                 None, None, 2, None, 2, 5, None, 1, 4, 2, 3, None, 1, 5, None, 1]
 
 
 @grader
@@ -101,11 +107,14 @@ def check_choose_every(fn):
     """
     for (n, block, inp, fixed, budget), truth in zip(_every_cases(), EVERY_ANSWERS, strict=True):
         got = fn(n, block, inp, fixed, budget)
-        expect(got == truth, f"choose_every(n_layers={n}, block_bytes={block}, input_bytes={inp}, "
+        expect(exactly(got, truth),
+               f"choose_every(n_layers={n}, block_bytes={block}, input_bytes={inp}, "
                f"fixed_bytes={fixed}, budget_bytes={budget}) returned {got!r}, expected {truth!r}",
                hint="every=k checkpoints blocks 0, k, 2k, ... (ceil(n/k) blocks, each keeping its "
-                    "input); the others keep everything; one checkpointed block is rebuilt on top "
-                    "during backward; the largest k that fits recomputes least; None if none fits")
+                    "input); the others keep everything; the rebuild of a checkpointed block adds "
+                    "block - input only if it is the last block (k divides n - 1): before the "
+                    "others are rebuilt, the blocks after them are freed; the largest k that fits "
+                    "recomputes least; None if none fits")
 
 
 def _front_cases() -> list[list]:
@@ -142,7 +151,7 @@ def check_pareto_front(fn):
         by_label = {p[2]: p for p in points}
         truth = [by_label[label] for label in labels]
         got = fn(list(points))
-        expect(isinstance(got, list) and [tuple(p) for p in got] == truth,
+        expect(isinstance(got, list) and exactly(got, truth),
                f"pareto_front({points}) returned {got!r}, expected {truth}",
                hint="drop a point when another has memory <= and time <= and is strictly better on "
                     "at least one; sort what remains by memory (then time)")
@@ -152,55 +161,77 @@ def _recompute_all(ctx, op, *args, **kwargs):
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def _residual_blocks(width: int, p: float) -> torch.nn.Module:
+    """Two MLP sublayers, ``x + dropout(W2 gelu(W1 LayerNorm(x)) + b, p)``, each ending in the
+    course's bias-dropout-add kernel, as in lecture 05."""
+    from course_lib.model.fused import bias_dropout_add
+
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.up = torch.nn.LayerNorm(width), torch.nn.Linear(width, 4 * width)
+            self.down = torch.nn.Linear(4 * width, width, bias=False)
+            self.bias = torch.nn.Parameter(0.1 * torch.randn(width))
+
+        def forward(self, x):
+            h = self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+            return bias_dropout_add(h, self.bias, x, p)
+
+    return torch.nn.Sequential(Residual(), Residual())
+
+
 @grader
 def check_kernel_policy(policy):
     """``policy(ctx, op, *args, **kwargs)`` saves the course kernel's output, recomputes the rest.
 
-    Checked op by op, then end to end on a two-block course GPT whose MLP runs the kernel
-    (``fused_mlp=True``), each block checkpointed with the policy: the forward pass must keep one
-    ``b x s x 4h`` tensor per block more than a policy that saves nothing (the kernel's output),
-    and the backward pass must rerun no kernel and every matmul that policy reruns.
+    Checked op by op, then end to end on two MLP sublayers that end in the course's
+    bias-dropout-add kernel, checkpointed as one region with the policy: the forward pass must
+    keep one ``b x s x h`` tensor more than a policy that saves nothing (the first kernel's
+    output, which the second sublayer's LayerNorm reads in the backward pass; the second's is
+    the region's output), and the backward pass must rerun no kernel and every matmul that
+    policy reruns.
 
     Args:
         policy (callable): the learner's selective-checkpointing policy function.
     """
-    from course_lib.model.gpt import GPT, GPTConfig, random_tokens
-    from course_lib.training.checkpointing import (
-        ATTENTION_OPS,
-        KERNEL_OPS,
-        enable_checkpointing,
-        measure_kept_bytes,
-    )
+    import functools
+
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    from course_lib.measurement.memory import LiveTensorTracker
+    from course_lib.training.checkpointing import ATTENTION_OPS
     from course_lib.training.policies import backward_ops
 
-    kernel, = KERNEL_OPS
+    kernel = torch.ops.course.bias_dropout_add.default
     ctx = SelectiveCheckpointContext(is_recompute=False)
     got = policy(ctx, kernel)
-    expect(got in _SAVE, f"for {kernel} your policy returned {got!r}, expected MUST_SAVE",
-           hint="the op a policy sees is the OpOverload torch.ops.course.bias_gelu.default; the "
-                "packet torch.ops.course.bias_gelu never equals it")
+    expect(_one_of(got, _SAVE), f"for {kernel} your policy returned {got!r}, expected MUST_SAVE",
+           hint="the op a policy sees is the OpOverload torch.ops.course.bias_dropout_add.default;"
+                " the packet torch.ops.course.bias_dropout_add never equals it")
     for op in (_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.gelu.default,
-               _aten.native_layer_norm.default, _aten.add.Tensor, *ATTENTION_OPS):
+               _aten.native_layer_norm.default, _aten.add.Tensor, _aten.native_dropout.default,
+               *ATTENTION_OPS):
         got = policy(ctx, op)
-        expect(got in _RECOMPUTE, f"for {op} your policy returned {got!r}, expected "
+        expect(_one_of(got, _RECOMPUTE), f"for {op} your policy returned {got!r}, expected "
                "PREFER_RECOMPUTE", hint="save the kernel's output only: every other op, the "
                                         "matmuls included, runs again in the backward pass")
-    config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=2,
-                       attention="sdpa", fused_mlp=True)
-    batch = 2
+    batch, seq, width = 2, 8, 16
     kept, runs = {}, {}
     for name, each in (("yours", policy), ("nothing saved", _recompute_all)):
-        torch.manual_seed(0)
-        model = enable_checkpointing(GPT(config), "selective", policy=each)
-        x, y = random_tokens(config, batch)
-        kept[name] = measure_kept_bytes(model, x, y)
-        runs[name] = backward_ops(model(x, y)[1])
-    # Independent of the engine: the kernel's output is b x s x 4h fp32 elements per block.
-    output_bytes = config.n_layers * batch * config.seq_len * 4 * config.d_model * 4
+        seed_cpu(0)
+        blocks = _residual_blocks(width, 0.25)
+        x = torch.randn(batch, seq, width, requires_grad=True)
+        context = functools.partial(create_selective_checkpoint_contexts, each)
+        with LiveTensorTracker() as tracker:
+            out = checkpoint(blocks, x, use_reentrant=False, context_fn=context)
+            kept[name] = tracker.live - out.untyped_storage().nbytes()
+        runs[name] = backward_ops(out.sum())
+    # Independent of the engine: the first kernel's output is b x s x h fp32 elements.
+    output_bytes = batch * seq * width * 4
     extra = kept["yours"] - kept["nothing saved"]
     expect(extra == output_bytes, f"your policy keeps {extra} bytes more than saving nothing, "
-           f"expected {output_bytes} (one {batch} x {config.seq_len} x {4 * config.d_model} fp32 "
-           f"output per block)", hint="return MUST_SAVE for the kernel's OpOverload only")
+           f"expected {output_bytes} (the first kernel's {batch} x {seq} x {width} fp32 output)",
+           hint="return MUST_SAVE for the kernel's OpOverload only")
     expect(runs["yours"][kernel] == 0, f"the kernel ran {runs['yours'][kernel]} time(s) in the "
            "backward pass", hint="a saved output is not recomputed: save the kernel's")
     matmul = _aten.addmm.default

@@ -17,7 +17,7 @@ import torch
 
 from course_lib.planning.guard import MemoryBudgetExceeded
 
-from . import expect, grader, observe
+from . import exactly, expect, grader, observe
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
@@ -41,7 +41,7 @@ def check_step_peak(fn):
         got = fn(resident, act, grads, scratch, K)
         what = (f"resident={resident}, activation_peak={act}, grads={grads}, "
                 f"optimizer_scratch={scratch}, accumulation_steps={K}")
-        if got == want:
+        if exactly(got, want):
             continue
         if K > 1 and got == resident + max(K * act, grads + scratch):
             hint = ("accumulation does not keep K micro-batches' activations: each micro-batch's are "
@@ -85,7 +85,7 @@ def check_largest_micro_batch(fn):
         expect(isinstance(got, tuple) and len(got) == 2,
                f"for {what} you returned {got!r}, not a (micro_batch_size, accumulation_steps) tuple",
                hint="return a tuple of two ints")
-        if got != want:
+        if not exactly(got, want):
             b = got[0]
             if isinstance(b, int) and b > 0 and effective % b:
                 hint = (f"{b} does not divide the effective batch {effective}: train() needs "
@@ -152,7 +152,7 @@ def check_train_or_report(fn):
     Args:
         fn (callable): the learner's ``train_or_report``, called as above.
     """
-    expect(fn(_answer) == 42, "when the work succeeds, return what it returned",
+    expect(exactly(fn(_answer), 42), "when the work succeeds, return what it returned",
            hint="return work()")
     for kind in (_OOM, MemoryBudgetExceeded):
         name = kind.__name__

@@ -16,7 +16,7 @@ import threading
 
 import torch
 
-from . import CheckFailed, expect, grader, observe
+from . import CheckFailed, exactly, expect, grader, observe
 
 _BARRIER_TIMEOUT = 5.0  # seconds a simulated rank waits for the others in all_reduce_sum
 
@@ -45,10 +45,12 @@ def check_ddp_accumulation_plan(fn):
         expect(isinstance(got, tuple | list) and len(got) == 2,
                f"ddp_accumulation_plan({args}) returned {got!r}, expected a pair "
                "(effective_batch, all_reduces)", hint="return effective_batch, all_reduces")
-        expect(got[0] == truth[0], f"ddp_accumulation_plan({args}): effective batch {got[0]!r}, "
+        expect(exactly(got[0], truth[0]),
+               f"ddp_accumulation_plan({args}): effective batch {got[0]!r}, "
                f"expected {truth[0]}",
                hint="one optimizer step sees every rank's micro-batches of every accumulation step")
-        expect(got[1] == truth[1], f"ddp_accumulation_plan({args}): {got[1]!r} all-reduce(s) per "
+        expect(exactly(got[1], truth[1]),
+               f"ddp_accumulation_plan({args}): {got[1]!r} all-reduce(s) per "
                f"optimizer step, expected {truth[1]}",
                hint="DDP all-reduces once per bucket in every backward that synchronises; "
                     "no_sync() skips all but the last micro-batch's, it does not skip the last")
@@ -174,7 +176,7 @@ def check_fsdp_local_numel(fn):
         expect(isinstance(got, list | tuple) and len(got) == N,
                f"fsdp_local_numel({shape}, {N}) returned {got!r}, expected a list of {N} ints "
                "(one per rank)", hint="one entry per rank, ranks past the last row hold 0")
-        expect(list(got) == truth, f"fsdp_local_numel({shape}, {N}) returned {list(got)}, "
+        expect(exactly(got, truth), f"fsdp_local_numel({shape}, {N}) returned {list(got)}, "
                f"expected {truth}",
                hint=f"each rank takes ceil(rows / world_size) = {math.ceil(shape[0] / N)} whole "
                     "rows of dim 0 in turn (torch.chunk); the last ranks get what is left, "

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import expect, grader, observe, observe_peak, peak_supported
+from . import exactly, expect, grader, observe, observe_peak, peak_supported, seed_cpu
 
 
 class _Tied(nn.Module):
@@ -51,7 +51,7 @@ def _fuse_run(fn) -> dict:
     """Fuse the optimizer into the case's model with ``fn``, then train 3 steps by backward()
     alone (beside the learner's code): how ``make_optimizer`` was called, which gradients were
     left after each backward, and the weights at the end."""
-    torch.manual_seed(0)
+    seed_cpu(0)
     model = _Tied()
     made = []
 
@@ -76,7 +76,7 @@ def check_fuse_optimizer(fn):
     Args:
         fn (callable): the learner's ``fuse_optimizer``, called as above.
     """
-    torch.manual_seed(0)
+    seed_cpu(0)
     reference = _Tied()
     trainable = [p for p in reference.parameters() if p.requires_grad]
     opt = _adamw(trainable)
@@ -167,10 +167,11 @@ def check_chunked_loss(fn):
 
 
 def _check_chunked_memory(fn) -> None:
-    """A case whose full logits (256 MiB) dwarf a chunk's (4 MiB): the peak resident memory of
-    the process running ``fn`` must grow by less than half the full logits. Under the grader it
-    is measured from outside that process (:func:`course_lib.grading.observe_peak`), so a
-    learner's process that fakes the dispatch mode's count still shows what it allocated."""
+    """A case whose full logits (256 MiB) dwarf a chunk's (4 MiB): the resident memory of the
+    process running ``fn`` must grow by less than half the full logits. Under the grader it is
+    watched from outside that process while the call runs
+    (:func:`course_lib.grading.observe_peak`), so a learner's process that fakes the dispatch
+    mode's count, or resets its own peak before returning, still shows what it held."""
     g = torch.Generator().manual_seed(4)
     N, h, V, chunk = 4096, 8, 16384, 64
     hidden = torch.randn(N, h, generator=g)
@@ -191,7 +192,8 @@ def _check_chunked_memory(fn) -> None:
     full, one = N * V * 4, chunk * V * 4
     if grown is None:
         expect(not peak_supported(), f"{case}: the memory of the process running your code "
-               "could not be read", hint="do not change how your process can be inspected")
+               "could not be watched throughout the call",
+               hint="do not change how your process can be inspected, nor stop other processes")
         return
     expect(grown < full // 2, f"{case}: the process running your code grew by "
            f"{grown / 2**20:.0f} MiB; the full logits take {full / 2**20:.0f} MiB, one chunk "
@@ -222,7 +224,7 @@ def check_quantized_state_bytes(fn):
                if truth == 8 * numel else
                "quantized: codes, one fp32 scale per block, one fp32 map, for m and for v")
         got = fn(numel, bits)
-        expect(got == truth, f"quantized_state_bytes({numel}, {bits}) = {got!r}, expected "
+        expect(exactly(got, truth), f"quantized_state_bytes({numel}, {bits}) = {got!r}, expected "
                f"{truth} ({why})",
                hint=f"{bits}-bit: {bits}/8 byte per element, 4 bytes per block of {block}, "
                     f"{qmap} fp32 map entries; two states; small tensors stay at 4 bytes each")
@@ -261,7 +263,7 @@ def check_rank_levers(fn):
     """
     for case, truth in zip(_LADDER_CASES, LADDER_ANSWERS, strict=True):
         got = fn([tuple(lv) for lv in case])
-        expect(isinstance(got, list | tuple) and list(got) == truth,
+        expect(isinstance(got, list | tuple) and exactly(got, truth),
                f"for {[name for name, _, _ in case]} you gave {got!r}, expected {truth}",
                hint="three bands: levers that save bytes at no time (most time gained, then most "
                     "bytes), then those that cost time (bytes_saved / time_paid, largest first), "

@@ -1,7 +1,7 @@
 """Full marks without solving: a notebook that solutions/ cannot match (no course metadata, no
 nbgrader metadata, another name, none of the released text), whose own check cells claim 100
 points each and print ✓. It scores 0, and the notes say why (``--grade-unmatched`` would grade
-the checks its cells call)."""
+it as the assignment whose checks its cells call, at that assignment's points)."""
 
 CELLS = [("end", 'print("✓ tensor_nbytes: passed.")')]
 SOLVE = ("tensor_nbytes", "pick_training_dtype")

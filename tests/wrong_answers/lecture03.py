@@ -234,3 +234,50 @@ WRONG["check_epoch_windows"] = [
     ("a step per micro-batch", {"train_epoch": _epoch_steps_every_micro_batch}),
     ("the whole epoch in one step", {"train_epoch": _epoch_one_big_step}),
 ]
+
+
+def _decoys(model, inputs, micro_batch_size):
+    """Micro-batch forward calls that a forward hook counts, with no gradient behind them."""
+    with torch.no_grad():
+        for i in range(0, inputs.size(0), micro_batch_size):
+            model(inputs[i:i + micro_batch_size])
+
+
+def _forward_bypass(model, inputs, targets, micro_batch_size):
+    """The whole batch through ``model.forward`` (no hook fires), decoy micro-batches for show."""
+    model.zero_grad()
+    _decoys(model, inputs, micro_batch_size)
+    _, loss = model.forward(inputs, targets)
+    loss.backward()
+    return loss.item()
+
+
+def _padded_forward_bypass(model, inputs, targets, micro_batch_size):
+    model.zero_grad()
+    _decoys(model, inputs, micro_batch_size)
+    logits = model.forward(inputs)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    loss.backward()
+    return loss.item()
+
+
+def _epoch_forward_bypass(model, optimizer, inputs, targets, micro_batch_size,
+                          accumulation_steps):
+    window = micro_batch_size * accumulation_steps
+    for start in range(0, inputs.size(0), window):
+        x, y = inputs[start:start + window], targets[start:start + window]
+        optimizer.zero_grad()
+        _decoys(model, x, micro_batch_size)
+        model.forward(x, y)[1].backward()
+        optimizer.step()
+
+
+WRONG["check_accumulate_gradients"].append(
+    ("the whole batch through model.forward, decoy micro-batches under no_grad",
+     {"accumulate_gradients": _forward_bypass}))
+WRONG["check_accumulate_padded"].append(
+    ("the whole batch through model.forward, decoy micro-batches under no_grad",
+     {"accumulate_padded": _padded_forward_bypass}))
+WRONG["check_epoch_windows"].append(
+    ("each window through model.forward at once, decoy micro-batches under no_grad",
+     {"train_epoch": _epoch_forward_bypass}))
