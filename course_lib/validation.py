@@ -354,3 +354,46 @@ def available_device(name: str, value):
         raise ValueError(f"{name}={str(dev)!r}, but this machine has {missing}: {name} must be "
                          f"one of {have}")
     return dev
+
+
+
+def fields(record, **kinds) -> None:
+    """The fields of a result record (a dataclass) checked where it is built, by hand or not.
+
+    Each keyword names a field and what it must be: ``int`` (a count, at least 0; numpy's and
+    0-d torch integers are stored as their ``int``), ``float`` (a finite number, at least 0), a
+    tuple of the strings allowed, or a class. Cheap: the widgets build records in their loops.
+
+    Args:
+        record: the dataclass instance (frozen or not).
+        **kinds: field name -> ``int``, ``float``, a tuple of strings or a class.
+
+    Raises:
+        TypeError: naming ``Record.field``, for a value of the wrong type (a bool is no number).
+        ValueError: naming ``Record.field``, for a negative number, NaN or an infinity, or a
+            string not among those allowed.
+
+    Example::
+
+        fields(cost, mode=MODES, kept_bytes=int, flops=int)
+    """
+    for name, kind in kinds.items():
+        value, where = getattr(record, name), f"{type(record).__name__}.{name}"
+        if kind is int or kind is float:
+            what = "an int" if kind is int else "a number"
+            as_int = _as_int(value)
+            if as_int is not None and as_int is not value:  # a numpy int: exact from here on
+                object.__setattr__(record, name, as_int)
+            elif as_int is None and (kind is int or isinstance(value, bool)
+                                     or not isinstance(value, numbers.Real)):
+                raise TypeError(f"{where} must be {what}, got {type(value).__name__}")
+            value = value if as_int is None else as_int
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{where} must be {what} of at least 0, finite, got {value!r}")
+        elif isinstance(kind, tuple):
+            if not isinstance(value, str):
+                raise TypeError(f"{where} must be a str, got {type(value).__name__}")
+            if value not in kind:
+                raise ValueError(f"{where} must be one of {kind}, got {value!r}")
+        elif not isinstance(value, kind):
+            raise TypeError(f"{where} must be a {kind.__name__}, got {type(value).__name__}")

@@ -4,6 +4,7 @@ RuntimeError or a message about an internal name), numpy and torch integers take
 a maximum for every size, and nothing changed by a refused call."""
 
 import dataclasses
+import math
 import time
 
 import ipywidgets
@@ -516,3 +517,262 @@ def test_more_sizes_have_a_maximum():
         units.storage_bytes([torch.zeros(2)], block=2**61)
     with pytest.raises(ValueError, match="^micro_batch_size must be a positive int of at most 16,"):
         playground.measure_step_cost(CFG, 2**25, 1)
+
+
+# --- no hang, no silent wrong answer, nothing left behind -----------------------------------
+
+def _within(seconds, call):
+    """``call()``, failing the test if it has not returned after ``seconds`` (a hang detector,
+    far above the time it takes)."""
+    import signal
+
+    def stop(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        return call()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("vocab_size, branching", [(50257, 1024), (5000, 200), (2**18, 1024),
+                                                   (4097, 17)])
+def test_a_toy_language_with_many_successors_is_drawn_at_once(vocab_size, branching):
+    # Redrawing every row that repeats a token never ended: at 50,257 x 1,024 nearly all do.
+    x, y = _within(10, lambda: toy_data.markov_tokens(64, 64, vocab_size, branching=branching))
+    assert torch.equal(x[:, 1:], y[:, :-1]) and 0 <= int(x.min()) and int(x.max()) < vocab_size
+    successors = {}
+    for a, b in zip(x.flatten().tolist(), y.flatten().tolist()):
+        successors.setdefault(a, set()).add(b)
+    assert max(len(s) for s in successors.values()) <= branching
+    # distinct successors: one token's branching successors are all reached in a long walk
+    token = int(x[0, 0])
+    walk = toy_data.markov_tokens(1, 20 * branching, vocab_size, branching=branching)
+    seen = {int(b) for a, b in zip(walk[0][0], walk[1][0]) if int(a) == token}
+    assert len(seen) <= branching
+
+
+def test_the_lectures_toy_languages_are_unchanged():
+    # The tokens every lecture trains on (and so its printed losses) are pinned here.
+    x, _ = toy_data.markov_tokens(2, 8)
+    assert x.tolist() == [[34, 47, 11, 32, 32, 59, 8, 61], [22, 49, 22, 26, 24, 6, 28, 0]]
+    x, _ = toy_data.markov_tokens(1, 8, 8192, seed=1)
+    assert x.tolist() == [[3622, 1456, 4707, 7638, 2905, 493, 6329, 6517]]
+    x, _ = toy_data.markov_tokens(1, 8, 50257, branching=4)
+    assert x.tolist() == [[17088, 45844, 36375, 21025, 35588, 47203, 44, 40198]]
+
+
+@pytest.mark.parametrize("caught", [RuntimeError, Exception, guard.MemoryBudgetExceeded])
+def test_a_budget_the_work_catches_still_fails_the_trial(caught):
+    def work():
+        try:
+            torch.ones(1000)  # 3.91 KiB against 1000 B
+        except caught:
+            pass
+        return "went on"
+
+    trial = guard.run_within_budget(work, 1000, device="cpu")
+    assert not trial.ok and trial.result is None and trial.message.startswith("✗")
+    assert trial.error.startswith("MemoryBudgetExceeded: training went over the budget")
+    assert guard.run_within_budget(lambda: torch.ones(10), 1000, device="cpu").ok
+
+
+def test_master_weights_refuse_a_parameter_passed_twice():
+    from course_lib.training.mixed_precision import MasterWeightAdamW
+
+    w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="^params must not hold a tensor twice"):
+        MasterWeightAdamW([w, w], lr=0.1)
+
+
+def test_numpy_sizes_are_exact_ints_however_large():
+    big = GPTConfig(vocab_size=50257, seq_len=2**17, d_model=2**14, n_heads=128, n_layers=96)
+    exact = 96 * 3 * 24 * 2**24 * 2**17 * 2**28  # the linears alone: past int64
+    from course_lib.prediction import checkpointed
+
+    flops, _ = checkpointed.step_flops(big, np.int64(2**24))
+    assert flops == checkpointed.step_flops(big, 2**24)[0] and flops > exact > 2**63
+    fraction = planner.recompute_fraction(big, np.int64(2**24), "blocks")
+    assert fraction == planner.recompute_fraction(big, 2**24, "blocks") > 0.2
+    from course_lib.model import zoo
+
+    llama = zoo.LlamaConfig(d_model=np.int64(64), n_heads=np.int64(4), n_layers=np.int64(2),
+                            vocab_size=np.int64(100), d_ff=np.int64(128), n_kv_heads=np.int64(4))
+    plan = fit_ladder.Plan(accumulation_steps=np.int64(2), every=np.int64(1),
+                           world_size=np.int64(2), lora_rank=np.int64(4), zero_stage=np.int64(1),
+                           loss_chunk=np.int64(64))
+    for record in (llama, plan):
+        assert all(type(getattr(record, f.name)) is not np.int64
+                   for f in dataclasses.fields(record)), record
+    assert type(levers.low_bit_state_bytes([np.int64(5000), np.int64(8192)], 8)) is int
+    assert time_model.transfer_seconds(np.int64(63), 63.0) == 1.0
+
+
+@pytest.mark.parametrize("kernel, dtype, gpu", [("flash", "fp16", "T4"), ("cudnn", "fp16", "T4"),
+                                                ("efficient", "fp32", None),
+                                                ("cudnn", "fp32", None),
+                                                ("flash", "fp32", "A100 80GB"),
+                                                ("efficient", "bf16", "T4")])
+def test_a_kernel_that_cannot_run_there_is_not_predicted(kernel, dtype, gpu):
+    cfg = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2)
+    with pytest.raises(ValueError, match=f"^kernel='{kernel}' does not run here"):
+        activations.attention_core_saved(cfg, 1, 8, dtype, gpu, kernel=kernel)
+
+
+@pytest.mark.parametrize("kernel", ["flash", "efficient", "cudnn", "math"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_prediction_and_measurement_refuse_the_same_kernels_on_the_cpu(kernel, dropout, dtype):
+    cfg = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, dropout=dropout)
+
+    def refused(call):
+        try:
+            call()
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    measured = refused(lambda: memory.sdpa_saved(cfg, 1, dtype, kernel=kernel))
+    assert refused(lambda: activations.attention_core_saved(cfg, 1, 8, dtype,
+                                                            kernel=kernel)) == measured
+
+
+def test_a_nan_difference_is_nan_not_zero():
+    a = {"w": torch.zeros(3), "b": torch.tensor([1.0, float("nan")])}
+    b = {"w": torch.ones(3), "b": torch.tensor([1.0, 2.0])}
+    assert math.isnan(accumulation.max_abs_difference(a, b))
+    assert math.isnan(accumulation.max_abs_difference(b, a))
+    one, two = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    two.load_state_dict(one.state_dict())
+    assert accumulation.weight_gap(one, two) == 0.0
+    with torch.no_grad():
+        two.bias[1] = float("nan")
+    assert math.isnan(accumulation.weight_gap(one, two))
+
+
+@pytest.mark.parametrize("op", [torch.ops.aten.mm.default, torch.ops.aten.mm])
+def test_one_op_is_no_policy_function(op):
+    from course_lib.training import policies
+
+    lin, runs = torch.nn.Linear(4, 4), []
+    x = torch.randn(2, 4, requires_grad=True)
+    with pytest.raises(TypeError, match=r"^policy must be a list of OpOverloads or a policy "
+                                        r"function, got one op: write \[torch.ops.aten.mm.default\]"):
+        policies.policy_cost(lambda x: runs.append(x) or lin(x), x, policy=op)
+    assert not runs  # refused before the region runs
+    with pytest.raises(TypeError, match=r"write \[torch.ops.aten.mm.default\]"):
+        checkpointing.enable_checkpointing(GPT(CFG), "selective", policy=op)
+
+
+def test_counting_a_steps_operators_leaves_the_global_rng_alone():
+    time_model._ops.cache_clear()  # counted afresh: the tiny model is built and trained
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    time_model.step_ops(dataclasses.replace(CFG, dropout=0.1))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_profiling_a_step_leaves_the_environment_as_it_was(monkeypatch):
+    import os
+
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    x = torch.randn(8, 8)
+    timing.profile_step(lambda: x @ x)
+    assert "KINETO_LOG_LEVEL" not in os.environ
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "3")
+    timing.profile_step(lambda: x @ x)
+    assert os.environ["KINETO_LOG_LEVEL"] == "3"
+
+
+def test_closing_ranks_with_a_bad_wait_keeps_them_reachable():
+    from process_tools import alive
+
+    from course_lib.distributed.ranks import Ranks
+
+    ranks = Ranks(1, timeout=60)
+    try:
+        for wait in ("x", -1, float("nan"), True):
+            with pytest.raises(ValueError, match="^wait must be a number of seconds from 0"):
+                ranks.close(wait=wait)
+        assert not ranks.closed and all(alive(pid) for pid in ranks.pids)
+    finally:
+        pids = ranks.pids
+        ranks.close()
+    assert ranks.closed and not any(alive(pid) for pid in pids)
+
+
+def _reading(**kwargs):
+    from course_lib.measurement import allocator
+
+    return allocator.Reading(**{"allocated": 1, "reserved": 2, "free": 3, "total": 4, **kwargs})
+
+
+def _records():
+    from collections import Counter
+
+    from course_lib.measurement import allocator
+    from course_lib.prediction import checkpointed
+    from course_lib.training import policies
+
+    categories = dict.fromkeys(memory.CATEGORIES, 0)
+    return {
+        "StepBreakdown": (memory.StepBreakdown, dict(
+            at_peak=categories, baseline=categories, peak=0, peak_phase="forward",
+            phase_peaks={}, events=[], series={})),
+        "CheckpointCost": (checkpointed.CheckpointCost, dict(mode="blocks", kept_bytes=10,
+                                                             flops=12, flops_plain=9)),
+        "StepReport": (allocator.StepReport, dict(predicted=1, resident=1, before=_reading(),
+                                                  after=_reading())),
+        "PolicyCost": (policies.PolicyCost, dict(policy="full", kept_bytes=1, peak_bytes=2,
+                                                 recomputed=Counter({torch.ops.aten.mm.default: 1}),
+                                                 recompute_flops=3)),
+        "TimeSplit": (timing.TimeSplit, dict(seconds={"matmul": 0.5}, clock="cpu")),
+    }
+
+
+@pytest.mark.parametrize("record, field, value, error", [
+    ("StepBreakdown", "peak", "1", TypeError), ("StepBreakdown", "peak", -1, ValueError),
+    ("StepBreakdown", "at_peak", {"parameters": 1}, ValueError),
+    ("StepBreakdown", "baseline", None, TypeError), ("StepBreakdown", "events", 3, TypeError),
+    ("CheckpointCost", "mode", "sometimes", ValueError), ("CheckpointCost", "mode", 1, TypeError),
+    ("CheckpointCost", "flops", 1.5, TypeError), ("CheckpointCost", "flops_plain", 0, ValueError),
+    ("CheckpointCost", "kept_bytes", True, TypeError),
+    ("StepReport", "before", {"allocated": 1}, TypeError),
+    ("StepReport", "predicted", -5, ValueError),
+    ("PolicyCost", "recomputed", {"mm": 1}, TypeError),
+    ("PolicyCost", "recomputed", __import__("collections").Counter({"mm": 1}), ValueError),
+    ("PolicyCost", "peak_bytes", float("nan"), TypeError), ("PolicyCost", "policy", 3, TypeError),
+    ("TimeSplit", "clock", "wall", ValueError), ("TimeSplit", "seconds", [0.5], TypeError),
+    ("TimeSplit", "seconds", {"matmul": float("nan")}, ValueError),
+    ("TimeSplit", "seconds", {"matmul": "1"}, TypeError),
+    ("TimeSplit", "seconds", {"gemm": 1.0}, ValueError),
+])
+def test_a_result_record_built_by_hand_refuses_nonsense_naming_the_field(record, field, value,
+                                                                         error):
+    cls, good = _records()[record]
+    cls(**good)  # the good one is taken
+    with pytest.raises(error, match=f"^{record}.{field}"):
+        cls(**{**good, field: value})
+
+
+def test_a_record_takes_numpy_ints_as_ints():
+    from course_lib.prediction import checkpointed
+
+    cost = checkpointed.CheckpointCost("none", np.int64(3), np.int64(2**62), np.int64(2**62))
+    assert type(cost.flops) is int and cost.flops * 4 == 2**64
+
+
+@pytest.mark.parametrize("measure", [
+    lambda: planner.measure_peak(CFG, 2),
+    lambda: step_setup.measure_step_memory(CFG, 2),
+])
+def test_a_measurement_that_builds_its_model_leaves_the_global_rng_alone(measure):
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    measure()
+    assert torch.equal(torch.rand(3), expected)

@@ -287,8 +287,16 @@ class Ranks:
 
         Args:
             wait (float): seconds to wait for the ranks to exit before killing them (0: kill at
-                once).
+                once), at most :data:`MAX_SECONDS`.
+
+        Raises:
+            ValueError: naming ``wait``, for a bad value (the ranks are left running, and
+                reachable: close them again).
         """
+        if (not isinstance(wait, int | float) or isinstance(wait, bool)
+                or not 0 <= wait <= MAX_SECONDS):  # checked before anything is forgotten
+            raise ValueError(f"wait must be a number of seconds from 0 to {MAX_SECONDS:g}, got "
+                             f"{wait!r}")
         procs, self._procs = self._procs, []
         self._ended += procs
         for p in procs:

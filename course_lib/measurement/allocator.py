@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from course_lib.units import MiB, format_bytes
-from course_lib.validation import boolean, integer, number, text
+from course_lib.validation import boolean, fields, integer, number, text
 
 #: The largest request :func:`probe` makes, in MiB (1 TiB), and the longest it waits, in seconds.
 MAX_PROBE_MIB = 2**20
@@ -294,12 +294,19 @@ class StepReport:
             optimizer state), as :func:`course_lib.measurement.memory.resident_bytes` counts them.
         before (Reading): the :class:`Reading` just before the step (peak statistics reset).
         after (Reading): the :class:`Reading` just after it.
+
+    Raises:
+        TypeError or ValueError: naming the field, for a field of the wrong type or out of
+            range (a record built by hand is checked as one the course builds).
     """
 
     predicted: int
     resident: int
     before: Reading
     after: Reading
+
+    def __post_init__(self):
+        fields(self, predicted=int, resident=int, before=Reading, after=Reading)
 
     @property
     def measured(self) -> int:

@@ -34,7 +34,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_batch, check_config
 from course_lib.units import as_dtype, storage_bytes, storage_key
-from course_lib.validation import device as as_device, function, integer, positive_int
+from course_lib.validation import device as as_device, fields, function, integer, positive_int
 
 # Ops whose tensor argument is a storage made outside the dispatcher (``torch.tensor([...])``
 # builds it in C++ then "lifts" it): their output is a new allocation, not a foreign tensor.
@@ -442,16 +442,19 @@ def sdpa_saved(config: GPTConfig, batch_size: int, dtype=torch.float32, *, kerne
 
     Raises:
         ValueError: naming the argument, for a bad value, too large a call, or a ``kernel`` that
-            cannot run here (the CPU has no memory-efficient or cuDNN kernel, a T4 no bf16 flash).
+            cannot run here (the CPU has no memory-efficient or cuDNN kernel, a T4 no bf16 flash:
+            :func:`course_lib.model.kernels.forced_kernel`, the rule the prediction follows).
     """
     check_config(config)
     b = positive_int("batch_size", batch_size, maximum=kernels.MAX_DETECT_ELEMENTS)
     dtype = as_dtype(dtype)
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-    if kernel is not None and kernel not in kernels.SDPA_KERNELS:
-        raise ValueError(f"kernel must be one of {kernels.SDPA_KERNELS} or None, got {kernel!r}")
     device = as_device("device", device)
+    if device.type in ("cpu", "cuda"):  # the rule the prediction follows, where it has one
+        kernels.forced_kernel(kernel, config, dtype, None if device.type == "cpu" else "cuda")
+    elif kernel is not None and kernel not in kernels.SDPA_KERNELS:
+        raise ValueError(f"kernel must be one of {kernels.SDPA_KERNELS} or None, got {kernel!r}")
     seed = integer("seed", seed, minimum=0, maximum=2**63 - 1)
     s, h, a = config.seq_len, config.d_model, config.n_heads
     if max(b * s * 3 * h, b * a * s * s) > kernels.MAX_DETECT_ELEMENTS:
@@ -621,6 +624,10 @@ class StepBreakdown:
         phase_peaks (dict): the highest total per phase.
         events (list): the phase of each allocation or free, in order.
         series (dict): category -> live bytes after each event (``series[category][i]``).
+
+    Raises:
+        TypeError or ValueError: naming the field, for a field of the wrong type or out of
+            range (a record built by hand is checked as one the course builds).
     """
 
     at_peak: dict
@@ -630,6 +637,16 @@ class StepBreakdown:
     phase_peaks: dict
     events: list = field(repr=False)
     series: dict = field(repr=False)
+
+    def __post_init__(self):
+        fields(self, at_peak=dict, baseline=dict, peak=int, peak_phase=str, phase_peaks=dict,
+               events=list, series=dict)
+        for name in ("at_peak", "baseline"):
+            by_category = getattr(self, name)
+            if set(by_category) != set(CATEGORIES) or not all(
+                    type(n) is int and n >= 0 for n in by_category.values()):
+                raise ValueError(f"StepBreakdown.{name} must map each of {CATEGORIES} to bytes "
+                                 f"(an int >= 0), got {by_category!r:.120}")
 
     @property
     def total(self) -> int:
@@ -648,7 +665,7 @@ class StepBreakdown:
         for name in CATEGORIES:
             value = self.at_peak[name]
             lines.append(f"{name:16s} {value:14,d} {format_bytes(value):>11s} "
-                         f"{value / self.total:6.1%}")
+                         f"{value / max(self.total, 1):6.1%}")
         lines.append(f"{'total':16s} {self.total:14,d} {format_bytes(self.total):>11s} "
                      f"(peak in the {self.peak_phase} phase)")
         return "\n".join(lines)

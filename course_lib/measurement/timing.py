@@ -36,6 +36,7 @@ each op; on CUDA the device time of the kernels each op launched.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -49,6 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from course_lib.validation import (
     available_device as as_device,
     choice,
+    fields,
     function,
     integer,
     number,
@@ -350,10 +352,27 @@ class TimeSplit:
     Attributes:
         seconds (dict): class of :data:`KERNEL_CLASSES` -> seconds.
         clock (str): ``"cpu"`` (the profiler's CPU time) or ``"device"`` (CUDA kernel time).
+
+    Raises:
+        TypeError or ValueError: naming the field, for a field of the wrong type or out of
+            range (a record built by hand is checked as one the course builds).
     """
 
     seconds: dict
     clock: str
+
+    def __post_init__(self):
+        fields(self, seconds=dict, clock=("cpu", "device"))
+        for name, seconds in self.seconds.items():
+            if name not in KERNEL_CLASSES:
+                raise ValueError(f"TimeSplit.seconds must have keys of {KERNEL_CLASSES}, got "
+                                 f"{name!r}")
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+                raise TypeError(f"TimeSplit.seconds[{name!r}] must be a number, got "
+                                f"{type(seconds).__name__}")
+            if not 0 <= seconds < math.inf:
+                raise ValueError(f"TimeSplit.seconds[{name!r}] must be a finite number of at "
+                                 f"least 0, got {seconds!r}")
 
     @property
     def total(self) -> float:
@@ -434,14 +453,20 @@ def profile_step(step: Callable[[], object], *, device: str | torch.device = "cp
     from torch.profiler import ProfilerActivity, profile
 
     # Kineto, the profiler's engine, prints a timestamped start and stop line at every profile
-    # (its highest log level, 5); a level above it keeps a notebook's outputs reproducible.
+    # (its highest log level, 5); a level above it keeps a notebook's outputs reproducible. The
+    # caller's environment comes back as it was.
+    before = os.environ.get("KINETO_LOG_LEVEL")
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    synchronize(device)
-    with profile(activities=activities) as prof:
-        step()
+    try:
         synchronize(device)
+        with profile(activities=activities) as prof:
+            step()
+            synchronize(device)
+    finally:
+        if before is None:
+            os.environ.pop("KINETO_LOG_LEVEL", None)
     return split_by_class(prof.events(), device_time=cuda)
 
 

@@ -299,6 +299,49 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     return next((kernel for kernel in order if checks[kernel]()), "math")
 
 
+def forced_kernel(kernel: str | None, config: GPTConfig, dtype, gpu=None) -> str | None:
+    """``kernel`` if ``torch.nn.attention.sdpa_kernel`` can force it for the course GPT here.
+
+    One kernel asked through the filters of :func:`sdpa_kernel`: math runs everywhere; on the
+    CPU flash too, without dropout; on a GPU each fused kernel whose filters pass (so no flash
+    or cuDNN in fp32 or on a T4, no memory-efficient kernel on the CPU). The prediction
+    (:func:`course_lib.prediction.activations.attention_core_saved`) and the measurement
+    (:func:`course_lib.measurement.memory.sdpa_saved`) refuse alike by this rule.
+
+    Args:
+        kernel (str or None): one of :data:`SDPA_KERNELS`, or None (PyTorch's own choice).
+        config (GPTConfig): the course GPT's shape (its head size and dropout).
+        dtype (torch.dtype or str): the dtype of q, k and v.
+        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
+            takes.
+
+    Returns:
+        ``kernel``, unchanged.
+
+    Raises:
+        ValueError: naming ``kernel``, for a name not in :data:`SDPA_KERNELS` or a kernel that
+            cannot run on this target; as :func:`sdpa_kernel` for the others.
+
+    Example:
+        >>> forced_kernel("efficient", GPTConfig(d_model=256, n_heads=4), torch.float16, "T4")
+        'efficient'
+    """
+    if kernel is not None and kernel not in SDPA_KERNELS:
+        raise ValueError(f"kernel must be one of {SDPA_KERNELS} or None, got {kernel!r}")
+    chosen, gpu, dtype = sdpa_kernel(config, dtype, gpu), _gpu(gpu), as_dtype(dtype)
+    if kernel in (None, "math", chosen):
+        return kernel
+    d, p = config.d_head, config.dropout
+    runs = {"cudnn": lambda: _cudnn_ok(gpu, d, dtype in _HALF),
+            "flash": lambda: _flash_ok(gpu, d, p, dtype in _HALF),
+            "efficient": lambda: _efficient_ok(gpu, d, dtype)}
+    if gpu is None or not runs[kernel]():  # on the CPU, the only fused kernel is the chosen one
+        where = "the CPU" if gpu is None else gpu.name
+        raise ValueError(f"kernel={kernel!r} does not run here ({where}, {str(dtype)[6:]}, head "
+                         f"size {d}, dropout {p}): PyTorch runs {chosen!r} there")
+    return kernel
+
+
 def attention_kernel(config: GPTConfig, dtype, gpu=None) -> str:
     """"explicit" for the hand-written attention, else :func:`sdpa_kernel`.
 

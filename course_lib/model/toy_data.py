@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from course_lib.model.gpt import MAX_SEED
@@ -21,8 +22,12 @@ from course_lib.validation import MAX_COUNT, available_device as as_device, inte
 #: Python loop over the batch: 2**26 tokens take a few seconds).
 MAX_SEQ_LEN, MAX_TOKENS = 2**17, 2**26
 #: Successors per token at most; and up to this vocabulary, one random permutation per token
-#: (the course's languages), above it distinct random draws (memory O(vocab x branching)).
+#: (the course's languages).
 MAX_BRANCHING, SMALL_VOCAB = 1024, 4096
+#: Above :data:`SMALL_VOCAB`, up to this many successors drawn independently (a row that
+#: repeats a token is redrawn); more, and each token's successors are an arithmetic progression
+#: with a random start and a random stride (distinct, with no vocab x branching table to draw).
+FEW_SUCCESSORS = 16
 
 
 def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branching: int = 2,
@@ -69,23 +74,41 @@ def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branc
     device = as_device("device", device)
     g = torch.Generator().manual_seed(seed)
     if vocab_size <= SMALL_VOCAB:  # the course's languages: one permutation per token
-        successors = torch.stack([torch.randperm(vocab_size, generator=g)[:branching].clone()
-                                  for _ in range(vocab_size)])
-    else:  # GPT-2's 50,257 and up: distinct draws per token, O(vocab x branching) memory
-        successors = torch.randint(0, vocab_size, (vocab_size, branching), generator=g)
-        while True:
-            ordered = successors.sort(dim=1).values
-            repeated = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
-            if not bool(repeated.any()):
-                break
-            successors[repeated] = torch.randint(0, vocab_size, (int(repeated.sum()), branching),
-                                                 generator=g)
-    tokens = torch.empty(n_sequences, seq_len + 1, dtype=torch.long)
-    tokens[:, 0] = torch.randint(0, vocab_size, (n_sequences,), generator=g)
-    choices = torch.randint(0, branching, (n_sequences, seq_len), generator=g)
+        table = torch.stack([torch.randperm(vocab_size, generator=g)[:branching].clone()
+                             for _ in range(vocab_size)])
+    elif branching <= FEW_SUCCESSORS:  # GPT-2's 50,257 and the like: independent draws, each
+        # row redrawn while it repeats a token (rare with this few successors: a few rounds)
+        table = torch.randint(0, vocab_size, (vocab_size, branching), generator=g)
+        rows = torch.arange(vocab_size)
+        while len(rows := rows[_repeats(table[rows])]):
+            table[rows] = torch.randint(0, vocab_size, (len(rows), branching), generator=g)
+    else:  # many successors of a large vocabulary, where redrawing rows would take hours and a
+        # table gigabytes: token i's successors are start[i] + j * stride[i] (mod vocab_size),
+        # j < branching, distinct because each stride is coprime with vocab_size
+        units = torch.arange(1, vocab_size)
+        units = units[torch.gcd(units, torch.tensor(vocab_size)) == 1]
+        start = torch.randint(0, vocab_size, (vocab_size,), generator=g).numpy()
+        stride = units[torch.randint(0, len(units), (vocab_size,), generator=g)].numpy()
+        table = None
+    first = torch.randint(0, vocab_size, (n_sequences,), generator=g).numpy()
+    choices = torch.randint(0, branching, (n_sequences, seq_len), generator=g).numpy()
+    # The walk in numpy, one step per position and time-major so that a step writes one
+    # contiguous row: several times quicker than in torch, whose per-call overhead dominates.
+    choices = np.ascontiguousarray(choices.T, dtype=np.int16)
+    table = None if table is None else table.flatten().numpy()
+    walk = np.empty((seq_len + 1, n_sequences), dtype=np.int64)
+    walk[0] = token = first
     for t in range(seq_len):
-        tokens[:, t + 1] = successors[tokens[:, t], choices[:, t]]
+        walk[t + 1] = token = (table[token * branching + choices[t]] if table is not None
+                               else (start[token] + choices[t] * stride[token]) % vocab_size)
+    tokens = torch.from_numpy(walk).T
     return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+
+
+def _repeats(rows: torch.Tensor) -> torch.Tensor:
+    """Which rows of a 2-D tensor hold a value twice."""
+    ordered = rows.sort(dim=1).values
+    return (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
 
 
 def markov_entropy(branching: int = 2) -> float:

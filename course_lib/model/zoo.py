@@ -84,8 +84,8 @@ class LlamaConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        for name, maximum in LLAMA_MAXIMUM.items():
-            positive_int(name, getattr(self, name), maximum=maximum)
+        for name, maximum in LLAMA_MAXIMUM.items():  # stored as ints, as GPTConfig stores them
+            object.__setattr__(self, name, positive_int(name, getattr(self, name), maximum=maximum))
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(f"d_model must be n_heads times an even head size, got "
                              f"d_model={self.d_model}, n_heads={self.n_heads}")

@@ -525,6 +525,7 @@ def settings(config: GPTConfig, budget_bytes: int, *, effective_batch: int = 32,
             for row in rows]
 
 
+@step_setup.keeps_rng
 def measure_seconds(fits: Sequence[Fit], *, device: str | torch.device = "cpu",
                     repeats: int = 3) -> list[float]:
     """Each setting's optimizer step measured: the median seconds over ``repeats`` runs.

@@ -108,18 +108,24 @@ class Plan:
 
     def __post_init__(self):
         engine.precision_of(self.precision)
-        positive_int("accumulation_steps", self.accumulation_steps, maximum=MAX_BATCH)
+        # the counts stored as ints, so that a numpy int cannot overflow in the sums further on
+        object.__setattr__(self, "accumulation_steps", positive_int(
+            "accumulation_steps", self.accumulation_steps, maximum=MAX_BATCH))
         choice("mode", self.mode, ckpt.MODES)
-        positive_int("every", self.every, maximum=MAX_COUNT)
-        optional_positive_int("loss_chunk", self.loss_chunk, maximum=MAX_COUNT)
+        object.__setattr__(self, "every", positive_int("every", self.every, maximum=MAX_COUNT))
+        object.__setattr__(self, "loss_chunk", optional_positive_int(
+            "loss_chunk", self.loss_chunk, maximum=MAX_COUNT))
         for name in ("in_backward", "offload_activations", "offload_optimizer"):
             boolean(name, getattr(self, name))
         if isinstance(self.state_bits, bool) or self.state_bits not in (32, 8, 4) or not isinstance(
                 self.state_bits, int):
             raise ValueError(f"state_bits must be one of (32, 8, 4), got {self.state_bits!r}")
-        optional_positive_int("lora_rank", self.lora_rank, maximum=MAX_COUNT)
-        integer("zero_stage", self.zero_stage, minimum=0, maximum=3)
-        positive_int("world_size", self.world_size, maximum=MAX_WORLD_SIZE)
+        object.__setattr__(self, "lora_rank", optional_positive_int(
+            "lora_rank", self.lora_rank, maximum=MAX_COUNT))
+        object.__setattr__(self, "zero_stage", integer("zero_stage", self.zero_stage, minimum=0,
+                                                       maximum=3))
+        object.__setattr__(self, "world_size", positive_int("world_size", self.world_size,
+                                                            maximum=MAX_WORLD_SIZE))
 
 
 def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: int

@@ -105,11 +105,14 @@ class BudgetTracker(LiveTensorTracker):
         budget_bytes = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
         super().__init__()
         self.budget_bytes, self.what = budget_bytes, text("what", what)
+        self.breach = None  # the first MemoryBudgetExceeded, kept even if the work catches it
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.live > self.budget_bytes:
-            raise MemoryBudgetExceeded(self.live, self.budget_bytes, self.what, at=_op_name(func))
+            error = MemoryBudgetExceeded(self.live, self.budget_bytes, self.what, at=_op_name(func))
+            self.breach = self.breach or error
+            raise error
         return out
 
 
@@ -152,7 +155,8 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
     caught. Elsewhere a :class:`BudgetTracker` counts ``fn``'s live tensors and
     raises :class:`MemoryBudgetExceeded`. After a failure the references are
     dropped, ``gc.collect()`` runs and, on CUDA, ``torch.cuda.empty_cache()``
-    returns the cached blocks, so the kernel goes on. Other errors propagate.
+    returns the cached blocks, so the kernel goes on. Other errors propagate. A breach
+    that ``fn`` catches (both errors are a ``RuntimeError``) still fails the trial.
 
     Args:
         fn (callable): the work, called with no arguments.
@@ -183,8 +187,10 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
         # set_per_process_memory_fraction wants an index: "cuda" alone is refused
         index = torch.cuda.current_device() if device.index is None else device.index
         total = torch.cuda.get_device_properties(index).total_memory
+        # the caller's own cap comes back afterwards (an older PyTorch cannot tell it: 1.0)
+        before = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _: 1.0)(index)
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), index)
-        result = []
+        result, ooms = [], torch.cuda.memory_stats(index).get("num_ooms", 0)
         try:
             start = torch.cuda.memory_allocated(index)
             peak = start + peak_memory(lambda: result.append(fn()), device="cuda")
@@ -193,15 +199,22 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
             first = ". ".join(str(exc).splitlines()[0].split(". ")[:2])
             failure = f"torch.OutOfMemoryError: {first}"
         finally:
-            torch.cuda.set_per_process_memory_fraction(1.0, index)
+            torch.cuda.set_per_process_memory_fraction(before, index)
+        # An OutOfMemoryError is a RuntimeError, which the work may catch and carry on from:
+        # the allocator's count of them still tells
+        if failure is None and torch.cuda.memory_stats(index).get("num_ooms", 0) > ooms:
+            failure = ("torch.OutOfMemoryError: CUDA out of memory, caught inside "
+                       f"{what} (it went on)")
     else:
-        result = []
+        result, tracker = [], BudgetTracker(budget, what)
         try:
-            with BudgetTracker(budget, what) as tracker:
+            with tracker:
                 result.append(fn())
             peak = tracker.peak
         except MemoryBudgetExceeded as exc:
             failure = f"MemoryBudgetExceeded: {exc}"
+        if failure is None and tracker.breach is not None:  # caught inside the work, which went on
+            failure = f"MemoryBudgetExceeded: {tracker.breach}"
     if failure is not None:
         result.clear()
         gc.collect()

@@ -420,6 +420,7 @@ def choices(options) -> tuple:
     return tuple(options[i] for i in sorted(picked))
 
 
+@step_setup.keeps_rng
 def measure_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                  precision: str = "fp32", device: str | torch.device = "cpu") -> int:
     """Measured: the bytes the first training step allocates above the parameters.
@@ -457,6 +458,7 @@ def measure_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: 
                                      **options), device=device.type)
 
 
+@step_setup.keeps_rng
 def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str = "fp32",
                 device: str | torch.device = "cpu", repeats: int = 5,
                 optimizer: bool = False) -> dict:

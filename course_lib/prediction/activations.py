@@ -171,8 +171,8 @@ def prediction_args(config, batch_size, seq_len, dtype, gpu, autocast=False, *,
         ValueError: naming the argument, for a bad value.
     """
     check_config(config)
-    positive_int(names[0], batch_size, maximum=MAX_BATCH)
-    positive_int(names[1], seq_len)
+    batch_size = positive_int(names[0], batch_size, maximum=MAX_BATCH)  # an int from here: a
+    seq_len = positive_int(names[1], seq_len)  # numpy int would overflow in the products below
     if seq_len > config.seq_len:
         raise ValueError(f"{names[1]} must be at most config.seq_len={config.seq_len}, "
                          f"got {seq_len}")
@@ -343,12 +343,11 @@ def attention_core_saved(config: GPTConfig, b: int, s: int, dtype, gpu=None, *,
 
     Raises:
         ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
-            ``dtype``; ``kernel`` not one of the SDPA kernels).
+            ``dtype``; ``kernel`` not one of the SDPA kernels, or one that cannot run on this
+            target: :func:`course_lib.model.kernels.forced_kernel`).
     """
     b, s, t = prediction_args(config, b, s, dtype, gpu, autocast, names=("b", "s"))
-    if kernel is not None and kernel not in kernels.SDPA_KERNELS:
-        raise ValueError(f"kernel must be one of {kernels.SDPA_KERNELS} or None, got {kernel!r}")
-    return core_items(config, b, s, t, kernel)
+    return core_items(config, b, s, t, kernels.forced_kernel(kernel, config, t.compute, t.gpu))
 
 
 def runs_fused_mlp(config: GPTConfig, t: Target) -> bool:

@@ -21,12 +21,14 @@ from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.prediction import activations as act
 from course_lib.training.checkpointing import (
+    ALL_MODES,
     SELECTIVE_MODES,
     check_kernel_mode,
     check_mode,
     checkpointed_regions,
 )
 from course_lib.units import dtype_bytes
+from course_lib.validation import fields
 
 
 def _selective_outputs(config: GPTConfig, b: int, s: int, t, mode: str = "selective") -> list:
@@ -223,7 +225,7 @@ def block_ratio(config: GPTConfig, batch_size: int, *, seq_len: int | None = Non
 
     ``A`` is one block's items without checkpointing, ``X`` what a checkpointed block keeps
     (its ``(b, s, h)`` input), both from :func:`kept_by_block`, as the device allocates them.
-    The ratio :func:`course_lib.training.checkpointing.best_segments` needs. Lecture 04, section 2.
+    The ratio :func:`course_lib.training.checkpointing.best_segments` needs. Lecture 04, section 3.
 
     Args:
         config (GPTConfig): the course GPT's shape.
@@ -263,12 +265,22 @@ class CheckpointCost:
             (:func:`predict_kept_bytes`).
         flops (int): FLOPs of forward, backward and recomputation (:func:`step_flops`).
         flops_plain (int): the same without checkpointing.
+
+    Raises:
+        TypeError or ValueError: naming the field, for a field of the wrong type or out of
+            range (a record built by hand is checked as one the course builds).
     """
 
     mode: str
     kept_bytes: int
     flops: int
     flops_plain: int
+
+    def __post_init__(self):
+        fields(self, mode=ALL_MODES, kept_bytes=int, flops=int, flops_plain=int)
+        if not 0 < self.flops_plain <= self.flops:  # a step computes; recomputing adds to it
+            raise ValueError(f"CheckpointCost.flops_plain must be from 1 to flops={self.flops}, "
+                             f"got {self.flops_plain}")
 
     @property
     def flop_ratio(self) -> float:
@@ -318,8 +330,8 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     L = config.n_layers
     segments = check_mode(mode, every, segments, L)
     seq_len = config.seq_len if seq_len is None else seq_len
-    _, _, t = act.prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
-    b, s, h = batch_size, seq_len, config.d_model
+    b, s, t = act.prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
+    h = config.d_model
     kernel = kernels.attention_kernel(config, t.compute, t.gpu)
     linears, core, head = 24 * b * s * h * h, 4 * b * s * s * h, 2 * b * s * h * config.vocab_size
     core_backward = 2 * core if kernel in ("explicit", "math") else 5 * core // 2

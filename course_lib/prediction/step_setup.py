@@ -10,6 +10,7 @@ exists before it starts), which lectures 02, 03, 06 and 08 put beside the predic
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -91,6 +92,24 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
     return model, torch.optim.AdamW(model.parameters(), lr=lr)
 
 
+def keeps_rng(measure: Callable) -> Callable:
+    """``measure`` on a fork of the global RNG, which comes back as it was: a measurement that
+    builds its model with :func:`build` (``torch.manual_seed``) leaves the caller's random
+    numbers alone.
+
+    Args:
+        measure (callable): a function of the measuring kind.
+
+    Returns:
+        callable: the same function, with its docstring and signature.
+    """
+    @functools.wraps(measure)
+    def measured(*args, **kwargs):
+        with torch.random.fork_rng():
+            return measure(*args, **kwargs)
+    return measured
+
+
 def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
     """The keyword arguments of :func:`course_lib.training.loop.train` for ``precision``.
 
@@ -146,6 +165,7 @@ def measure_steady_step(model: torch.nn.Module, optimizer, step: Callable[[], ob
     return resident + peak_memory(step, device=device.type)
 
 
+@keeps_rng
 def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
                         precision: str = "fp32", mode: str = "none", every: int = 1,
                         device: str | torch.device = "cpu") -> int:
@@ -192,6 +212,7 @@ def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
 __all__ = ["model_dtype", "build", "train_options", "measure_step_memory", "measure_steady_step"]
 
 
+@keeps_rng
 def measure_chunked_loss_step(config: GPTConfig, micro_batch_size: int, loss_chunk: int,
                               accumulation_steps: int = 1, *, precision: str = "fp32",
                               device: str | torch.device = "cpu") -> int:
@@ -261,6 +282,7 @@ class KernelPolicy:
     kernel_runs: int
 
 
+@keeps_rng
 def kernel_policies(config: GPTConfig, batch_size: int, *, precision: str = "fp32",
                     device: str | torch.device = "cpu", gpu=None) -> list[KernelPolicy]:
     """The course kernel's two policies side by side, each in a fresh model: kept bytes measured

@@ -411,13 +411,15 @@ def _ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
     exists, as in every later step)."""
     tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=n_layers,
                      dropout=0.1 if dropout else 0.0, attention=attention, bias=bias)
-    steps = _tiny_steps(tiny, mode, precision, "cpu", foreach)
-    steps[1]()
     counts = []
-    for K in (1, 2):
-        with _OpCounter() as counter:
-            steps[K]()
-        counts.append(counter.ops)
+    # build() seeds the global RNG and dropout draws from it: the caller's RNG comes back as it was
+    with torch.random.fork_rng(devices=[]):
+        steps = _tiny_steps(tiny, mode, precision, "cpu", foreach)
+        steps[1]()
+        for K in (1, 2):
+            with _OpCounter() as counter:
+                steps[K]()
+            counts.append(counter.ops)
     per_micro_batch = counts[1] - counts[0]
     return per_micro_batch, counts[0] - per_micro_batch
 
@@ -695,10 +697,7 @@ def transfer_seconds(nbytes: int, bytes_per_second: float) -> float:
 
         transfer_seconds(63_000_000_000, 63e9)  # 1.0: a PCIe 5.0 x16 link for a second
     """
-    if (not isinstance(nbytes, int) or isinstance(nbytes, bool)
-            or not 0 <= nbytes <= MAX_BYTES):
-        raise ValueError(f"nbytes must be a non-negative int of at most {MAX_BYTES:,}, "
-                         f"got {nbytes!r}")
+    nbytes = integer("nbytes", nbytes, minimum=0, maximum=MAX_BYTES)  # numpy's ints too
     return nbytes / number("bytes_per_second", bytes_per_second, above=0.0)
 
 

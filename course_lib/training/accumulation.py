@@ -26,6 +26,8 @@ first item), as the course GPT computes them, ``ignore_index`` targets skipped.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -291,14 +293,17 @@ def max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
         b (dict): name -> tensor of the same shape, same names.
 
     Returns:
-        float: the largest absolute difference, computed in fp64.
+        float: the largest absolute difference, computed in fp64; NaN if any difference is NaN
+        (a NaN against a number, or infinities of one sign).
 
     Raises:
         ValueError: naming ``a`` or ``b`` (not a non-empty dict of tensors), or when their
             names or their tensors' shapes differ.
     """
     _same_names(a, b)
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+    # Python's max() would drop a NaN that does not come first (NaN > x is False): NaN wins here
+    gaps = [(a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].numel()]
+    return math.nan if any(math.isnan(g) for g in gaps) else max(gaps, default=0.0)
 
 
 def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -377,7 +382,8 @@ def weight_gap(a: nn.Module, b: nn.Module) -> float:
         b (torch.nn.Module): a model with parameters of the same names and shapes.
 
     Returns:
-        float: the largest absolute difference of any weight, computed in fp64.
+        float: the largest absolute difference of any weight, computed in fp64 (NaN if a
+        difference is NaN).
 
     Raises:
         ValueError: naming ``a`` or ``b`` (not an ``nn.Module`` with parameters), or when their

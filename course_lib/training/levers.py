@@ -525,7 +525,7 @@ def low_bit_state_bytes(numels: list[int], bits: int, *, param_bytes: int = 4) -
     numels = items("numels", numels)
     total = 0
     for n in numels:
-        positive_int("numels", n, maximum=MAX_COUNT)
+        n = positive_int("numels", n, maximum=MAX_COUNT)  # an int: the sum stays exact
         total += 4  # the step counter
         if bits == 32:
             total += 2 * n * param_bytes

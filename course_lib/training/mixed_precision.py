@@ -44,7 +44,8 @@ class MasterWeightAdamW(torch.optim.AdamW):
             which :func:`course_lib.prediction.engine.predict_step_memory` predicts by default.
 
     Raises:
-        ValueError: naming ``params``, for anything but tensors, at least one requiring grad.
+        ValueError: naming ``params``, for anything but distinct tensors, at least one requiring
+            grad.
 
     Example::
 
@@ -62,6 +63,9 @@ class MasterWeightAdamW(torch.optim.AdamW):
         if not all(isinstance(p, torch.Tensor) for p in params):
             raise ValueError(f"params must be an iterable of tensors (model.parameters()), got "
                              f"{[type(p).__name__ for p in params]}")
+        if len({id(p) for p in params}) < len(params):  # two masters: the stale one would win
+            raise ValueError("params must not hold a tensor twice (model.parameters() lists "
+                             "each once)")
         self.model_params = [p for p in params if p.requires_grad]
         if not self.model_params:
             raise ValueError("params must hold at least one tensor that requires grad")

@@ -64,7 +64,9 @@ from course_lib.training.checkpointing import (
     SAVE_OPS as SAVE_OPS,
     SelectiveContext as SelectiveContext,
     check_ops,
+    check_policy,
 )
+from course_lib.validation import fields
 
 _aten = torch.ops.aten
 #: ``policy_cost`` policies given by name: no checkpoint, or a checkpoint that saves nothing.
@@ -111,14 +113,15 @@ def _context_fn_for(policy) -> Callable:
 
     Raises:
         ValueError: naming ``policy``, for a list holding anything but ``OpOverload`` s.
+        TypeError: naming ``policy``, for one op alone (pass a list of it).
     """
     if isinstance(policy, str) and policy == "full":
         return noop_context_fn
     if isinstance(policy, SelectiveContext):
         return policy
-    if not callable(policy):
-        policy = list(check_ops(policy, "policy"))
-    return functools.partial(create_selective_checkpoint_contexts, policy)
+    policy = check_policy(policy)
+    return functools.partial(create_selective_checkpoint_contexts,
+                             policy if callable(policy) else list(policy))
 
 
 class _OpCounter(TorchDispatchMode):
@@ -209,6 +212,10 @@ class PolicyCost:
             left out), ``OpOverload`` -> count.
         recompute_flops (int): their FLOPs as ``FlopCounterMode`` counts them (matmuls and
             attention; pointwise ops count 0).
+
+    Raises:
+        TypeError or ValueError: naming the field, for a field of the wrong type or out of
+            range (a record built by hand is checked as one the course builds).
     """
 
     policy: str
@@ -216,6 +223,14 @@ class PolicyCost:
     peak_bytes: int
     recomputed: Counter
     recompute_flops: int
+
+    def __post_init__(self):
+        fields(self, policy=str, kept_bytes=int, peak_bytes=int, recomputed=Counter,
+               recompute_flops=int)
+        if not all(isinstance(op, torch._ops.OpOverload) and type(n) is int and n > 0
+                   for op, n in self.recomputed.items()):
+            raise ValueError(f"PolicyCost.recomputed must count OpOverloads (op -> times > 0), "
+                             f"got {self.recomputed!r:.120}")
 
     def recomputes(self, op) -> int:
         """How many times ``op`` (an OpOverload) runs again in the backward pass.
@@ -281,12 +296,14 @@ def policy_name(policy) -> str:
 
     Raises:
         ValueError: naming ``policy``, for a list holding anything but ``OpOverload`` s.
+        TypeError: naming ``policy``, for one op alone (pass a list of it).
     """
     if isinstance(policy, str | SelectiveContext):
         return str(policy)
+    policy = check_policy(policy)
     if callable(policy):
         return getattr(policy, "__name__", type(policy).__name__)
-    return "save " + ", ".join(str(op) for op in check_ops(policy, "policy"))
+    return "save " + ", ".join(str(op) for op in policy)
 
 
 def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:
@@ -309,18 +326,20 @@ def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:
     Raises:
         ValueError: naming ``fn`` (not callable) or ``policy`` (an unknown name, or a list of
             anything but ``OpOverload`` s).
+        TypeError: naming ``policy``, for one op alone (pass a list of it).
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {fn!r}")
     if isinstance(policy, str) and policy not in NAMED_POLICIES:
         raise ValueError(f"policy must be one of {NAMED_POLICIES}, a list of OpOverloads "
                          f"or a policy function, got {policy!r}")
+    label = policy_name(policy)  # checks a list, or one op alone, before fn runs
     plain = _run(fn, inputs, None)
     if isinstance(policy, str) and policy == "none":
         return PolicyCost("none", plain[0], plain[1], Counter(), 0)
     kept, peak, ops, flops = _run(fn, inputs, _context_fn_for(policy))
     recomputed = Counter({op: n for op, n in (ops - plain[2]).items() if not _is_bookkeeping(op)})
-    return PolicyCost(policy_name(policy), kept, peak, recomputed, flops - plain[3])
+    return PolicyCost(label, kept, peak, recomputed, flops - plain[3])
 
 
 #: Ops that relabel or allocate a storage without reading or writing its bytes, although
