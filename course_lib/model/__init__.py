@@ -4,7 +4,7 @@ Its modules, in the order they build on one another (a module imports only the o
 here, the top modules of :mod:`course_lib` and the wings above this one):
 
 ====================  ==============================================================================
-``fused``             05: the course's own Triton kernel (bias + GELU), one op to a policy
+``fused``             05: the course's own Triton kernels (bias-dropout-add, bias + GELU), one op to a policy
 ``gpt``               01-08: the course GPT (nanoGPT-style), its parameter count, token data
 ``zoo``               01: GPT-2 and Llama presets, counted on the ``meta`` device
 ``toy_data``          03: a toy language with a known loss floor, to train on

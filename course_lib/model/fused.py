@@ -1,38 +1,45 @@
-"""The course's own GPU kernel: the MLP's bias add and GELU fused into one Triton kernel.
+"""The course's own GPU kernels, in Triton: each keeps fewer bytes, or no more, than the PyTorch
+ops it replaces, because its backward pass recomputes what they store.
 
-In the course GPT's MLP, ``gelu(x @ W.T + b)`` runs three kernels (a matmul, a bias add, the
-GELU), and autograd keeps the GELU's input for backward. Fused, the bias add and the GELU are
-one kernel that reads ``x`` and ``b`` once and writes the activation once; its backward
-*recomputes* ``gelu'(x + b)`` from the same two inputs instead of keeping an intermediate. This
-is the pattern of FlashAttention and of Megatron-LM's fused bias-GELU, small enough to read.
+* :func:`bias_dropout_add`, Megatron-LM's ``residual + dropout(x + bias, p)``: the unfused ops
+  keep the dropout's ``b x s x h`` mask for the backward pass; the kernel keeps its seed and
+  draws the mask again in its backward kernel (Triton's "low-memory dropout" tutorial).
+  Lecture 05's kernel.
+* :func:`bias_gelu`, the MLP's ``gelu(x + b)``: it keeps its input ``x``, the same bytes as
+  PyTorch's ``gelu(addmm(...))``, and recomputes ``gelu'`` in its backward, another op
+  (:func:`bias_gelu_backward`); ``GPTConfig(fused_mlp=True)`` runs it in the course GPT.
 
-Each Triton program handles :data:`BLOCK` elements. Registered as one PyTorch operator,
-``torch.ops.course.bias_gelu`` (its backward another, :func:`bias_gelu_backward`; with
-:func:`torch.library.custom_op` and a Triton launch inside), the kernel is a single op to
-autograd and to a selective-checkpointing policy: a policy can save its output (the kernel does
-not run again in backward) or recompute it (it runs once more). A plain
-:class:`torch.autograd.Function` would not be one op: the policy would see the ``aten`` ops of
-its body, one by one (:func:`unregistered_bias_gelu` shows it).
+Each Triton program handles :data:`BLOCK` elements. Registered with
+:func:`torch.library.custom_op`, a kernel is a single op to autograd and to a
+selective-checkpointing policy: a policy can save its output (the kernel does not run again in
+backward) or recompute it (it runs once more). A plain :class:`torch.autograd.Function` would
+not be one op: the policy would see the ``aten`` ops of its body, one by one
+(:func:`unregistered_bias_gelu` shows it).
 
-Where it runs:
+Where they run:
 
-* CUDA with Triton (Colab's T4 included): the compiled kernel.
-* CPU with Triton installed: the same kernel through Triton's interpreter (what
-  ``TRITON_INTERPRET=1`` selects), which executes it block by block with NumPy. It is slow:
-  keep sizes small. The op, its saved tensors and its gradients are those of the GPU.
-* Elsewhere (MPS, Windows, no Triton): the same function in plain PyTorch inside the same op,
-  with the same saved-tensor contract, so that policies and byte counts do not change.
+* CUDA with Triton (Colab's T4 included): the compiled kernels.
+* CPU with Triton installed: the same kernels through Triton's interpreter (what
+  ``TRITON_INTERPRET=1`` selects), which executes them block by block with NumPy. It is slow:
+  keep sizes small. The ops, their saved tensors and their gradients are those of the GPU.
+* Elsewhere (MPS, macOS, Windows, or a Triton that does not import): the same functions in plain
+  PyTorch inside the same ops, with the same saved-tensor contract, so that policies and byte
+  counts do not change (the dropout mask then comes from a seeded ``torch.Generator``).
 
-:data:`OPS` maps a name to ``(op, reference, example)``: the ``OpOverload``, the same function
-in plain PyTorch, and ``example(device, dtype)``, a list of inputs.
+:data:`OPS` maps a name to ``(op, reference, example)`` for the model's kernel: the
+``OpOverload``, the same function in plain PyTorch, and ``example(device, dtype)``, its inputs.
+:func:`source` returns a kernel's source, or the registration's, as text; :func:`dropout_example`
+gives inputs of :func:`bias_dropout_add`.
 
-References: Hendrycks & Gimpel 2016 (GELU, ``x * Phi(x)``); Dao et al. 2022 (FlashAttention:
-recompute inside a kernel); Megatron-LM's ``fused_bias_gelu``; Triton's "fused softmax"
-tutorial for the launch pattern.
+References: Korthikanti et al. 2022 and Megatron-LM's ``bias_dropout_add_fused_train``;
+Triton's "low-memory dropout" tutorial (``tl.rand(seed, offsets)``); Salmon et al. 2011
+(Philox, the counter-based generator behind ``tl.rand``); Hendrycks & Gimpel 2016 (GELU);
+Dao et al. 2022 (FlashAttention: recompute inside a kernel).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import importlib.util
@@ -55,7 +62,17 @@ _KERNELS: dict | None = None
 
 @functools.cache
 def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    """Whether Triton imports here (macOS and Windows have no wheels; a wheel built for another
+    platform may be installed and still fail): without it the ops run their PyTorch reference."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    except Exception:  # any failure to import means: no Triton here
+        return False
+    return True
 
 
 #: Elements each Triton program handles: a power of two, so that one block is one vector.
@@ -113,29 +130,35 @@ def _backward(grad_ptr, x_ptr, b_ptr, out_ptr, n_elements, n_cols, BLOCK: tl.con
 
 
 def _kernels() -> dict:
-    """The two kernels per backend, made on the first launch (Triton imported then)."""
+    """The kernels per backend, made on the first launch (Triton imported then)."""
     global triton, tl, _KERNELS
     if _KERNELS is None:
-        try:
+        try:  # _triton_installed() said it imports
             import triton
             import triton.language as tl
             from triton.runtime.interpreter import InterpretedFunction
-        except ImportError as exc:  # found by find_spec, yet broken (a CUDA-only wheel, say)
-            raise RuntimeError(f"Triton is installed but does not import ({exc}); uninstall it "
-                               "to run the kernel's reference in plain PyTorch") from exc
-
-        _KERNELS = {"triton": {"forward": triton.jit(_forward), "backward": triton.jit(_backward)},
-                    "interpreter": {"forward": InterpretedFunction(_forward),
-                                    "backward": InterpretedFunction(_backward)}}
+        except ImportError as exc:
+            raise RuntimeError(f"Triton stopped importing: {exc}") from exc
+        kernels = {"forward": _forward, "backward": _backward, "dropout_add": _dropout_add,
+                   "dropout_backward": _dropout_backward}
+        # the seed changes every call: one compiled kernel for all seeds
+        _KERNELS = {"triton": {name: triton.jit(fn, do_not_specialize=["seed"] if "dropout" in name
+                                                else None) for name, fn in kernels.items()},
+                    "interpreter": {name: InterpretedFunction(fn) for name, fn in kernels.items()}}
     return _KERNELS
 
 
 def _launch(name: str, out: Tensor, *tensors: Tensor) -> Tensor:
+    return _run(name, out, *tensors, out, out.numel(), tensors[-1].numel())
+
+
+def _run(name: str, out: Tensor, *args) -> Tensor:
+    """Launch kernel ``name`` over ``out``'s elements with ``args``; returns ``out``."""
     where = backend(out.device)
     kernel = _kernels()[where][name]
-    n = out.numel()
+    grid = (triton.cdiv(out.numel(), BLOCK),)
     if where == "triton":
-        kernel[(triton.cdiv(n, BLOCK),)](*tensors, out, n, tensors[-1].numel(), BLOCK=BLOCK)
+        kernel[grid](*args, BLOCK=BLOCK)
         return out
     # The interpreter wraps its arguments in closures that refer to themselves: a reference cycle
     # that would keep the tensors' storages alive until Python's garbage collector runs. With the
@@ -144,7 +167,8 @@ def _launch(name: str, out: Tensor, *tensors: Tensor) -> Tensor:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        kernel[(triton.cdiv(n, BLOCK),)](*tensors, out, n, tensors[-1].numel(), BLOCK=BLOCK)
+        with _interpretable_random():
+            kernel[grid](*args, BLOCK=BLOCK)
     finally:
         if collecting:
             gc.enable()
@@ -152,23 +176,61 @@ def _launch(name: str, out: Tensor, *tensors: Tensor) -> Tensor:
     return out
 
 
+@contextlib.contextmanager
+def _interpretable_random():
+    """Triton's ``tl.rand`` and the functions it calls, as the interpreter can call them.
+
+    They are compiled device functions unless ``TRITON_INTERPRET=1`` was set before Triton was
+    imported; the interpreter calls only interpreted ones. Swapped for one launch, so that a
+    compiled kernel in the same process still sees the originals."""
+    try:
+        import triton.language.random as random
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError:  # a Triton without the interpreter's pieces: nothing to swap
+        yield
+        return
+    jitted = {name: f for name, f in vars(random).items() if isinstance(f, JITFunction)}
+    swapped = [(module, name, f) for module in (random, tl) for name, f in jitted.items()
+               if getattr(module, name, None) is f]
+    for module, name, f in swapped:
+        setattr(module, name, InterpretedFunction(f.fn))
+    try:
+        yield
+    finally:
+        for module, name, f in swapped:
+            setattr(module, name, f)
+
+
+#: What :func:`source` shows: the kernels by name, and the registration of bias-dropout-add.
+SOURCES = ("forward", "backward", "dropout_add", "dropout_backward", "registration")
+
+
 def source(kernel: str = "forward") -> str:
-    """The Triton source of one of the two kernels, as a lecture prints it.
+    """The source of a kernel, or of the op's registration, as a lecture shows it.
+
+    It is text: it reads the same where Triton is not installed.
 
     Args:
-        kernel (str): ``"forward"`` (``gelu(x + b)``) or ``"backward"`` (``grad * gelu'(x + b)``).
+        kernel (str): one of :data:`SOURCES`: ``"forward"`` (``gelu(x + b)``), ``"backward"``
+            (``grad * gelu'(x + b)``), ``"dropout_add"`` and ``"dropout_backward"`` (the two
+            kernels of :func:`bias_dropout_add`), ``"registration"`` (its ``custom_op`` block).
 
     Returns:
-        str: the kernel's Python source.
+        str: the Python source.
 
     Raises:
-        ValueError: naming ``kernel``, for another name; or where Triton is not installed.
+        ValueError: naming ``kernel``, for another name.
     """
-    if kernel not in ("forward", "backward"):
-        raise ValueError(f"kernel must be one of ('forward', 'backward'), got {kernel!r}")
-    if not _triton_installed():
-        raise ValueError("the kernels' source needs Triton installed (pip install triton)")
-    return textwrap.dedent(inspect.getsource(_forward if kernel == "forward" else _backward))
+    if kernel not in SOURCES:
+        raise ValueError(f"kernel must be one of {SOURCES}, got {kernel!r}")
+    if kernel == "registration":
+        text = inspect.getsource(inspect.getmodule(source))
+        start = text.index('\n@torch.library.custom_op("course::bias_dropout_add"') + 1
+        return text[start:text.index("\n# end of the registration", start)] + "\n"
+    kernels = {"forward": _forward, "backward": _backward, "dropout_add": _dropout_add,
+               "dropout_backward": _dropout_backward}
+    return textwrap.dedent(inspect.getsource(kernels[kernel]))
 
 
 def _check(x: Tensor, bias: Tensor, what: str = "x") -> None:
@@ -342,10 +404,229 @@ def example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float
     return [x.requires_grad_(), bias.requires_grad_()]
 
 
+# ------------------------------------------------------------------------- bias-dropout-add
+
+
+def _dropout_add(x_ptr, bias_ptr, residual_ptr, out_ptr, n_elements, n_cols, p, scale, seed,
+                 BLOCK: tl.constexpr):
+    """``out = residual + dropout(x + bias, p)``; the mask is drawn from ``(seed, offset)``."""
+    # int64: int32 offsets would overflow past 2**31 elements
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=inside).to(tl.float32)
+    bias = tl.load(bias_ptr + offsets % n_cols, mask=inside).to(tl.float32)
+    residual = tl.load(residual_ptr + offsets, mask=inside).to(tl.float32)
+    keep = tl.rand(seed, offsets) >= p  # the same numbers for the same seed and offsets
+    out = residual + tl.where(keep, (x + bias) * scale, 0.0)
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def _dropout_backward(grad_ptr, out_ptr, n_elements, p, scale, seed, BLOCK: tl.constexpr):
+    """``out = grad * keep * scale``: the forward's mask, drawn again from its seed."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n_elements
+    grad = tl.load(grad_ptr + offsets, mask=inside).to(tl.float32)
+    keep = tl.rand(seed, offsets) >= p
+    out = tl.where(keep, grad * scale, 0.0)
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+#: Seeds are drawn below this bound, so that Triton passes every seed as one int32 type.
+_SEED_LIMIT = 2**31
+
+
+def _reference_keep(shape, p: float, seed: int, device) -> Tensor:
+    # Without Triton: the mask from a torch.Generator seeded the same way (other numbers than
+    # Triton's Philox stream, the same contract: a seed kept, a mask redrawn).
+    generator = torch.Generator(device).manual_seed(seed)
+    return torch.rand(shape, generator=generator, device=device) >= p
+
+
+def _dropout_launch(name: str, out: Tensor, p: float, seed: int, *tensors: Tensor) -> Tensor:
+    scale = 1 / (1 - p) if p < 1 else 0.0  # p = 1 drops everything
+    if backend(out.device) == "reference":
+        keep = _reference_keep(out.shape, p, seed, out.device)
+        if name == "dropout_backward":
+            return torch.where(keep, tensors[0].float() * scale, 0.0).to(out.dtype)
+        x, bias, residual = (t.float() for t in tensors)
+        return (residual + torch.where(keep, (x + bias) * scale, 0.0)).to(out.dtype)
+    tensors = tuple(t.contiguous() for t in tensors)
+    if name == "dropout_add":
+        return _run(name, out, *tensors, out, out.numel(), tensors[1].numel(), p, scale, seed)
+    return _run(name, out, *tensors, out, out.numel(), p, scale, seed)
+
+
+@torch.library.custom_op("course::bias_dropout_add", mutates_args=())
+def _bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float, seed: int) -> Tensor:
+    out = torch.empty_like(residual, memory_format=torch.contiguous_format)
+    return _dropout_launch("dropout_add", out, p, seed, x, bias, residual)  # or its reference
+
+
+@_bias_dropout_add.register_fake
+def _(x, bias, residual, p, seed):
+    return torch.empty_like(residual, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("course::dropout_backward", mutates_args=())
+def _dropout_grad(grad: Tensor, p: float, seed: int) -> Tensor:
+    out = torch.empty_like(grad, memory_format=torch.contiguous_format)
+    return _dropout_launch("dropout_backward", out, p, seed, grad)
+
+
+@_dropout_grad.register_fake
+def _(grad, p, seed):
+    return torch.empty_like(grad, memory_format=torch.contiguous_format)
+
+
+def _keep_the_seed(ctx, inputs, output):
+    ctx.p, ctx.seed = inputs[3], inputs[4]  # two numbers: no tensor is saved
+
+
+def _dropout_add_grads(ctx, grad):
+    grad_x = torch.ops.course.dropout_backward(grad, ctx.p, ctx.seed)  # the mask, redrawn
+    grad_bias = grad_x.reshape(-1, grad_x.shape[-1]).sum(0, dtype=torch.float32)
+    return grad_x, grad_bias.to(grad.dtype), grad, None, None
+
+
+_bias_dropout_add.register_autograd(_dropout_add_grads, setup_context=_keep_the_seed)
+# end of the registration
+
+
+def _check_dropout(x, bias, residual, p, seed) -> None:
+    for name, value in (("x", x), ("bias", bias), ("residual", residual)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
+    if isinstance(p, bool) or not isinstance(p, int | float):
+        raise TypeError(f"p must be a float, got {type(p).__name__}")
+    if not 0 <= p <= 1:
+        raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not 0 <= seed < _SEED_LIMIT:
+        raise ValueError(f"seed must be in [0, 2**31), got {seed!r}")
+    _check(x, bias)
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+        raise ValueError(f"residual must have x's shape, dtype and device, got "
+                         f"{tuple(residual.shape)} {residual.dtype} on {residual.device} for x "
+                         f"{tuple(x.shape)} {x.dtype} on {x.device}")
+
+
+def bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float,
+                     seed: int | None = None) -> Tensor:
+    """``residual + dropout(x + bias, p)`` in one kernel: Megatron-LM's bias-dropout-add.
+
+    The unfused PyTorch ops, ``F.dropout(x + bias, p) + residual``, keep the dropout's mask
+    (a ``b x s x h`` tensor: ``bool`` on CUDA, ``x``'s dtype on the CPU) for the backward pass.
+    This op keeps two numbers, ``p`` and ``seed``: its forward kernel draws the mask from
+    ``tl.rand(seed, offsets)`` and its backward kernel draws the same mask again (Triton's
+    "low-memory dropout" tutorial). The sum ``x + bias`` is never written to memory.
+
+    Registered as ``torch.ops.course.bias_dropout_add`` (``source("registration")``), one op to
+    a selective-checkpointing policy. Without Triton (MPS, Windows, macOS), the same op runs a
+    PyTorch reference that draws its mask from a ``torch.Generator`` seeded with ``seed``: other
+    random numbers, the same bytes kept.
+
+    Args:
+        x (Tensor): ``(..., n)``, floating point: the output of a matmul without its bias.
+        bias (Tensor): ``(n,)``, ``x``'s dtype and device.
+        residual (Tensor): ``x``'s shape, dtype and device.
+        p (float): the probability of dropping an element, in ``[0, 1]``.
+        seed (int or None): the mask's seed in ``[0, 2**31)``; None draws one from PyTorch's
+            CPU generator (``torch.manual_seed`` makes it repeatable, and checkpointing's
+            recomputation draws the same one).
+
+    Returns:
+        Tensor: ``residual + dropout(x + bias, p)``, ``x``'s shape and dtype.
+
+    Raises:
+        TypeError: for a non-tensor, a ``p`` that is not a number or a ``seed`` that is not
+            an int.
+        ValueError: naming ``p`` (outside ``[0, 1]``), ``seed`` (outside ``[0, 2**31)``) or
+            the tensors (other shapes, dtypes or devices).
+
+    Example::
+
+        out = bias_dropout_add(torch.randn(2, 8, 64), torch.zeros(64), torch.randn(2, 8, 64), 0.1)
+    """
+    if seed is None:
+        seed = int(torch.randint(_SEED_LIMIT, ()))
+    _check_dropout(x, bias, residual, p, seed)
+    return torch.ops.course.bias_dropout_add(x, bias, residual, float(p), seed)
+
+
+def dropout_mask(x: Tensor, p: float, seed: int) -> Tensor:
+    """The mask :func:`bias_dropout_add` draws for ``x``'s shape, ``p`` and ``seed``.
+
+    The kernel itself draws it (on ones, with no bias and no residual), so a reference built on
+    it drops exactly the elements the kernel drops.
+
+    Args:
+        x (Tensor): a tensor of the shape, dtype and device the op will see.
+        p (float): the dropout probability.
+        seed (int): the seed.
+
+    Returns:
+        Tensor: ``bool``, True where the element is kept.
+
+    Raises:
+        TypeError, ValueError: as :func:`bias_dropout_add`.
+    """
+    ones = torch.ones_like(x, memory_format=torch.contiguous_format)
+    zeros = torch.zeros_like(ones)
+    with torch.no_grad():
+        return bias_dropout_add(ones, zeros[(0,) * (x.dim() - 1)], zeros, p, seed) != 0
+
+
+def unfused_bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float,
+                             seed: int | None = None) -> Tensor:
+    """The PyTorch ops :func:`bias_dropout_add` replaces, ``F.dropout(x + bias, p) + residual``.
+
+    With ``seed`` given, the mask is the op's own (:func:`dropout_mask`), applied by the same
+    three ops (an add, a multiply by the mask, an add): the reference the kernel is tested
+    against, forward and backward. Without, ``F.dropout`` draws its own.
+
+    Args:
+        x, bias, residual, p: as :func:`bias_dropout_add`.
+        seed (int or None): the op's seed, or None for ``F.dropout``'s own mask.
+
+    Returns:
+        Tensor: ``residual + dropout(x + bias, p)``.
+
+    Raises:
+        TypeError, ValueError: as :func:`bias_dropout_add`.
+    """
+    _check_dropout(x, bias, residual, p, 0 if seed is None else seed)
+    if seed is None:
+        return torch.nn.functional.dropout(x + bias, p) + residual
+    scale = 1 / (1 - p) if p < 1 else 0.0
+    return (x + bias) * (dropout_mask(x, p, seed) * scale).to(x.dtype) + residual
+
+
+def dropout_example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list:
+    """Inputs of :func:`bias_dropout_add`: ``x`` and ``residual`` ``(2, 8, 64)``, a bias of 64
+    (all three requiring grad), ``p = 0.25`` and a seed, all seeded.
+
+    Args:
+        device (torch.device or str): where to make them.
+        dtype (torch.dtype): their dtype.
+
+    Returns:
+        list: ``[x, bias, residual, p, seed]``.
+
+    Raises:
+        ValueError: naming ``device`` or ``dtype``, as :func:`example`.
+    """
+    x, bias = example(device, dtype)
+    generator = torch.Generator().manual_seed(1)
+    residual = torch.randn(x.shape, generator=generator).to(device=x.device, dtype=dtype)
+    return [x, bias, residual.requires_grad_(), 0.25, 1234]
+
+
 #: The course's fused ops: ``name -> (op, reference, example)``.
 OPS: dict[str, tuple[torch._ops.OpOverload, Callable, Callable]] = {
     "bias_gelu": (torch.ops.course.bias_gelu.default, reference, example),
 }
 
-__all__ = ["BLOCK", "OPS", "backend", "bias_gelu", "bias_gelu_backward", "example", "reference",
-           "source", "unregistered_bias_gelu"]
+__all__ = ["BLOCK", "OPS", "SOURCES", "backend", "bias_dropout_add", "bias_gelu",
+           "bias_gelu_backward", "dropout_example", "dropout_mask", "example", "reference",
+           "source", "unfused_bias_dropout_add", "unregistered_bias_gelu"]

@@ -127,7 +127,7 @@ def draw_question(ax: Axes, none: tuple, full: tuple) -> None:
     ax.tick_params(labelsize=_FONT + 1)
 
 
-def draw_every_k(ax: Axes, fractions, memory, flops, labels) -> None:
+def draw_every_k(ax: Axes, fractions, memory, flops, labels, predicted=None) -> None:
     """Memory saving and recomputed FLOPs of every k-th block, as shares of every block's.
 
     Args:
@@ -136,10 +136,14 @@ def draw_every_k(ax: Axes, fractions, memory, flops, labels) -> None:
         memory (list of float): the memory saving of each, as a share of every block's.
         flops (list of float): the recomputed FLOPs of each, as a share of every block's.
         labels (list of str): one per policy, beside its memory point.
+        predicted (list of float, optional): the predicted memory saving of each, drawn as a
+            cross over its measured point.
     """
     ax.plot([0, 1], [0, 1], color="0.75", lw=1, label="the share of blocks itself")
     ax.plot(fractions, flops, "s", color="C1", ms=7, mfc="none", label="FLOPs recomputed (counted)")
     ax.plot(fractions, memory, "o", color="C0", label="memory saved (measured peak)")
+    if predicted is not None:
+        ax.plot(fractions, predicted, "x", color="k", ms=7, label="memory saved (predicted)")
     ax.set(xlabel="share of the blocks checkpointed", ylabel="share of what every block gives",
            xlim=(0, 1.12), ylim=(0, 1.15))
     ax.legend(fontsize=_FONT, loc="upper left")

@@ -37,17 +37,23 @@ def _inverted(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-_KERNEL = torch.ops.course.bias_gelu
+_KERNEL = torch.ops.course.bias_dropout_add
 
 
 def _kernel_packet(ctx, op, *args, **kwargs):
-    # The packet torch.ops.course.bias_gelu never equals the OpOverload a policy sees.
+    # The packet torch.ops.course.bias_dropout_add never equals the OpOverload a policy sees.
     return CheckpointPolicy.MUST_SAVE if op == _KERNEL else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _kernel_and_matmuls(ctx, op, *args, **kwargs):
-    # The save-kernel mode of the lecture: keeps the matmuls too, so they are not recomputed.
+    # The lecture's save-the-kernel policy: keeps the matmuls too, so they are not recomputed.
     save = op in (_KERNEL.default, aten.mm.default, aten.addmm.default, aten.bmm.default, *_KERNELS)
+    return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _unfused_dropout(ctx, op, *args, **kwargs):
+    # The dropout PyTorch would dispatch without the kernel: inside the kernel, nothing sees it.
+    save = op in (aten.native_dropout.default, aten.bernoulli_.float, aten.mul.Tensor)
     return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -59,9 +65,11 @@ def _recompute_everything(ctx, op, *args, **kwargs):
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _peak(n, k, block, inp, fixed, *, wrapped=None, rebuilt=True):
+def _peak(n, k, block, inp, fixed, *, wrapped=None, rebuilt="last"):
+    # rebuilt: "last" (the rebuild adds only when the last block is checkpointed), "always", "never"
     wrapped = len(range(0, n, k)) if wrapped is None else wrapped
-    return fixed + (n - wrapped) * block + wrapped * inp + (block - inp if rebuilt else 0)
+    on_top = rebuilt == "always" or (rebuilt == "last" and (n - 1) % k == 0)
+    return fixed + (n - wrapped) * block + wrapped * inp + (block - inp if on_top else 0)
 
 
 def _floor_count(n, block, inp, fixed, budget):
@@ -70,7 +78,13 @@ def _floor_count(n, block, inp, fixed, budget):
 
 
 def _no_rebuilt_block(n, block, inp, fixed, budget):
-    fits = [k for k in range(1, n + 1) if _peak(n, k, block, inp, fixed, rebuilt=False) <= budget]
+    fits = [k for k in range(1, n + 1) if _peak(n, k, block, inp, fixed, rebuilt="never") <= budget]
+    return max(fits) if fits else None
+
+
+def _rebuilt_whatever_k(n, block, inp, fixed, budget):
+    # The rebuilt block is paid only if nothing after it was freed: the last block's rebuild.
+    fits = [k for k in range(1, n + 1) if _peak(n, k, block, inp, fixed, rebuilt="always") <= budget]
     return max(fits) if fits else None
 
 
@@ -116,6 +130,7 @@ WRONG = {
         ("compares with the OpOverloadPacket", {"kernel_policy": _kernel_packet}),
         ("saves the matmuls and the attention too", {"kernel_policy": _kernel_and_matmuls}),
         ("returns a bool, not a CheckpointPolicy", {"kernel_policy": _kernel_as_bool}),
+        ("saves the unfused dropout's ops", {"kernel_policy": _unfused_dropout}),
         ("saves nothing", {"kernel_policy": _recompute_everything}),
         ("saves everything", {"kernel_policy": _save_everything}),
     ],
@@ -123,6 +138,7 @@ WRONG = {
         ("counts n // every checkpointed blocks instead of ceil(n / every)",
          {"choose_every": _floor_count}),
         ("forgets the block rebuilt during backward", {"choose_every": _no_rebuilt_block}),
+        ("adds the rebuilt block whatever k", {"choose_every": _rebuilt_whatever_k}),
         ("picks the smallest every (the most recompute)", {"choose_every": _smallest_every}),
         ("returns 1 when nothing fits", {"choose_every": _one_when_nothing_fits}),
     ],
