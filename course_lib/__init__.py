@@ -33,9 +33,9 @@ lecture modules its notebooks import (the lecture, its companion, its exercises)
 02      claims, device, grading, measurement.memory, model.gpt, model.kernels,
         prediction.activations, prediction.engine, prediction.formulas, prediction.step_setup,
         units, views.activation_views
-03      claims, device, grading, measurement.timing, model.gpt, model.toy_data, model.zoo,
-        prediction.engine, prediction.time_model, training.accumulation, training.loop, units,
-        views.playground, views.step_views
+03      claims, device, grading, measurement.memory, measurement.timing, model.gpt,
+        model.toy_data, model.zoo, prediction.engine, prediction.time_model,
+        training.accumulation, training.loop, units, views.playground, views.step_views
 04      claims, device, grading, measurement.memory, measurement.timeline, measurement.timing,
         model.gpt, prediction.checkpointed, prediction.engine, training.checkpointing,
         training.loop, units, views.checkpoint_views

@@ -61,8 +61,9 @@ def check_calls(path) -> list[tuple[str, list[str]]]:
 
 
 def is_hidden_code(cell) -> bool:
-    """A check cell (collapsed) or the Colab bootstrap cell: code a reader does not read."""
-    return cell.source.startswith("#@title Check: ") or "google.colab" in cell.source
+    """A check or setup cell (collapsed) or the Colab bootstrap cell: code a reader does not
+    read."""
+    return cell.source.startswith("#@title ")
 
 
 def printed_lines(cell) -> list[str]:

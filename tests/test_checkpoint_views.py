@@ -5,6 +5,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from course_lib.device import GPUS  # noqa: E402
@@ -25,6 +26,21 @@ def test_explore_predicts_the_setting_and_the_plain_step():
     assert 1 < s.flop_ratio < 4 / 3 and s.segments is None
     assert views.explore("A100 80GB", 24, "none").precision == "autocast-bf16"
     assert views.explore("T4", 24, "none").flop_ratio == 1.0
+
+
+def test_lecture_sizes_on_the_cpu_are_small_and_counted_by_flopcountermode():
+    config, batch, sweep, sweep_batch = views.lecture_sizes(torch.device("cpu"))
+    assert (config, batch, sweep, sweep_batch) == views.CPU_SIZES
+    assert config.attention == "explicit" and config.dropout == 0  # matmuls: every device counts
+    assert GPTConfig(**sweep, n_layers=64).n_layers == 64 and "n_layers" not in sweep
+
+
+@pytest.mark.gpu
+def test_lecture_sizes_on_cuda_fit_the_free_memory():
+    config, batch, sweep, sweep_batch = views.lecture_sizes(torch.device("cuda"))
+    assert config.attention == "explicit" and config.seq_len == sweep["seq_len"] == 1024
+    assert engine.predict_step_memory(config, batch).total < torch.cuda.mem_get_info()[0]
+    assert batch >= 1 and sweep_batch >= 1
 
 
 def test_explore_segments_clips_k_and_names_the_best_count():

@@ -292,6 +292,27 @@ def test_best_segments_is_the_engines_best():
         assert peak(ckpt.best_segments(n, ratio)) == min(peak(k) for k in range(1, n + 1))
 
 
+def test_n_segments_are_not_per_block_checkpointing():
+    # checkpoint_sequential leaves its last block unchecked, alive beside the head and the loss at
+    # the start of the backward pass: measured, k = n segments peak above per-block checkpointing
+    # by the same bytes at every depth, as the engine predicts (lecture 04, section 3).
+    sweep = dict(vocab_size=32, seq_len=64, d_model=16, n_heads=2)
+    gaps = []
+    for n in (4, 16):
+        config = GPTConfig(**sweep, n_layers=n)
+        model = GPT(config)
+        x, y = random_tokens(config, 16)
+        peaks = {}
+        for mode, k in (("blocks", None), ("sqrt", n)):
+            ckpt.enable_checkpointing(model, mode, segments=k)
+            peaks[mode] = peak_memory(lambda m=model, a=x, b=y: m(a, b)[1].backward(), device="cpu")
+            model.zero_grad(set_to_none=True)
+            assert peaks[mode] == engine.predict_moments(config, 16, mode=mode, segments=k,
+                                                         first_step=True)["backward"].step_peak
+        gaps.append(peaks["sqrt"] - peaks["blocks"])
+    assert gaps[0] == gaps[1] > 0
+
+
 def test_block_ratio_is_what_a_block_keeps_over_its_input():
     config = GPTConfig(**SMALL)
     items = checkpointed.kept_by_block(config, 2)[0]

@@ -43,7 +43,7 @@ def test_the_ladder_chart_draws_each_rung_its_rank_and_the_labelled_budget():
     result = fit_ladder.ladder(GPT2, "T4", batch_size=32)
     fig = ladder_view.ladder_figure(result, "GPT-2 small")
     ax = fig.axes[0]
-    widths = [bar.get_width() for bar in ax.patches[:1 + len(result.listed)]]
+    widths = [bar.get_x() + bar.get_width() for bar in ax.patches[:1 + len(result.listed)]]
     assert widths[0] == pytest.approx(result.baseline.total / GiB)
     assert widths[1:] == pytest.approx([r.memory.total / GiB for r in result.listed])
     texts = " ".join(_texts(fig))
@@ -51,6 +51,8 @@ def test_the_ladder_chart_draws_each_rung_its_rank_and_the_labelled_budget():
     assert ladder_view._capacity_label("T4") in texts
     budget = [line for line in ax.lines if line.get_linestyle() == "--"][0]
     assert budget.get_xdata()[0] == pytest.approx(result.budget_bytes / GiB)
+    assert ax.get_xscale() == "log"  # terabytes and a T4's line, both readable
+    assert ax.get_xlim()[0] <= min(widths) and max(widths) <= ax.get_xlim()[1]
 
 
 def test_climb_text_names_each_rung_and_fits_the_page():
@@ -80,3 +82,41 @@ def test_the_explorer_redraws_for_every_control_and_refuses_bad_choices():
                           "8192")):
         with pytest.raises(ValueError, match=name):
             ladder_view.ladder_explorer(**kwargs)
+
+
+def test_the_legend_names_master_weights_only_where_a_step_keeps_them():
+    fp32 = engine.predict_step_memory(GPT2, 8, gpu="T4")
+    mixed = engine.predict_step_memory(GPT2, 8, precision="fp16-mixed", gpu="T4")
+    legend = {name: [t.get_text() for t in ladder_view.peak_parts_figure(
+        {name: peak}, "T4").axes[0].get_legend().get_texts()]
+        for name, peak in (("fp32", fp32), ("mixed", mixed))}
+    assert not any("master" in text for text in legend["fp32"])
+    assert any("fp32 master weights" in text for text in legend["mixed"])
+
+
+def test_the_chunked_loss_figure_draws_measured_dots_and_predicted_lines():
+    fig = ladder_view.chunked_loss_figure([16384, 32768], {"plain": [2 * MiB, 4 * MiB]},
+                                          {"plain": [2 * MiB, 5 * MiB]})
+    ax = fig.axes[0]
+    assert [list(line.get_ydata()) for line in ax.lines] == [[2.0, 4.0], [2.0, 5.0]]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["16k", "32k"]
+    with pytest.raises(ValueError, match="measured"):
+        ladder_view.chunked_loss_figure([16384, 32768], {"plain": [1]}, {"plain": [1, 2]})
+    with pytest.raises(ValueError, match="predicted"):
+        ladder_view.chunked_loss_figure([16384], {"plain": [1]}, {"chunked": [1]})
+
+
+def test_the_loss_curves_legend_sits_below_the_curves():
+    fig = ladder_view.loss_curves_figure({"fp32": [3.0, 1.0, 0.8], "8-bit": [3.1, 1.1, 0.8]},
+                                         floor=0.693)
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    fig.canvas.draw()
+    box = legend.get_window_extent().transformed(fig.transFigure.inverted())
+    axes = ax.get_position()
+    assert box.y1 <= axes.y0  # below the axes: it covers no curve
+    assert len(legend.get_texts()) == 3
+    with pytest.raises(ValueError, match="curves"):
+        ladder_view.loss_curves_figure({"a": [1, 2], "b": [1]}, floor=0.5)
+    with pytest.raises(ValueError, match="floor"):
+        ladder_view.loss_curves_figure({"a": [1, 2]}, floor=-1)

@@ -353,11 +353,10 @@ def test_check_cells_are_committed_collapsed(path):
         f"run `python -m course_tools.authoring outputs {path.relative_to(ROOT)}`")
 
 
-def test_the_readme_claims_speak_the_lectures_verdict_vocabulary():
+def test_the_claims_page_speaks_the_lectures_verdict_vocabulary():
     from course_lib.claims import VERDICTS
 
-    table = (ROOT / "README.md").read_text().split("## Claims the course checks", 1)[1]
-    rows = [line for line in table.split("\n## ", 1)[0].splitlines()
+    rows = [line for line in (ROOT / "docs" / "claims.md").read_text().splitlines()
             if line.startswith('| "')]
     assert len(rows) > 30
     words = [re.match(r"\| \".*?\"[^|]*\| \*\*([^*]+)\*\*", row) for row in rows]

@@ -55,9 +55,11 @@ def test_the_wrong_loops_end_elsewhere(recordings):
 def test_step_through_widget_follows_the_frames(recordings):
     box = sv.step_through(recordings)
     frame, mode = box.view.controls["frame"], box.view.controls["mode"]
-    assert box.play.max == frame.max == 10
+    # frames count from 1, as the caption does
+    assert box.play.min == frame.min == 1 and box.play.max == frame.max == 11
+    assert box.view.artists["caption"].get_text().startswith("frame 1/11:")
     first = box.view.image.value
-    frame.value = 4
+    frame.value = 5
     assert box.view.image.value != first
     highlighted = [line for line in box.code.value.split("<div")[1:] if "#ffe9a8" in line]
     assert len(highlighted) == 1 and "backward()" in highlighted[0]
@@ -66,6 +68,7 @@ def test_step_through_widget_follows_the_frames(recordings):
     assert max(len(line) for lines in sv.LOOPS.values() for line in lines) <= 60
     mode.value = "no / K (bug)"
     assert "BUG: not divided by K" in box.code.value and "c0392b" in box.code.value
+    frame.value = 10  # optimizer.step()
     assert box.view.artists["verdict"].get_text().endswith("= 4.00 to 4.00")
     with pytest.raises(ValueError, match="same number of frames"):
         short = sv.StepRecording("right", ("a",), 2, 1, recordings["right"].frames[:3])
@@ -74,6 +77,23 @@ def test_step_through_widget_follows_the_frames(recordings):
         sv.record_accumulation_step(GPT(CFG), *markov_tokens(4, 8, 32), 2, mode="wrong")
     with pytest.raises(ValueError, match="micro_batch_size must divide"):
         sv.record_accumulation_step(GPT(CFG), *markov_tokens(4, 8, 32), 3)
+
+
+def test_step_through_asks_before_it_answers_and_keeps_its_reference_in_view(recordings):
+    box = sv.step_through(recordings)
+    frame, artists = box.view.controls["frame"], box.view.artists
+    for shown in range(1, 10):  # before optimizer.step(), where .grad ends is not given away
+        frame.value = shown
+        assert "reads .grad at frame 10" in artists["verdict"].get_text()
+        # the weights panel says why it has no bars: nothing moved yet
+        assert "same weights" in artists["unmoved"].get_text()
+    frame.value = 10
+    assert artists["verdict"].get_text().endswith("= 1.00 to 1.00")
+    assert artists["unmoved"].get_text() == ""
+    # the reference line and its label are drawn after the bars, which pass 1 in the bug loops
+    bars = max(bar.get_zorder() for bar in artists["grad"])
+    for name in ("reference", "reference_label"):
+        assert artists[name].get_animated() and artists[name].get_zorder() > bars
 
 
 def test_tradeoff_compares_with_one_plain_batch_against_the_cards_memory():

@@ -306,7 +306,8 @@ def segments_memory(n_layers: int, segments: int, block_ratio: float) -> float:
     the longest (:func:`sequential_segments`: ``m = n - (k - 1) * (n // k)`` blocks). In units of
     ``X``: ``(k - 1) + m * A / X``. About ``k + (n / k) * A / X``, smallest near
     ``k = sqrt(n * A / X)``, where it grows as ``sqrt(n)``. Per-block checkpointing is about
-    ``n + A / X``. Lecture 04, section 2.
+    ``n + A / X`` (and peaks while a rebuilt block runs its backward, where this count's last
+    segment sits beside the head and the loss: lecture 04, section 3).
 
     Args:
         n_layers (int): blocks ``n``, from 1 to :data:`MAX_LAYERS`.
@@ -339,8 +340,11 @@ def best_segments(n_layers: int, block_ratio: float) -> int:
     Near ``sqrt(n * A / X)``, but counted with ``checkpoint_sequential``'s real cut, whose last
     segment takes what ``n // k`` leaves over (with 36 blocks, 24 segments leave 13 blocks in the
     last one). ``round(sqrt(n))`` (:func:`sqrt_segments`) is the best count only when a block
-    keeps as much as its input (``A = X``); a transformer block keeps many times more. Lecture
-    04, section 2.
+    keeps as much as its input (``A = X``); a transformer block keeps many times more. It is the
+    best count for ``checkpoint_sequential``, not a verdict against per-block checkpointing:
+    ``k = n`` segments leave the last block unchecked, alive beside the head and the loss at the
+    start of the backward pass, a constant above per-block at every depth, so at small depths
+    per-block checkpointing peaks lower. Lecture 04, section 3.
 
     Args:
         n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
@@ -393,6 +397,7 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
             ``every`` or ``segments``, ``segments`` outside ``sqrt`` mode, ``policy`` outside
             ``selective`` mode, a policy that is neither OpOverloads nor callable, or a kernel
             mode for a model without the fused MLP.
+        TypeError: for a ``policy`` that is one op alone (pass a list of it).
 
     Example::
 
@@ -411,7 +416,7 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
     if mode in SELECTIVE_MODES:
         if policy is None:
             policy, recompute_linear = KERNEL_POLICIES.get(mode, SAVE_OPS), BLOCK_LINEARS
-        policy = _validate_policy(policy)
+        policy = check_policy(policy)
 
     # Undo whatever an earlier call installed: the class's methods show through again.
     model.__dict__.pop("run_blocks", None)
@@ -428,8 +433,30 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
     return model
 
 
-def _validate_policy(policy):
-    return policy if callable(policy) else check_ops(policy, name="policy")
+def check_policy(policy, name: str = "policy"):
+    """``policy`` as selective checkpointing takes it: a policy function, or the tuple of
+    ``OpOverload`` s of a list (:func:`check_ops`).
+
+    One op alone is refused, although it is callable: taken for a policy function, it would be
+    called as ``op(ctx, func, ...)`` and save nothing it names.
+
+    Args:
+        policy: a policy function ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``, or a list
+            of ``OpOverload`` s.
+        name (str): the caller's parameter, for the message.
+
+    Returns:
+        The function, or the tuple of ops.
+
+    Raises:
+        TypeError: naming ``name``, for one op rather than a list of them.
+        ValueError: as :func:`check_ops`.
+    """
+    if isinstance(policy, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        op = f"torch.ops.{policy}" + ("" if isinstance(policy, torch._ops.OpOverload) else ".default")
+        raise TypeError(f"{name} must be a list of OpOverloads or a policy function, got one op: "
+                        f"write [{op}]")
+    return policy if callable(policy) else check_ops(policy, name=name)
 
 
 def _checkpointed_run_blocks(self, x: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@
   mode (:mod:`course_lib.measurement.timeline`).
 * :func:`plot_depths`: the peak of forward + backward against depth on log-log axes, measured
   (solid) and the memory engine's (dashed).
+* :func:`lecture_sizes`: the lecture's models and batches for the device it runs on.
 * :func:`explorer`: a GPT-2-small-sized model on a GPU preset, without checkpointing, with
   per-block checkpointing, or with ``checkpoint_sequential`` in ``k`` segments: the memory
   engine's step peak by category against the card's memory, and the step's compute
@@ -22,7 +23,7 @@ import ipywidgets as widgets
 import numpy as np
 import torch
 
-from course_lib.device import GPU, GPUS, pick_dtype
+from course_lib.device import GPU, GPUS, live_gpu, pick_dtype
 from course_lib.measurement.timeline import Timeline
 from course_lib.model.gpt import GPTConfig
 from course_lib.prediction import checkpointed, engine
@@ -43,6 +44,43 @@ COLORS = {"none": "#c44e52", "per-block": "#4c72b0", "√n segments": "#8c8c8c",
           "best segments": "#55a868"}
 _CATEGORY_COLORS = {"parameters": "#8172b2", "optimizer state": "#da8bc3", "gradients": "#55a868",
                    "activations": "#4c72b0", "transient": "#c44e52"}
+
+
+#: Lecture 04's sizes on a CPU: ``(config, batch, sweep, sweep_batch)`` of :func:`lecture_sizes`.
+CPU_SIZES = (GPTConfig(vocab_size=64, seq_len=64, d_model=64, n_heads=4, n_layers=8,
+                       attention="explicit"), 8,
+             dict(vocab_size=32, seq_len=64, d_model=16, n_heads=2), 16)
+
+
+def lecture_sizes(device) -> tuple[GPTConfig, int, dict, int]:
+    """``(config, batch, sweep, sweep_batch)``: lecture 04's model and its depth sweep's.
+
+    ``config`` is the model of sections 1, 2 and 4, its attention written as matmuls so that
+    ``FlopCounterMode`` counts it on every device; ``sweep`` the keyword arguments of
+    ``GPTConfig`` but ``n_layers``, narrow with long sequences so that activations outweigh the
+    weights. On a CPU :data:`CPU_SIZES`, quick on one thread; on CUDA a model of real size in
+    fp32, each batch the largest power of two whose step the memory engine predicts within a
+    third (``config``) or half (``sweep`` at 64 layers, no checkpointing) of the free memory.
+
+    Args:
+        device (torch.device): where the lecture runs.
+
+    Returns:
+        tuple: the config, its batch, the sweep's keyword arguments and the sweep's batch.
+    """
+    if torch.device(device).type != "cuda":
+        return CPU_SIZES
+    gpu = live_gpu()
+    config = GPTConfig(vocab_size=8192, seq_len=1024, d_model=512, n_heads=8, n_layers=12,
+                       attention="explicit")
+    sweep = dict(vocab_size=128, seq_len=1024, d_model=128, n_heads=2)
+
+    def largest(c, share):
+        fits = [b for b in (1, 2, 4, 8, 16, 32) if engine.predict_step_memory(
+            c, b, precision="fp32", gpu=gpu).total <= gpu.free_memory // share]
+        return max(fits, default=1)
+
+    return config, largest(config, 3), sweep, largest(GPTConfig(**sweep, n_layers=64), 2)
 
 
 def _color(name: str, i: int) -> str:
@@ -323,5 +361,5 @@ def explorer(*, gpu: str = "T4", layers: int = 48, mode: str = "blocks",
     return live_plot(_draw, controls, setup=_setup, figsize=(8.4, 3.8))
 
 
-__all__ = ["CHOICES", "GPT2_SMALL", "Setting", "explore", "explorer", "loglog_slope",
-           "plot_depths", "plot_timelines"]
+__all__ = ["CHOICES", "CPU_SIZES", "GPT2_SMALL", "Setting", "explore", "explorer",
+           "lecture_sizes", "loglog_slope", "plot_depths", "plot_timelines"]

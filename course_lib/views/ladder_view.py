@@ -4,6 +4,9 @@
   plain step split into what holds it (weights, optimizer states, gradients, the
   activations autograd keeps, what is in flight), against a card's memory: which part is
   largest decides which lever helps.
+* :func:`chunked_loss_figure` and :func:`loss_curves_figure`: sections 2 and 4, a step's peak
+  against the vocabulary with and without the chunked loss, and the loss curves of fp32 and
+  low-bit AdamW.
 * :func:`ladder_figure` and :func:`ladder_explorer`: each lever of the course alone, as the
   predicted peak of the step with it (:func:`course_lib.planning.fit_ladder.ladder`), its rank by
   bytes saved per time paid and the time it pays, against the card's memory; the widget
@@ -22,6 +25,7 @@ import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from course_lib.device import GPUS
 from course_lib.model.gpt import GPTConfig, check_config
@@ -31,8 +35,8 @@ from course_lib.prediction import time_model
 from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.formulas import mixed_precision_for
 from course_lib.units import GiB, MiB, format_bytes
-from course_lib.validation import choice, positive_int
-from course_lib.views.widgets import check_figsize, check_figure, live_plot, nice_ceiling
+from course_lib.validation import choice, items, number, positive_int
+from course_lib.views.widgets import check_figsize, check_figure, live_plot
 
 #: The explorer's models: the course GPT at the shapes of GPT-2 small to XL (Radford et al.
 #: 2019) and of a 1.2B model with Llama 3's 128k vocabulary; ``seq_len`` is the longest the
@@ -114,8 +118,11 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
     fig.subplots_adjust(left=0.2, right=0.97, top=0.9, bottom=0.42)
     rows = list(jobs.items())
     left = [0.0] * len(rows)
+    masters = any(m.master_weights for _, m in rows)
     for label, fields, colour in PARTS:
         width = [sum(getattr(m, f) for f in fields) / GiB for _, m in rows]
+        if "master_weights" in fields and not masters:  # an fp32 step keeps none
+            label = label.replace(", fp32 master weights", "")
         ax.barh(range(len(rows)), width, left=left, color=colour, label=label, height=0.6)
         left = [x + w for x, w in zip(left, width)]
     for i, (_, m) in enumerate(rows):
@@ -127,6 +134,96 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=9)
     ax.legend(loc="upper center", bbox_to_anchor=(0.4, -0.3), ncol=3, fontsize=8.5,
               frameon=False)
+    return fig
+
+
+def _curves(name: str, value, length: int | None = None) -> dict[str, list[float]]:
+    """``value`` as ``{label: [numbers]}``: one to six labels, every list as long (``length``)."""
+    if not isinstance(value, dict) or not 1 <= len(value) <= 6 or not all(
+            isinstance(k, str) for k in value):
+        raise ValueError(f"{name} must map one to six labels to lists of numbers, got {value!r:.80}")
+    out = {k: [number(name, x) for x in items(name, v, min_len=1)] for k, v in value.items()}
+    lengths = {len(v) for v in out.values()} | ({length} if length else set())
+    if len(lengths) != 1:
+        raise ValueError(f"{name}'s lists must all have {length or 'the same'} values, "
+                         f"got lengths {sorted(len(v) for v in out.values())}")
+    return out
+
+
+def chunked_loss_figure(vocabs, measured: dict, predicted: dict, *,
+                        figsize: tuple = (6.5, 2.8)) -> Figure:
+    """The peak of a step against the vocabulary: measured as dots, predicted as lines.
+
+    Args:
+        vocabs (list of int): the vocabulary sizes, the x axis (log scale).
+        measured (dict): each loss's label (``"plain"``, ``"chunked"``) -> bytes per vocabulary.
+        predicted (dict): the same labels -> the engine's bytes.
+        figsize (tuple): inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas; a notebook shows it as its cell's value.
+
+    Raises:
+        ValueError: naming ``vocabs``, ``measured`` or ``predicted`` (lists of another length,
+            labels that differ) or ``figsize``.
+
+    Example::
+
+        chunked_loss_figure([16384, 32768], {"plain": [3e6, 5e6]}, {"plain": [3e6, 5e6]})
+    """
+    vocabs = [positive_int("vocabs", v) for v in items("vocabs", vocabs, min_len=1)]
+    measured = _curves("measured", measured, len(vocabs))
+    predicted = _curves("predicted", predicted, len(vocabs))
+    if set(predicted) != set(measured):
+        raise ValueError(f"predicted must have measured's labels {sorted(measured)}, "
+                         f"got {sorted(predicted)}")
+    fig = _figure(figsize)
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.11, right=0.97, top=0.95, bottom=0.19)
+    for i, name in enumerate(measured):
+        colour = ("C3", "C2", "C0", "C1", "C4", "C5")[i]
+        ax.plot(vocabs, [b / MiB for b in measured[name]], "o", color=colour,
+                label=f"{name} loss, measured")
+        ax.plot(vocabs, [b / MiB for b in predicted[name]], "-", color=colour, lw=1,
+                label=f"{name} loss, predicted")
+    ax.set(xscale="log", xlabel="vocabulary V", ylabel="peak of the step (MiB)")
+    ax.set_xticks(vocabs, [f"{v // 1024}k" if v % 1024 == 0 else f"{v:,}" for v in vocabs])
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
+    return fig
+
+
+def loss_curves_figure(curves: dict, floor: float, *, figsize: tuple = (6.5, 3.6)) -> Figure:
+    """Loss curves of a few runs over the best possible loss; the legend below the axes.
+
+    Args:
+        curves (dict): each run's label (one to six) -> its loss per optimizer step.
+        floor (float): the best possible loss, a dotted line (the toy language's entropy).
+        figsize (tuple): inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas.
+
+    Raises:
+        ValueError: naming ``curves`` (no runs, runs of different lengths), ``floor`` or
+            ``figsize``.
+
+    Example::
+
+        loss_curves_figure({"fp32 AdamW": [2.0, 1.2, 0.9]}, floor=0.69)
+    """
+    curves = _curves("curves", curves)
+    floor = number("floor", floor, minimum=0.0)
+    fig = _figure(figsize)
+    ax = fig.subplots()
+    # The legend sits under the axes: the curves meet near the floor, where it would cover them.
+    fig.subplots_adjust(left=0.1, right=0.97, top=0.96, bottom=0.42)
+    for label, losses in curves.items():
+        ax.plot(losses, lw=1, label=label)
+    ax.axhline(floor, color="k", ls=":", label=f"best possible ({floor:.3f})")
+    ax.set(xlabel="optimizer step", ylabel="loss",
+           ylim=(0.9 * floor, 1.05 * max(max(v) for v in curves.values())))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=8, frameon=False)
     return fig
 
 
@@ -143,7 +240,7 @@ def _setup(fig, animated: bool = True) -> dict:
     a = {"ax": ax, "rows": rows,
          "bars": ax.barh(range(rows), [0] * rows, height=0.7),
          "labels": [ax.text(0, i, "", va="center", fontsize=8) for i in range(rows)],
-         "budget": ax.axvline(0, color="k", ls="--", lw=1),
+         "budget": ax.axvline(1, color="k", ls="--", lw=1),
          "budget_text": ax.text(0, -0.75, "", fontsize=8.5, va="center", ha="left"),
          "title": fig.text(0.02, 0.98, "", fontsize=9.5, va="top")}
     # Every glyph of an animated text is rasterised again on each change: the words that do not
@@ -151,7 +248,13 @@ def _setup(fig, animated: bool = True) -> dict:
     # only, and the card's memory is part of the kept picture's key through its line).
     fig.text(0.02, 0.935, "#rank on the ladder (bytes saved per time paid), time paid against "
              "the plain step (predicted)", fontsize=9.5, va="top")
-    ax.set(ylim=(rows - 0.5, -1.2), xlabel="predicted peak of the step with this lever alone (GiB)")
+    # A log axis: peaks run from a few GiB to terabytes, and the card's line must stay readable.
+    ax.set_xlim(1, 10)  # positive before the log scale; each drawing sets its own
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set(ylim=(rows - 0.5, -1.2),
+           xlabel="predicted peak of the step with this lever alone (GiB, log scale)")
     ax.tick_params(axis="y", labelsize=8)
     ax.legend(handles=[Patch(color=_PLAIN, label="the plain step: fp32, whole batch"),
                        Patch(color=_FREE, label="costs no time"),
@@ -170,31 +273,44 @@ def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
     rungs = list(result.listed)
     names = ["plain step"] + [r.lever for r in rungs]
     peaks = [result.baseline.total / GiB] + [r.memory.total / GiB for r in rungs]
-    right = nice_ceiling(1.1 * max(peaks + [result.budget_bytes / GiB]))
+    budget = result.budget_bytes / GiB
+    left = 10.0 ** math.floor(math.log10(0.5 * min(peaks + [budget])))
+    right = 10.0 ** math.ceil(math.log10(1.5 * max(peaks + [budget])))
+
+    def where(x):  # a value's place across the axes, 0 to 1
+        return math.log(x / left) / math.log(right / left)
+
     for i, (bar, label) in enumerate(zip(a["bars"], a["labels"])):
         if i >= len(names):
             bar.set_width(0)
             label.set_text("")
             continue
         r = rungs[i - 1] if i else None
-        bar.set_width(peaks[i])
+        bar.set_x(left)
+        bar.set_width(peaks[i] - left)
         bar.set_color(_PLAIN if r is None else _NOTHING if r.bytes_saved <= 0
                       else _FREE if r.time_paid <= 0 else _PAID)
         words = (format_bytes(result.baseline.total) if r is None else
-                 f"#{result.rungs.index(r) + 1}, {r.time_paid:+.1%}")
-        inside = peaks[i] > 0.75 * right  # no room after the bar: write on it, in white
+                 f"#{result.rungs.index(r) + 1}, {r.time_paid:+.0%}")  # a datasheet's precision
+        width = 0.011 * (len(words) + 2)  # of the axes, at 8 points
+        crosses = where(peaks[i]) < where(budget) < where(peaks[i]) + width
+        # no room after the bar, or the card's line would cross the words: write on the bar
+        inside = where(peaks[i]) > max(1 - width, width) or (crosses and where(peaks[i]) > width)
         label.set_text(f"{words}  " if inside else f"  {words}")
-        label.set_x(peaks[i])
+        label.set_x(peaks[i] if inside or not crosses else budget)
         label.set_horizontalalignment("right" if inside else "left")
         label.set_color("white" if inside else "black")
-    a["ax"].set(xlim=(0, right))
+    a["ax"].set(xlim=(left, right))
     ticks = names + [""] * (a["rows"] - len(names))
     if a.get("ticks") != ticks:  # setting them anew costs more than the rest of a change
         a["ax"].set_yticks(range(a["rows"]), ticks)
         a["ticks"] = ticks
     a["budget"].set_xdata([result.budget_bytes / GiB] * 2)
-    a["budget_text"].set_x(min(result.budget_bytes / GiB, 0.45 * right))
-    a["budget_text"].set_text(_capacity_label(result.gpu))
+    beside = where(budget) < 0.5  # the card's words on the roomier side of its line
+    a["budget_text"].set_x(budget)
+    a["budget_text"].set_horizontalalignment("left" if beside else "right")
+    a["budget_text"].set_text(f" {_capacity_label(result.gpu)}" if beside
+                              else f"{_capacity_label(result.gpu)} ")
     a["title"].set_text(f"{model}, {result.batch_size} x {result.seq_len:,} tokens per step on a "
                         f"{result.gpu}: each lever alone")
 
@@ -309,4 +425,5 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
 
 
 __all__ = ["LADDER_MODELS", "SEQ_LENS", "BATCHES", "PARTS",
-           "peak_parts_figure", "climb_text", "ladder_figure", "ladder_explorer"]
+           "peak_parts_figure", "chunked_loss_figure", "loss_curves_figure", "climb_text",
+           "ladder_figure", "ladder_explorer"]

@@ -803,6 +803,9 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
             with the same number of frames (the modes of :data:`LOOPS`).
         interval_ms (int): the Play widget's time per frame.
 
+    The frames count from 1, as the caption does. What ``optimizer.step()`` reads is printed
+    from its frame on only: before it, the reader is asked where the bars will end.
+
     Returns:
         A ``VBox``: a Play button, a frame slider (linked in the browser) and the loop menu; the
         code, its current line highlighted, across the page's width; the figure under it. With
@@ -823,9 +826,9 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
         raise ValueError(f"recordings must have the same number of frames, got {sorted(lengths)}")
     first = next(iter(recordings.values()))
     n, groups, K = lengths.pop(), first.groups, first.K
-    frame = widgets.IntSlider(value=0, min=0, max=n - 1, description="frame")
+    frame = widgets.IntSlider(value=1, min=1, max=n, description="frame")
     mode = widgets.Dropdown(options=list(recordings), value=first.mode, description="loop")
-    play = widgets.Play(value=0, min=0, max=n - 1, interval=interval_ms, description="play")
+    play = widgets.Play(value=1, min=1, max=n, interval=interval_ms, description="play")
     widgets.jslink((play, "value"), (frame, "value"))
     code = widgets.HTML(_code_html(first.mode, first.frames[0].lines))
     top = max(max(f.grad) for r in recordings.values() for f in r.frames)
@@ -844,9 +847,11 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
         strip.set_title(f"the batch, split into K = {K} micro-batches", fontsize=9.5)
         x = range(len(groups))
         a["grad"] = ax.bar(x, [0] * len(groups), color="#4c72b0")
-        ax.axhline(1, color="k", ls="--", lw=1)
-        ax.text(len(groups) - 0.5, 1, "the whole batch's gradient", ha="right", va="bottom",
-                fontsize=8.5)
+        # animated after the bars (a higher zorder), so that bars past 1 never hide them
+        a["reference"] = ax.axhline(1, color="k", ls="--", lw=1, zorder=4)
+        a["reference_label"] = ax.text(
+            len(groups) - 0.5, 1.04, "the whole batch's gradient", ha="right", va="bottom",
+            fontsize=8.5, zorder=5, bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none"))
         ax.set(ylim=(0, 1.15 * max(top, 1.0)), xticks=x)
         ax.set_xticklabels(groups, rotation=25, ha="right", fontsize=8)
         ax.tick_params(axis="y", labelsize=8)
@@ -857,14 +862,17 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
         wax.set_xticklabels(groups, rotation=40, ha="right", fontsize=8)
         wax.tick_params(axis="y", labelsize=8)
         wax.set_title("the weights: |w - w0| / |w0|", fontsize=9.5)
+        a["unmoved"] = wax.text(0.5, 0.5, "", ha="center", va="center", fontsize=8.5,
+                                transform=wax.transAxes)
         a["caption"] = fig.text(0.5, 0.015, "", ha="center", fontsize=9)
         a["verdict"] = fig.text(0.5, 0.955, "", ha="center", fontsize=9.5)
-        _animate(a, "boxes", "grad", "moved", "caption", "verdict")
+        _animate(a, "boxes", "grad", "reference", "reference_label", "moved", "unmoved",
+                 "caption", "verdict")
         return a
 
     def draw(a, frame, mode):
         rec = recordings[mode]
-        f = rec.frames[frame]
+        f = rec.frames[frame - 1]
         code.value = _code_html(mode, f.lines)
         for k, box in enumerate(a["boxes"]):
             box.set_color("#dd8452" if k == f.micro_batch else "#55a868" if k < f.done else "0.85")
@@ -872,10 +880,15 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
             bar.set_height(value)
         for bar, value in zip(a["moved"], f.moved):
             bar.set_height(value)
-        a["caption"].set_text(f"frame {frame + 1}/{len(rec.frames)}: {f.caption}")
-        end = rec.frames[-2].grad  # .grad as optimizer.step() used it
-        a["verdict"].set_text(f"at optimizer.step(): |.grad| / |whole batch's| = "
-                              f"{min(end):.2f} to {max(end):.2f}")
+        a["unmoved"].set_text("" if max(f.moved) else "0 in every group:\nevery micro-batch so far\n"
+                              "runs on the same weights")
+        a["caption"].set_text(f"frame {frame}/{len(rec.frames)}: {f.caption}")
+        stepped = len(rec.frames) - 1  # the frame of optimizer.step()
+        end = rec.frames[stepped - 1].grad  # .grad as optimizer.step() used it
+        a["verdict"].set_text(
+            f"at optimizer.step(): |.grad| / |whole batch's| = {min(end):.2f} to {max(end):.2f}"
+            if frame >= stepped else
+            f"optimizer.step() reads .grad at frame {stepped}: where will the bars be then?")
 
     view = live_plot(draw, {"frame": frame, "mode": mode}, setup=setup, figsize=(8.2, 4.0))
     controls_row = view.children[0]
