@@ -337,6 +337,31 @@ def test_saving_the_kernel_costs_its_output_per_block_and_recomputing_it_nothing
         assert checkpointed.predict_kept_bytes(plain, 3, mode) == kept[mode]
 
 
+@pytest.mark.parametrize("mode", ["none", "blocks", "selective"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_the_fused_residual_is_predicted_to_the_byte(dropout, precision, mode):
+    """GPTConfig(fused_residual=True), bias-dropout-add through Triton's interpreter (or its
+    PyTorch reference): kept bytes and the steady step's peak, predicted against measured."""
+    cfg = GPTConfig(**SMALL, dropout=dropout, fused_residual=True)
+    spec = engine.precision_of(precision)
+    predicted = engine.predict_step_memory(cfg, 3, precision=precision, mode=mode)
+    assert predicted.total == step_setup.measure_step_memory(cfg, 3, precision=precision,
+                                                             mode=mode)
+    model, _ = step_setup.build(cfg, precision=precision, mode=mode)
+    kept = checkpointing.measure_kept_bytes(model, *random_tokens(cfg, 3))
+    assert kept == checkpointed.predict_kept_bytes(cfg, 3, mode, dtype=spec.compute)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_the_fused_residual_keeps_no_dropout_mask(dropout):
+    plain = GPTConfig(**SMALL, dropout=dropout)
+    fused = dataclasses.replace(plain, fused_residual=True)
+    masks = 2 * plain.n_layers * 3 * plain.seq_len * plain.d_model * 4 if dropout else 0
+    assert (checkpointed.predict_kept_bytes(plain, 3, "none")
+            - checkpointed.predict_kept_bytes(fused, 3, "none")) == masks
+
+
 def test_the_kernel_modes_need_the_fused_model():
     for mode in ("save-kernel", "recompute-kernel"):
         with pytest.raises(ValueError, match="fused_mlp"):

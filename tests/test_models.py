@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 import torch
 
+from course_lib.model import fused as fused_ops
 from course_lib.model.gpt import (
     GPT,
     GPTConfig,
@@ -84,7 +85,7 @@ def test_random_tokens_are_shifted_and_own_their_storage():
 @pytest.mark.parametrize("field,value,message", [
     ("d_model", 30, "divisible"), ("n_layers", 0, "n_layers"), ("dropout", 1.0, "dropout"),
     ("attention", "flash", "attention"), ("vocab_size", 2.5, "vocab_size"),
-    ("fused_mlp", 1, "fused_mlp")])
+    ("fused_mlp", 1, "fused_mlp"), ("fused_residual", 1, "fused_residual")])
 def test_bad_configs_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         GPTConfig(**{field: value})
@@ -154,20 +155,22 @@ def test_ignore_index_targets_are_still_accepted():
     assert torch.isfinite(model(torch.zeros(2, 4, dtype=torch.long), targets)[1])
 
 
-def _fused_pair(dtype, **shape):
-    """The same weights as the plain model and as the fused one (``GPTConfig(fused_mlp=True)``)."""
+def _fused_pair(dtype, switch="fused_mlp", **shape):
+    """The same weights as the plain model and as the fused one (``GPTConfig(fused_mlp=True)``,
+    or the other ``switch``)."""
     config = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_layers=2, **shape)
     torch.manual_seed(0)
     plain = GPT(config).to(dtype)
-    fused = GPT(dataclasses.replace(config, fused_mlp=True)).to(dtype)
+    fused = GPT(dataclasses.replace(config, **{switch: True})).to(dtype)
     fused.load_state_dict(plain.state_dict())
     return plain, fused
 
 
+@pytest.mark.parametrize("switch", ["fused_mlp", "fused_residual"])
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_the_fused_mlp_has_the_plain_models_outputs_and_gradients(dtype, tol):
+def test_the_fused_models_have_the_plain_models_outputs_and_gradients(dtype, tol, switch):
     pytest.importorskip("triton")  # on the CPU the kernel runs in Triton's interpreter
-    plain, fused = _fused_pair(dtype, dropout=0.0)
+    plain, fused = _fused_pair(dtype, switch, dropout=0.0)
     assert [n for n, _ in plain.named_parameters()] == [n for n, _ in fused.named_parameters()]
     x, y = random_tokens(plain.config, 2)
     losses = []
@@ -205,3 +208,49 @@ def test_the_fused_mlp_runs_the_kernel_under_autocast_and_needs_a_bias():
     assert torch.ops.aten.gelu.default not in ops.seen
     with pytest.raises(ValueError, match="fused_mlp=True needs bias=True"):
         GPTConfig(fused_mlp=True, bias=False)
+
+
+def test_the_fused_residual_runs_the_kernel_under_autocast_and_needs_a_bias():
+    pytest.importorskip("triton")
+    plain, fused = _fused_pair(torch.float32, "fused_residual")
+    x, y = random_tokens(plain.config, 2)
+    with torch.autocast("cpu", torch.bfloat16):
+        want = plain(x, y)[1]
+        got = fused(x, y)[1]
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    with pytest.raises(ValueError, match="fused_residual=True needs bias=True"):
+        GPTConfig(fused_residual=True, bias=False)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_the_fused_residual_drops_what_the_unfused_ops_drop_under_its_mask(dtype, tol,
+                                                                           monkeypatch):
+    """With dropout, against the unfused ops (an add, a multiply by the mask, an add) on the
+    mask the kernel draws: the same loss and gradients, seed for seed."""
+    pytest.importorskip("triton")
+    _, model = _fused_pair(dtype, "fused_residual", dropout=0.25)
+    x, y = random_tokens(model.config, 2)
+
+    def run():
+        torch.manual_seed(5)  # the seeds the kernels draw, and every other dropout's mask
+        model.zero_grad()
+        loss = model(x, y)[1]
+        loss.backward()
+        return loss, [p.grad.clone() for p in model.parameters()]
+
+    def unfused(branch, bias, residual, p, seed=None):
+        seed = int(torch.randint(2**31, ())) if seed is None else seed  # as the op draws it
+        ones = torch.ones_like(branch)
+        with torch.no_grad():
+            keep = torch.ops.course.bias_dropout_add(ones, torch.zeros_like(bias),
+                                                     torch.zeros_like(ones), p, seed) != 0
+        return residual + (branch + bias) * keep / (1 - p)
+
+    loss, grads = run()
+    monkeypatch.setattr(fused_ops, "bias_dropout_add", unfused)
+    want, want_grads = run()
+    torch.testing.assert_close(loss, want, atol=tol, rtol=tol)
+    for got, expected in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+    model.eval()  # the dropout did drop: without it the loss is another
+    assert not torch.allclose(model(x, y)[1], loss)

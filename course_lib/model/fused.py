@@ -4,7 +4,7 @@ ops it replaces, because its backward pass recomputes what they store.
 * :func:`bias_dropout_add`, Megatron-LM's ``residual + dropout(x + bias, p)``: the unfused ops
   keep the dropout's ``b x s x h`` mask for the backward pass; the kernel keeps its seed and
   draws the mask again in its backward kernel (Triton's "low-memory dropout" tutorial).
-  Lecture 05's kernel.
+  Lecture 05's kernel; ``GPTConfig(fused_residual=True)`` runs it in the course GPT.
 * :func:`bias_gelu`, the MLP's ``gelu(x + b)``: it keeps its input ``x``, the same bytes as
   PyTorch's ``gelu(addmm(...))``, and recomputes ``gelu'`` in its backward, another op
   (:func:`bias_gelu_backward`); ``GPTConfig(fused_mlp=True)`` runs it in the course GPT.

@@ -107,6 +107,12 @@ class GPTConfig:
     #: parameters, state dict and values, and one op a checkpoint policy can save or recompute
     #: (lecture 05). Needs ``bias=True``.
     fused_mlp: bool = False
+    #: Each residual add, ``x + dropout(proj(h))`` after attention and after the MLP, as the
+    #: course's kernel :func:`course_lib.model.fused.bias_dropout_add` on ``h @ W.T`` (the
+    #: projection's bias moves into the kernel, as in Megatron-LM): the same parameters, and no
+    #: dropout mask kept, since the kernel's backward draws it again from a seed. Needs
+    #: ``bias=True``.
+    fused_residual: bool = False
 
     def __post_init__(self):
         for name, maximum in CONFIG_MAXIMUM.items():  # kept as what validation returns: an
@@ -120,10 +126,10 @@ class GPTConfig:
                                                    below=1.0))
         choice("attention", self.attention, ATTENTION_KINDS)
         boolean("bias", self.bias)
-        boolean("fused_mlp", self.fused_mlp)
-        if self.fused_mlp and not self.bias:
-            raise ValueError("fused_mlp=True needs bias=True (the kernel adds the bias), got "
-                             "bias=False")
+        for name in ("fused_mlp", "fused_residual"):
+            if boolean(name, getattr(self, name)) and not self.bias:
+                raise ValueError(f"{name}=True needs bias=True (the kernel adds the bias), got "
+                                 "bias=False")
 
     @property
     def d_head(self) -> int:
@@ -135,14 +141,15 @@ class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention: one fused QKV projection, the core, an output projection.
 
     Args:
-        config (GPTConfig): its ``d_model``, ``n_heads``, ``dropout``, ``bias`` and
-            ``attention`` (``"sdpa"`` or ``"explicit"``, see the module doc).
+        config (GPTConfig): its ``d_model``, ``n_heads``, ``dropout``, ``bias``,
+            ``attention`` (``"sdpa"`` or ``"explicit"``, see the module doc) and ``fused_residual``.
     """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         config = check_config(config)
         self.n_heads, self.dropout, self.kind = config.n_heads, config.dropout, config.attention
+        self.fused_residual = config.fused_residual
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.attn_drop = nn.Dropout(config.dropout)
@@ -174,7 +181,8 @@ class CausalSelfAttention(nn.Module):
         return self.attn_drop(scores.softmax(dim=-1)) @ v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Attention of ``x``: QKV projection, :meth:`core` per head, output projection, dropout.
+        """Attention of ``x``: QKV projection, :meth:`core` per head, output projection, dropout
+        (with ``config.fused_residual``: the projection's ``h @ W.T`` only, see :class:`Block`).
 
         Args:
             x (torch.Tensor): ``(B, T, d_model)`` activations.
@@ -186,6 +194,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
         y = self.core(q, k, v).transpose(1, 2).contiguous().view(B, T, C)
+        if self.fused_residual:  # the bias and the dropout run in the block's kernel
+            return F.linear(y, self.proj.weight)
         return self.resid_drop(self.proj(y))
 
 
@@ -194,15 +204,18 @@ class MLP(nn.Module):
 
     With ``config.fused_mlp`` the first linear's bias add and the GELU run as the course's
     fused kernel, ``bias_gelu(x @ W.T, b)`` (:mod:`course_lib.model.fused`), with the same parameters.
+    With ``config.fused_residual`` it returns ``proj``'s ``h @ W.T``: the bias and the dropout run
+    in the block's residual add.
 
     Args:
-        config (GPTConfig): its ``d_model``, ``dropout``, ``bias`` and ``fused_mlp``.
+        config (GPTConfig): its ``d_model``, ``dropout``, ``bias``, ``fused_mlp`` and
+            ``fused_residual``.
     """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         config = check_config(config)
-        self.fused = config.fused_mlp
+        self.fused, self.fused_residual = config.fused_mlp, config.fused_residual
         self.fc = nn.Linear(config.d_model, 4 * config.d_model, bias=config.bias)
         self.act = nn.GELU()
         self.proj = nn.Linear(4 * config.d_model, config.d_model, bias=config.bias)
@@ -218,15 +231,22 @@ class MLP(nn.Module):
             torch.Tensor: ``(B, T, d_model)``.
         """
         if not self.fused:
-            return self.drop(self.proj(self.act(self.fc(x))))
-        hidden = F.linear(x, self.fc.weight)  # x @ W.T: aten.mm, no bias
-        # Under autocast the matmul ran in 16 bit: the kernel takes one dtype, so the bias follows.
-        hidden = fused.bias_gelu(hidden, self.fc.bias.to(hidden.dtype))
+            hidden = self.act(self.fc(x))
+        else:
+            hidden = F.linear(x, self.fc.weight)  # x @ W.T: aten.mm, no bias
+            # Under autocast the matmul ran in 16 bit: the kernel takes one dtype, so the bias follows.
+            hidden = fused.bias_gelu(hidden, self.fc.bias.to(hidden.dtype))
+        if self.fused_residual:  # the bias and the dropout run in the block's kernel
+            return F.linear(hidden, self.proj.weight)
         return self.drop(self.proj(hidden))
 
 
 class Block(nn.Module):
     """One pre-LayerNorm transformer layer: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``.
+
+    With ``config.fused_residual`` each add is the course's kernel
+    ``bias_dropout_add(branch, proj.bias, x, dropout)`` (:mod:`course_lib.model.fused`), the branch
+    ending at its projection's ``h @ W.T``; its dropout (training mode only) keeps a seed, not a mask.
 
     Args:
         config (GPTConfig): the shape of the layer.
@@ -239,6 +259,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln2 = nn.LayerNorm(config.d_model, bias=config.bias)
         self.mlp = MLP(config)
+        self.fused_residual, self.dropout = config.fused_residual, config.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The layer applied to ``x``.
@@ -249,8 +270,19 @@ class Block(nn.Module):
         Returns:
             torch.Tensor: ``(B, T, d_model)``.
         """
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        if not self.fused_residual:
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+        x = self._add(x, self.attn(self.ln1(x)), self.attn.proj.bias)
+        return self._add(x, self.mlp(self.ln2(x)), self.mlp.proj.bias)
+
+    def _add(self, x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        p = self.dropout if self.training else 0.0
+        # Under autocast the branch is 16-bit and the stream fp32: the kernel adds in the
+        # stream's dtype, as the unfused add promotes. Without dropout no seed is drawn, so
+        # PyTorch's random numbers run as in the unfused model.
+        return fused.bias_dropout_add(branch.to(x.dtype), bias.to(x.dtype), x, p,
+                                      0 if p == 0 else None)
 
 
 class GPT(nn.Module):

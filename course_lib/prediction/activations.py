@@ -385,7 +385,9 @@ def block_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
         items += linear_items("attn proj", "the merged heads, contiguous", b, s, h, h, t)
     elif t.autocast:  # the kernel's output is already 16-bit: only the weight is copied
         items += linear_items("attn proj", "", b, s, h, h, t)[1:]
-    items += _dropout_saved("attn resid dropout", (b, s, h), p, t.compute, t)
+    # The course's bias-dropout-add keeps its seed, not a mask (config.fused_residual)
+    resid_p = 0.0 if config.fused_residual else p
+    items += _dropout_saved("attn resid dropout", (b, s, h), resid_p, t.compute, t)
     items += layernorm_items("ln2", b, s, h, t)
     items += linear_items("mlp fc", "ln2's output", b, s, h, 4 * h, t)
     if config.fused_mlp:  # the course kernel keeps its inputs: x @ W.T and the bias
@@ -397,7 +399,7 @@ def block_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
         items.append(Saved("gelu", "input (fc's output)", (b, s, 4 * h), t.compute))
     proj = linear_items("mlp proj", "gelu's output", b, s, 4 * h, h, t)
     items += [replace(proj[0], what="input (gelu's output)"), *proj[1:]]
-    items += _dropout_saved("mlp dropout", (b, s, h), p, t.compute, t)
+    items += _dropout_saved("mlp dropout", (b, s, h), resid_p, t.compute, t)
     return items
 
 
@@ -426,7 +428,8 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     input, second linear's input (GELU's output), dropout mask. Residual adds keep nothing.
     Under autocast each linear also keeps a 16-bit copy of its weight. With
     ``config.fused_mlp`` the course kernel keeps its input ``x @ W.T`` where GELU kept
-    ``fc``'s output (the same bytes), and under autocast a 16-bit copy of the bias.
+    ``fc``'s output (the same bytes), and under autocast a 16-bit copy of the bias. With
+    ``config.fused_residual`` the two residual dropouts keep no mask (the kernel keeps a seed).
 
     Args:
         {shape_args}

@@ -303,6 +303,8 @@ class _Backward:
         self.Fc = self.bytes(4 * b * s * h, t.compute)    # the MLP's hidden layer
         self.st = self.bytes(b * s, t.stats)              # LayerNorm's mean (or 1/std)
         self.kernel = kernels.attention_kernel(config, t.compute, t.gpu)
+        # With the fused residual the projections' biases get their gradients from the kernel
+        self.proj_bias = False if config.fused_residual else None
 
     def bytes(self, numel: int, dtype: torch.dtype) -> int:
         return kernels.allocated(numel * dtype_bytes(dtype), self.t.gpu)
@@ -406,19 +408,25 @@ class _Backward:
                [(_TMP, self.Xr), (_ACT, self.Xr + 2 * self.st)])
 
     def block(self, r: _Replay) -> None:
-        """One block, top to bottom; enters and leaves with one stream gradient live."""
+        """One block, top to bottom; enters and leaves with one stream gradient live. With
+        ``config.fused_residual`` the caller has run the MLP's kernel first
+        (:meth:`bias_dropout_add`: it unpacks no saved tensor, so it runs before a checkpointed
+        region is rebuilt)."""
         c, b, s, t = self.config, self.b, self.s, self.t
         h, p, ac = c.d_model, c.dropout, t.autocast
         Xc, Xr, Fc = self.Xc, self.Xr, self.Fc
         mask = self.bytes(b * s * h, t.mask(t.compute)) if p > 0 else 0
         # The gradient into a branch: the stream's own (shared with the skip connection) or, under
         # autocast, a 16-bit copy of it that the branch frees; after dropout, dropout's output.
-        g_in = Xc if (p > 0 or ac) else 0
-        if ac:
-            r.node("mlp: gradient cast to 16-bit", [(_TMP, Xc)])
-        if p > 0:
-            r.node("mlp dropout backward", [(_TMP, Xc)], [(_TMP, Xc if ac else 0), (_ACT, mask)])
-        self.linear(r, "mlp proj backward", 4 * h, h, Fc, [(_TMP, g_in), (_ACT, Fc)])
+        g_in = Xc if (p > 0 or ac or c.fused_residual) else 0
+        if not c.fused_residual:
+            if ac:
+                r.node("mlp: gradient cast to 16-bit", [(_TMP, Xc)])
+            if p > 0:
+                r.node("mlp dropout backward", [(_TMP, Xc)],
+                       [(_TMP, Xc if ac else 0), (_ACT, mask)])
+        self.linear(r, "mlp proj backward", 4 * h, h, Fc, [(_TMP, g_in), (_ACT, Fc)],
+                    bias=self.proj_bias)
         if c.fused_mlp:
             self.bias_gelu(r)
             self.linear(r, "mlp fc backward (x @ W.T)", h, 4 * h, Xc, [(_TMP, Fc), (_ACT, Xc)],
@@ -428,15 +436,34 @@ class _Backward:
             self.linear(r, "mlp fc backward", h, 4 * h, Xc, [(_TMP, Fc), (_ACT, Xc)])
         self.layernorm(r, "ln2 backward")
         r.node("residual: gradients added", [(_TMP, Xr)], [(_TMP, 2 * Xr)])
-        if ac:
-            r.node("attention: gradient cast to 16-bit", [(_TMP, Xc)])
-        if p > 0:
-            r.node("attn resid dropout backward", [(_TMP, Xc)],
-                   [(_TMP, Xc if ac else 0), (_ACT, mask)])
+        if c.fused_residual:
+            self.bias_dropout_add(r, "attention")
+        else:
+            if ac:
+                r.node("attention: gradient cast to 16-bit", [(_TMP, Xc)])
+            if p > 0:
+                r.node("attn resid dropout backward", [(_TMP, Xc)],
+                       [(_TMP, Xc if ac else 0), (_ACT, mask)])
         self.attention(r, g_in)
         self.linear(r, "qkv backward", h, 3 * h, Xc, [(_TMP, 3 * Xc), (_ACT, Xc)])
         self.layernorm(r, "ln1 backward")
         r.node("residual: gradients added", [(_TMP, Xr)], [(_TMP, 2 * Xr)])
+
+    def bias_dropout_add(self, r: _Replay, branch: str) -> None:
+        """The course's bias-dropout-add backward (``config.fused_residual``): the branch's
+        gradient, its mask drawn again from the seed (a new tensor even without dropout), and the
+        bias's, summed over the rows in fp32; the stream's gradient passes through. Under
+        autocast the branch's gradient is then cast to 16 bit for the projection's matmul."""
+        h, t = self.config.d_model, self.t
+        f32 = self.bytes(h, _F32)
+        label = f"{branch}: bias_dropout_add backward (course kernel)"
+        if t.stream == _F32:  # the fp32 sum is the bias's gradient
+            r.node(label, [(_TMP, self.Xr), (_GRAD, f32)])
+        else:
+            r.node(label, [(_TMP, self.Xr), (_TMP, f32), (_GRAD, self.bytes(h, self.params))],
+                   [(_TMP, f32)])
+        if t.autocast:
+            self._cast(r, f"{branch}: gradient cast to 16-bit", self.Xr, self.Xc)
 
     def bias_gelu(self, r: _Replay) -> None:
         """The course kernel's backward (:mod:`course_lib.model.fused`): the input's gradient, then the
@@ -464,7 +491,7 @@ class _Backward:
         X, kernel = self.Xc, self.kernel
         if kernel in ("flash", "cudnn", "efficient"):
             # The proj's input is the kernel's output, freed with the kernel's saved tensors.
-            self.linear(r, "attn proj backward", h, h, X, [(_TMP, g_in)])
+            self.linear(r, "attn proj backward", h, h, X, [(_TMP, g_in)], bias=self.proj_bias)
             saved = act.total_bytes(act.core_items(c, b, s, t), act.STEP_KINDS, t.gpu)
             scratch = 0
             if t.gpu is not None:  # fp32 accumulators of the CUDA backward kernels
@@ -491,7 +518,8 @@ class _Backward:
         Xi = self.bytes(b * s * h, inner)
         S = self.bytes(b * a * s * s, inner)
         Ss = self.bytes(b * a * s * s, soft)
-        self.linear(r, "attn proj backward", h, h, X, [(_TMP, g_in), (_ACT, X)])
+        self.linear(r, "attn proj backward", h, h, X, [(_TMP, g_in), (_ACT, X)],
+                    bias=self.proj_bias)
         if inner != t.compute:
             self._cast(r, "sdpa output cast backward", X, Xi)
         r.node("merge heads backward (copy)", [(_TMP, Xi)], [(_TMP, Xi if inner != t.compute else X)])
@@ -694,12 +722,19 @@ def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: 
     bw = _Backward(one, b, s, t, params)
     bw.in_region = rerun is not None and mode in ("blocks", "sqrt", *ckpt.SELECTIVE_MODES)
 
+    # With dropout a selective policy caches the MLP's projection output for a rerun of the
+    # dropout; the fused residual's rerun stops before it, at the projection's input, so the
+    # region holds it until it is released.
+    held = bw.Xc if one.fused_residual and one.dropout > 0 and mode in ckpt.SELECTIVE_MODES else 0
+
     def one_block(r: _Replay) -> None:
+        if one.fused_residual:
+            bw.bias_dropout_add(r, "mlp")
         if rerun is not None:  # the backward pass unpacks a tensor of the region: it runs again
             core = _rerun_core(one, b, s, t) if mode in ("blocks", "sqrt", "selective") else None
             if core is None and mode in ckpt.SELECTIVE_MODES:  # the rerun takes the kept outputs
                 # from the cache, which lets go of those no backward formula needs
-                r.node("block {i}: cached outputs consumed", [], [(_ACT, left)])
+                r.node("block {i}: cached outputs consumed", [], [(_ACT, left - held)])
             if core is not None:  # the rerun's attention core at its end, then the block's rest
                 after, scratch = core
                 scores = 0
@@ -710,7 +745,8 @@ def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: 
                        [(_ACT, rerun - after), (_TMP, scratch)], [(_TMP, scratch)])
                 if mode == "selective":  # the other cached outputs the rerun consumed, held by
                     # the attention's locals until it returns (the QKV output by q, k and v)
-                    r.node("block {i}: cached outputs consumed", [], [(_ACT, left - scores)])
+                    r.node("block {i}: cached outputs consumed", [],
+                           [(_ACT, left - scores - held)])
                 r.node("block {i}: recomputation", [(_ACT, after)])
             elif mode == "attention":  # the core alone, with its scratch (the QKV output is kept)
                 r.recompute("block {i}: recomputation", rerun, before=_CORE_BACKWARD,
@@ -720,6 +756,8 @@ def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: 
         bw.block(r)
         if released and mode == "attention":  # what its checkpoint still held
             r.node("block {i}: region released", [], [(_ACT, left)])
+        if released and held:
+            r.node("block {i}: region released", [], [(_ACT, held)])
 
     return _Replay.effect(one_block)
 
@@ -1184,7 +1222,9 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     (``GPTConfig(fused_mlp=True)``, the course kernel through Triton's interpreter on the CPU)
     is exact too, under its two policies (``mode="save-kernel"`` or ``"recompute-kernel"``)
     as under the other modes; with explicit attention ``save-kernel`` is low by under 1 %
-    (its rerun's attention scratch, which the engine does not replay).
+    (its rerun's attention scratch, which the engine does not replay). The fused residual
+    (``GPTConfig(fused_residual=True)``, bias-dropout-add keeping a seed, not a mask) is exact
+    as well, with or without dropout, checkpointed or not.
 
     Example:
         >>> cfg = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
