@@ -3,6 +3,7 @@ whole batch, all-reduce counts, sharded model states against torch.chunk and the
 the course's training loop, train(no_sync=True), on a real DDP model. Starting the ranks, and
 failing cleanly, is test_ranks.py."""
 
+import contextlib
 import math
 
 import pytest
@@ -59,6 +60,22 @@ def _train_through_the_loop(rank, world_size, *, no_sync):
     return {"grads": grads, "params": params, "per_step": per_step}
 
 
+def _learner_worker(rank, world_size):
+    """STEPS steps of lecture 07's DDP loop as a learner writes it, without the course's train()."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(GPT(TINY).double())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        x, y = batches_of(*_global_batch(step), MICRO * K)[rank]
+        for k, (xk, yk) in enumerate(batches_of(x, y, MICRO)):
+            with model.no_sync() if k < K - 1 else contextlib.nullcontext():
+                (model(xk, yk)[1] / K).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 @pytest.fixture(scope="module")
 def ranks_results():
     with Ranks(WORLD, timeout=300) as ranks:
@@ -68,9 +85,11 @@ def ranks_results():
         states = ranks.run(workers.sharded_states, config=ODD)
         trained = {no_sync: ranks.run(_train_through_the_loop, no_sync=no_sync)
                    for no_sync in (True, False)}
+        recorded = workers.record_steps(ranks, _learner_worker)
+        unwatched = ranks.run(workers._stop_watching)
         pids = ranks.pids
     return {"demo": demo, "acc": accumulation, "states": states, "trained": trained,
-            "pids": pids}
+            "recorded": recorded, "unwatched": unwatched, "pids": pids}
 
 
 def _whole_batch(steps):
@@ -97,6 +116,24 @@ def test_all_reduce_sums_in_place_on_every_rank(ranks_results):
     assert [r["rank"] for r in demo] == [0, 1]
     assert all(torch.equal(r["after"], total) for r in demo)
     assert len({r["pid"] for r in demo}) == WORLD
+
+
+def test_record_steps_sees_each_step_of_a_learners_own_loop(ranks_results):
+    """What the hooks record from a plain PyTorch loop is what train(no_sync=True) measured."""
+    for rank, steps in enumerate(ranks_results["recorded"]):
+        ours = ranks_results["trained"][True][rank]
+        assert len(steps) == STEPS
+        assert [(s["all_reduces"], s["bytes"]) for s in steps] == ours["per_step"]
+        for step, grad in zip(steps, ours["grads"]):
+            assert torch.allclose(step["grads"].double(), grad, rtol=1e-5, atol=1e-9)
+        assert torch.allclose(steps[-1]["params"].double(), ours["params"], rtol=1e-5, atol=1e-8)
+        assert steps[-1]["states"]["parameters"] == 8 * ours["params"].numel()  # fp64, unsharded
+    assert ranks_results["unwatched"] == [[], []]  # the hooks are gone after the run
+
+
+def test_record_steps_wants_ranks():
+    with pytest.raises(TypeError, match="ranks"):
+        workers.record_steps(None, workers.all_reduce_demo)
 
 
 def test_ranks_are_gone_after_close(ranks_results):

@@ -1,6 +1,8 @@
 """course_lib.distributed.ranks: starting ranks on gloo, and failing cleanly (errors, time limits, workers
 that cannot be imported, no process left behind)."""
 
+import importlib
+import sys
 import time
 
 import pytest
@@ -63,6 +65,21 @@ def test_a_notebook_function_is_refused_with_the_reason():
     notebook_function.__module__ = "__main__"
     with pytest.raises(ValueError, match="notebook cell"):
         launch(notebook_function)
+
+
+def test_a_worker_written_beside_the_notebook_runs_as_edited(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", *sys.path])  # a kernel imports from its folder
+    source = "def worker(rank, world_size):\n    return {}\n"
+    (tmp_path / "edited_worker.py").write_text(source.format("rank"))
+    try:
+        worker = importlib.import_module("edited_worker").worker
+        with Ranks(WORLD) as ranks:
+            assert ranks.run(worker) == [0, 1]
+            (tmp_path / "edited_worker.py").write_text(source.format("10 * rank + 5"))
+            assert ranks.run(worker) == [5, 15]  # the edit runs, not the first import
+    finally:
+        sys.modules.pop("edited_worker", None)
 
 
 @pytest.mark.parametrize("kwargs,name", [({"world_size": 0}, "world_size"),

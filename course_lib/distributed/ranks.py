@@ -11,7 +11,10 @@ too when the workers keep their tensors on the CPU (lecture 07's, in
 Each rank is a fresh Python process that imports the worker by name, as
 ``torchrun`` or ``torch.multiprocessing.spawn`` workers do, so a worker must be
 a function defined at module level in an importable module (such as
-:mod:`course_lib.distributed.workers`), never one defined in a notebook cell. Results
+:mod:`course_lib.distributed.workers`, or a file the notebook writes to its folder with
+``%%writefile ddp_worker.py``: the ranks start in the notebook's working folder), never one
+defined in a notebook cell. A rank imports a
+module again when its file has changed since, so an edited worker runs as edited. Results
 come back through files; runs have a time limit, a failing rank's traceback is
 reported, and closing destroys the process group and leaves no process behind.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib
+import importlib.util
 import os
 import pickle
 import socket
@@ -65,7 +69,8 @@ def _check_importable(worker) -> tuple[str, str]:
             f"worker must be a function defined at module level in an importable module "
             f"(such as course_lib.distributed.workers.ddp_accumulation), got {name or worker!r} from "
             f"{module!r}: each rank is a fresh Python process that imports the worker by name, "
-            "so functions defined in a notebook cell or inside another function cannot be used")
+            "so functions defined in a notebook cell or inside another function cannot be used; "
+            "write the worker to a file (%%writefile my_worker.py) and import it")
     return module, name
 
 
@@ -79,6 +84,23 @@ def _check_seconds(name: str, value) -> float:
         raise ValueError(f"{name} must be a positive number of seconds, at most {MAX_SECONDS:g}, "
                          f"got {value!r}")
     return float(value)
+
+
+def _current(module, stamps: dict):
+    """``module``, imported again if its file has changed since this rank last imported it."""
+    path = getattr(module, "__file__", None)
+    if not path or not os.path.exists(path):
+        return module
+    stat = os.stat(path)
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    if stamps.setdefault(module.__name__, stamp) != stamp:
+        # The cached bytecode records the source's time in whole seconds only: an edit
+        # within the same second would otherwise bring back the old code.
+        with contextlib.suppress(OSError):
+            os.remove(importlib.util.cache_from_source(path))
+        module = importlib.reload(module)
+        stamps[module.__name__] = stamp
+    return module
 
 
 def _serve() -> None:
@@ -99,6 +121,7 @@ def _serve() -> None:
     except BaseException:
         report("init", {"ok": False, "error": traceback.format_exc(), "when": time.time()})
         _exit(1)
+    stamps = {}  # module name -> (mtime, size) of its file when this rank imported it
     while True:
         try:
             task = pickle.load(sys.stdin.buffer)
@@ -107,7 +130,8 @@ def _serve() -> None:
         if task is None:
             break
         try:
-            worker = getattr(importlib.import_module(task["module"]), task["name"])
+            module = _current(importlib.import_module(task["module"]), stamps)
+            worker = getattr(module, task["name"])
             outcome = {"ok": True, "result": worker(rank, world_size, **task["kwargs"])}
         except BaseException:
             outcome = {"ok": False, "error": traceback.format_exc(), "when": time.time()}

@@ -11,6 +11,9 @@ they run on gloo, and give the same numbers, on any machine:
   (:func:`course_lib.training.loop.train`, with and without ``no_sync``), counting
   the all-reduces with a communication hook (:class:`AllReduceCounter`) and
   reading each step's gradient with a :class:`GradientReader`;
+* :func:`record_steps`: runs a learner's own worker (a file the notebook wrote) on the
+  ranks and records each optimizer step it takes: the gradient the step used, the
+  all-reduces DDP made for it, and the weights after it;
 * :func:`sharded_states`: the model-state bytes each rank holds under DDP,
   ZeRO stage 1 (``ZeroRedundancyOptimizer``) and FSDP2 (``fully_shard``, ZeRO
   stage 3), to set against :func:`course_lib.prediction.formulas.training_memory`.
@@ -214,13 +217,12 @@ def local_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
     return sum(t.numel() * t.element_size() for t in local), storage_bytes(local)
 
 
-def _state_row(model: torch.nn.Module, optimizer_states: Iterable[torch.Tensor], *,
+def _state_row(params: list[torch.Tensor], optimizer_states: Iterable[torch.Tensor], *,
                grads: int | None = None) -> dict:
     """This rank's bytes of parameters, gradients and Adam moments: allocated, and ``logical``.
 
     ``grads`` overrides the allocated gradient bytes (for DDP: its buckets plus ``.grad``).
     """
-    params = list(model.parameters())
     row, logical = {}, {}
     for part, tensors in (("parameters", params),
                           ("gradients", [p.grad for p in params if p.grad is not None]),
@@ -426,14 +428,15 @@ def sharded_states(rank: int, world_size: int, *, config: GPTConfig, micro_batch
             # collector runs, and a gradient-sized buffer was sometimes still counted.
             gc.collect()
         optimizer.step()
-        out[name] = _state_row(model, _moments(optimizer), grads=buckets.live + backward.live)
+        out[name] = _state_row(list(model.parameters()), _moments(optimizer),
+                               grads=buckets.live + backward.live)
         out[f"{name}_bucket_bytes"] = buckets.live
 
     model = fresh_model()
     ddp = DDP(model, gradient_as_bucket_view=True)
     zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr)
     one_step(ddp, zero)
-    out["zero1"] = _state_row(model, _moments(zero.optim))  # .optim: this rank's local optimizer
+    out["zero1"] = _state_row(list(model.parameters()), _moments(zero.optim))  # .optim: this rank's local optimizer
 
     model = fresh_model()
     mesh = init_device_mesh("cpu", (world_size,))  # CPU tensors and gloo, also on a GPU machine
@@ -442,7 +445,98 @@ def sharded_states(rank: int, world_size: int, *, config: GPTConfig, micro_batch
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     one_step(model, optimizer)
-    out["fsdp"] = _state_row(model, _moments(optimizer))
+    out["fsdp"] = _state_row(list(model.parameters()), _moments(optimizer))
     out["fsdp_rows"] = {n: (tuple(p.shape), tuple(p.to_local().shape))
                         for n, p in model.named_parameters()}
     return out
+
+
+# --- watching a learner's worker --------------------------------------------------------------
+
+_watch: dict = {}  # this rank's recording: the steps, the counters, the hook handles
+
+
+def _start_watching(rank: int, world_size: int) -> None:
+    """On this rank, record every optimizer step from now on (see :func:`record_steps`)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    counters, steps, seen = [], [], set()
+
+    def count_all_reduces(module, args):
+        # Before a DDP model's first forward pass, hence before any backward pass.
+        if isinstance(module, DDP) and id(module) not in seen:
+            seen.add(id(module))
+            counters.append(AllReduceCounter(module))
+
+    def local(t):  # a sharded DTensor (FSDP2): this rank's shard
+        return (t.to_local() if hasattr(t, "to_local") else t).detach().flatten().float()
+
+    def before_step(optimizer, args, kwargs):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        steps.append({"grads": torch.cat([local(p.grad) for p in params]),
+                      "all_reduces": sum(c.calls for c in counters),
+                      "bytes": sum(c.bytes for c in counters)})
+        for c in counters:
+            c.reset()
+
+    def after_step(optimizer, args, kwargs):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        steps[-1]["params"] = torch.cat([local(p) for p in params])
+        steps[-1]["states"] = _state_row(params, _moments(optimizer))
+
+    _watch.update(steps=steps, handles=[
+        torch.nn.modules.module.register_module_forward_pre_hook(count_all_reduces),
+        register_optimizer_step_pre_hook(before_step),
+        register_optimizer_step_post_hook(after_step)])
+
+
+def _stop_watching(rank: int, world_size: int) -> list[dict]:
+    """Remove the hooks of :func:`_start_watching`; the steps it recorded on this rank."""
+    for handle in _watch.pop("handles", []):
+        handle.remove()
+    return _watch.pop("steps", [])
+
+
+def record_steps(ranks, worker: Callable, **kwargs) -> list[list[dict]]:
+    """Run ``worker`` on ``ranks`` and record every optimizer step it takes, on every rank.
+
+    The worker is the learner's own training code (a module-level function, such as one
+    in a file the notebook wrote); nothing in it changes. While it runs, hooks that
+    PyTorch offers for every module and optimizer (``register_module_forward_pre_hook``,
+    ``register_optimizer_step_pre_hook`` and ``..._post_hook``) watch it: each DDP model
+    gets an :class:`AllReduceCounter` before its first forward pass, and each
+    ``optimizer.step()`` records the gradient it is about to use, the all-reduces and
+    bytes DDP sent since the previous step, and after the step the weights and the
+    model-state bytes this rank holds (as in :func:`sharded_states`; a sharded
+    ``DTensor`` counts its local shard).
+
+    Args:
+        ranks (course_lib.distributed.ranks.Ranks): running ranks.
+        worker (callable): as :meth:`course_lib.distributed.ranks.Ranks.run`.
+        **kwargs: passed to ``worker``.
+
+    Returns:
+        list: per rank, a list with one dict per optimizer step: ``grads`` and ``params``
+        (flat fp32 copies of this rank's part, in the optimizer's parameter order),
+        ``all_reduces``, ``bytes`` and ``states`` (a row of :func:`sharded_states`).
+
+    Raises:
+        TypeError: naming ``ranks``, for anything but a ``Ranks``.
+        ValueError: as :meth:`course_lib.distributed.ranks.Ranks.run` (closed ranks, a worker
+            that cannot be imported); also its ``RuntimeError`` and ``TimeoutError``.
+    """
+    from course_lib.distributed.ranks import Ranks
+
+    if not isinstance(ranks, Ranks):
+        raise TypeError(f"ranks must be a course_lib.distributed.ranks.Ranks, got {ranks!r}")
+    ranks.run(_start_watching)
+    try:
+        ranks.run(worker, **kwargs)
+    finally:
+        if not ranks.closed:
+            steps = ranks.run(_stop_watching)
+    return steps
