@@ -15,25 +15,22 @@ tests/test_submissions.py and tests/test_hostile_submissions.py):
   ``--grade-unmatched`` with arguments the notebook chose.
 """
 
-import contextlib
 import json
 import os
 import random
-import shutil
 import signal
 import socket
-import tempfile
 from unittest import mock
 
 import numpy as np
 import pytest
 import torch
-from notebook_tools import ROOT, SOLUTIONS, check_calls, definitions, read
+from notebook_tools import ROOT, SOLUTIONS, check_calls, definitions, read, run_judge
 from torch.utils.checkpoint import CheckpointPolicy
 from wrong_answers import WRONG
 
 from course_lib import grading
-from course_tools import grade, hidden, inside, ipc
+from course_tools import grade, hidden, ipc
 
 CALLS = [(path.name, name, args) for path in SOLUTIONS for name, args in check_calls(path)]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -224,37 +221,12 @@ def _judge(path, edit=None, *, discover=False):
               "id": grade._grade_id(c)} for c in nb.cells if c.cell_type == "code"]
     canonical = {c.name: list(c.args) for a in SOLUTIONS
                  for c in grade.load_assignment(a).checks}
-    folder = tempfile.mkdtemp()
-    shutil.copyfile(grade.DRAWN_CASES, os.path.join(folder, "drawn.py"))
     checks = [{"id": c.name, "name": c.name, "args": c.args} for c in assignment.checks]
-    job = {"cells": cells, "checks": [] if discover else checks, "discover": discover,
-           "canonical": canonical, "cell_timeout": 120, "timeout": 600, "wall_backstop": 3.0,
-           "message_chars": 300, "job_dir": folder}
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(read_fd)
-            inside.judge(job, write_fd)
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    data = b""
-    while chunk := os.read(read_fd, 1 << 16):
-        data += chunk
-        if b'"ready"' in data:  # as the grader does: the judge holds the file open
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(folder, "drawn.py"))
-    os.close(read_fd)
-    os.waitpid(pid, 0)
-    shutil.rmtree(folder)
-    results = {}
-    for line in data.decode().splitlines():
-        message = json.loads(line)
-        if message.get("event") == "check":
-            results[message["id"].removeprefix("cell-check-")] = (message["status"],
-                                                                  message["detail"])
-    return results
+    messages = run_judge({"cells": cells, "checks": [] if discover else checks,
+                          "discover": discover, "canonical": canonical, "cell_timeout": 120,
+                          "timeout": 600, "wall_backstop": 3.0, "message_chars": 300})
+    return {m["id"].removeprefix("cell-check-"): (m["status"], m["detail"])
+            for m in messages if m.get("event") == "check"}
 
 
 def _set_exercise(nb, name: str, source: str) -> None:

@@ -12,13 +12,12 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 
 import nbformat
 import pytest
-from notebook_tools import ROOT, read
+from notebook_tools import ROOT, read, run_judge
 
-from course_tools import grade, inside, sandbox
+from course_tools import grade, sandbox
 
 SOLUTION = ROOT / "solutions" / "00_setup.ipynb"
 PASSED = {"tensor_nbytes": ("passed", ""), "pick_training_dtype": ("passed", "")}
@@ -33,33 +32,13 @@ def _judge(nb) -> dict:
     assignment = grade.load_assignment(SOLUTION)
     cells = [{"source": c.source, "full": grade._is_exercise_cell(c, assignment),
               "id": grade._grade_id(c)} for c in nb.cells if c.cell_type == "code"]
-    folder = tempfile.mkdtemp()
-    shutil.copyfile(grade.DRAWN_CASES, os.path.join(folder, "drawn.py"))
-    job = {"cells": cells, "discover": False, "canonical": {}, "job_dir": folder,
-           "checks": [{"id": c.grade_id, "name": c.name, "args": c.args}
-                      for c in assignment.checks],
-           "cell_timeout": CELL_TIMEOUT, "timeout": 60, "wall_backstop": grade.WALL_BACKSTOP,
-           "message_chars": grade.MESSAGE_CHARS}
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(read_fd)
-            inside.judge(job, write_fd)
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    data = b""
-    while chunk := os.read(read_fd, 1 << 16):
-        data += chunk
-        if b'"ready"' in data:  # as the grader does: the judge holds the file open
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(folder, "drawn.py"))
-    os.close(read_fd)
-    os.waitpid(pid, 0)
-    shutil.rmtree(folder)
+    messages = run_judge({
+        "cells": cells, "discover": False, "canonical": {},
+        "checks": [{"id": c.grade_id, "name": c.name, "args": c.args} for c in assignment.checks],
+        "cell_timeout": CELL_TIMEOUT, "timeout": 60, "wall_backstop": grade.WALL_BACKSTOP,
+        "message_chars": grade.MESSAGE_CHARS})
     names = {c.grade_id: c.name for c in assignment.checks}
-    return {names[m["id"]]: (m["status"], m["detail"]) for m in map(json.loads, data.splitlines())
+    return {names[m["id"]]: (m["status"], m["detail"]) for m in messages
             if m.get("event") == "check"}
 
 
