@@ -220,7 +220,8 @@ class GPU:
 #: read from published ``_CudaDeviceProperties`` and OOM messages; it varies by a few tens of
 #: MiB with the driver, so the lowest figure seen is kept (a budget too high is an OOM). A
 #: Colab T4 reports about 14.58-14.75 GiB against nvidia-smi's 15360 MiB, an A100 80GB about
-#: 79.15-79.25 GiB against 81920 MiB. On a live card the budget is what
+#: 79.15-79.25 GiB against 81920 MiB, an H100 80GB 79.10-79.11 GiB in its OOM messages against
+#: 81559 MiB (80998 MiB prints as 79.10 GiB). On a live card the budget is what
 #: ``torch.cuda.mem_get_info()`` says is free (:func:`live_gpu`).
 #: Speeds are NVIDIA's datasheet peaks (dense: the tensor figures with 2:4 sparsity halved),
 #: SXM boards for the A100, H100 and H200; no run of the course measured them (see
@@ -254,7 +255,7 @@ GPUS: dict[str, GPU] = {
     "A100 80GB": GPU("A100 80GB", 81050 * MiB, (8, 0), fp32_flops=19.5e12, tensor_flops=312e12,
                      memory_bandwidth=2039e9, datasheet=_A100.format("2,039"),
                      smi_memory=81920 * MiB, host_link=_PCIE4, peer_link=300e9),
-    "H100 80GB": GPU("H100 80GB", 81082 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
+    "H100 80GB": GPU("H100 80GB", 80998 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
                      memory_bandwidth=3.35e12, datasheet=_H100,
                      smi_memory=81559 * MiB, host_link=_PCIE5, peer_link=450e9),
     "H200": GPU("H200", 143156 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
