@@ -17,6 +17,8 @@ import html
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from course_lib.validation import WrongTypeError
+
 from .validation import boolean, items, text
 
 #: The words a verdict starts with.
@@ -117,16 +119,18 @@ def check_claims(claims: Iterable[Claim]) -> list[Claim]:
         ValueError: ``claims`` is not a sequence of :class:`Claim`.
         AssertionError: naming each claim whose ``holds`` is False.
 
-    Example::
-
-        check_claims([Claim('"Adam stores two extra copies of the weights"',
-                            f"m + v = {states:,} B = 2 x {weights:,} B", "true",
-                            states == 2 * weights)])
+    Example:
+        >>> weights = 4  # bytes of one fp32 weight
+        >>> held = check_claims([Claim('"Adam keeps two extra copies of the weights"',
+        ...                            f"m + v = {2 * weights} B per weight", "true", True)])
+        "Adam keeps two extra copies of the weights"
+            measured: m + v = 8 B per weight
+            verdict : true
     """
     claims = items("claims", claims, min_len=1)
     for claim in claims:
         if not isinstance(claim, Claim):
-            raise ValueError(f"claims must hold Claim records, got {type(claim).__name__}")
+            raise WrongTypeError(f"claims must hold Claim records, got {type(claim).__name__}")
     table = _ClaimTable(claims)
     try:
         from IPython import get_ipython

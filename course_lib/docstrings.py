@@ -13,35 +13,14 @@ from __future__ import annotations
 import re
 import textwrap
 
+from course_lib.validation import WrongTypeError
+
 
 def fill_doc(**pieces: str):
-    """Decorator: replace each docstring line ``{name}`` by ``pieces[name]``, indented as it.
-
-    Args:
-        **pieces (str): the text of each piece, by name; written without its indentation
-            (``textwrap.dedent`` is applied), continuation lines indented relative to the first.
-
-    Returns:
-        Callable: a decorator that fills the docstring of the function or class it decorates
-        and returns it.
-
-    Raises:
-        ValueError: a piece is not a ``str``, or the decorated object's docstring has no line
-            holding only ``{name}`` for one of the pieces.
-
-    Example::
-
-        @fill_doc(shape_args=SHAPE_ARGS)
-        def block_saved(config, batch_size):
-            \"\"\"What one block keeps.
-
-            Args:
-                {shape_args}
-            \"\"\"
-    """
+    """Decorator: replace each docstring line ``{name}`` by ``pieces[name]``, indented as it."""
     for name, text in pieces.items():
         if not isinstance(text, str):
-            raise ValueError(f"piece {name} must be a str, got {type(text).__name__}")
+            raise WrongTypeError(f"piece {name} must be a str, got {type(text).__name__}")
 
     def fill(obj):
         doc = obj.__doc__

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .validation import MAX_BYTES, integer, number, positive_int
+from .validation import MAX_BYTES, WrongTypeError, integer, number, positive_int
 
 KiB = 1024
 MiB = 1024**2
@@ -32,23 +32,7 @@ _DTYPES = {
 
 
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    """``torch.float32`` or one of its names (``"fp32"``, ``"bf16"``, ...) as a ``torch.dtype``.
-
-    Args:
-        dtype (torch.dtype or str): a dtype, or one of ``"fp32"``, ``"float32"``, ``"fp16"``,
-            ``"float16"``, ``"bf16"``, ``"bfloat16"``, ``"fp64"``, ``"float64"``, ``"int8"``,
-            ``"bool"``.
-
-    Returns:
-        The ``torch.dtype``.
-
-    Raises:
-        ValueError: naming ``dtype``, for any other value.
-
-    Example::
-
-        as_dtype("bf16")  # torch.bfloat16
-    """
+    """``torch.float32`` or one of its names (``"fp32"``, ``"bf16"``, ...) as a ``torch.dtype``."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if isinstance(dtype, str) and dtype in _DTYPES:
@@ -84,9 +68,9 @@ def tensor_bytes(shape, dtype: torch.dtype | str = torch.float32) -> int:
     Raises:
         ValueError: naming ``shape`` or ``dtype``, for a bad value.
 
-    Example::
-
-        tensor_bytes((2, 3), "fp32")  # 24
+    Example:
+        >>> tensor_bytes((2, 3), "fp32")
+        24
     """
     if (isinstance(shape, str | bytes | dict) or not hasattr(shape, "__iter__")
             or getattr(shape, "ndim", None) == 0):  # a 0-d array or tensor does not iterate
@@ -118,15 +102,15 @@ def storage_key(tensor: torch.Tensor | torch.UntypedStorage) -> int:
     Raises:
         ValueError: naming ``tensor``, for a non-tensor or a tensor without a storage.
 
-    Example::
-
-        x = torch.zeros(4, 4)
-        storage_key(x[1:]) == storage_key(x.t())  # True: views of one storage
+    Example:
+        >>> x = torch.zeros(4, 4)
+        >>> storage_key(x[1:]) == storage_key(x.t())  # views of one storage
+        True
     """
     if isinstance(tensor, torch.UntypedStorage):
         return tensor._cdata
     if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"tensor must be a torch.Tensor or a torch.UntypedStorage, got "
+        raise WrongTypeError(f"tensor must be a torch.Tensor or a torch.UntypedStorage, got "
                          f"{type(tensor).__name__}")
     try:
         return tensor.untyped_storage()._cdata
@@ -157,11 +141,12 @@ def storage_bytes(tensors, *, block: int = 1) -> int:
         ValueError: naming ``tensors`` (not an iterable of tensors with storages) or
             ``block``.
 
-    Example::
-
-        x = torch.zeros(10)  # 40 bytes
-        storage_bytes([x, x[2:], torch.zeros(3, dtype=torch.bfloat16)])  # 46
-        storage_bytes([x], block=512)  # 512
+    Example:
+        >>> x = torch.zeros(10)  # 40 bytes
+        >>> storage_bytes([x, x[2:], torch.zeros(3, dtype=torch.bfloat16)])
+        46
+        >>> storage_bytes([x], block=512)
+        512
     """
     block = positive_int("block", block, maximum=MAX_BYTES)
     if isinstance(tensors, torch.Tensor) or not hasattr(tensors, "__iter__"):
@@ -169,7 +154,7 @@ def storage_bytes(tensors, *, block: int = 1) -> int:
     storages = {}
     for t in tensors:
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"tensors must hold torch.Tensors, got {type(t).__name__}")
+            raise WrongTypeError(f"tensors must hold torch.Tensors, got {type(t).__name__}")
         try:
             key = storage_key(t)
         except ValueError as exc:
@@ -195,9 +180,9 @@ def format_bytes(n: int | float, precision: int = 2) -> str:
     Raises:
         ValueError: naming the parameter, for a bad value.
 
-    Example::
-
-        format_bytes(3 * GiB // 2)  # "1.50 GiB"
+    Example:
+        >>> format_bytes(3 * GiB // 2)
+        '1.50 GiB'
     """
     as_float = number("n", n)  # refuses ints beyond float's range too
     if not isinstance(n, int) or isinstance(n, bool):

@@ -1,4 +1,5 @@
-"""Input checks shared by the public functions: a bad value raises ``ValueError`` naming it.
+"""Input checks shared by the public functions: a bad value raises ``ValueError`` naming it, a
+value of the wrong type :class:`WrongTypeError` (a ``TypeError`` that is also a ``ValueError``).
 
 A bool is never taken for an int (``True`` is not a batch size of 1), a float is never taken
 for an int (not even ``2.0``: a size that came out of a division is a bug to show), and NaN and
@@ -22,6 +23,13 @@ MAX_BATCH = 2**24
 MAX_BYTES = 2**60
 
 
+class WrongTypeError(TypeError, ValueError):
+    """A value of the wrong type (a float for a size, a str for a bool): a ``TypeError``, as
+    PyTorch raises, that is also a ``ValueError`` so that a widget catching the course's
+    ``ValueError`` still shows the message (numpy's ``AxisError`` is a ``ValueError`` and an
+    ``IndexError`` for the same reason)."""
+
+
 def _as_int(value) -> int | None:
     """``value`` as an ``int`` if it is an integer (a Python, numpy or 0-d torch integer, never
     a bool or a float, even a whole one); ``None`` otherwise."""
@@ -36,28 +44,10 @@ def _as_int(value) -> int | None:
 
 
 def integer(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` as an ``int`` if it is an integer (not a bool) in ``[minimum, maximum]``.
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value: what the caller passed.
-        minimum (int, optional): the smallest allowed value (``None``: no bound).
-        maximum (int, optional): the largest allowed value (``None``: no bound).
-
-    Returns:
-        ``int(value)``.
-
-    Raises:
-        ValueError: naming ``name``, for a bool, a float (even a whole one), a non-number, or a
-            value out of range.
-
-    Example::
-
-        integer("seed", 3, minimum=0)  # 3
-    """
+    """``value`` as an ``int`` if it is an integer (not a bool) in ``[minimum, maximum]``."""
     as_int = _as_int(value)
     if as_int is None:
-        raise ValueError(f"{name} must be an int, got {value!r}")
+        raise WrongTypeError(f"{name} must be an int, got {value!r}")
     value = as_int
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         low = "-inf" if minimum is None else f"{minimum:,}"
@@ -67,30 +57,12 @@ def integer(name: str, value, *, minimum: int | None = None, maximum: int | None
 
 
 def positive_int(name: str, value, *, maximum: int | None = None) -> int:
-    """``value`` as an ``int`` if it is an integer (not a bool) of at least 1 (and at most
-    ``maximum``); numpy's and 0-d torch integers are taken as their value, as :func:`integer`
-    takes them.
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value: what the caller passed.
-        maximum (int, optional): the largest allowed value (``None``: no bound).
-
-    Returns:
-        ``int(value)``, at least 1.
-
-    Raises:
-        ValueError: naming ``name``, for a non-integer, a bool, a float (even a whole one), a
-            value below 1 or above ``maximum``.
-
-    Example::
-
-        positive_int("batch_size", 8, maximum=MAX_BATCH)  # 8
-    """
+    """``value`` as an ``int`` if it is an integer (not a bool) from 1 to ``maximum``."""
     as_int = _as_int(value)
     if as_int is None or as_int < 1 or (maximum is not None and as_int > maximum):
         bound = "" if maximum is None else f" of at most {maximum:,}"
-        raise ValueError(f"{name} must be a positive int{bound}, got {value!r}")
+        error = WrongTypeError if as_int is None else ValueError
+        raise error(f"{name} must be a positive int{bound}, got {value!r}")
     return as_int
 
 
@@ -98,33 +70,13 @@ def number(name: str, value, *, minimum: float | None = None, maximum: float | N
            above: float | None = None, below: float | None = None) -> float:
     """``value`` as a ``float`` if it is a finite real number (not a bool) within the bounds.
 
-    ``minimum``/``maximum`` are inclusive bounds, ``above``/``below`` exclusive ones. A numpy or
-    0-d torch scalar is taken as its Python value.
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value: what the caller passed.
-        minimum (float, optional): ``value`` must be ``>= minimum``.
-        maximum (float, optional): ``value`` must be ``<= maximum``.
-        above (float, optional): ``value`` must be ``> above``.
-        below (float, optional): ``value`` must be ``< below``.
-
-    Returns:
-        ``float(value)``.
-
-    Raises:
-        ValueError: naming ``name``, for a bool, a non-number, NaN, an infinity or a value out
-            of range.
-
-    Example::
-
-        number("dropout", 0.1, minimum=0.0, below=1.0)  # 0.1
+    ``minimum``/``maximum`` are inclusive bounds, ``above``/``below`` exclusive ones.
     """
     if hasattr(value, "dtype") and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         item = value.item()  # a numpy or torch scalar
         value = item if isinstance(item, int | float) and not isinstance(item, bool) else value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise WrongTypeError(f"{name} must be a finite number, got {value!r}")
     try:
         value = float(value)
     except OverflowError:  # an int beyond float's range
@@ -154,34 +106,19 @@ def boolean(name: str, value) -> bool:
         ValueError: naming ``name``, for anything but ``True`` or ``False``.
     """
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+        raise WrongTypeError(f"{name} must be True or False, got {value!r}")
     return value
 
 
 def choice(name: str, value, options) -> str:
-    """``value`` if it is a str and one of ``options``.
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value: what the caller passed.
-        options (sequence of str): the allowed values.
-
-    Returns:
-        ``value``, a str.
-
-    Raises:
-        ValueError: naming ``name`` and the options, for a non-str or a str not in ``options``.
-
-    Example::
-
-        choice("attention", "sdpa", ("explicit", "sdpa"))  # "sdpa"
-    """
+    """``value`` if it is a str and one of ``options``."""
     try:
         ok = isinstance(value, str) and value in options
     except TypeError:
         ok = False
     if not ok:
-        raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}")
+        error = ValueError if isinstance(value, str) else WrongTypeError
+        raise error(f"{name} must be one of {tuple(options)}, got {value!r}")
     return value
 
 
@@ -204,7 +141,7 @@ def device(name: str, value):
     if isinstance(value, torch.device):
         return value
     if not isinstance(value, str):
-        raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or "
+        raise WrongTypeError(f"{name} must be a torch.device or a device string such as 'cpu' or "
                          f"'cuda', got {value!r}")
     try:
         return torch.device(value)
@@ -232,7 +169,7 @@ def tensor(name: str, value, *, integral: bool = False, dim: int | None = None):
     import torch
 
     if not isinstance(value, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        raise WrongTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if integral and (value.dtype.is_floating_point or value.dtype.is_complex
                      or value.dtype == torch.bool):
         raise ValueError(f"{name} must hold integers (token ids), got dtype {value.dtype}")
@@ -272,7 +209,7 @@ def text(name: str, value) -> str:
         ValueError: naming ``name``, for anything but a str.
     """
     if not isinstance(value, str):
-        raise ValueError(f"{name} must be a str, got {value!r}")
+        raise WrongTypeError(f"{name} must be a str, got {value!r}")
     return value
 
 
@@ -292,7 +229,7 @@ def function(name: str, value, *, optional: bool = False):
     """
     if (value is None and optional) or callable(value):
         return value
-    raise ValueError(f"{name} must be callable{' or None' if optional else ''}, got {value!r}")
+    raise WrongTypeError(f"{name} must be callable{' or None' if optional else ''}, got {value!r}")
 
 
 def items(name: str, value, *, min_len: int = 0, max_len: int = MAX_COUNT) -> list:
@@ -315,7 +252,7 @@ def items(name: str, value, *, min_len: int = 0, max_len: int = MAX_COUNT) -> li
 
     if isinstance(value, str | bytes | abc.Mapping | abc.Set) or not isinstance(value,
                                                                               abc.Sequence):
-        raise ValueError(f"{name} must be a list or tuple, got {value!r}")
+        raise WrongTypeError(f"{name} must be a list or tuple, got {value!r}")
     if not min_len <= len(value) <= max_len:
         raise ValueError(f"{name} must hold {min_len:,} to {max_len:,} items, got "
                          f"{len(value):,}")
@@ -360,22 +297,8 @@ def available_device(name: str, value):
 def fields(record, **kinds) -> None:
     """The fields of a result record (a dataclass) checked where it is built, by hand or not.
 
-    Each keyword names a field and what it must be: ``int`` (a count, at least 0; numpy's and
-    0-d torch integers are stored as their ``int``), ``float`` (a finite number, at least 0), a
-    tuple of the strings allowed, or a class. Cheap: the widgets build records in their loops.
-
-    Args:
-        record: the dataclass instance (frozen or not).
-        **kinds: field name -> ``int``, ``float``, a tuple of strings or a class.
-
-    Raises:
-        TypeError: naming ``Record.field``, for a value of the wrong type (a bool is no number).
-        ValueError: naming ``Record.field``, for a negative number, NaN or an infinity, or a
-            string not among those allowed.
-
-    Example::
-
-        fields(cost, mode=MODES, kept_bytes=int, flops=int)
+    Each keyword names a field and what it must be: ``int`` (a count, at least 0), ``float`` (a
+    finite number, at least 0), a tuple of the strings allowed, or a class.
     """
     for name, kind in kinds.items():
         value, where = getattr(record, name), f"{type(record).__name__}.{name}"
@@ -386,14 +309,14 @@ def fields(record, **kinds) -> None:
                 object.__setattr__(record, name, as_int)
             elif as_int is None and (kind is int or isinstance(value, bool)
                                      or not isinstance(value, numbers.Real)):
-                raise TypeError(f"{where} must be {what}, got {type(value).__name__}")
+                raise WrongTypeError(f"{where} must be {what}, got {type(value).__name__}")
             value = value if as_int is None else as_int
             if not 0 <= value < math.inf:
                 raise ValueError(f"{where} must be {what} of at least 0, finite, got {value!r}")
         elif isinstance(kind, tuple):
             if not isinstance(value, str):
-                raise TypeError(f"{where} must be a str, got {type(value).__name__}")
+                raise WrongTypeError(f"{where} must be a str, got {type(value).__name__}")
             if value not in kind:
                 raise ValueError(f"{where} must be one of {kind}, got {value!r}")
         elif not isinstance(value, kind):
-            raise TypeError(f"{where} must be a {kind.__name__}, got {type(value).__name__}")
+            raise WrongTypeError(f"{where} must be a {kind.__name__}, got {type(value).__name__}")

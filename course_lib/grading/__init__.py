@@ -38,6 +38,8 @@ from collections.abc import Callable
 
 import torch
 
+from course_lib.validation import WrongTypeError
+
 #: Every registered check, by name (``check_tensor_bytes`` -> function).
 CHECKS: dict[str, Callable[..., bool]] = {}
 #: Names a check cannot take: the other columns of the grader's scores file.
@@ -61,25 +63,9 @@ class CheckFailed(Exception):
 
 
 def expect(condition: bool, message: str, *, hint: str | None = None) -> None:
-    """Fail the check with ``message`` (and ``hint``) unless ``condition`` holds.
-
-    Args:
-        condition (bool): taken for its truth (a learner's answer compared may be a numpy or torch
-            bool).
-        message (str): what went wrong.
-        hint (str, optional): what to look at.
-
-    Raises:
-        CheckFailed: when ``condition`` is false (the check's wrapper catches it).
-        ValueError: naming ``message`` (not a str) or ``hint`` (not a str or None).
-
-    Example::
-
-        expect(exactly(fn((2, 3), torch.float32), 24), "a (2, 3) fp32 tensor has 24 bytes",
-               hint="multiply the element count by the bytes per element")
-    """
+    """Fail the check with ``message`` (and ``hint``) unless ``condition`` holds."""
     if not isinstance(message, str):
-        raise ValueError(f"message must be a str, got {message!r}")
+        raise WrongTypeError(f"message must be a str, got {message!r}")
     if hint is not None and not isinstance(hint, str):
         raise ValueError(f"hint must be a str or None, got {hint!r}")
     if not condition:
@@ -126,20 +112,7 @@ def exactly(got, truth) -> bool:
     ``inf`` equals every integer from 65,520 up (the integer is cast to float16 first), an
     object may define ``__eq__`` to say yes. Here a number is compared by its exact value (a
     one-element tensor or array by its ``.item()``; NaN equals nothing, ``inf`` no finite
-    truth), a str as a str, and the rest by identity.
-
-    Args:
-        got: what the learner's function returned.
-        truth: a number (as ``got``), a str, None, a bool, a ``torch.dtype`` or an enum member
-            (compared by identity), or a list or tuple of these (``got`` then any list or tuple
-            of as many items, compared item by item).
-
-    Returns:
-        bool: True when ``got`` is ``truth``.
-
-    Example::
-
-        expect(exactly(fn((2, 3), torch.float32), 24), "a (2, 3) fp32 tensor has 24 bytes")
+    truth), a str as a str, and the rest by identity; a list or tuple item by item.
     """
     if isinstance(truth, list | tuple):
         return (isinstance(got, list | tuple) and len(got) == len(truth)

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from course_lib.units import MiB, format_bytes
-from course_lib.validation import boolean, fields, integer, number, text
+from course_lib.validation import WrongTypeError, boolean, fields, integer, number, text
 
 #: The largest request :func:`probe` makes, in MiB (1 TiB), and the longest it waits, in seconds.
 MAX_PROBE_MIB = 2**20
@@ -113,7 +113,7 @@ def _device(device) -> torch.device:
     if isinstance(device, int) and not isinstance(device, bool):
         return torch.device("cuda", integer("device", device, minimum=0, maximum=1023))
     if not isinstance(device, str | torch.device):
-        raise ValueError(f"device must be a torch.device, a device string or a CUDA index, "
+        raise WrongTypeError(f"device must be a torch.device, a device string or a CUDA index, "
                          f"got {device!r}")
     try:
         return torch.device(device)
@@ -369,7 +369,7 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
         >>> print(report.table() if report else report.reason)  # doctest: +SKIP
     """
     if not callable(fn):
-        raise ValueError(f"fn must be callable with no arguments, got {fn!r}")
+        raise WrongTypeError(f"fn must be callable with no arguments, got {fn!r}")
     _device(device)
     for name, value in (("predicted", predicted), ("resident", resident)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -407,7 +407,7 @@ def _parse_alloc_conf(value: str | None) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, str):
-        raise ValueError(f"value must be a str or None, got {value!r}")
+        raise WrongTypeError(f"value must be a str or None, got {value!r}")
     options = {}
     for entry in filter(str.strip, value.split(",")):
         key, sep, setting = entry.partition(":")
@@ -450,7 +450,7 @@ def alloc_conf_env(env: Mapping[str, str], expandable_segments: bool) -> dict[st
 
 def _check_env(env) -> None:
     if not isinstance(env, Mapping):
-        raise ValueError(f"env must be a mapping of environment variables (os.environ), got "
+        raise WrongTypeError(f"env must be a mapping of environment variables (os.environ), got "
                          f"{type(env).__name__}")
 
 
@@ -596,7 +596,7 @@ class Probe:
 
 def _check_reading(reading) -> None:
     if not isinstance(reading, Reading):
-        raise ValueError(f"reading must be a course_lib.measurement.allocator.Reading, got "
+        raise WrongTypeError(f"reading must be a course_lib.measurement.allocator.Reading, got "
                          f"{type(reading).__name__}")
 
 

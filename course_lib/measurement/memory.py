@@ -34,7 +34,14 @@ from torch.utils.weak import WeakIdKeyDictionary
 from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_batch, check_config
 from course_lib.units import as_dtype, storage_bytes, storage_key
-from course_lib.validation import device as as_device, fields, function, integer, positive_int
+from course_lib.validation import (
+    WrongTypeError,
+    device as as_device,
+    fields,
+    function,
+    integer,
+    positive_int,
+)
 
 # Ops whose tensor argument is a storage made outside the dispatcher (``torch.tensor([...])``
 # builds it in C++ then "lifts" it): their output is a new allocation, not a foreign tensor.
@@ -187,12 +194,12 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
         ValueError: naming ``fn`` (not callable) or ``device`` (not cuda, cpu, mps or None), or
             for ``device="cuda"`` or ``"mps"`` on a machine without it.
 
-    Example::
-
-        peak_memory(lambda: torch.zeros(1024, 1024), device="cpu")  # 4194304
+    Example:
+        >>> peak_memory(lambda: torch.zeros(1024, 1024), device="cpu")  # 4 MiB of fp32
+        4194304
     """
     if not callable(fn):
-        raise ValueError(f"fn must be callable with no arguments, got {fn!r}")
+        raise WrongTypeError(f"fn must be callable with no arguments, got {fn!r}")
     kind = _device_kind(device)
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but this machine has no CUDA device")
@@ -353,14 +360,15 @@ def saved_bytes(output: torch.Tensor, params=(), *, include_parameters: bool = F
     Raises:
         ValueError: naming ``include_parameters`` (not a bool) or ``output`` (no ``grad_fn``).
 
-    Example::
-
-        x, y = random_tokens(config, 4)
-        logits, loss = model(x, y)
-        saved_bytes(loss, model.parameters())
+    Example:
+        >>> from course_lib.model.gpt import GPT, random_tokens
+        >>> model = GPT(GPTConfig())
+        >>> logits, loss = model(*random_tokens(GPTConfig(), 2))
+        >>> saved_bytes(loss, model.parameters())
+        1256964
     """
     if not isinstance(include_parameters, bool):
-        raise ValueError(f"include_parameters must be True or False, got {include_parameters!r}")
+        raise WrongTypeError(f"include_parameters must be True or False, got {include_parameters!r}")
     unique = {}
     for row in saved_tensors(output, params):
         if include_parameters or not row.is_parameter:
@@ -498,7 +506,7 @@ def saved_table(output: torch.Tensor, params=(), *, parameters: bool = False) ->
         ValueError: as :func:`saved_tensors`, or naming ``parameters`` (not a bool).
     """
     if not isinstance(parameters, bool):
-        raise ValueError(f"parameters must be True or False, got {parameters!r}")
+        raise WrongTypeError(f"parameters must be True or False, got {parameters!r}")
     rows = [r for r in reversed(saved_tensors(output, params)) if parameters or not r.is_parameter]
     letters: dict[int, str] = {}
 
@@ -550,9 +558,9 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             (:func:`course_lib.model.gpt.check_batch`).
     """
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        raise WrongTypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     check_batch(model, inputs, targets)
     hook = function("on_phase", on_phase, optional=True) or (lambda name, loss: None)
     hook("forward", None)
@@ -591,12 +599,12 @@ def resident_bytes(model: torch.nn.Module, optimizer) -> int:
     from course_lib.model.kernels import CUDA_BLOCK
 
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     first = next(model.parameters(), None)
     if first is None:
         raise ValueError("model must have at least one parameter, got a module with none")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        raise WrongTypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     device = first.device
     tensors = [*model.parameters(), *getattr(optimizer, "master", ()),
                *_optimizer_tensors(optimizer)]
@@ -704,9 +712,9 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             ``torch.optim.Optimizer``).
     """
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        raise WrongTypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     check_batch(model, inputs, targets)
     params = list(model.parameters())
     baseline = dict.fromkeys(CATEGORIES, 0)

@@ -20,6 +20,7 @@ import torch
 
 from course_lib.measurement.memory import LiveTensorTracker
 from course_lib.model.kernels import CUDA_BLOCK
+from course_lib.validation import WrongTypeError
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def record_timeline(fn: Callable[[], object], *, max_entries: int = 1_000_000) -
         ValueError: naming ``fn`` (not callable), or on a machine without CUDA.
     """
     if not callable(fn):
-        raise ValueError(f"fn must be callable with no arguments, got {fn!r}")
+        raise WrongTypeError(f"fn must be callable with no arguments, got {fn!r}")
     if not torch.cuda.is_available():
         raise ValueError("record_timeline needs a CUDA device; this machine has none")
     torch.cuda.synchronize()
@@ -140,7 +141,7 @@ def track_timeline(fn: Callable[[], object]) -> Timeline:
         ValueError: naming ``fn``, if it is not callable.
     """
     if not callable(fn):
-        raise ValueError(f"fn must be callable with no arguments, got {fn!r}")
+        raise WrongTypeError(f"fn must be callable with no arguments, got {fn!r}")
     with LiveTensorTracker() as tracker:
         fn()
     changes = sorted([(r.born, r.nbytes) for r in tracker.storages]

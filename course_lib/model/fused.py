@@ -251,20 +251,6 @@ def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
 
     Autograd keeps the op's two inputs (``x`` and ``bias``, which is a parameter), never an
     intermediate: its backward recomputes ``gelu'(x + bias)`` (see :data:`OPS`).
-
-    Args:
-        x (Tensor): the matmul's output, any shape ``(..., n)``, floating point.
-        bias (Tensor): ``(n,)``, same dtype and device.
-
-    Returns:
-        Tensor: ``gelu(x + bias)``, ``x``'s shape and dtype.
-
-    Raises:
-        ValueError: for tensors of other shapes, dtypes or devices.
-
-    Example::
-
-        y = bias_gelu(torch.randn(2, 8, 64), torch.zeros(64))
     """
     _check(x, bias)
     if backend(x.device) == "reference":
@@ -544,9 +530,10 @@ def bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float,
         ValueError: naming ``p`` (outside ``[0, 1]``), ``seed`` (outside ``[0, 2**31)``) or
             the tensors (other shapes, dtypes or devices).
 
-    Example::
-
-        out = bias_dropout_add(torch.randn(2, 8, 64), torch.zeros(64), torch.randn(2, 8, 64), 0.1)
+    Example:
+        >>> bias_dropout_add(torch.ones(2, 4), torch.zeros(4), torch.zeros(2, 4), 0.5, seed=0)
+        tensor([[2., 0., 0., 0.],
+                [0., 2., 2., 2.]])
     """
     if seed is None:
         seed = int(torch.randint(_SEED_LIMIT, ()))

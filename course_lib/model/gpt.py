@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from course_lib.model import fused
 from course_lib.validation import (
+    WrongTypeError,
     available_device as as_device,
     boolean,
     choice,
@@ -68,9 +69,10 @@ class GPTConfig:
             :data:`CONFIG_MAXIMUM`, a ``d_model`` not divisible by ``n_heads``, a ``dropout``
             outside ``[0, 1)``, an unknown ``attention`` or a non-bool ``bias``.
 
-    Example::
-
-        GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+    Example:
+        >>> GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+        GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12,
+                  dropout=0.0, ...)
     """
 
     #: Tokens in the vocabulary (GPT-2: 50257). The embedding, tied to the LM head, has
@@ -301,10 +303,10 @@ class GPT(nn.Module):
     Args:
         config (GPTConfig): the model's shape.
 
-    Example::
-
-        model = GPT(GPTConfig())
-        logits, loss = model(*random_tokens(GPTConfig(), 4))
+    Example:
+        >>> logits, loss = GPT(GPTConfig())(*random_tokens(GPTConfig(), 2))
+        >>> logits.shape, loss.dtype
+        (torch.Size([2, 64, 256]), torch.float32)
     """
 
     def __init__(self, config: GPTConfig):
@@ -467,24 +469,9 @@ def _check_ids(idx, targets, vocab: int, ignore_index: int) -> None:
 
 
 def check_config(config, name: str = "config") -> GPTConfig:
-    """``config`` if it is a :class:`GPTConfig` (the check every function taking one makes).
-
-    Args:
-        config: what the caller passed.
-        name (str): the caller's parameter, for the message.
-
-    Returns:
-        ``config``.
-
-    Raises:
-        ValueError: naming ``name``, for anything but a :class:`GPTConfig`.
-
-    Example::
-
-        check_config(GPTConfig()).n_layers  # 2
-    """
+    """``config`` if it is a :class:`GPTConfig` (the check every function taking one makes)."""
     if not isinstance(config, GPTConfig):
-        raise ValueError(f"{name} must be a course_lib.model.gpt.GPTConfig, got "
+        raise WrongTypeError(f"{name} must be a course_lib.model.gpt.GPTConfig, got "
                          f"{type(config).__name__}")
     return config
 
@@ -502,7 +489,7 @@ def count_parameters(model: nn.Module) -> int:
         ValueError: naming ``model``, for a non-module.
     """
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters())
 
 
@@ -523,10 +510,10 @@ def gpt_param_count(config: GPTConfig) -> int:
     Raises:
         ValueError: naming ``config``, for anything but a :class:`GPTConfig`.
 
-    Example::
-
-        gpt_param_count(GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12,
-                                  n_layers=12))  # 124439808, GPT-2 small
+    Example:
+        >>> gpt_param_count(GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12,
+        ...                           n_layers=12))  # GPT-2 small
+        124439808
     """
     h, L = check_config(config).d_model, config.n_layers
     per_layer = 12 * h * h + (13 * h if config.bias else 2 * h)
@@ -581,9 +568,10 @@ def random_tokens(config: GPTConfig, batch_size: int, seq_len: int | None = None
     Raises:
         ValueError: naming the parameter, for a bad value.
 
-    Example::
-
-        x, y = random_tokens(GPTConfig(), 4, seed=1)
+    Example:
+        >>> x, y = random_tokens(GPTConfig(), 4, seed=1)
+        >>> x.shape, bool((x[:, 1:] == y[:, :-1]).all())
+        (torch.Size([4, 64]), True)
     """
     check_config(config)
     batch_size = positive_int("batch_size", batch_size, maximum=2**20)

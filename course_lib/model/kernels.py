@@ -100,27 +100,10 @@ def stats_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
 
 
 def allocated(nbytes: int, gpu: GPU | None = None) -> int:
-    """Bytes a tensor of ``nbytes`` takes: exact on the CPU, rounded up to 512 on CUDA.
+    """Bytes a tensor of ``nbytes`` takes: exact on the CPU, ``ceil(nbytes / 512) * 512`` on CUDA.
 
-    On CUDA the caching allocator hands out multiples of :data:`CUDA_BLOCK` (512) bytes:
-    ``ceil(nbytes / 512) * 512``. A zero-byte tensor takes nothing on either.
-
-    Args:
-        nbytes (int): the tensor's bytes, a non-negative int (not a bool).
-        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
-            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
-            :class:`~course_lib.device.GPU`).
-
-    Returns:
-        int: the bytes it occupies.
-
-    Raises:
-        ValueError: naming ``nbytes`` (not a non-negative int) or ``gpu``.
-
-    Example::
-
-        allocated(100, "T4")  # 512
-        allocated(100)  # 100
+    The caching allocator hands out multiples of :data:`CUDA_BLOCK` (512) bytes; a zero-byte
+    tensor takes nothing on either.
     """
     if type(nbytes) is not int:
         nbytes = integer("nbytes", nbytes, minimum=0)

@@ -58,9 +58,13 @@ def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branc
         ValueError: naming the parameter, for a bad value (a bool, a float, out of range,
             ``device="gpu"``).
 
-    Example::
-
-        x, y = markov_tokens(64, 32, vocab_size=64, branching=2, seed=0)
+    Example:
+        >>> x, y = markov_tokens(2, 8, vocab_size=16, seed=0)
+        >>> x
+        tensor([[12, 11,  7,  4,  2, 13, 12, 11],
+                [ 9,  6, 14, 12, 11,  7,  4,  2]])
+        >>> y[0]
+        tensor([11,  7,  4,  2, 13, 12, 11,  3])
     """
     n_sequences, seq_len, vocab_size = (
         positive_int(name, value, maximum=maximum) for name, value, maximum in (
@@ -126,8 +130,8 @@ def markov_entropy(branching: int = 2) -> float:
     Raises:
         ValueError: if ``branching`` is not a positive int.
 
-    Example::
-
-        markov_entropy(2)  # 0.693... = ln 2
+    Example:
+        >>> markov_entropy(2)  # ln 2
+        0.6931...
     """
     return math.log(positive_int("branching", branching, maximum=MAX_COUNT))

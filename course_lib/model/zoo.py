@@ -21,7 +21,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.model.gpt import CONFIG_MAXIMUM, GPT, GPTConfig, gpt_param_count
-from course_lib.validation import available_device as as_device, number, positive_int, tensor
+from course_lib.validation import (
+    WrongTypeError,
+    available_device as as_device,
+    number,
+    positive_int,
+    tensor,
+)
 
 #: The largest value of each size of a :class:`LlamaConfig` (the course GPT's maxima, and a
 #: SwiGLU width of up to 2**20; Llama 3.1 405B has 53,248).
@@ -42,20 +48,8 @@ class LlamaConfig:
 
     ``d_ff`` is the SwiGLU hidden size (Llama 2 7B: 11008); ``n_kv_heads`` below
     ``n_heads`` is grouped-query attention; ``tie_embeddings`` shares the token
-    embedding with the output head (Llama 3.2 1B and 3B do). Sizes are ints (not bools or
-    floats) from 1 to :data:`LLAMA_MAXIMUM`; ``rope_base`` a finite number > 0, at most
-    :data:`MAX_ROPE_BASE`. Each field's comment says what it does and why one would change it.
-
-    Raises:
-        ValueError: naming the field, for a size that is not an int from 1 to its
-            :data:`LLAMA_MAXIMUM`, a ``d_model`` that is not ``n_heads`` times an even head size,
-            an ``n_kv_heads`` that does not divide ``n_heads``, a non-bool ``tie_embeddings`` or
-            a ``rope_base`` that is not a finite number in (0, :data:`MAX_ROPE_BASE`].
-
-    Example::
-
-        LlamaConfig(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32,
-                    d_ff=11008, seq_len=4096)  # Llama 2 7B
+    embedding with the output head (Llama 3.2 1B and 3B do). Each field's comment says what it
+    does and why one would change it.
     """
 
     #: Tokens in the vocabulary (Llama 2: 32000, Llama 3: 128256). The embedding (and an
@@ -93,7 +87,7 @@ class LlamaConfig:
             raise ValueError(f"n_kv_heads must divide n_heads, got n_kv_heads={self.n_kv_heads}, "
                              f"n_heads={self.n_heads}")
         if not isinstance(self.tie_embeddings, bool):
-            raise ValueError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
+            raise WrongTypeError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
         number("rope_base", self.rope_base, above=0.0, maximum=MAX_ROPE_BASE)
 
     @property
@@ -135,7 +129,7 @@ def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
 
 def _check_llama(config) -> LlamaConfig:
     if not isinstance(config, LlamaConfig):
-        raise ValueError(f"config must be a LlamaConfig, got {config!r}")
+        raise WrongTypeError(f"config must be a LlamaConfig, got {config!r}")
     return config
 
 
@@ -253,22 +247,9 @@ def llama_param_count(config: LlamaConfig) -> int:
     d_ff. Per layer: Q and O ``h^2`` each, K and V ``h*kv`` each, gate, up and down
     ``h*f`` each, two RMSNorm weights ``h`` each; the final RMSNorm adds ``h``, and
     the head adds ``V*h`` unless it is tied to the embedding.
-
-    Args:
-        config (LlamaConfig): the model's shape.
-
-    Returns:
-        int: the parameters, equal to ``count_parameters(Llama(config))``.
-
-    Raises:
-        ValueError: naming ``config``, for anything but a :class:`LlamaConfig`.
-
-    Example::
-
-        llama_param_count(PRESETS["Llama 2 7B"].config)  # 6738415616
     """
     if not isinstance(config, LlamaConfig):
-        raise ValueError(f"config must be a LlamaConfig, got {config!r}")
+        raise WrongTypeError(f"config must be a LlamaConfig, got {config!r}")
     h, kv, f = config.d_model, config.n_kv_heads * config.d_head, config.d_ff
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
     embeddings = config.vocab_size * h * (1 if config.tie_embeddings else 2)
@@ -314,12 +295,13 @@ def build_model(config: GPTConfig | LlamaConfig, *, device: str | torch.device =
         ValueError: naming ``config``, ``device`` or ``dtype`` (not a floating-point
             ``torch.dtype``) for a bad value.
 
-    Example::
-
-        count_parameters(build_model(PRESETS["Llama 3.1 8B"].config))  # 8030261248
+    Example:
+        >>> from course_lib.model.gpt import count_parameters
+        >>> count_parameters(build_model(PRESETS["Llama 3.1 8B"].config))
+        8030261248
     """
     if not isinstance(config, GPTConfig | LlamaConfig):
-        raise ValueError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
+        raise WrongTypeError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     device = as_device("device", device)

@@ -329,9 +329,9 @@ def pareto_front(points) -> list:
     Raises:
         ValueError: naming ``points``, for anything else.
 
-    Example::
-
-        pareto_front([(1, 5, "a"), (2, 3, "b"), (3, 4, "c")])  # [(1, 5, 'a'), (2, 3, 'b')]
+    Example:
+        >>> pareto_front([(1, 5, "a"), (2, 3, "b"), (3, 4, "c")])  # c: more memory and time than b
+        [(1, 5, 'a'), (2, 3, 'b')]
     """
     try:
         points = [_point(p) for p in points]

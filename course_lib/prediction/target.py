@@ -40,13 +40,6 @@ class Target:
         autocast (bool): ``torch.autocast`` runs over an fp32 model.
         precision (Precision, optional): the recipe it came from (:meth:`of`), with the dtypes
             of every model state; None when built from a dtype (:meth:`resolve`).
-
-    Example::
-
-        t = Target.of("fp16-mixed", "T4")
-        t.compute, t.stream, t.mask(torch.float16), t.allocated(1)
-        # (torch.float16, torch.float16, torch.bool, 512)
-        Target.resolve(torch.float16, "T4", autocast=True).stream  # torch.float32
     """
 
     compute: torch.dtype

@@ -227,21 +227,6 @@ def datasheet_speed(gpu, *, op_seconds: float = OP_SECONDS) -> DeviceSpeed:
     Peak FLOP/s per dtype (:meth:`course_lib.device.GPU.peak_flops`: a T4 runs bf16 at its fp32
     rate), memory bandwidth and links of :data:`course_lib.device.GPUS`; a live card uses the
     preset of the same chip.
-
-    Args:
-        gpu (str or GPU): a name of :data:`course_lib.device.GPUS`, a ``GPU``, or "cuda".
-        op_seconds (float): seconds per operator, in (0, 1] (default :data:`OP_SECONDS`).
-
-    Returns:
-        DeviceSpeed: with ``measured=False``.
-
-    Raises:
-        ValueError: for the CPU (measure it: :func:`measure_speed`), an unknown name, a card
-            without datasheet figures and no preset of the same chip, or a bad ``op_seconds``.
-
-    Example::
-
-        datasheet_speed("T4").flops(torch.float16)  # 6.5e13
     """
     card = resolve_gpu(gpu)
     if card is None:
@@ -360,9 +345,9 @@ def device_speed(gpu=None) -> DeviceSpeed:
     Raises:
         ValueError: as :func:`course_lib.device.resolve_gpu` and :func:`datasheet_speed` do.
 
-    Example::
-
-        device_speed("T4").basis  # 'datasheet'
+    Example:
+        >>> device_speed("T4").basis
+        'datasheet'
     """
     card = resolve_gpu(gpu)
     if card is None:
@@ -517,30 +502,10 @@ def matmul_flops(config: GPTConfig, micro_batch_size: int, mode: str = "none", e
                  seq_len: int | None = None, precision: str = "fp32", gpu=None) -> tuple[int, int]:
     """``(flops, recomputed)`` of one micro-batch's forward, backward and recomputation.
 
-    :func:`course_lib.prediction.checkpointed.step_flops` (matmuls and attention kernels, 2 FLOPs per
-    multiply-add) on the kernel ``gpu`` runs. On the CPU, where ``FlopCounterMode`` has no
-    formula for the flash kernel and counts its attention as 0, the fused kernel's work is
-    counted as on a GPU (an A100's rules), since the arithmetic is the same.
-
-    Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        mode (str): a checkpointing mode (:data:`course_lib.training.checkpointing.MODES`).
-        every (int): its stride.
-        seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
-        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
-            takes.
-
-    Returns:
-        tuple of int: ``(flops, recomputed)``, FLOPs.
-
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-
-    Example::
-
-        matmul_flops(GPTConfig(n_layers=2), 4)  # (forward + backward FLOPs, 0)
+    :func:`course_lib.prediction.checkpointed.step_flops` (matmuls and attention kernels, 2 FLOPs
+    per multiply-add) on the kernel ``gpu`` runs. On the CPU, where ``FlopCounterMode`` has no
+    formula for the flash kernel and counts its attention as 0, the fused kernel's work is counted
+    as on a GPU (an A100's rules), since the arithmetic is the same.
     """
     check_config(config)
     positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
@@ -557,32 +522,13 @@ def pointwise_bytes(config: GPTConfig, micro_batch_size: int, mode: str = "none"
                     gpu=None) -> int:
     """Bytes the pointwise work of one micro-batch moves: forward, backward and recomputation.
 
-    ``(FORWARD_PASSES + BACKWARD_PASSES) A + FORWARD_PASSES (A - A_mode)``, with ``A`` the bytes
-    a plain step saves for its backward pass and ``A_mode`` those ``mode`` keeps
-    (:func:`course_lib.prediction.checkpointed.predict_kept_bytes`): every saved byte is written and read
-    once in the forward pass and read, with its gradient written and read, in the backward pass
+    ``(FORWARD_PASSES + BACKWARD_PASSES) A + FORWARD_PASSES (A - A_mode)``, with ``A`` the bytes a
+    plain step saves for its backward pass and ``A_mode`` those ``mode`` keeps
+    (:func:`course_lib.prediction.checkpointed.predict_kept_bytes`): every saved byte is written and
+    read once in the forward pass and read, with its gradient written and read, in the backward pass
     (:data:`FORWARD_PASSES`, :data:`BACKWARD_PASSES`: an assumption); what checkpointing drops is
     written and read again when its region reruns. The bytes are in the compute dtype: 16-bit
     precisions halve them (the activations' dtype), no more.
-
-    Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        mode (str): a checkpointing mode.
-        every (int): its stride.
-        seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
-        gpu (str or GPU, optional): None for the CPU's kernels, or a GPU.
-
-    Returns:
-        int: bytes.
-
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-
-    Example::
-
-        pointwise_bytes(GPTConfig(n_layers=2), 4, "blocks") > pointwise_bytes(GPTConfig(n_layers=2), 4)
     """
     check_config(config)
     positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
@@ -606,22 +552,6 @@ def optimizer_bytes(n_params: int, precision: str = "fp32", state_bits: int = 32
     8- and 4-bit states (torchao's ``AdamW8bit``/``AdamW4bit`` as lecture 08 runs them, eagerly)
     replace each state's ``2 s`` by :func:`low_bit_bytes_moved` per value: smaller states save
     memory and cost time.
-
-    Args:
-        n_params (int): parameters the optimizer steps, from 1 to
-            :data:`course_lib.validation.MAX_COUNT`.
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
-        state_bits (int): 32, 8 or 4.
-
-    Returns:
-        int: bytes.
-
-    Raises:
-        ValueError: naming ``n_params``, ``precision`` or ``state_bits``.
-
-    Example::
-
-        optimizer_bytes(1000, "bf16-mixed")  # 40000
     """
     spec = precision_of(precision)
     n = positive_int("n_params", n_params, maximum=MAX_COUNT)
@@ -648,19 +578,6 @@ def low_bit_bytes_moved(state_bits: int) -> int:
     gathering a map entry, comparing and adding into int64 codes (40 bytes a round, an
     estimate of its reads and writes), then rounds to the nearer code (about 60). Compiled on a
     GPU the passes fuse into one kernel and these bytes are an upper bound.
-
-    Args:
-        state_bits (int): 8 or 4.
-
-    Returns:
-        int: bytes per state value.
-
-    Raises:
-        ValueError: naming ``state_bits``, for another value.
-
-    Example::
-
-        low_bit_bytes_moved(8)  # 405
     """
     if _bits(state_bits) == 32:
         raise ValueError("state_bits must be 8 or 4 here, got 32")
@@ -693,9 +610,9 @@ def transfer_seconds(nbytes: int, bytes_per_second: float) -> float:
             :data:`course_lib.validation.MAX_BYTES`; ``bytes_per_second`` not a finite
             positive number.
 
-    Example::
-
-        transfer_seconds(63_000_000_000, 63e9)  # 1.0: a PCIe 5.0 x16 link for a second
+    Example:
+        >>> transfer_seconds(63_000_000_000, 63e9)  # a PCIe 5.0 x16 link for a second
+        1.0
     """
     nbytes = integer("nbytes", nbytes, minimum=0, maximum=MAX_BYTES)  # numpy's ints too
     return nbytes / number("bytes_per_second", bytes_per_second, above=0.0)

@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.model.gpt import check_batch
-from course_lib.validation import MAX_COUNT, choice, integer, positive_int, tensor
+from course_lib.validation import MAX_COUNT, WrongTypeError, choice, integer, positive_int, tensor
 
 #: How a loss over micro-batches is normalised: by tokens (right), or two of the bugs.
 NORMALIZATIONS = ("tokens", "mean-of-means", "sum-of-means")
@@ -61,7 +61,7 @@ def _check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> None:
 def _check_model(model) -> list[tuple[str, nn.Parameter]]:
     """The model's trainable ``(name, parameter)`` pairs (a tied weight once)."""
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
@@ -108,9 +108,9 @@ def token_counts(targets: torch.Tensor, micro_batch_size: int, ignore_index: int
     Raises:
         ValueError: naming the parameter, for a bad value.
 
-    Example::
-
-        token_counts(torch.tensor([[1, -100], [2, 3]]), 1)  # [1, 2]
+    Example:
+        >>> token_counts(torch.tensor([[1, -100], [2, 3]]), 1)
+        [1, 2]
     """
     tensor("targets", targets, integral=True)
     if targets.dim() == 0:
@@ -122,6 +122,12 @@ def token_counts(targets: torch.Tensor, micro_batch_size: int, ignore_index: int
                          f"got {micro_batch_size}")
     kept = (targets != ignore_index).reshape(targets.size(0) // micro_batch_size, -1)
     return kept.sum(dim=1).tolist()
+
+
+def _on_device(count) -> bool:
+    """A 0-d integer tensor off the CPU: a token count left on the accelerator, trusted unread."""
+    return (isinstance(count, torch.Tensor) and count.ndim == 0 and count.device.type != "cpu"
+            and not count.dtype.is_floating_point and count.dtype != torch.bool)
 
 
 def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
@@ -147,7 +153,8 @@ def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
         targets (torch.Tensor): ``(B, ...)`` integer targets.
         normalize (str): one of :data:`NORMALIZATIONS`.
         total_tokens (int, optional): N, the whole batch's non-ignored targets; required for
-            ``"tokens"``, an int >= 1.
+            ``"tokens"``, an int >= 1, or a 0-d integer tensor on the accelerator, which is
+            used unread (checking it would make the host wait for the device).
         accumulation_steps (int): K, a positive int.
         ignore_index (int): the target value that is not a token (an int64).
 
@@ -161,11 +168,10 @@ def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
     _check_normalize(normalize)
     accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
     ignore_index = _token_id("ignore_index", ignore_index)
-    if normalize == "tokens":
-        if total_tokens is None:
-            raise ValueError("total_tokens must be a positive int for normalize='tokens', "
-                             "got None")
-        total_tokens = integer("total_tokens", total_tokens, minimum=1, maximum=MAX_COUNT)
+    if normalize == "tokens" and total_tokens is None:
+        raise ValueError("total_tokens must be a positive int for normalize='tokens', got None")
+    if _on_device(total_tokens):
+        pass  # counted where the targets are (train() does): reading it would wait for the device
     elif total_tokens is not None:
         total_tokens = integer("total_tokens", total_tokens, minimum=1, maximum=MAX_COUNT)
     _check_model(model)
@@ -348,9 +354,15 @@ def pad_to_lengths(inputs: torch.Tensor, targets: torch.Tensor, lengths, *, pad_
     Raises:
         ValueError: naming the parameter, for a bad value.
 
-    Example::
-
-        x, y = pad_to_lengths(inputs, targets, [8, 5, 3, 8])
+    Example:
+        >>> inputs, targets = torch.arange(8).reshape(2, 4), torch.arange(1, 9).reshape(2, 4)
+        >>> x, y = pad_to_lengths(inputs, targets, [4, 2])
+        >>> x
+        tensor([[0, 1, 2, 3],
+                [4, 5, 0, 0]])
+        >>> y
+        tensor([[   1,    2,    3,    4],
+                [   5,    6, -100, -100]])
     """
     tensor("inputs", inputs, integral=True)
     tensor("targets", targets, integral=True)
@@ -389,14 +401,15 @@ def weight_gap(a: nn.Module, b: nn.Module) -> float:
         ValueError: naming ``a`` or ``b`` (not an ``nn.Module`` with parameters), or when their
             parameters' names or shapes differ.
 
-    Example::
-
-        weight_gap(model, model)  # 0.0
+    Example:
+        >>> model = nn.Linear(4, 2)
+        >>> weight_gap(model, model)
+        0.0
     """
     named = {}
     for name, model in (("a", a), ("b", b)):
         if not isinstance(model, nn.Module):
-            raise ValueError(f"{name} must be a torch.nn.Module, got {type(model).__name__}")
+            raise WrongTypeError(f"{name} must be a torch.nn.Module, got {type(model).__name__}")
         named[name] = {n: p.detach() for n, p in model.named_parameters()}
         if not named[name]:
             raise ValueError(f"{name} must have parameters, got none")
@@ -427,11 +440,12 @@ def count_scaler_calls(scaler) -> dict[str, int]:
     Raises:
         ValueError: naming ``scaler``, when it lacks one of the methods.
 
-    Example::
-
-        calls = count_scaler_calls(scaler)
-        train(model, opt, batches, micro_batch_size=4, accumulation_steps=4, grad_scaler=scaler)
-        calls  # {'scale': 12, 'unscale_': 3, 'step': 3, 'update': 3} for 3 steps of K = 4
+    Example:
+        >>> scaler = torch.amp.GradScaler("cpu")
+        >>> calls = count_scaler_calls(scaler)
+        >>> loss = scaler.scale(torch.ones(()))
+        >>> calls
+        {'scale': 1, 'unscale_': 0, 'step': 0, 'update': 0}
     """
     missing = [m for m in SCALER_METHODS if not callable(getattr(scaler, m, None))]
     if missing:

@@ -70,7 +70,7 @@ from course_lib.measurement.memory import LiveTensorTracker
 from course_lib.model import fused
 from course_lib.model.gpt import CONFIG_MAXIMUM, check_batch
 from course_lib.units import storage_bytes
-from course_lib.validation import MAX_COUNT, choice, number, positive_int, tensor
+from course_lib.validation import MAX_COUNT, WrongTypeError, choice, number, positive_int, tensor
 
 #: The most blocks a model has (:data:`course_lib.model.gpt.CONFIG_MAXIMUM`).
 MAX_LAYERS = CONFIG_MAXIMUM["n_layers"]
@@ -165,7 +165,7 @@ def check_ops(ops: Sequence, name: str = "ops") -> tuple:
         if isinstance(op, torch._ops.OpOverloadPacket):
             raise ValueError(f"{name} must hold OpOverloads: write {op}.default, not the packet {op}")
         if not isinstance(op, torch._ops.OpOverload):
-            raise ValueError(f"{name} must hold OpOverloads like torch.ops.aten.mm.default, got {op!r}")
+            raise WrongTypeError(f"{name} must hold OpOverloads like torch.ops.aten.mm.default, got {op!r}")
     return tuple(ops)
 
 
@@ -189,10 +189,14 @@ class SelectiveContext:
         ValueError: naming ``ops`` (a packet or anything but ``OpOverload`` s) or
             ``recompute_linear`` (not a positive int).
 
-    Example::
-
-        checkpoint(block, x, use_reentrant=False,
-                   context_fn=SelectiveContext(SAVE_OPS, recompute_linear=BLOCK_LINEARS))
+    Example:
+        >>> layer = nn.Linear(4, 4)
+        >>> x = torch.randn(2, 4, requires_grad=True)
+        >>> y = checkpoint(lambda t: torch.relu(layer(t)), x, use_reentrant=False,
+        ...                context_fn=SelectiveContext(SAVE_OPS))  # saves addmm, recomputes relu
+        >>> y.sum().backward()
+        >>> x.grad.shape
+        torch.Size([2, 4])
     """
 
     def __init__(self, ops: Sequence = SAVE_OPS, recompute_linear: int | None = None):
@@ -259,9 +263,9 @@ def checkpointed_blocks(n_layers: int, every: int = 1) -> list[int]:
     Raises:
         ValueError: naming ``n_layers`` or ``every``, for a value out of range.
 
-    Example::
-
-        checkpointed_blocks(5, every=2)  # [0, 2, 4]
+    Example:
+        >>> checkpointed_blocks(5, every=2)
+        [0, 2, 4]
     """
     n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     every = positive_int("every", every, maximum=MAX_COUNT)
@@ -274,20 +278,6 @@ def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
     It makes ``segments - 1`` segments of ``n_layers // segments`` blocks, checkpointed, and
     runs the rest (the last segment, which may be longer) *without* checkpointing: its
     activations are needed first in the backward pass anyway.
-
-    Args:
-        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
-        segments (int): from 1 to ``n_layers``.
-
-    Returns:
-        list of list of int: the block indices of each segment, the last one not checkpointed.
-
-    Raises:
-        ValueError: naming ``n_layers`` or ``segments``, for a value out of range.
-
-    Example::
-
-        sequential_segments(5, 2)  # [[0, 1], [2, 3, 4]]
     """
     n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     segments = positive_int("segments", segments)
@@ -308,22 +298,6 @@ def segments_memory(n_layers: int, segments: int, block_ratio: float) -> float:
     ``k = sqrt(n * A / X)``, where it grows as ``sqrt(n)``. Per-block checkpointing is about
     ``n + A / X`` (and peaks while a rebuilt block runs its backward, where this count's last
     segment sits beside the head and the loss: lecture 04, section 3).
-
-    Args:
-        n_layers (int): blocks ``n``, from 1 to :data:`MAX_LAYERS`.
-        segments (int): ``k``, from 1 to ``n_layers``.
-        block_ratio (float): ``A / X``, what a plain block keeps over its input's bytes, a number
-            above 0.
-
-    Returns:
-        float: multiples of one block input.
-
-    Raises:
-        ValueError: naming ``n_layers``, ``segments`` or ``block_ratio``, for a value out of range.
-
-    Example::
-
-        segments_memory(64, 32, 16.0)  # 31 + 2 * 16 = 63.0
     """
     sequential_segments(n_layers, segments)  # checks both counts
     return _segments_memory(n_layers, segments,
@@ -356,9 +330,9 @@ def best_segments(n_layers: int, block_ratio: float) -> int:
     Raises:
         ValueError: naming ``n_layers`` or ``block_ratio``.
 
-    Example::
-
-        best_segments(64, 16.0)  # 32: segments of 2 blocks
+    Example:
+        >>> best_segments(64, 16.0)  # segments of 2 blocks
+        32
     """
     n = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     ratio = number("block_ratio", block_ratio, above=0, maximum=MAX_COUNT)
@@ -399,10 +373,14 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
             mode for a model without the fused MLP.
         TypeError: for a ``policy`` that is one op alone (pass a list of it).
 
-    Example::
-
-        enable_checkpointing(model, "blocks", every=2)
-        enable_checkpointing(model, "none")  # back to the plain model
+    Example:
+        >>> from course_lib.model.gpt import GPT, GPTConfig
+        >>> model = enable_checkpointing(GPT(GPTConfig()), "blocks", every=2)
+        >>> model.checkpointing
+        CheckpointSettings(mode='blocks', every=2, segments=None, policy=None,
+                           recompute_linear=None)
+        >>> enable_checkpointing(model, "none").checkpointing.mode  # back to the plain model
+        'none'
     """
     blocks = getattr(model, "blocks", None)
     if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
@@ -604,7 +582,7 @@ def measure_kept_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
             tensors of one shape).
     """
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     tensor("inputs", inputs, integral=True, dim=2)
     tensor("targets", targets, integral=True, dim=2)
     if inputs.shape != targets.shape:

@@ -47,6 +47,7 @@ from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.units import storage_bytes, storage_key
 from course_lib.validation import (
     MAX_COUNT,
+    WrongTypeError,
     available_device as as_device,
     boolean,
     integer,
@@ -144,9 +145,9 @@ def optimizer_in_backward(model: nn.Module,
         >>> handle.remove()
     """
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not callable(make_optimizer):
-        raise ValueError(f"make_optimizer must be callable as make_optimizer([param]), "
+        raise WrongTypeError(f"make_optimizer must be callable as make_optimizer([param]), "
                          f"got {make_optimizer!r}")
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -358,9 +359,9 @@ def logits_bytes(n_tokens: int, vocab_size: int, dtype=torch.float32) -> int:
     Raises:
         ValueError: for a count that is not a positive int in range, or a bad ``dtype``.
 
-    Example::
-
-        logits_bytes(8 * 1024, 50257)  # 1646821376: 1.5 GiB of fp32 logits
+    Example:
+        >>> logits_bytes(8 * 1024, 50257)  # 1.5 GiB of fp32 logits
+        1646821376
     """
     from course_lib.model.gpt import CONFIG_MAXIMUM
     from course_lib.units import dtype_bytes
@@ -623,9 +624,9 @@ def lora_parameter_count(config: GPTConfig, rank: int,
     Raises:
         ValueError: bad ``config``, ``rank`` or a target that is not one of :data:`LORA_TARGETS`.
 
-    Example::
-
-        lora_parameter_count(GPTConfig(d_model=64, n_layers=2), 8)  # 16384 = 2 * 16 * 64 * 8
+    Example:
+        >>> lora_parameter_count(GPTConfig(d_model=64, n_layers=2), 8)  # 2 * 16 * 64 * 8
+        16384
     """
     check_config(config)
     rank = positive_int("rank", rank, maximum=config.d_model)

@@ -47,12 +47,14 @@ class MasterWeightAdamW(torch.optim.AdamW):
         ValueError: naming ``params``, for anything but distinct tensors, at least one requiring
             grad.
 
-    Example::
-
-        model = GPT(config).to(torch.bfloat16)
-        optimizer = MasterWeightAdamW(model.parameters(), lr=1e-3)
-        model(x, y)[1].backward()
-        optimizer.step()
+    Example:
+        >>> from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+        >>> model = GPT(GPTConfig()).to(torch.bfloat16)
+        >>> optimizer = MasterWeightAdamW(model.parameters(), lr=1e-3)
+        >>> model(*random_tokens(GPTConfig(), 2))[1].backward()
+        >>> optimizer.step()
+        >>> optimizer.master[0].dtype, model.lm_head.weight.dtype, model.lm_head.weight.grad
+        (torch.float32, torch.bfloat16, None)
     """
 
     def __init__(self, params, **adamw_kwargs):

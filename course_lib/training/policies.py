@@ -66,7 +66,7 @@ from course_lib.training.checkpointing import (
     check_ops,
     check_policy,
 )
-from course_lib.validation import fields
+from course_lib.validation import WrongTypeError, fields
 
 _aten = torch.ops.aten
 #: ``policy_cost`` policies given by name: no checkpoint, or a checkpoint that saves nothing.
@@ -164,7 +164,7 @@ def dispatched_ops(fn: Callable, *args, **kwargs) -> Counter:
         ValueError: naming ``fn``, if it is not callable.
     """
     if not callable(fn):
-        raise ValueError(f"fn must be callable, got {fn!r}")
+        raise WrongTypeError(f"fn must be callable, got {fn!r}")
     with _OpCounter() as counter:
         fn(*args, **kwargs)
     return counter.ops
@@ -329,7 +329,7 @@ def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:
         TypeError: naming ``policy``, for one op alone (pass a list of it).
     """
     if not callable(fn):
-        raise ValueError(f"fn must be callable, got {fn!r}")
+        raise WrongTypeError(f"fn must be callable, got {fn!r}")
     if isinstance(policy, str) and policy not in NAMED_POLICIES:
         raise ValueError(f"policy must be one of {NAMED_POLICIES}, a list of OpOverloads "
                          f"or a policy function, got {policy!r}")
@@ -363,7 +363,7 @@ def moves_bytes(op) -> bool:
         ValueError: naming ``op``, for anything but an ``OpOverload``.
     """
     if not isinstance(op, torch._ops.OpOverload):
-        raise ValueError(f"op must be an OpOverload like torch.ops.aten.gelu.default, got {op!r}")
+        raise WrongTypeError(f"op must be an OpOverload like torch.ops.aten.gelu.default, got {op!r}")
     return not op.is_view and op not in METADATA_OPS
 
 
