@@ -283,3 +283,19 @@ def test_pareto_front_refuses_nan_points():
 def test_pareto_front_does_not_depend_on_the_input_order():
     points = [(1.0, 1.0, "a"), (1.0, 1.0, "b")]
     assert planner.pareto_front(points) == planner.pareto_front(points[::-1])
+
+
+@pytest.mark.parametrize("call,wrong_type", [
+    (lambda: gpt.GPTConfig(n_layers=2.0), True),          # a float for a size
+    (lambda: gpt.GPTConfig(bias="no"), True),             # a str for a bool
+    (lambda: gpt.random_tokens(CFG, True), True),         # a bool for a batch size
+    (lambda: gpt.random_tokens(CFG, 0), False),           # an int out of range
+    (lambda: gpt.GPTConfig(n_layers=-1), False),
+    (lambda: gpt.random_tokens(CFG, 2, device="gpu"), False),  # a str torch does not parse
+])
+def test_a_wrong_type_is_a_type_error_a_wrong_value_is_not(call, wrong_type):
+    """As PyTorch: TypeError for the wrong type, ValueError for a wrong value of the right type.
+    The type error is a ValueError too, so a widget that shows ValueErrors shows it."""
+    with pytest.raises(ValueError) as caught:
+        call()
+    assert isinstance(caught.value, TypeError) == wrong_type

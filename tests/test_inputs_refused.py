@@ -100,3 +100,14 @@ def test_step_times_runs_have_a_maximum(kwargs):
 
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         step_times({"a": lambda: None}, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["predict_kept_bytes", "checkpoint_cost"])
+def test_a_misspelt_keyword_is_a_type_error_not_the_default(name):
+    from course_lib.prediction import checkpointed
+
+    fn = getattr(checkpointed, name)
+    with pytest.raises(TypeError, match="dtyp"):
+        fn(CFG, 2, dtyp=torch.bfloat16)
+    # spelt right, the keyword is used, not ignored
+    assert fn(CFG, 2, dtype=torch.bfloat16) != fn(CFG, 2)

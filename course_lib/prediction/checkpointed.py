@@ -184,9 +184,10 @@ def kept_items(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     return [*embed, *(item for items in per_block for item in items), *head]
 
 
-@fill_doc(policy_args=_POLICY_ARGS)
-def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1,
-                       **kwargs) -> int:
+@fill_doc(policy_args=_POLICY_ARGS, kernel_args=_KERNEL_ARGS)
+def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
+                       segments: int | None = None, seq_len: int | None = None,
+                       dtype=torch.float32, gpu=None, autocast: bool = False) -> int:
     """Bytes held between forward and backward under ``mode`` (token ids, targets, logits excluded).
 
     The sum of :func:`kept_items` as the device allocates it (rounded per storage on a GPU).
@@ -197,8 +198,7 @@ def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", e
 
     Args:
         {policy_args}
-        **kwargs: ``segments``, ``seq_len``, ``dtype``, ``gpu``, ``autocast``, as for
-            :func:`kept_items`.
+        {kernel_args}
 
     Returns:
         int: bytes.
@@ -207,11 +207,9 @@ def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", e
         ValueError: naming the parameter, for a bad value (``segments`` outside ``sqrt`` mode
             included).
     """
-    gpu = resolve_gpu(kwargs.get("gpu"))
-    embed, per_block, head, _, _ = kept_layout(config, batch_size, mode, every,
-                                           kwargs.get("segments"), kwargs.get("seq_len"),
-                                           kwargs.get("dtype", torch.float32), gpu,
-                                           kwargs.get("autocast", False))
+    gpu = resolve_gpu(gpu)
+    embed, per_block, head, _, _ = kept_layout(config, batch_size, mode, every, segments, seq_len,
+                                           dtype, gpu, autocast)
     # Blocks of one kind share one list of items: sum each kind once (planners call this often).
     counts = collections.Counter(id(items) for items in per_block)
     kinds = {id(items): items for items in per_block}
@@ -349,15 +347,15 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     return plain + extra, extra
 
 
-@fill_doc(policy_args=_POLICY_ARGS)
-def checkpoint_cost(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1,
-                    **kwargs) -> CheckpointCost:
+@fill_doc(policy_args=_POLICY_ARGS, kernel_args=_KERNEL_ARGS)
+def checkpoint_cost(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
+                    segments: int | None = None, seq_len: int | None = None,
+                    dtype=torch.float32, gpu=None, autocast: bool = False) -> CheckpointCost:
     """Predicted kept bytes and compute of ``mode`` for ``GPT(config)``: a :class:`CheckpointCost`.
 
     Args:
         {policy_args}
-        **kwargs: ``segments``, ``seq_len``, ``dtype``, ``gpu``, ``autocast``, as for
-            :func:`kept_items`.
+        {kernel_args}
 
     Returns:
         CheckpointCost: kept bytes, FLOPs with and without the recomputation.
@@ -366,6 +364,7 @@ def checkpoint_cost(config: GPTConfig, batch_size: int, mode: str = "none", ever
         ValueError: naming the parameter, for a bad value (``segments`` outside ``sqrt`` mode
             included).
     """
-    flops, extra = step_flops(config, batch_size, mode, every, **kwargs)
-    return CheckpointCost(mode, predict_kept_bytes(config, batch_size, mode, every, **kwargs),
+    options = dict(segments=segments, seq_len=seq_len, dtype=dtype, gpu=gpu, autocast=autocast)
+    flops, extra = step_flops(config, batch_size, mode, every, **options)
+    return CheckpointCost(mode, predict_kept_bytes(config, batch_size, mode, every, **options),
                           flops, flops - extra)
