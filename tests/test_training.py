@@ -298,3 +298,32 @@ def test_auto_makes_a_scaler_for_fp16_only_and_none_means_none():
             scales[amp_dtype, scaler] = len(log.scales)
     assert scales == {(torch.float16, "auto"): 4, (torch.float16, None): 0,  # 4 steps
                       (torch.bfloat16, "auto"): 0, (torch.bfloat16, None): 0}
+
+
+def test_the_loop_reads_nothing_off_the_device_until_the_run_ends():
+    """On the meta device any read of a value (int(), float(), .item(), a boolean mask) raises:
+    both steps, eight micro-batches, run to the end; the only read is the log's, afterwards."""
+    model = GPT(CFG).to("meta")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.empty(8, 8, dtype=torch.long, device="meta")
+    log = tr.TrainLog()
+    with pytest.raises(NotImplementedError, match="meta"):
+        tr.train(model, optimizer, [(x, x), (x, x)], micro_batch_size=2, accumulation_steps=4,
+                 log=log)
+    assert (log.micro_steps, log.micro_batches) == (8, [4, 4])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_step_does_not_wait_for_the_device():
+    model = GPT(CFG).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+    x = torch.randint(0, CFG.vocab_size, (8, CFG.seq_len), device="cuda")
+    torch.cuda.set_sync_debug_mode("error")  # any host-device synchronisation raises
+    try:
+        log = tr.TrainLog()
+        with pytest.raises(RuntimeError, match="synchroniz"):  # the log's read, after the run
+            tr.train(model, optimizer, [(x, x)] * 2, micro_batch_size=4, accumulation_steps=2,
+                     log=log)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert log.micro_batches == [2, 2]

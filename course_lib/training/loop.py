@@ -48,10 +48,7 @@ import torch.nn as nn
 
 from course_lib.model.gpt import check_batch
 from course_lib.training.accumulation import NORMALIZATIONS, micro_batch_loss
-
-# The toy language lives in course_lib.model.toy_data; these names stay importable from here for the
-# code that still imports them from training (the playground, lectures 06 and 08).
-from course_lib.validation import MAX_COUNT, choice, integer, number, positive_int
+from course_lib.validation import MAX_COUNT, WrongTypeError, choice, integer, number, positive_int
 
 #: The autocast dtypes :func:`train` takes (None: no autocast).
 AMP_DTYPES = (None, torch.float16, torch.bfloat16)
@@ -174,9 +171,9 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
                     accumulation_steps=4)
     """
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got "
+        raise WrongTypeError(f"optimizer must be a torch.optim.Optimizer, got "
                          f"{type(optimizer).__name__}")
     micro_batch_size = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_COUNT)
     accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
@@ -207,66 +204,79 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
         batches = tqdm(batches, desc="optimizer steps", unit="step")
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    for batch, last in _with_last(batches):
-        if not isinstance(batch, tuple | list) or len(batch) != 2:
-            raise ValueError(f"batches must yield (inputs, targets) pairs, got "
-                             f"{type(batch).__name__}")
-        inputs, targets = batch
-        check_batch(model, inputs, targets, names=("batches' inputs", "batches' targets"),
-                    ignore_index=ignore_index)
-        n = inputs.size(0)
-        if targets.size(0) != n or n > batch_size or (n < batch_size and not last) or n == 0:
-            raise ValueError(f"each batch must hold micro_batch_size * accumulation_steps = "
-                             f"{batch_size} samples (the last one of the run may hold fewer), "
-                             f"got {n}")
-        device_type = inputs.device.type
-        if auto_scaler:
-            grad_scaler, auto_scaler = make_grad_scaler(device_type), False
-        pieces = list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
-        window = len(pieces)  # K, or fewer in a last partial window: each piece weighs 1/window
-        total = int((targets != ignore_index).sum())
-        if total == 0 and normalize == "tokens":  # refused before this batch changes anything
-            raise ValueError(f"batches must hold at least one target token per batch (a target "
-                             f"other than ignore_index={ignore_index}), got a batch with none")
-        step_loss = 0.0
-        for k, (x, y) in enumerate(pieces):
-            # DDP: forward and backward of all micro-batches but the last skip the all-reduce.
-            sync = model.no_sync() if no_sync and k < window - 1 else contextlib.nullcontext()
-            with sync:
-                with (torch.autocast(device_type, dtype=amp_dtype) if amp_dtype
-                      else contextlib.nullcontext()):
-                    loss = micro_batch_loss(model, x, y, normalize=normalize, total_tokens=total,
-                                            accumulation_steps=window, ignore_index=ignore_index)
-                (grad_scaler.scale(loss) if grad_scaler else loss).backward()
-            step_loss = step_loss + loss.detach()
-            log.micro_steps += 1
-        skipped = False
-        prepare = getattr(optimizer, "prepare_grads", None)
-        if callable(prepare):  # mixed precision: fp32 master gradients, for clipping and unscaling
-            prepare()
-        if grad_scaler is not None:
-            if max_grad_norm is not None:
-                grad_scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-            scale = grad_scaler.get_scale()
-            grad_scaler.step(optimizer)  # unscales (if not done), skips on inf/nan
-            grad_scaler.update()
-            skipped = grad_scaler.get_scale() < scale
-            log.scales.append(grad_scaler.get_scale())
-        else:
-            if max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        value = float(step_loss)
-        log.losses.append(value)
-        log.tokens.append(total)
-        log.micro_batches.append(window)
-        log.skipped.append(skipped)
-        if progress:
-            batches.set_postfix(loss=f"{value:.4f}")
-        if on_step is not None:
-            on_step(log.steps, value)
+    pending: list = []  # (loss, tokens) of each step, read after the run: no wait per step
+    try:
+        for batch, last in _with_last(batches):
+            if not isinstance(batch, tuple | list) or len(batch) != 2:
+                raise ValueError(f"batches must yield (inputs, targets) pairs, got "
+                                 f"{type(batch).__name__}")
+            inputs, targets = batch
+            check_batch(model, inputs, targets, names=("batches' inputs", "batches' targets"),
+                        ignore_index=ignore_index)
+            n = inputs.size(0)
+            if targets.size(0) != n or n > batch_size or (n < batch_size and not last) or n == 0:
+                raise ValueError(f"each batch must hold micro_batch_size * accumulation_steps = "
+                                 f"{batch_size} samples (the last one of the run may hold fewer), "
+                                 f"got {n}")
+            device_type = inputs.device.type
+            if auto_scaler:
+                grad_scaler, auto_scaler = make_grad_scaler(device_type), False
+            pieces = list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
+            window = len(pieces)  # K, or fewer in a last partial window: each piece weighs 1/window
+            total = (targets != ignore_index).sum()
+            if total.device.type == "cpu":  # free to read here; on a GPU it would wait for the device
+                total = int(total)
+                if total == 0 and normalize == "tokens":  # refused before this batch changes anything
+                    raise ValueError(f"batches must hold at least one target token per batch (a "
+                                     f"target other than ignore_index={ignore_index}), got one with none")
+            else:  # a batch without tokens adds zero gradients instead of NaN
+                total = total.clamp_min(1)
+            step_loss = 0.0
+            for k, (x, y) in enumerate(pieces):
+                # DDP: forward and backward of all micro-batches but the last skip the all-reduce.
+                sync = model.no_sync() if no_sync and k < window - 1 else contextlib.nullcontext()
+                with sync:
+                    with (torch.autocast(device_type, dtype=amp_dtype) if amp_dtype
+                          else contextlib.nullcontext()):
+                        loss = micro_batch_loss(model, x, y, normalize=normalize, total_tokens=total,
+                                                accumulation_steps=window, ignore_index=ignore_index)
+                    (grad_scaler.scale(loss) if grad_scaler else loss).backward()
+                step_loss = step_loss + loss.detach()
+                log.micro_steps += 1
+            skipped = False
+            prepare = getattr(optimizer, "prepare_grads", None)
+            if callable(prepare):  # mixed precision: fp32 master gradients, for clipping and unscaling
+                prepare()
+            if grad_scaler is not None:
+                if max_grad_norm is not None:
+                    grad_scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+                # step() reads found_inf on the host anyway (to skip or not): reading the scale
+                # around it adds no wait for the device
+                scale = grad_scaler.get_scale()
+                grad_scaler.step(optimizer)  # unscales (if not done), skips on inf/nan
+                grad_scaler.update()
+                skipped = grad_scaler.get_scale() < scale
+                log.scales.append(grad_scaler.get_scale())
+            else:
+                if max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            pending.append((step_loss, total))  # read once, after the run: no wait per step
+            log.micro_batches.append(window)
+            log.skipped.append(skipped)
+            if progress or on_step is not None:  # asked for the loss now: the host waits for it
+                value = float(step_loss)
+                if progress:
+                    batches.set_postfix(loss=f"{value:.4f}")
+                if on_step is not None:
+                    on_step(len(log.micro_batches), value)
+    finally:  # steps taken before an error are logged too
+        if pending:
+            losses, tokens = zip(*pending)
+            log.losses += torch.stack(losses).tolist()
+            log.tokens += [int(t) for t in tokens]
     log.seconds += time.perf_counter() - start
     return log
 
@@ -306,7 +316,7 @@ def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, *,
     """
     batch_size = positive_int("batch_size", batch_size)
     if not isinstance(drop_last, bool):
-        raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
+        raise WrongTypeError(f"drop_last must be True or False, got {drop_last!r}")
     for name, value in (("inputs", inputs), ("targets", targets)):
         if not isinstance(value, torch.Tensor) or value.dim() == 0:
             raise ValueError(f"{name} must be a tensor of samples along dimension 0, got "
