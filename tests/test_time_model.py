@@ -123,15 +123,51 @@ def test_the_datasheet_speeds_of_the_presets():
 
 
 def test_step_ops_are_counted_and_linear_in_depth():
-    per_layer = [tm._ops(n, False, "sdpa", True, "blocks", "fp32") for n in (1, 2, 3)]
+    per_layer = [tm.count_step_ops(n, False, "sdpa", True, "blocks", "fp32") for n in (1, 2, 3)]
     assert per_layer[2][0] - per_layer[1][0] == per_layer[1][0] - per_layer[0][0] > 0
     assert per_layer[2][1] - per_layer[1][1] == per_layer[1][1] - per_layer[0][1] > 0
     three = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=3)
-    assert tm.step_ops(three, "blocks") == per_layer[2]
+    assert tm.step_ops(three, "blocks") == per_layer[2]  # the table's two depths extrapolated
     # checkpointing reruns forward operators; AdamW runs the same ones either way
     plain = tm.step_ops(three)
     assert tm.step_ops(three, "blocks")[0] > plain[0]
     assert tm.step_ops(three, "blocks")[1] == plain[1]
+
+
+def test_the_recorded_counts_are_this_torch_s_and_a_sample_recounts_the_same():
+    """The table covers every structure the lectures can reach, was recorded with the installed
+    PyTorch (after an upgrade: python -m course_tools.op_counts), and a recount agrees."""
+    import random
+
+    from course_tools import op_counts
+
+    keys = list(op_counts.structures())
+    assert {tm.op_count_key(*k) for k in keys} == set(tm.OP_COUNTS["counts"])
+    assert tm.OP_COUNTS["torch"] == torch.__version__.split("+")[0]
+    for key in random.Random(0).sample(keys, 6):
+        assert list(tm.count_step_ops(*key)) == tm.OP_COUNTS["counts"][tm.op_count_key(*key)], key
+
+
+def test_the_counts_are_a_training_step_s_not_a_loop_s():
+    """What is counted is what a training script runs: one micro-batch of a one-layer GPT
+    dispatches no comparison of targets with ignore_index (ne), which the course's loop runs to
+    count tokens and the time model once counted as training."""
+    from collections import Counter
+
+    ran = Counter()
+
+    class Names(tm._OpCounter):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ran[func.overloadpacket.__name__] += 1
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    cfg = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=1, bias=False)
+    steps = tm._tiny_steps(cfg, "none", "fp32", "cpu")
+    steps[1]()
+    with Names():
+        steps[1]()
+    assert ran["ne"] == 0 and ran["nonzero"] == 0  # the loop's count of target tokens: gone
+    assert ran["mm"] > 0 and ran["_foreach_add"] + ran["add"] > 0
 
 
 @pytest.mark.parametrize("call, match", [

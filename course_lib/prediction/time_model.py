@@ -17,9 +17,10 @@ A step of ``K`` micro-batches of ``b`` sequences takes, in seconds (:func:`step_
   tensor cores are 8x its fp32 rate.
 * ``B_optimizer``: :func:`optimizer_bytes`, AdamW's reads and writes (and, for 8- and 4-bit
   states, their dequantisation and quantisation).
-* ``n_ops``: the operators a step runs, counted on a tiny model of the same structure
-  (:func:`step_ops`); ``c`` each one's fixed cost; ``r`` what ``torch.utils.checkpoint`` costs per
-  region beyond the operators it reruns (measured only; 0 on a datasheet).
+* ``n_ops``: the operators a step runs, recorded once for a tiny model of the same structure
+  (:func:`step_ops`, :data:`OP_COUNTS`); ``c`` each one's fixed cost; ``r`` what
+  ``torch.utils.checkpoint`` costs per region beyond the operators it reruns (measured only; 0
+  on a datasheet).
 
 Where the figures come from (:class:`DeviceSpeed`, its ``basis``): a GPU preset uses its datasheet
 (:data:`course_lib.device.GPUS`) and the assumed :data:`UTILISATION` and :data:`OP_SECONDS`;
@@ -32,8 +33,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -44,9 +47,9 @@ from course_lib.model.gpt import GPTConfig, check_config, gpt_param_count, param
 from course_lib.model.kernels import adamw_foreach, attention_kernel
 from course_lib.prediction import checkpointed
 from course_lib.prediction.engine import precision_of
-from course_lib.prediction.step_setup import build, train_options
+from course_lib.prediction.step_setup import build
 from course_lib.training import checkpointing as ckpt
-from course_lib.training.loop import make_grad_scaler, train
+from course_lib.training.loop import make_grad_scaler
 from course_lib.units import dtype_bytes
 from course_lib.validation import (
     MAX_BATCH,
@@ -100,31 +103,9 @@ BASES = ("measured on this device", "datasheet")
 
 @dataclass(frozen=True)
 class DeviceSpeed:
-    """The figures of a device that :func:`step_time` turns FLOPs, bytes and operators into time.
-
-    Attributes:
-        name (str): the device.
-        fp32_flops, fp16_flops, bf16_flops (float): FLOP/s of matmuls in each dtype (a datasheet's
-            peak, or measured on a large matmul).
-        memory_bandwidth (float): bytes/s between the device and its memory.
-        op_seconds (float): seconds each operator costs whatever its size (dispatch, launch).
-        measured (bool): True when measured on this kernel's device, False for a datasheet.
-        source (str): where the figures come from, in words.
-        region_seconds (tuple): ``((mode, seconds), ...)``: what ``torch.utils.checkpoint`` costs
-            per checkpointed region and micro-batch beyond the operators it reruns (saved-tensor
-            hooks, RNG state, a policy's dispatch mode). Measured; empty (0) on a datasheet.
-        host_link (float, optional): bytes/s to the host (None: the device is the host).
-        peer_link (float, optional): bytes/s to a peer GPU (None: unknown).
-        utilisation (float, optional): the share of the matmul rate a step reaches; None: as
-            :meth:`reached` says (1 when measured, the datasheet figures' otherwise).
-
-    Raises:
-        ValueError: naming the field: a rate, bandwidth or link that is not a finite number > 0
-            (rates at most :data:`course_lib.device.MAX_FLOPS`, bandwidths and links at most
-            :data:`course_lib.device.MAX_BANDWIDTH`, ``op_seconds`` at most 1), a non-bool
-            ``measured``, ``region_seconds`` that are not ``(mode, seconds)`` pairs of 0 to 1 s,
-            a ``utilisation`` outside (0, 1].
-    """
+    """The figures of a device that :func:`step_time` turns FLOPs, bytes and operators into time:
+    matmul FLOP/s per dtype, memory bandwidth (bytes/s), seconds per operator and per
+    checkpointed region, host and peer links (bytes/s)."""
 
     name: str
     fp32_flops: float
@@ -163,16 +144,8 @@ class DeviceSpeed:
 
     def reached(self, dtype: torch.dtype) -> float:
         """The share of ``dtype``'s matmul rate a step reaches: ``utilisation`` if set; else 1
-        when measured (a measured rate is already reached), and on a datasheet
-        :data:`FP32_UTILISATION` where ``dtype`` runs at the fp32 rate (a T4's bf16 too),
-        :data:`UTILISATION` on tensor cores.
-
-        Args:
-            dtype (torch.dtype): ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``.
-
-        Returns:
-            float: in (0, 1].
-        """
+        when measured, and on a datasheet :data:`FP32_UTILISATION` at the fp32 rate (a T4's
+        bf16 too), :data:`UTILISATION` on tensor cores."""
         if self.utilisation is not None:
             return self.utilisation
         if self.measured:
@@ -180,17 +153,7 @@ class DeviceSpeed:
         return FP32_UTILISATION if self.flops(dtype) <= self.fp32_flops else UTILISATION
 
     def flops(self, dtype: torch.dtype) -> float:
-        """FLOP/s of a matmul in ``dtype`` (fp32, fp16 or bf16).
-
-        Args:
-            dtype (torch.dtype): ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``.
-
-        Returns:
-            float: FLOP/s.
-
-        Raises:
-            ValueError: naming ``dtype``, for another dtype.
-        """
+        """FLOP/s of a matmul in ``dtype`` (fp32, fp16 or bf16)."""
         rates = {torch.float32: self.fp32_flops, torch.float16: self.fp16_flops,
                  torch.bfloat16: self.bf16_flops}
         if dtype not in rates:
@@ -198,16 +161,8 @@ class DeviceSpeed:
         return rates[dtype]
 
     def checkpoint_seconds(self, mode: str) -> float:
-        """Seconds per checkpointed region and micro-batch in ``mode`` (0 where unknown).
-
-        ``sqrt`` segments cost as ``blocks`` regions do (both wrap blocks in one checkpoint).
-
-        Args:
-            mode (str): a checkpointing mode.
-
-        Returns:
-            float: seconds.
-        """
+        """Seconds per checkpointed region and micro-batch in ``mode`` (0 where unknown);
+        ``sqrt`` segments cost as ``blocks`` regions do."""
         return dict(self.region_seconds).get("blocks" if mode == "sqrt" else mode, 0.0)
 
 
@@ -222,12 +177,9 @@ def _preset_of(gpu: GPU) -> GPU | None:
 
 
 def datasheet_speed(gpu, *, op_seconds: float = OP_SECONDS) -> DeviceSpeed:
-    """The datasheet :class:`DeviceSpeed` of a GPU (``basis`` "datasheet").
-
-    Peak FLOP/s per dtype (:meth:`course_lib.device.GPU.peak_flops`: a T4 runs bf16 at its fp32
-    rate), memory bandwidth and links of :data:`course_lib.device.GPUS`; a live card uses the
-    preset of the same chip.
-    """
+    """The datasheet :class:`DeviceSpeed` of a GPU (``basis`` "datasheet"): peak FLOP/s per dtype
+    (:meth:`course_lib.device.GPU.peak_flops`), bandwidth and links of
+    :data:`course_lib.device.GPUS`."""
     card = resolve_gpu(gpu)
     if card is None:
         raise ValueError("gpu must name a GPU: the CPU has no datasheet here, measure it with "
@@ -244,8 +196,9 @@ def datasheet_speed(gpu, *, op_seconds: float = OP_SECONDS) -> DeviceSpeed:
 
 
 def _median_seconds(steps: dict, repeats: int, device: torch.device) -> dict:
-    """Median seconds of each step, interleaved (:func:`course_lib.measurement.timing.step_times`): the
-    process's CPU time on the CPU (steadier on a shared machine), the wall clock on a GPU."""
+    """Median seconds of each step, interleaved
+    (:func:`course_lib.measurement.timing.step_times`): the process's CPU time on the CPU
+    (steadier on a shared machine), the wall clock on a GPU."""
     return step_times(steps, repeats=repeats, device=device).median("auto")
 
 
@@ -374,26 +327,40 @@ class _OpCounter(TorchDispatchMode):
 
 def _tiny_steps(config: GPTConfig, mode: str, precision: str, device,
                 foreach: bool | None = None) -> dict[int, Callable[[], None]]:
-    """One optimizer step of ``K`` micro-batches of one sequence, for ``K`` of 1 and 2, as callables
-    that train one model and optimizer (AdamW ``foreach`` as given; None: PyTorch's default)."""
+    """One optimizer step of ``K`` micro-batches of one sequence, for ``K`` of 1 and 2, as a
+    training script runs it (forward, ``loss / K``, backward, the optimizer's step), on one
+    model and optimizer."""
     model, optimizer = build(config, precision=precision, mode=mode, device=device)
     if foreach is not None:  # AdamW reads its group's flag at each step
         for group in optimizer.param_groups:
             group["foreach"] = foreach
-    options = train_options(precision, device)
-    if options["grad_scaler"] is not None:  # a scale that never overflows: no step skipped
-        options["grad_scaler"] = make_grad_scaler(torch.device(device).type, init_scale=1.0)
+    spec, device = precision_of(precision), torch.device(device)
+    amp = spec.compute if spec.autocast else None
+    # a scale that never overflows: no step skipped
+    scaler = make_grad_scaler(device.type, init_scale=1.0) if spec.grad_scaler else None
     x = torch.zeros(2, config.seq_len, dtype=torch.long, device=device)
-    return {K: functools.partial(train, model, optimizer, [(x[:K], x[:K])], micro_batch_size=1,
-                                 accumulation_steps=K, **options) for K in (1, 2)}
+
+    def step(K: int) -> None:
+        for k in range(K):
+            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+                loss = model(x[k:k + 1], x[k:k + 1])[1] / K
+            (scaler.scale(loss) if scaler else loss).backward()
+        if hasattr(optimizer, "prepare_grads"):  # mixed precision: the fp32 master gradients
+            optimizer.prepare_grads()
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return {K: functools.partial(step, K) for K in (1, 2)}
 
 
-@functools.lru_cache(maxsize=256)
-def _ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
-         precision: str, foreach: bool = False) -> tuple[int, int]:
-    """``(per micro-batch, per optimizer step)`` operators of a tiny GPT of this structure: the
-    steps of 1 and 2 micro-batches counted on one model, after a first step (the optimizer state
-    exists, as in every later step)."""
+def count_step_ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
+                   precision: str, foreach: bool = False) -> tuple[int, int]:
+    """``(per micro-batch, per optimizer step)`` operators of a tiny GPT of this structure,
+    counted on the CPU after a first step: what :data:`OP_COUNTS` records."""
     tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=n_layers,
                      dropout=0.1 if dropout else 0.0, attention=attention, bias=bias)
     counts = []
@@ -409,33 +376,25 @@ def _ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
     return per_micro_batch, counts[0] - per_micro_batch
 
 
+def op_count_key(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
+                 precision: str, foreach: bool) -> str:
+    """The key of one structure in :data:`OP_COUNTS`."""
+    return f"{n_layers} {int(dropout)} {attention} {int(bias)} {mode} {precision} {int(foreach)}"
+
+
+#: Operators of one training step by structure, recorded on the CPU with :func:`count_step_ops`
+#: for 1 and 2 layers (``python -m course_tools.op_counts`` writes them again; a test recounts a
+#: sample): ``{"torch": version, "counts": {op_count_key(...): [per micro-batch, per step]}}``.
+OP_COUNTS = json.loads((Path(__file__).parent / "op_counts.json").read_text())
+
+
 def step_ops(config: GPTConfig, mode: str = "none", precision: str = "fp32", *,
              foreach: bool = False) -> tuple[int, int]:
     """Operators one step of ``GPT(config)`` runs: ``(per micro-batch, per optimizer step)``.
 
-    Counted, not estimated: :func:`course_lib.training.loop.train` runs a tiny model of the same
-    structure (attention, dropout, bias, checkpointing, precision) under a dispatch mode
-    that counts every aten operator except views, with 1 and 2 micro-batches (their
-    difference is one micro-batch's forward and backward), for 1 and 2 layers; both counts
-    are linear in the layers (every block runs the same operators), which gives any depth.
-    Widths and batch sizes do not change them. The CPU's kernels are counted: on a GPU the
-    same model runs the same operators, except SDPA with dropout, which is one fused kernel
-    there and the math kernel's dozen operators here. AdamW is counted as ``foreach`` says:
-    per tensor (the CPU's default) runs a dozen operators for each parameter, the multi-tensor
-    implementation (a GPU's default, :func:`course_lib.model.kernels.adamw_foreach`) a dozen
-    over all of them at once.
-
-    Args:
-        config (GPTConfig): the model.
-        mode (str): the checkpointing, one of :data:`CHECKPOINTING`.
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
-        foreach (bool): count AdamW's multi-tensor implementation.
-
-    Returns:
-        tuple of int: ``(per micro-batch, per optimizer step)`` operator counts.
-
-    Raises:
-        ValueError: naming ``config``, ``mode`` or ``precision``.
+    Read from :data:`OP_COUNTS`: counted on a tiny model of the same structure with 1 and 2
+    micro-batches and 1 and 2 layers (both linear in layers; widths and batches change
+    nothing), AdamW per tensor or multi-tensor as ``foreach`` says.
 
     Example:
         >>> step_ops(GPTConfig(n_layers=4))[0] > step_ops(GPTConfig(n_layers=2))[0]
@@ -446,7 +405,7 @@ def step_ops(config: GPTConfig, mode: str = "none", precision: str = "fp32", *,
     precision_of(precision)
     key = (config.dropout > 0, config.attention, config.bias, mode, precision,
            boolean("foreach", foreach))
-    one, two = _ops(1, *key), _ops(2, *key)
+    one, two = (OP_COUNTS["counts"][op_count_key(n, *key)] for n in (1, 2))
     L = config.n_layers
     return tuple(a + (L - 1) * (b - a) for a, b in zip(one, two))
 
@@ -459,27 +418,9 @@ def _counted(mode: str) -> str:
 
 def count_ops(configs, modes=tuple(ckpt.MODES), precisions=("fp32",),
               foreach=(False, True)) -> int:
-    """Counts now the operators :func:`step_time` will ask :func:`step_ops` for, and keeps them.
-
-    The counts depend on a model's structure (attention, dropout, bias), the checkpointing and
-    the precision, never on a slider's width, depth or batch: a widget's set-up counts what its
-    menus can reach once, so that no first visit to a setting waits for a tiny model to run.
-
-    Args:
-        configs (sequence of GPTConfig): models whose structures are counted (one count serves
-            every model of the same structure).
-        modes (sequence of str): checkpointing modes of
-            :data:`course_lib.training.checkpointing.MODES` (``sqrt`` is counted as ``blocks``).
-        precisions (sequence of str): of :data:`course_lib.prediction.engine.PRECISIONS`.
-        foreach (sequence of bool): AdamW's implementations (the CPU's, a GPU's).
-
-    Returns:
-        int: the structures, modes, precisions and implementations counted (those already
-        kept included).
-
-    Raises:
-        ValueError: naming the argument, for a bad value.
-    """
+    """Counts now the operators :func:`step_time` will ask :func:`step_ops` for, and keeps them,
+    so that no first visit to a widget's setting waits for a tiny model to run; returns how
+    many."""
     configs = items("configs", configs, max_len=64)
     for config in configs:
         check_config(config)
@@ -500,13 +441,9 @@ def count_ops(configs, modes=tuple(ckpt.MODES), precisions=("fp32",),
 
 def matmul_flops(config: GPTConfig, micro_batch_size: int, mode: str = "none", every: int = 1, *,
                  seq_len: int | None = None, precision: str = "fp32", gpu=None) -> tuple[int, int]:
-    """``(flops, recomputed)`` of one micro-batch's forward, backward and recomputation.
-
-    :func:`course_lib.prediction.checkpointed.step_flops` (matmuls and attention kernels, 2 FLOPs
-    per multiply-add) on the kernel ``gpu`` runs. On the CPU, where ``FlopCounterMode`` has no
-    formula for the flash kernel and counts its attention as 0, the fused kernel's work is counted
-    as on a GPU (an A100's rules), since the arithmetic is the same.
-    """
+    """``(flops, recomputed)`` of one micro-batch's forward, backward and recomputation
+    (:func:`course_lib.prediction.checkpointed.step_flops`, 2 FLOPs per multiply-add); on the
+    CPU the flash kernel's attention is counted as on a GPU (``FlopCounterMode`` counts it 0)."""
     check_config(config)
     positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
     spec = precision_of(precision)
@@ -522,13 +459,10 @@ def pointwise_bytes(config: GPTConfig, micro_batch_size: int, mode: str = "none"
                     gpu=None) -> int:
     """Bytes the pointwise work of one micro-batch moves: forward, backward and recomputation.
 
-    ``(FORWARD_PASSES + BACKWARD_PASSES) A + FORWARD_PASSES (A - A_mode)``, with ``A`` the bytes a
-    plain step saves for its backward pass and ``A_mode`` those ``mode`` keeps
-    (:func:`course_lib.prediction.checkpointed.predict_kept_bytes`): every saved byte is written and
-    read once in the forward pass and read, with its gradient written and read, in the backward pass
-    (:data:`FORWARD_PASSES`, :data:`BACKWARD_PASSES`: an assumption); what checkpointing drops is
-    written and read again when its region reruns. The bytes are in the compute dtype: 16-bit
-    precisions halve them (the activations' dtype), no more.
+    ``(FORWARD_PASSES + BACKWARD_PASSES) A + FORWARD_PASSES (A - A_mode)``: ``A`` the bytes a
+    plain step saves, ``A_mode`` those ``mode`` keeps
+    (:func:`course_lib.prediction.checkpointed.predict_kept_bytes`), in the compute dtype;
+    :data:`FORWARD_PASSES`, :data:`BACKWARD_PASSES` are an assumption.
     """
     check_config(config)
     positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
@@ -543,15 +477,9 @@ def pointwise_bytes(config: GPTConfig, micro_batch_size: int, mode: str = "none"
 def optimizer_bytes(n_params: int, precision: str = "fp32", state_bits: int = 32) -> int:
     """Bytes one AdamW step over ``n_params`` parameters reads and writes.
 
-    Per parameter it reads the weight, the gradient, ``m`` and ``v`` and writes the weight,
-    ``m`` and ``v``: ``7 s`` bytes (:data:`ADAMW_VALUES`) with ``s`` bytes per state value (4 in
-    fp32, 2 in pure bf16).
-    With fp32 master weights it also casts the ``e``-byte gradients to fp32 and the master
-    weights back (``2e + 8`` more): 40 bytes per parameter in fp16/bf16-mixed.
-
-    8- and 4-bit states (torchao's ``AdamW8bit``/``AdamW4bit`` as lecture 08 runs them, eagerly)
-    replace each state's ``2 s`` by :func:`low_bit_bytes_moved` per value: smaller states save
-    memory and cost time.
+    ``7 s`` per parameter (:data:`ADAMW_VALUES`; ``s`` bytes per state value: 4 in fp32, 2 in
+    pure bf16), plus ``2e + 8`` with fp32 master weights (40 B in fp16/bf16-mixed); 8- and
+    4-bit states replace each state's ``2 s`` by :func:`low_bit_bytes_moved`.
     """
     spec = precision_of(precision)
     n = positive_int("n_params", n_params, maximum=MAX_COUNT)
@@ -571,13 +499,9 @@ def _bits(state_bits) -> int:
 def low_bit_bytes_moved(state_bits: int) -> int:
     """Bytes the eager 8-/4-bit AdamW step moves per value of one state (``m`` or ``v``).
 
-    Counted from torchao's step (``torchao/optim/quant_utils.py``, run eagerly as lecture 08
-    does): dequantising reads the code (``bits/8``, rounded up) and writes an fp32 value (4);
-    the update reads and writes it (8); scaling reads it for the block's maximum and again to
-    divide (12); the branchless binary search for the new code takes ``bits`` rounds, each
-    gathering a map entry, comparing and adding into int64 codes (40 bytes a round, an
-    estimate of its reads and writes), then rounds to the nearer code (about 60). Compiled on a
-    GPU the passes fuse into one kernel and these bytes are an upper bound.
+    Counted from torchao's step (``torchao/optim/quant_utils.py``): dequantise ``bits/8`` + 4,
+    update 8, scale 12, ``bits`` search rounds of 40 (an estimate), round about 60; an upper
+    bound where the compiled step fuses them.
     """
     if _bits(state_bits) == 32:
         raise ValueError("state_bits must be 8 or 4 here, got 32")
@@ -623,24 +547,7 @@ def transfer_seconds(nbytes: int, bytes_per_second: float) -> float:
 
 @dataclass(frozen=True)
 class StepTime:
-    """One optimizer step's predicted seconds, by term (:func:`step_time`).
-
-    Attributes:
-        flops (int): matmul and attention FLOPs of all ``K`` micro-batches, recomputation included.
-        recompute_flops (int): the recomputation's share of ``flops``.
-        pointwise_bytes (int): bytes pointwise work moves, all micro-batches.
-        optimizer_bytes (int): bytes the optimizer step moves on the device.
-        ops (int): operators launched, all micro-batches and the optimizer.
-        compute_seconds (float): ``flops`` at the utilised matmul rate.
-        pointwise_seconds (float): ``pointwise_bytes`` at the memory bandwidth.
-        launch_seconds (float): the micro-batches' operators at ``op_seconds`` each and the
-            checkpointed regions' own cost.
-        optimizer_seconds (float): ``optimizer_bytes`` at the bandwidth (or on the host, offloaded)
-            and its operators.
-        transfer_seconds (float): host and peer link transfers.
-        speed (DeviceSpeed): the figures used; ``speed.basis`` says whether measured.
-        utilisation (float): the share of the matmul rate assumed.
-    """
+    """One optimizer step's predicted seconds, by term (:func:`step_time`)."""
 
     flops: int
     recompute_flops: int
@@ -676,19 +583,13 @@ def step_time(config: GPTConfig, micro_batch_size: int, accumulation_steps: int 
               world_size: int = 1) -> StepTime:
     """Predicted seconds of one optimizer step of ``K`` micro-batches of ``b`` sequences.
 
-    The sum of five terms (module doc): ``K`` micro-batches' :func:`matmul_flops` (plus
-    ``extra_flops``) over ``u R[compute dtype]``; their :func:`pointwise_bytes` over the memory
-    bandwidth ``W``; their operators (:func:`step_ops`) at ``c`` each plus ``r`` per checkpointed
-    region; the optimizer's :func:`optimizer_bytes` over ``W`` (over :data:`HOST_BANDWIDTH` when
-    offloaded, a ZeRO shard's ``1/N`` from stage 1) and its operators; and transfers at the links:
-    offloaded activations out and back (``2 K`` kept bytes), an offloaded optimizer's gradients
-    out and parameters back (``2 P`` values), ZeRO's ``2 P`` (stages 1, 2) or ``3 P`` (stage 3)
-    values per GPU, none overlapped with compute (an upper bound).
+    The sum of five terms (module doc): ``K`` micro-batches' :func:`matmul_flops` over
+    ``u R[compute dtype]``; their :func:`pointwise_bytes` over the bandwidth ``W``; their
+    operators (:func:`step_ops`) at ``c`` each plus ``r`` per region; the optimizer's
+    :func:`optimizer_bytes` over ``W`` (:data:`HOST_BANDWIDTH` offloaded) and its operators;
+    link transfers (offloading, ZeRO), none overlapped (an upper bound).
 
-    Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): ``b``, sequences per forward and backward pass.
-        accumulation_steps (int): ``K``, micro-batches per optimizer step.
+    Keyword Args:
         mode (str): the checkpointing mode (:data:`course_lib.training.checkpointing.MODES`).
         every (int): its stride.
         precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
@@ -707,12 +608,6 @@ def step_time(config: GPTConfig, micro_batch_size: int, accumulation_steps: int 
             adapters less the frozen weights' gradients), any int as long as the total stays > 0.
         zero_stage (int): 0 to 3.
         world_size (int): GPUs of ZeRO, from 1 to 4096.
-
-    Returns:
-        StepTime: the terms, their sum ``seconds`` and ``basis``.
-
-    Raises:
-        ValueError: naming the argument, for a bad value.
 
     Example:
         >>> t4 = step_time(GPTConfig(n_layers=2), 4, gpu="T4")
@@ -828,28 +723,14 @@ def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: in
     """``speed`` with its matmul rate and memory bandwidth fitted to one measured step's split.
 
     ``split`` is the :class:`course_lib.measurement.timing.TimeSplit` of a step of this setting
-    (:func:`course_lib.measurement.timing.profile_step`: device time on a GPU, the profiler's CPU
-    time elsewhere). The operators keep ``speed.op_seconds`` (measured on their own by
-    :func:`measure_speed`); the two rates are fitted so that the model gives each class the
-    time it took:
-
-    * the compute dtype's matmul rate: the step's FLOPs (:func:`matmul_flops`, all ``K``
-      micro-batches) over the time of its "matmul" and "attention" classes;
-    * the memory bandwidth: the bytes pointwise work and the optimizer move
-      (:func:`pointwise_bytes`, :func:`optimizer_bytes`) over the time of the other classes
-      ("fused kernel", "other pointwise", "optimizer") less the operators' fixed cost, which
-      is floored at a tenth of that time (on a busy CPU the operators can seem to cost more
-      than the whole).
-
-    On the CPU the profiler's times are wall clock, op by op: a busy machine (and the profiler
-    itself) inflates them, up to twice on a loaded 2-core machine here, where the process time
-    of :func:`course_lib.measurement.timing.step_times` is not. Pass that measured time as
-    ``seconds``: the split then gives only each class's share of it.
-
-    The calibrated model then prices the other settings of the same model (other
-    checkpointing modes, batch sizes) with rates the step really reached, where
-    :func:`measure_speed`'s large matmul and GELU reach more. Lecture 05's companion compares
-    both with measured steps.
+    (:func:`course_lib.measurement.timing.profile_step`). The operators keep
+    ``speed.op_seconds``; the matmul rate becomes the step's FLOPs (:func:`matmul_flops`) over
+    its "matmul" and "attention" time, the bandwidth the bytes of :func:`pointwise_bytes` and
+    :func:`optimizer_bytes` over the other classes' time less the operators' cost (floored at a
+    tenth of it). On a busy CPU the profiler's wall times run up to twice too long: pass
+    :func:`course_lib.measurement.timing.step_times`' time as ``seconds`` and the split gives
+    only the shares. The calibrated model prices the other settings of the same model with the
+    rates the step reached (lecture 05's companion compares both with measured steps).
 
     Args:
         speed (DeviceSpeed): the device's figures (:func:`device_speed`); its operator and
