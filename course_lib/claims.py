@@ -75,11 +75,7 @@ class Claim:
 
 
 class _ClaimTable:
-    """Claims shown as a table: an HTML table in a notebook, the plain-text layout elsewhere.
-
-    Args:
-        claims (list[Claim]): the rows, in order.
-    """
+    """Claims shown as a table: an HTML table in a notebook, the plain-text layout elsewhere."""
 
     _COLOURS = {"true": "#1a7f37", "false": "#cf222e", "half-true": "#9a6700"}
 

@@ -24,10 +24,8 @@ MAX_BYTES = 2**60
 
 
 class WrongTypeError(TypeError, ValueError):
-    """A value of the wrong type (a float for a size, a str for a bool): a ``TypeError``, as
-    PyTorch raises, that is also a ``ValueError`` so that a widget catching the course's
-    ``ValueError`` still shows the message (numpy's ``AxisError`` is a ``ValueError`` and an
-    ``IndexError`` for the same reason)."""
+    """A value of the wrong type: a ``TypeError``, as PyTorch raises, and a ``ValueError``, so that
+    a widget catching the course's ``ValueError`` still shows it (as numpy's ``AxisError``)."""
 
 
 def _as_int(value) -> int | None:
@@ -68,10 +66,8 @@ def positive_int(name: str, value, *, maximum: int | None = None) -> int:
 
 def number(name: str, value, *, minimum: float | None = None, maximum: float | None = None,
            above: float | None = None, below: float | None = None) -> float:
-    """``value`` as a ``float`` if it is a finite real number (not a bool) within the bounds.
-
-    ``minimum``/``maximum`` are inclusive bounds, ``above``/``below`` exclusive ones.
-    """
+    """``value`` as a ``float`` if it is a finite real number (not a bool) within the bounds
+    (``minimum``/``maximum`` inclusive, ``above``/``below`` exclusive)."""
     if hasattr(value, "dtype") and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         item = value.item()  # a numpy or torch scalar
         value = item if isinstance(item, int | float) and not isinstance(item, bool) else value
@@ -93,18 +89,7 @@ def number(name: str, value, *, minimum: float | None = None, maximum: float | N
 
 
 def boolean(name: str, value) -> bool:
-    """``value`` if it is a ``bool`` (no truthiness: ``1`` and ``"yes"`` are refused).
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value: what the caller passed.
-
-    Returns:
-        ``value``, a bool.
-
-    Raises:
-        ValueError: naming ``name``, for anything but ``True`` or ``False``.
-    """
+    """``value`` if it is a ``bool`` (no truthiness: ``1`` and ``"yes"`` are refused)."""
     if not isinstance(value, bool):
         raise WrongTypeError(f"{name} must be True or False, got {value!r}")
     return value
@@ -123,19 +108,7 @@ def choice(name: str, value, options) -> str:
 
 
 def device(name: str, value):
-    """``torch.device(value)`` for a ``torch.device`` or a string naming one.
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value (torch.device or str): ``"cpu"``, ``"cuda"``, ``"cuda:0"``, ``"mps"``, ...
-
-    Returns:
-        A ``torch.device``.
-
-    Raises:
-        ValueError: naming ``name``, for a non-str (a bool, an int) or a string torch does not
-            parse as a device (``"gpu"``).
-    """
+    """``torch.device(value)`` for a ``torch.device`` or a string naming one."""
     import torch
 
     if isinstance(value, torch.device):
@@ -151,21 +124,7 @@ def device(name: str, value):
 
 
 def tensor(name: str, value, *, integral: bool = False, dim: int | None = None):
-    """``value`` if it is a ``torch.Tensor`` of the expected kind.
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value: what the caller passed.
-        integral (bool): require an integer dtype (token ids): no floating, complex or bool.
-        dim (int, optional): the number of dimensions required (``None``: any).
-
-    Returns:
-        ``value``, the tensor.
-
-    Raises:
-        ValueError: naming ``name``, for a non-tensor, a non-integer dtype when ``integral``, or
-            another number of dimensions than ``dim``.
-    """
+    """``value`` if it is a ``torch.Tensor`` of the expected kind."""
     import torch
 
     if not isinstance(value, torch.Tensor):
@@ -179,75 +138,26 @@ def tensor(name: str, value, *, integral: bool = False, dim: int | None = None):
 
 
 def optional_positive_int(name: str, value, *, maximum: int | None = None) -> int | None:
-    """``None``, or :func:`positive_int` of ``value``.
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value (int or None): what the caller passed.
-        maximum (int, optional): the largest allowed value.
-
-    Returns:
-        ``None`` or an int >= 1.
-
-    Raises:
-        ValueError: naming ``name``, as :func:`positive_int` does.
-    """
+    """``None``, or :func:`positive_int` of ``value``."""
     return None if value is None else positive_int(name, value, maximum=maximum)
 
 
 def text(name: str, value) -> str:
-    """``value`` if it is a ``str``.
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value: what the caller passed.
-
-    Returns:
-        ``value``, a str.
-
-    Raises:
-        ValueError: naming ``name``, for anything but a str.
-    """
+    """``value`` if it is a ``str``."""
     if not isinstance(value, str):
         raise WrongTypeError(f"{name} must be a str, got {value!r}")
     return value
 
 
 def function(name: str, value, *, optional: bool = False):
-    """``value`` if it is callable (or ``None`` when ``optional``).
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value: what the caller passed.
-        optional (bool): whether ``None`` is allowed.
-
-    Returns:
-        ``value``, a callable or ``None``.
-
-    Raises:
-        ValueError: naming ``name``, for a non-callable (or ``None`` unless ``optional``).
-    """
+    """``value`` if it is callable (or ``None`` when ``optional``)."""
     if (value is None and optional) or callable(value):
         return value
     raise WrongTypeError(f"{name} must be callable{' or None' if optional else ''}, got {value!r}")
 
 
 def items(name: str, value, *, min_len: int = 0, max_len: int = MAX_COUNT) -> list:
-    """``list(value)`` for a list, tuple, range or other non-string sequence.
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value: what the caller passed.
-        min_len (int): the fewest items allowed.
-        max_len (int): the most items allowed (default :data:`MAX_COUNT`).
-
-    Returns:
-        A new list of the items.
-
-    Raises:
-        ValueError: naming ``name``, for a str or bytes, a mapping, a set (no order), a
-            non-sequence (a scalar, a generator) or a length outside ``[min_len, max_len]``.
-    """
+    """``list(value)`` for a list, tuple, range or other non-string sequence."""
     import collections.abc as abc
 
     if isinstance(value, str | bytes | abc.Mapping | abc.Set) or not isinstance(value,
@@ -261,21 +171,7 @@ def items(name: str, value, *, min_len: int = 0, max_len: int = MAX_COUNT) -> li
 
 def available_device(name: str, value):
     """:func:`device` of ``value``, if this machine has it: the CPU, the ``meta`` device, a CUDA
-    device that ``torch.cuda`` counts, or MPS where it is available.
-
-    Args:
-        name (str): the parameter's name, for the message.
-        value (torch.device or str): as :func:`device` takes it.
-
-    Returns:
-        A ``torch.device``.
-
-    Raises:
-        ValueError: naming ``name``, as :func:`device` does, and for a device this machine does
-            not have (``"cuda"`` without a CUDA GPU, ``"cuda:7"`` with one GPU, ``"mps"`` off a
-            Mac, ``"xla"``), with the devices it has: torch would raise an AssertionError or a
-            RuntimeError at the first tensor.
-    """
+    device that ``torch.cuda`` counts, or MPS where it is available."""
     import torch
 
     dev = device(name, value)
@@ -295,11 +191,8 @@ def available_device(name: str, value):
 
 
 def fields(record, **kinds) -> None:
-    """The fields of a result record (a dataclass) checked where it is built, by hand or not.
-
-    Each keyword names a field and what it must be: ``int`` (a count, at least 0), ``float`` (a
-    finite number, at least 0), a tuple of the strings allowed, or a class.
-    """
+    """The fields of a result record (a dataclass) checked where it is built: each keyword names a
+    field and ``int`` (>= 0), ``float`` (finite, >= 0), a tuple of allowed strings, or a class."""
     for name, kind in kinds.items():
         value, where = getattr(record, name), f"{type(record).__name__}.{name}"
         if kind is int or kind is float:

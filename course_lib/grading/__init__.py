@@ -49,12 +49,7 @@ PASS, FAIL, TODO = "✓", "✗", "…"
 
 
 class CheckFailed(Exception):
-    """Raised inside a check body; the wrapper turns it into a printed ✗ line.
-
-    Args:
-        message (str): what went wrong, shown after the check's name.
-        hint (str, optional): what to look at, shown after "Hint:".
-    """
+    """Raised inside a check body; the wrapper turns it into a printed ✗ line."""
 
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
@@ -75,12 +70,7 @@ def expect(condition: bool, message: str, *, hint: str | None = None) -> None:
 def seed_cpu(seed: int) -> None:
     """Seed the CPU's random generator, which builds a check's models and data on the CPU.
 
-    ``torch.manual_seed`` would also reseed every GPU's generator, outside the CPU state that
-    each check restores when it ends (:func:`grader`): a check leaves a learner's random
-    state as it found it.
-
-    Args:
-        seed (int): the seed.
+    ``torch.manual_seed`` would also reseed every GPU's, outside the state :func:`grader` restores.
     """
     torch.default_generator.manual_seed(seed)
 
@@ -108,11 +98,9 @@ def _as_number(value):
 def exactly(got, truth) -> bool:
     """Whether the learner's answer ``got`` is ``truth``, compared as Python compares plain values.
 
-    ``got == truth`` alone lets an answer choose how it compares: a float16 tensor holding
-    ``inf`` equals every integer from 65,520 up (the integer is cast to float16 first), an
-    object may define ``__eq__`` to say yes. Here a number is compared by its exact value (a
-    one-element tensor or array by its ``.item()``; NaN equals nothing, ``inf`` no finite
-    truth), a str as a str, and the rest by identity; a list or tuple item by item.
+    ``got == truth`` lets an answer choose (a float16 ``inf`` equals every integer from 65,520
+    up, an ``__eq__`` may say yes): here a number compares by its exact value (NaN equals
+    nothing), a str as a str, a list or tuple item by item, the rest by identity.
     """
     if isinstance(truth, list | tuple):
         return (isinstance(got, list | tuple) and len(got) == len(truth)
@@ -129,17 +117,8 @@ def exactly(got, truth) -> bool:
 def observe(measure: Callable, fn: Callable, *args, **kwargs):
     """``measure(fn, *args, **kwargs)``: run the learner's ``fn`` the way a check needs to watch it.
 
-    In a notebook this is the plain call. When the course's grader runs the check, ``fn`` lives
-    in another process (the learner's), and ``measure`` runs there, next to it: only its result,
-    plain values (numbers, bools, str, lists, dicts, tensors), comes back to the check, which
-    judges it against truths of its own. ``measure`` must be a module-level function.
-
-    Args:
-        measure (callable): ``measure(fn, *args, **kwargs)``, returning plain values.
-        fn (callable): the learner's function.
-
-    Returns:
-        What ``measure`` returned (as rebuilt from plain values, under the grader).
+    Under the grader ``fn`` lives in the learner's process and ``measure`` (a module-level
+    function) runs there, next to it; only its plain-value result comes back to the check.
     """
     remote = getattr(type(fn), "__course_remote__", None)
     if remote is not None:
@@ -148,9 +127,8 @@ def observe(measure: Callable, fn: Callable, *args, **kwargs):
 
 
 def _reset_peak(pid: int) -> bool:
-    """Reset the peak resident memory (``VmHWM``) of process ``pid`` to its current resident
-    memory (Linux: ``5`` written to ``/proc/PID/clear_refs``); False when the process's files
-    cannot be written (another OS, or a process that made itself unreadable)."""
+    """Reset process ``pid``'s peak resident memory (``VmHWM``) to its current one (Linux: ``5``
+    into ``/proc/PID/clear_refs``); False where its files cannot be written."""
     try:
         with open(f"/proc/{pid}/clear_refs", "w") as f:
             f.write("5")
@@ -174,11 +152,7 @@ def _memory(pid: int) -> tuple[int, int] | None:
 
 
 def peak_supported() -> bool:
-    """Whether this OS reports a process's peak resident memory and lets it be reset (Linux).
-
-    Returns:
-        bool: True where ``/proc/self/clear_refs`` exists.
-    """
+    """Whether this OS reports a process's peak resident memory and lets it be reset (Linux)."""
     return os.path.exists("/proc/self/clear_refs")
 
 
@@ -191,10 +165,9 @@ PEAK_TRIES = 3
 
 
 class _Watch(threading.Thread):
-    """Looks at process ``pid``'s memory every :data:`PEAK_INTERVAL` seconds until finished:
-    the most it saw resident (and its peak since our reset, where ``hwm``), whether a look
-    failed, the gaps between looks longer than :data:`PEAK_STOP_GAP`, and when it found a
-    SIGCONT noted on the descriptor ``woken`` (the signal's wakeup descriptor)."""
+    """Watches process ``pid``'s memory every :data:`PEAK_INTERVAL` seconds until finished: the
+    most it saw resident, failed looks, gaps longer than :data:`PEAK_STOP_GAP` and SIGCONTs on
+    ``woken``."""
 
     def __init__(self, pid: int, hwm: bool, woken: int | None):
         super().__init__(daemon=True)
@@ -269,29 +242,10 @@ def observe_peak(measure: Callable, fn: Callable, *args, **kwargs):
     """:func:`observe`, and how much the resident memory of the process running ``fn`` grew
     while it ran, measured from outside that process under the grader.
 
-    Memory is the one effect of the learner's code that the operating system counts for it. In
-    a notebook the figure is this process's own peak since a reset (``/proc/self/clear_refs``
-    and ``VmHWM``, Linux). Under the grader, where ``fn`` runs in the learner's process, that
-    process could reset its own peak before it returns; so a thread of the checker's process,
-    which no learner code reaches, looks at it every :data:`PEAK_INTERVAL` seconds while the
-    call runs (``VmRSS``, and ``VmHWM`` since the checker's own reset). A reset lowers the peak
-    the learner's process reports, never the memory it holds, and a large tensor stays resident
-    far longer than between two looks while it is written and read (the 256 MiB of lecture 08's
-    logits: tens of milliseconds on a fast, idle machine; a busy machine slows both alike). The
-    learner's code could stop the checker meanwhile, but only SIGCONT resumes a stopped process,
-    and the checker notes when one arrives: a call whose watch paused for longer than
-    :data:`PEAK_STOP_GAP` as a SIGCONT came, or for longer than :data:`PEAK_GAP` whatever the
-    cause, is made again, up to :data:`PEAK_TRIES` times, and None is returned if none was
-    watched throughout (or the process could not be read). Other processes the learner's code
-    starts are not counted.
-
-    Args:
-        measure (callable): as for :func:`observe`.
-        fn (callable): the learner's function.
-
-    Returns:
-        tuple: ``(what measure returned, growth in bytes)``; the growth is None where it could
-        not be measured (another OS than Linux, or as above).
+    In a notebook: this process's peak since a reset (``/proc/self/clear_refs``, ``VmHWM``, Linux).
+    Under the grader a thread of the checker reads the learner's process every :data:`PEAK_INTERVAL`
+    seconds (it could reset its own peak); a call whose watch paused longer than :data:`PEAK_GAP`
+    (or :data:`PEAK_STOP_GAP` as a SIGCONT came) is made again, up to :data:`PEAK_TRIES` times.
     """
     if getattr(type(fn), "__course_remote__", None) is None:
         pid = os.getpid()
@@ -336,19 +290,11 @@ def _is_todo(exc: BaseException) -> bool:
 
 
 def grader(body: Callable[..., None]) -> Callable[..., bool]:
-    """Turn a check body that raises :class:`CheckFailed` into a check that prints and returns a bool.
+    """Turn a check body that raises :class:`CheckFailed` into a check that prints and returns a
+    bool.
 
-    Args:
-        body (callable): a function named ``check_NAME`` that calls :func:`expect`.
-
-    Returns:
-        The check, registered in :data:`CHECKS`; its docstring is ``body``'s with the ``quiet``
-        switch and what every check returns added (:data:`CHECK_DOC`). The CPU's random state
-        is restored when the check ends, whatever the body and the learner's code drew.
-
-    Raises:
-        ValueError: if ``body`` is not named ``check_NAME``, or NAME is one of :data:`RESERVED`
-            (a column of the scores file).
+    The check is registered in :data:`CHECKS`, gains :data:`CHECK_DOC` in its docstring and restores
+    the CPU's random state; ``body`` must be named ``check_NAME``, NAME not in :data:`RESERVED`.
     """
     name = getattr(body, "__name__", "")
     if not name.startswith("check_") or not name[6:].isidentifier():

@@ -1,18 +1,11 @@
 """Checks for exercises/02_activations_vs_gradients.ipynb.
 
-Each truth is measured or searched here, independently of the learner's formula:
-the MLP's saved bytes with :func:`course_lib.measurement.memory.saved_bytes` on a real
-module, the distinct saved storages with autograd's own ``saved_tensors_hooks``.
-
-The largest batch on the CPU comes from steps measured on real tensors (kept by the
-grader, ``course_tools/hidden.py``; the public cases' answers are written out here: the
-exercise's answer comes from the memory engine, pure arithmetic, and must not move when a
-learner's torch saves a tensor more or less; ``tests/test_grading_truths.py`` measures the
-steps again). On the
-GPU presets, which no CPU can measure, it is found by trying every batch size
-against the engine (:func:`course_lib.prediction.engine.predict_step_memory`): those cases
-rest on the engine's GPU rules, which the ``gpu`` tests compare with the CUDA
-allocator of the card they run on.
+Each truth is measured or searched here, independently of the learner's formula: the MLP's
+saved bytes with :func:`course_lib.measurement.memory.saved_bytes` on a real module, the distinct
+saved storages with autograd's own ``saved_tensors_hooks``. The largest batch on the CPU is
+written out for the public cases (the grader, ``course_tools/hidden.py``, and
+``tests/test_grading_truths.py`` measure the steps); on the GPU presets it is searched against
+:func:`course_lib.prediction.engine.predict_step_memory`, whose GPU rules the ``gpu`` tests check.
 """
 
 from __future__ import annotations

@@ -21,11 +21,8 @@ _CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
 
 
 class _BatchCoupledGPT(GPT):
-    """The course GPT whose blocks see their input less half its mean over the batch, which
-    couples the sequences of one forward pass as a BatchNorm does: its gradient depends on which
-    sequences share a pass. Its reference is therefore the micro-batches' own sum, and a
-    function that runs the whole batch at once (through ``model.forward`` or any other door,
-    whatever it shows a hook) gets another gradient."""
+    """The course GPT whose blocks subtract half their input's batch mean, coupling a pass's
+    sequences as a BatchNorm does: only micro-batch passes reproduce its gradient."""
 
     def run_blocks(self, x):
         return super().run_blocks(x - 0.5 * x.mean(dim=0, keepdim=True))
@@ -51,9 +48,8 @@ def _full_batch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
 
 
 def _micro_batch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
-    """The reference ``(gradients, loss)`` of accumulation, pass by pass: one forward and
-    backward per micro-batch, each micro-batch's summed token loss divided by the batch's
-    targets that are not -100 (without padding: its mean divided by K)."""
+    """The reference ``(gradients, loss)`` of accumulation: per micro-batch, its summed token
+    loss over the batch's targets that are not -100."""
     model = copy.deepcopy(model)
     params = list(model.parameters())
     grads = [torch.zeros_like(p) for p in params]

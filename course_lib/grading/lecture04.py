@@ -47,9 +47,8 @@ def _blocks_grads(model, x, y):
 
 
 def _blocks_run(fn) -> dict:
-    """Run the model with ``fn`` in place of its block loop (beside the learner's code): its
-    gradients with dropout on, the bytes it keeps between forward and backward, and whether
-    the blocks get gradients from an input that does not require grad."""
+    """Run the model with ``fn`` as its block loop (beside the learner's code): gradients with
+    dropout on, bytes kept for backward, whether blocks get gradients from an input without grad."""
     model, (x, y) = _blocks_case()
     model.run_blocks = lambda h: fn(model.blocks, h)
     grads = _blocks_grads(model, x, y)

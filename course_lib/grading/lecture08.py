@@ -48,9 +48,8 @@ def _fuse_data():
 
 
 def _fuse_run(fn) -> dict:
-    """Fuse the optimizer into the case's model with ``fn``, then train 3 steps by backward()
-    alone (beside the learner's code): how ``make_optimizer`` was called, which gradients were
-    left after each backward, and the weights at the end."""
+    """Fuse the optimizer into the case's model with ``fn``, train 3 steps by backward() alone
+    (beside the learner's code): the ``make_optimizer`` calls, gradients left, final weights."""
     seed_cpu(0)
     model = _Tied()
     made = []
@@ -167,11 +166,9 @@ def check_chunked_loss(fn):
 
 
 def _check_chunked_memory(fn) -> None:
-    """A case whose full logits (256 MiB) dwarf a chunk's (4 MiB): the resident memory of the
-    process running ``fn`` must grow by less than half the full logits. Under the grader it is
-    watched from outside that process while the call runs
-    (:func:`course_lib.grading.observe_peak`), so a learner's process that fakes the dispatch
-    mode's count, or resets its own peak before returning, still shows what it held."""
+    """A case whose full logits (256 MiB) dwarf a chunk's (4 MiB): the process running ``fn``
+    must grow by under half the full logits, watched from outside
+    (:func:`course_lib.grading.observe_peak`)."""
     g = torch.Generator().manual_seed(4)
     N, h, V, chunk = 4096, 8, 16384, 64
     hidden = torch.randn(N, h, generator=g)

@@ -1,32 +1,22 @@
 """06: what ``nvidia-smi`` shows against what the memory engine counts, on a CUDA device.
 
-The memory engine (:mod:`course_lib.prediction.engine`) predicts the bytes of a training
-step's tensors: what ``torch.cuda.max_memory_allocated`` reports. A learner who
-watches ``nvidia-smi`` sees more, for four reasons, each measured here:
+The memory engine (:mod:`course_lib.prediction.engine`) predicts what
+``torch.cuda.max_memory_allocated`` reports. ``nvidia-smi`` shows more, for four reasons, each
+measured here:
 
-* **Reserved, not allocated.** PyTorch's caching allocator keeps the blocks that
-  tensors free and reuses them, instead of handing them back to the driver; so
-  ``torch.cuda.memory_reserved()`` is at least ``memory_allocated()``, and
-  ``nvidia-smi`` sees the reserved bytes.
-* **The CUDA context.** The driver's state for the process and the code of the
-  kernels it loads (PyTorch's own, cuBLAS', cuDNN's): hundreds of MiB that no
-  allocator counts. It is the device's used memory (``torch.cuda.mem_get_info``:
-  total minus free) minus what the allocator reserved, measured before and after
-  a process initialises CUDA.
-* **The cuBLAS workspace.** The first matrix multiplication on a stream gives
-  its cuBLAS handle a workspace (some MiB, more on Hopper), allocated through
-  the caching allocator: ``memory_allocated`` counts it, a step's peak does not.
-* **Fragmentation.** Freed blocks that later, larger requests cannot use stay
-  reserved: after a pattern of frees, reserved minus allocated grows. The
-  remedy is ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (one segment
-  per stream that grows, instead of one per request; see PyTorch's "CUDA
-  semantics" notes, "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF").
-  The allocator reads the variable once, when CUDA initialises, so in a
-  notebook that has used the GPU it must be set in a fresh process:
-  :func:`probe` runs its measurements in one.
+* **Reserved, not allocated.** The caching allocator keeps freed blocks for reuse:
+  ``torch.cuda.memory_reserved()`` is at least ``memory_allocated()``, and ``nvidia-smi`` sees it.
+* **The CUDA context.** The driver's state and the code of the kernels loaded (PyTorch's,
+  cuBLAS', cuDNN's): hundreds of MiB no allocator counts, measured as the device's used memory
+  (``torch.cuda.mem_get_info``) minus what the allocator reserved.
+* **The cuBLAS workspace.** The first matmul on a stream allocates one (some MiB, more on
+  Hopper): ``memory_allocated`` counts it, a step's peak does not.
+* **Fragmentation.** Freed blocks that later, larger requests cannot use stay reserved. The
+  remedy is ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (PyTorch's "CUDA semantics"
+  notes), read once when CUDA initialises: :func:`probe` measures in a fresh process.
 
-On a machine without CUDA every measuring function returns a :class:`NotOnCUDA`
-that says why there is nothing to measure; the pure helpers work everywhere.
+Without CUDA every measuring function returns a :class:`NotOnCUDA` that says why; the pure
+helpers work everywhere.
 """
 
 from __future__ import annotations
@@ -63,14 +53,8 @@ FRAGMENTING_SIZES_MIB = (32, 36, 40, 44, 48, 52, 56, 60)
 
 @dataclass(frozen=True)
 class NotOnCUDA:
-    """The result of a measurement that needs CUDA, on a machine or device without it.
-
-    It is falsy, and its ``reason`` (also its ``str``) says what is missing.
-
-    Attributes:
-        reason (str): one sentence, starting with "not on CUDA" (or, from :func:`smi_reading`,
-            "no nvidia-smi").
-    """
+    """The falsy result of a measurement that needs CUDA; its ``reason`` (also its ``str``) says
+    why."""
 
     reason: str
 
@@ -82,14 +66,8 @@ class NotOnCUDA:
 
 
 def _not_on_cuda(device: torch.device | str | int | None = None) -> NotOnCUDA | None:
-    """``None`` if ``device`` is a usable CUDA device, else the :class:`NotOnCUDA` that says why not.
-
-    Args:
-        device (torch.device or str or int, optional): a CUDA device (``"cuda"``, ``"cuda:1"``, an
-            index) or another device; None means ``"cuda"``.
-
-    Returns:
-        None, or a :class:`NotOnCUDA`.
+    """``None`` if ``device`` is a usable CUDA device, else the :class:`NotOnCUDA` that says why
+    not.
 
     Example:
         >>> bool(_not_on_cuda("cpu"))
@@ -124,19 +102,8 @@ def _device(device) -> torch.device:
 
 @dataclass(frozen=True)
 class Reading:
-    """One reading of the caching allocator and of the driver, in bytes.
-
-    Attributes:
-        allocated (int): ``torch.cuda.memory_allocated``: bytes of live tensors (512-byte blocks).
-        reserved (int): ``torch.cuda.memory_reserved``: bytes the allocator holds from the driver.
-        free (int): free bytes of the whole device (``torch.cuda.mem_get_info``).
-        total (int): bytes of the device as the card reports them.
-        peak_allocated (int): ``torch.cuda.max_memory_allocated`` since the last reset.
-        peak_reserved (int): ``torch.cuda.max_memory_reserved`` since the last reset.
-
-    Raises:
-        ValueError: for a negative or non-int field, ``free > total`` or ``allocated > reserved``.
-    """
+    """One reading of the caching allocator and of the driver, in bytes (``torch.cuda``'s
+    ``memory_allocated``, ``memory_reserved``, ``mem_get_info`` and the peaks since a reset)."""
 
     allocated: int
     reserved: int
@@ -173,12 +140,6 @@ class Reading:
 def read(device: torch.device | str | int | None = None) -> Reading | NotOnCUDA:
     """The allocator's and the driver's figures for ``device`` now.
 
-    Args:
-        device (torch.device or str or int, optional): a CUDA device; None means the current one.
-
-    Returns:
-        A :class:`Reading`, or a :class:`NotOnCUDA` without CUDA.
-
     Example:
         >>> reading = read()
         >>> reading.cached if reading else reading.reason  # doctest: +SKIP
@@ -203,14 +164,7 @@ SMI_QUERY = "memory.total,memory.used,memory.free"
 
 @dataclass(frozen=True)
 class SmiReading:
-    """``nvidia-smi``'s figures for one card, in bytes (it reports MiB: MiB x 2**20).
-
-    Attributes:
-        total (int): "Total": the card's memory, a few hundred MiB above what PyTorch reports
-            (``get_device_properties().total_memory``), which leaves out what the driver keeps.
-        used (int): "Used": every process's memory on the card, CUDA contexts included.
-        free (int): "Free".
-    """
+    """``nvidia-smi``'s figures for one card, in bytes (it reports MiB: MiB x 2**20)."""
 
     total: int
     used: int
@@ -220,15 +174,6 @@ class SmiReading:
 def _parse_smi(output: str) -> SmiReading:
     """The first line of ``nvidia-smi --query-gpu=memory.total,memory.used,memory.free
     --format=csv,noheader,nounits`` (``"15360, 1234, 14126"``, in MiB) as a :class:`SmiReading`.
-
-    Args:
-        output (str): what the command printed.
-
-    Returns:
-        SmiReading: in bytes.
-
-    Raises:
-        ValueError: naming ``output``, unless its first line is three non-negative integers.
 
     Example:
         >>> _parse_smi("15360, 0, 15095").total // MiB
@@ -286,19 +231,7 @@ def smi_reading(device: torch.device | str | int | None = None, *,
 
 @dataclass(frozen=True)
 class StepReport:
-    """A training step's memory as the engine counts it and as the allocator and driver see it.
-
-    Attributes:
-        predicted (int): the engine's bytes at the step's peak (``StepMemory.total``).
-        resident (int): bytes of the model states before the step (parameters, master weights,
-            optimizer state), as :func:`course_lib.measurement.memory.resident_bytes` counts them.
-        before (Reading): the :class:`Reading` just before the step (peak statistics reset).
-        after (Reading): the :class:`Reading` just after it.
-
-    Raises:
-        TypeError or ValueError: naming the field, for a field of the wrong type or out of
-            range (a record built by hand is checked as one the course builds).
-    """
+    """A training step's memory as the engine counts it and as the allocator and driver see it."""
 
     predicted: int
     resident: int
@@ -310,19 +243,13 @@ class StepReport:
 
     @property
     def measured(self) -> int:
-        """What the prediction is compared with: ``resident`` plus the step's own peak.
-
-        The step's own peak is ``max_memory_allocated`` minus what was allocated before the
-        step.
-        """
+        """What the prediction is compared with: ``resident`` plus the step's own peak
+        (``max_memory_allocated`` minus what was allocated before the step)."""
         return self.resident + self.after.peak_allocated - self.before.allocated
 
     def rows(self) -> list[tuple[str, int]]:
-        """``(what, bytes)`` from the prediction to what ``nvidia-smi`` shows, one layer at a time.
-
-        Returns:
-            list of tuple: six ``(description, bytes)`` rows.
-        """
+        """``(what, bytes)`` from the prediction to what ``nvidia-smi`` shows, one layer at a
+        time."""
         return [
             ("predicted: the step's tensors, model states included", self.predicted),
             ("measured: model states + the step's max_memory_allocated", self.measured),
@@ -334,11 +261,7 @@ class StepReport:
 
     def table(self) -> str:
         """:meth:`rows` as aligned text, binary units with exact bytes beside them (under 100
-        characters a line).
-
-        Returns:
-            str: one line per row.
-        """
+        characters a line)."""
         return "\n".join(f"{what:60s} {format_bytes(n):>11s} {n:>15,d} B" for what, n in self.rows())
 
 
@@ -391,15 +314,6 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
 def _parse_alloc_conf(value: str | None) -> dict[str, str]:
     """``PYTORCH_CUDA_ALLOC_CONF``'s ``"key:value,key:value"`` as a dict (empty for None or "").
 
-    Args:
-        value (str, optional): the variable's value, or None when it is not set.
-
-    Returns:
-        ``{key: value}`` in the order given.
-
-    Raises:
-        ValueError: for a value that is not a str or None, or an entry without a ``:``.
-
     Example:
         >>> _parse_alloc_conf("max_split_size_mb:128,expandable_segments:True")
         {'max_split_size_mb': '128', 'expandable_segments': 'True'}
@@ -419,20 +333,6 @@ def _parse_alloc_conf(value: str | None) -> dict[str, str]:
 
 def alloc_conf_env(env: Mapping[str, str], expandable_segments: bool) -> dict[str, str]:
     """A copy of ``env`` in which the allocator's options turn expandable segments on or off.
-
-    The option is written into each of :data:`ALLOC_CONF_VARS` that ``env`` sets (into
-    ``PYTORCH_CUDA_ALLOC_CONF`` if it sets neither); other allocator options are kept and an
-    earlier ``expandable_segments`` setting is replaced.
-
-    Args:
-        env (Mapping): an environment, such as ``os.environ``.
-        expandable_segments (bool): True or False.
-
-    Returns:
-        A new dict.
-
-    Raises:
-        ValueError: if ``expandable_segments`` is not a bool or ``env``'s setting is malformed.
 
     Example:
         >>> alloc_conf_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, True)
@@ -455,18 +355,8 @@ def _check_env(env) -> None:
 
 
 def _expandable_segments_enabled(env: Mapping[str, str]) -> bool:
-    """Whether a process started with ``env`` runs its CUDA allocator with expandable segments.
-
-    The first of :data:`ALLOC_CONF_VARS` that ``env`` sets decides, as in PyTorch 2.8 and later.
-
-    Args:
-        env (Mapping): an environment, such as ``os.environ``.
-
-    Returns:
-        True if its ``expandable_segments`` option is "True" or "true".
-
-    Raises:
-        ValueError: naming ``env`` if it is not a mapping, or its setting is malformed.
+    """Whether a process started with ``env`` runs its CUDA allocator with expandable segments (the
+    first of :data:`ALLOC_CONF_VARS` that ``env`` sets decides, as in PyTorch 2.8 and later).
 
     Example:
         >>> _expandable_segments_enabled({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
@@ -481,31 +371,14 @@ def _expandable_segments_enabled(env: Mapping[str, str]) -> bool:
 
 @dataclass(frozen=True)
 class Probe:
-    """What :func:`probe` measured in a fresh process, stage by stage.
-
-    Attributes:
-        expandable_segments (bool): whether the process ran with ``expandable_segments:True``.
-        free_before_init (int): the device's free bytes just before the process initialised CUDA.
-        stages (tuple): ``(name, Reading)`` in order: "CUDA initialised", "first matmul" (its
-            tensors freed), "growing requests" (the last one alive), "empty_cache".
-    """
+    """What :func:`probe` measured in a fresh process, stage by stage."""
 
     expandable_segments: bool
     free_before_init: int
     stages: tuple[tuple[str, Reading], ...]
 
     def stage(self, name: str) -> Reading:
-        """The :class:`Reading` of stage ``name``.
-
-        Args:
-            name (str): one of the probe's stage names.
-
-        Returns:
-            Reading: its reading.
-
-        Raises:
-            ValueError: for a name that is not one of the stages.
-        """
+        """The :class:`Reading` of stage ``name``."""
         text("name", name)
         for stage, reading in self.stages:
             if stage == name:
@@ -513,19 +386,8 @@ class Probe:
         raise ValueError(f"name must be one of {[s for s, _ in self.stages]}, got {name!r}")
 
     def process_bytes(self, reading: Reading) -> int:
-        """What the process occupies on the device at ``reading``, as ``nvidia-smi`` lists it.
-
-        The free bytes it took since before CUDA initialised.
-
-        Args:
-            reading (Reading): one of this probe's readings.
-
-        Returns:
-            int: bytes, ``free_before_init - reading.free``.
-
-        Raises:
-            ValueError: naming ``reading``, for anything but a :class:`Reading`.
-        """
+        """What the process occupies on the device at ``reading``, as ``nvidia-smi`` lists it:
+        ``free_before_init - reading.free``."""
         _check_reading(reading)
         return self.free_before_init - reading.free
 
@@ -552,20 +414,13 @@ class Probe:
         return self.stage("growing requests").cached
 
     def rows(self) -> list[tuple[str, int, int, int, int]]:
-        """``(stage, allocated, reserved, process on the device, outside the allocator)`` per stage.
-
-        Returns:
-            list of tuple: one row per stage, in bytes.
-        """
+        """``(stage, allocated, reserved, process on the device, outside the allocator)`` per
+        stage."""
         return [(name, r.allocated, r.reserved, self.process_bytes(r),
                  self.process_bytes(r) - r.reserved) for name, r in self.stages]
 
     def table(self) -> str:
-        """:meth:`rows` as aligned text in binary units.
-
-        Returns:
-            str: a header and one line per stage.
-        """
+        """:meth:`rows` as aligned text in binary units."""
         head = (f"{'stage':18s} {'allocated':>11s} {'reserved':>11s} {'process (smi)':>14s} "
                 f"{'outside alloc.':>14s}")
         lines = [head] + [f"{name:18s} " + " ".join(f"{format_bytes(n):>{w}s}" for n, w in
@@ -575,18 +430,7 @@ class Probe:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Probe:
-        """The :class:`Probe` of the JSON object the probing process prints.
-
-        Args:
-            data (Mapping): the parsed JSON: ``expandable_segments``, ``free_before_init`` and
-                ``stages`` (``[name, reading]`` pairs).
-
-        Returns:
-            Probe: the probe.
-
-        Raises:
-            ValueError: for an object without the fields of a probe.
-        """
+        """The :class:`Probe` of the JSON object the probing process prints."""
         try:
             stages = tuple((str(name), Reading(**reading)) for name, reading in data["stages"])
             return cls(bool(data["expandable_segments"]), int(data["free_before_init"]), stages)
@@ -601,21 +445,8 @@ def _check_reading(reading) -> None:
 
 
 def _context_bytes(free_before_init: int, reading: Reading) -> int:
-    """Bytes a process holds on the device outside its allocator.
-
-    The free bytes it took since before it initialised CUDA, minus what its allocator
-    reserved.
-
-    Args:
-        free_before_init (int): the device's free bytes just before the process initialised CUDA.
-        reading (Reading): a :class:`Reading` of the process afterwards.
-
-    Returns:
-        The CUDA context and the code of the kernels loaded so far (plus whatever other
-        processes took meanwhile).
-
-    Raises:
-        ValueError: if ``free_before_init`` is not a non-negative int.
+    """Bytes a process holds on the device outside its allocator: the free bytes it took since
+    before it initialised CUDA, minus what its allocator reserved.
 
     Example:
         >>> r = Reading(allocated=0, reserved=2 * MiB, free=14000 * MiB, total=15360 * MiB)

@@ -2,19 +2,14 @@
 
 Two sources of truth, one interface:
 
-* On CUDA, the caching allocator's counters: ``torch.cuda.max_memory_allocated``
-  after ``torch.cuda.reset_peak_memory_stats`` (bytes handed to tensors, block
-  rounding included; not the larger "reserved" pool that ``nvidia-smi`` shows).
-* Elsewhere (CPU, MPS), :class:`LiveTensorTracker`, a ``TorchDispatchMode`` that
-  sees every aten op, records each new tensor storage with its exact
-  ``nbytes()``, and subtracts it when the storage is freed (a weak reference to
-  the storage fires). It is exact to the byte for tensor storage and counts
-  nothing else (no allocator rounding, no workspaces). PyTorch's own
-  ``torch.distributed._tools.mem_tracker.MemTracker`` uses the same technique.
+* On CUDA, ``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats``
+  (bytes handed to tensors, block rounding included; not the "reserved" pool).
+* Elsewhere (CPU, MPS), :class:`LiveTensorTracker`, a ``TorchDispatchMode`` that records each
+  new storage's ``nbytes()`` and subtracts it when the storage is freed: exact for tensor
+  storage, nothing else (as PyTorch's ``torch.distributed._tools.mem_tracker.MemTracker``).
 
-On top of the tracker, :func:`step_breakdown` runs one training step and sorts
-every byte into parameters, gradients, optimizer state, activations (what
-autograd saved) and transient bytes (the rest), over time and at the peak.
+:func:`step_breakdown` runs one training step on the tracker and sorts every byte into
+parameters, gradients, optimizer state, activations (what autograd saved) and transient bytes.
 """
 
 from __future__ import annotations
@@ -233,19 +228,7 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
 
 @dataclass(frozen=True)
 class SavedTensor:
-    """One tensor an autograd node keeps for the backward pass.
-
-    Attributes:
-        node (str): the backward node's class, e.g. ``"AddmmBackward0"``.
-        name (str): its attribute, e.g. ``"mat1"`` (``_saved_`` dropped).
-        shape (tuple): the tensor's shape.
-        dtype (torch.dtype): the tensor's dtype.
-        nbytes (int): bytes of the whole storage it lives in.
-        is_parameter (bool): whether the storage is one of the ``params`` given (it costs no
-            memory beyond the model's).
-        storage_id (int): :func:`course_lib.units.storage_key` of its storage: equal for
-            tensors that share a storage.
-    """
+    """One tensor an autograd node keeps for the backward pass."""
 
     node: str
     name: str
@@ -262,18 +245,16 @@ class SavedTensor:
 
 
 def _packed_by_hooks(raw) -> bool:
-    """True if a saved tensor was packed by ``saved_tensors_hooks`` into something that is not a
-    tensor (a placeholder of a non-reentrant checkpoint region, a handle of CPU offloading).
-    Reading it would run the unpack hook, which for checkpointing *recomputes the region*, so
-    it is left alone. Hooks that pack a tensor as it is are read as usual."""
+    """True if ``saved_tensors_hooks`` packed a saved tensor into a non-tensor (a checkpoint
+    placeholder, an offload handle): reading it would run the unpack hook, so it is left alone."""
     items = raw if isinstance(raw, list | tuple) else (raw,)
     return any(getattr(item, "unpack_hook", None) is not None
                and not isinstance(item.data, torch.Tensor) for item in items)
 
 
 def _saved_values(node):
-    """``(name, value)`` of what ``node`` saved: ``_saved_*`` of built-in nodes, ``saved_tensors``
-    of custom ``autograd.Function`` s (e.g. reentrant checkpointing)."""
+    """``(name, value)`` of what ``node`` saved: ``_saved_*`` of built-in nodes,
+    ``saved_tensors`` of custom ``autograd.Function`` s (e.g. reentrant checkpointing)."""
     for attr in sorted(dir(node)):
         if attr.startswith("_saved_"):
             name = attr.removeprefix("_saved_")
@@ -386,15 +367,8 @@ SDPA_NODES = {"ScaledDotProductFlashAttentionForCpuBackward0": "flash",
 
 @dataclass(frozen=True)
 class AttentionSaved:
-    """What one call of ``F.scaled_dot_product_attention`` kept for backward (:func:`sdpa_saved`).
-
-    Attributes:
-        kernel (str): the kernel that ran, read off the graph: one of
-            :data:`course_lib.model.kernels.SDPA_KERNELS`.
-        saved_bytes (int): bytes of the distinct storages it keeps (q, k and v included).
-        square_bytes (int): of those, the storages shaped ``(..., s, s)``: the attention maps.
-        tensors (tuple): the :class:`SavedTensor` rows.
-    """
+    """What one call of ``F.scaled_dot_product_attention`` kept for backward
+    (:func:`sdpa_saved`)."""
 
     kernel: str
     saved_bytes: int
@@ -619,24 +593,7 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 @dataclass
 class StepBreakdown:
-    """Where the bytes of one training step went, from :func:`step_breakdown` (all in bytes).
-
-    Attributes:
-        at_peak (dict): each of :data:`CATEGORIES` -> its live bytes at the step's peak
-            moment (:attr:`total` is their sum).
-        baseline (dict): what was live before the step, by category (parameters, and
-            existing gradients or optimizer state).
-        peak (int): the peak above the baseline, the figure :func:`peak_memory` reports for
-            the same step.
-        peak_phase (str): the phase (of :data:`PHASES`, or ``"zero_grad"``) it fell in.
-        phase_peaks (dict): the highest total per phase.
-        events (list): the phase of each allocation or free, in order.
-        series (dict): category -> live bytes after each event (``series[category][i]``).
-
-    Raises:
-        TypeError or ValueError: naming the field, for a field of the wrong type or out of
-            range (a record built by hand is checked as one the course builds).
-    """
+    """Where the bytes of one training step went, from :func:`step_breakdown` (all in bytes)."""
 
     at_peak: dict
     baseline: dict
@@ -662,11 +619,7 @@ class StepBreakdown:
         return sum(self.at_peak.values())
 
     def table(self) -> str:
-        """The breakdown at the peak as aligned text lines (bytes and share).
-
-        Returns:
-            str: one line per category and a total line.
-        """
+        """The breakdown at the peak as aligned text lines (bytes and share)."""
         from course_lib.units import format_bytes
 
         lines = [f"{'category':16s} {'bytes at peak':>14s} {'':>11s} share"]

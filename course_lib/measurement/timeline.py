@@ -25,14 +25,7 @@ from course_lib.validation import WrongTypeError
 
 @dataclass(frozen=True)
 class Timeline:
-    """Allocated bytes after each event: ``clock[i]`` -> ``allocated[i]`` (bytes).
-
-    Attributes:
-        clock (list): when each event happened, in ``unit``.
-        allocated (list of int): bytes allocated after each event.
-        unit (str): what the clock counts: "µs" (the CUDA trace's timestamps) or "event"
-            (allocations and frees, numbered in order).
-    """
+    """Allocated bytes after each event: ``clock[i]`` -> ``allocated[i]`` (bytes)."""
 
     clock: list
     allocated: list
@@ -47,25 +40,9 @@ class Timeline:
 def timeline_from_snapshot(snapshot: dict, baseline: int = 0, device: int = 0) -> Timeline:
     """The allocated-bytes curve of a ``torch.cuda.memory._snapshot()`` dictionary.
 
-    Walks ``snapshot["device_traces"][device]``: ``alloc`` adds the block's
-    ``size``, ``free_completed`` subtracts it (other actions, such as segment
-    maps, do not change allocated bytes). The trace logs the bytes asked for (a scalar's 4);
-    each is rounded up to the allocator's block, a multiple of 512 bytes
-    (:data:`course_lib.model.kernels.CUDA_BLOCK`), the units of ``torch.cuda.memory_allocated``.
-
-    Args:
-        snapshot (dict): what ``torch.cuda.memory._snapshot()`` returned, recorded with
-            ``torch.cuda.memory._record_memory_history``.
-        baseline (int): bytes allocated when recording started
-            (``torch.cuda.memory_allocated()``), which the trace does not hold.
-        device (int): the CUDA device's index in the trace.
-
-    Returns:
-        Timeline: in µs (the trace's ``time_us``; the event index where an event has none).
-
-    Raises:
-        ValueError: naming ``snapshot`` (no ``device_traces``), ``device`` (out of range) or
-            ``baseline`` (not a non-negative int), or when the trace holds no allocation.
+    ``alloc`` adds the block's ``size``, ``free_completed`` subtracts it, each rounded up to
+    the allocator's 512-byte block (:data:`course_lib.model.kernels.CUDA_BLOCK`); the clock is
+    the trace's ``time_us`` (µs), or the event index where an event has none.
     """
     traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
     if traces is None:

@@ -1,37 +1,25 @@
 """Step times, measured fairly: warmed up, synchronized, interleaved.
 
-Timing a training step honestly takes three precautions, and each lecture that compares step
-times (03's accumulation, 04's and 05's checkpointing, the benchmarks) needs all three:
+Each lecture that compares step times (03's accumulation, 04's and 05's checkpointing, the
+benchmarks) needs three precautions:
 
-* **Warm-up.** The first call of a step pays one-off costs: the allocator growing its pool,
-  cuBLAS choosing kernels, the first ``torch.utils.checkpoint`` call importing and caching.
-  Each step runs ``warmup`` times, untimed, before any timed run.
-* **Synchronization.** CUDA (and MPS) kernels run asynchronously: ``time.perf_counter()``
-  after a call measures only the launch unless ``torch.cuda.synchronize()`` waits for the
-  queued work first, before the clock starts and again before it stops (PyTorch's benchmarking
-  recipe, ``torch.utils.benchmark``, does the same).
-* **Interleaving.** On a shared machine the speed drifts (other processes, CPU frequency,
-  the GPU's clocks); timing all runs of A and then all runs of B turns a drift into a
-  difference between A and B. Here every round times each step once, in an order rotated
-  by one every round, so a drift falls on all of them alike.
+* **Warm-up.** A step's first call pays one-off costs (the allocator's pool, cuBLAS choosing
+  kernels, ``torch.utils.checkpoint``'s first import): each step runs ``warmup`` times untimed.
+* **Synchronization.** CUDA (and MPS) kernels run asynchronously: ``torch.cuda.synchronize()``
+  before the clock starts and before it stops, as ``torch.utils.benchmark`` does.
+* **Interleaving.** On a shared machine the speed drifts; every round times each step once, in
+  an order rotated by one every round, so a drift falls on all of them alike.
 
-Two clocks are kept per run: the wall clock (``time.perf_counter``), what a learner waits
-for, and the process's CPU time (``time.process_time``, all threads), which on a CPU that
-other work shares does not count the time the process waited for a core. On a CPU the
-process time is the steadier measure of the work itself; on a GPU only the wall clock sees
-the GPU's work. :meth:`StepTimes.median` and :meth:`StepTimes.best` take either, and choose
-by device by default (the wall clock on CUDA and MPS).
+Two clocks are kept per run: the wall clock (``time.perf_counter``), what a learner waits for,
+and the process's CPU time (``time.process_time``, all threads), steadier on a shared CPU; only
+the wall clock sees a GPU's work. :meth:`StepTimes.median` and :meth:`StepTimes.best` take
+either, and by default the wall clock on CUDA and MPS.
 
-A deadline that holds on a loaded machine: :func:`within_seconds` runs work under a dispatch
-mode that looks at the clock before every op and stops the work (:class:`TimeLimitExceeded`)
-at the first op past the deadline, so a step predicted to be quick but slow here (another
-process on the cores) costs at most the limit and one op, not the whole step.
-
-Where a step's time goes, by kernel class (lecture 05's companion): :func:`profile_step` runs one
-step under ``torch.profiler`` and :func:`split_by_class` sorts every op's own time into
-:data:`KERNEL_CLASSES`: matmuls, attention, the course's fused kernel, the other (pointwise,
-normalisation, loss) ops, and the optimizer. On the CPU the time is the profiler's CPU time of
-each op; on CUDA the device time of the kernels each op launched.
+:func:`within_seconds` stops work at the first op past a deadline (:class:`TimeLimitExceeded`),
+so a step that is slow here costs at most the limit and one op. :func:`profile_step` runs one
+step under ``torch.profiler`` and :func:`split_by_class` sorts each op's own time into
+:data:`KERNEL_CLASSES` (lecture 05's companion): the CPU time of each op on the CPU, the device
+time of its kernels on CUDA.
 """
 
 from __future__ import annotations
@@ -65,14 +53,7 @@ CLOCKS = ("auto", "wall", "cpu")
 
 def synchronize(device: str | torch.device = "cpu") -> None:
     """Wait for the work queued on ``device``: CUDA and MPS run kernels asynchronously, the CPU
-    has nothing queued.
-
-    Args:
-        device (str or torch.device): the device whose queue to drain.
-
-    Raises:
-        ValueError: ``device`` is not a device.
-    """
+    has nothing queued."""
     device = as_device("device", device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -82,83 +63,30 @@ def synchronize(device: str | torch.device = "cpu") -> None:
 
 @dataclass(frozen=True)
 class StepTimes:
-    """Seconds of every timed run of each step, wall clock and CPU time.
-
-    Attributes:
-        wall (dict[str, list[float]]): per step name, the wall-clock seconds of each run, in
-            the order they ran.
-        cpu (dict[str, list[float]]): the same runs' CPU seconds of this process.
-        device (str): the device type the steps ran on (``"cuda"`` or ``"mps"`` makes
-            ``"auto"`` the wall clock).
-    """
+    """Seconds of every timed run of each step, wall clock and CPU time."""
 
     wall: dict[str, list[float]]
     cpu: dict[str, list[float]]
     device: str
 
     def seconds(self, clock: str = "auto") -> dict[str, list[float]]:
-        """Every run's seconds on one clock.
-
-        Args:
-            clock (str): ``"wall"``, ``"cpu"``, or ``"auto"`` (the wall clock on CUDA and MPS,
-                the CPU time on the CPU).
-
-        Returns:
-            dict[str, list[float]]: per step name, the seconds of each run in the order they ran.
-
-        Raises:
-            ValueError: ``clock`` is not one of :data:`CLOCKS`.
-        """
+        """Every run's seconds on one clock."""
         clock = choice("clock", clock, CLOCKS)
         if clock == "auto":
             clock = "cpu" if self.device == "cpu" else "wall"
         return self.wall if clock == "wall" else self.cpu
 
     def median(self, clock: str = "auto") -> dict[str, float]:
-        """Median seconds of each step's runs.
-
-        Args:
-            clock (str): which clock (see :meth:`seconds`).
-
-        Returns:
-            dict[str, float]: per step name, the median seconds of its runs.
-
-        Raises:
-            ValueError: ``clock`` is not one of :data:`CLOCKS`.
-        """
+        """Median seconds of each step's runs."""
         return {name: statistics.median(t) for name, t in self.seconds(clock).items()}
 
     def best(self, clock: str = "auto") -> dict[str, float]:
-        """Seconds of each step's fastest run: the run the machine disturbed least.
-
-        Args:
-            clock (str): which clock (see :meth:`seconds`).
-
-        Returns:
-            dict[str, float]: per step name, the seconds of its fastest run.
-
-        Raises:
-            ValueError: ``clock`` is not one of :data:`CLOCKS`.
-        """
+        """Seconds of each step's fastest run: the run the machine disturbed least."""
         return {name: min(t) for name, t in self.seconds(clock).items()}
 
     def ratio(self, name: str, baseline: str, clock: str = "auto") -> float:
-        """How many times longer step ``name`` takes than step ``baseline``.
-
-        The median of the per-round ratios ``seconds[name][r] / seconds[baseline][r]``: each
-        round ran both steps close together, so a drift between rounds cancels in each ratio.
-
-        Args:
-            name (str): the step to compare.
-            baseline (str): the step it is compared with.
-            clock (str): which clock (see :meth:`seconds`).
-
-        Returns:
-            float: the median ratio (1.0: as fast).
-
-        Raises:
-            ValueError: ``name`` or ``baseline`` is not a timed step, or a bad ``clock``.
-        """
+        """How many times longer step ``name`` takes than step ``baseline``: the median of the
+        per-round ratios (each round ran both close together, so a drift cancels)."""
         runs = self.seconds(clock)
         name, baseline = choice("name", name, list(runs)), choice("baseline", baseline, list(runs))
         return statistics.median(a / b for a, b in zip(runs[name], runs[baseline], strict=True))
@@ -171,13 +99,7 @@ MAX_LIMIT_SECONDS = 3600.0
 
 
 class TimeLimitExceeded(RuntimeError):
-    """Work stopped at its deadline by :func:`within_seconds`.
-
-    Args:
-        limit (float): the limit, in seconds.
-        elapsed (float): the seconds the work had run when it was stopped.
-        what (str): what was run, for the message.
-    """
+    """Work stopped at its deadline by :func:`within_seconds`."""
 
     def __init__(self, limit: float, elapsed: float, what: str = "the work"):
         self.limit, self.elapsed, self.what = limit, elapsed, what
@@ -206,11 +128,8 @@ class _Deadline(TorchDispatchMode):
 
 def within_seconds(fn: Callable[[], object], seconds: float, *,
                    what: str = "the work") -> tuple[object, float]:
-    """Run ``fn()``, stopped at the first PyTorch op past ``seconds``; its result and wall time.
-
-    Every op ``fn`` dispatches first looks at the clock, so the work stops at most one op after
-    the deadline whatever the machine's load (Python code between ops is not interrupted).
-    """
+    """Run ``fn()``, stopped at the first PyTorch op past ``seconds`` (every op looks at the
+    clock); its result and wall time."""
     function("fn", fn)
     seconds = number("seconds", seconds, above=0.0, maximum=MAX_LIMIT_SECONDS)
     text("what", what)
@@ -302,19 +221,8 @@ MATMUL_NAMES = frozenset(f"aten::{name}" for name in (
 def kernel_class(name: str) -> str | None:
     """The class of a profiler event, by its name; None for an event that names no class.
 
-    ``Optimizer.step#...`` and ``Optimizer.zero_grad#...`` (the regions ``torch.optim`` records)
-    are "optimizer"; ops of the ``course`` namespace (``course::bias_gelu`` and its backward)
-    "fused kernel"; any op with ``scaled_dot_product`` in its name (SDPA and its kernels,
-    forward and backward) "attention"; :data:`MATMUL_NAMES` "matmul".
-
-    Args:
-        name (str): the event's name, such as ``"aten::addmm"``.
-
-    Returns:
-        str or None: one of :data:`KERNEL_CLASSES` but "other pointwise", or None.
-
-    Raises:
-        ValueError: naming ``name``, for a non-str.
+    ``Optimizer.step#...``/``zero_grad#...``: "optimizer"; ``course::`` ops: "fused kernel";
+    ``scaled_dot_product`` in the name: "attention"; :data:`MATMUL_NAMES`: "matmul".
     """
     if not isinstance(name, str):
         raise WrongTypeError(f"name must be a str, got {type(name).__name__}")
@@ -329,16 +237,7 @@ def kernel_class(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class TimeSplit:
-    """One step's time by kernel class (:func:`split_by_class`).
-
-    Attributes:
-        seconds (dict): class of :data:`KERNEL_CLASSES` -> seconds.
-        clock (str): ``"cpu"`` (the profiler's CPU time) or ``"device"`` (CUDA kernel time).
-
-    Raises:
-        TypeError or ValueError: naming the field, for a field of the wrong type or out of
-            range (a record built by hand is checked as one the course builds).
-    """
+    """One step's time by kernel class (:func:`split_by_class`)."""
 
     seconds: dict
     clock: str
@@ -362,36 +261,15 @@ class TimeSplit:
         return sum(self.seconds.values())
 
     def shares(self) -> dict:
-        """Each class's share of :attr:`total` (0 for an empty split).
-
-        Returns:
-            dict: class name -> fraction of the total time, from 0 to 1.
-        """
+        """Each class's share of :attr:`total` (0 for an empty split)."""
         total = self.total
         return {name: (t / total if total else 0.0) for name, t in self.seconds.items()}
 
 
 def split_by_class(events: Iterable, *, device_time: bool = False) -> TimeSplit:
-    """Sort the self time of profiler events into :data:`KERNEL_CLASSES`.
-
-    Each event's own time (``self_cpu_time_total``, or ``self_device_time_total``: the kernels
-    it launched) goes to the class of its outermost ancestor that has one (:func:`kernel_class`),
-    so that the ``mm`` of a ``linear``, the ``bmm`` of SDPA's math kernel and the ops of the
-    optimizer's step are counted where they belong; events under no class are "other
-    pointwise" (LayerNorm, GELU, softmax, adds, the loss, copies). A checkpoint's rerun in the
-    backward pass is counted by what it runs.
-
-    Args:
-        events (iterable): ``torch.profiler.profile(...).events()``: objects with ``name``,
-            ``cpu_parent`` and the self-time attributes, in microseconds.
-        device_time (bool): take the device time (CUDA) instead of the CPU time.
-
-    Returns:
-        TimeSplit: seconds per class.
-
-    Raises:
-        ValueError: naming ``events`` (not iterable) or ``device_time`` (not a bool).
-    """
+    """Sort the self time of profiler events (µs) into :data:`KERNEL_CLASSES`: each event's own
+    time goes to the class of its outermost ancestor that has one (:func:`kernel_class`), the
+    rest to "other pointwise"; a checkpoint's rerun counts as what it runs."""
     if not isinstance(device_time, bool):
         raise WrongTypeError(f"device_time must be True or False, got {device_time!r}")
     try:

@@ -2,34 +2,26 @@
 ops it replaces, because its backward pass recomputes what they store.
 
 * :func:`bias_dropout_add`, Megatron-LM's ``residual + dropout(x + bias, p)``: the unfused ops
-  keep the dropout's ``b x s x h`` mask for the backward pass; the kernel keeps its seed and
-  draws the mask again in its backward kernel (Triton's "low-memory dropout" tutorial).
-  Lecture 05's kernel; ``GPTConfig(fused_residual=True)`` runs it in the course GPT.
-* :func:`bias_gelu`, the MLP's ``gelu(x + b)``: it keeps its input ``x``, the same bytes as
-  PyTorch's ``gelu(addmm(...))``, and recomputes ``gelu'`` in its backward, another op
-  (:func:`bias_gelu_backward`); ``GPTConfig(fused_mlp=True)`` runs it in the course GPT.
+  keep the dropout's ``b x s x h`` mask; the kernel keeps its seed and draws the mask again in
+  its backward (Triton's "low-memory dropout" tutorial). Lecture 05's kernel;
+  ``GPTConfig(fused_residual=True)`` runs it in the course GPT.
+* :func:`bias_gelu`, the MLP's ``gelu(x + b)``: it keeps its input ``x``, as PyTorch's
+  ``gelu(addmm(...))`` does, and recomputes ``gelu'`` in its backward, another op
+  (:func:`bias_gelu_backward`); ``GPTConfig(fused_mlp=True)`` runs it.
 
-Each Triton program handles :data:`BLOCK` elements. Registered with
-:func:`torch.library.custom_op`, a kernel is a single op to autograd and to a
-selective-checkpointing policy: a policy can save its output (the kernel does not run again in
-backward) or recompute it (it runs once more). A plain :class:`torch.autograd.Function` would
-not be one op: the policy would see the ``aten`` ops of its body, one by one
-(:func:`unregistered_bias_gelu` shows it).
+Registered with :func:`torch.library.custom_op`, a kernel is one op to autograd and to a
+selective-checkpointing policy, which can save its output or recompute it; a plain
+:class:`torch.autograd.Function` shows the policy its body's ``aten`` ops
+(:func:`unregistered_bias_gelu`). Each Triton program handles :data:`BLOCK` elements.
 
-Where they run:
+Where they run: compiled on CUDA with Triton (Colab's T4 included); on the CPU through
+Triton's interpreter (``TRITON_INTERPRET=1``: slow, keep sizes small, same ops, saved tensors
+and gradients); elsewhere (MPS, macOS, Windows, no Triton) as plain PyTorch inside the same
+ops, with the same saved tensors (the mask from a seeded ``torch.Generator``).
 
-* CUDA with Triton (Colab's T4 included): the compiled kernels.
-* CPU with Triton installed: the same kernels through Triton's interpreter (what
-  ``TRITON_INTERPRET=1`` selects), which executes them block by block with NumPy. It is slow:
-  keep sizes small. The ops, their saved tensors and their gradients are those of the GPU.
-* Elsewhere (MPS, macOS, Windows, or a Triton that does not import): the same functions in plain
-  PyTorch inside the same ops, with the same saved-tensor contract, so that policies and byte
-  counts do not change (the dropout mask then comes from a seeded ``torch.Generator``).
-
-:data:`OPS` maps a name to ``(op, reference, example)`` for the model's kernel: the
-``OpOverload``, the same function in plain PyTorch, and ``example(device, dtype)``, its inputs.
-:func:`source` returns a kernel's source, or the registration's, as text; :func:`dropout_example`
-gives inputs of :func:`bias_dropout_add`.
+:data:`OPS` maps a name to ``(op, reference, example)``: the ``OpOverload``, the same function
+in plain PyTorch, and ``example(device, dtype)``, its inputs. :func:`source` returns a kernel's
+source as text; :func:`dropout_example` gives inputs of :func:`bias_dropout_add`.
 
 References: Korthikanti et al. 2022 and Megatron-LM's ``bias_dropout_add_fused_train``;
 Triton's "low-memory dropout" tutorial (``tl.rand(seed, offsets)``); Salmon et al. 2011
@@ -82,18 +74,7 @@ _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 
 
 def backend(device: torch.device | str) -> str:
-    """How :func:`bias_gelu` runs on ``device``.
-
-    Args:
-        device (torch.device or str): where the tensors live.
-
-    Returns:
-        str: ``"triton"`` (compiled, CUDA), ``"interpreter"`` (Triton's interpreter on the CPU)
-        or ``"reference"`` (plain PyTorch inside the same op: MPS, or no Triton).
-
-    Raises:
-        ValueError: naming ``device``, for a device this machine does not have.
-    """
+    """How :func:`bias_gelu` runs on ``device``."""
     kind = as_device("device", device).type
     if not _triton_installed():
         return "reference"
@@ -178,11 +159,7 @@ def _run(name: str, out: Tensor, *args) -> Tensor:
 
 @contextlib.contextmanager
 def _interpretable_random():
-    """Triton's ``tl.rand`` and the functions it calls, as the interpreter can call them.
-
-    They are compiled device functions unless ``TRITON_INTERPRET=1`` was set before Triton was
-    imported; the interpreter calls only interpreted ones. Swapped for one launch, so that a
-    compiled kernel in the same process still sees the originals."""
+    """Triton's ``tl.rand`` and the functions it calls, as the interpreter can call them."""
     try:
         import triton.language.random as random
         from triton.runtime.interpreter import InterpretedFunction
@@ -249,8 +226,8 @@ def _check(x: Tensor, bias: Tensor, what: str = "x") -> None:
 def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
     """``gelu(x + bias)`` in one kernel (exact GELU, ``erf``), computed in fp32.
 
-    Autograd keeps the op's two inputs (``x`` and ``bias``, which is a parameter), never an
-    intermediate: its backward recomputes ``gelu'(x + bias)`` (see :data:`OPS`).
+    Autograd keeps only ``x`` and ``bias``: the backward recomputes ``gelu'(x + bias)``
+    (:data:`OPS`).
     """
     _check(x, bias)
     if backend(x.device) == "reference":
@@ -267,19 +244,7 @@ def _(x, bias):
 @torch.library.custom_op("course::bias_gelu_backward", mutates_args=())
 def bias_gelu_backward(grad: Tensor, x: Tensor, bias: Tensor) -> Tensor:
     """``grad * gelu'(x + bias)``: the gradient of :func:`bias_gelu` for ``x``, recomputed from
-    the inputs in one kernel (the bias's gradient is its sum over the rows).
-
-    Args:
-        grad (Tensor): the gradient of the output, ``x``'s shape.
-        x (Tensor): the forward's input.
-        bias (Tensor): the forward's bias.
-
-    Returns:
-        Tensor: the gradient for ``x``.
-
-    Raises:
-        ValueError: for tensors of other shapes, dtypes or devices.
-    """
+    the inputs in one kernel (the bias's gradient is its sum over the rows)."""
     _check(x, bias)
     if grad.shape != x.shape:
         raise ValueError(f"grad must have x's shape {tuple(x.shape)}, got {tuple(grad.shape)}")
@@ -316,18 +281,8 @@ bias_gelu.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def reference(x: Tensor, bias: Tensor) -> Tensor:
-    """:func:`bias_gelu` in plain PyTorch: ``gelu(x + bias)`` in fp32, cast back to ``x``'s dtype.
-
-    Args:
-        x (Tensor): ``(..., n)``.
-        bias (Tensor): ``(n,)``.
-
-    Returns:
-        Tensor: ``gelu(x + bias)``.
-
-    Raises:
-        ValueError: naming ``x`` or ``bias``, for tensors the op does not take.
-    """
+    """:func:`bias_gelu` in plain PyTorch: ``gelu(x + bias)`` in fp32, cast back to ``x``'s
+    dtype."""
     _check(x, bias)
     return torch.nn.functional.gelu(x.float() + bias.float()).to(x.dtype)
 
@@ -348,38 +303,16 @@ class _UnregisteredBiasGelu(torch.autograd.Function):
 
 
 def unregistered_bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
-    """:func:`bias_gelu` as a plain :class:`torch.autograd.Function`, not a registered op.
-
-    It computes the same values and gradients, but a dispatch mode, and so a
-    selective-checkpointing policy, sees the ``aten`` ops of its body (an add, a GELU, the
-    casts) instead of one operator it could name: the reason the course's kernel is registered.
-
-    Args:
-        x (Tensor): ``(..., n)``.
-        bias (Tensor): ``(n,)``.
-
-    Returns:
-        Tensor: ``gelu(x + bias)``.
-    """
+    """:func:`bias_gelu` as a plain :class:`torch.autograd.Function`, not a registered op: a
+    dispatch mode (a selective-checkpointing policy) sees its body's ``aten`` ops, not one op
+    it could name."""
     _check(x, bias)
     return _UnregisteredBiasGelu.apply(x, bias)
 
 
 def example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list:
     """Inputs of :func:`bias_gelu`: ``x`` of shape ``(2, 8, 64)`` and a bias of 64, both
-    requiring grad, seeded.
-
-    Args:
-        device (torch.device or str): where to make them.
-        dtype (torch.dtype): their dtype.
-
-    Returns:
-        list[Tensor]: ``[x, bias]``.
-
-    Raises:
-        ValueError: naming ``device`` (one this machine does not have) or ``dtype`` (not a
-            floating-point dtype).
-    """
+    requiring grad, seeded."""
     device = as_device("device", device)
     dtype = as_dtype(dtype)
     if not dtype.is_floating_point:
@@ -542,22 +475,8 @@ def bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float,
 
 
 def dropout_mask(x: Tensor, p: float, seed: int) -> Tensor:
-    """The mask :func:`bias_dropout_add` draws for ``x``'s shape, ``p`` and ``seed``.
-
-    The kernel itself draws it (on ones, with no bias and no residual), so a reference built on
-    it drops exactly the elements the kernel drops.
-
-    Args:
-        x (Tensor): a tensor of the shape, dtype and device the op will see.
-        p (float): the dropout probability.
-        seed (int): the seed.
-
-    Returns:
-        Tensor: ``bool``, True where the element is kept.
-
-    Raises:
-        TypeError, ValueError: as :func:`bias_dropout_add`.
-    """
+    """The mask :func:`bias_dropout_add` draws for ``x``'s shape, ``p`` and ``seed`` (True: kept),
+    drawn by the kernel itself, so that a reference drops exactly what the kernel drops."""
     ones = torch.ones_like(x, memory_format=torch.contiguous_format)
     zeros = torch.zeros_like(ones)
     with torch.no_grad():
@@ -591,18 +510,7 @@ def unfused_bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float
 
 def dropout_example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list:
     """Inputs of :func:`bias_dropout_add`: ``x`` and ``residual`` ``(2, 8, 64)``, a bias of 64
-    (all three requiring grad), ``p = 0.25`` and a seed, all seeded.
-
-    Args:
-        device (torch.device or str): where to make them.
-        dtype (torch.dtype): their dtype.
-
-    Returns:
-        list: ``[x, bias, residual, p, seed]``.
-
-    Raises:
-        ValueError: naming ``device`` or ``dtype``, as :func:`example`.
-    """
+    (all three requiring grad), ``p = 0.25`` and a seed, all seeded."""
     x, bias = example(device, dtype)
     generator = torch.Generator().manual_seed(1)
     residual = torch.randn(x.shape, generator=generator).to(device=x.device, dtype=dtype)

@@ -1,26 +1,18 @@
 """The course GPT: a small, readable, nanoGPT-style decoder-only transformer.
 
-Pre-LayerNorm blocks ``x + attn(ln1(x))``, ``x + mlp(ln2(x))`` with a 4h GELU MLP,
-learned position embeddings and a language-model head tied to the token
-embedding (Radford et al. 2019, "Language Models are Unsupervised Multitask
-Learners"; Karpathy's nanoGPT ``model.py``). It is the model that lectures 1-7
-measure, so its structure is kept close to the one Korthikanti et al. (2022,
-"Reducing Activation Recomputation in Large Transformer Models") count
-activations for.
+Pre-LayerNorm blocks ``x + attn(ln1(x))``, ``x + mlp(ln2(x))`` with a 4h GELU MLP, learned
+position embeddings and a head tied to the token embedding (Radford et al. 2019; Karpathy's
+nanoGPT ``model.py``): the model lectures 1-7 measure, close to the one Korthikanti et al.
+(2022) count activations for. The attention is selectable because it changes activation memory:
 
-The attention is selectable because it changes activation memory:
+* ``attention="explicit"``: ``softmax(QK^T / sqrt(d_head))`` written out, which keeps the
+  ``n_heads * T * T`` scores and probabilities (and their dropout mask);
+* ``attention="sdpa"``: ``torch.nn.functional.scaled_dot_product_attention``, whose fused kernels
+  recompute the scores in the backward pass and keep ``O(T)`` statistics per head.
 
-* ``attention="explicit"``: ``softmax(QK^T / sqrt(d_head))`` written out, which
-  keeps the ``n_heads * T * T`` score and probability matrices (and the dropout
-  mask on them) for the backward pass, as in Korthikanti et al.'s count;
-* ``attention="sdpa"``: ``torch.nn.functional.scaled_dot_product_attention``,
-  whose fused kernels recompute the scores in the backward pass and keep only
-  ``O(T)`` statistics per head.
-
-Hooks that later lectures use: ``GPT.blocks`` is an ``nn.ModuleList``,
-``GPT.run_blocks(x)`` runs them (checkpointing replaces it per instance), and
-``CausalSelfAttention.core(q, k, v)`` is the attention core alone (what
-Megatron's "selective" recomputation recomputes).
+Hooks later lectures use: ``GPT.blocks`` (an ``nn.ModuleList``), ``GPT.run_blocks(x)``
+(checkpointing replaces it per instance), ``CausalSelfAttention.core(q, k, v)`` (the attention
+core alone, what Megatron's "selective" recomputation recomputes).
 """
 
 from __future__ import annotations
@@ -140,12 +132,8 @@ class GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention: one fused QKV projection, the core, an output projection.
-
-    Args:
-        config (GPTConfig): its ``d_model``, ``n_heads``, ``dropout``, ``bias``,
-            ``attention`` (``"sdpa"`` or ``"explicit"``, see the module doc) and ``fused_residual``.
-    """
+    """Multi-head causal self-attention: one fused QKV projection, the core, an output
+    projection."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -160,18 +148,8 @@ class CausalSelfAttention(nn.Module):
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention of ``(B, heads, T, d_head)`` tensors: the part with T x T intermediates.
 
-        ``softmax(QK^T / sqrt(d_head)) V`` with a causal mask: written out for
-        ``attention="explicit"`` (keeping the scores and probabilities), else
-        ``F.scaled_dot_product_attention(is_causal=True)``. Dropout on the probabilities in training
-        mode only. Megatron's "selective" recomputation recomputes exactly this.
-
-        Args:
-            q (torch.Tensor): queries, ``(B, heads, T, d_head)``.
-            k (torch.Tensor): keys, same shape.
-            v (torch.Tensor): values, same shape.
-
-        Returns:
-            torch.Tensor: the attention output, ``(B, heads, T, d_head)``.
+        ``softmax(QK^T / sqrt(d_head)) V``, written out for ``attention="explicit"``, else
+        ``F.scaled_dot_product_attention``: what Megatron's "selective" recomputation recomputes.
         """
         if self.kind == "sdpa":
             p = self.dropout if self.training else 0.0
@@ -184,14 +162,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attention of ``x``: QKV projection, :meth:`core` per head, output projection, dropout
-        (with ``config.fused_residual``: the projection's ``h @ W.T`` only, see :class:`Block`).
-
-        Args:
-            x (torch.Tensor): ``(B, T, d_model)`` activations.
-
-        Returns:
-            torch.Tensor: ``(B, T, d_model)``.
-        """
+        (with ``config.fused_residual``: the projection's ``h @ W.T`` only, see :class:`Block`)."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
@@ -204,14 +175,9 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     """The 4h GELU feed-forward network: ``Linear(h, 4h)``, GELU, ``Linear(4h, h)``, dropout.
 
-    With ``config.fused_mlp`` the first linear's bias add and the GELU run as the course's
-    fused kernel, ``bias_gelu(x @ W.T, b)`` (:mod:`course_lib.model.fused`), with the same parameters.
-    With ``config.fused_residual`` it returns ``proj``'s ``h @ W.T``: the bias and the dropout run
-    in the block's residual add.
-
-    Args:
-        config (GPTConfig): its ``d_model``, ``dropout``, ``bias``, ``fused_mlp`` and
-            ``fused_residual``.
+    ``config.fused_mlp`` runs bias and GELU as ``bias_gelu(x @ W.T, b)``
+    (:mod:`course_lib.model.fused`); ``config.fused_residual`` leaves the bias and the dropout
+    to the block's residual add.
     """
 
     def __init__(self, config: GPTConfig):
@@ -224,14 +190,7 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``drop(proj(gelu(fc(x))))``; fused: ``drop(proj(bias_gelu(x @ W.T, b)))``.
-
-        Args:
-            x (torch.Tensor): ``(B, T, d_model)`` activations.
-
-        Returns:
-            torch.Tensor: ``(B, T, d_model)``.
-        """
+        """``drop(proj(gelu(fc(x))))``; fused: ``drop(proj(bias_gelu(x @ W.T, b)))``."""
         if not self.fused:
             hidden = self.act(self.fc(x))
         else:
@@ -402,21 +361,9 @@ def check_batch(model, inputs, targets, *, names: tuple = ("inputs", "targets"),
                 ignore_index: int = -100) -> None:
     """Refuse a batch ``model(inputs, targets)`` cannot train on, naming the caller's parameters.
 
-    For the course GPT: ``inputs`` a non-empty ``(B, T)`` int64 (or int32) tensor with T at most
-    ``config.seq_len``, ``targets`` int64 of the same shape, every id in ``[0, vocab_size)``
-    (``ignore_index`` allowed among the targets; the ids are read only from tensors on the CPU,
-    since reading them from a GPU would make the host wait for it). For any other module: two
-    tensors with the same leading dimension.
-
-    Args:
-        model (torch.nn.Module): the model the batch is for.
-        inputs: what the caller passed as the inputs.
-        targets: what the caller passed as the targets.
-        names (tuple of str): the caller's names for ``inputs`` and ``targets``.
-        ignore_index (int): the target value that is not a token.
-
-    Raises:
-        ValueError: naming ``names[0]`` or ``names[1]``.
+    Course GPT: ``(B, T)`` int64 (or int32) inputs, T <= ``config.seq_len``, int64 targets of
+    that shape, ids in ``[0, vocab_size)`` (``ignore_index`` among targets; read only on the
+    CPU). Any other module: two tensors with the same leading dimension.
     """
     if not (isinstance(names, tuple | list) and len(names) == 2
             and all(isinstance(n, str) for n in names)):

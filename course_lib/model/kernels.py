@@ -62,8 +62,7 @@ def mask_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
     Args:
         dtype (torch.dtype or str): the dropout's input dtype.
         gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
-            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
-            :class:`~course_lib.device.GPU`).
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a ``GPU``).
 
     Returns:
         torch.dtype: ``torch.bool`` (1 byte per element) on CUDA, ``dtype`` on the CPU.
@@ -77,34 +76,15 @@ def mask_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
 
 
 def stats_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
-    """The dtype of LayerNorm's saved mean and 1/std for input of ``dtype``.
-
-    CUDA keeps them in the accumulation type (fp32 for fp16 and bf16 input); the CPU
-    kernel keeps them in the input's dtype.
-
-    Args:
-        dtype (torch.dtype or str): the LayerNorm's input dtype.
-        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
-            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
-            :class:`~course_lib.device.GPU`).
-
-    Returns:
-        torch.dtype: ``torch.float32`` on CUDA for 16-bit input, else ``dtype``.
-
-    Raises:
-        ValueError: naming ``dtype`` (not a dtype :func:`course_lib.units.as_dtype` takes) or
-            ``gpu`` (not one :func:`course_lib.device.resolve_gpu` takes).
-    """
+    """The dtype of LayerNorm's saved mean and 1/std for input of ``dtype``: fp32 on CUDA for
+    16-bit input (the accumulation type), the input's dtype on the CPU."""
     dtype = as_dtype(dtype)
     return torch.float32 if _gpu(gpu) is not None and dtype in _HALF else dtype
 
 
 def allocated(nbytes: int, gpu: GPU | None = None) -> int:
-    """Bytes a tensor of ``nbytes`` takes: exact on the CPU, ``ceil(nbytes / 512) * 512`` on CUDA.
-
-    The caching allocator hands out multiples of :data:`CUDA_BLOCK` (512) bytes; a zero-byte
-    tensor takes nothing on either.
-    """
+    """Bytes a tensor of ``nbytes`` takes: exact on the CPU, ``ceil(nbytes / 512) * 512`` on CUDA
+    (the caching allocator's :data:`CUDA_BLOCK`); a zero-byte tensor takes nothing."""
     if type(nbytes) is not int:
         nbytes = integer("nbytes", nbytes, minimum=0)
     if nbytes < 0:
@@ -115,46 +95,17 @@ def allocated(nbytes: int, gpu: GPU | None = None) -> int:
 
 
 def optimizer_steps_on_device(gpu: GPU | None = None) -> bool:
-    """Whether AdamW's per-tensor ``step`` counters are device memory.
-
-    Yes on the CPU; no on CUDA, where they stay on the host unless ``capturable=True`` or
-    ``fused=True``.
-
-    Args:
-        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
-            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
-            :class:`~course_lib.device.GPU`).
-
-    Returns:
-        bool: True for the CPU (``gpu`` None or "cpu").
-
-    Raises:
-        ValueError: naming ``gpu``, for a value :func:`course_lib.device.resolve_gpu` refuses.
-    """
+    """Whether AdamW's per-tensor ``step`` counters are device memory: yes on the CPU; on CUDA
+    they stay on the host unless ``capturable=True`` or ``fused=True``."""
     return _gpu(gpu) is None
 
 
 def adamw_foreach(gpu: GPU | None = None) -> bool:
     """Whether ``torch.optim.AdamW`` left at its default runs the multi-tensor ("foreach") code.
 
-    PyTorch picks its implementation at the first ``step()`` when ``foreach`` is not given
-    (``_default_to_fused_or_foreach``): the multi-tensor one when every parameter is a CUDA
-    tensor, the per-tensor loop on the CPU. They compute the same update with different
-    scratch: the loop holds ``denom = sqrt(v) / c + eps`` for one parameter at a time (two
-    temporaries the size of that parameter), the multi-tensor code computes ``sqrt(v)`` for
-    every parameter of the group at once, one more copy of ``v`` (4 bytes per parameter for
-    fp32 state). :func:`course_lib.prediction.engine.predict_step_memory` takes the choice as ``foreach``.
-
-    Args:
-        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
-            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
-            :class:`~course_lib.device.GPU`).
-
-    Returns:
-        bool: False for the CPU, True for a GPU.
-
-    Raises:
-        ValueError: naming ``gpu``, for a value :func:`course_lib.device.resolve_gpu` refuses.
+    PyTorch picks at the first ``step()`` (``_default_to_fused_or_foreach``): multi-tensor
+    when every parameter is a CUDA tensor, which holds ``sqrt(v)`` for the whole group at once
+    (4 more bytes per fp32 parameter than the CPU's per-tensor loop).
 
     Example:
         >>> adamw_foreach(None), adamw_foreach("T4")
@@ -164,23 +115,8 @@ def adamw_foreach(gpu: GPU | None = None) -> bool:
 
 
 def autocast_softmax_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
-    """The output dtype of ``softmax`` on ``dtype`` input under ``torch.autocast``.
-
-    fp32 on CUDA (softmax is on CUDA's fp32 list), unchanged on the CPU (not on the CPU's lists).
-
-    Args:
-        dtype (torch.dtype or str): the softmax's input dtype (the autocast dtype).
-        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
-            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
-            :class:`~course_lib.device.GPU`).
-
-    Returns:
-        torch.dtype: ``torch.float32`` on CUDA, ``dtype`` on the CPU.
-
-    Raises:
-        ValueError: naming ``dtype`` (not a dtype :func:`course_lib.units.as_dtype` takes) or
-            ``gpu`` (not one :func:`course_lib.device.resolve_gpu` takes).
-    """
+    """The output dtype of ``softmax`` on ``dtype`` input under ``torch.autocast``: fp32 on CUDA
+    (softmax is on CUDA's fp32 list), unchanged on the CPU."""
     dtype = as_dtype(dtype)
     return torch.float32 if _gpu(gpu) is not None else dtype
 
@@ -285,25 +221,8 @@ def sdpa_kernel(config: GPTConfig, dtype, gpu=None) -> str:
 def forced_kernel(kernel: str | None, config: GPTConfig, dtype, gpu=None) -> str | None:
     """``kernel`` if ``torch.nn.attention.sdpa_kernel`` can force it for the course GPT here.
 
-    One kernel asked through the filters of :func:`sdpa_kernel`: math runs everywhere; on the
-    CPU flash too, without dropout; on a GPU each fused kernel whose filters pass (so no flash
-    or cuDNN in fp32 or on a T4, no memory-efficient kernel on the CPU). The prediction
-    (:func:`course_lib.prediction.activations.attention_core_saved`) and the measurement
-    (:func:`course_lib.measurement.memory.sdpa_saved`) refuse alike by this rule.
-
-    Args:
-        kernel (str or None): one of :data:`SDPA_KERNELS`, or None (PyTorch's own choice).
-        config (GPTConfig): the course GPT's shape (its head size and dropout).
-        dtype (torch.dtype or str): the dtype of q, k and v.
-        gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
-            takes.
-
-    Returns:
-        ``kernel``, unchanged.
-
-    Raises:
-        ValueError: naming ``kernel``, for a name not in :data:`SDPA_KERNELS` or a kernel that
-            cannot run on this target; as :func:`sdpa_kernel` for the others.
+    Math runs everywhere, flash on the CPU without dropout, on a GPU each fused kernel whose
+    :func:`sdpa_kernel` filters pass; prediction and measurement refuse alike by this rule.
 
     Example:
         >>> forced_kernel("efficient", GPTConfig(d_model=256, n_heads=4), torch.float16, "T4")
@@ -332,8 +251,7 @@ def attention_kernel(config: GPTConfig, dtype, gpu=None) -> str:
         config (GPTConfig): the course GPT's shape (its ``attention``).
         dtype (torch.dtype or str): the dtype of q, k and v.
         gpu (str or GPU, optional): None for the CPU, or what :func:`course_lib.device.resolve_gpu`
-            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a
-            :class:`~course_lib.device.GPU`).
+            takes (a name of :data:`course_lib.device.GPUS`, "cuda", a ``GPU``).
 
     Returns:
         str: ``"explicit"`` or one of :data:`SDPA_KERNELS`.

@@ -46,10 +46,9 @@ MAX_ROPE_BASE = 2.0**40
 class LlamaConfig:
     """Shape of a Llama-style model; every field is validated (``ValueError`` names it).
 
-    ``d_ff`` is the SwiGLU hidden size (Llama 2 7B: 11008); ``n_kv_heads`` below
-    ``n_heads`` is grouped-query attention; ``tie_embeddings`` shares the token
-    embedding with the output head (Llama 3.2 1B and 3B do). Each field's comment says what it
-    does and why one would change it.
+    ``d_ff`` is the SwiGLU hidden size (Llama 2 7B: 11008), ``n_kv_heads < n_heads`` is
+    grouped-query attention, ``tie_embeddings`` shares the embedding with the head (Llama 3.2
+    1B, 3B).
     """
 
     #: Tokens in the vocabulary (Llama 2: 32000, Llama 3: 128256). The embedding (and an
@@ -97,23 +96,9 @@ class LlamaConfig:
 
 
 def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary position embedding of ``(B, heads, T, d_head)`` (Su et al. 2021), Llama's layout.
-
-    Position ``t`` rotates the pair ``(x[i], x[i + d/2])`` by the angle ``t * base**(-2i/d)``
-    (the "rotate half" layout of Hugging Face's Llama, not interleaved pairs).
-
-    Args:
-        x (torch.Tensor): a float tensor of at least 2 dimensions ``(..., T, d_head)`` with an
-            even ``d_head``.
-        base (float): a finite number > 0 (Llama: 10000 or 500000).
-
-    Returns:
-        torch.Tensor: ``x`` rotated, same shape and dtype.
-
-    Raises:
-        ValueError: naming ``x`` (not a float tensor of at least 2 dimensions with an even
-            last one) or ``base``.
-    """
+    """Rotary position embedding of ``(B, heads, T, d_head)`` (Su et al. 2021), Llama's layout:
+    position ``t`` rotates ``(x[i], x[i + d/2])`` by ``t * base**(-2i/d)`` (Hugging Face's
+    "rotate half")."""
     tensor("x", x)
     if x.dim() < 2 or x.shape[-1] % 2 or not x.is_floating_point():
         raise ValueError(f"x must be a float tensor (..., T, d_head) with an even d_head, got "
@@ -134,16 +119,8 @@ def _check_llama(config) -> LlamaConfig:
 
 
 class LlamaBlock(nn.Module):
-    """``x + attn(norm(x))``, ``x + mlp(norm(x))`` with GQA attention and a SwiGLU MLP.
-
-    RMSNorm (eps 1e-5), no biases, rotary embeddings on queries and keys.
-
-    Args:
-        config (LlamaConfig): the shape of the layer.
-
-    Raises:
-        ValueError: naming ``config``, for anything but a :class:`LlamaConfig`.
-    """
+    """``x + attn(norm(x))``, ``x + mlp(norm(x))`` with GQA attention and a SwiGLU MLP; RMSNorm
+    (eps 1e-5), no biases, rotary embeddings on queries and keys."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -157,16 +134,8 @@ class LlamaBlock(nn.Module):
         self.down = nn.Linear(config.d_ff, h, bias=False)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
-        """Causal grouped-query attention of ``x``.
-
-        Each key/value head serves ``n_heads // n_kv_heads`` query heads.
-
-        Args:
-            x (torch.Tensor): ``(B, T, d_model)`` normalised activations.
-
-        Returns:
-            torch.Tensor: ``(B, T, d_model)``, after the output projection.
-        """
+        """Causal grouped-query attention of ``x``: each key/value head serves
+        ``n_heads // n_kv_heads`` query heads."""
         c, (B, T, _) = self.config, x.shape
         q, k, v = (proj(x).view(B, T, -1, c.d_head).transpose(1, 2)
                    for proj in (self.q, self.k, self.v))
@@ -177,31 +146,16 @@ class LlamaBlock(nn.Module):
         return self.o(y.transpose(1, 2).reshape(B, T, -1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The layer applied to ``x``; the MLP is ``down(silu(gate(h)) * up(h))``.
-
-        Args:
-            x (torch.Tensor): ``(B, T, d_model)`` activations.
-
-        Returns:
-            torch.Tensor: ``(B, T, d_model)``.
-        """
+        """The layer applied to ``x``; the MLP is ``down(silu(gate(h)) * up(h))``."""
         x = x + self.attention(self.attn_norm(x))
         h = self.mlp_norm(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
 class Llama(nn.Module):
-    """``model(idx)`` -> logits; ``model(idx, targets)`` -> ``(logits, loss)``, as the course GPT.
-
-    Built with PyTorch's default initialisation: it is there to be counted and measured (mostly on
-    ``meta``), not trained.
-
-    Args:
-        config (LlamaConfig): the model's shape.
-
-    Raises:
-        ValueError: naming ``config``, for anything but a :class:`LlamaConfig`.
-    """
+    """``model(idx)`` -> logits; ``model(idx, targets)`` -> ``(logits, loss)``, as the course
+    GPT; PyTorch's default initialisation: it is counted and measured (mostly on ``meta``),
+    not trained."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -214,19 +168,7 @@ class Llama(nn.Module):
             self.lm_head.weight = self.tok_emb.weight
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """Logits of ``idx``, and the mean cross-entropy (in fp32) when ``targets`` are given.
-
-        Args:
-            idx (torch.Tensor): ``(B, T)`` token ids, T at most ``config.seq_len``.
-            targets (torch.Tensor, optional): ``(B, T)`` next-token ids.
-
-        Returns:
-            torch.Tensor or tuple: logits ``(B, T, vocab_size)``, or ``(logits, loss)``.
-
-        Raises:
-            ValueError: if ``idx`` is not a 2-D tensor of token ids, or T exceeds
-                ``config.seq_len``.
-        """
+        """Logits of ``idx``, and the mean cross-entropy (in fp32) when ``targets`` are given."""
         if tensor("idx", idx, integral=True, dim=2).size(1) > self.config.seq_len:
             raise ValueError(f"sequence length {idx.size(1)} exceeds config.seq_len="
                              f"{self.config.seq_len}")
@@ -243,10 +185,9 @@ class Llama(nn.Module):
 def llama_param_count(config: LlamaConfig) -> int:
     """Closed form for :class:`Llama`: ``V*h*(1 or 2) + L*(2h^2 + 2h*kv + 3h*f + 2h) + h``.
 
-    ``h`` = d_model, ``kv`` = n_kv_heads * d_head (the width of K and V), ``f`` =
-    d_ff. Per layer: Q and O ``h^2`` each, K and V ``h*kv`` each, gate, up and down
-    ``h*f`` each, two RMSNorm weights ``h`` each; the final RMSNorm adds ``h``, and
-    the head adds ``V*h`` unless it is tied to the embedding.
+    ``h`` = d_model, ``kv`` = n_kv_heads * d_head, ``f`` = d_ff: per layer Q, O ``h^2``; K, V
+    ``h*kv``; gate, up, down ``h*f``; two RMSNorms ``h``; a final RMSNorm ``h``; an untied
+    head ``V*h``.
     """
     if not isinstance(config, LlamaConfig):
         raise WrongTypeError(f"config must be a LlamaConfig, got {config!r}")
@@ -312,15 +253,7 @@ def build_model(config: GPTConfig | LlamaConfig, *, device: str | torch.device =
 
 @dataclass(frozen=True)
 class Preset:
-    """A published model: its shape, its parameter count and where the count comes from.
-
-    Attributes:
-        name (str): the model's name, the key of :data:`PRESETS` ("Llama 2 7B").
-        config (GPTConfig or LlamaConfig): its shape.
-        published_params (int): the parameters of the published checkpoint, which
-            :func:`param_count` of ``config`` reproduces.
-        source (str): where ``published_params`` was read.
-    """
+    """A published model: its shape, its parameter count and where the count comes from."""
 
     name: str
     config: GPTConfig | LlamaConfig

@@ -2,21 +2,16 @@
 
 Every step is predicted by the memory engine
 (:func:`course_lib.prediction.engine.predict_step_memory`, re-exported here as
-:func:`predict_step_memory`) for a *steady-state* optimizer step (the second and
-later: AdamW's ``m`` and ``v`` exist before it starts) of ``K`` accumulated
-micro-batches, on the CPU or on a GPU (``gpu``: a preset of
-:data:`course_lib.device.GPUS` or this kernel's). Precisions are the engine's
-(:data:`course_lib.prediction.engine.PRECISIONS`); mixed precision saves activation memory,
-not model-state memory: the claim check of lecture 06 measures it.
+:func:`predict_step_memory`) for a steady-state optimizer step (AdamW's ``m`` and ``v`` exist)
+of ``K`` accumulated micro-batches, on the CPU or a GPU (a preset of
+:data:`course_lib.device.GPUS` or this kernel's), in the engine's
+:data:`course_lib.prediction.engine.PRECISIONS`.
 
-:func:`largest_batch` finds, for one model, the largest micro-batch under each
-checkpointing policy; :func:`fit_model` finds the largest GPT of a search space
-and the settings (precision, micro-batch, accumulation steps, checkpointing)
-that train it with a given effective batch: of those that fit, the fastest by the course's one
-time model (:func:`course_lib.prediction.time_model.step_time`; :func:`settings` lists them
-all, fastest first). The set-up those predictions are for,
-and its measured step, are :mod:`course_lib.prediction.step_setup`'s; the guard that runs it
-under the budget is :mod:`course_lib.planning.guard`'s.
+:func:`largest_batch` finds the largest micro-batch of one model under each checkpointing
+policy; :func:`fit_model` the largest GPT of a search space and the fastest settings that train
+it with a given effective batch (:func:`course_lib.prediction.time_model.step_time`;
+:func:`settings` lists them all). The set-up and its measured step are
+:mod:`course_lib.prediction.step_setup`'s; the guard is :mod:`course_lib.planning.guard`'s.
 """
 
 from __future__ import annotations
@@ -109,15 +104,7 @@ def _recompute_fraction(config: GPTConfig, mode: str, every: int, seq_len: int) 
 
 @dataclass(frozen=True)
 class BatchFit:
-    """The largest micro-batch of one checkpointing policy (0 if not even one sequence fits).
-
-    Attributes:
-        mode (str): the checkpointing mode.
-        every (int): its stride.
-        micro_batch_size (int): the largest micro-batch that fits; 0 if none does.
-        memory (StepMemory or None): predicted at that micro-batch (None when it is 0).
-        recompute_fraction (float): the policy's recomputed FLOPs over a plain step's.
-    """
+    """The largest micro-batch of one checkpointing policy (0 if not even one sequence fits)."""
 
     mode: str
     every: int
@@ -200,22 +187,7 @@ def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp3
 
 @dataclass(frozen=True)
 class Fit:
-    """What :func:`fit_model` chose: a GPT, how to train it, and its predicted memory (bytes).
-
-    Attributes:
-        config (GPTConfig): the model.
-        n_params (int): its parameters.
-        precision (str): the precision to train in.
-        micro_batch_size (int): sequences per forward and backward pass.
-        accumulation_steps (int): micro-batches per optimizer step.
-        mode (str): the checkpointing mode.
-        every (int): its stride.
-        memory (StepMemory): the predicted step.
-        budget_bytes (int): the budget it was fitted to.
-        recompute_fraction (float): recomputed FLOPs over a plain step's.
-        time (StepTime): the predicted optimizer step
-            (:func:`course_lib.prediction.time_model.step_time`), by term.
-    """
+    """What :func:`fit_model` chose: a GPT, how to train it, and its predicted memory (bytes)."""
 
     config: GPTConfig
     n_params: int
@@ -250,12 +222,8 @@ class Fit:
         return ckpt.policy_label(self.mode, self.every)
 
     def summary(self) -> str:
-        """Six lines: the model, the precision, the batch, the checkpointing, the step's predicted
-        time and its peak.
-
-        Returns:
-            str: the lines joined by newlines.
-        """
+        """Six lines: the model, the precision, the batch, the checkpointing, the step's
+        predicted time and its peak."""
         c = self.config
         return "\n".join([
             f"model      : {self.n_params / 1e6:,.2f}M parameters: d_model={c.d_model}, "
@@ -310,34 +278,9 @@ def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int
                  seq_len: int = 1024, vocab_size: int = 50257) -> list[GPTConfig]:
     """The GPT shapes :func:`fit_model` chooses from, largest first (most parameters).
 
-    ``d_model`` in ``widths`` (those that ``head_size`` divides), ``n_layers`` in
-    ``depths``, ``n_heads = d_model // head_size``, and, unless ``aspect_ratio`` is
-    None, ``low <= d_model / n_layers <= high``: Kaplan et al. (2020, "Scaling
-    Laws for Neural Language Models", figure 5) find that at a fixed parameter
-    count the loss changes by only a few percent for aspect ratios between about
-    20 and 200 (GPT-2 124M: 64, GPT-3 175B: 128); outside, a "largest" model
-    would be a needle (one very wide layer) or a thread (a hundred narrow ones).
-
-    Args:
-        widths (sequence of int): ``d_model`` values to try (those ``head_size`` divides); at
-            most :data:`MAX_SEARCH_VALUES` ints within :data:`course_lib.model.gpt.CONFIG_MAXIMUM`.
-        depths (sequence of int): ``n_layers`` values to try; the same limits, and at most
-            :data:`MAX_SEARCH_PAIRS` pairs of a width and a depth.
-        head_size (int): ``d_model // n_heads``; 64 as GPT-2 and GPT-3.
-        aspect_ratio (tuple, optional): ``(low, high)``, two finite numbers ``0 < low <= high``
-            bounding ``d_model / n_layers``; None: no bound.
-        seq_len (int): the context length of every shape.
-        vocab_size (int): the vocabulary of every shape.
-
-    Returns:
-        list of GPTConfig: largest first.
-
-    Raises:
-        ValueError: naming the argument: ``widths`` and ``depths`` must be non-empty sequences
-            of at most :data:`MAX_SEARCH_VALUES` ints within
-            :data:`course_lib.model.gpt.CONFIG_MAXIMUM`, making at most :data:`MAX_SEARCH_PAIRS`
-            pairs, ``aspect_ratio`` None or two finite numbers ``0 < low <= high``; also when no
-            configuration is left.
+    ``n_heads = d_model // head_size`` and, unless ``aspect_ratio`` is None,
+    ``low <= d_model / n_layers <= high``: Kaplan et al. (2020, "Scaling Laws for Neural Language
+    Models", figure 5) find the loss within a few percent for aspect ratios of about 20 to 200.
     """
     _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
     return list(_search_space(tuple(int(w) for w in widths), tuple(int(d) for d in depths),
@@ -406,14 +349,11 @@ def _micro_batches(effective_batch: int, max_accumulation_steps: int | None) -> 
 
 def _fitting(config: GPTConfig, budget: int, effective_batch: int, precision: str,
              policies: tuple, max_accumulation_steps: int | None, gpu, speed) -> list:
-    """Every ``(seconds, recompute, -b, mode, every, b)`` of ``config`` in ``precision`` whose step
-    fits ``budget``, fastest first, and the memory of each, as ``(rows, memory)``.
+    """Every ``(seconds, recompute, -b, mode, every, b)`` of ``config`` in ``precision`` whose
+    step fits ``budget``, fastest first, and the memory of each, as ``(rows, memory)``.
 
-    For each policy, the whole batch at once is tried on its own (without accumulation the
-    gradient is never whole during a backward pass, so it can fit where half of it with
-    accumulation does not); below it memory grows with the micro-batch, so the largest that
-    fits is found by bisection and every smaller one fits. Each fitting setting is then timed
-    (:func:`time_model.step_seconds`).
+    Per policy the whole batch is tried alone, then the largest fitting micro-batch is found
+    by bisection (memory grows with it).
     """
     seq_len = config.seq_len
     micro = _micro_batches(effective_batch, max_accumulation_steps)
@@ -458,11 +398,8 @@ def _fit_of(config: GPTConfig, budget: int, effective_batch: int, precision: str
 def _settings(config: GPTConfig, budget: int, effective_batch: int, precision: str,
               policies: tuple, max_accumulation_steps: int | None = None,
               gpu=None, speed=None) -> Fit | None:
-    """The fastest way to train ``config`` in ``precision`` under ``budget``, or None.
-
-    Of every policy and micro-batch (a divisor of ``effective_batch``) whose step fits, the least
-    predicted step time; ties go to the least recompute, then the largest micro-batch.
-    """
+    """The fastest way to train ``config`` in ``precision`` under ``budget``, or None; ties go to
+    the least recompute, then the largest micro-batch."""
     rows, memory = _fitting(config, budget, effective_batch, precision, policies,
                             max_accumulation_steps, gpu, speed)
     if not rows:
@@ -471,9 +408,9 @@ def _settings(config: GPTConfig, budget: int, effective_batch: int, precision: s
 
 
 def _check_speed(speed):
-    """``speed`` if it is a DeviceSpeed or None (the time model then uses
-    :func:`course_lib.prediction.time_model.device_speed` of the target, when a time is first
-    asked for: a search that finds nothing measures nothing)."""
+    """``speed`` if it is a DeviceSpeed or None (then
+    :func:`course_lib.prediction.time_model.device_speed` of the target, asked only when a
+    time is)."""
     if speed is not None and not isinstance(speed, time_model.DeviceSpeed):
         raise ValueError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
     return speed
@@ -568,8 +505,7 @@ def measure_seconds(fits: Sequence[Fit], *, device: str | torch.device = "cpu",
 
 def _state_bytes(precision: str) -> tuple[int, int]:
     """Bytes per parameter of (resident model states, gradients at the optimizer step) of AdamW
-    in ``precision``, from :func:`course_lib.prediction.formulas.training_memory`: in mixed precision the
-    step's gradients are the master weights' fp32 ones."""
+    in ``precision`` (:func:`course_lib.prediction.formulas.training_memory`)."""
     one = training_memory(1, optimizer="adamw", precision=precision)
     at_step = one.master_weights if engine.precision_of(precision).master else one.gradients
     return one.parameters + one.master_weights + one.optimizer_state, at_step
@@ -580,9 +516,8 @@ _STATE_BYTES = {precision: _state_bytes(precision) for precision in FIT_PRECISIO
 
 
 def _lower_bound(config: GPTConfig, precision: str) -> int:
-    """A quick lower bound on any step's peak (closed form): the resident model states plus the
-    larger of the gradients at the optimizer step and, in the backward pass, the loss's fp32
-    log-probabilities with their two gradients for one sequence (never checkpointed)."""
+    """A closed-form lower bound on any step's peak: resident states plus the larger of the
+    step's gradients and one sequence's fp32 log-probabilities with their two gradients."""
     P = gpt_param_count(config)
     resident, grads = _STATE_BYTES[precision]
     return resident * P + max(grads * P, 3 * config.seq_len * config.vocab_size * 4)
@@ -598,27 +533,20 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
               speed: time_model.DeviceSpeed | None = None) -> Fit:
     """The largest GPT of the search space that trains within ``budget_bytes``, and how.
 
-    Search space: :func:`search_space` (``d_model`` in ``widths``, ``n_layers`` in
-    ``depths``, heads of ``head_size``, an ``aspect_ratio`` range; ``seq_len`` and
-    ``vocab_size`` fixed). "Largest" is the most parameters. A configuration fits
-    if one setting's :func:`predict_step_memory` is at most the budget; a setting
-    is a precision of ``precisions``, a micro-batch ``b`` dividing
-    ``effective_batch`` with ``effective_batch // b`` accumulation steps, and a
-    checkpointing policy of ``policies``. For the largest fitting model the
-    setting chosen is: the first precision of ``precisions`` that fits (the order
-    is a preference, since precisions train differently: ``"bf16-mixed"`` before
-    ``"fp32"`` by default; pure ``"bf16"`` only if listed), then, of the policies and
-    micro-batches that fit in it, the fastest by predicted step time
-    (:func:`settings`; the course's one time model,
-    :func:`course_lib.prediction.time_model.step_time`).
+    Search space: :func:`search_space` (``d_model`` in ``widths``, ``n_layers`` in ``depths``, heads
+    of ``head_size``, an ``aspect_ratio`` range; ``seq_len`` and ``vocab_size`` fixed). "Largest" is
+    the most parameters. A configuration fits if one setting's :func:`predict_step_memory` is at
+    most the budget; a setting is a precision of ``precisions``, a micro-batch ``b`` dividing
+    ``effective_batch`` with ``effective_batch // b`` accumulation steps, and a checkpointing policy
+    of ``policies``. For the largest fitting model the setting chosen is: the first precision of
+    ``precisions`` that fits (the order is a preference, since precisions train differently:
+    ``"bf16-mixed"`` before ``"fp32"`` by default; pure ``"bf16"`` only if listed), then, of the
+    policies and micro-batches that fit in it, the fastest by predicted step time (:func:`settings`;
+    the course's one time model, :func:`course_lib.prediction.time_model.step_time`).
 
-    Search: memory grows with depth at a fixed width and with width at a fixed depth,
-    so each width's deepest fitting model is found by bisection above the deepest
-    of any wider width found before (with the smallest micro-batch or the whole
-    batch at once, the leanest policy first; a setting whose
-    :func:`course_lib.prediction.engine.predict_floor` is over the budget is not predicted);
-    widths are visited from the largest model the closed-form :func:`_lower_bound`
-    allows them, and the search stops once that cannot beat the best found.
+    Search: memory grows with depth and with width, so each width's deepest fitting model is
+    found by bisection; a setting whose :func:`course_lib.prediction.engine.predict_floor` is
+    over the budget is not predicted, and the search stops once no width can beat the best found.
 
     Args:
         budget_bytes (int): the memory, in bytes, up to :data:`course_lib.validation.MAX_BYTES`.
@@ -626,8 +554,9 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
         effective_batch (int): sequences per optimizer step, up to
             :data:`MAX_EFFECTIVE_BATCH`.
         vocab_size (int): the vocabulary, up to :data:`course_lib.model.gpt.CONFIG_MAXIMUM`.
-        widths, depths, head_size, aspect_ratio: the shapes to search, as for
-            :func:`search_space`.
+        widths, depths (sequence of int): ``d_model`` and ``n_layers`` values to try.
+        head_size (int): ``d_model // n_heads``.
+        aspect_ratio (tuple, optional): ``(low, high)`` bounds on ``d_model / n_layers``, or None.
         precisions (sequence of str): of :data:`FIT_PRECISIONS` (the engine's), in order of
             preference.
         policies (sequence of tuple): ``(mode, every)`` checkpointing policies.

@@ -124,17 +124,7 @@ def _op_name(func) -> str:
 
 @dataclass
 class Trial:
-    """What :func:`run_within_budget` saw.
-
-    Attributes:
-        ok (bool): whether ``fn`` ran to the end within the budget.
-        peak_bytes (int or None): the measured peak, in bytes, when it ran to the end.
-        message (str): what happened: one line when it fitted; after running out of memory, a
-            second line with the error (:attr:`error`).
-        result: what ``fn`` returned (None after a failure).
-        error (str or None): the out-of-memory error as ``"Type: its first line"``; None when
-            it fitted.
-    """
+    """What :func:`run_within_budget` saw."""
 
     ok: bool
     peak_bytes: int | None

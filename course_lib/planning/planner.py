@@ -2,29 +2,22 @@
 
 :func:`plan_checkpointing` considers every mode of
 :func:`course_lib.training.checkpointing.enable_checkpointing` (``none``; ``selective``,
-``attention`` and ``blocks`` with ``every = 1 .. n_layers``; ``sqrt``), predicts
-for each the peak of one AdamW training step with the memory engine
-(:func:`course_lib.prediction.engine.predict_step_memory`) and the FLOPs it recomputes
-(:func:`course_lib.prediction.checkpointed.step_flops`) and the step's time with the course's one time
-model (:func:`course_lib.prediction.time_model.step_time`), and returns the fastest that fits:
+``attention`` and ``blocks`` with ``every = 1 .. n_layers``; ``sqrt``), predicts each one's
+AdamW step peak (:func:`course_lib.prediction.engine.predict_step_memory`), recomputed FLOPs
+(:func:`course_lib.prediction.checkpointed.step_flops`) and time
+(:func:`course_lib.prediction.time_model.step_time`), and returns the fastest that fits:
 
-* **cost**: the predicted seconds of the step: recomputed FLOPs at the matmul rate, the
-  pointwise bytes each region reruns (LayerNorm, GELU, softmax, dropout) at the memory
-  bandwidth, and the operators and checkpointed regions at their fixed costs. Counting FLOPs
-  alone made ``selective`` (it reruns no matmul and no attention kernel) look free; on the CPU
-  its policy's dispatch on every op and its rerun pointwise work make it the slowest policy
-  that fits at lecture 05's budget, which the time model predicts and lecture 05 measures.
-  On a GPU preset the figures are the datasheet's; on this kernel's device they are measured
+* **cost**: the predicted seconds: recomputed FLOPs at the matmul rate, rerun pointwise bytes
+  at the memory bandwidth, operators and regions at their fixed costs. FLOPs alone made
+  ``selective`` look free; on the CPU its per-op dispatch makes it the slowest policy that fits
+  at lecture 05's budget. Datasheet figures on a GPU preset, measured ones on this device
   (:func:`course_lib.prediction.time_model.device_speed`).
-* **peak**: the engine's ``step_peak`` of the first step on a fresh model: the
-  bytes the step allocates above the parameters, which is what
-  :func:`course_lib.measurement.memory.peak_memory` measures around
-  :func:`course_lib.measurement.memory.training_step` and what lecture 05 measures
-  (:func:`measure_peak`).
+* **peak**: the engine's ``step_peak`` of a fresh model's first step, the bytes above the
+  parameters that :func:`course_lib.measurement.memory.peak_memory` measures around
+  :func:`course_lib.measurement.memory.training_step` (:func:`measure_peak`).
 
-:func:`choices` keeps the policies the planner picks for some budget (every other one
-is beaten on both peak and predicted time); :func:`time_ratios` times the forward and
-backward pass of several policies against no checkpointing.
+:func:`choices` keeps the policies the planner picks for some budget; :func:`time_ratios`
+times the forward and backward pass of several policies against no checkpointing.
 """
 
 from __future__ import annotations
@@ -61,19 +54,7 @@ PLAN_MODES = ("none", "selective", "attention", "blocks", "sqrt")
 
 @dataclass(frozen=True)
 class Candidate:
-    """One policy, predicted: peak bytes of a training step, FLOPs recomputed and its time.
-
-    Attributes:
-        mode (str): the checkpointing mode.
-        every (int): its stride.
-        peak_bytes (int): the step's predicted peak above what was live before it
-            (``StepMemory.step_peak`` of :func:`predict_peak`).
-        kept_bytes (int): activations held from forward to backward.
-        recompute_flops (int): FLOPs run again in the backward pass.
-        step_flops (int): FLOPs of the plain step (forward + backward), for the fraction.
-        regions (int): checkpointed regions (each reruns its pointwise ops).
-        seconds (float): the step's predicted time (:func:`course_lib.prediction.time_model.step_time`).
-    """
+    """One policy, predicted: peak bytes of a training step, FLOPs recomputed and its time."""
 
     mode: str
     every: int
@@ -102,22 +83,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class CheckpointPlan:
-    """The planner's answer: the chosen policy, its predictions, and every candidate considered.
-
-    Apply it with ``enable_checkpointing(model, plan.mode, plan.every)``.
-
-    Attributes:
-        mode (str): the chosen checkpointing mode.
-        every (int): its stride.
-        peak_bytes (int): its predicted step peak.
-        recompute_flops (int): FLOPs it recomputes.
-        recompute_fraction (float): those over the plain step's FLOPs.
-        budget_bytes (int): the budget asked for.
-        candidates (tuple of Candidate): every policy considered, fastest first.
-        seconds (float): its predicted step time.
-        basis (str): where the time model's figures come from ("measured on this device" or
-            "datasheet").
-    """
+    """The planner's answer: the chosen policy, its predictions, and every candidate considered."""
 
     mode: str
     every: int
@@ -130,12 +96,7 @@ class CheckpointPlan:
     basis: str = ""
 
     def table(self) -> str:
-        """The candidates as text, fastest first, the fitting ones marked.
-
-        Returns:
-            str: one line per candidate: label, peak, extra FLOPs, predicted time against no
-            checkpointing's, whether it fits.
-        """
+        """The candidates as text, fastest first, the fitting ones marked."""
         plain = next((c.seconds for c in self.candidates if c.mode == "none"), None)
         rows = [f"{'policy':14s} {'peak':>11s} {'+FLOPs':>10s} {'time':>7s}  fits"]
         for c in self.candidates:
@@ -148,14 +109,8 @@ class CheckpointPlan:
 
 
 class NothingFits(ValueError):
-    """No policy's predicted peak is within the budget; ``candidates`` says how close each came.
-
-    A ``ValueError``, so code that catches bad input catches it too.
-
-    Args:
-        budget_bytes (int): the budget that nothing fits.
-        candidates (tuple of Candidate): every policy considered (at least one).
-    """
+    """No policy's predicted peak is within the budget (a ``ValueError``); ``candidates`` says
+    how close each came."""
 
     def __init__(self, budget_bytes: int, candidates: tuple):
         self.budget_bytes, self.candidates = budget_bytes, candidates
@@ -226,27 +181,8 @@ def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None
                speed: time_model.DeviceSpeed | None = None) -> tuple:
     """Every policy of ``modes`` for this model and batch, predicted, fastest first.
 
-    ``every`` runs over ``1 .. n_layers`` for ``selective``, ``attention`` and
-    ``blocks``; ``none`` and ``sqrt`` come once. Sorted by :attr:`Candidate.cost` (predicted
-    seconds first), then by peak.
-
-    Args:
-        config (GPTConfig): the model.
-        batch_size (int): from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        seq_len (int, optional): from 1 to ``config.seq_len`` (None: that).
-        precision (str): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
-        gpu (str or GPU, optional): as :func:`course_lib.prediction.engine.predict_step_memory` takes it (a
-            live card's free memory is ignored).
-        modes (tuple of str): a non-empty subset of :data:`PLAN_MODES`.
-        speed (DeviceSpeed, optional): the time model's figures; default
-            :func:`course_lib.prediction.time_model.device_speed` of ``gpu`` (this CPU, measured once, for
-            None; a preset's datasheet).
-
-    Returns:
-        tuple of Candidate: fastest first.
-
-    Raises:
-        ValueError: naming the argument, for a bad value.
+    ``every`` runs over ``1 .. n_layers`` for ``selective``, ``attention`` and ``blocks``;
+    ``none`` and ``sqrt`` come once. Sorted by :attr:`Candidate.cost`, then by peak.
     """
     check_config(config)
     if not isinstance(modes, tuple | list) or not modes or any(
@@ -367,7 +303,8 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
         precision (str): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
         gpu (str or GPU, optional): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
         modes (tuple of str): the modes to consider, of :data:`PLAN_MODES`.
-        speed (DeviceSpeed, optional): as :func:`candidates`.
+        speed (DeviceSpeed, optional): the time model's figures; default
+            :func:`course_lib.prediction.time_model.device_speed` of ``gpu``.
 
     Returns:
         CheckpointPlan: ``mode``, ``every``, predicted ``peak_bytes``, recomputed FLOPs and their
@@ -393,20 +330,8 @@ def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
 
 
 def choices(options) -> tuple:
-    """The candidates that :func:`plan_checkpointing` picks for some budget, fastest first.
-
-    Every other candidate is beaten by one of these: as fast or faster (predicted), and a peak
-    no higher. With the budget at each candidate's own peak, the planner's pick is kept.
-
-    Args:
-        options (iterable of Candidate): from :func:`candidates` (fastest first).
-
-    Returns:
-        tuple of Candidate: the planner's possible answers, in the order of ``options``.
-
-    Raises:
-        ValueError: naming ``options``, for anything but a non-empty iterable of Candidates.
-    """
+    """The candidates that :func:`plan_checkpointing` picks for some budget, fastest first: every
+    other one is beaten by one of these (as fast or faster, a peak no higher)."""
     try:
         options = tuple(options) if not isinstance(options, str) else options
     except TypeError:

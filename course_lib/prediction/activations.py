@@ -1,41 +1,32 @@
 """02: exactly which tensors the course GPT saves for backward, op by op, on the CPU or a GPU.
 
-Korthikanti et al. (2022, "Reducing Activation Recomputation in Large Transformer
-Models", section 4.1) count ``s*b*h*(34 + 5*a*s/h)`` bytes per layer for a
-16-bit transformer (:func:`course_lib.prediction.formulas.transformer_activation_bytes`).
-This module derives the same kind of count op by op for *our*
-:class:`course_lib.model.gpt.GPT`, so that the prediction equals
-:func:`course_lib.measurement.memory.saved_bytes` to the byte. Each function returns a list
-of :class:`Saved` items, one per distinct storage autograd keeps; a storage that
-several ops save (a view, or a tensor that is both one op's output and the next
-one's input) appears once, and its ``what`` says who shares it. Sums are in bytes.
-The memory engine (:mod:`course_lib.prediction.engine`) builds a whole step's peak on these lists.
+Korthikanti et al. (2022, "Reducing Activation Recomputation in Large Transformer Models",
+section 4.1) count ``s*b*h*(34 + 5*a*s/h)`` bytes per layer for a 16-bit transformer
+(:func:`course_lib.prediction.formulas.transformer_activation_bytes`). This module counts op
+by op for *our* :class:`course_lib.model.gpt.GPT`, so that the prediction equals
+:func:`course_lib.measurement.memory.saved_bytes` to the byte: lists of :class:`Saved`, one
+per distinct storage (a storage several ops save appears once), summed in bytes. The memory
+engine (:mod:`course_lib.prediction.engine`) builds a whole step's peak on these lists.
 
-Shapes: ``b`` batch, ``s`` sequence, ``h`` d_model, ``a`` heads, ``d = h/a``,
-``V`` vocabulary. What each op keeps:
+Shapes: ``b`` batch, ``s`` sequence, ``h`` d_model, ``a`` heads, ``d = h/a``, ``V``
+vocabulary. What each op keeps:
 
 * LayerNorm: its input (``bsh`` elements) and, per token, the mean and 1/std;
 * ``nn.Linear`` (``addmm``, or ``mm`` without bias): its input; the weight is a parameter;
 * GELU: its input (the ``bs4h`` output of the first MLP matmul);
 * dropout (``p > 0``): its mask;
-* explicit attention: ``q @ k^T`` reshapes the transposed head views into copies
-  of ``q`` and ``k``; ``* (1/sqrt(d))`` saves the Python scalar as a 0-d float64
-  tensor (8 bytes, on the host); ``masked_fill`` the ``s x s`` causal mask (bool);
-  softmax its output; dropout its mask; ``probs @ v`` the dropped probabilities and a copy of ``v``;
-* fused attention (``F.scaled_dot_product_attention``): which kernel runs decides it,
-  see :func:`course_lib.model.kernels.sdpa_kernel`.
+* explicit attention: copies of ``q`` and ``k`` (``q @ k^T``), the scale as a 0-d float64
+  host tensor (8 bytes), the ``s x s`` causal mask (bool), softmax's output, dropout's mask,
+  the dropped probabilities and a copy of ``v``;
+* fused attention (``F.scaled_dot_product_attention``): as its kernel
+  (:func:`course_lib.model.kernels.sdpa_kernel`).
 
-Where it runs (``gpu``: None for the CPU, a preset name of
-:data:`course_lib.device.GPUS`, "cuda" for this kernel's GPU, or a
-:class:`~course_lib.device.GPU`) decides the dtypes of masks and LayerNorm
-statistics and the attention kernel (:mod:`course_lib.model.kernels`).
-
-Under ``torch.autocast`` (``autocast=True``; ``dtype`` is then the autocast dtype)
-the parameters and the residual stream stay fp32: LayerNorm keeps fp32 input and
-statistics, every linear keeps a 16-bit *copy* of its input and of its weight
-(autocast casts the weight once per forward pass and caches it; the matmul's
-backward needs it), GELU and the attention core run in 16 bit, and on CUDA the
-softmax of explicit attention returns fp32 (it is on CUDA's autocast fp32 list).
+Where it runs (``gpu``: None for the CPU, a preset of :data:`course_lib.device.GPUS`, "cuda",
+a :class:`~course_lib.device.GPU`) decides the dtypes of masks and LayerNorm statistics and
+the attention kernel (:mod:`course_lib.model.kernels`). Under ``torch.autocast``
+(``autocast=True``, ``dtype`` the autocast dtype) the parameters and residual stream stay
+fp32, every linear keeps a 16-bit copy of its input and of its weight, and on CUDA explicit
+attention's softmax returns fp32.
 """
 
 from __future__ import annotations
@@ -68,22 +59,8 @@ _FP32 = torch.float32
 class Saved:
     """One storage autograd keeps for backward: which op saves it, what it is, its shape and dtype.
 
-    Attributes:
-        op (str): the op (or module) that saves it (``"ln1"``, ``"attn core"``).
-        what (str): what the tensor is (``"input"``, ``"mean"``).
-        shape (tuple): its shape.
-        dtype (torch.dtype): its dtype.
-        kind (str): one of :data:`KINDS`: "activation" for what the forward pass allocates,
-            "input" for the token ids and targets (saved too, so ``saved_bytes`` counts them,
-            but allocated before the step), "weight copy" for the 16-bit copy of a weight that
-            autocast makes and a matmul saves (its size does not depend on the batch), and
-            "scalar" for a 0-d host tensor: the float64 one autograd wraps around a Python
-            number, or the RNG seed and offset of the memory-efficient CUDA kernel (not GPU
-            memory, and the live-tensor tracker does not see the first).
-
-    Raises:
-        ValueError: naming the field: ``op`` or ``what`` not a str, ``shape`` not a tuple of ints
-            from 0 to :data:`course_lib.validation.MAX_COUNT`, an unknown ``dtype`` or ``kind``.
+    ``kind`` (:data:`KINDS`): "activation", "input" (token ids and targets, allocated before the
+    step), "weight copy" (autocast's 16-bit weight a matmul saves) or "scalar" (a 0-d host tensor).
     """
 
     op: str
@@ -150,26 +127,8 @@ def total_bytes(items: list[Saved], kinds: tuple = KINDS, gpu: GPU | None = None
 
 def prediction_args(config, batch_size, seq_len, dtype, gpu, autocast=False, *,
                     names=("batch_size", "seq_len")) -> tuple[int, int, Target]:
-    """Every argument of a prediction checked, and its target resolved once: ``batch_size`` from
-    1 to :data:`course_lib.validation.MAX_BATCH`, ``seq_len`` from 1 to ``config.seq_len``, and
-    ``dtype``, ``gpu`` and ``autocast`` as :meth:`course_lib.prediction.target.Target.resolve` takes
-    them. The functions of the prediction wing pass the :class:`Target` inward from here.
-
-    Args:
-        config (GPTConfig): the model.
-        batch_size (int): sequences.
-        seq_len (int): tokens per sequence.
-        dtype (torch.dtype or str): the matmuls' dtype.
-        gpu (str or GPU, optional): the target.
-        autocast (bool): ``torch.autocast`` over an fp32 model.
-        names (tuple of str): the caller's names for ``batch_size`` and ``seq_len``.
-
-    Returns:
-        tuple: ``(batch_size, seq_len, target)``.
-
-    Raises:
-        ValueError: naming the argument, for a bad value.
-    """
+    """Every argument of a prediction checked and its :class:`Target` resolved once:
+    ``(batch_size, seq_len, target)``; the prediction wing passes the target inward from here."""
     check_config(config)
     batch_size = positive_int(names[0], batch_size, maximum=MAX_BATCH)  # an int from here: a
     seq_len = positive_int(names[1], seq_len)  # numpy int would overflow in the products below
@@ -182,20 +141,8 @@ def prediction_args(config, batch_size, seq_len, dtype, gpu, autocast=False, *,
 # --------------------------------------------------------------------------- building blocks
 
 def layernorm_items(name: str, b: int, s: int, h: int, t: Target) -> list[Saved]:
-    """``native_layer_norm`` keeps its input and the per-token mean and 1/std (``rstd``).
-
-    A building block of the prediction wing (:func:`block_items`, the engine's core peaks).
-
-    Args:
-        name (str): the LayerNorm's name in the listing (``"ln1"``).
-        b (int): sequences.
-        s (int): tokens per sequence.
-        h (int): the model width.
-        t (Target): the resolved target (:func:`prediction_args`).
-
-    Returns:
-        list of Saved: the input in ``t.stream``; mean and rstd in ``t.stats``.
-    """
+    """``native_layer_norm`` keeps its input (in ``t.stream``) and the per-token mean and 1/std
+    (``rstd``, in ``t.stats``)."""
     return [Saved(name, "input", (b, s, h), t.stream),
             Saved(name, "mean", (b, s, 1), t.stats),
             Saved(name, "rstd", (b, s, 1), t.stats)]
@@ -203,21 +150,7 @@ def layernorm_items(name: str, b: int, s: int, h: int, t: Target) -> list[Saved]
 
 def linear_items(name: str, what: str, b: int, s: int, n_in: int, n_out: int,
                   t: Target) -> list[Saved]:
-    """A linear keeps its input; under autocast a 16-bit copy of it and of its weight.
-
-    Args:
-        name (str): the linear's name in the listing (``"qkv"``).
-        what (str): what its input is, for the listing.
-        b (int): sequences.
-        s (int): tokens per sequence.
-        n_in (int): input features.
-        n_out (int): output features.
-        t (Target): the resolved target (:func:`prediction_args`).
-
-    Returns:
-        list of Saved: the input (in ``t.compute``), and under autocast the weight's copy
-        (kind ``"weight copy"``).
-    """
+    """A linear keeps its input; under autocast a 16-bit copy of it and of its weight."""
     if not t.autocast:
         return [Saved(name, f"input ({what})", (b, s, n_in), t.compute)]
     return [Saved(name, f"input: 16-bit copy of {what}", (b, s, n_in), t.compute),
@@ -245,19 +178,9 @@ def core_items(config: GPTConfig, b: int, s: int, t: Target,
                 kernel: str | None = None) -> list[Saved]:
     """What the attention core (``softmax(q k^T / sqrt(d)) v``) keeps for the backward pass.
 
-    The explicit core keeps q, k, the probabilities (and dropout's mask) and v; an SDPA kernel
-    keeps what it saves (math: the ``s x s`` maps; flash, efficient, cuDNN: the output and the
-    logsumexp). :func:`attention_core_saved` is the checked entry.
-
-    Args:
-        config (GPTConfig): the model (its heads, dropout and attention).
-        b (int): sequences.
-        s (int): tokens per sequence.
-        t (Target): the resolved target (:func:`prediction_args`).
-        kernel (str, optional): an SDPA kernel to predict for; None: the one ``t`` runs.
-
-    Returns:
-        list of Saved: the core's saved tensors, exact shapes and dtypes.
+    Explicit: q, k, the probabilities (and dropout's mask) and v; SDPA math: the ``s x s``
+    maps; flash, efficient, cuDNN: the output and the logsumexp. :func:`attention_core_saved`
+    is the checked entry.
     """
     a, p, h, dtype = config.n_heads, config.dropout, config.d_model, t.compute
     probs = (b, a, s, s)
@@ -352,15 +275,7 @@ def attention_core_saved(config: GPTConfig, b: int, s: int, dtype, gpu=None, *,
 
 def runs_fused_mlp(config: GPTConfig, t: Target) -> bool:
     """Whether the attention's output reaches the out-projection as one storage (a fused SDPA
-    kernel, not the math kernel), so no contiguous copy of the merged heads is kept.
-
-    Args:
-        config (GPTConfig): the model.
-        t (Target): the resolved target.
-
-    Returns:
-        bool: True for ``attention="sdpa"`` on a fused kernel.
-    """
+    kernel, not the math kernel), so no contiguous copy of the merged heads is kept."""
     return config.attention == "sdpa" and kernels.sdpa_kernel(config, t.compute, t.gpu) != "math"
 
 
@@ -368,14 +283,8 @@ def runs_fused_mlp(config: GPTConfig, t: Target) -> bool:
 def block_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
     """Everything one transformer block keeps for the backward pass, in forward order.
 
-    :func:`block_saved` is the checked entry; the engine and the checkpointing predictions call
-    this one with a target resolved once.
-
     Args:
         {items_args}
-
-    Returns:
-        list of Saved: the block's saved tensors.
     """
     h, p = config.d_model, config.dropout
     items = layernorm_items("ln1", b, s, h, t)
@@ -453,14 +362,6 @@ def embedding_saved(config: GPTConfig, batch_size: int, seq_len: int | None = No
 
     Args:
         {shape_args}
-
-    Returns:
-        list of Saved: the token ids (kind "input"), the positions and the dropout mask (when
-        ``config.dropout > 0``).
-
-    Raises:
-        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
-            ``dtype``).
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
     return embedding_items(config, *prediction_args(config, batch_size, seq_len, dtype, gpu,
@@ -474,9 +375,6 @@ def embedding_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]
 
     Args:
         {items_args}
-
-    Returns:
-        list of Saved: the embeddings' saved tensors.
     """
     return [Saved("tok_emb", "token ids (the input)", (b, s), _INDEX, kind="input"),
             Saved("pos_emb", "positions (arange)", (s,), _INDEX),
@@ -488,20 +386,11 @@ def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
     """Final LayerNorm, the tied LM head (an ``mm``: it keeps its input), and the loss.
 
-    ``F.cross_entropy(logits.float(), targets)`` is ``log_softmax`` (keeps its
-    fp32 output, ``bsV * 4`` bytes, whatever the model's dtype) then ``nll_loss``
-    (keeps the same tensor, the targets, and a 0-d fp32 ``total_weight``). The
-    logits themselves are not kept.
+    ``F.cross_entropy(logits.float(), targets)`` is ``log_softmax`` (keeps its fp32 output,
+    ``bsV * 4`` bytes) then ``nll_loss`` (the same tensor, the targets, a 0-d ``total_weight``).
 
     Args:
         {shape_args}
-
-    Returns:
-        list of Saved: the head's and the loss's saved storages.
-
-    Raises:
-        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
-            ``dtype``).
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
     return head_items(config, *prediction_args(config, batch_size, seq_len, dtype, gpu, autocast))
@@ -513,9 +402,6 @@ def head_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
 
     Args:
         {items_args}
-
-    Returns:
-        list of Saved: the head's and the loss's saved tensors.
     """
     h, V = config.d_model, config.vocab_size
     return [*layernorm_items("ln_f", b, s, h, t),
@@ -528,18 +414,11 @@ def head_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
 @fill_doc(shape_args=_SHAPE_ARGS)
 def model_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                 dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
-    """Everything the whole GPT keeps for ``loss.backward()``: embeddings, every block, head and loss.
+    """Everything the whole GPT keeps for ``loss.backward()``: embeddings, every block, head and
+    loss.
 
     Args:
         {shape_args}
-
-    Returns:
-        list of Saved: :func:`embedding_saved`, ``n_layers`` times :func:`block_saved`, then
-        :func:`head_saved`.
-
-    Raises:
-        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
-            ``dtype``).
     """
     seq_len = check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)

@@ -33,8 +33,8 @@ from course_lib.validation import fields
 
 def _selective_outputs(config: GPTConfig, b: int, s: int, t, mode: str = "selective") -> list:
     """What ``selective`` mode keeps inside one block: the outputs of its matmuls and of a fused
-    attention kernel (:data:`course_lib.training.checkpointing.SAVE_OPS`), but the MLP's output unless dropout follows it; in
-    ``save-kernel`` mode the course kernel's output too."""
+    attention kernel (:data:`course_lib.training.checkpointing.SAVE_OPS`), but the MLP's
+    output unless dropout follows it; in ``save-kernel`` mode the course kernel's output too."""
     h, a, dtype = config.d_model, config.n_heads, t.compute
     items = [act.Saved("qkv (addmm)", "output", (b, s, 3 * h), dtype)]
     kernel = kernels.attention_kernel(config, dtype, t.gpu)
@@ -55,8 +55,8 @@ def _selective_outputs(config: GPTConfig, b: int, s: int, t, mode: str = "select
 
 
 def _attention_recomputed_block(config: GPTConfig, b: int, s: int, t) -> list:
-    """One block with its attention core checkpointed: the core keeps only its inputs q, k, v
-    (views of the one QKV output) and, for fused kernels, its output (the out-projection's input)."""
+    """One block with its attention core checkpointed: the core keeps only its inputs q, k, v (views
+    of the one QKV output) and, for fused kernels, its output (the out-projection's input)."""
     core = act.core_items(config, b, s, t)
     kept = [item for item in act.block_items(config, b, s, t) if item not in core]
     kept.append(act.Saved("checkpoint", "core inputs q, k, v: the QKV output",
@@ -68,24 +68,9 @@ def _attention_recomputed_block(config: GPTConfig, b: int, s: int, t) -> list:
 
 def kept_layout(config: GPTConfig, batch_size: int, mode: str, every: int, segments: int | None,
             seq_len: int | None, dtype, gpu, autocast: bool = False):
-    """``(embed, per_block, head, regions, full_block)``: the items kept by the embeddings, by each
-    block (a list per block; blocks inside a ``sqrt`` segment but its first keep nothing), by the
-    head; the checkpointed regions; and the items of one block without checkpointing.
-
-    Args:
-        config (GPTConfig): the model.
-        batch_size (int): sequences.
-        mode (str): one of :data:`course_lib.training.checkpointing.ALL_MODES`.
-        every (int): checkpoint every ``every``-th block.
-        segments (int, optional): ``sqrt`` only.
-        seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
-        dtype (torch.dtype or str): the matmuls' dtype.
-        gpu (str or GPU, optional): the target.
-        autocast (bool): ``torch.autocast`` over an fp32 model.
-
-    Returns:
-        tuple: lists of :class:`course_lib.prediction.activations.Saved` and the regions.
-    """
+    """``(embed, per_block, head, regions, full_block)``: the items kept by the embeddings, by
+    each block (blocks inside a ``sqrt`` segment but its first keep nothing) and by the head;
+    the checkpointed regions; one block's items without checkpointing."""
     check_config(config)
     seq_len = config.seq_len if seq_len is None else seq_len
     b, s, t = act.prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
@@ -163,21 +148,12 @@ def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every:
 def kept_items(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
                gpu=None, autocast: bool = False) -> list:
-    """The storages that ``GPT(config)`` under checkpointing ``mode`` keeps from forward to backward.
-
-    The embeddings', each block's (:func:`kept_by_block`), and the LM head's and loss's, which
-    are never checkpointed.
+    """The storages that ``GPT(config)`` under checkpointing ``mode`` keeps from forward to
+    backward.
 
     Args:
         {policy_args}
         {kernel_args}
-
-    Returns:
-        list: :class:`~course_lib.prediction.activations.Saved` items.
-
-    Raises:
-        ValueError: naming the parameter, for a bad value (``segments`` outside ``sqrt`` mode
-            included).
     """
     embed, per_block, head, _, _ = kept_layout(config, batch_size, mode, every, segments, seq_len,
                                            dtype, gpu, autocast)
@@ -252,22 +228,8 @@ def block_ratio(config: GPTConfig, batch_size: int, *, seq_len: int | None = Non
 
 @dataclass(frozen=True)
 class CheckpointCost:
-    """Predicted cost of one forward+backward of the GPT under a checkpointing mode.
-
-    The peak of the whole step is the memory engine's
-    (:func:`course_lib.prediction.engine.predict_step_memory`).
-
-    Attributes:
-        mode (str): the checkpointing mode, one of :data:`MODES`.
-        kept_bytes (int): activations held from forward to backward, in bytes
-            (:func:`predict_kept_bytes`).
-        flops (int): FLOPs of forward, backward and recomputation (:func:`step_flops`).
-        flops_plain (int): the same without checkpointing.
-
-    Raises:
-        TypeError or ValueError: naming the field, for a field of the wrong type or out of
-            range (a record built by hand is checked as one the course builds).
-    """
+    """Predicted cost of one forward+backward of the GPT under a checkpointing mode (bytes, FLOPs);
+    the peak of the whole step is :func:`course_lib.prediction.engine.predict_step_memory`'s."""
 
     mode: str
     kept_bytes: int
@@ -282,11 +244,8 @@ class CheckpointCost:
 
     @property
     def flop_ratio(self) -> float:
-        """``flops / flops_plain``: the step's compute against no checkpointing.
-
-        1.33 is one more forward pass. Wall time follows it only where the step is
-        compute-bound.
-        """
+        """``flops / flops_plain``: 1.33 is one more forward pass; wall time follows it only
+        where the step is compute-bound."""
         return self.flops / self.flops_plain
 
 

@@ -37,17 +37,7 @@ from course_lib.validation import (
 
 
 def model_dtype(precision: str) -> torch.dtype:
-    """The dtype of the model's parameters under ``precision`` (fp32 under autocast).
-
-    Args:
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
-
-    Returns:
-        torch.dtype: ``precision_of(precision).params``.
-
-    Raises:
-        ValueError: naming ``precision``, for an unknown one.
-    """
+    """The dtype of the model's parameters under ``precision`` (fp32 under autocast)."""
     return engine.precision_of(precision).params
 
 
@@ -95,14 +85,7 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
 def keeps_rng(measure: Callable) -> Callable:
     """``measure`` on a fork of the global RNG, which comes back as it was: a measurement that
     builds its model with :func:`build` (``torch.manual_seed``) leaves the caller's random
-    numbers alone.
-
-    Args:
-        measure (callable): a function of the measuring kind.
-
-    Returns:
-        callable: the same function, with its docstring and signature.
-    """
+    numbers alone."""
     @functools.wraps(measure)
     def measured(*args, **kwargs):
         with torch.random.fork_rng():
@@ -139,24 +122,9 @@ def measure_steady_step(model: torch.nn.Module, optimizer, step: Callable[[], ob
                         device: str | torch.device = "cpu") -> int:
     """Measured peak bytes of a steady-state optimizer step: resident bytes plus the step's peak.
 
-    Runs ``step()`` once (which creates AdamW's ``m`` and ``v``), counts what ``model`` and
-    ``optimizer`` then hold (:func:`course_lib.measurement.memory.resident_bytes`), and measures a second
-    ``step()`` with :func:`course_lib.measurement.memory.peak_memory` (the CUDA allocator on CUDA, the
-    live-tensor tracker elsewhere). The sum is what
+    A first ``step()`` creates AdamW's ``m`` and ``v``; the second is measured with
+    :func:`course_lib.measurement.memory.peak_memory`; the sum is what
     :func:`course_lib.prediction.engine.predict_step_memory` predicts (its ``total``).
-
-    Args:
-        model (torch.nn.Module): the model ``step`` trains.
-        optimizer (torch.optim.Optimizer): its optimizer.
-        step (callable): one optimizer step (forward, backward of every micro-batch,
-            ``optimizer.step()``, ``zero_grad``), called with no arguments.
-        device (str or torch.device): where it runs.
-
-    Returns:
-        int: bytes.
-
-    Raises:
-        ValueError: ``step`` not callable, or a bad ``device``.
     """
     function("step", step)
     device = as_device("device", device)
@@ -263,18 +231,7 @@ def measure_chunked_loss_step(config: GPTConfig, micro_batch_size: int, loss_chu
 
 @dataclass(frozen=True)
 class KernelPolicy:
-    """One policy of the course kernel, measured and predicted (:func:`kernel_policies`).
-
-    Attributes:
-        mode (str): ``"save-kernel"`` or ``"recompute-kernel"``
-            (:data:`course_lib.training.checkpointing.KERNEL_MODES`).
-        kept_measured (int): bytes the forward pass keeps for the backward pass, measured
-            (:func:`course_lib.training.checkpointing.measure_kept_bytes`).
-        kept_predicted (int): the same, predicted tensor by tensor
-            (:func:`course_lib.prediction.checkpointed.kept_items`), exact bytes.
-        kernel_runs (int): how many times the kernel runs in the backward pass
-            (:func:`backward_ops`).
-    """
+    """One policy of the course kernel, measured and predicted (:func:`kernel_policies`)."""
 
     mode: str
     kept_measured: int
@@ -286,26 +243,7 @@ class KernelPolicy:
 def kernel_policies(config: GPTConfig, batch_size: int, *, precision: str = "fp32",
                     device: str | torch.device = "cpu", gpu=None) -> list[KernelPolicy]:
     """The course kernel's two policies side by side, each in a fresh model: kept bytes measured
-    and predicted, and the kernel's runs in the backward pass. Lecture 05, section 4.
-
-    Each model is :func:`course_lib.prediction.step_setup.build`'s (seed 0) in ``mode`` of
-    :data:`course_lib.training.checkpointing.KERNEL_MODES`, run on seeded random tokens under the
-    precision's autocast. On the CPU the kernel runs in Triton's interpreter: keep it small.
-
-    Args:
-        config (GPTConfig): a course GPT with ``fused_mlp=True``.
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
-        device (str or torch.device): where it runs.
-        gpu (str or GPU, optional): what the prediction is for: None for the CPU's kernels, or
-            what :func:`course_lib.device.resolve_gpu` takes ("cuda" for this GPU).
-
-    Returns:
-        list of KernelPolicy: one per kernel mode, ``save-kernel`` first.
-
-    Raises:
-        ValueError: naming the argument, for a bad value or a config without ``fused_mlp``.
-    """
+    and predicted, and the kernel's runs in the backward pass. Lecture 05, section 4."""
     check_config(config)
     if not config.fused_mlp:
         raise ValueError("config must have fused_mlp=True: the policies are the course kernel's")

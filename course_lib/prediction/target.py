@@ -26,20 +26,9 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 class Target:
     """What a prediction is for: where the step runs and the dtypes it runs in.
 
-    A public entry of the prediction wing resolves its arguments once, a precision and a GPU
-    (:meth:`of`) or a dtype, a GPU and autocast (:meth:`resolve`), and passes the target inward;
-    every rule that depends on the device (the attention kernel, dropout's mask, LayerNorm's
-    statistics, the allocator's rounding) is asked of it.
-
-    Attributes:
-        compute (torch.dtype): the matmuls' inputs and outputs.
-        stream (torch.dtype): the residual stream and LayerNorm: fp32 under autocast (the model's
-            weights and the stream stay fp32), else ``compute``.
-        gpu (GPU or None): the GPU (a preset of :data:`course_lib.device.GPUS` or this machine's),
-            or None for the CPU's kernels.
-        autocast (bool): ``torch.autocast`` runs over an fp32 model.
-        precision (Precision, optional): the recipe it came from (:meth:`of`), with the dtypes
-            of every model state; None when built from a dtype (:meth:`resolve`).
+    A public entry resolves its arguments once (:meth:`of`; :meth:`resolve`, a dtype of
+    :data:`FLOAT_DTYPES`) and passes the target inward; every device-dependent rule (attention
+    kernel, mask, LayerNorm statistics, rounding) asks it.
     """
 
     compute: torch.dtype
@@ -50,37 +39,13 @@ class Target:
 
     @classmethod
     def of(cls, precision: str, gpu=None) -> Target:
-        """The target of a precision recipe on a GPU: its compute dtype and autocast.
-
-        Args:
-            precision (str): one of :data:`course_lib.prediction.formulas.PRECISIONS`.
-            gpu (str or GPU, optional): what :func:`course_lib.device.resolve_gpu` takes.
-
-        Returns:
-            Target: with ``precision`` set.
-
-        Raises:
-            ValueError: naming ``precision`` or ``gpu``.
-        """
+        """The target of a precision recipe on a GPU: its compute dtype and autocast."""
         spec = precision_of(precision)
         return replace(cls.resolve(spec.compute, gpu, spec.autocast), precision=spec)
 
     @classmethod
     def resolve(cls, dtype=torch.float32, gpu=None, autocast: bool = False) -> Target:
-        """The target of a prediction's arguments, checked and resolved.
-
-        Args:
-            dtype (torch.dtype or str): the matmuls' dtype, one of :data:`FLOAT_DTYPES`.
-            gpu (str or GPU, optional): what :func:`course_lib.device.resolve_gpu` takes.
-            autocast (bool): ``torch.autocast`` over an fp32 model (a 16-bit ``dtype``).
-
-        Returns:
-            Target: the resolved target.
-
-        Raises:
-            ValueError: naming ``dtype`` (not one of :data:`FLOAT_DTYPES`), ``gpu``, or
-                ``autocast`` (not a bool, or True with fp32).
-        """
+        """The target of a prediction's arguments, checked and resolved."""
         dtype = as_dtype(dtype)
         if dtype not in FLOAT_DTYPES:
             raise ValueError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype!r}")
@@ -90,14 +55,8 @@ class Target:
         return cls(dtype, torch.float32 if autocast else dtype, resolve_gpu(gpu), autocast)
 
     def mask(self, dtype: torch.dtype) -> torch.dtype:
-        """Dropout's saved mask on input of ``dtype`` (:func:`course_lib.model.kernels.mask_dtype`).
-
-        Args:
-            dtype (torch.dtype): the dropout's input.
-
-        Returns:
-            torch.dtype: the mask's dtype.
-        """
+        """Dropout's saved mask on input of ``dtype``
+        (:func:`course_lib.model.kernels.mask_dtype`)."""
         return kernels.mask_dtype(dtype, self.gpu)
 
     @property
@@ -106,25 +65,13 @@ class Target:
         return kernels.stats_dtype(self.stream, self.gpu)
 
     def allocated(self, nbytes: int) -> int:
-        """Bytes a tensor of ``nbytes`` takes from the allocator (:func:`course_lib.model.kernels.allocated`).
-
-        Args:
-            nbytes (int): the tensor's bytes.
-
-        Returns:
-            int: bytes, rounded up to the allocator's block on a GPU.
-        """
+        """Bytes a tensor of ``nbytes`` takes from the allocator
+        (:func:`course_lib.model.kernels.allocated`)."""
         return kernels.allocated(nbytes, self.gpu)
 
     def attention_kernel(self, config: GPTConfig) -> str:
-        """The attention kernel ``config`` runs with here (:func:`course_lib.model.kernels.attention_kernel`).
-
-        Args:
-            config (GPTConfig): the model.
-
-        Returns:
-            str: ``"explicit"`` or one of :data:`course_lib.model.kernels.SDPA_KERNELS`.
-        """
+        """The attention kernel ``config`` runs with here
+        (:func:`course_lib.model.kernels.attention_kernel`)."""
         return kernels.attention_kernel(config, self.compute, self.gpu)
 
 

@@ -196,9 +196,8 @@ def datasheet_speed(gpu, *, op_seconds: float = OP_SECONDS) -> DeviceSpeed:
 
 
 def _median_seconds(steps: dict, repeats: int, device: torch.device) -> dict:
-    """Median seconds of each step, interleaved
-    (:func:`course_lib.measurement.timing.step_times`): the process's CPU time on the CPU
-    (steadier on a shared machine), the wall clock on a GPU."""
+    """Median seconds of each step, interleaved (:func:`course_lib.measurement.timing.step_times`):
+    the process's CPU time on the CPU (steadier on a shared machine), the wall clock on a GPU."""
     return step_times(steps, repeats=repeats, device=device).median("auto")
 
 
@@ -418,9 +417,8 @@ def _counted(mode: str) -> str:
 
 def count_ops(configs, modes=tuple(ckpt.MODES), precisions=("fp32",),
               foreach=(False, True)) -> int:
-    """Counts now the operators :func:`step_time` will ask :func:`step_ops` for, and keeps them,
-    so that no first visit to a widget's setting waits for a tiny model to run; returns how
-    many."""
+    """Counts now the operators :func:`step_time` will ask :func:`step_ops` for, and keeps them, so
+    that no first visit to a widget's setting waits for a tiny model to run; returns how many."""
     configs = items("configs", configs, max_len=64)
     for config in configs:
         check_config(config)

@@ -1,27 +1,19 @@
 """Gradient accumulation: one batch's gradient, computed micro-batch by micro-batch.
 
-A batch of ``B`` samples is cut into ``K = B / b`` micro-batches of ``b``; each
-runs forward and backward on its own, and their gradients add up before a
-single optimizer step. Only one micro-batch's activations are alive at a time,
-so activation memory follows ``b``, not ``B``; the gradients themselves are
-the size of the parameters whatever ``K`` is. All micro-batches see the same
-weights: the gradient of a sum is the sum of the gradients, so the result is
-the full batch's gradient up to float rounding, **if** each micro-batch's loss
-carries the right weight. That weight is where the bugs are (``normalize``):
+A batch of ``B`` samples is cut into ``K = B / b`` micro-batches; each runs forward and backward
+on its own and their gradients add up before one optimizer step, so activation memory follows
+``b``, not ``B``. The result is the full batch's gradient up to float rounding **if** each
+micro-batch's loss carries the right weight (``normalize``):
 
-* ``"tokens"`` (correct): sum the token losses of each micro-batch and divide
-  by ``N``, the number of non-ignored tokens in the *whole* batch. The total is
-  the full batch's mean loss ``(1/N) sum_i l_i`` whatever the padding.
-* ``"mean-of-means"``: each micro-batch's mean loss divided by ``K``. Equal to
-  the above only when every micro-batch holds the same number of tokens; with
-  padded sequences it over-weights the tokens of short micro-batches. Hugging
-  Face ``transformers``' Trainer did this until v4.46 (October 2024, after a
-  report by Unsloth; transformers pull request #34191 and follow-ups).
-* ``"sum-of-means"``: the micro-batch means summed, the division by ``K``
-  forgotten: gradients ``K`` times too large.
+* ``"tokens"`` (correct): each micro-batch's summed token loss over ``N``, the whole batch's
+  non-ignored tokens: the total is ``(1/N) sum_i l_i`` whatever the padding.
+* ``"mean-of-means"``: each micro-batch's mean over ``K``: right only when every micro-batch
+  holds as many tokens; with padding it over-weights short micro-batches. Hugging Face
+  ``transformers``' Trainer did this until v4.46 (October 2024; pull request #34191).
+* ``"sum-of-means"``: the means summed, the division by ``K`` forgotten: ``K`` times too large.
 
-The losses are cross-entropy over ``model(inputs)`` logits (a tuple output's
-first item), as the course GPT computes them, ``ignore_index`` targets skipped.
+The losses are cross-entropy over ``model(inputs)`` logits (a tuple's first item),
+``ignore_index`` targets skipped.
 """
 
 from __future__ import annotations
@@ -71,20 +63,8 @@ def _logits(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
 
 
 def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: int):
-    """``[(inputs_k, targets_k)]``: the ``K = B / micro_batch_size`` micro-batches of a batch, in order.
-
-    Args:
-        inputs (torch.Tensor): ``(B, ...)`` inputs.
-        targets (torch.Tensor): ``(B, ...)`` targets.
-        micro_batch_size (int): samples per micro-batch; must divide ``B``.
-
-    Returns:
-        list of tuple: the micro-batches, views of the tensors.
-
-    Raises:
-        ValueError: when ``micro_batch_size`` is below 1 or does not divide the
-            batch size ``B`` (the leading dimension), or when inputs and targets differ in ``B``.
-    """
+    """``[(inputs_k, targets_k)]``: the ``K = B / micro_batch_size`` micro-batches of a batch, in
+    order (views)."""
     _check_batch(inputs, targets)
     micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
     batch = inputs.size(0)
@@ -135,35 +115,10 @@ def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
                      accumulation_steps: int = 1, ignore_index: int = -100) -> torch.Tensor:
     """The loss whose ``backward()`` adds this micro-batch's share of the batch gradient.
 
-    With ``S_k`` the summed cross-entropy of micro-batch ``k`` (``n_k`` tokens),
-    ``N`` = ``total_tokens`` of the whole batch and ``K`` = ``accumulation_steps``:
-
-    * ``"tokens"``: ``S_k / N``; summed over ``k`` it is the batch's mean token loss;
-    * ``"mean-of-means"``: ``(S_k / n_k) / K``;
-    * ``"sum-of-means"``: ``S_k / n_k`` (the divide-by-K bug).
-
-    Logits are upcast to fp32 only from 16-bit types, so an fp64 model stays fp64.
-    A micro-batch without tokens contributes a loss of 0 (and zero gradients)
-    under ``"tokens"``; its mean is undefined (0/0) under the other two.
-
-    Args:
-        model (torch.nn.Module): returns logits (or a tuple whose first item is the logits)
-            from ``model(inputs)``.
-        inputs (torch.Tensor): ``(B, ...)`` inputs.
-        targets (torch.Tensor): ``(B, ...)`` integer targets.
-        normalize (str): one of :data:`NORMALIZATIONS`.
-        total_tokens (int, optional): N, the whole batch's non-ignored targets; required for
-            ``"tokens"``, an int >= 1, or a 0-d integer tensor on the accelerator, which is
-            used unread (checking it would make the host wait for the device).
-        accumulation_steps (int): K, a positive int.
-        ignore_index (int): the target value that is not a token (an int64).
-
-    Returns:
-        torch.Tensor: a scalar loss.
-
-    Raises:
-        ValueError: naming the parameter, for a bad value or ``total_tokens=None`` with
-            ``"tokens"``; for a micro-batch without tokens under the two means.
+    With ``S_k`` the summed cross-entropy of micro-batch ``k`` (``n_k`` tokens), ``N`` =
+    ``total_tokens``, ``K`` = ``accumulation_steps``: ``"tokens"``: ``S_k / N``;
+    ``"mean-of-means"``: ``(S_k / n_k) / K``; ``"sum-of-means"``: ``S_k / n_k`` (the
+    divide-by-K bug).
     """
     _check_normalize(normalize)
     accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)

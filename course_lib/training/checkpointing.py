@@ -1,11 +1,9 @@
 """Activation checkpointing of the course GPT: which activations to keep, which to recompute.
 
-A checkpointed region keeps only its inputs during the forward pass and runs
-its forward again during the backward pass to rebuild what the backward needs
-(Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"). The
-course uses PyTorch's own machinery, ``torch.utils.checkpoint`` with
-``use_reentrant=False``; :func:`enable_checkpointing` switches a GPT between
-five modes (lecture 04 teaches the first three, lecture 05 the others):
+A checkpointed region keeps only its inputs in the forward pass and reruns its forward in the
+backward pass (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"), here with
+``torch.utils.checkpoint`` and ``use_reentrant=False``. :func:`enable_checkpointing` switches a
+GPT between five modes (lecture 04 teaches the first three, lecture 05 the others):
 
 ==============  ===========================================================  ==================
 mode            what is checkpointed                                         stored per layer
@@ -18,34 +16,22 @@ mode            what is checkpointed                                         sto
 ``attention``   the attention core of every ``every``-th block (Megatron)    all but the core's
 ==============  ===========================================================  ==================
 
-Two more modes are for a model whose MLP runs the course's fused kernel
-(``GPTConfig(fused_mlp=True)``, :mod:`course_lib.model.fused`), lecture 05's "one op to a policy":
-``save-kernel`` is ``selective`` that also saves the kernel's output (the kernel does not run in
-the backward pass; ``4*b*s*h`` more elements kept per block), ``recompute-kernel`` is
-``selective`` itself (the kernel, like every op the policy does not name, runs once more in
-the backward pass). :data:`KERNEL_POLICIES` names their ops; :data:`MODES` leaves them out (the
-planners choose among the modes every model has).
+Two more, lecture 05's "one op to a policy", need the fused MLP kernel
+(``GPTConfig(fused_mlp=True)``, :mod:`course_lib.model.fused`): ``save-kernel`` is ``selective``
+that also saves the kernel's output (``4*b*s*h`` more elements per block), ``recompute-kernel``
+is ``selective`` itself. :data:`KERNEL_POLICIES` names their ops; :data:`MODES` leaves them out.
 
-``sqrt`` takes ``round(sqrt(n))`` segments unless told (:func:`sqrt_segments`, Chen et al.'s
-count for a block that keeps as much as its input); :func:`best_segments` gives the count with
-the least memory for a block that keeps ``A/X`` times its input (:func:`course_lib.prediction.checkpointed.block_ratio`), about
-``sqrt(n * A / X)``, counted with ``checkpoint_sequential``'s real cut.
+``sqrt`` takes ``round(sqrt(n))`` segments unless told (:func:`sqrt_segments`);
+:func:`best_segments` gives the count with the least memory for a block that keeps ``A/X``
+times its input (:func:`course_lib.prediction.checkpointed.block_ratio`), about
+``sqrt(n * A / X)``. ``selective`` saves the outputs of the matmuls and fused attention
+kernels (:data:`SAVE_OPS`, torchtitan's default op policy) and recomputes the rest, the MLP's
+output included unless dropout follows it (:class:`SelectiveContext`). ``attention`` is the
+"selective activation recomputation" of Korthikanti et al. 2022: only the core
+``softmax(QK^T) V``, whose ``a*s*s`` intermediates dominate at long sequences, is recomputed.
 
-``selective`` uses ``torch.utils.checkpoint.create_selective_checkpoint_contexts``
-with the outputs of the matmul ops and of the fused attention kernels (:data:`SAVE_OPS`,
-as torchtitan's default op policy) saved and everything else (LayerNorm, GELU,
-softmax, dropout, ...) recomputed; the block's last matmul (the MLP's output, which
-no backward formula reads) is recomputed rather than saved unless dropout follows
-it (:class:`SelectiveContext`). ``attention`` is the
-"selective activation recomputation" of Korthikanti et al. 2022 ("Reducing
-Activation Recomputation in Large Transformer Models"): only the attention core
-``softmax(QK^T) V``, whose ``a*s*s`` intermediates dominate at long sequences,
-is recomputed.
-
-Checkpointing does not change the numbers: ``torch.utils.checkpoint`` saves the
-RNG state and restores it for the recomputation, so dropout draws the same mask
-twice and gradients match those of the model without checkpointing (bitwise on
-the CPU, where the same kernels run again on the same inputs).
+``torch.utils.checkpoint`` restores the RNG state for the rerun: dropout draws the same mask
+and the gradients match those without checkpointing (bitwise on the CPU).
 """
 
 from __future__ import annotations
@@ -121,19 +107,7 @@ BLOCK_LINEARS = 4
 
 @dataclass(frozen=True)
 class CheckpointSettings:
-    """What :func:`enable_checkpointing` installed on a model (``model.checkpointing``).
-
-    Attributes:
-        mode (str): one of :data:`ALL_MODES`.
-        every (int): the stride of the checkpointed blocks (``blocks``, ``selective``,
-            ``attention`` and the kernel modes).
-        segments (int or None): the number of segments, ``sqrt`` mode only.
-        policy (tuple or callable or None): what is saved, ``selective`` mode only: a tuple of
-            ``OpOverload`` s or a policy function.
-        recompute_linear (int or None): ``selective`` mode's default policy only: the linear of
-            each block (counted from 1) that is recomputed rather than saved when no dropout
-            follows it (:class:`SelectiveContext`); None with a policy of one's own.
-    """
+    """What :func:`enable_checkpointing` installed on a model (``model.checkpointing``)."""
 
     mode: str = "none"
     every: int = 1
@@ -143,22 +117,8 @@ class CheckpointSettings:
 
 
 def check_ops(ops: Sequence, name: str = "ops") -> tuple:
-    """``ops`` as a tuple of ``OpOverload`` s, such as ``torch.ops.aten.mm.default``.
-
-    A packet such as ``torch.ops.aten.mm`` is refused: it never equals the overload that
-    actually runs, so a policy listing it would silently save nothing.
-
-    Args:
-        ops (sequence): the ops.
-        name (str): the caller's parameter, for the message.
-
-    Returns:
-        tuple: the ops.
-
-    Raises:
-        ValueError: naming ``name``, for a str or non-sequence, a packet, or anything but an
-            ``OpOverload``.
-    """
+    """``ops`` as a tuple of ``OpOverload`` s (``torch.ops.aten.mm.default``): a packet
+    (``torch.ops.aten.mm``) never equals the overload that runs, so it is refused."""
     if isinstance(ops, str) or not isinstance(ops, Sequence):
         raise ValueError(f"{name} must be a list of OpOverloads, got {ops!r}")
     for op in ops:
@@ -273,12 +233,8 @@ def checkpointed_blocks(n_layers: int, every: int = 1) -> list[int]:
 
 
 def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
-    """The blocks of each segment as ``torch.utils.checkpoint.checkpoint_sequential`` cuts them.
-
-    It makes ``segments - 1`` segments of ``n_layers // segments`` blocks, checkpointed, and
-    runs the rest (the last segment, which may be longer) *without* checkpointing: its
-    activations are needed first in the backward pass anyway.
-    """
+    """The blocks of each segment as ``torch.utils.checkpoint.checkpoint_sequential`` cuts them:
+    ``segments - 1`` of ``n_layers // segments`` blocks, then the rest *without* checkpointing."""
     n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     segments = positive_int("segments", segments)
     if segments > n_layers:
@@ -291,13 +247,9 @@ def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
 def segments_memory(n_layers: int, segments: int, block_ratio: float) -> float:
     """What ``checkpoint_sequential`` with ``segments`` segments keeps at its peak, in block inputs.
 
-    Chen et al.'s count: ``k - 1`` segment inputs ``X`` stay kept, and at the peak one segment's
-    activations ``A`` per block are alive: the last segment's, which is not checkpointed and is
-    the longest (:func:`sequential_segments`: ``m = n - (k - 1) * (n // k)`` blocks). In units of
-    ``X``: ``(k - 1) + m * A / X``. About ``k + (n / k) * A / X``, smallest near
-    ``k = sqrt(n * A / X)``, where it grows as ``sqrt(n)``. Per-block checkpointing is about
-    ``n + A / X`` (and peaks while a rebuilt block runs its backward, where this count's last
-    segment sits beside the head and the loss: lecture 04, section 3).
+    Chen et al.'s count in units of ``X``: ``(k - 1) + m * A / X``, the last segment's
+    ``m = n - (k - 1) * (n // k)`` blocks not checkpointed (:func:`sequential_segments`); about
+    ``k + (n / k) * A / X``, smallest near ``k = sqrt(n * A / X)`` (lecture 04, section 3).
     """
     sequential_segments(n_layers, segments)  # checks both counts
     return _segments_memory(n_layers, segments,
@@ -322,7 +274,8 @@ def best_segments(n_layers: int, block_ratio: float) -> int:
 
     Args:
         n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
-        block_ratio (float): ``A / X``, as for :func:`segments_memory`.
+        block_ratio (float): ``A / X``, the bytes a block keeps over its input's
+            (:func:`course_lib.prediction.checkpointed.block_ratio`).
 
     Returns:
         int: the number of segments.
@@ -413,23 +366,7 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
 
 def check_policy(policy, name: str = "policy"):
     """``policy`` as selective checkpointing takes it: a policy function, or the tuple of
-    ``OpOverload`` s of a list (:func:`check_ops`).
-
-    One op alone is refused, although it is callable: taken for a policy function, it would be
-    called as ``op(ctx, func, ...)`` and save nothing it names.
-
-    Args:
-        policy: a policy function ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``, or a list
-            of ``OpOverload`` s.
-        name (str): the caller's parameter, for the message.
-
-    Returns:
-        The function, or the tuple of ops.
-
-    Raises:
-        TypeError: naming ``name``, for one op rather than a list of them.
-        ValueError: as :func:`check_ops`.
-    """
+    ``OpOverload`` s of a list (:func:`check_ops`); one op alone is refused (``TypeError``)."""
     if isinstance(policy, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
         op = f"torch.ops.{policy}" + ("" if isinstance(policy, torch._ops.OpOverload) else ".default")
         raise TypeError(f"{name} must be a list of OpOverloads or a policy function, got one op: "
@@ -477,35 +414,14 @@ def _checkpointed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
 # --------------------------------------------------------------------------- checks
 
 def check_kernel_mode(mode: str, config) -> None:
-    """A kernel mode needs a model whose MLP runs the fused kernel (``config.fused_mlp``).
-
-    Args:
-        mode (str): a mode of :data:`ALL_MODES`.
-        config (GPTConfig): the model.
-
-    Raises:
-        ValueError: naming ``mode``, for a kernel mode on a model without the fused MLP.
-    """
+    """A kernel mode needs a model whose MLP runs the fused kernel (``config.fused_mlp``)."""
     if mode in KERNEL_MODES and not getattr(config, "fused_mlp", False):
         raise ValueError(f"mode={mode!r} needs a model with the fused MLP "
                          f"(GPTConfig(fused_mlp=True)): one of {MODES} otherwise")
 
 
 def check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> int | None:
-    """``mode``, ``every`` and ``segments`` checked together; the segment count ``sqrt`` uses.
-
-    Args:
-        mode (str): one of :data:`ALL_MODES`.
-        every (int): from 1.
-        segments (int, optional): ``sqrt`` only (None: :func:`sqrt_segments`).
-        n_layers (int): blocks in the model.
-
-    Returns:
-        int or None: the segments of ``sqrt`` mode, else ``segments`` (None).
-
-    Raises:
-        ValueError: naming ``mode``, ``every`` or ``segments``.
-    """
+    """``mode``, ``every`` and ``segments`` checked together; the segment count ``sqrt`` uses."""
     choice("mode", mode, ALL_MODES)
     every = positive_int("every", every, maximum=MAX_COUNT)
     if segments is not None and mode != "sqrt":
@@ -519,17 +435,7 @@ def check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> in
 def checkpointed_regions(n_layers: int, mode: str, every: int = 1,
              segments: int | None = None) -> list[list[int]]:
     """The checkpointed regions of checked arguments (:func:`check_mode`), as lists of block
-    indices (attention mode: the blocks whose core is checkpointed).
-
-    Args:
-        n_layers (int): blocks.
-        mode (str): one of :data:`ALL_MODES`.
-        every (int): every ``every``-th block.
-        segments (int, optional): ``sqrt`` only; None is :func:`sqrt_segments`'s count.
-
-    Returns:
-        list of list of int: one list per region.
-    """
+    indices (attention mode: the blocks whose core is checkpointed)."""
     if mode == "none":
         return []
     if mode == "sqrt":

@@ -1,35 +1,24 @@
 """08: the other levers: optimizer step in backward, chunked loss, offloading, small optimizer states.
 
-Lectures 01-07 shrank training memory with precision, accumulation,
-checkpointing and sharding. This module holds the tested code of the other
-levers that lecture 08 measures side by side:
+The tested code of the levers lecture 08 measures side by side, beyond the precision,
+accumulation, checkpointing and sharding of lectures 01-07:
 
-* :func:`optimizer_in_backward`: each parameter is updated, and its gradient
-  freed, as soon as its gradient is complete
-  (``Tensor.register_post_accumulate_grad_hook``), so the gradients are never all
-  alive (PyTorch tutorial "How to save memory by fusing the optimizer step into the
-  backward pass"; Lv et al. 2023, "Full Parameter Fine-tuning for Large Language
-  Models with Limited Resources", LOMO);
-* :func:`chunked_cross_entropy`: the language-model loss without the whole
-  ``(tokens, vocab)`` logits, computed and differentiated chunk by chunk (the idea
-  of Liger Kernel's fused linear cross-entropy and of Wijmans et al. 2024, "Cut
-  Your Losses in Large-Vocabulary Language Models"); :func:`use_chunked_loss`
-  switches the course GPT to it;
-* :class:`OffloadSavedTensors`: a hand-written ``saved_tensors_hooks`` pair that
-  moves what autograd saves to the host, the idea behind
-  ``torch.autograd.graph.save_on_cpu``, and counts the bytes it moves;
-  :func:`transfer_seconds` (the time model's) converts bytes into time at a link's bandwidth;
-* :func:`optimizer_state_bytes` (measured from the optimizer's tensors) and
-  :func:`low_bit_state_bytes` (predicted) for 8-bit and 4-bit AdamW (torchao's
-  ``AdamW8bit`` / ``AdamW4bit``, :func:`low_bit_adamw`; Dettmers et al. 2022,
-  "8-bit Optimizers via Block-wise Quantization"; Li et al. 2023, "Memory
-  Efficient Optimizers with 4-bit States");
-* :func:`lora_parameter_count`: the trainable parameters of LoRA adapters (Hu et
-  al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"); the adapter
-  itself is written out in lecture 08.
+* :func:`optimizer_in_backward`: each parameter is updated, and its gradient freed, as soon as
+  its gradient is complete (``Tensor.register_post_accumulate_grad_hook``; PyTorch tutorial
+  "How to save memory by fusing the optimizer step into the backward pass"; Lv et al. 2023,
+  LOMO);
+* :func:`chunked_cross_entropy`: the loss without the whole ``(tokens, vocab)`` logits, chunk
+  by chunk (Liger Kernel's fused linear cross-entropy; Wijmans et al. 2024, "Cut Your Losses in
+  Large-Vocabulary Language Models"); :func:`use_chunked_loss` switches the course GPT to it;
+* :class:`OffloadSavedTensors`: a ``saved_tensors_hooks`` pair that moves what autograd saves to
+  the host (the idea behind ``torch.autograd.graph.save_on_cpu``) and counts the bytes;
+  :func:`transfer_seconds` converts them into time at a link's bandwidth;
+* :func:`optimizer_state_bytes` (measured) and :func:`low_bit_state_bytes` (predicted) for 8-
+  and 4-bit AdamW (torchao's ``AdamW8bit``/``AdamW4bit``, :func:`low_bit_adamw`; Dettmers et al.
+  2022; Li et al. 2023, "Memory Efficient Optimizers with 4-bit States");
+* :func:`lora_parameter_count`: the trainable parameters of LoRA adapters (Hu et al. 2021).
 
-The fit ladder that ranks all of them for a model and a GPU is
-:func:`course_lib.planning.fit_ladder.ladder`.
+:func:`course_lib.planning.fit_ladder.ladder` ranks all of them for a model and a GPU.
 """
 
 from __future__ import annotations
@@ -62,18 +51,7 @@ MAX_TOKENS = MAX_COUNT
 
 
 class OptimizerInBackward:
-    """What :func:`optimizer_in_backward` installed: one optimizer and one hook per parameter.
-
-    Made by :func:`optimizer_in_backward`, not by hand.
-
-    Args:
-        optimizers (dict): ``{parameter: optimizer}``, one optimizer over that parameter alone.
-        handles (list): the hooks' removable handles.
-
-    Attributes:
-        optimizers (dict): ``{parameter: optimizer}``, one optimizer over that parameter alone.
-        steps: optimizer steps taken so far (one per parameter per backward pass).
-    """
+    """What :func:`optimizer_in_backward` installed: one optimizer and one hook per parameter."""
 
     def __init__(self, optimizers: dict, handles: list):
         self.optimizers = optimizers
@@ -92,11 +70,7 @@ class OptimizerInBackward:
         return bool(self._handles)
 
     def state_dict(self) -> dict:
-        """Each optimizer's ``state_dict()``, in parameter order (for checkpoints).
-
-        Returns:
-            dict: parameter index -> that parameter's optimizer state dict.
-        """
+        """Each optimizer's ``state_dict()``, in parameter order (for checkpoints)."""
         return {i: opt.state_dict() for i, opt in enumerate(self.optimizers.values())}
 
 
@@ -182,9 +156,8 @@ def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
 class _ChunkedCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``, ``chunk`` rows at a time.
 
-    Forward keeps ``hidden``, ``weight``, ``targets`` (references, no copies) and the
-    log-sum-exp of every row (fp32, or fp64 for fp64 inputs); backward recomputes each chunk's logits, turns them
-    into ``softmax - one_hot`` in place and adds the chunk's share to both gradients.
+    Forward keeps its inputs and each row's fp32 log-sum-exp; backward recomputes each chunk's
+    logits into ``softmax - one_hot`` in place and adds the chunk's share to both gradients.
     """
 
     @staticmethod
@@ -313,20 +286,9 @@ def _chunked_forward(model, idx, targets=None, ignore_index=-100):
 def use_chunked_loss(model: nn.Module, chunk_size: int | None) -> nn.Module:
     """Switch the course GPT ``model`` to :func:`chunked_cross_entropy`; None switches back.
 
-    With targets, ``model(idx, targets)`` then returns ``(None, loss)``: no logits
-    exist (without targets it returns the logits as before). The change is per
-    instance, like :func:`course_lib.training.checkpointing.enable_checkpointing`, and
-    combines with it. ``model.loss_chunk`` holds the chunk size in force.
-
-    Args:
-        model (nn.Module): a :class:`course_lib.model.gpt.GPT`.
-        chunk_size (int, optional): rows (tokens) per chunk, or None for the plain loss.
-
-    Returns:
-        ``model``.
-
-    Raises:
-        ValueError: ``model`` without ``lm_head``/``ln_f``, or a bad ``chunk_size``.
+    With targets ``model(idx, targets)`` returns ``(None, loss)`` (no logits exist); per
+    instance, like :func:`course_lib.training.checkpointing.enable_checkpointing`;
+    ``model.loss_chunk`` holds the chunk.
     """
     if not isinstance(model, nn.Module) or not hasattr(model, "lm_head") \
             or not hasattr(model, "ln_f"):

@@ -166,9 +166,8 @@ class MasterWeightAdamW(torch.optim.AdamW):
 
 
 def _adamw_step(optimizer: MasterWeightAdamW) -> None:
-    """``torch.optim.AdamW.step`` without the profiler record that ``torch.optim`` wraps around
-    each optimizer class's ``step`` (once an instance exists): :meth:`MasterWeightAdamW.step`
-    has its own, and a step records one optimizer step, whichever optimizers the process made."""
+    """``torch.optim.AdamW.step`` without the profiler record ``torch.optim`` wraps around it:
+    :meth:`MasterWeightAdamW.step` records its own."""
     inspect.unwrap(torch.optim.AdamW.step, stop=lambda f: not getattr(f, "hooked", False))(
         optimizer)
 

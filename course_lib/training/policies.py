@@ -1,35 +1,27 @@
 """05: op-level checkpoint policies, and what a policy really keeps and recomputes.
 
 Selective activation checkpointing (``torch.utils.checkpoint`` with
-``context_fn=functools.partial(create_selective_checkpoint_contexts, policy)``)
-decides op by op, at the ``aten`` level, whether the output of an op inside a
-checkpointed region is saved during the forward pass or recomputed during the
-backward pass. A policy is either a list of ops to save or a function
-``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy`` (:func:`save_ops_policy` makes one from
-a list). Two facts bite:
+``context_fn=functools.partial(create_selective_checkpoint_contexts, policy)``) decides op by
+op, at the ``aten`` level, whether an op's output inside a checkpointed region is saved or
+recomputed. A policy is a list of ops to save or a function
+``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy`` (:func:`save_ops_policy` makes one).
+Two facts bite:
 
 * ``op`` is an ``OpOverload`` (``torch.ops.aten.addmm.default``), never an
-  ``OpOverloadPacket`` (``torch.ops.aten.addmm``): a list entry must be an
-  overload (PyTorch rejects packets), and a policy function comparing ``op``
-  with a packet never matches, silently;
-* ``nn.Linear`` with a bias dispatches ``aten.addmm``, not ``aten.mm`` (without a
-  bias, ``mm``; batched ``q @ k^T`` dispatches ``bmm``), so a policy that saves
-  only ``aten.mm.default`` saves nothing in a model whose linears have biases.
+  ``OpOverloadPacket`` (``torch.ops.aten.addmm``): a policy comparing with a packet never
+  matches, silently;
+* ``nn.Linear`` with a bias dispatches ``aten.addmm``, not ``aten.mm`` (batched ``q @ k^T``:
+  ``bmm``), so saving only ``aten.mm.default`` saves nothing in a model with biases.
 
-A policy that saves only the matmuls reruns a fused attention kernel
-(``F.scaled_dot_product_attention`` is one op, not a matmul) in the backward pass:
-:data:`SAVE_OPS` adds the kernels' outputs (:data:`ATTENTION_OPS`), as torchtitan's
-default op policy does, and ``selective`` mode's default
+Saving only the matmuls reruns a fused attention kernel (one op, not a matmul):
+:data:`SAVE_OPS` adds the kernels' outputs (:data:`ATTENTION_OPS`), as torchtitan's default
+does, and ``selective`` mode's default
 (:class:`course_lib.training.checkpointing.SelectiveContext`) also leaves out the MLP's output,
-which no backward formula reads.
+which no backward formula reads. :data:`KERNEL_POLICIES` save or recompute the course's fused
+kernel (``GPTConfig(fused_mlp=True)``); :func:`backward_ops` counts what the backward pass runs.
 
-:data:`KERNEL_POLICIES` are the two policies of the course's own fused kernel
-(``GPTConfig(fused_mlp=True)``): save its output, or recompute it; :func:`backward_ops` counts
-what the backward pass runs (the kernel: 0 times when saved, once per block when recomputed).
-
-:func:`dispatched_ops` shows what a piece of code dispatches; :func:`policy_cost`
-measures what a policy keeps, its peak, and which ops run again in the backward;
-:class:`BytesMoved` counts the bytes ops read and write (the time of a pointwise op on a GPU).
+:func:`dispatched_ops` shows what code dispatches; :func:`policy_cost` measures what a policy
+keeps, its peak and what runs again; :class:`BytesMoved` counts the bytes ops read and write.
 """
 
 from __future__ import annotations
@@ -74,22 +66,8 @@ NAMED_POLICIES = ("none", "full")
 
 
 def save_ops_policy(ops: Sequence) -> Callable:
-    """A policy function that saves the outputs of ``ops`` and prefers to recompute the rest.
-
-    ``MUST_SAVE`` for them, ``PREFER_RECOMPUTE`` for every other op (pointwise ops, LayerNorm,
-    softmax).
-
-    Args:
-        ops (sequence): ``OpOverload`` s such as :data:`MATMULS`.
-
-    Returns:
-        callable: ``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy``, with the saved ops
-        in its ``ops`` attribute.
-
-    Raises:
-        ValueError: naming ``ops``, for a packet or anything but ``OpOverload`` s
-            (:func:`course_lib.training.checkpointing.check_ops`).
-    """
+    """A policy function that saves the outputs of ``ops`` (``MUST_SAVE``) and prefers to
+    recompute the rest (``PREFER_RECOMPUTE``: pointwise ops, LayerNorm, softmax)."""
     saved = frozenset(check_ops(ops))
 
     def policy(ctx, op, *args, **kwargs):
@@ -100,21 +78,7 @@ def save_ops_policy(ops: Sequence) -> Callable:
 
 
 def _context_fn_for(policy) -> Callable:
-    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for ``policy``.
-
-    Args:
-        policy: ``"full"``: plain checkpointing (nothing saved inside the region); a list of
-            ``OpOverload`` s, a policy function or a :class:`SelectiveContext`: selective
-            checkpointing.
-
-    Returns:
-        callable: ``noop_context_fn``, the ``SelectiveContext`` itself, or a
-        ``create_selective_checkpoint_contexts`` partial.
-
-    Raises:
-        ValueError: naming ``policy``, for a list holding anything but ``OpOverload`` s.
-        TypeError: naming ``policy``, for one op alone (pass a list of it).
-    """
+    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for ``policy``."""
     if isinstance(policy, str) and policy == "full":
         return noop_context_fn
     if isinstance(policy, SelectiveContext):
@@ -125,11 +89,9 @@ def _context_fn_for(policy) -> Callable:
 
 
 class _OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched while active, and their FLOPs by ``FlopCounterMode``'s rules.
-
-    (``FlopCounterMode`` itself cannot run during a selective-checkpoint backward: it
-    breaks the op order the checkpoint replays. Its per-op formulas only read shapes.)
-    """
+    """Counts the aten ops dispatched while active, and their FLOPs by ``FlopCounterMode``'s
+    rules (which cannot itself run in a selective-checkpoint backward: it breaks the replayed
+    op order)."""
 
     def __init__(self):
         super().__init__()
@@ -200,23 +162,8 @@ def _is_bookkeeping(op) -> bool:
 
 @dataclass(frozen=True)
 class PolicyCost:
-    """What running ``fn`` under a checkpoint policy costs, measured (bytes, FLOPs, op counts).
-
-    Attributes:
-        policy (str): the policy's label (:func:`policy_name`).
-        kept_bytes (int): held from the end of the forward pass until the backward pass,
-            the output itself not counted (its activations, or under checkpointing the
-            inputs and whatever the policy saves).
-        peak_bytes (int): peak of forward plus backward above what was live before.
-        recomputed (collections.Counter): the ops that run again in the backward pass (views
-            left out), ``OpOverload`` -> count.
-        recompute_flops (int): their FLOPs as ``FlopCounterMode`` counts them (matmuls and
-            attention; pointwise ops count 0).
-
-    Raises:
-        TypeError or ValueError: naming the field, for a field of the wrong type or out of
-            range (a record built by hand is checked as one the course builds).
-    """
+    """What running ``fn`` under a checkpoint policy (labelled by :func:`policy_name`) costs,
+    measured (bytes, FLOPs, op counts)."""
 
     policy: str
     kept_bytes: int
@@ -233,22 +180,11 @@ class PolicyCost:
                              f"got {self.recomputed!r:.120}")
 
     def recomputes(self, op) -> int:
-        """How many times ``op`` (an OpOverload) runs again in the backward pass.
-
-        Args:
-            op (torch._ops.OpOverload): such as ``torch.ops.aten.mm.default``.
-
-        Returns:
-            int: the count (0 if it is not rerun).
-        """
+        """How many times ``op`` (an OpOverload) runs again in the backward pass."""
         return self.recomputed.get(op, 0)
 
     def reruns(self) -> str:
-        """What runs again in the backward pass, in words: matmuls, attention kernel, the rest.
-
-        Returns:
-            str: such as ``"3 matmuls, attention, add, gelu, layer_norm"``, or ``"nothing"``.
-        """
+        """What runs again in the backward pass, in words: matmuls, attention kernel, the rest."""
         matmuls = sum(self.recomputes(op) for op in MATMULS)
         parts = [f"{matmuls} matmul{'s' * (matmuls != 1)}"] if matmuls else []
         parts += ["attention"] if any(self.recomputes(op) for op in ATTENTION_OPS) else []
@@ -285,19 +221,7 @@ def _run(fn, inputs, context_fn):
 
 
 def policy_name(policy) -> str:
-    """A short label: "none", "full", the saved ops' names, or the policy function's name.
-
-    Args:
-        policy: a str, a :class:`SelectiveContext`, a policy function or a list of
-            ``OpOverload`` s.
-
-    Returns:
-        str: the label.
-
-    Raises:
-        ValueError: naming ``policy``, for a list holding anything but ``OpOverload`` s.
-        TypeError: naming ``policy``, for one op alone (pass a list of it).
-    """
+    """A short label: "none", "full", the saved ops' names, or the policy function's name."""
     if isinstance(policy, str | SelectiveContext):
         return str(policy)
     policy = check_policy(policy)
