@@ -13,7 +13,7 @@ from process_tools import alive
 from course_lib.distributed import workers
 from course_lib.distributed.ranks import Ranks
 from course_lib.model.gpt import GPT, GPTConfig, random_tokens
-from course_lib.prediction.formulas import training_memory
+from course_lib.prediction.formulas import training_memory, zero3_memory
 from course_lib.training.loop import batches_of, train
 
 CONFIG = GPTConfig(vocab_size=256, seq_len=16, d_model=32, n_heads=2, n_layers=2)
@@ -76,6 +76,25 @@ def _learner_worker(rank, world_size):
         optimizer.zero_grad()
 
 
+def _fsdp_learner_worker(rank, world_size):
+    """Lecture 07's FSDP2 worker as a learner writes it: two AdamW steps of the ODD GPT."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = GPT(ODD)
+    mesh = init_device_mesh("cpu", (world_size,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    for step in range(2):
+        x, y = random_tokens(ODD, MICRO, seed=10 * step + rank)
+        model(x, y)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 @pytest.fixture(scope="module")
 def ranks_results():
     with Ranks(WORLD, timeout=300) as ranks:
@@ -86,10 +105,11 @@ def ranks_results():
         trained = {no_sync: ranks.run(_train_through_the_loop, no_sync=no_sync)
                    for no_sync in (True, False)}
         recorded = workers.record_steps(ranks, _learner_worker)
+        fsdp = workers.record_steps(ranks, _fsdp_learner_worker)
         unwatched = ranks.run(workers._stop_watching)
         pids = ranks.pids
     return {"demo": demo, "acc": accumulation, "states": states, "trained": trained,
-            "recorded": recorded, "unwatched": unwatched, "pids": pids}
+            "recorded": recorded, "fsdp": fsdp, "unwatched": unwatched, "pids": pids}
 
 
 def _whole_batch(steps):
@@ -238,6 +258,22 @@ def test_sharded_states_against_the_zero_formulas(ranks_results):
         assert s["fsdp"]["parameters"] >= s["fsdp"]["logical"]["parameters"]
     # pos_emb has 15 rows: rank 1 holds 7 of them in an 8-row buffer.
     assert states[1]["fsdp"]["parameters"] - states[1]["fsdp"]["logical"]["parameters"] >= 4 * ODD.d_model
+
+
+def test_fsdp_step_holds_the_gathered_units_of_zero3_memory(ranks_results):
+    """During the second step: the root and two blocks gathered (a padded row per tensor at
+    most), two blocks' gradients (unsharded, and their reduce-scatter copy); the root's
+    gradients are the tracker's temporaries until their reduce-scatter."""
+    between = zero3_memory(ODD, world_size=WORLD, during_step=False)
+    during = zero3_memory(ODD, world_size=WORLD)
+    root = sum(p.numel() for n, p in GPT(ODD).named_parameters() if not n.startswith("blocks."))
+    rows = 4 * ODD.d_model * len(list(GPT(ODD).parameters()))
+    for steps in ranks_results["fsdp"]:
+        assert "during" not in steps[0]  # the first step is not watched
+        held, states = steps[1]["during"], steps[1]["states"]["total"]
+        assert 0 <= held["gathered"] - (during.parameters - between.parameters) <= rows
+        assert held["unsharded gradients"] == during.gradients - between.gradients - 4 * root
+        assert states < held["held"] <= during.total and held["held"] < held["peak"]
 
 
 def test_average_gradients_by_hand():

@@ -394,6 +394,25 @@ def test_plan_closed_forms():
         fit_ladder.predict_plan(cfg, 1, "fp32")
 
 
+def test_zero3_rung_holds_the_units_of_zero3_memory():
+    """The ladder's ZeRO-3 rung is lecture 07's model: the shards plus the gathered units."""
+    from course_lib.prediction.formulas import zero3_memory
+
+    cfg = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+    plan = fit_ladder.Plan(precision="bf16-mixed", zero_stage=3, world_size=8)
+    peak = fit_ladder.predict_plan(cfg, 8, plan, gpu="T4")
+    during = zero3_memory(cfg, precision="bf16-mixed", world_size=8)
+    assert peak.moment.startswith("backward")
+    assert peak.model_states == during.parameters + during.master_weights + during.optimizer_state
+    sharded = zero3_memory(cfg, precision="bf16-mixed", world_size=8, during_step=False)
+    plain = engine.predict_moments(cfg, 8, precision="bf16-mixed", gpu="T4")["backward"]
+    assert peak.gradients == -(-plain.gradients // 8) + during.gradients - sharded.gradients
+    rung = next(r for r in fit_ladder.ladder(cfg, "T4", batch_size=8).rungs
+                if r.lever == "ZeRO-3 on 8 GPUs")
+    fp32 = zero3_memory(cfg, world_size=8)
+    assert rung.memory.model_states == fp32.parameters + fp32.optimizer_state
+
+
 def test_optimizer_in_backward_plan_against_the_measured_step():
     cfg = GPTConfig(vocab_size=256, seq_len=16, d_model=128, n_heads=4, n_layers=2)
     torch.manual_seed(0)

@@ -18,6 +18,7 @@ from course_lib.prediction.formulas import (
     precision_of,
     training_memory,
     transformer_activation_bytes,
+    zero3_memory,
 )
 from course_lib.training.mixed_precision import MasterWeightAdamW
 from course_lib.units import storage_bytes
@@ -78,6 +79,39 @@ def test_zero_pads_shards_to_whole_elements():
     m = training_memory(10, precision="bf16-mixed", zero_stage=3, world_size=4)
     assert m.as_dict() == {"parameters": 6, "gradients": 6, "optimizer_state": 24, "master_weights": 12,
                            "total": 48}
+
+
+def test_zero3_between_and_during_a_step_written_out():
+    """GPTConfig(vocab 100, seq 16, d_model 8, 3 layers, biases), 4 ranks, bf16-mixed AdamW.
+
+    Root unit: token 100*8 + position 16*8 embeddings + final norm 8+8 = 944 (head tied).
+    A block: norm 16 + qkv 8*24+24 + proj 8*8+8 + norm 16 + fc 8*32+32 + proj 32*8+8 = 872.
+    P = 944 + 3*872 = 3560, 890 per rank: between steps 2+2+4+8 bytes each; during a step
+    the root and two blocks gathered; the root's gradients, and a block's with their copy in
+    the reduce-scatter buffer (2 * 872 > 944).
+    """
+    cfg = GPTConfig(vocab_size=100, seq_len=16, d_model=8, n_heads=2, n_layers=3)
+    between = zero3_memory(cfg, precision="bf16-mixed", world_size=4, during_step=False)
+    assert between.as_dict() == {"parameters": 1780, "gradients": 1780, "master_weights": 3560,
+                                 "optimizer_state": 7120, "total": 14240}
+    during = zero3_memory(cfg, precision="bf16-mixed", world_size=4)
+    assert during.parameters == 1780 + 2 * (944 + 2 * 872)
+    assert during.gradients == 1780 + 2 * (944 + 2 * 872)
+    assert (during.master_weights, during.optimizer_state) == (3560, 7120)
+    assert during.total == 24992 > between.total
+    # fp32: 4-byte weights and gradients, no master copy
+    fp32 = zero3_memory(cfg, world_size=4)
+    assert fp32.total == 16 * 890 + 4 * (944 + 2 * 872) * 2
+    # a root larger than two blocks: its own reduce-scatter holds two copies of its gradients
+    wide = GPTConfig(vocab_size=1000, seq_len=16, d_model=8, n_heads=2, n_layers=3)
+    root = 1000 * 8 + 16 * 8 + 16
+    assert zero3_memory(wide, world_size=4).gradients == 4 * (-(-(root + 3 * 872) // 4)) + 4 * 2 * root
+    with pytest.raises(TypeError, match="during_step"):
+        zero3_memory(cfg, world_size=4, during_step=1)
+    with pytest.raises(TypeError, match="config"):
+        zero3_memory("gpt2", world_size=4)
+    with pytest.raises(ValueError, match="world_size"):
+        zero3_memory(cfg, world_size=0)
 
 
 def test_seven_b_claim_forgets_master_weights():

@@ -13,7 +13,8 @@ they run on gloo, and give the same numbers, on any machine:
   reading each step's gradient with a :class:`GradientReader`;
 * :func:`record_steps`: runs a learner's own worker (a file the notebook wrote) on the
   ranks and records each optimizer step it takes: the gradient the step used, the
-  all-reduces DDP made for it, and the weights after it;
+  all-reduces DDP made for it, and the weights after it; for FSDP2, what a rank held during
+  the step (PyTorch's ``FSDPMemTracker``);
 * :func:`sharded_states`: the model-state bytes each rank holds under DDP,
   ZeRO stage 1 (``ZeroRedundancyOptimizer``) and FSDP2 (``fully_shard``, ZeRO
   stage 3), to set against :func:`course_lib.prediction.formulas.training_memory`.
@@ -456,6 +457,44 @@ def sharded_states(rank: int, world_size: int, *, config: GPTConfig, micro_batch
 _watch: dict = {}  # this rank's recording: the steps, the counters, the hook handles
 
 
+def _is_fsdp(module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch < 2.6
+        from torch.distributed._composable.fsdp import FSDPModule
+    return isinstance(module, FSDPModule)
+
+
+#: Groups of FSDPMemTracker's categories whose largest sum over a step :func:`record_steps`
+#: keeps: the whole units gathered, the gradients on their way to the reduce-scatter, and all
+#: that the rank holds besides activations, temporaries and inputs.
+FSDP_GROUPS = {"gathered": ("Unsharded Param", "All Gather"),
+               "unsharded gradients": ("Unsharded Grad", "Reduce Scatter"),
+               "held": ("Sharded Param", "Sharded Grad", "OptState", "Buffer", "Unsharded Param",
+                        "All Gather", "Unsharded Grad", "Reduce Scatter"),
+               "peak": ("Total",)}
+
+
+def _fsdp_tracker(root, optimizer):
+    """PyTorch's ``FSDPMemTracker`` (``torch.distributed._tools``), which sorts every byte of an
+    FSDP2 step into categories (sharded and unsharded parameters and gradients, all-gather and
+    reduce-scatter buffers, optimizer states, activations, temporaries), keeping ``most``: the
+    largest sum of each group of :data:`FSDP_GROUPS` at any moment."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class Tracker(FSDPMemTracker):
+        most = dict.fromkeys(FSDP_GROUPS, 0)
+
+        def _update_snap(self, *args, **kwargs):  # at every allocation and free
+            super()._update_snap(*args, **kwargs)
+            snap = {getattr(k, "value", k): v
+                    for k, v in self._curr_mem_snap.get(torch.device("cpu"), {}).items()}
+            self.most = {group: max(self.most[group], sum(snap.get(c, 0) for c in categories))
+                         for group, categories in FSDP_GROUPS.items()}
+
+    return Tracker(root, optimizer)
+
+
 def _start_watching(rank: int, world_size: int) -> None:
     """On this rank, record every optimizer step from now on (see :func:`record_steps`)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -464,13 +503,15 @@ def _start_watching(rank: int, world_size: int) -> None:
         register_optimizer_step_pre_hook,
     )
 
-    counters, steps, seen = [], [], set()
+    counters, steps, seen, fsdp = [], [], set(), {}
 
     def count_all_reduces(module, args):
         # Before a DDP model's first forward pass, hence before any backward pass.
         if isinstance(module, DDP) and id(module) not in seen:
             seen.add(id(module))
             counters.append(AllReduceCounter(module))
+        if "root" not in fsdp and _is_fsdp(module):  # the root's forward is the first to run
+            fsdp["root"] = module
 
     def local(t):  # a sharded DTensor (FSDP2): this rank's shard
         return (t.to_local() if hasattr(t, "to_local") else t).detach().flatten().float()
@@ -482,11 +523,17 @@ def _start_watching(rank: int, world_size: int) -> None:
                       "bytes": sum(c.bytes for c in counters)})
         for c in counters:
             c.reset()
+        if "tracker" in _watch:  # the second step's forward and backward passes are over
+            tracker = _watch.pop("tracker")
+            tracker.__exit__(None, None, None)
+            steps[-1]["during"] = tracker.most
 
     def after_step(optimizer, args, kwargs):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         steps[-1]["params"] = torch.cat([local(p) for p in params])
         steps[-1]["states"] = _state_row(params, _moments(optimizer))
+        if len(steps) == 1 and "root" in fsdp:  # watch the next step, AdamW's states made
+            _watch["tracker"] = _fsdp_tracker(fsdp["root"], optimizer).__enter__()
 
     _watch.update(steps=steps, handles=[
         torch.nn.modules.module.register_module_forward_pre_hook(count_all_reduces),
@@ -496,6 +543,8 @@ def _start_watching(rank: int, world_size: int) -> None:
 
 def _stop_watching(rank: int, world_size: int) -> list[dict]:
     """Remove the hooks of :func:`_start_watching`; the steps it recorded on this rank."""
+    if "tracker" in _watch:  # the worker stopped before a second step
+        _watch.pop("tracker").__exit__(None, None, None)
     for handle in _watch.pop("handles", []):
         handle.remove()
     return _watch.pop("steps", [])
@@ -512,7 +561,10 @@ def record_steps(ranks, worker: Callable, **kwargs) -> list[list[dict]]:
     ``optimizer.step()`` records the gradient it is about to use, the all-reduces and
     bytes DDP sent since the previous step, and after the step the weights and the
     model-state bytes this rank holds (as in :func:`sharded_states`; a sharded
-    ``DTensor`` counts its local shard).
+    ``DTensor`` counts its local shard). For an FSDP2 model (``fully_shard``), PyTorch's
+    ``FSDPMemTracker`` watches the second step's forward and backward passes: ``during``,
+    the most bytes of each group of :data:`FSDP_GROUPS` this rank held at once (to set
+    against :func:`course_lib.prediction.formulas.zero3_memory`).
 
     Args:
         ranks (course_lib.distributed.ranks.Ranks): running ranks.
@@ -522,7 +574,8 @@ def record_steps(ranks, worker: Callable, **kwargs) -> list[list[dict]]:
     Returns:
         list: per rank, a list with one dict per optimizer step: ``grads`` and ``params``
         (flat fp32 copies of this rank's part, in the optimizer's parameter order),
-        ``all_reduces``, ``bytes`` and ``states`` (a row of :func:`sharded_states`).
+        ``all_reduces``, ``bytes`` and ``states`` (a row of :func:`sharded_states`); the
+        second step of an FSDP2 model also ``during``.
 
     Raises:
         TypeError: naming ``ranks``, for anything but a ``Ranks``.

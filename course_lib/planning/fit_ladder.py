@@ -21,7 +21,7 @@ from course_lib.model.gpt import GPTConfig, check_config, param_numels
 from course_lib.planning.fit import FIT_POLICIES
 from course_lib.prediction import activations as act, engine, time_model
 from course_lib.prediction.engine import StepMemory
-from course_lib.prediction.formulas import MAX_WORLD_SIZE, mixed_precision_for
+from course_lib.prediction.formulas import MAX_WORLD_SIZE, mixed_precision_for, zero3_memory
 from course_lib.training import checkpointing as ckpt, levers
 from course_lib.units import dtype_bytes, format_bytes
 from course_lib.validation import (
@@ -168,6 +168,9 @@ def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: 
                             act.total_bytes(act.head_items(config, b_, s_, t), act.STEP_KINDS,
                                             t.gpu))
     N, z = plan.world_size, plan.zero_stage
+    if z >= 3:  # the one model of ZeRO-3 / FSDP2, also lecture 07's
+        gathered, sharded = (zero3_memory(config, precision=plan.precision, world_size=N,
+                                          during_step=during) for during in (True, False))
     out = []
     for name, m in moments.items():
         fields_ = dict(parameters=m.parameters, master_weights=m.master_weights,
@@ -196,9 +199,12 @@ def _plan_moments(config: GPTConfig, batch_size: int, plan: Plan, gpu, seq_len: 
             fields_["master_weights"] = -(-fields_["master_weights"] // N)
         if z >= 2:
             fields_["gradients"] = -(-fields_["gradients"] // N)
-        if z >= 3:  # sharded, plus one block's parameters gathered while it runs
-            block = (12 * config.d_model ** 2 + 13 * config.d_model) * pb
-            fields_["parameters"] = -(-fields_["parameters"] // N) + block
+        if z >= 3:  # sharded, plus the units FSDP2 gathers while the passes run
+            fields_["parameters"] = -(-fields_["parameters"] // N)
+            if name != "optimizer":
+                fields_["parameters"] += gathered.parameters - sharded.parameters
+            if name.startswith("backward"):
+                fields_["gradients"] += gathered.gradients - sharded.gradients
         out.append(StepMemory(m.moment, **fields_, first_step=m.first_step))
     return out
 
@@ -223,8 +229,9 @@ def predict_plan(config: GPTConfig, batch_size: int, plan: Plan = Plan(), *, gpu
       master weights are the adapters' (:func:`course_lib.training.levers.lora_parameter_count`);
       activations stay, plus each adapter's ``b x s x r`` intermediate;
     * ZeRO stage 1/2/3 over ``world_size`` GPUs: optimizer states and master weights, then
-      gradients, then parameters divided by ``N`` (Rajbhandari et al. 2020), stage 3 plus
-      one block's parameters gathered.
+      gradients, then parameters divided by ``N`` (Rajbhandari et al. 2020); stage 3 plus the
+      units FSDP2 gathers (:func:`course_lib.prediction.formulas.zero3_memory`): their
+      parameters in the passes, their unsharded gradients in the backward pass.
 
     Args:
         config (GPTConfig): the model.

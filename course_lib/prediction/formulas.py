@@ -37,18 +37,21 @@ and master weights (stage 1), also the gradients (stage 2), also the parameters
 (stage 3). Per device, mixed-precision Adam: stage 1 ``4P + 12P/N``, stage 2
 ``2P + 14P/N``, stage 3 ``16P/N`` bytes. A sharded tensor of ``P`` elements holds
 ``ceil(P/N)`` elements per rank (the flat buffer is padded to a multiple of N, as
-DeepSpeed and FSDP do), so the figures are exact integers.
+DeepSpeed and FSDP do), so the figures are exact integers. That is between steps; during one,
+FSDP2 also holds whole units (:func:`zero3_memory`, lectures 07 and 08).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import functools
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
 from course_lib.device import pick_dtype, resolve_gpu
+from course_lib.model.gpt import GPT, check_config
 from course_lib.units import dtype_bytes, storage_bytes
-from course_lib.validation import MAX_COUNT, choice, integer, positive_int
+from course_lib.validation import MAX_COUNT, boolean, choice, integer, positive_int
 
 #: The most parameters :func:`training_memory` counts (about 10**15, a thousand times GPT-4's).
 MAX_PARAMS = 2**50
@@ -278,6 +281,73 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
         optimizer_state=STATE_TENSORS[optimizer] * state_b * elements(1),
         master_weights=master_b * elements(1),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _fsdp_units(config) -> tuple[int, int, int]:
+    """Elements of ``GPT(config)``, of its root unit and of its largest block unit (the units of
+    ``fully_shard`` on each block, then on the model), read from its modules on ``meta``."""
+    with torch.device("meta"):
+        model = GPT(config)
+    blocks = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+    total = sum(p.numel() for p in model.parameters())  # a tied weight once
+    return total, total - sum(blocks), max(blocks)
+
+
+def zero3_memory(config, *, optimizer: str = "adamw", precision: str = "fp32", world_size: int = 1,
+                 during_step: bool = True) -> TrainingMemory:
+    """07-08: model states per rank under ZeRO-3 / FSDP2, between steps or during one.
+
+    Between steps a rank keeps ``1/N`` of every state: ``training_memory(P, zero_stage=3,
+    world_size=N)``, ``16P/N`` for mixed-precision AdamW (Rajbhandari et al. 2020, section 5).
+    During a step it also holds whole units (PyTorch's FSDP2 docs, ``fully_shard``; Zhao et al.
+    2023): with ``fully_shard`` on each block and then on the model, the units are the blocks
+    and the root (embeddings, final norm, the tied head)::
+
+        parameters += (root + 2 * block) * param_bytes
+            # all-gathered: the root, the block that runs, the next one (prefetched)
+        gradients  += (root + max(root, 2 * block)) * grad_bytes
+            # unsharded: the root's, and a unit's with their copy in the reduce-scatter buffer
+
+    Assumptions, FSDP2's defaults: ``reshard_after_forward=True`` for the blocks (a block is
+    gathered again for its backward), the root kept gathered from forward to backward (FSDP2
+    does not reshard the root after forward), one unit prefetched; the root's gradients live
+    from the head's backward (the first) to the root's reduce-scatter (the last). ``block`` is
+    the largest block. An upper bound: it counts every gradient shard (they all exist only
+    once the backward pass is over) and adds the largest gathered parameters and gradients of
+    different moments. Activations are not model states and are not counted.
+
+    Args:
+        config (GPTConfig): the model (:class:`course_lib.model.gpt.GPTConfig`).
+        optimizer (str): one of :data:`OPTIMIZERS`.
+        precision (str): one of :data:`PRECISIONS`.
+        world_size (int): data-parallel ranks N, from 1 to :data:`MAX_WORLD_SIZE`.
+        during_step (bool): add the gathered units (True) or only the shards (False).
+
+    Returns:
+        TrainingMemory: bytes per rank of each model state.
+
+    Raises:
+        TypeError: naming ``config`` (not a ``GPTConfig``) or ``during_step`` (not a bool).
+        ValueError: naming the parameter, as :func:`training_memory`.
+
+    Example:
+        >>> from course_lib.model.gpt import GPTConfig
+        >>> gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+        >>> zero3_memory(gpt2, precision="bf16-mixed", world_size=8, during_step=False).total
+        248879616
+        >>> zero3_memory(gpt2, precision="bf16-mixed", world_size=8).total  # the root is large
+        513543168
+    """
+    boolean("during_step", during_step)
+    P, root, block = _fsdp_units(check_config(config))
+    shards = training_memory(P, optimizer=optimizer, precision=precision, zero_stage=3,
+                             world_size=world_size)
+    if not during_step:
+        return shards
+    param_b, grad_b, _, _ = PRECISION[precision].element_bytes
+    return replace(shards, parameters=shards.parameters + (root + 2 * block) * param_b,
+                   gradients=shards.gradients + (root + max(root, 2 * block)) * grad_b)
 
 
 def bytes_per_param(optimizer: str = "adamw", precision: str = "fp32", *,
