@@ -2,6 +2,7 @@
 
 import itertools
 
+import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -51,6 +52,56 @@ def test_labels_of_crowded_points_do_not_overlap():
         policy_views._place_labels(ax, points, ["one"])
     with pytest.raises(ValueError, match="fontsize"):
         policy_views._place_labels(ax, points[:1], ["a"], fontsize=6)
+
+
+def _crossed(box, line, renderer):
+    """Whether a line of the axes runs through a display box (its path sampled a pixel apart)."""
+    xy = line.axes.transData.transform(line.get_xydata())
+    for (x0, y0), (x1, y1) in zip(xy[:-1], xy[1:]):
+        for t in np.linspace(0, 1, int(np.hypot(x1 - x0, y1 - y0)) + 2):
+            if box.contains(x0 + t * (x1 - x0), y0 + t * (y1 - y0)):
+                return True
+    return False
+
+
+def test_labels_keep_off_lines_markers_and_the_legend():
+    # The frontier's shape in lecture 05 on a CPU: the label of the point beside the line went
+    # onto the line, against the next point; a label must cross no drawn line, cover no marker
+    # of any series and stay clear of the legend.
+    fig, ax = _axes()
+    points = [(37.8 * MiB, 1.0, "none"), (9.0 * MiB, 1.42, "blocks/1"),
+              (20.5 * MiB, 1.245, "blocks/2"), (26.3 * MiB, 1.15, "blocks/3"),
+              (20.3 * MiB, 1.19, "sqrt"), (28.5 * MiB, 1.29, "attention/1"),
+              (30.3 * MiB, 1.64, "selective/1")]
+    policy_views.draw_frontier(ax, points, {"none", "blocks/1", "sqrt", "blocks/3"})
+    renderer = fig.canvas.get_renderer()
+    drawn = [line for line in ax.lines if line.get_linestyle() not in ("None", "")]
+    legend = ax.get_legend().get_window_extent(renderer)
+    for text in ax.texts:
+        box = text.get_window_extent(renderer)
+        assert not any(_crossed(box, line, renderer) for line in drawn), text.get_text()
+        assert policy_views._overlap(box, legend) == 0, text.get_text()
+    fig, ax = _axes((5.6, 3.2))
+    share = [1, 0.5, 1 / 3, 1 / 3, 1 / 3, 1 / 6]
+    policy_views.draw_every_k(ax, share, [1, 0.6, 0.4, 0.4, 0.2, 0.2], share,
+                              [f"every {k}" for k in range(1, 7)])
+    renderer = fig.canvas.get_renderer()
+    markers = [ax.transData.transform(xy) for line in ax.lines if line.get_marker() != "None"
+               for xy in line.get_xydata()]
+    for text in ax.texts:
+        box = text.get_window_extent(renderer)
+        assert not any(_crossed(box, line, renderer) for line in ax.lines[:1]), text.get_text()
+        assert not any(box.contains(*xy) for xy in markers), text.get_text()
+
+
+def test_points_that_coincide_get_one_label():
+    # Every 3rd and every 4th of 6 blocks checkpoint the same two: one point, one label.
+    fig, ax = _axes((5.6, 3.2))
+    share = [1, 0.5, 1 / 3, 1 / 3, 1 / 3, 1 / 6]
+    policy_views.draw_every_k(ax, share, [1, 0.6, 0.4, 0.4, 0.2, 0.2], share,
+                              [f"every {k}" for k in range(1, 7)])
+    assert sorted(t.get_text() for t in ax.texts) == [
+        "every 1", "every 2", "every 3, every 4", "every 5", "every 6"]
 
 
 def test_the_lecture_figures_draw_readable_text():

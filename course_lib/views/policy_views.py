@@ -3,7 +3,7 @@
 Each ``draw_*`` function draws on a matplotlib ``Axes`` it is given, with text of at least
 :data:`_FONT` points, and returns nothing; :func:`planner_widget` is the lecture's widget, a
 :func:`course_lib.views.widgets.live_plot` over :func:`course_lib.planning.planner.plan_checkpointing`.
-:func:`_place_labels` puts point labels where they overlap neither each other nor the points.
+:func:`_place_labels` puts point labels where they cover no other label, marker, line or legend.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import ipywidgets as widgets
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.transforms import Bbox
 
@@ -47,11 +48,29 @@ def _overlap(a, b) -> float:
     return w * h if w > 0 and h > 0 else 0.0
 
 
-def _place_labels(ax: Axes, points, labels, *, fontsize: float = _FONT) -> list:
-    """Label each point where the label overlaps no other label, no point and stays in the axes.
+def _obstacles(ax: Axes, renderer, pad: float) -> tuple[list, np.ndarray]:
+    """What a label must not cover: boxes (the legend, every marker) and the drawn lines,
+    as display points about a pixel apart."""
+    boxes = [ax.get_legend().get_window_extent(renderer)] if ax.get_legend() else []
+    samples = [np.empty((0, 2))]
+    for line in ax.lines:
+        xy = ax.transData.transform(line.get_xydata())
+        if line.get_marker() not in (None, "None", "", " "):
+            half = max(pad, line.get_markersize() / 2 * ax.figure.dpi / 72)
+            boxes += [Bbox.from_extents(x - half, y - half, x + half, y + half) for x, y in xy]
+        if line.get_linestyle() not in ("None", "", " "):
+            samples += [np.linspace(a, b, int(np.hypot(*(b - a))) + 2)
+                        for a, b in zip(xy[:-1], xy[1:])]
+    return boxes, np.concatenate(samples)
 
-    Tries :data:`_OFFSETS` in order for each point (after the axes' limits are set: call it
-    last) and keeps the first free place, else the least crowded one.
+
+def _place_labels(ax: Axes, points, labels, *, fontsize: float = _FONT) -> list:
+    """Label each point where the label covers no other label, no marker, no drawn line and no
+    legend, and stays in the axes; points that coincide share one label (theirs, joined).
+
+    Tries :data:`_OFFSETS` in order for each point (after the axes' limits are set and
+    everything else is drawn: call it last) and keeps the first free place, else the least
+    crowded one.
 
     Args:
         ax (matplotlib.axes.Axes): the axes, limits final.
@@ -60,7 +79,7 @@ def _place_labels(ax: Axes, points, labels, *, fontsize: float = _FONT) -> list:
         fontsize (float): points, at least :data:`_FONT`.
 
     Returns:
-        list: the ``Annotation`` s, one per point.
+        list: the ``Annotation`` s, one per distinct point.
 
     Raises:
         ValueError: naming ``labels`` (not one per point) or ``fontsize`` (below :data:`_FONT`).
@@ -69,25 +88,30 @@ def _place_labels(ax: Axes, points, labels, *, fontsize: float = _FONT) -> list:
     if len(points) != len(labels):
         raise ValueError(f"labels must be one per point: {len(labels)} for {len(points)} points")
     number("fontsize", fontsize, minimum=_FONT)
+    shared: dict = {}
+    for point, label in zip(points, labels):
+        shared.setdefault(tuple(point), []).append(label)
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)
     pad = MARKER * fig.dpi / 72  # the points' markers, and a little room around them
-    taken = []
-    for x, y in points:
+    taken, lines = _obstacles(ax, renderer, pad)
+    for x, y in shared:
         px, py = ax.transData.transform((x, y))
         taken.append(Bbox.from_extents(px - pad, py - pad, px + pad, py + pad))
     texts = []
-    for (x, y), label in zip(points, labels):
+    for (x, y), names in shared.items():
         best, best_cost = None, math.inf
         for dx, dy in _OFFSETS:
-            text = ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points",
-                               fontsize=fontsize, ha="left" if dx > 0 else "right" if dx < 0
-                               else "center", va="bottom")
+            text = ax.annotate(", ".join(names), (x, y), xytext=(dx, dy),
+                               textcoords="offset points", fontsize=fontsize,
+                               ha="left" if dx > 0 else "right" if dx < 0 else "center",
+                               va="bottom")
             box = text.get_window_extent(renderer).expanded(1.04, 1.1)
             cost = sum(_overlap(box, other) for other in taken)
-            outside = box.width * box.height - _overlap(box, inside)
-            cost += 10 * outside
+            crossed = ((lines[:, 0] >= box.x0) & (lines[:, 0] <= box.x1)
+                       & (lines[:, 1] >= box.y0) & (lines[:, 1] <= box.y1)).sum()
+            cost += crossed * pad * pad + 10 * (box.width * box.height - _overlap(box, inside))
             if cost < best_cost:
                 if best is not None:
                     best[0].remove()
