@@ -113,7 +113,7 @@ def test_fit_model_trains_its_model_with_the_fastest_fitting_setting():
                           speed=SPEEDS["T4"], **space)
         fastest = _brute_force(f.config, budget, "bf16", "T4")
         assert (f.mode, f.every, f.micro_batch_size) == fastest[0]
-        assert f.time.basis == "datasheet" and f"{f.seconds * 1e3:.1f} ms" in f.summary()
+        assert f.time.basis == "from the datasheet" and f"{f.seconds * 1e3:.1f} ms" in f.summary()
 
 
 def test_measure_seconds_times_each_setting():

@@ -75,7 +75,7 @@ def test_plan_is_the_fastest_candidate_that_fits_and_fits_when_measured():
         fitting = [c for c in options if c.peak_bytes <= budget]
         chosen = next(c for c in options if (c.mode, c.every) == (plan.mode, plan.every))
         assert min(c.cost for c in fitting) == chosen.cost  # the fastest predicted that fits
-        assert plan.seconds == chosen.seconds and plan.basis == "measured on this device"
+        assert plan.seconds == chosen.seconds and plan.basis == "from rates measured on this device"
         assert plan.peak_bytes <= budget
         assert _measured_peak(config, 4, plan.mode, plan.every) <= budget + 8 * 4 * 4
     assert planner.plan_checkpointing(config, 4, None, peaks[-1] * 2).mode == "none"

@@ -72,7 +72,7 @@ def test_step_time_is_the_sum_of_its_terms_on_a_datasheet():
     assert t.pointwise_seconds == pytest.approx(K * moved / 2039e9)
     assert t.launch_seconds == pytest.approx(K * per_micro * 10e-6)  # no region cost: datasheet
     assert t.optimizer_seconds == pytest.approx(40 * P / 2039e9 + per_step * 10e-6)
-    assert t.transfer_seconds == 0 and t.basis == "datasheet"
+    assert t.transfer_seconds == 0 and t.basis == "from the datasheet"
     assert t.seconds == pytest.approx(t.compute_seconds + t.pointwise_seconds + t.launch_seconds
                                       + t.optimizer_seconds)
 
@@ -108,7 +108,7 @@ def test_the_datasheet_speeds_of_the_presets():
     t4, a100 = tm.datasheet_speed("T4"), tm.datasheet_speed("A100 80GB")
     assert t4.flops(torch.float16) == 65e12 and t4.flops(torch.bfloat16) == 8.1e12  # no bf16 cores
     assert a100.flops(torch.bfloat16) == a100.flops(torch.float16) == 312e12
-    assert a100.flops(torch.float32) == 19.5e12 and a100.basis == "datasheet"
+    assert a100.flops(torch.float32) == 19.5e12 and a100.basis == "from the datasheet"
     assert a100.reached(torch.float32) == tm.FP32_UTILISATION
     assert a100.reached(torch.bfloat16) == tm.UTILISATION
     assert t4.reached(torch.bfloat16) == tm.FP32_UTILISATION  # the T4's bf16 runs on CUDA cores
@@ -260,7 +260,7 @@ def _measured_and_predicted():
 def test_the_model_ranks_policies_and_levers_as_measured(one_torch_thread):
     pytest.importorskip("torchao")
     measured, predicted, speed = _measured_and_predicted()
-    assert speed.basis == "measured on this device"
+    assert speed.basis == "from rates measured on this device"
     wrong = [(a, b) for a in measured for b in measured
              if measured[b] > CLEAR_GAP * measured[a] and not predicted[b] > predicted[a]]
     assert not wrong, (f"measured {measured}, predicted {predicted}: these pairs are ranked "
@@ -312,7 +312,7 @@ def test_calibrate_gives_each_class_the_time_it_took():
                         seconds=split.total / 2)
     t = tm.step_time(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB", speed=half)
     assert t.compute_seconds == pytest.approx(0.020) and t.seconds == pytest.approx(split.total / 2)
-    assert fitted.basis == "measured on this device" and fitted.utilisation == 1.0
+    assert fitted.basis == "from rates measured on this device" and fitted.utilisation == 1.0
     assert "fitted to a measured none step" in fitted.source
 
 

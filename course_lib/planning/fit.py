@@ -232,7 +232,7 @@ class Fit:
             f"batch      : {self.micro_batch_size} x {self.accumulation_steps} accumulation steps "
             f"= {self.effective_batch} sequences per optimizer step",
             f"checkpoint : {self.label} (+{self.recompute_fraction:.0%} FLOPs against a plain step)",
-            f"step time  : {_format_seconds(self.seconds)} predicted ({self.time.basis})",
+            f"step time  : {_format_seconds(self.seconds)} predicted {self.time.basis}",
             f"peak       : {format_bytes(self.peak_bytes)} predicted, budget "
             f"{format_bytes(self.budget_bytes)} ({self.peak_bytes / self.budget_bytes:.0%})",
         ])

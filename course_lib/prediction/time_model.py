@@ -98,7 +98,7 @@ ADAMW_VALUES = 7
 #: The checkpointing modes whose operators :func:`step_ops` counts (every block alike).
 CHECKPOINTING = ("none", "blocks", "selective", "attention")
 #: The bases of a :class:`DeviceSpeed`: measured here, or read from a datasheet.
-BASES = ("measured on this device", "datasheet")
+BASES = ("from rates measured on this device", "from the datasheet")
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class DeviceSpeed:
 
     @property
     def basis(self) -> str:
-        """"measured on this device" or "datasheet" (:data:`BASES`)."""
+        """Where the figures come from, one of :data:`BASES`."""
         return BASES[0] if self.measured else BASES[1]
 
     def reached(self, dtype: torch.dtype) -> float:
@@ -203,7 +203,7 @@ def _median_seconds(steps: dict, repeats: int, device: torch.device) -> dict:
 
 def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None = None,
                   repeats: int = 5) -> DeviceSpeed:
-    """This kernel's device, measured: the :class:`DeviceSpeed` (``basis`` "measured on this device").
+    """This kernel's device, measured: the :class:`DeviceSpeed` (its ``basis`` the first of :data:`BASES`).
 
     Each figure is the median of ``repeats`` interleaved runs of
     :func:`course_lib.measurement.timing.step_times` (process CPU time on the CPU, wall clock on a GPU):
@@ -299,7 +299,7 @@ def device_speed(gpu=None) -> DeviceSpeed:
 
     Example:
         >>> device_speed("T4").basis
-        'datasheet'
+        'from the datasheet'
     """
     card = resolve_gpu(gpu)
     if card is None:
@@ -568,7 +568,7 @@ class StepTime:
 
     @property
     def basis(self) -> str:
-        """Where the figures come from: "measured on this device" or "datasheet"."""
+        """Where the figures come from, one of :data:`BASES`."""
         return self.speed.basis
 
 
@@ -610,7 +610,7 @@ def step_time(config: GPTConfig, micro_batch_size: int, accumulation_steps: int 
     Example:
         >>> t4 = step_time(GPTConfig(n_layers=2), 4, gpu="T4")
         >>> t4.basis, t4.seconds > t4.compute_seconds
-        ('datasheet', True)
+        ('from the datasheet', True)
     """
     check_config(config)
     b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
