@@ -46,7 +46,7 @@ lecture modules its notebooks import (the lecture, its companion, its exercises)
 06      claims, device, grading, measurement.allocator, measurement.memory, measurement.timeline,
         model.gpt, model.toy_data, planning.fit, planning.guard, prediction.engine,
         prediction.formulas, prediction.step_setup, training.checkpointing, training.loop, units,
-        views.fit_views, views.widgets
+        views.fit_views
 07      claims, distributed.ranks, distributed.workers, grading, model.gpt, prediction.formulas,
         units
 08      claims, device, grading, measurement.memory, measurement.timing, model.gpt,

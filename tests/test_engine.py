@@ -394,3 +394,29 @@ def test_attention_with_dropout_is_exact_under_every_mode(attention, mode, preci
     assert pred.step_peak == measured, (pred.moment, pred.step_peak, measured)
     if mode == "selective" and attention == "explicit":
         assert pred.moment.startswith("forward")
+
+
+def test_the_peak_in_bytes_is_the_step_memorys_total():
+    cfg = GPTConfig(**SMALL)
+    step = dict(precision="bf16-mixed", mode="blocks", gpu="T4")
+    assert engine.predict_peak_bytes(cfg, 4, 2, **step) == engine.predict_step_memory(
+        cfg, 4, 2, **step).total
+    with pytest.raises(TypeError):
+        engine.predict_peak_bytes(cfg, 4, precison="bf16-mixed")  # a misspelt keyword
+
+
+def test_the_bytes_by_phase_are_the_moments_totals_after_what_stays_between_steps():
+    cfg = GPTConfig(**SMALL)
+    step = dict(precision="bf16-mixed", mode="blocks", gpu="T4")
+    phases = engine.predict_phase_bytes(cfg, 4, 2, **step)
+    moments = engine.predict_moments(cfg, 4, 2, **step)
+    assert list(phases) == ["between steps", *moments]
+    assert phases["between steps"] == moments["optimizer"].model_states  # steady state
+    assert all(phases[name] == m.total for name, m in moments.items())
+    assert max(phases.values()) == engine.predict_peak_bytes(cfg, 4, 2, **step)
+    first = engine.predict_phase_bytes(cfg, 4, first_step=True)
+    assert first["between steps"] == engine.predict_step_memory(cfg, 4, first_step=True).before_step
+    with pytest.raises(TypeError):
+        engine.predict_phase_bytes(cfg, 4, precison="bf16-mixed")
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        engine.predict_phase_bytes(cfg, 0)

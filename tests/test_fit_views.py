@@ -111,6 +111,17 @@ def test_the_explorer_names_a_bad_argument(kwargs, name):
         fit_views.draw_explorer(fig, **args)
 
 
+def test_the_explorer_widget_opens_on_its_settings_and_names_a_bad_one():
+    box = fit_views.explorer_widget(gpu="A100 80GB", seq_len=2048, effective_batch=32)
+    assert {name: c.value for name, c in box.controls.items()} == dict(
+        gpu="A100 80GB", usable=90, seq_len=2048, effective_batch=32)
+    assert "A100 80GB: the largest GPT that fits" in box.figure.axes[0].get_title(loc="left")
+    for kwargs, name in ((dict(gpu="K80"), "gpu"), (dict(seq_len=1000), "seq_len"),
+                         (dict(effective_batch=3), "effective_batch")):
+        with pytest.raises(ValueError, match=name):
+            fit_views.explorer_widget(**kwargs)
+
+
 def test_draw_largest_puts_each_plan_beside_its_step():
     from course_lib.planning import fit
 

@@ -48,11 +48,55 @@ def test_the_ladder_chart_draws_each_rung_its_rank_and_the_labelled_budget():
     assert widths[1:] == pytest.approx([r.memory.total / GiB for r in result.listed])
     texts = " ".join(_texts(fig))
     assert "#1," in texts and f"#{len(result.rungs)}," in texts
-    assert ladder_view._capacity_label("T4") in texts
+    assert "T4: 14.58 GiB" in texts  # nvidia-smi's figure is in the climb under the chart
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "the card's memory, as PyTorch reports it" in legend
     budget = [line for line in ax.lines if line.get_linestyle() == "--"][0]
     assert budget.get_xdata()[0] == pytest.approx(result.budget_bytes / GiB)
     assert ax.get_xscale() == "log"  # terabytes and a T4's line, both readable
     assert ax.get_xlim()[0] <= min(widths) and max(widths) <= ax.get_xlim()[1]
+
+
+@pytest.mark.parametrize("model, gpu, seq_len, batch", [
+    ("GPT-2 small (124M)", "T4", 1024, 16), ("GPT-2 XL (1.5B)", "T4", 4096, 16),
+    ("1.2B, 128k vocabulary", "H200", 8192, 16), ("GPT-2 small (124M)", "A100 80GB", 2048, 1),
+    ("1.2B, 128k vocabulary", "H100 80GB", 8192, 1)])
+def test_the_card_line_crosses_no_words_and_its_own_stay_in_the_axes(model, gpu, seq_len, batch):
+    result = fit_ladder.ladder(ladder_view.LADDER_MODELS[model], gpu, batch_size=batch,
+                               seq_len=seq_len)
+    fig = ladder_view.ladder_figure(result, model)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    line = ax.transData.transform((result.budget_bytes / GiB, 0))[0]
+    frame = ax.get_window_extent(renderer)
+    for text in ax.texts:
+        if not text.get_text().strip():
+            continue
+        box = text.get_window_extent(renderer)
+        pad = 0.5 * box.width / len(text.get_text())  # about half a space each side
+        assert not box.x0 + pad < line < box.x1 - pad, text.get_text()
+        assert frame.x0 - 1 <= box.x0 and box.x1 <= frame.x1 + 1, text.get_text()
+
+
+def test_the_widget_fits_one_screen_with_its_controls_and_climb():
+    box = ladder_view.ladder_explorer()
+    width, height = box.figure.get_size_inches() * box.figure.dpi
+    # 900 px screens: two rows of controls, the climb's 3-8 lines (about 150 px) below
+    assert width <= 1000 and height <= 450
+
+
+def test_the_offload_figure_stacks_the_price_on_the_plain_step():
+    fig = ladder_view.offload_price_figure({"T4": (5.5, 8.8), "H100 80GB": (0.66, 1.5)})
+    ax = fig.axes[0]
+    ends = [p.get_x() + p.get_width() for p in ax.patches]
+    assert ends == pytest.approx([5.5, 0.66, 8.8, 1.5])
+    texts = " ".join(_texts(fig))
+    assert "8.8 s (+60%)" in texts and "(+127%)" in texts
+    assert "16 GB/s to the host" in " ".join(t.get_text() for t in ax.get_yticklabels())
+    for bad in ({}, {"V100": (1, 2)}, {"T4": (1,)}, {"T4": (2, 1)}, {"T4": (0, 1)}):
+        with pytest.raises(ValueError, match="seconds"):
+            ladder_view.offload_price_figure(bad)
 
 
 def test_climb_text_names_each_rung_and_fits_the_page():

@@ -1178,6 +1178,51 @@ def predict_moments(config: GPTConfig, micro_batch_size: int, accumulation_steps
                                     loss_chunk)))
 
 
+def predict_phase_bytes(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1,
+                        **step) -> dict[str, int]:
+    """Predicted bytes on the device at each phase of one training step, by phase.
+
+    ``"between steps"`` is what stays from one step to the next: the weights, the fp32 master
+    weights and AdamW's ``m`` and ``v`` (before a fresh optimizer's first step, without them).
+    Then each moment that competes for the step's peak, in the order the step reaches it:
+    ``"forward"`` (only where an attention kernel peaks in it: SDPA's math kernel, or explicit
+    attention), ``"backward"`` (and ``"backward 2+"`` for the micro-batches after the first),
+    ``"optimizer"``. At each::
+
+        bytes = between steps + gradients alive + activations kept + in flight (scratch)
+
+    so ``bytes - phases["between steps"]`` is what that phase adds, and the step's peak
+    (:func:`predict_peak_bytes`) is the largest value. :func:`predict_moments` splits each
+    phase by category.
+
+    Args:
+        config, micro_batch_size, accumulation_steps: the step, as :func:`predict_step_memory`.
+        **step: :func:`predict_step_memory`'s keyword arguments (``precision``, ``mode``,
+            ``every``, ``segments``, ``seq_len``, ``gpu``, ``first_step``, ``foreach``,
+            ``loss_chunk``).
+
+    Returns:
+        dict: phase name -> bytes (int).
+
+    Raises:
+        TypeError: for a keyword :func:`predict_step_memory` does not take.
+        ValueError: naming the argument, as :func:`predict_step_memory`.
+
+    Example::
+
+        >>> cfg = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
+        >>> phases = predict_phase_bytes(cfg, 4, precision="bf16-mixed", gpu="A100 80GB")
+        >>> list(phases)
+        ['between steps', 'backward', 'optimizer']
+        >>> max(phases.values()) == predict_step_memory(cfg, 4, precision="bf16-mixed",
+        ...                                             gpu="A100 80GB").total
+        True
+    """
+    moments = predict_moments(config, micro_batch_size, accumulation_steps, **step)
+    between = next(iter(moments.values())).before_step
+    return {"between steps": between, **{name: m.total for name, m in moments.items()}}
+
+
 def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
                         precision: str = "fp32", mode: str = "none", every: int = 1,
                         segments: int | None = None, seq_len: int | None = None, gpu=None,
@@ -1238,3 +1283,31 @@ def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
                               mode=mode, every=every, segments=segments, seq_len=seq_len, gpu=gpu,
                               first_step=first_step, foreach=foreach, loss_chunk=loss_chunk)
     return max(moments.values(), key=lambda m: m.total)
+
+
+def predict_peak_bytes(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1,
+                       **step) -> int:
+    """Predicted peak bytes of one training step: the number to hold against a card or a budget.
+
+    :func:`predict_step_memory`'s ``total``; that function splits it by category and moment.
+
+    Args:
+        config, micro_batch_size, accumulation_steps: the step, as :func:`predict_step_memory`.
+        **step: :func:`predict_step_memory`'s keyword arguments (``precision``, ``mode``,
+            ``every``, ``segments``, ``seq_len``, ``gpu``, ``first_step``, ``foreach``,
+            ``loss_chunk``).
+
+    Returns:
+        int: bytes.
+
+    Raises:
+        TypeError: for a keyword :func:`predict_step_memory` does not take.
+        ValueError: naming the argument, as :func:`predict_step_memory`.
+
+    Example:
+        >>> gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+        >>> from course_lib.device import GPUS
+        >>> predict_peak_bytes(gpt2, 32, precision="fp16-mixed", gpu="T4") > GPUS["T4"].total_memory
+        True
+    """
+    return predict_step_memory(config, micro_batch_size, accumulation_steps, **step).total

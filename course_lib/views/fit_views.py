@@ -13,7 +13,8 @@ planner (:func:`course_lib.planning.fit.fit_model`); the figures only lay them o
   the resident model states;
 * :func:`draw_explorer`: the widget "what fits on which GPU": the largest GPT a card trains, its
   step against the card's capacity (as PyTorch reports it, with nvidia-smi's figure beside it)
-  and against the part of it training may use.
+  and against the part of it training may use; :func:`explorer_widget` puts it under its
+  controls.
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 
+import ipywidgets as widgets
+
 from course_lib.device import GPU, GPUS, live_gpu
-from course_lib.model.gpt import CONFIG_MAXIMUM, GPTConfig
+from course_lib.model.gpt import CONFIG_MAXIMUM
 from course_lib.planning import fit
-from course_lib.prediction import engine, time_model
+from course_lib.prediction import engine
 from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.formulas import mixed_precision_for
 from course_lib.units import GB, GiB, MiB, format_bytes
 from course_lib.validation import MAX_BYTES, choice, integer, positive_int, text
-from course_lib.views.widgets import check_figure
+from course_lib.views.widgets import check_figure, live_plot
 
 #: The colour of each category of :func:`course_lib.prediction.engine.breakdown_rows`, in stacking order.
 COLORS = {"parameters": "C0", "master weights": "C4", "optimizer state": "C1",
@@ -276,9 +279,6 @@ def setup_explorer(fig, animated: bool = True) -> dict:
     lines; :func:`draw_explorer` sets their numbers, the title and the legend. With
     ``animated``, the bars, the lines and the title are drawn over a kept picture of the rest
     (:func:`course_lib.views.widgets.render_png`), which the axis limit and the legend select.
-    It also counts, once, the operators the time model needs for every card's precisions and
-    the planner's checkpointing (:func:`course_lib.prediction.time_model.count_ops`): they do
-    not change with the sliders, and no first visit to a card waits for them.
 
     Args:
         fig (matplotlib.figure.Figure): the empty figure to draw on.
@@ -289,9 +289,6 @@ def setup_explorer(fig, animated: bool = True) -> dict:
         dict: the artists, for :func:`draw_explorer`.
     """
     check_figure("fig", fig)
-    time_model.count_ops([GPTConfig()], modes=[mode for mode, _ in fit.FIT_POLICIES],
-                         precisions=["fp32", *sorted({mixed_precision_for(g)
-                                                      for g in GPUS.values()})])
     ax = fig.subplots()
     fig.subplots_adjust(left=0.15, right=0.98, bottom=0.36, top=0.8)
     # the bars first, row by row (as draw_steps stacks them), then the lines and the text
@@ -410,5 +407,47 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
     return plan
 
 
+def explorer_widget(*, gpu: str = "T4", seq_len: int = 1024,
+                    effective_batch: int = 64) -> widgets.VBox:
+    """The widget "what fits on which GPU": :func:`draw_explorer` under four controls.
+
+    Controls: the GPU (:func:`explorer_gpus`: the presets, and on CUDA this GPU with what is
+    free on it), the percent of its memory training may use (90 first), tokens per sequence
+    (:data:`SEQ_LENS`) and sequences per optimizer step (:data:`EFFECTIVE_BATCHES`).
+
+    Args:
+        gpu (str): the GPU shown first, a name of :data:`course_lib.device.GPUS`.
+        seq_len (int): the tokens per sequence shown first, one of :data:`SEQ_LENS`.
+        effective_batch (int): the sequences per step shown first, one of
+            :data:`EFFECTIVE_BATCHES`.
+
+    Returns:
+        ipywidgets.VBox: :func:`course_lib.views.widgets.live_plot`'s box.
+
+    Raises:
+        ValueError: naming the argument, for a bad value.
+    """
+    choice("gpu", gpu, tuple(GPUS))
+    for name, value, options in (("seq_len", seq_len, SEQ_LENS),
+                                 ("effective_batch", effective_batch, EFFECTIVE_BATCHES)):
+        if value not in options:
+            raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    gpus = explorer_gpus()
+    look = dict(style={"description_width": "initial"}, layout=widgets.Layout(width="440px"))
+    controls = {
+        "gpu": widgets.Dropdown(options=list(gpus), value=gpu, description="GPU", **look),
+        "usable": widgets.IntSlider(value=90, min=50, max=100, step=5, **look,
+                                    description="% of its memory training may use"),
+        "seq_len": widgets.SelectionSlider(options=SEQ_LENS, value=seq_len, **look,
+                                           description="tokens per sequence"),
+        "effective_batch": widgets.SelectionSlider(options=EFFECTIVE_BATCHES,
+                                                   value=effective_batch, **look,
+                                                   description="sequences per step"),
+    }
+    return live_plot(functools.partial(draw_explorer, gpus=gpus), controls, columns=2,
+                     figsize=(9, 3.6), setup=setup_explorer)
+
+
 __all__ = ["COLORS", "SEQ_LENS", "EFFECTIVE_BATCHES", "THIS_GPU", "unit_of", "draw_steps",
-           "draw_largest", "draw_timeline", "explorer_gpus", "setup_explorer", "draw_explorer"]
+           "draw_largest", "draw_timeline", "explorer_gpus", "setup_explorer", "draw_explorer",
+           "explorer_widget"]

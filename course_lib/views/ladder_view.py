@@ -4,8 +4,9 @@
   plain step split into what holds it (weights, optimizer states, gradients, the
   activations autograd keeps, what is in flight), against a card's memory: which part is
   largest decides which lever helps.
-* :func:`chunked_loss_figure` and :func:`loss_curves_figure`: sections 2 and 4, a step's peak
-  against the vocabulary with and without the chunked loss, and the loss curves of fp32 and
+* :func:`chunked_loss_figure`, :func:`offload_price_figure` and :func:`loss_curves_figure`:
+  sections 2 to 4, a step's peak against the vocabulary with and without the chunked loss, the
+  time activation offloading adds to a step on a few cards, and the loss curves of fp32 and
   low-bit AdamW.
 * :func:`ladder_figure` and :func:`ladder_explorer`: each lever of the course alone, as the
   predicted peak of the step with it (:func:`course_lib.planning.fit_ladder.ladder`), its rank by
@@ -14,7 +15,9 @@
 
 A card's memory is drawn as PyTorch reports it (``total_memory`` of the presets,
 :data:`course_lib.device.GPUS`), the budget a step must fit in, and labelled with
-``nvidia-smi``'s figure beside it (:func:`_capacity_label`).
+``nvidia-smi``'s figure beside it (:func:`_capacity_label`): in the opening figure on the
+chart, in the ladder's under it (:func:`climb_text`), where the chart's line carries the
+card's name and PyTorch's figure only, short enough to stand on one side of the line.
 """
 
 from __future__ import annotations
@@ -24,16 +27,14 @@ import math
 import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from course_lib.device import GPUS
 from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.planning import fit_ladder
-from course_lib.planning.fit import FIT_POLICIES
-from course_lib.prediction import time_model
 from course_lib.prediction.engine import StepMemory
-from course_lib.prediction.formulas import mixed_precision_for
 from course_lib.units import GiB, MiB, format_bytes
 from course_lib.validation import choice, items, number, positive_int
 from course_lib.views.widgets import check_figsize, check_figure, live_plot
@@ -65,6 +66,7 @@ PARTS = (("weights", ("parameters",), "#4c72b0"),
          ("activations autograd keeps", ("activations",), "#55a868"),
          ("in flight: the loss's gradient buffers, scratch", ("transient",), "#dd8452"))
 _FREE, _PAID, _NOTHING, _PLAIN = "#55a868", "#dd8452", "#c8c8c8", "0.45"
+_LADDER_FIGSIZE = (9.5, 4.2)  # inches: the widget, its controls and its climb in one screen
 
 
 def _capacity_label(gpu: str) -> str:
@@ -193,6 +195,59 @@ def chunked_loss_figure(vocabs, measured: dict, predicted: dict, *,
     return fig
 
 
+def offload_price_figure(seconds: dict, *, figsize: tuple = (6.5, 2.1)) -> Figure:
+    """Per card, one step's predicted time: the plain step, and what activation offloading adds.
+
+    One bar per card, the plain step's seconds in grey and offloading's extra in orange, its
+    price (``offloaded / plain - 1``) written after the bar; each card's link to the host
+    (:attr:`course_lib.device.GPU.host_link`) under its name.
+
+    Args:
+        seconds (dict): a preset of :data:`course_lib.device.GPUS` (one to six) ->
+            ``(plain, offloaded)``, the seconds of one step without and with offloading
+            (:func:`course_lib.prediction.time_model.step_seconds`).
+        figsize (tuple): inches.
+
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas.
+
+    Raises:
+        ValueError: naming ``seconds`` (no cards, a card that is not a preset, a time that is
+            not a positive number, or offloading faster than the plain step) or ``figsize``.
+
+    Example::
+
+        offload_price_figure({"T4": (5.5, 8.8), "H100 80GB": (0.66, 1.5)})
+    """
+    if not isinstance(seconds, dict) or not 1 <= len(seconds) <= 6:
+        raise ValueError(f"seconds must map one to six GPU presets to (plain, offloaded) "
+                         f"seconds, got {seconds!r:.80}")
+    rows = []
+    for gpu, pair in seconds.items():
+        choice("seconds", gpu, tuple(GPUS))
+        plain, offloaded = (number("seconds", t, above=0.0) for t in items("seconds", pair,
+                                                                            min_len=2, max_len=2))
+        if offloaded < plain:
+            raise ValueError(f"seconds[{gpu!r}] must not be faster with offloading, got "
+                             f"{plain} then {offloaded}")
+        rows.append((f"{gpu}\n{GPUS[gpu].host_link / 1e9:.0f} GB/s to the host", plain, offloaded))
+    fig = _figure(figsize)
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.22, right=0.97, top=0.97, bottom=0.36)
+    y = range(len(rows))
+    plain = [r[1] for r in rows]
+    ax.barh(y, plain, color=_PLAIN, height=0.6, label="the plain step (fp32 AdamW, whole batch)")
+    ax.barh(y, [r[2] - r[1] for r in rows], left=plain, color=_PAID, height=0.6,
+            label="added by activation offloading")
+    for i, (_, before, after) in enumerate(rows):
+        ax.text(after, i, f" {after:.2g} s ({after / before - 1:+.0%})", va="center", fontsize=8.5)
+    ax.set_yticks(y, [r[0] for r in rows], fontsize=8.5)
+    ax.set(xlim=(0, 1.3 * max(r[2] for r in rows)), ylim=(len(rows) - 0.5, -0.5),
+           xlabel="seconds per step, predicted from datasheets")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.4, -0.3), ncol=2, fontsize=8, frameon=False)
+    return fig
+
+
 def loss_curves_figure(curves: dict, floor: float, *, figsize: tuple = (6.5, 3.6)) -> Figure:
     """Loss curves of a few runs over the best possible loss; the legend below the axes.
 
@@ -233,7 +288,7 @@ def loss_curves_figure(curves: dict, floor: float, *, figsize: tuple = (6.5, 3.6
 def _setup(fig, animated: bool = True) -> dict:
     """The ladder chart's axes and artists, made once: a bar and a label per row."""
     ax = fig.subplots()
-    fig.subplots_adjust(left=0.31, right=0.97, bottom=0.16, top=0.9)
+    fig.subplots_adjust(left=0.31, right=0.97, bottom=0.175, top=0.885)
     # the plain step, then every rung (a batch of 2 or more has them all)
     rows = 1 + len(fit_ladder.ladder(LADDER_MODELS["GPT-2 small (124M)"], "T4", batch_size=2,
                                      seq_len=512).listed)
@@ -241,7 +296,7 @@ def _setup(fig, animated: bool = True) -> dict:
          "bars": ax.barh(range(rows), [0] * rows, height=0.7),
          "labels": [ax.text(0, i, "", va="center", fontsize=8) for i in range(rows)],
          "budget": ax.axvline(1, color="k", ls="--", lw=1),
-         "budget_text": ax.text(0, -0.75, "", fontsize=8.5, va="center", ha="left"),
+         "budget_text": ax.text(0, -0.8, "", fontsize=8.5, va="center", ha="left"),
          "title": fig.text(0.02, 0.98, "", fontsize=9.5, va="top")}
     # Every glyph of an animated text is rasterised again on each change: the words that do not
     # change with the setting stay in the kept picture (the budget's label changes with the card
@@ -253,15 +308,17 @@ def _setup(fig, animated: bool = True) -> dict:
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set(ylim=(rows - 0.5, -1.2),
+    ax.set(ylim=(rows - 0.5, -1.35),
            xlabel="predicted peak of the step with this lever alone (GiB, log scale)")
     ax.tick_params(axis="y", labelsize=8)
     ax.legend(handles=[Patch(color=_PLAIN, label="the plain step: fp32, whole batch"),
                        Patch(color=_FREE, label="costs no time"),
-                       Patch(color=_PAID, label="costs time (rank: bytes per time paid)"),
-                       Patch(color=_NOTHING, label="saves nothing here")],
-              loc="upper center", bbox_to_anchor=(0.32, -0.09), ncol=4, fontsize=8,
-              frameon=False, handlelength=1.2, columnspacing=1.2)
+                       Patch(color=_PAID, label="costs time"),
+                       Patch(color=_NOTHING, label="saves nothing here"),
+                       Line2D([], [], color="k", ls="--", lw=1,
+                              label="the card's memory, as PyTorch reports it")],
+              loc="upper center", bbox_to_anchor=(0.288, -0.115), ncol=5, fontsize=8,
+              frameon=False, handlelength=1.6, columnspacing=1.2)
     if animated:
         for artist in (*a["bars"], *a["labels"], a["title"]):
             artist.set_animated(True)
@@ -293,11 +350,18 @@ def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
         words = (format_bytes(result.baseline.total) if r is None else
                  f"#{result.rungs.index(r) + 1}, {r.time_paid:+.0%}")  # a datasheet's precision
         width = 0.011 * (len(words) + 2)  # of the axes, at 8 points
-        crosses = where(peaks[i]) < where(budget) < where(peaks[i]) + width
-        # no room after the bar, or the card's line would cross the words: write on the bar
-        inside = where(peaks[i]) > max(1 - width, width) or (crosses and where(peaks[i]) > width)
+        # After the bar, else on its end, else beside the card's line: never across the line.
+        p, b = where(peaks[i]), where(budget)
+        if p + width <= 1 and not p < b < p + width:
+            x, inside = peaks[i], False
+        elif p >= width and not p - width < b < p:
+            x, inside = peaks[i], True
+        elif p < b <= 1 - width:
+            x, inside = budget, False
+        else:
+            x, inside = budget if b >= width else peaks[i], True
         label.set_text(f"{words}  " if inside else f"  {words}")
-        label.set_x(peaks[i] if inside or not crosses else budget)
+        label.set_x(x)
         label.set_horizontalalignment("right" if inside else "left")
         label.set_color("white" if inside else "black")
     a["ax"].set(xlim=(left, right))
@@ -306,11 +370,13 @@ def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
         a["ax"].set_yticks(range(a["rows"]), ticks)
         a["ticks"] = ticks
     a["budget"].set_xdata([result.budget_bytes / GiB] * 2)
-    beside = where(budget) < 0.5  # the card's words on the roomier side of its line
+    # A few words, on the roomier side of the line, so that the line never crosses them
+    # (nvidia-smi's figure is in the climb printed under the chart).
+    words = f"{result.gpu}: {format_bytes(result.budget_bytes)}"
+    beside = where(budget) < 0.5
     a["budget_text"].set_x(budget)
     a["budget_text"].set_horizontalalignment("left" if beside else "right")
-    a["budget_text"].set_text(f" {_capacity_label(result.gpu)}" if beside
-                              else f"{_capacity_label(result.gpu)} ")
+    a["budget_text"].set_text(f" {words}" if beside else f"{words} ")
     a["title"].set_text(f"{model}, {result.batch_size} x {result.seq_len:,} tokens per step on a "
                         f"{result.gpu}: each lever alone")
 
@@ -339,7 +405,7 @@ def climb_text(result: fit_ladder.Ladder) -> str:
 
 
 def ladder_figure(result: fit_ladder.Ladder, model: str = "", *, fig: Figure | None = None,
-                  figsize: tuple = (9.5, 4.8)) -> Figure:
+                  figsize: tuple = _LADDER_FIGSIZE) -> Figure:
     """The explorer's chart of one :class:`course_lib.planning.fit_ladder.Ladder`, as a static figure.
 
     Args:
@@ -367,10 +433,7 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
     """Lecture 08's widget: the fit ladder for a model, a card, tokens and batch of one's choice.
 
     Every change calls :func:`course_lib.planning.fit_ladder.ladder` and redraws the chart of
-    :func:`ladder_figure`; below it, :func:`climb_text` prints the combination that fits. The
-    operators the time model needs for every model, card precision and checkpointing mode on
-    offer are counted once here (:func:`course_lib.prediction.time_model.count_ops`): they do
-    not change with the menus, and no first visit waits for them.
+    :func:`ladder_figure`; below it, :func:`climb_text` prints the combination that fits.
 
     Args:
         models (dict, optional): name -> ``GPTConfig`` (default :data:`LADDER_MODELS`); each
@@ -400,9 +463,6 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
                                  ("batch_size", batch_size, BATCHES)):
         if isinstance(value, bool) or value not in options:
             raise ValueError(f"{name} must be one of {options}, got {value!r}")
-    time_model.count_ops(list(models.values()), modes=[m for m, _ in FIT_POLICIES],
-                         precisions=["fp32", *sorted({mixed_precision_for(g)
-                                                      for g in GPUS.values()})])
     wide = {"description_width": "initial"}
 
     def draw(artists, model, gpu, seq_len, batch_size):
@@ -421,9 +481,10 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
         "batch_size": widgets.SelectionSlider(options=list(BATCHES), value=batch_size,
                                               description="sequences per step", style=wide),
     }
-    return live_plot(draw, controls, setup=_setup, columns=2, figsize=(9.5, 4.8))
+    return live_plot(draw, controls, setup=_setup, columns=2, figsize=_LADDER_FIGSIZE)
 
 
 __all__ = ["LADDER_MODELS", "SEQ_LENS", "BATCHES", "PARTS",
-           "peak_parts_figure", "chunked_loss_figure", "loss_curves_figure", "climb_text",
+           "peak_parts_figure", "chunked_loss_figure", "offload_price_figure",
+           "loss_curves_figure", "climb_text",
            "ladder_figure", "ladder_explorer"]
