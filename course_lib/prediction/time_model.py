@@ -32,7 +32,6 @@ operators, timed through :func:`course_lib.measurement.timing.step_times`), once
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,7 +58,6 @@ from course_lib.validation import (
     choice,
     device as as_device,
     integer,
-    items,
     number,
     optional_positive_int,
     positive_int,
@@ -413,28 +411,6 @@ def _counted(mode: str) -> str:
     """The mode whose operators :func:`step_time` counts for ``mode``: ``sqrt`` segments rerun
     whole blocks, as ``blocks`` does."""
     return "blocks" if mode == "sqrt" else mode
-
-
-def count_ops(configs, modes=tuple(ckpt.MODES), precisions=("fp32",),
-              foreach=(False, True)) -> int:
-    """Counts now the operators :func:`step_time` will ask :func:`step_ops` for, and keeps them, so
-    that no first visit to a widget's setting waits for a tiny model to run; returns how many."""
-    configs = items("configs", configs, max_len=64)
-    for config in configs:
-        check_config(config)
-    modes = [_counted(choice("modes", m, ckpt.MODES)) for m in items("modes", modes, max_len=16)]
-    precisions = items("precisions", precisions, max_len=16)
-    for precision in precisions:
-        precision_of(precision, "precisions")
-    foreach = [boolean("foreach", f) for f in items("foreach", foreach, max_len=2)]
-    done = set()
-    for config in configs:
-        for mode, precision, each in itertools.product(("none", *modes), precisions, foreach):
-            key = (config.dropout > 0, config.attention, config.bias, mode, precision, each)
-            if key not in done:
-                step_ops(config, mode, precision, foreach=each)
-                done.add(key)
-    return len(done)
 
 
 def matmul_flops(config: GPTConfig, micro_batch_size: int, mode: str = "none", every: int = 1, *,
@@ -799,7 +775,7 @@ def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: in
 
 __all__ = ["UTILISATION", "FP32_UTILISATION", "OP_SECONDS", "HOST_BANDWIDTH", "FORWARD_PASSES", "BACKWARD_PASSES",
            "ADAMW_VALUES", "CHECKPOINTING", "BASES", "DeviceSpeed", "datasheet_speed",
-           "measure_speed", "device_speed", "calibrate", "step_ops", "count_ops", "matmul_flops",
+           "measure_speed", "device_speed", "calibrate", "step_ops", "matmul_flops",
            "pointwise_bytes", "optimizer_bytes", "low_bit_bytes_moved", "LOW_BIT_OPS_PER_ROUND",
            "LOW_BIT_OPS",
            "LOW_BIT_MIN_NUMEL", "transfer_seconds", "StepTime", "step_time", "step_seconds"]
