@@ -35,6 +35,10 @@ def test_the_t4_threshold_is_the_largest_batch_the_engine_fits(precision, kernel
     assert t.largest == _brute_force(GPT2, "T4", precision, t4.total_memory, True)
     assert t.memory[t.largest - 1].total <= t.capacity < t.memory[t.oom - 1].total
     assert len(t.memory) == 16 and t.oom == t.largest + 1
+    parts = t.parts_at_largest  # what the peak's bytes are, the model's states at most 16 B/param
+    assert list(parts) == ["activations", "in flight", "model states"]
+    assert 0 < sum(parts.values()) <= t.memory[t.largest - 1].total
+    assert parts["model states"] <= 16 * 124_439_808
 
 
 def test_the_committed_thresholds_of_lecture_02():

@@ -208,6 +208,14 @@ class Threshold:
         return self.largest + 1
 
     @property
+    def parts_at_largest(self) -> dict[str, int]:
+        """Bytes of the largest fitting batch's peak (batch 1's if none fits), by what holds them:
+        activations, the step's buffers in flight, model states."""
+        m = self.memory[max(self.largest, 1) - 1]
+        return {"activations": m.activations, "in flight": m.transient,
+                "model states": m.model_states}
+
+    @property
     def capacity_label(self) -> str:
         """What the capacity is, in words: PyTorch's figure, and nvidia-smi's beside it."""
         if self.gpu.live:
