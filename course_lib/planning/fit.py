@@ -34,7 +34,8 @@ from course_lib.model.gpt import (
     gpt_param_count,
     random_tokens,
 )
-from course_lib.prediction import checkpointed, engine, step_setup, time_model
+from course_lib.planning.planner import recompute_fraction
+from course_lib.prediction import engine, step_setup, time_model
 from course_lib.prediction.engine import StepMemory, predict_step_memory
 from course_lib.prediction.formulas import training_memory
 from course_lib.training import checkpointing as ckpt
@@ -92,12 +93,6 @@ def _check_policies(policies) -> tuple:
         raise ValueError(f"policies must be a non-empty sequence of (mode, every) pairs with mode "
                          f"in {modes}, got {policies!r}")
     return tuple(policies)
-
-
-def _recompute_fraction(config: GPTConfig, mode: str, every: int, seq_len: int) -> float:
-    """Recomputed FLOPs over the plain step's (:func:`course_lib.prediction.checkpointed.step_flops`)."""
-    flops, extra = checkpointed.step_flops(config, 1, mode, every, seq_len=seq_len)
-    return extra / (flops - extra)
 
 
 # --------------------------------------------------------------------------- the largest batch
@@ -179,7 +174,7 @@ def largest_batch(config: GPTConfig, budget_bytes: int, *, precision: str = "fp3
             top = min(2 * top, max_batch)
         b = _largest(lambda b: memory(b).total <= budget, range(top, min(2 * top, max_batch + 1)))
         out.append(BatchFit(mode, every, b, memory(b) if b else None,
-                            _recompute_fraction(config, mode, every, seq_len)))
+                            recompute_fraction(config, 1, mode, every, seq_len=seq_len)))
     return out
 
 
@@ -378,7 +373,7 @@ def _fitting(config: GPTConfig, budget: int, effective_batch: int, precision: st
         fitting = [b for b in below if b <= largest]
         if below is not micro and fits(effective_batch, mode, every):
             fitting.append(effective_batch)
-        recompute = _recompute_fraction(config, mode, every, seq_len) if fitting else 0.0
+        recompute = recompute_fraction(config, 1, mode, every, seq_len=seq_len) if fitting else 0.0
         rows += [(time_model.step_seconds(config, b, effective_batch // b, mode=mode,
                                           every=every, precision=precision, gpu=gpu,
                                           speed=speed), recompute, -b, mode, every, b)
@@ -605,7 +600,7 @@ def fit_model(budget_bytes: int, *, seq_len: int = 1024, effective_batch: int = 
         by_width[width] = column[:n]
         if not n:
             del by_width[width]
-    lean = sorted(policies, key=lambda p: -_recompute_fraction(configs[-1], *p, seq_len))
+    lean = sorted(policies, key=lambda p: -recompute_fraction(configs[-1], 1, *p, seq_len=seq_len))
 
     def fits(config: GPTConfig) -> bool:  # in some precision, policy and extreme micro-batch
         # The leanest policies first; a setting whose floor (the backward pass's first moment,
