@@ -43,24 +43,6 @@ def _model_and_batch(batch=4):
 
 # --- a saved storage has a size of at least 0 ------------------------------------------------
 
-@pytest.mark.parametrize("shape, match", [((-1,), r"shape must be an int in \[0, "),
-                                          ((2.0,), "shape must be an int, got 2.0"),
-                                          ((True,), "shape must be an int, got True"),
-                                          (5, "shape must be a tuple of ints >= 0, got 5"),
-                                          ((2**41,), r"shape must be an int in \[0, ")])
-def test_a_saved_storage_refuses_a_shape_that_is_no_size(shape, match):
-    with pytest.raises(ValueError, match=match):
-        activations.Saved("op", "input", shape, torch.float32)
-
-
-def test_a_saved_storage_takes_sizes_and_dtype_names_as_their_values():
-    saved = activations.Saved("op", "input", (np.int64(2), torch.tensor(3)), "bf16")
-    assert saved.shape == (2, 3) and type(saved.shape[0]) is int
-    assert saved.dtype == torch.bfloat16 and saved.nbytes == 12
-    with pytest.raises(ValueError, match="kind must be one of"):
-        activations.Saved("op", "input", (1,), torch.float32, "weights")
-
-
 # --- ints beyond float's range ----------------------------------------------------------------
 
 @pytest.mark.parametrize("call, name", [
