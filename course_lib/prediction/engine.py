@@ -298,10 +298,10 @@ class _Backward:
         #: use (before a linear's bias gradient) rather than when its node is done.
         self.in_region = False
         h = config.d_model
-        self.Xc = self.bytes(b * s * h, t.compute)        # one (b, s, h) tensor in the compute dtype
-        self.Xr = self.bytes(b * s * h, t.stream)         # ... in the residual stream's dtype
-        self.Fc = self.bytes(4 * b * s * h, t.compute)    # the MLP's hidden layer
-        self.st = self.bytes(b * s, t.stats)              # LayerNorm's mean (or 1/std)
+        self.x_compute = self.bytes(b * s * h, t.compute)  # one (b, s, h) tensor, compute dtype
+        self.x_stream = self.bytes(b * s * h, t.stream)  # ... in the residual stream's dtype
+        self.hidden = self.bytes(4 * b * s * h, t.compute)  # the MLP's hidden layer
+        self.ln_stat = self.bytes(b * s, t.stats)  # LayerNorm's mean (or 1/std)
         self.kernel = kernels.attention_kernel(config, t.compute, t.gpu)
         # With the fused residual the projections' biases get their gradients from the kernel
         self.proj_bias = False if config.fused_residual else None
@@ -346,7 +346,8 @@ class _Backward:
         if self.t.compute != _F32:  # logits.float() in the loss: its backward casts the gradient back
             g = self.bytes(b * s * V, self.t.compute)
             self._cast(r, "logits.float() backward", logits4, g)
-        self.linear(r, "lm_head backward", h, V, self.Xc, [(_TMP, g), (_ACT, self.Xc)], bias=False)
+        self.linear(r, "lm_head backward", h, V, self.x_compute,
+                    [(_TMP, g), (_ACT, self.x_compute)], bias=False)
         self.layernorm(r, "ln_f backward")
 
     def chunked_head(self, r: _Replay, chunk: int) -> None:
@@ -362,7 +363,7 @@ class _Backward:
         four = self.bytes(1, _F32)
         r.node("loss.backward(): d loss = 1", [(_TMP, four)])
         r.node("chunked loss backward: gradients allocated",
-               [(_TMP, self.Xc), (_GRAD, self.bytes(V * h, self.params)), (_TMP, four)])
+               [(_TMP, self.x_compute), (_GRAD, self.bytes(V * h, self.params)), (_TMP, four)])
         z = self.bytes(n * V, _F32)
         if t.compute == _F32:
             # the chunk's logits; the target indices (int64) and the -1s of the one-hot
@@ -377,7 +378,7 @@ class _Backward:
                    [(_TMP, zc + z)])
         # Returning frees the incoming gradient, the saved hidden states and log-sum-exps.
         r.node("chunked loss backward: done", [],
-               [(_TMP, four), (_ACT, self.Xc + self.bytes(N, _F32))])
+               [(_TMP, four), (_ACT, self.x_compute + self.bytes(N, _F32))])
         self.layernorm(r, "ln_f backward")
 
     def embeddings(self, r: _Replay) -> None:
@@ -388,24 +389,26 @@ class _Backward:
         """
         c, b, s, t = self.config, self.b, self.s, self.t
         h, V = c.d_model, c.vocab_size
-        Xr, emb = self.Xr, t.stream  # embeddings run in the stream's dtype (fp32 under autocast)
+        # embeddings run in the stream's dtype (fp32 under autocast)
+        x_stream, emb = self.x_stream, t.stream
         if c.dropout > 0:
             mask = self.bytes(b * s * h, t.mask(t.stream))
-            r.node("emb dropout backward", [(_TMP, Xr)], [(_TMP, Xr), (_ACT, mask)])
+            r.node("emb dropout backward", [(_TMP, x_stream)], [(_TMP, x_stream), (_ACT, mask)])
         pos = self.bytes(s * h, emb)
         r.node("pos_emb backward: gradient summed over the batch", [(_TMP, pos)])
         r.node("pos_emb backward", [(_GRAD, self.bytes(c.seq_len * h, self.params))],
                [(_TMP, pos), (_ACT, self.bytes(s, torch.int64))])
         r.node("tok_emb backward", [(_TMP, self.bytes(V * h, self.params))],
-               [(_TMP, self.bytes(V * h, self.params) + Xr)])
+               [(_TMP, self.bytes(V * h, self.params) + x_stream)])
 
     def layernorm(self, r: _Replay, label: str) -> None:
         if self.t.autocast:  # the linear's 16-bit input gradient, back to the fp32 stream
-            self._cast(r, label.replace("backward", "output cast backward"), self.Xc, self.Xr)
+            self._cast(r, label.replace("backward", "output cast backward"), self.x_compute,
+                       self.x_stream)
         h, bias = self.config.d_model, self.config.bias
-        r.node(label, [(_TMP, self.Xr), (_GRAD, self.bytes(h, self.params)),
+        r.node(label, [(_TMP, self.x_stream), (_GRAD, self.bytes(h, self.params)),
                        (_GRAD, self.bytes(h * bias, self.params))],
-               [(_TMP, self.Xr), (_ACT, self.Xr + 2 * self.st)])
+               [(_TMP, self.x_stream), (_ACT, self.x_stream + 2 * self.ln_stat)])
 
     def block(self, r: _Replay) -> None:
         """One block, top to bottom; enters and leaves with one stream gradient live. With
@@ -414,40 +417,42 @@ class _Backward:
         region is rebuilt)."""
         c, b, s, t = self.config, self.b, self.s, self.t
         h, p, ac = c.d_model, c.dropout, t.autocast
-        Xc, Xr, Fc = self.Xc, self.Xr, self.Fc
+        x_compute, x_stream, hidden = self.x_compute, self.x_stream, self.hidden
         mask = self.bytes(b * s * h, t.mask(t.compute)) if p > 0 else 0
         # The gradient into a branch: the stream's own (shared with the skip connection) or, under
         # autocast, a 16-bit copy of it that the branch frees; after dropout, dropout's output.
-        g_in = Xc if (p > 0 or ac or c.fused_residual) else 0
+        g_in = x_compute if (p > 0 or ac or c.fused_residual) else 0
         if not c.fused_residual:
             if ac:
-                r.node("mlp: gradient cast to 16-bit", [(_TMP, Xc)])
+                r.node("mlp: gradient cast to 16-bit", [(_TMP, x_compute)])
             if p > 0:
-                r.node("mlp dropout backward", [(_TMP, Xc)],
-                       [(_TMP, Xc if ac else 0), (_ACT, mask)])
-        self.linear(r, "mlp proj backward", 4 * h, h, Fc, [(_TMP, g_in), (_ACT, Fc)],
+                r.node("mlp dropout backward", [(_TMP, x_compute)],
+                       [(_TMP, x_compute if ac else 0), (_ACT, mask)])
+        self.linear(r, "mlp proj backward", 4 * h, h, hidden, [(_TMP, g_in), (_ACT, hidden)],
                     bias=self.proj_bias)
         if c.fused_mlp:
             self.bias_gelu(r)
-            self.linear(r, "mlp fc backward (x @ W.T)", h, 4 * h, Xc, [(_TMP, Fc), (_ACT, Xc)],
-                        bias=False)
+            self.linear(r, "mlp fc backward (x @ W.T)", h, 4 * h, x_compute,
+                        [(_TMP, hidden), (_ACT, x_compute)], bias=False)
         else:
-            r.node("gelu backward", [(_TMP, Fc)], [(_TMP, Fc), (_ACT, Fc)])
-            self.linear(r, "mlp fc backward", h, 4 * h, Xc, [(_TMP, Fc), (_ACT, Xc)])
+            r.node("gelu backward", [(_TMP, hidden)], [(_TMP, hidden), (_ACT, hidden)])
+            self.linear(r, "mlp fc backward", h, 4 * h, x_compute,
+                        [(_TMP, hidden), (_ACT, x_compute)])
         self.layernorm(r, "ln2 backward")
-        r.node("residual: gradients added", [(_TMP, Xr)], [(_TMP, 2 * Xr)])
+        r.node("residual: gradients added", [(_TMP, x_stream)], [(_TMP, 2 * x_stream)])
         if c.fused_residual:
             self.bias_dropout_add(r, "attention")
         else:
             if ac:
-                r.node("attention: gradient cast to 16-bit", [(_TMP, Xc)])
+                r.node("attention: gradient cast to 16-bit", [(_TMP, x_compute)])
             if p > 0:
-                r.node("attn resid dropout backward", [(_TMP, Xc)],
-                       [(_TMP, Xc if ac else 0), (_ACT, mask)])
+                r.node("attn resid dropout backward", [(_TMP, x_compute)],
+                       [(_TMP, x_compute if ac else 0), (_ACT, mask)])
         self.attention(r, g_in)
-        self.linear(r, "qkv backward", h, 3 * h, Xc, [(_TMP, 3 * Xc), (_ACT, Xc)])
+        self.linear(r, "qkv backward", h, 3 * h, x_compute,
+                    [(_TMP, 3 * x_compute), (_ACT, x_compute)])
         self.layernorm(r, "ln1 backward")
-        r.node("residual: gradients added", [(_TMP, Xr)], [(_TMP, 2 * Xr)])
+        r.node("residual: gradients added", [(_TMP, x_stream)], [(_TMP, 2 * x_stream)])
 
     def bias_dropout_add(self, r: _Replay, branch: str) -> None:
         """The course's bias-dropout-add backward (``config.fused_residual``): the branch's
@@ -458,29 +463,29 @@ class _Backward:
         f32 = self.bytes(h, _F32)
         label = f"{branch}: bias_dropout_add backward (course kernel)"
         if t.stream == _F32:  # the fp32 sum is the bias's gradient
-            r.node(label, [(_TMP, self.Xr), (_GRAD, f32)])
+            r.node(label, [(_TMP, self.x_stream), (_GRAD, f32)])
         else:
-            r.node(label, [(_TMP, self.Xr), (_TMP, f32), (_GRAD, self.bytes(h, self.params))],
+            r.node(label, [(_TMP, self.x_stream), (_TMP, f32), (_GRAD, self.bytes(h, self.params))],
                    [(_TMP, f32)])
         if t.autocast:
-            self._cast(r, f"{branch}: gradient cast to 16-bit", self.Xr, self.Xc)
+            self._cast(r, f"{branch}: gradient cast to 16-bit", self.x_stream, self.x_compute)
 
     def bias_gelu(self, r: _Replay) -> None:
         """The course kernel's backward (:mod:`course_lib.model.fused`): the input's gradient, then the
         bias's, summed over the rows in fp32 and cast to the bias's dtype (under autocast, a
         16-bit gradient that the bias's cast turns into the fp32 parameter's)."""
-        n, Fc, t = 4 * self.config.d_model, self.Fc, self.t
+        n, hidden, t = 4 * self.config.d_model, self.hidden, self.t
         f32 = self.bytes(n, _F32)
-        frees = [(_TMP, Fc), (_ACT, Fc)]  # the incoming gradient, the saved input x
+        frees = [(_TMP, hidden), (_ACT, hidden)]  # the incoming gradient, the saved input x
         if t.compute == _F32:
-            r.node("bias_gelu backward (course kernel)", [(_TMP, Fc), (_GRAD, f32)], frees)
+            r.node("bias_gelu backward (course kernel)", [(_TMP, hidden), (_GRAD, f32)], frees)
             return
         e = self.bytes(n, t.compute)
         if not t.autocast:
-            r.node("bias_gelu backward (course kernel)", [(_TMP, Fc), (_TMP, f32), (_GRAD, e)],
+            r.node("bias_gelu backward (course kernel)", [(_TMP, hidden), (_TMP, f32), (_GRAD, e)],
                    [(_TMP, f32), *frees])
             return
-        r.node("bias_gelu backward (course kernel)", [(_TMP, Fc), (_TMP, f32), (_TMP, e)],
+        r.node("bias_gelu backward (course kernel)", [(_TMP, hidden), (_TMP, f32), (_TMP, e)],
                [(_TMP, f32), *frees, (_ACT, e)])  # and the saved 16-bit copy of the bias
         r.node("bias cast backward", [(_GRAD, self.bytes(n, self.params))], [(_TMP, e)])
 
@@ -488,7 +493,7 @@ class _Backward:
         """From the out-projection's backward to the concatenated q, k, v gradient (3 X, live)."""
         c, b, s, t = self.config, self.b, self.s, self.t
         h, a, p = c.d_model, c.n_heads, c.dropout
-        X, kernel = self.Xc, self.kernel
+        X, kernel = self.x_compute, self.kernel
         if kernel in ("flash", "cudnn", "efficient"):
             # The proj's input is the kernel's output, freed with the kernel's saved tensors.
             self.linear(r, "attn proj backward", h, h, X, [(_TMP, g_in)], bias=self.proj_bias)
@@ -515,38 +520,41 @@ class _Backward:
         soft = inner if math_kernel else (
             kernels.autocast_softmax_dtype(t.compute, t.gpu) if t.autocast else t.compute)
         cast = soft != inner  # CUDA autocast: softmax in fp32, probs @ v on a 16-bit copy
-        Xi = self.bytes(b * s * h, inner)
-        S = self.bytes(b * a * s * s, inner)
-        Ss = self.bytes(b * a * s * s, soft)
+        heads_x = self.bytes(b * s * h, inner)
+        scores = self.bytes(b * a * s * s, inner)
+        probs = self.bytes(b * a * s * s, soft)
         self.linear(r, "attn proj backward", h, h, X, [(_TMP, g_in), (_ACT, X)],
                     bias=self.proj_bias)
         if inner != t.compute:
-            self._cast(r, "sdpa output cast backward", X, Xi)
-        r.node("merge heads backward (copy)", [(_TMP, Xi)], [(_TMP, Xi if inner != t.compute else X)])
-        kept_probs = S if (p > 0 or cast) else 0  # a storage of its own for probs @ v
+            self._cast(r, "sdpa output cast backward", X, heads_x)
+        r.node("merge heads backward (copy)", [(_TMP, heads_x)],
+               [(_TMP, heads_x if inner != t.compute else X)])
+        kept_probs = scores if (p > 0 or cast) else 0  # a storage of its own for probs @ v
         # With b == 1 or a == 1 the head batches are views of the QKV output (see
         # activations.core_items); that storage goes only when q and k have been used too.
         v_view = (b == 1 or a == 1) and inner == t.compute
-        v = 0 if v_view else Xi
-        r.node("probs @ v backward", [(_TMP, Xi), (_TMP, S)], [(_TMP, Xi), (_ACT, v + kept_probs)])
+        v = 0 if v_view else heads_x
+        r.node("probs @ v backward", [(_TMP, heads_x), (_TMP, scores)],
+               [(_TMP, heads_x), (_ACT, v + kept_probs)])
         if cast:
-            self._cast(r, "probabilities cast backward", S, Ss)
+            self._cast(r, "probabilities cast backward", scores, probs)
         if p > 0:
             mask = self.bytes(b * a * s * s, t.mask(soft))
-            r.node("attention dropout backward", [(_TMP, Ss)], [(_TMP, Ss), (_ACT, mask)])
-        r.node("softmax backward", [(_TMP, Ss)], [(_TMP, Ss), (_ACT, Ss)])
+            r.node("attention dropout backward", [(_TMP, probs)], [(_TMP, probs), (_ACT, mask)])
+        r.node("softmax backward", [(_TMP, probs)], [(_TMP, probs), (_ACT, probs)])
         if cast:
-            self._cast(r, "scores cast backward", Ss, S)
+            self._cast(r, "scores cast backward", probs, scores)
         if not math_kernel:
-            r.node("masked_fill backward", [(_TMP, S)], [(_TMP, S), (_ACT, self.bytes(s * s, torch.bool))])
-            r.node("scale backward", [(_TMP, S)], [(_TMP, S)])
+            r.node("masked_fill backward", [(_TMP, scores)],
+                   [(_TMP, scores), (_ACT, self.bytes(s * s, torch.bool))])
+            r.node("scale backward", [(_TMP, scores)], [(_TMP, scores)])
         qkv_out = self.bytes(3 * b * s * h, t.compute)
-        qk = qkv_out if v_view and not math_kernel else 2 * Xi + (qkv_out if v_view else 0)
-        r.node("q @ k^T backward", [(_TMP, Xi), (_TMP, Xi)], [(_TMP, S), (_ACT, qk)])
+        qk = qkv_out if v_view and not math_kernel else 2 * heads_x + (qkv_out if v_view else 0)
+        r.node("q @ k^T backward", [(_TMP, heads_x), (_TMP, heads_x)], [(_TMP, scores), (_ACT, qk)])
         if math_kernel:
-            r.node("q, k scale backward", [(_TMP, Xi), (_TMP, Xi)], [(_TMP, 2 * Xi)])
+            r.node("q, k scale backward", [(_TMP, heads_x), (_TMP, heads_x)], [(_TMP, 2 * heads_x)])
         if inner != t.compute:
-            r.node("q, k, v cast back", [(_TMP, X)] * 3, [(_TMP, 3 * Xi)])
+            r.node("q, k, v cast back", [(_TMP, X)] * 3, [(_TMP, 3 * heads_x)])
         r.node("split heads backward (copies)", [(_TMP, X), (_TMP, X)], [(_TMP, 2 * X)])
         r.node("q, k, v gradients concatenated", [(_TMP, 3 * X)], [(_TMP, 3 * X)])
 
@@ -725,7 +733,7 @@ def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: 
     # With dropout a selective policy caches the MLP's projection output for a rerun of the
     # dropout; the fused residual's rerun stops before it, at the projection's input, so the
     # region holds it until it is released.
-    held = bw.Xc if one.fused_residual and one.dropout > 0 and mode in ckpt.SELECTIVE_MODES else 0
+    held = bw.x_compute if one.fused_residual and one.dropout > 0 and mode in ckpt.SELECTIVE_MODES else 0
 
     def one_block(r: _Replay) -> None:
         if one.fused_residual:
