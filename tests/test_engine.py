@@ -314,14 +314,18 @@ def test_the_fused_model_is_predicted_to_the_byte(mode, precision):
     """GPTConfig(fused_mlp=True) through Triton's interpreter: kept bytes and the steady step's
     peak, predicted against measured, to the byte, under both kernel policies."""
     pytest.importorskip("triton")
-    cfg = GPTConfig(**SMALL, fused_mlp=True)
-    spec = engine.precision_of(precision)
+    _predicted_to_the_byte(GPTConfig(**SMALL, fused_mlp=True), precision, mode)
+
+
+def _predicted_to_the_byte(cfg: GPTConfig, precision: str, mode: str) -> None:
+    """The steady step's peak and the kept bytes, predicted against measured."""
     predicted = engine.predict_step_memory(cfg, 3, precision=precision, mode=mode)
     assert predicted.total == step_setup.measure_step_memory(cfg, 3, precision=precision,
                                                              mode=mode)
     model, _ = step_setup.build(cfg, precision=precision, mode=mode)
     kept = checkpointing.measure_kept_bytes(model, *random_tokens(cfg, 3))
-    assert kept == checkpointed.predict_kept_bytes(cfg, 3, mode, dtype=spec.compute)
+    compute = engine.precision_of(precision).compute
+    assert kept == checkpointed.predict_kept_bytes(cfg, 3, mode, dtype=compute)
 
 
 def test_saving_the_kernel_costs_its_output_per_block_and_recomputing_it_nothing():
@@ -343,14 +347,8 @@ def test_saving_the_kernel_costs_its_output_per_block_and_recomputing_it_nothing
 def test_the_fused_residual_is_predicted_to_the_byte(dropout, precision, mode):
     """GPTConfig(fused_residual=True), bias-dropout-add through Triton's interpreter (or its
     PyTorch reference): kept bytes and the steady step's peak, predicted against measured."""
-    cfg = GPTConfig(**SMALL, dropout=dropout, fused_residual=True)
-    spec = engine.precision_of(precision)
-    predicted = engine.predict_step_memory(cfg, 3, precision=precision, mode=mode)
-    assert predicted.total == step_setup.measure_step_memory(cfg, 3, precision=precision,
-                                                             mode=mode)
-    model, _ = step_setup.build(cfg, precision=precision, mode=mode)
-    kept = checkpointing.measure_kept_bytes(model, *random_tokens(cfg, 3))
-    assert kept == checkpointed.predict_kept_bytes(cfg, 3, mode, dtype=spec.compute)
+    _predicted_to_the_byte(GPTConfig(**SMALL, dropout=dropout, fused_residual=True), precision,
+                           mode)
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
