@@ -4,7 +4,7 @@ Its modules, in the order they build on one another (a module imports only the o
 here, the top modules of :mod:`course_lib` and the wings above this one):
 
 ====================  ==============================================================================
-``formulas``          01: the precisions; analytic bytes of params, grads, optimizer, activations
+``formulas``          01-07: the precisions; the analytic bytes of training, ZeRO-3 during a step
 ``target``            02-08: what a prediction is for: the GPU, the precision, the dtypes (``Target``)
 ``activations``       02: the course GPT's saved activations, op by op, on the CPU or a GPU
 ``checkpointed``      04-05: what a checkpointed step keeps and recomputes; its FLOPs
