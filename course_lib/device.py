@@ -64,9 +64,9 @@ def pick_device(prefer: str | None = None) -> torch.device:
     Raises:
         ValueError: naming ``prefer``, for another value or a device this machine lacks.
 
-    Example::
-
-        pick_device("cpu")  # device(type='cpu')
+    Example:
+        >>> pick_device("cpu")
+        device(type='cpu')
     """
     if prefer is not None:
         if not isinstance(prefer, str) or prefer not in _KINDS:
@@ -132,10 +132,6 @@ class GPU:
             that is not a positive int of bytes, a ``capability`` that is not a pair of ints
             from 0 to 99, a ``free_memory`` outside ``[0, total_memory]``, a non-bool ``live``,
             or a speed that is not a positive finite number or None.
-
-    Example::
-
-        GPU("my card", 24 * GiB, (8, 6))  # GiB from course_lib.units
     """
 
     name: str
@@ -202,10 +198,6 @@ class GPU:
 
         Raises:
             ValueError: naming ``dtype``, for another dtype.
-
-        Example::
-
-            GPUS["T4"].peak_flops(torch.float16) / GPUS["T4"].peak_flops(torch.float32)  # 8.0
         """
         dtype = as_dtype(dtype)
         if dtype == torch.float16 or (dtype == torch.bfloat16 and self.has_native_bf16):
@@ -313,9 +305,9 @@ def resolve_gpu(gpu) -> GPU | None:
     Raises:
         ValueError: for an unknown name, or "cuda" on a machine without CUDA.
 
-    Example::
-
-        resolve_gpu("T4").capability  # (7, 5)
+    Example:
+        >>> resolve_gpu("T4").capability, resolve_gpu("cpu")
+        ((7, 5), None)
     """
     if gpu is None or isinstance(gpu, GPU):
         return gpu
@@ -365,9 +357,9 @@ def pick_dtype(device: torch.device | str | GPU) -> torch.dtype:
         ValueError: naming ``device``, for something that is not a device, or a device type
             other than cuda, mps or cpu.
 
-    Example::
-
-        pick_dtype(GPUS["T4"])  # torch.float16
+    Example:
+        >>> pick_dtype(GPUS["T4"]), pick_dtype(GPUS["A100 80GB"]), pick_dtype("cpu")
+        (torch.float16, torch.bfloat16, torch.float32)
     """
     if isinstance(device, GPU):
         return torch.bfloat16 if device.has_native_bf16 else torch.float16
@@ -445,9 +437,11 @@ def tolerance(device: torch.device | str) -> Tolerance:
     Raises:
         ValueError: naming ``device``, for anything but a CPU, CUDA or MPS device.
 
-    Example::
-
-        assert measured <= predicted * (1 + tolerance(DEVICE).memory)
+    Example:
+        >>> tolerance("cpu")
+        Tolerance(memory=0.0, flat=0.01, deterministic=True)
+        >>> tolerance("cuda:0").memory
+        0.05
     """
     kind = as_device("device", device).type
     if kind not in _TOLERANCES:

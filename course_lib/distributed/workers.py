@@ -150,12 +150,6 @@ class GradientReader(torch.optim.Optimizer):
 
     Raises:
         ValueError: if ``model`` is not a ``torch.nn.Module`` with parameters.
-
-    Example::
-
-        reader = GradientReader(ddp_model)
-        train(ddp_model, reader, [batch], micro_batch_size=2, accumulation_steps=4, no_sync=True)
-        reader.grads  # the gradient of the whole batch, averaged over the ranks
     """
 
     def __init__(self, model: torch.nn.Module):

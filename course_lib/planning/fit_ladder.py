@@ -62,9 +62,10 @@ class Plan:
             :data:`course_lib.prediction.formulas.MAX_WORLD_SIZE`, ``zero_stage`` 0 to 3); ``state_bits``
             not 32, 8 or 4; a switch that is not a bool.
 
-    Example::
-
-        Plan(precision="bf16-mixed", mode="blocks", state_bits=8)
+    Example:
+        >>> plan = Plan(precision="bf16-mixed", mode="blocks", state_bits=8)
+        >>> plan.state_bits, plan.accumulation_steps, plan.zero_stage  # the rest as plain
+        (8, 1, 0)
     """
 
     #: One of :data:`course_lib.prediction.engine.PRECISIONS`. ``"bf16-mixed"`` halves weights,

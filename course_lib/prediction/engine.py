@@ -580,9 +580,9 @@ def adamw_scratch_bytes(param_bytes: list[int]) -> int:
     Raises:
         ValueError: naming ``param_bytes``, for an empty list, a non-list or a bad count.
 
-    Example::
-
-        adamw_scratch_bytes([400, 40])  # 800: 2 * 400 for the first parameter
+    Example:
+        >>> adamw_scratch_bytes([400, 40])  # 2 * 400 for the first parameter
+        800
     """
     if isinstance(param_bytes, str) or not isinstance(param_bytes, list | tuple) or not param_bytes:
         raise ValueError(f"param_bytes must be a non-empty list of ints (bytes), got "

@@ -127,10 +127,6 @@ def precision_of(precision: str, name: str = "precision") -> Precision:
 
     Raises:
         ValueError: naming ``name`` (the caller's parameter), for any other value.
-
-    Example::
-
-        precision_of("bf16-mixed").element_bytes  # (2, 2, 4, 4)
     """
     return PRECISION[choice(name, precision, PRECISIONS)]
 
@@ -152,9 +148,9 @@ def mixed_precision_for(gpu=None) -> str:
     Raises:
         ValueError: naming ``gpu``, for anything else.
 
-    Example::
-
-        mixed_precision_for("T4")  # "fp16-mixed"
+    Example:
+        >>> mixed_precision_for("T4"), mixed_precision_for("A100 80GB")
+        ('fp16-mixed', 'bf16-mixed')
     """
     card = resolve_gpu(gpu)
     if card is None:
@@ -255,10 +251,12 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
     Raises:
         ValueError: naming the parameter, for a bad value.
 
-    Example::
-
-        training_memory(7_000_000_000, precision="bf16-mixed", zero_stage=3,
-                        world_size=8).total  # 14000000000: 16 bytes * 7e9 / 8
+    Example:
+        >>> training_memory(7_000_000_000, precision="bf16-mixed").total  # 16 bytes * 7e9
+        112000000000
+        >>> training_memory(7_000_000_000, precision="bf16-mixed", zero_stage=3,
+        ...                 world_size=8).total  # over 8 ranks
+        14000000000
     """
     P = _count("n_params", n_params)
     _choice("optimizer", optimizer, OPTIMIZERS)
@@ -365,9 +363,9 @@ def bytes_per_param(optimizer: str = "adamw", precision: str = "fp32", *,
     Raises:
         ValueError: naming the parameter, as :func:`training_memory` does.
 
-    Example::
-
-        bytes_per_param("adamw", "bf16-mixed")  # 16
+    Example:
+        >>> bytes_per_param("adamw", "bf16-mixed"), bytes_per_param("sgd", "fp32")
+        (16, 8)
     """
     return training_memory(1, optimizer=optimizer, precision=precision,
                            fp32_grad_buffer=fp32_grad_buffer).total
@@ -458,9 +456,9 @@ def transformer_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_
         ValueError: naming the parameter, for a non-positive or non-integer size or an unknown
             ``recompute``.
 
-    Example::
-
-        transformer_activation_bytes(2048, 1, 12288, 96, recompute="selective")  # 855638016
+    Example:
+        >>> transformer_activation_bytes(2048, 1, 12288, 96, recompute="selective")  # 34*s*b*h
+        855638016
     """
     s, b, h, a, L = (positive_int(n, v, maximum=MAX_COUNT) for n, v in (
         ("seq_len", seq_len), ("batch_size", batch_size), ("d_model", d_model),

@@ -165,10 +165,14 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
         ValueError: naming the parameter, for a bad value; ``no_sync=True`` for a model
             without ``no_sync()``; a batch of the wrong size.
 
-    Example::
-
-        log = train(model, optimizer, batches_of(x, y, 32), micro_batch_size=8,
-                    accumulation_steps=4)
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))  # logits over 16 tokens
+        >>> x, y = torch.randint(16, (8, 4)), torch.randint(16, (8, 4))
+        >>> log = train(model, torch.optim.SGD(model.parameters(), lr=0.1), batches_of(x, y, 8),
+        ...             micro_batch_size=2, accumulation_steps=4)
+        >>> log.steps, log.micro_steps, log.tokens  # one step of 4 micro-batches, 8 * 4 tokens
+        (1, 4, [32])
     """
     if not isinstance(model, torch.nn.Module):
         raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

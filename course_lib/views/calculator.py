@@ -63,10 +63,6 @@ def capacity_label(gpu: GPU | str) -> str:
 
     Raises:
         ValueError: naming ``gpu``, for anything else.
-
-    Example::
-
-        capacity_label("T4")  # "T4: 14.58 GiB (nvidia-smi 15.00)"
     """
     card = _gpu(gpu)
     smi = f" (nvidia-smi {card.smi_memory / GiB:.2f})" if card.smi_memory else ""
@@ -221,10 +217,11 @@ def states_figure(bars: dict, *, gpus=None, title: str = "",
         ValueError: naming ``bars`` (not a dict of str to TrainingMemory, or more than six),
             ``gpus`` or ``title``.
 
-    Example::
-
-        states_figure({"7B, mixed AdamW": training_memory(7e9, precision="bf16-mixed")},
-                      gpus=["T4", "A100 80GB"])
+    Example:
+        >>> fig = states_figure({"7B, mixed AdamW": training_memory(7e9, precision="bf16-mixed")},
+        ...                     gpus=["T4", "A100 80GB"])
+        >>> [label.get_text() for label in fig.axes[0].texts]  # each card's line, labelled
+        ['T4: 14.58 GiB (nvidia-smi 15.00)', 'A100 80GB: 79.15 GiB (nvidia-smi 80.00)']
     """
     _bars("bars", bars)
     cards = _gpus(gpus)
@@ -261,9 +258,12 @@ def bytes_per_param_figure(rows: dict, n_params: int, *, title: str = "",
     Raises:
         ValueError: naming ``rows``, ``n_params`` or ``title``, for a bad value.
 
-    Example::
-
-        bytes_per_param_figure({"fp32": training_memory(10)}, 10)
+    Example:
+        >>> fig = bytes_per_param_figure({"fp32": training_memory(10),
+        ...                               "bf16-mixed": training_memory(10, precision="bf16-mixed"),
+        ...                               "bf16": training_memory(10, precision="bf16")}, 10)
+        >>> [label.get_text() for label in fig.axes[0].texts]  # above each bar
+        ['16 bytes', '16 bytes', '8 bytes']
     """
     _bars("rows", rows)
     n = positive_int("n_params", n_params, maximum=MAX_PARAMS)
@@ -301,9 +301,10 @@ def activations_figure(saved: dict, *, title: str = "", figsize: tuple = (8.4, 2
     Raises:
         ValueError: naming ``saved`` or ``title``, for a bad value.
 
-    Example::
-
-        activations_figure({"fp32": {"float32": 4096}, "bf16": {"bfloat16": 2048}})
+    Example:
+        >>> fig = activations_figure({"fp32": {"float32": 4096}, "bf16": {"bfloat16": 2048}})
+        >>> [label.get_text().strip() for label in fig.axes[0].texts]  # the first bar on top
+        ['2.00 KiB  (0.500x)', '4.00 KiB  (1.000x)']
     """
     if not (isinstance(saved, dict) and 1 <= len(saved) <= 6 and all(
             isinstance(k, str) and isinstance(v, dict) and v and all(
@@ -360,9 +361,10 @@ def zero_figure(n_params: int, *, precision: str = "bf16-mixed", optimizer: str 
     Raises:
         ValueError: naming the parameter, for a bad value.
 
-    Example::
-
-        zero_figure(6_738_415_616, gpus=["T4", "A100 80GB"])
+    Example:
+        >>> fig = zero_figure(6_738_415_616, gpus=["T4", "A100 80GB"])  # Llama 2 7B
+        >>> [f"{line.get_ydata()[-1]:.1f}" for line in fig.axes[0].lines[:4]]  # GiB, 1024 GPUs
+        ['100.4', '25.2', '12.6', '0.1']
     """
     sizes = sorted(positive_int("world_sizes", n, maximum=2**24)
                    for n in items("world_sizes", world_sizes, min_len=2, max_len=64))
@@ -437,10 +439,6 @@ def calculator_figure(billions: float, *, optimizer: str = "adamw",
 
     Raises:
         ValueError: naming the parameter, for a bad value.
-
-    Example::
-
-        calculator_figure(6.738415616, precision="bf16-mixed")
     """
     choice("precision", precision, tuple(CALCULATOR_PRECISIONS.values()))
     fig = _new_figure(figsize)
@@ -474,9 +472,13 @@ def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> wi
     Raises:
         ValueError: naming ``preset``, for an unknown model.
 
-    Example::
-
-        calculator("Llama 2 70B")
+    Example:
+        >>> box = calculator("Llama 2 70B")
+        >>> box.view.controls["zero_stage"].value = 3
+        >>> box.view.controls["world_size"].value = 64
+        >>> print(box.view.artists["title"].get_text())
+        69B parameters, adamw, bf16-mixed (fp32 master), ZeRO stage 3 on 64 GPUs
+        model states 16.1 GiB per GPU: fit on L4, A100 40GB, H100 80GB, A100 80GB, H200
     """
     start = PRESETS[choice("preset", preset, tuple(PRESETS))].published_params / 1e9
     sizes = {f"{10 ** (e / 20):.3g}": 10 ** (e / 20) for e in range(-20, 61)}

@@ -231,10 +231,6 @@ def explore(gpu: str = "T4", layers: int = 48, mode: str = "blocks",
 
     Raises:
         ValueError: naming the parameter, for a value out of range.
-
-    Example::
-
-        explore("T4", 48, "sqrt", 16, 6).fits
     """
     choice("gpu", gpu, tuple(GPUS))
     layers = positive_int("layers", layers, maximum=MAX_EXPLORER_LAYERS)

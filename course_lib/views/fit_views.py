@@ -341,11 +341,6 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
 
     Raises:
         ValueError: naming the argument, for a bad value, or when nothing fits.
-
-    Example::
-
-        live_plot(functools.partial(draw_explorer, gpus=explorer_gpus()), controls,
-                  setup=setup_explorer, figsize=(9, 3.6))
     """
     if not isinstance(gpus, Mapping) or not gpus:
         raise ValueError(f"gpus must be a non-empty mapping of name -> GPU, got {gpus!r}")

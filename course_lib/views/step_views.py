@@ -384,9 +384,13 @@ def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (8.6, 3.7)):
     Raises:
         ValueError: naming ``t`` (not a :class:`Tradeoff`) or ``figsize``.
 
-    Example::
-
-        tradeoff_figure(tradeoff(...), "GPT-2 124M on an A100").savefig("tradeoff.png")
+    Example:
+        >>> t = tradeoff(GPTConfig(n_layers=2), 4, 8, precision="bf16-mixed", gpu="A100 80GB")
+        >>> fig = tradeoff_figure(t, "a 2-layer GPT on an A100 80GB")
+        >>> [ax.get_title() for ax in fig.axes]
+        ['peak memory of one optimizer step', 'time per optimizer step (a model)']
+        >>> print(fig.texts[1].get_text())
+        8 micro-batches of 4: fits in the A100 80GB's 79.15 GiB;  one batch of 32: fits
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
