@@ -400,8 +400,11 @@ def step_ops(config: GPTConfig, mode: str = "none", precision: str = "fp32", *,
     check_config(config)
     choice("mode", mode, CHECKPOINTING)
     precision_of(precision)
-    key = (config.dropout > 0, config.attention, config.bias, mode, precision,
-           boolean("foreach", foreach))
+    return _step_ops(config, mode, precision, boolean("foreach", foreach))
+
+
+def _step_ops(config: GPTConfig, mode: str, precision: str, foreach: bool) -> tuple[int, int]:
+    key = (config.dropout > 0, config.attention, config.bias, mode, precision, foreach)
     one, two = (OP_COUNTS["counts"][op_count_key(n, *key)] for n in (1, 2))
     L = config.n_layers
     return tuple(a + (L - 1) * (b - a) for a, b in zip(one, two))
@@ -420,12 +423,15 @@ def matmul_flops(config: GPTConfig, micro_batch_size: int, mode: str = "none", e
     CPU the flash kernel's attention is counted as on a GPU (``FlopCounterMode`` counts it 0)."""
     check_config(config)
     positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    spec = precision_of(precision)
-    card = resolve_gpu(gpu)
+    return _matmul_flops(config, micro_batch_size, mode, every, seq_len, precision_of(precision),
+                         resolve_gpu(gpu))
+
+
+def _matmul_flops(config, b, mode, every, seq_len, spec, card) -> tuple[int, int]:
     if card is None and attention_kernel(config, spec.compute, None) == "flash":
         card = GPUS["A100 80GB"]
-    return checkpointed.step_flops(config, micro_batch_size, mode, every, seq_len=seq_len,
-                           dtype=spec.compute, gpu=card, autocast=spec.autocast)
+    return checkpointed.step_flops(config, b, mode, every, seq_len=seq_len,
+                                   dtype=spec.compute, gpu=card, autocast=spec.autocast)
 
 
 def pointwise_bytes(config: GPTConfig, micro_batch_size: int, mode: str = "none",
@@ -440,11 +446,15 @@ def pointwise_bytes(config: GPTConfig, micro_batch_size: int, mode: str = "none"
     """
     check_config(config)
     positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    spec = precision_of(precision)
-    kw = dict(seq_len=seq_len, dtype=spec.compute, gpu=resolve_gpu(gpu), autocast=spec.autocast)
-    plain = checkpointed.predict_kept_bytes(config, micro_batch_size, "none", 1, **kw)
-    kept = plain if mode == "none" else checkpointed.predict_kept_bytes(config, micro_batch_size, mode,
-                                                                every, **kw)
+    return _pointwise_bytes(config, micro_batch_size, mode, every, seq_len,
+                            precision_of(precision), resolve_gpu(gpu))
+
+
+def _pointwise_bytes(config, b, mode, every, seq_len, spec, card) -> int:
+    kw = dict(seq_len=seq_len, dtype=spec.compute, gpu=card, autocast=spec.autocast)
+    plain = checkpointed.predict_kept_bytes(config, b, "none", 1, **kw)
+    kept = plain if mode == "none" else checkpointed.predict_kept_bytes(config, b, mode, every,
+                                                                        **kw)
     return (FORWARD_PASSES + BACKWARD_PASSES) * plain + FORWARD_PASSES * max(0, plain - kept)
 
 
@@ -623,21 +633,19 @@ def _step_time(config, b, K, mode, every, precision, seq_len, gpu, speed, u, sta
     """:func:`step_time` of checked arguments, cached: widgets call it on every slider move."""
     spec = precision_of(precision)
     L = config.n_layers
-    flops, recomputed = matmul_flops(config, b, mode, every, seq_len=seq_len,
-                                     precision=precision, gpu=gpu)
+    flops, recomputed = _matmul_flops(config, b, mode, every, seq_len, spec, gpu)
     flops = K * flops + extra_flops
     if flops <= 0:
         raise ValueError(f"extra_flops must leave the step's FLOPs positive, got {extra_flops}")
-    moved = K * pointwise_bytes(config, b, mode, every, seq_len=seq_len, precision=precision,
-                                gpu=gpu)
+    moved = K * _pointwise_bytes(config, b, mode, every, seq_len, spec, gpu)
     # operators: every block runs the same ones, so a mode checkpointing some blocks reruns
     # its per-block extra in those only; ``sqrt`` segments rerun whole blocks
     regions = ckpt.checkpointed_regions(L, mode, every)
     counted = _counted(mode)
     foreach = adamw_foreach(gpu)
-    per_micro, per_step = step_ops(config, "none", precision, foreach=foreach)
+    per_micro, per_step = _step_ops(config, "none", precision, foreach)
     if mode != "none":
-        extra_ops = step_ops(config, counted, precision, foreach=foreach)[0] - per_micro
+        extra_ops = _step_ops(config, counted, precision, foreach)[0] - per_micro
         per_micro += round(extra_ops * sum(len(r) for r in regions) / L)
     launch = K * (per_micro * speed.op_seconds + len(regions) * speed.checkpoint_seconds(mode))
     shard = N if zero_stage >= 1 else 1

@@ -44,7 +44,7 @@ from course_lib.model.toy_data import markov_entropy
 from course_lib.prediction.engine import predict_step_memory
 from course_lib.prediction.formulas import mixed_precision_for
 from course_lib.prediction.step_setup import build, train_options
-from course_lib.prediction.time_model import DeviceSpeed, step_ops
+from course_lib.prediction.time_model import DeviceSpeed
 from course_lib.training.loop import train
 from course_lib.units import GiB, KiB, MiB, format_bytes
 from course_lib.validation import (
@@ -478,12 +478,6 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
             options=[(label, mode) for mode, label in CHECKPOINT_CHOICES.items()], value="none",
             description="checkpointing", **wide)
     measured: dict[tuple, MeasuredStep] = {}
-    modes = tuple(CHECKPOINT_CHOICES) if checkpointing_menu else ("none",)
-    for config in models.values():  # count the operators of every choice now, not on a change
-        for mode in modes:
-            for name in ("fp32", "fp16-mixed", "bf16-mixed"):
-                for foreach in (False, True):  # AdamW per tensor (the CPU), foreach (a GPU)
-                    step_ops(config, mode, name, foreach=foreach)
     tops: dict[tuple, int] = {}
 
     def settings(values: dict) -> tuple[Tradeoff, tuple]:
