@@ -77,6 +77,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass, fields, replace
+from typing import NamedTuple
 
 import torch
 
@@ -1114,10 +1115,27 @@ def predict_floor(config: GPTConfig, micro_batch_size: int, accumulation_steps: 
         >>> predict_floor(cfg, 4, mode="blocks") <= predict_step_memory(cfg, 4, mode="blocks").total
         True
     """
-    config, b, K, precision, mode, every, _, s, gpu, _, _, _ = _validate(
-        config, micro_batch_size, accumulation_steps, precision, mode, every, None, seq_len, gpu,
-        False, False)
-    return _floor(config, b, K, precision, mode, every, s, gpu)
+    c = _validate(config, micro_batch_size, accumulation_steps, precision, mode, every, None,
+                  seq_len, gpu, False, False)
+    return _floor(c.config, c.micro_batch_size, c.accumulation_steps, c.precision, c.mode,
+                  c.every, c.seq_len, c.gpu)
+
+
+class _Checked(NamedTuple):
+    """A step's arguments, checked and resolved once (``_moments`` takes them in this order)."""
+
+    config: GPTConfig
+    micro_batch_size: int
+    accumulation_steps: int
+    precision: str
+    mode: str
+    every: int
+    segments: int | None
+    seq_len: int
+    gpu: GPU | None
+    first_step: bool
+    foreach: bool
+    loss_chunk: int | None
 
 
 def _validate(config, micro_batch_size, accumulation_steps, precision, mode, every, segments,
@@ -1144,8 +1162,8 @@ def _validate(config, micro_batch_size, accumulation_steps, precision, mode, eve
         if PRECISION[precision].autocast:
             raise ValueError(f"loss_chunk is predicted without autocast only, got "
                              f"precision={precision!r}")
-    return (config, b, K, precision, mode, every, segments, s, gpu,
-            bool(first_step), bool(foreach), loss_chunk)
+    return _Checked(config, b, K, precision, mode, every, segments, s, gpu, bool(first_step),
+                    bool(foreach), loss_chunk)
 
 
 def predict_moments(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
