@@ -481,8 +481,10 @@ def _fsdp_tracker(root, optimizer):
 
         def _update_snap(self, *args, **kwargs):  # at every allocation and free
             super()._update_snap(*args, **kwargs)
-            snap = {getattr(k, "value", k): v
-                    for k, v in self._curr_mem_snap.get(torch.device("cpu"), {}).items()}
+            snap: dict = {}  # every device's categories (the ranks run on gloo: the CPU)
+            for per_device in self._curr_mem_snap.values():
+                for k, v in per_device.items():
+                    snap[getattr(k, "value", k)] = snap.get(getattr(k, "value", k), 0) + v
             self.most = {group: max(self.most[group], sum(snap.get(c, 0) for c in categories))
                          for group, categories in FSDP_GROUPS.items()}
 
