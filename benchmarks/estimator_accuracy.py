@@ -11,8 +11,8 @@ bytes plus ``course_lib.measurement.memory.peak_memory`` of the step (bytes abov
 the live-tensor tracker on the CPU, ``torch.cuda.max_memory_allocated`` on CUDA, after a warm-up
 that creates the cuBLAS workspaces). Three estimates of the same figure, in bytes:
 
-* **course**: the memory engine, ``course_lib.prediction.engine.predict_step_memory(config, batch,
-  precision=, mode=, seq_len=, gpu=, first_step=True, foreach=)``: ``total``, parameters
+* **course**: the memory engine, ``course_lib.prediction.predict.predict(Step(config, batch,
+  precision=, mode=, seq_len=, gpu=, first_step=True, foreach=))``: ``total``, parameters
   included. On CUDA it is asked for this GPU (``gpu="cuda"``: its attention kernel, bool
   dropout masks, fp32 LayerNorm statistics, 512-byte blocks, step counters on the host) and
   for the multi-tensor AdamW that is PyTorch's default there (``foreach=True``); on the CPU for
@@ -53,8 +53,8 @@ from bench_device import arguments, save, setup
 
 from course_lib.measurement.memory import peak_memory, training_step
 from course_lib.model.gpt import GPT, GPTConfig, gpt_param_count, random_tokens
-from course_lib.prediction import engine
 from course_lib.prediction.formulas import training_memory, transformer_activation_bytes
+from course_lib.prediction.predict import Step, predict
 from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.units import MiB, dtype_bytes
 
@@ -123,9 +123,8 @@ def estimates(case: Case, device: str = "cpu") -> dict:
     """Bytes of the step's peak, parameters included, from each estimator (None: not defined)."""
     c, b, dtype = case.config, case.batch, case.dtype
     cuda = device == "cuda"
-    peak = engine.predict_step_memory(c, b, precision=case.precision, mode=case.mode,
-                                      seq_len=c.seq_len, gpu="cuda" if cuda else None,
-                                      first_step=True, foreach=cuda)
+    peak = predict(Step(c, b, precision=case.precision, mode=case.mode,
+                        gpu="cuda" if cuda else None, first_step=True, foreach=cuda)).peak
     states = training_memory(gpt_param_count(c), optimizer="adamw", precision=case.precision).total
     recompute = FORMULA_RECOMPUTE.get(case.mode)
     formula = None

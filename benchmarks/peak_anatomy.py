@@ -8,7 +8,7 @@ For each case, one steady-state training step of the course GPT (built by
 ``step_setup.measure_step_memory`` runs it) is measured above its resident model states, three
 ways:
 
-* **engine**: ``course_lib.prediction.engine.predict_step_memory(...).total`` less the resident
+* **engine**: ``course_lib.prediction.predict.predict(step).total`` less the resident
   bytes (``gpu="cuda"`` on a GPU, the CPU's kernels on the CPU);
 * **tensors**: the peak of the step's own live tensors, counted by the course's live-tensor
   tracker, which also remembers the op that made each storage (storages rounded to the
@@ -38,7 +38,8 @@ from torch.utils._pytree import tree_leaves
 
 from course_lib.measurement.memory import LiveTensorTracker, resident_bytes
 from course_lib.model.gpt import GPTConfig, random_tokens
-from course_lib.prediction import engine, step_setup
+from course_lib.prediction import step_setup
+from course_lib.prediction.predict import Step, predict
 from course_lib.training.loop import train
 from course_lib.units import format_bytes
 
@@ -115,7 +116,7 @@ class OpTracker(LiveTensorTracker):
 def anatomy(name: str, fields: dict, batch: int, precision: str, mode: str, device: str) -> dict:
     config = GPTConfig(**fields)
     gpu = "cuda" if device == "cuda" else None
-    predicted = engine.predict_step_memory(config, batch, precision=precision, mode=mode, gpu=gpu)
+    predicted = predict(Step(config, batch, precision=precision, mode=mode, gpu=gpu)).peak
     model, optimizer = step_setup.build(config, precision=precision, mode=mode, device=device)
     options = step_setup.train_options(precision, device)
     x, y = random_tokens(config, batch, device=device)

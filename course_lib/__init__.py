@@ -31,27 +31,27 @@ lecture modules its notebooks import (the lecture, its companion, its exercises)
 01      claims, device, grading, measurement.memory, model.gpt, model.zoo, prediction.formulas,
         training.mixed_precision, units, views.calculator
 02      claims, device, grading, measurement.memory, model.gpt, model.kernels,
-        prediction.activations, prediction.engine, prediction.formulas, prediction.step_setup,
-        units, views.activation_views
+        prediction.activations, prediction.engine, prediction.formulas, prediction.predict,
+        prediction.step_setup, units, views.activation_views
 03      claims, device, grading, measurement.memory, measurement.timing, model.gpt,
-        model.toy_data, model.zoo, prediction.engine, prediction.time_model,
+        model.toy_data, model.zoo, prediction.predict, prediction.time_model,
         training.accumulation, training.loop, units, views.playground, views.step_views
 04      claims, device, grading, measurement.memory, measurement.timeline, measurement.timing,
-        model.gpt, prediction.checkpointed, prediction.engine, training.checkpointing,
+        model.gpt, prediction.checkpointed, prediction.predict, training.checkpointing,
         training.loop, units, views.checkpoint_views
 05      claims, device, grading, measurement.memory, measurement.timing, model.fused, model.gpt,
         model.kernels, planning.planner, prediction.activations, prediction.checkpointed,
-        prediction.formulas, prediction.step_setup, prediction.time_model, training.checkpointing,
-        training.loop, training.policies, units, views.policy_views
+        prediction.formulas, prediction.predict, prediction.step_setup, prediction.time_model,
+        training.checkpointing, training.loop, training.policies, units, views.policy_views
 06      claims, device, grading, measurement.allocator, measurement.memory, measurement.timeline,
-        model.gpt, model.toy_data, planning.fit, planning.guard, prediction.engine,
-        prediction.formulas, prediction.step_setup, training.checkpointing, training.loop, units,
+        model.gpt, model.toy_data, planning.fit, planning.guard, prediction.formulas,
+        prediction.predict, prediction.step_setup, training.checkpointing, training.loop, units,
         views.fit_views
 07      claims, distributed.ranks, distributed.workers, grading, model.gpt, prediction.formulas,
         units
 08      claims, device, grading, measurement.memory, measurement.timing, model.gpt,
         model.toy_data, planning.fit_ladder, prediction.activations, prediction.checkpointed,
-        prediction.engine, prediction.step_setup, prediction.time_model, training.levers,
+        prediction.predict, prediction.step_setup, prediction.time_model, training.levers,
         training.loop, units, views.ladder_view
 ======  ==========================================================================================
 

@@ -21,8 +21,7 @@ from course_lib.validation import WrongTypeError
 
 from .validation import boolean, items, text
 
-#: The words a verdict starts with.
-VERDICTS = ("true", "false", "half-true")
+_VERDICTS = ("true", "false", "half-true")
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class Claim:
 
     Raises:
         ValueError: ``said``, ``measured`` or ``verdict`` is not a ``str``, ``verdict`` does
-            not start with one of :data:`VERDICTS`, or ``holds`` is not a ``bool``.
+            not start with one of the three words, or ``holds`` is not a ``bool``.
     """
 
     said: str
@@ -50,8 +49,8 @@ class Claim:
     def __post_init__(self):
         for name in ("said", "measured", "verdict"):
             text(name, getattr(self, name))
-        if self.word not in VERDICTS:
-            raise ValueError(f"verdict must be one of {VERDICTS}, optionally followed by ': ' "
+        if self.word not in _VERDICTS:
+            raise ValueError(f"verdict must be one of {_VERDICTS}, optionally followed by ': ' "
                              f"and the reason, got {self.verdict!r}")
         boolean("holds", self.holds)
 
@@ -142,4 +141,4 @@ def check_claims(claims: Iterable[Claim]) -> list[Claim]:
     return claims
 
 
-__all__ = ["VERDICTS", "Claim", "check_claims"]
+__all__ = ["Claim", "check_claims"]

@@ -35,12 +35,8 @@ from .validation import MAX_BYTES, boolean, device as as_device, integer, number
 _KINDS = ("cuda", "mps", "cpu")
 
 
-def in_colab() -> bool:
-    """True when running inside Google Colab (its ``google.colab`` module is loaded).
-
-    Returns:
-        bool: whether ``google.colab`` is in ``sys.modules``.
-    """
+def _in_colab() -> bool:
+    """True inside Google Colab (its ``google.colab`` module is loaded)."""
     return "google.colab" in sys.modules
 
 
@@ -179,26 +175,29 @@ class GPU:
             integer("smi_memory", self.smi_memory, minimum=self.total_memory, maximum=MAX_BYTES)
 
     @property
+    def capacity(self) -> int:
+        """Bytes a training step may use here: what was free when a live card was read
+        (``torch.cuda.mem_get_info``), else the total PyTorch reports. The course's one rule."""
+        return self.free_memory if self.live and self.free_memory is not None else self.total_memory
+
+    @property
+    def capacity_label(self) -> str:
+        """:attr:`capacity` in words, the course's one label for a card's memory line, e.g.
+        ``"T4: 14.58 GiB as PyTorch reports it (nvidia-smi: 15,360 MiB)"``."""
+        if self.live and self.free_memory is not None:
+            return (f"{self.name}: {format_bytes(self.free_memory)} free of "
+                    f"{format_bytes(self.total_memory)} as PyTorch reports it")
+        smi = "" if self.smi_memory is None else f" (nvidia-smi: {self.smi_memory // MiB:,} MiB)"
+        return f"{self.name}: {format_bytes(self.total_memory)} as PyTorch reports it{smi}"
+
+    @property
     def has_native_bf16(self) -> bool:
         """bf16 tensor cores: compute capability 8.0 and newer (not a T4)."""
         return self.capability >= (8, 0)
 
     def peak_flops(self, dtype) -> float | None:
-        """Datasheet peak dense FLOP/s of a matmul in ``dtype``.
-
-        fp16 runs on tensor cores (``tensor_flops``); bf16 too from compute capability 8.0, while
-        a T4 has no bf16 tensor cores and runs bf16 at its fp32 rate; fp32 at ``fp32_flops``
-        (PyTorch leaves TF32 off for matmuls unless ``torch.backends.cuda.matmul.allow_tf32``).
-
-        Args:
-            dtype (torch.dtype or str): fp32, fp16 or bf16 (or a name :func:`as_dtype` takes).
-
-        Returns:
-            float or None: FLOP/s, or None where the datasheet figure is unknown.
-
-        Raises:
-            ValueError: naming ``dtype``, for another dtype.
-        """
+        """Datasheet peak dense matmul FLOP/s in ``dtype`` (bf16 on a T4 and fp32: the fp32
+        rate, as PyTorch leaves TF32 off for matmuls); None where unknown."""
         dtype = as_dtype(dtype)
         if dtype == torch.float16 or (dtype == torch.bfloat16 and self.has_native_bf16):
             return self.tensor_flops
@@ -320,19 +319,8 @@ def resolve_gpu(gpu) -> GPU | None:
     raise ValueError(f"gpu must be None, 'cpu', 'cuda', a GPU or one of {list(GPUS)}, got {gpu!r}")
 
 
-def cuda_has_native_bf16(device: torch.device | str = "cuda") -> bool:
-    """True on GPUs with bf16 tensor cores (compute capability 8.0+); False on a T4 (7.5).
-
-    Args:
-        device (torch.device or str): a CUDA device (``"cuda"``, ``"cuda:1"``).
-
-    Returns:
-        bool: whether its major compute capability is 8 or more; False on a machine without
-        CUDA.
-
-    Raises:
-        ValueError: naming ``device`` for anything but a CUDA device.
-    """
+def _cuda_has_native_bf16(device: torch.device | str = "cuda") -> bool:
+    """bf16 tensor cores: compute capability 8.0+ (False on a T4, 7.5, or without CUDA)."""
     device = _cuda_device(device)
     if not torch.cuda.is_available():
         return False
@@ -344,8 +332,7 @@ def pick_dtype(device: torch.device | str | GPU) -> torch.dtype:
     """The training dtype for ``device``: bf16 or fp16 on GPUs, fp32 on the CPU (see module doc).
 
     ``device`` may also be a :class:`GPU` (a preset of :data:`GPUS`): ``GPUS["T4"]`` gives
-    ``torch.float16``, Ampere and newer ``torch.bfloat16``. A live CUDA device is asked
-    :func:`cuda_has_native_bf16`.
+    ``torch.float16``, Ampere and newer ``torch.bfloat16``; a live CUDA device, by its capability.
 
     Args:
         device (torch.device or str or GPU): the device to train on, or a card.
@@ -365,7 +352,7 @@ def pick_dtype(device: torch.device | str | GPU) -> torch.dtype:
         return torch.bfloat16 if device.has_native_bf16 else torch.float16
     device = as_device("device", device)
     if device.type == "cuda":
-        return torch.bfloat16 if cuda_has_native_bf16(device) else torch.float16
+        return torch.bfloat16 if _cuda_has_native_bf16(device) else torch.float16
     if device.type == "mps":
         try:
             torch.ones(1, dtype=torch.bfloat16, device=device)
@@ -451,17 +438,8 @@ def tolerance(device: torch.device | str) -> Tolerance:
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What :func:`describe` found: the device, its dtype and its memory in bytes.
-
-    Attributes:
-        device (torch.device): the device the notebook trains on.
-        dtype (torch.dtype): the training dtype :func:`pick_dtype` chose for it.
-        grad_scaler (bool): whether that dtype needs a ``torch.amp.GradScaler`` (fp16).
-        name (str): the GPU's name, "Apple GPU (MPS)", or the CPU's.
-        total_memory (int or None): device memory in bytes (CUDA only; None for host memory).
-        in_colab (bool): whether the kernel runs in Google Colab.
-        torch_version (str): ``torch.__version__``.
-    """
+    """What :func:`describe` found: the device, its training dtype (:func:`pick_dtype`), whether
+    that needs a ``GradScaler``, its name, its memory in bytes (CUDA only) and versions."""
 
     device: torch.device
     dtype: torch.dtype
@@ -472,11 +450,7 @@ class DeviceInfo:
     torch_version: str
 
     def summary(self) -> str:
-        """The six-line summary :func:`print_summary` prints (device, memory, dtype, versions).
-
-        Returns:
-            str: the lines, joined by newlines.
-        """
+        """The six lines :func:`print_summary` prints (device, memory, dtype, versions)."""
         mem = format_bytes(self.total_memory) if self.total_memory else "n/a (host memory)"
         dtype = str(self.dtype).replace("torch.", "")
         scaler = " with GradScaler" if self.grad_scaler else ""
@@ -492,18 +466,7 @@ class DeviceInfo:
 
 
 def describe(device: torch.device | str | None = None) -> DeviceInfo:
-    """A :class:`DeviceInfo` for ``device`` (default: :func:`pick_device`).
-
-    Args:
-        device (torch.device or str, optional): the device to describe; None for the best one.
-
-    Returns:
-        DeviceInfo: the device, its training dtype, its memory in bytes (CUDA) and versions.
-
-    Raises:
-        ValueError: naming ``device`` for something that is not a device ("gpu", a number), a
-            CUDA device on a machine without one, or a device type other than cuda, mps or cpu.
-    """
+    """A :class:`DeviceInfo` for ``device`` (default: :func:`pick_device`)."""
     device = pick_device() if device is None else as_device("device", device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r} but this machine has no CUDA device")
@@ -524,7 +487,7 @@ def describe(device: torch.device | str | None = None) -> DeviceInfo:
         grad_scaler=needs_grad_scaler(dtype),
         name=name,
         total_memory=total,
-        in_colab=in_colab(),
+        in_colab=_in_colab(),
         torch_version=torch.__version__,
     )
 

@@ -445,7 +445,7 @@ def _batch_coupled_modules(fn, rng: random.Random) -> None:
 
 def _largest_batch(fn, rng: random.Random) -> None:
     from course_lib.grading.lecture02 import SMALL
-    from course_lib.prediction.engine import predict_step_memory
+    from course_lib.prediction.predict import Step, predict
 
     for _ in range(2):
         gpu = rng.choice(["T4", "A100 40GB", "A100 80GB", "H100 80GB"])
@@ -454,7 +454,7 @@ def _largest_batch(fn, rng: random.Random) -> None:
             precision = "fp16-mixed"
 
         def need(b, seq=seq, precision=precision, gpu=gpu):
-            return predict_step_memory(SMALL, b, precision=precision, seq_len=seq, gpu=gpu).total
+            return predict(Step(SMALL, b, seq_len=seq, precision=precision, gpu=gpu)).total
 
         capacity = need(rng.randint(1, 40)) + rng.randint(0, 50_000)
         truth = 0

@@ -166,7 +166,8 @@ def test_autocast_saved_bytes_equal_measured_to_the_byte(attention, dropout, dty
     measured = saved_bytes(loss, model.parameters())
     assert act.predict_saved_bytes(cfg, batch, 16, dtype, autocast=True) == measured
     # the weight copies: one 16-bit copy of every matmul weight, the tied LM head's included
-    copies = act.total_bytes(act.model_saved(cfg, batch, 16, dtype, autocast=True), ("weight copy",))
+    items = act._model_items(cfg, *act.prediction_args(cfg, batch, 16, dtype, None, True))
+    copies = act.total_bytes(items, ("weight copy",))
     h, V = 32, 48
     assert copies == (12 * h * h * cfg.n_layers + V * h) * 2
 

@@ -54,22 +54,22 @@ def test_parse_alloc_conf():
 
 def test_alloc_conf_env_keeps_other_options_and_replaces_the_setting():
     env = {"HOME": "/root", "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:False"}
-    on = al.alloc_conf_env(env, True)
+    on = al._alloc_conf_env(env, True)
     assert on == {"HOME": "/root",
                   "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}
     assert env["PYTORCH_CUDA_ALLOC_CONF"].endswith("False")  # a copy: the input is unchanged
-    assert al.alloc_conf_env({}, False) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    assert al._alloc_conf_env({}, False) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
     # the newer generic variable, read first by torch >= 2.8, is updated where it is set
-    both = al.alloc_conf_env({"PYTORCH_ALLOC_CONF": "backend:native"}, True)
+    both = al._alloc_conf_env({"PYTORCH_ALLOC_CONF": "backend:native"}, True)
     assert both == {"PYTORCH_ALLOC_CONF": "backend:native,expandable_segments:True"}
     with pytest.raises(ValueError, match="expandable_segments"):
-        al.alloc_conf_env({}, "yes")
+        al._alloc_conf_env({}, "yes")
 
 
 def test_expandable_segments_enabled():
     assert not al._expandable_segments_enabled({})
-    assert al._expandable_segments_enabled(al.alloc_conf_env({}, True))
-    assert not al._expandable_segments_enabled(al.alloc_conf_env({}, False))
+    assert al._expandable_segments_enabled(al._alloc_conf_env({}, True))
+    assert not al._expandable_segments_enabled(al._alloc_conf_env({}, False))
     assert al._expandable_segments_enabled({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:true"})
     # PYTORCH_ALLOC_CONF decides when both are set
     assert not al._expandable_segments_enabled({"PYTORCH_ALLOC_CONF": "backend:native",

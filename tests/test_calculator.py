@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, strategies as st
 from matplotlib.text import Text
 
-from course_lib.device import GPU, GPUS
+from course_lib.device import GPUS
 from course_lib.model.zoo import PRESETS
 from course_lib.prediction.formulas import TrainingMemory, training_memory
 from course_lib.units import GiB
@@ -25,14 +25,6 @@ def _overlap(a, b) -> bool:
     return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
 
 
-def test_capacity_label_gives_pytorchs_figure_and_nvidia_smis_beside_it():
-    assert calc.capacity_label("A100 80GB") == "A100 80GB: 79.15 GiB (nvidia-smi 80.00)"
-    assert calc.capacity_label(GPUS["T4"]) == "T4: 14.58 GiB (nvidia-smi 15.00)"
-    assert calc.capacity_label(GPU("live card", 24 * GiB, (8, 6))) == "live card: 24.00 GiB"
-    with pytest.raises(ValueError, match="gpu must be one of"):
-        calc.capacity_label("A100")
-
-
 def test_states_figure_stacks_the_parts_and_labels_every_gpu_without_overlap():
     mixed = training_memory(P7, precision="bf16-mixed")
     fig = calc.states_figure({"weights": TrainingMemory(2 * P7, 0, 0, 0), "train": mixed},
@@ -46,7 +38,10 @@ def test_states_figure_stacks_the_parts_and_labels_every_gpu_without_overlap():
     assert [round(p.get_height() * GiB) for p in second] == [
         mixed.parameters, mixed.gradients, mixed.optimizer_state, mixed.master_weights]
     labels = [t.get_text() for t in ax.texts if ":" in t.get_text()]
-    assert labels == [calc.capacity_label(g) for g in sorted(
+    # each card's own label, PyTorch's figure over nvidia-smi's, smallest card first
+    assert labels[0] == "T4: 14.58 GiB as PyTorch reports it\n(nvidia-smi: 15,360 MiB)"
+    assert "A100 80GB: 79.15 GiB as PyTorch reports it\n(nvidia-smi: 81,920 MiB)" in labels
+    assert labels == [g.capacity_label.replace(" (", "\n(") for g in sorted(
         GPUS.values(), key=lambda g: g.total_memory)]
     boxes = _label_boxes(fig)
     assert len(boxes) == len(GPUS)

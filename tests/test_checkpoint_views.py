@@ -4,6 +4,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+from dataclasses import replace  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
@@ -11,7 +13,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from course_lib.device import GPUS  # noqa: E402
 from course_lib.measurement.timeline import Timeline  # noqa: E402
 from course_lib.model.gpt import GPTConfig  # noqa: E402
-from course_lib.prediction import checkpointed, engine
+from course_lib.prediction import checkpointed  # noqa: E402
+from course_lib.prediction.predict import Step, predict  # noqa: E402
 from course_lib.training import checkpointing as ckpt  # noqa: E402
 from course_lib.views import checkpoint_views as views  # noqa: E402
 
@@ -20,9 +23,10 @@ def test_explore_predicts_the_setting_and_the_plain_step():
     s = views.explore("T4", 48, "blocks", 8, 6)
     config = GPTConfig(**views.GPT2_SMALL, n_layers=48)
     assert s.precision == "autocast-fp16"
-    assert s.memory == engine.predict_step_memory(config, 6, precision="autocast-fp16",
-                                                  mode="blocks", gpu="T4")
-    assert s.plain.total > s.gpu.total_memory > s.memory.total and s.fits
+    step = Step(config, 6, precision="autocast-fp16", gpu="T4")
+    assert s.memory.step == replace(step, mode="blocks") and s.plain.step == step
+    assert s.memory.peak == predict(replace(step, mode="blocks")).peak
+    assert s.plain.total > s.gpu.capacity > s.memory.total and s.fits
     assert 1 < s.flop_ratio < 4 / 3 and s.segments is None
     assert views.explore("A100 80GB", 24, "none").precision == "autocast-bf16"
     assert views.explore("T4", 24, "none").flop_ratio == 1.0
@@ -39,7 +43,7 @@ def test_lecture_sizes_on_the_cpu_are_small_and_counted_by_flopcountermode():
 def test_lecture_sizes_on_cuda_fit_the_free_memory():
     config, batch, sweep, sweep_batch = views.lecture_sizes(torch.device("cuda"))
     assert config.attention == "explicit" and config.seq_len == sweep["seq_len"] == 1024
-    assert engine.predict_step_memory(config, batch).total < torch.cuda.mem_get_info()[0]
+    assert predict(Step(config, batch, gpu="cuda")).total < torch.cuda.mem_get_info()[0]
     assert batch >= 1 and sweep_batch >= 1
 
 
@@ -79,7 +83,10 @@ def test_explorer_redraws_for_every_control():
     assert box.image.value != first
     title = box.artists["title"].get_text()
     assert "H100 80GB" in title and "5 segments" in title
-    assert "nvidia-smi" in box.artists["card_text"].get_text()
+    # the card's own label, wrapped before its nvidia-smi figure
+    assert box.artists["card_text"].get_text() == (
+        "H100 80GB: 79.10 GiB as PyTorch reports it\n(nvidia-smi: 81,559 MiB)")
+    assert box.artists["card"].get_ydata()[0] == GPUS["H100 80GB"].total_memory / 2**30
     assert set(box.controls["gpu"].options) == set(GPUS)
 
 

@@ -9,9 +9,10 @@ from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib.measurement.memory import peak_memory, saved_bytes
-from course_lib.measurement.timeline import record_timeline, timeline_from_snapshot, track_timeline
+from course_lib.measurement.timeline import _timeline_from_snapshot, record_timeline, track_timeline
 from course_lib.model.gpt import GPT, GPTConfig, random_tokens
-from course_lib.prediction import checkpointed, engine
+from course_lib.prediction import checkpointed
+from course_lib.prediction.predict import Step, predict
 from course_lib.training import checkpointing as ckpt
 
 SMALL = dict(vocab_size=50, seq_len=16, d_model=32, n_heads=4, n_layers=5)
@@ -203,7 +204,7 @@ def test_engine_predicts_a_later_micro_batch_and_the_timeline_sees_its_peak(mode
     measured = peak_memory(step)
     # The engine's second micro-batch: the whole gradient already there, the pass's new weight
     # gradients bounded from above as if they were all kept (they are added in and freed).
-    later = engine.predict_moments(config, 2, 2, mode=mode, first_step=True)["backward 2+"]
+    later = predict(Step(config, 2, 2, mode=mode, first_step=True)).moments["backward 2+"]
     predicted = later.activations + later.transient
     timeline = track_timeline(step)
     assert timeline.peak == measured and timeline.allocated[0] > 0 and timeline.unit == "event"
@@ -217,15 +218,15 @@ def test_timeline_from_a_synthetic_snapshot():
              {"action": "free_requested", "size": 512, "time_us": 4},
              {"action": "free_completed", "size": 512, "time_us": 5},
              {"action": "alloc", "size": 4, "time_us": 6}]  # a scalar takes a whole block
-    timeline = timeline_from_snapshot({"device_traces": [trace]}, baseline=100)
+    timeline = _timeline_from_snapshot({"device_traces": [trace]}, baseline=100)
     assert timeline.clock == [2, 3, 5, 6] and timeline.unit == "µs"
     assert timeline.allocated == [612, 1636, 1124, 1636] and timeline.peak == 1636
     with pytest.raises(ValueError, match="snapshot"):
-        timeline_from_snapshot({"segments": []})
+        _timeline_from_snapshot({"segments": []})
     with pytest.raises(ValueError, match="device"):
-        timeline_from_snapshot({"device_traces": [trace]}, device=1)
+        _timeline_from_snapshot({"device_traces": [trace]}, device=1)
     with pytest.raises(ValueError, match="baseline"):
-        timeline_from_snapshot({"device_traces": [trace]}, baseline=-1)
+        _timeline_from_snapshot({"device_traces": [trace]}, baseline=-1)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
@@ -265,13 +266,13 @@ def test_cuda_timeline_peak_is_the_allocator_peak():
 
 def test_segments_memory_counts_checkpoint_sequentials_cut():
     # (k - 1) kept inputs + the last segment's blocks whole, in block inputs.
-    assert ckpt.segments_memory(64, 32, 16.0) == 31 + 2 * 16.0
-    assert ckpt.segments_memory(36, 24, 1.0) == 23 + 13  # the remainder lands in the last segment
-    assert ckpt.segments_memory(10, 1, 2.0) == 20.0  # one segment: nothing checkpointed
+    assert ckpt._segments_memory(64, 32, 16.0) == 31 + 2 * 16.0
+    assert ckpt._segments_memory(36, 24, 1.0) == 23 + 13  # the remainder lands in the last segment
+    assert ckpt._segments_memory(10, 1, 2.0) == 20.0  # one segment: nothing checkpointed
     for n, ratio in ((64, 16.0), (100, 9.0), (1000, 9.0), (25, 1.0)):
         best = ckpt.best_segments(n, ratio)
-        costs = [ckpt.segments_memory(n, k, ratio) for k in range(1, n + 1)]
-        assert ckpt.segments_memory(n, best, ratio) == min(costs)
+        costs = [ckpt._segments_memory(n, k, ratio) for k in range(1, n + 1)]
+        assert ckpt._segments_memory(n, best, ratio) == min(costs)
         assert best == costs.index(min(costs)) + 1  # the fewer segments on a tie
     assert ckpt.best_segments(64, 16.0) == 32 and ckpt.best_segments(36, 16.375) == 18
     # With A = X the best count is about sqrt(n); with A = 16 X about sqrt(16 n).
@@ -287,8 +288,8 @@ def test_best_segments_is_the_engines_best():
         c = GPTConfig(**{**config.__dict__, "n_layers": n})
 
         def peak(k, c=c):
-            return engine.predict_moments(c, 16, mode="sqrt", segments=k,
-                                          first_step=True)["backward"].step_peak
+            step = Step(c, 16, mode="sqrt", segments=k, first_step=True)
+            return predict(step).moments["backward"].step_peak
         assert peak(ckpt.best_segments(n, ratio)) == min(peak(k) for k in range(1, n + 1))
 
 
@@ -307,8 +308,8 @@ def test_n_segments_are_not_per_block_checkpointing():
             ckpt.enable_checkpointing(model, mode, segments=k)
             peaks[mode] = peak_memory(lambda m=model, a=x, b=y: m(a, b)[1].backward(), device="cpu")
             model.zero_grad(set_to_none=True)
-            assert peaks[mode] == engine.predict_moments(config, 16, mode=mode, segments=k,
-                                                         first_step=True)["backward"].step_peak
+            step = Step(config, 16, mode=mode, segments=k, first_step=True)
+            assert peaks[mode] == predict(step).moments["backward"].step_peak
         gaps.append(peaks["sqrt"] - peaks["blocks"])
     assert gaps[0] == gaps[1] > 0
 
@@ -323,10 +324,6 @@ def test_block_ratio_is_what_a_block_keeps_over_its_input():
 
 
 @pytest.mark.parametrize("call,name", [
-    (lambda: ckpt.segments_memory(0, 1, 1.0), "n_layers"),
-    (lambda: ckpt.segments_memory(4, 5, 1.0), "segments"),
-    (lambda: ckpt.segments_memory(4, 2, 0.0), "block_ratio"),
-    (lambda: ckpt.segments_memory(4, 2, float("nan")), "block_ratio"),
     (lambda: ckpt.best_segments(4, -1.0), "block_ratio"),
     (lambda: ckpt.best_segments(2000, 1.0), "n_layers"),
     (lambda: checkpointed.block_ratio({"n_layers": 2}, 2), "config"),

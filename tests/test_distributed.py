@@ -208,7 +208,7 @@ def test_gradient_reader_leaves_the_weights_and_reads_the_accumulated_gradient()
     model = GPT(TINY).double()
     before = _flat(model.parameters())
     x, y = _global_batch(0)
-    reader = workers.GradientReader(model)
+    reader = workers._GradientReader(model)
     assert reader.grads is None
     train(model, reader, [(x, y)], micro_batch_size=MICRO, accumulation_steps=WORLD * K)
     assert torch.equal(_flat(model.parameters()), before)
@@ -217,7 +217,7 @@ def test_gradient_reader_leaves_the_weights_and_reads_the_accumulated_gradient()
     whole = _flat(p.grad for p in model.parameters()).float()
     assert torch.allclose(reader.grads, whole, rtol=1e-6, atol=1e-9)
     with pytest.raises(ValueError, match="model"):
-        workers.GradientReader(torch.nn.ReLU())
+        workers._GradientReader(torch.nn.ReLU())
 
 
 def test_fsdp_shards_are_torch_chunks(ranks_results):
@@ -289,9 +289,9 @@ def test_average_gradients_by_hand():
 
 def test_local_bytes_counts_views_once_and_reports_logical_bytes():
     base = torch.zeros(10, 4)
-    logical, allocated = workers.local_bytes([base[:5], base[5:]])
+    logical, allocated = workers._local_bytes([base[:5], base[5:]])
     assert logical == 10 * 4 * 4 and allocated == 10 * 4 * 4
-    logical, allocated = workers.local_bytes([base[:3]])
+    logical, allocated = workers._local_bytes([base[:3]])
     assert logical == 3 * 4 * 4 and allocated == 10 * 4 * 4
 
 

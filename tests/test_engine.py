@@ -13,7 +13,17 @@ from course_lib.measurement.memory import peak_memory, training_step
 from course_lib.model import kernels
 from course_lib.model.gpt import GPT, GPTConfig, param_numels, random_tokens
 from course_lib.prediction import checkpointed, engine, step_setup
+from course_lib.prediction.predict import Step, predict
 from course_lib.training import checkpointing
+
+
+def peak(config, b, K=1, **fields):
+    """The peak moment of a step, through the one entry."""
+    return predict(Step(config, b, K, **fields)).peak
+
+
+def moments(config, b, K=1, **fields):
+    return predict(Step(config, b, K, **fields)).moments
 
 SMALL = dict(vocab_size=40, seq_len=32, d_model=32, n_heads=4, n_layers=3)
 
@@ -37,7 +47,7 @@ def test_first_step_peak_matches_the_tracker(cfg, dtype):
     x, y = (t.clone() for t in random_tokens(cfg, 2))
     measured = peak_memory(lambda: training_step(model, opt, x, y), device="cpu")
     precision = "fp32" if dtype == torch.float32 else "bf16"
-    pred = engine.predict_step_memory(cfg, 2, precision=precision, first_step=True)
+    pred = peak(cfg, 2, precision=precision, first_step=True)
     assert abs(pred.step_peak - measured) <= 0.03 * measured, (pred, measured)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     assert pred.parameters == params
@@ -53,14 +63,14 @@ def test_first_step_is_exact_to_the_byte_where_the_cpu_kernels_allow():
         opt = torch.optim.AdamW(model.parameters(), foreach=False)
         x, y = (t.clone() for t in random_tokens(cfg, 2))
         measured = peak_memory(lambda m=model, o=opt, x=x, y=y: training_step(m, o, x, y))
-        predicted = engine.predict_step_memory(cfg, 2, first_step=True).step_peak
+        predicted = peak(cfg, 2, first_step=True).step_peak
         # the tracker misses only the 8-byte host scalar of explicit attention
         assert 0 <= predicted - measured <= 8 * cfg.n_layers, cfg
 
 
 def test_the_peak_moves_from_activations_to_the_optimizer_step():
-    small = engine.predict_step_memory(STEP_GRID[3], 1, seq_len=16, first_step=True)
-    big = engine.predict_step_memory(STEP_GRID[3], 64, seq_len=16, first_step=True)
+    small = peak(STEP_GRID[3], 1, seq_len=16, first_step=True)
+    big = peak(STEP_GRID[3], 64, seq_len=16, first_step=True)
     assert small.moment == "AdamW step" and small.activations == 0
     assert small.optimizer_state == 2 * small.parameters + 4 * len(param_numels(STEP_GRID[3]))
     assert big.moment.startswith("backward") and big.activations > big.gradients
@@ -89,9 +99,9 @@ def test_adamw_scratch_is_what_a_second_step_allocates():
 def test_foreach_defaults_to_what_pytorch_runs_where_the_step_runs():
     cfg = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2)
     for gpu, foreach in ((None, False), ("T4", True), ("H100 80GB", True)):
-        assert engine.predict_step_memory(cfg, 2, gpu=gpu) == engine.predict_step_memory(
+        assert peak(cfg, 2, gpu=gpu) == peak(
             cfg, 2, gpu=gpu, foreach=foreach)
-    assert engine.predict_step_memory(cfg, 2, gpu="T4") != engine.predict_step_memory(
+    assert peak(cfg, 2, gpu="T4") != peak(
         cfg, 2, gpu="T4", foreach=False)
 
 
@@ -99,8 +109,8 @@ def test_foreach_adamw_scratch_is_one_copy_of_v():
     measured, sizes = _second_adamw_step(foreach=True)
     assert sum(sizes) <= measured <= sum(sizes) + 64  # plus a few 0-d step/bias-correction tensors
     cfg = GPTConfig(**SMALL)
-    per_tensor = engine.predict_moments(cfg, 1)["optimizer"].transient
-    assert engine.predict_moments(cfg, 1, foreach=True)["optimizer"].transient > per_tensor
+    per_tensor = moments(cfg, 1)["optimizer"].transient
+    assert moments(cfg, 1, foreach=True)["optimizer"].transient > per_tensor
 
 
 
@@ -117,9 +127,9 @@ def test_foreach_master_weight_adamw_scratch_is_one_copy_of_the_fp32_v():
         model = GPT(cfg).to(torch.bfloat16)
         opt = MasterWeightAdamW(model.parameters(), lr=1e-3, foreach=foreach)
         x, y = random_tokens(cfg, 1)
-        measured = step_setup.measure_steady_step(
+        measured = step_setup._measure_steady_step(
             model, opt, lambda m=model, o=opt, x=x, y=y: train(m, o, [(x, y)], micro_batch_size=1))
-        predicted = engine.predict_step_memory(cfg, 1, precision="bf16-mixed", foreach=foreach)
+        predicted = peak(cfg, 1, precision="bf16-mixed", foreach=foreach)
         assert abs(predicted.total - measured) <= 16, (foreach, predicted, measured)
         totals[foreach] = predicted
     assert totals[True].moment.startswith("optimizer")
@@ -140,7 +150,7 @@ def test_every_precision_against_measured_steady_steps(precision):
     errors, exact = [], 0
     for attention, dropout, mode in PRECISION_CASES:
         cfg = GPTConfig(**SMALL, attention=attention, dropout=dropout)
-        predicted = engine.predict_step_memory(cfg, 3, precision=precision, mode=mode).total
+        predicted = peak(cfg, 3, precision=precision, mode=mode).total
         measured = step_setup.measure_step_memory(cfg, 3, precision=precision, mode=mode)
         errors.append((predicted - measured) / measured)
         exact += abs(predicted - measured) <= 16
@@ -155,13 +165,13 @@ def test_model_states_per_precision():
     cfg = GPTConfig(**SMALL)
     P = sum(param_numels(cfg))
     for precision in engine.PRECISIONS:
-        m = engine.predict_step_memory(cfg, 1, precision=precision)
+        m = peak(cfg, 1, precision=precision)
         states = m.parameters + m.master_weights + 2 * sum(param_numels(cfg)) * (
             2 if precision == "bf16" else 4)
         assert m.model_states == states + 4 * len(param_numels(cfg)), precision  # + step counters
-    plain = engine.predict_step_memory(cfg, 1, precision="fp32", first_step=True)
-    auto = engine.predict_moments(cfg, 1, precision="autocast-bf16")["backward"]
-    mixed = engine.predict_moments(cfg, 1, precision="bf16-mixed")["backward"]
+    plain = peak(cfg, 1, precision="fp32", first_step=True)
+    auto = moments(cfg, 1, precision="autocast-bf16")["backward"]
+    mixed = moments(cfg, 1, precision="bf16-mixed")["backward"]
     assert auto.parameters == plain.parameters == 4 * P and mixed.parameters == 2 * P
     assert mixed.master_weights == 4 * P and auto.master_weights == 0
 
@@ -172,27 +182,27 @@ def test_gpu_predictions_are_allocator_blocks_and_differ_where_the_kernels_do():
     cfg = GPTConfig(vocab_size=1000, seq_len=512, d_model=256, n_heads=4, n_layers=4, dropout=0.1,
                     attention="sdpa")
     for name in GPUS:
-        m = engine.predict_step_memory(cfg, 4, precision="bf16-mixed", gpu=name)
+        m = peak(cfg, 4, precision="bf16-mixed", gpu=name)
         assert all(v % 512 == 0 for v in m.as_dict().values()), name
     # A T4 has no bf16 attention kernel: bf16 keeps the s x s maps there, fp16 does not.
-    t4_bf16 = engine.predict_step_memory(cfg, 4, precision="bf16-mixed", gpu="T4")
-    t4_fp16 = engine.predict_step_memory(cfg, 4, precision="fp16-mixed", gpu="T4")
-    a100 = engine.predict_step_memory(cfg, 4, precision="bf16-mixed", gpu="A100 80GB")
+    t4_bf16 = peak(cfg, 4, precision="bf16-mixed", gpu="T4")
+    t4_fp16 = peak(cfg, 4, precision="fp16-mixed", gpu="T4")
+    a100 = peak(cfg, 4, precision="bf16-mixed", gpu="A100 80GB")
     maps = 4 * 4 * 512 * 512
     assert t4_bf16.total - t4_fp16.total > 2 * maps
     assert abs(t4_fp16.total - a100.total) < maps
     # CUDA's 1-byte masks and the step counters on the host make it smaller than the CPU's count
-    assert a100.total < engine.predict_step_memory(cfg, 4, precision="bf16-mixed").total
+    assert a100.total < peak(cfg, 4, precision="bf16-mixed").total
 
 
 def test_more_of_anything_never_needs_less():
     cfg = GPTConfig(**SMALL, attention="sdpa", dropout=0.1)
     for precision in engine.PRECISIONS:
         for gpu in (None, "T4", "H100 80GB"):
-            base = engine.predict_step_memory(cfg, 2, precision=precision, gpu=gpu).total
-            assert engine.predict_step_memory(cfg, 3, precision=precision, gpu=gpu).total > base
+            base = peak(cfg, 2, precision=precision, gpu=gpu).total
+            assert peak(cfg, 3, precision=precision, gpu=gpu).total > base
             deeper = dataclasses.replace(cfg, n_layers=4)
-            assert engine.predict_step_memory(deeper, 2, precision=precision, gpu=gpu).total > base
+            assert peak(deeper, 2, precision=precision, gpu=gpu).total > base
 
 
 CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2)
@@ -204,11 +214,16 @@ CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2)
     (dict(precision="bf16-autocast"), "precision"), (dict(mode="full"), "mode"),
     (dict(every=0), "every"), (dict(seq_len=9), "seq_len"), (dict(gpu="V100"), "gpu"),
     (dict(segments=2), "segments"), (dict(first_step="yes"), "first_step"),
-    (dict(foreach="yes"), "foreach")])
-def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
-    args = dict(config=CFG, micro_batch_size=1) | kwargs
+    (dict(foreach="yes"), "foreach"), (dict(loss_chunk=0), "loss_chunk"),
+    (dict(loss_chunk=4, precision="autocast-bf16"), "loss_chunk"), (dict(state_bits=16), "state_bits"),
+    (dict(state_bits=8.0), "state_bits"), (dict(in_backward=1), "in_backward"),
+    (dict(in_backward=True, accumulation_steps=2), "in_backward"),
+    (dict(offload_activations=None), "offload_activations"), (dict(lora_rank=17), "lora_rank"),
+    (dict(zero_stage=4), "zero_stage"), (dict(world_size=0), "world_size"),
+    (dict(mode="save-kernel"), "fused MLP")])
+def test_a_bad_step_is_refused_where_it_is_made_naming_the_field(kwargs, name):
     with pytest.raises(ValueError, match=name):
-        engine.predict_step_memory(**args)
+        Step(**(dict(config=CFG, micro_batch_size=1) | kwargs))
 
 
 # --------------------------------------------------------------------------- on a GPU
@@ -233,7 +248,7 @@ def test_engine_against_the_cuda_allocator():
     for shape, attention, dropout, (mode, every) in _cuda_grid():
         cfg = GPTConfig(**shape, attention=attention, dropout=dropout)
         for precision in sorted(precisions):
-            predicted = engine.predict_step_memory(cfg, 4, precision=precision, mode=mode,
+            predicted = peak(cfg, 4, precision=precision, mode=mode,
                                                 every=every, gpu="cuda").total
             measured = step_setup.measure_step_memory(cfg, 4, precision=precision, mode=mode,
                                                every=every, device="cuda")
@@ -248,11 +263,11 @@ def test_engine_against_the_cuda_allocator():
 
 def test_predictions_are_cached_by_the_config_itself():
     engine._moments.cache_clear()
-    first = engine.predict_step_memory(GPTConfig(n_layers=3), 2, precision="bf16-mixed")
-    again = engine.predict_step_memory(GPTConfig(n_layers=3), 2, precision="bf16-mixed")
+    first = peak(GPTConfig(n_layers=3), 2, precision="bf16-mixed")
+    again = peak(GPTConfig(n_layers=3), 2, precision="bf16-mixed")
     info = engine._moments.cache_info()  # an equal config, another object: the cached answer
     assert first == again and (info.hits, info.misses) == (1, 1)
-    deeper = engine.predict_step_memory(GPTConfig(n_layers=4), 2, precision="bf16-mixed")
+    deeper = peak(GPTConfig(n_layers=4), 2, precision="bf16-mixed")
     assert deeper.total > first.total and engine._moments.cache_info().misses == 2
 
 
@@ -262,9 +277,9 @@ def test_parameter_sizes_from_two_blocks_equal_every_tensor_summed():
         cfg = GPTConfig(vocab_size=50, seq_len=16, d_model=24, n_heads=3, n_layers=n_layers,
                         bias=bias)
         for element_bytes in (2, 4):
-            sizes = [engine.kernels.allocated(n * element_bytes, engine.resolve_gpu(gpu))
+            sizes = [engine.kernels.allocated(n * element_bytes, resolve_gpu(gpu))
                      for n in param_numels(cfg)]
-            got = engine._param_sizes(cfg, element_bytes, engine.resolve_gpu(gpu))
+            got = engine._param_sizes(cfg, element_bytes, resolve_gpu(gpu))
             assert (got.total, got.last, got.count) == (sum(sizes), sizes[-1], len(sizes))
             assert got.adamw_scratch == engine.adamw_scratch_bytes(sizes)
 
@@ -278,29 +293,21 @@ _FLOOR_CASES = [
 
 
 def test_the_floor_is_the_backward_pass_first_moment_and_never_above_the_peak():
-    """predict_floor against its definition, from the engine's own parts: the model states of the
+    """The floor against its definition, from the engine's own parts: the model states of the
     optimizer moment (which hold no activations), the accumulated gradient, the bytes
     checkpointing keeps (predict_kept_bytes) and the 4-byte loss; never above the peak."""
     for config, b, K, precision, mode, every, gpu in _FLOOR_CASES:
-        floor = engine.predict_floor(config, b, K, precision=precision, mode=mode, every=every,
-                                     gpu=gpu)
-        moments = engine.predict_moments(config, b, K, precision=precision, mode=mode,
-                                         every=every, gpu=gpu)
+        floor = engine.floor(Step(config, b, K, precision=precision, mode=mode, every=every,
+                                  gpu=gpu))
+        at = moments(config, b, K, precision=precision, mode=mode, every=every, gpu=gpu)
         spec = engine.precision_of(precision)
         kept = checkpointed.predict_kept_bytes(config, b, mode, every, dtype=spec.compute,
                                                 gpu=gpu, autocast=spec.autocast)
         loss = kernels.allocated(4, resolve_gpu(gpu))
-        states = moments["optimizer"].model_states
-        grads = moments["optimizer"].parameters if K > 1 else 0
+        states = at["optimizer"].model_states
+        grads = at["optimizer"].parameters if K > 1 else 0
         assert floor == states + grads + kept + loss, (config.n_layers, b, K, precision, mode, gpu)
-        assert floor <= max(m.total for m in moments.values())
-
-
-def test_the_floor_rejects_bad_input():
-    with pytest.raises(ValueError, match="mode"):
-        engine.predict_floor(GPTConfig(**SMALL), 1, mode="everything")
-    with pytest.raises(ValueError, match="precision"):
-        engine.predict_floor(GPTConfig(**SMALL), 1, precision="fp8")
+        assert floor <= max(m.total for m in at.values())
 
 
 # --------------------------------------------------------------------------- the fused kernel
@@ -319,7 +326,7 @@ def test_the_fused_model_is_predicted_to_the_byte(mode, precision):
 
 def _predicted_to_the_byte(cfg: GPTConfig, precision: str, mode: str) -> None:
     """The steady step's peak and the kept bytes, predicted against measured."""
-    predicted = engine.predict_step_memory(cfg, 3, precision=precision, mode=mode)
+    predicted = peak(cfg, 3, precision=precision, mode=mode)
     assert predicted.total == step_setup.measure_step_memory(cfg, 3, precision=precision,
                                                              mode=mode)
     model, _ = step_setup.build(cfg, precision=precision, mode=mode)
@@ -363,7 +370,7 @@ def test_the_fused_residual_keeps_no_dropout_mask(dropout):
 def test_the_kernel_modes_need_the_fused_model():
     for mode in ("save-kernel", "recompute-kernel"):
         with pytest.raises(ValueError, match="fused_mlp"):
-            engine.predict_step_memory(GPTConfig(**SMALL), 1, mode=mode)
+            peak(GPTConfig(**SMALL), 1, mode=mode)
         assert mode not in engine.MODES  # the planners choose among every model's modes
 
 
@@ -388,33 +395,7 @@ def test_attention_with_dropout_is_exact_under_every_mode(attention, mode, preci
     opt = torch.optim.AdamW(model.parameters(), foreach=False)
     x, y = random_tokens(cfg, 4)
     measured = peak_memory(lambda: training_step(model, opt, x, y), device="cpu")
-    pred = engine.predict_step_memory(cfg, 4, precision=precision, mode=mode, first_step=True)
+    pred = peak(cfg, 4, precision=precision, mode=mode, first_step=True)
     assert pred.step_peak == measured, (pred.moment, pred.step_peak, measured)
     if mode == "selective" and attention == "explicit":
         assert pred.moment.startswith("forward")
-
-
-def test_the_peak_in_bytes_is_the_step_memorys_total():
-    cfg = GPTConfig(**SMALL)
-    step = dict(precision="bf16-mixed", mode="blocks", gpu="T4")
-    assert engine.predict_peak_bytes(cfg, 4, 2, **step) == engine.predict_step_memory(
-        cfg, 4, 2, **step).total
-    with pytest.raises(TypeError):
-        engine.predict_peak_bytes(cfg, 4, precison="bf16-mixed")  # a misspelt keyword
-
-
-def test_the_bytes_by_phase_are_the_moments_totals_after_what_stays_between_steps():
-    cfg = GPTConfig(**SMALL)
-    step = dict(precision="bf16-mixed", mode="blocks", gpu="T4")
-    phases = engine.predict_phase_bytes(cfg, 4, 2, **step)
-    moments = engine.predict_moments(cfg, 4, 2, **step)
-    assert list(phases) == ["between steps", *moments]
-    assert phases["between steps"] == moments["optimizer"].model_states  # steady state
-    assert all(phases[name] == m.total for name, m in moments.items())
-    assert max(phases.values()) == engine.predict_peak_bytes(cfg, 4, 2, **step)
-    first = engine.predict_phase_bytes(cfg, 4, first_step=True)
-    assert first["between steps"] == engine.predict_step_memory(cfg, 4, first_step=True).before_step
-    with pytest.raises(TypeError):
-        engine.predict_phase_bytes(cfg, 4, precison="bf16-mixed")
-    with pytest.raises(ValueError, match="micro_batch_size"):
-        engine.predict_phase_bytes(cfg, 0)

@@ -11,6 +11,7 @@ import pytest
 from course_lib.device import GPUS
 from course_lib.model.gpt import GPTConfig
 from course_lib.prediction import time_model
+from course_lib.prediction.predict import Step, predict
 from course_lib.views import fit_views, ladder_view
 from course_lib.views.widgets import live_plot
 
@@ -31,8 +32,8 @@ def no_counting(monkeypatch):
 def test_step_time_reads_the_counts_for_every_mode_and_precision():
     for mode in ("none", "sqrt", "blocks", "selective", "attention"):
         for precision in ("fp32", "bf16-mixed", "fp16-mixed"):
-            assert time_model.step_time(SMALL, 2, 3, mode=mode, precision=precision,
-                                        gpu="T4").ops > 0
+            step = Step(SMALL, 2, 3, mode=mode, precision=precision, gpu="T4")
+            assert predict(step).time.ops > 0
 
 
 def test_gpu_explorer_counts_nothing_on_a_first_visit_to_a_card_or_length():

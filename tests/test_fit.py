@@ -14,6 +14,7 @@ from course_lib.model.gpt import GPT, GPTConfig, gpt_param_count
 from course_lib.planning import fit, guard
 from course_lib.prediction import engine, step_setup
 from course_lib.prediction.formulas import model_state_bytes
+from course_lib.prediction.predict import Step, predict
 from course_lib.training import mixed_precision
 from course_lib.training.loop import train
 from course_lib.units import MiB, storage_bytes
@@ -28,6 +29,11 @@ SLACK = 64
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def _peak(config, b, K=1, **step):
+    """The predicted peak moment of ``Step(config, b, K, **step)``."""
+    return predict(Step(config, b, K, **step)).peak
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_param_numels_is_the_models_parameter_order(bias):
     config = GPTConfig(vocab_size=50, seq_len=16, d_model=24, n_heads=3, n_layers=2, bias=bias)
@@ -40,7 +46,7 @@ def test_param_numels_is_the_models_parameter_order(bias):
 @pytest.mark.parametrize("precision", fit.FIT_PRECISIONS)
 @pytest.mark.parametrize("mode,every", POLICIES)
 def test_one_micro_batch_is_predicted_to_the_byte(precision, mode, every):
-    predicted = engine.predict_step_memory(SMALL, 3, precision=precision, mode=mode, every=every).total
+    predicted = _peak(SMALL, 3, precision=precision, mode=mode, every=every).total
     measured = step_setup.measure_step_memory(SMALL, 3, precision=precision, mode=mode, every=every)
     if precision.startswith("autocast") and mode in ("selective", "sqrt"):
         # Low by up to 2.3 % here: at the end of the forward pass autocast's cache still holds
@@ -53,14 +59,14 @@ def test_one_micro_batch_is_predicted_to_the_byte(precision, mode, every):
 @pytest.mark.parametrize("precision,mode,every", [
     ("fp32", "none", 1), ("fp32", "blocks", 1), ("bf16-mixed", "sqrt", 1), ("bf16", "blocks", 1)])
 def test_accumulation_is_an_upper_bound_within_fifteen_percent(precision, mode, every):
-    predicted = engine.predict_step_memory(SMALL, 2, 3, precision=precision, mode=mode, every=every)
+    predicted = _peak(SMALL, 2, 3, precision=precision, mode=mode, every=every)
     measured = step_setup.measure_step_memory(SMALL, 2, 3, precision=precision, mode=mode, every=every)
     assert measured - SLACK <= predicted.total <= 1.15 * measured
 
 
 def test_memory_is_flat_in_accumulation_steps_from_two_on():
     for precision, (mode, every) in itertools.product(fit.FIT_PRECISIONS, POLICIES):
-        by_k = [engine.predict_step_memory(SMALL, 2, K, precision=precision, mode=mode, every=every)
+        by_k = [_peak(SMALL, 2, K, precision=precision, mode=mode, every=every)
                 for K in (1, 2, 3, 8)]
         assert by_k[1] == by_k[2] == by_k[3]
         assert by_k[0].total <= by_k[1].total
@@ -78,7 +84,7 @@ def test_resident_model_states_are_what_a_real_step_leaves(precision):
     train(model, optimizer, [(x, x)], micro_batch_size=2, **step_setup.train_options(precision))
     master = getattr(optimizer, "master", [])
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    m = engine.predict_step_memory(SMALL, 1, precision=precision)
+    m = _peak(SMALL, 1, precision=precision)
     assert m.parameters == storage_bytes(model.parameters())
     assert m.master_weights == storage_bytes(master)
     assert m.optimizer_state == storage_bytes(state)
@@ -87,15 +93,18 @@ def test_resident_model_states_are_what_a_real_step_leaves(precision):
             "autocast-bf16": 12}[precision] * P == m.model_states - 4 * n
 
 
-def test_the_searchs_lower_bound_is_below_every_predicted_step():
-    # Written out (ZeRO's accounting): resident params + master + m + v, and the gradients at
-    # the optimizer step (fp32 master gradients in mixed precision), bytes per parameter.
-    assert fit._STATE_BYTES == {"fp32": (12, 4), "fp16-mixed": (14, 4), "bf16-mixed": (14, 4),
-                                "bf16": (6, 2), "autocast-fp16": (12, 4), "autocast-bf16": (12, 4)}
-    for precision, (mode, every) in itertools.product(fit.FIT_PRECISIONS, fit.FIT_POLICIES):
-        predicted = engine.predict_step_memory(SMALL, 1, precision=precision, mode=mode,
-                                               every=every)
-        assert fit._lower_bound(SMALL, precision) <= predicted.total, (precision, mode)
+@pytest.mark.parametrize("K", [1, 4])
+def test_the_searchs_floor_is_below_every_setting_of_the_batch(K):
+    # fit_model rules a model out when the engine's floor of every block checkpointed, at the
+    # smallest micro-batch and at the whole batch alone, is over the budget: sound only if
+    # that floor is under every setting's predicted peak, whatever the policy and micro-batch.
+    for precision in fit.FIT_PRECISIONS:
+        floor = min(engine.floor(Step(SMALL, b, K // b, precision=precision, mode="blocks"))
+                    for b in (1, K))
+        for (mode, every), b in itertools.product(fit.FIT_POLICIES, (1, 2, 4)):
+            if K % b == 0:
+                assert floor <= _peak(SMALL, b, K // b, precision=precision, mode=mode,
+                                      every=every).total, (precision, mode, every, b)
 
 
 def test_mixed_precision_model_states_are_16_bytes_per_parameter_measured():
@@ -135,21 +144,21 @@ def test_master_weight_adamw_is_adamw_on_fp32_copies():
 
 def test_largest_batch_is_the_boundary_and_fits_when_measured():
     budget = 3 * MiB
-    rows = fit.largest_batch(SMALL, budget, precision="fp32", policies=POLICIES)
+    rows = fit.largest_batch(Step(SMALL), budget, policies=POLICIES)
     assert [(r.mode, r.every) for r in rows] == POLICIES
     for r in rows:
         b = r.micro_batch_size
         assert b >= 1 and r.memory.total <= budget
-        assert engine.predict_step_memory(SMALL, b + 1, mode=r.mode, every=r.every).total > budget
+        assert _peak(SMALL, b + 1, mode=r.mode, every=r.every).total > budget
     assert rows[3].micro_batch_size > rows[0].micro_batch_size  # blocks/1 beats none
     r = rows[3]
     assert step_setup.measure_step_memory(SMALL, r.micro_batch_size, mode=r.mode, every=r.every) <= budget
-    assert fit.largest_batch(SMALL, 1000)[0].micro_batch_size == 0  # nothing fits: 0, no memory
+    assert fit.largest_batch(Step(SMALL), 1000)[0].micro_batch_size == 0  # nothing fits: 0
 
 
 def _fits(config, budget, effective, precisions, policies):
     divisors = [d for d in range(1, effective + 1) if effective % d == 0]
-    return any(engine.predict_step_memory(config, b, effective // b, precision=p, mode=m, every=e).total
+    return any(_peak(config, b, effective // b, precision=p, mode=m, every=e).total
                <= budget for p in precisions for m, e in policies for b in divisors)
 
 
@@ -158,17 +167,18 @@ def test_fit_model_finds_the_largest_fitting_shape_by_brute_force():
                  head_size=16, aspect_ratio=None)
     precisions, policies = ("bf16-mixed", "fp32"), (("none", 1), ("blocks", 1))
     budget, effective = 4 * MiB, 4
-    f = fit.fit_model(budget, effective_batch=effective, precisions=precisions, policies=policies,
-                      **space)
-    assert f.peak_bytes <= budget and f.effective_batch == effective
-    assert f.memory == engine.predict_step_memory(f.config, f.micro_batch_size, f.accumulation_steps,
-                                               precision=f.precision, mode=f.mode, every=f.every)
     configs = fit.search_space(**space)
+    f = fit.fit_model(budget, space=configs, effective_batch=effective, precisions=precisions,
+                      policies=policies)
+    s = f.step
+    assert f.peak_bytes <= budget and s.batch_size == effective
+    assert f.memory == _peak(s.config, s.micro_batch_size, s.accumulation_steps,
+                             precision=s.precision, mode=s.mode, every=s.every)
     bigger = [c for c in configs if gpt_param_count(c) > f.n_params]
     assert bigger and not any(_fits(c, budget, effective, precisions, policies) for c in bigger)
     # The preference order: a precision listed before the chosen one does not fit this model.
-    for p in precisions[:precisions.index(f.precision)]:
-        assert not _fits(f.config, budget, effective, (p,), policies)
+    for p in precisions[:precisions.index(s.precision)]:
+        assert not _fits(s.config, budget, effective, (p,), policies)
     assert "parameters" in f.summary() and "predicted" in f.summary()
 
 
@@ -179,10 +189,11 @@ def test_fit_model_matches_brute_force_where_widths_bound_each_other(budget):
     space = dict(seq_len=32, vocab_size=64, widths=range(16, 257, 16), depths=range(1, 25),
                  head_size=16, aspect_ratio=(2, 64))
     precisions, policies = ("bf16-mixed", "fp32"), (("none", 1), ("blocks", 1), ("sqrt", 1))
-    fitting = [c for c in fit.search_space(**space) if _fits(c, budget, 4, precisions, policies)]
+    configs = fit.search_space(**space)
+    fitting = [c for c in configs if _fits(c, budget, 4, precisions, policies)]
     try:
-        f = fit.fit_model(budget, effective_batch=4, precisions=precisions, policies=policies,
-                          **space)
+        f = fit.fit_model(budget, space=configs, effective_batch=4, precisions=precisions,
+                          policies=policies)
     except ValueError:
         assert not fitting
         return
@@ -190,13 +201,14 @@ def test_fit_model_matches_brute_force_where_widths_bound_each_other(budget):
 
 
 def test_each_technique_lets_a_larger_model_fit():
-    space = dict(seq_len=64, vocab_size=64, effective_batch=8, widths=range(16, 257, 16),
-                 depths=range(1, 17), head_size=16, aspect_ratio=(8, 64))
+    space = dict(space=fit.search_space(seq_len=64, vocab_size=64, widths=range(16, 257, 16),
+                                        depths=range(1, 17), head_size=16, aspect_ratio=(8, 64)),
+                 effective_batch=8)
     plain = fit.fit_model(4 * MiB, precisions=("fp32",), policies=(("none", 1),),
                           max_accumulation_steps=1, **space)
     accumulated = fit.fit_model(4 * MiB, precisions=("fp32",), policies=(("none", 1),), **space)
     everything = fit.fit_model(4 * MiB, precisions=("bf16-mixed", "fp32", "bf16"), **space)
-    assert plain.accumulation_steps == 1 and plain.micro_batch_size == 8
+    assert plain.step.accumulation_steps == 1 and plain.step.micro_batch_size == 8
     assert accumulated.n_params > 2 * plain.n_params
     assert everything.n_params > accumulated.n_params
 
@@ -213,7 +225,7 @@ def test_search_space_respects_the_aspect_ratio_and_head_size():
 @settings(max_examples=25, deadline=None)
 @given(b=st.integers(1, 12), mode=st.sampled_from(POLICIES), precision=st.sampled_from(fit.FIT_PRECISIONS))
 def test_more_sequences_never_need_less_memory(b, mode, precision):
-    small, large = (engine.predict_step_memory(SMALL, n, precision=precision, mode=mode[0],
+    small, large = (_peak(SMALL, n, precision=precision, mode=mode[0],
                                             every=mode[1]).total for n in (b, b + 1))
     assert small <= large
 
@@ -234,7 +246,7 @@ def _training(config, micro, K, refs=None, precision="fp32"):
 
 def test_run_within_budget_catches_going_over_and_frees_the_memory():
     refs = []
-    need = engine.predict_step_memory(SMALL, 8).total
+    need = _peak(SMALL, 8).total
     trial = guard.run_within_budget(_training(SMALL, 8, 1, refs), need // 2, what="too big",
                                   device="cpu")
     assert not trial.ok and trial.peak_bytes is None and trial.result is None
@@ -248,7 +260,7 @@ def test_run_within_budget_catches_going_over_and_frees_the_memory():
 def test_run_within_budget_measures_what_the_planner_predicts():
     # Building the model and two steps from nothing: the peak is the steady-state step's.
     for precision in fit.FIT_PRECISIONS:
-        need = engine.predict_step_memory(SMALL, 4, precision=precision).total
+        need = _peak(SMALL, 4, precision=precision).total
         trial = guard.run_within_budget(_training(SMALL, 4, 1, precision=precision), need + SLACK,
                                       device="cpu")
         assert trial.ok and abs(trial.peak_bytes - need) <= SLACK and "fits" in trial.message
@@ -278,7 +290,7 @@ def test_other_errors_are_not_taken_for_out_of_memory():
 
 
 def test_check_budget():
-    m = engine.predict_step_memory(SMALL, 2)
+    m = _peak(SMALL, 2)
     guard.check_budget(m, m.total)
     with pytest.raises(guard.MemoryBudgetExceeded, match="over the budget") as info:
         guard.check_budget(m, m.total - 1, what="the step")
@@ -286,38 +298,41 @@ def test_check_budget():
     guard.check_budget(10, 10)
 
 
-def test_breakdown_and_dtype():
-    m = engine.predict_step_memory(SMALL, 2, precision="fp32")
+def test_breakdown_rows_sum_to_the_total():
+    m = _peak(SMALL, 2, precision="fp32")
     rows = engine.breakdown_rows(m)
     assert "master weights" not in dict(rows) and sum(v for _, v in rows) == m.total
-    assert step_setup.model_dtype("bf16-mixed") == torch.bfloat16 and step_setup.model_dtype("fp32") == torch.float32
 
 
 @pytest.mark.parametrize("call,name", [
-    (lambda: engine.predict_step_memory("gpt", 1), "config"),
-    (lambda: engine.predict_step_memory(SMALL, 0), "micro_batch_size"),
-    (lambda: engine.predict_step_memory(SMALL, 1, 0), "accumulation_steps"),
-    (lambda: engine.predict_step_memory(SMALL, 1, precision="fp16"), "precision"),
-    (lambda: engine.predict_step_memory(SMALL, 1, gpu="K80"), "gpu"),
-    (lambda: fit.largest_batch(SMALL, MiB, gpu="K80"), "gpu"),
+    (lambda: _peak("gpt", 1), "config"),
+    (lambda: _peak(SMALL, 0), "micro_batch_size"),
+    (lambda: _peak(SMALL, 1, 0), "accumulation_steps"),
+    (lambda: _peak(SMALL, 1, precision="fp16"), "precision"),
+    (lambda: _peak(SMALL, 1, gpu="K80"), "gpu"),
+    (lambda: fit.largest_batch(SMALL, MiB), "step"),
+    (lambda: fit.largest_batch(Step(SMALL, in_backward=True), MiB), "step"),
+    (lambda: fit.settings(Step(SMALL, lora_rank=2), MiB), "step"),
+    (lambda: fit.fit_model(MiB, gpu="K80"), "gpu"),
     (lambda: step_setup.train_options("fp8"), "precision"),
-    (lambda: engine.predict_step_memory(SMALL, 1, mode="everything"), "mode"),
-    (lambda: engine.predict_step_memory(SMALL, 1, mode="blocks", every=0), "every"),
-    (lambda: engine.predict_step_memory(SMALL, 1, seq_len=SMALL.seq_len + 1), "seq_len"),
-    (lambda: fit.largest_batch(SMALL, 0), "budget_bytes"),
-    (lambda: fit.largest_batch(SMALL, MiB, max_batch=0), "max_batch"),
-    (lambda: fit.largest_batch(SMALL, MiB, policies=[("fast", 1)]), "policies"),
+    (lambda: _peak(SMALL, 1, mode="everything"), "mode"),
+    (lambda: _peak(SMALL, 1, mode="blocks", every=0), "every"),
+    (lambda: _peak(SMALL, 1, seq_len=SMALL.seq_len + 1), "seq_len"),
+    (lambda: fit.largest_batch(Step(SMALL), 0), "budget_bytes"),
+    (lambda: fit.largest_batch(Step(SMALL), MiB, max_batch=0), "max_batch"),
+    (lambda: fit.largest_batch(Step(SMALL), MiB, policies=[("fast", 1)]), "policies"),
     (lambda: fit.fit_model(0), "budget_bytes"),
     (lambda: fit.fit_model(MiB, effective_batch=0), "effective_batch"),
-    (lambda: fit.fit_model(MiB, seq_len=0), "seq_len"),
+    (lambda: fit.fit_model(MiB, space=[]), "space"),
+    (lambda: fit.fit_model(MiB, space=[SMALL, "gpt"]), "space"),
     (lambda: fit.fit_model(MiB, precisions="fp32"), "precisions"),
     (lambda: fit.fit_model(MiB, precisions=("fp8",)), "precision"),
     (lambda: fit.fit_model(MiB, max_accumulation_steps=0), "max_accumulation_steps"),
-    (lambda: fit.fit_model(MiB, aspect_ratio=(64, 32)), "aspect_ratio"),
-    (lambda: fit.fit_model(MiB, widths=[]), "widths"),
-    (lambda: fit.fit_model(MiB, head_size=0), "head_size"),
-    (lambda: fit.fit_model(1000, seq_len=32, vocab_size=64, widths=[16], depths=[1], head_size=16,
-                           aspect_ratio=None), "budget_bytes"),
+    (lambda: fit.search_space(aspect_ratio=(64, 32)), "aspect_ratio"),
+    (lambda: fit.search_space(widths=[]), "widths"),
+    (lambda: fit.search_space(head_size=0), "head_size"),
+    (lambda: fit.search_space(seq_len=0), "seq_len"),
+    (lambda: fit.fit_model(1000, space=[SMALL]), "budget_bytes"),
     (lambda: fit.search_space(widths=[48], head_size=32, aspect_ratio=None), "search space"),
     (lambda: guard.check_budget(10, 0), "budget_bytes"),
     (lambda: guard.check_budget("a lot", 10), "needed"),
@@ -345,10 +360,10 @@ def test_prediction_against_the_cuda_allocator_and_a_real_out_of_memory():
     config = GPTConfig(vocab_size=4096, seq_len=256, d_model=256, n_heads=4, n_layers=4)
     mixed = "bf16-mixed" if pick_dtype("cuda") == torch.bfloat16 else "fp16-mixed"
     for precision in ("fp32", mixed):
-        predicted = engine.predict_step_memory(config, 4, precision=precision, gpu="cuda").total
+        predicted = _peak(config, 4, precision=precision, gpu="cuda").total
         measured = step_setup.measure_step_memory(config, 4, precision=precision, device="cuda")
         assert abs(predicted - measured) <= 0.05 * measured
-    need = engine.predict_step_memory(config, 16, gpu="cuda").total
+    need = _peak(config, 16, gpu="cuda").total
 
     def work():
         model, optimizer = step_setup.build(config, device="cuda")

@@ -7,7 +7,8 @@ from matplotlib.figure import Figure
 
 from course_lib.device import GPU, GPUS
 from course_lib.model.gpt import GPTConfig
-from course_lib.prediction import engine
+from course_lib.prediction import engine, time_model
+from course_lib.prediction.predict import Step, predict
 from course_lib.units import GiB, MiB
 from course_lib.views import fit_views
 
@@ -29,8 +30,8 @@ def test_unit_of_switches_to_gib_at_two_gib():
 
 
 def test_draw_steps_stacks_every_category_to_the_total():
-    steps = {"fp32": engine.predict_step_memory(SMALL, 4),
-             "bf16-mixed, 2 x 2": engine.predict_step_memory(SMALL, 2, 2, precision="bf16-mixed")}
+    steps = {"fp32": predict(Step(SMALL, 4)).peak,
+             "bf16-mixed, 2 x 2": predict(Step(SMALL, 2, 2, precision="bf16-mixed")).peak}
     fig, ax = _axes()
     scale, unit = fit_views.draw_steps(ax, steps, budget=MiB, measured={"fp32": 123_456})
     assert (scale, unit) == (MiB, "MiB")
@@ -51,7 +52,7 @@ def test_draw_steps_stacks_every_category_to_the_total():
     (dict(measured={"a": -5}), "measured"), (dict(ax="axes"), "ax")])
 def test_draw_steps_names_a_bad_argument(kwargs, name):
     _, ax = _axes()
-    args = dict(ax=ax, steps={"a": engine.predict_step_memory(SMALL, 1)}) | kwargs
+    args = dict(ax=ax, steps={"a": predict(Step(SMALL)).peak}) | kwargs
     with pytest.raises(ValueError, match=name):
         fit_views.draw_steps(args.pop("ax"), args.pop("steps"), **args)
 
@@ -75,15 +76,24 @@ def test_explorer_offers_the_presets_and_this_gpu_only_with_cuda():
         fit_views.explorer_gpus(live="yes")
 
 
-def test_capacity_is_pytorchs_total_for_a_preset_and_the_free_memory_for_a_live_card():
+@pytest.mark.parametrize("live", [False, True])
+def test_the_explorer_budgets_pytorchs_total_or_a_live_cards_free_memory(live, monkeypatch):
     t4 = GPUS["T4"]
-    memory, where = fit_views._capacity_of(t4)
-    assert memory == t4.total_memory and "nvidia-smi: 15.00 GiB" in where and "14.58 GiB" in where
-    live = GPU("Tesla T4", t4.total_memory, (7, 5), free_memory=14 * GiB, live=True)
-    memory, where = fit_views._capacity_of(live)
-    assert memory == 14 * GiB and "mem_get_info" in where
-    with pytest.raises(ValueError, match="gpu"):
-        fit_views._capacity_of("T4")
+    # a live card's speed is measured on it: without one here, a T4's datasheet stands in
+    sheet = time_model.device_speed("T4")
+    monkeypatch.setattr(time_model, "device_speed", lambda gpu: sheet)
+    card = GPU("Tesla T4", t4.total_memory, (7, 5), free_memory=10 * GiB, live=True) if live else t4
+    fig = Figure(figsize=(9, 3.6))
+    FigureCanvasAgg(fig)
+    plan = fit_views.draw_explorer(fig, "card", 50, 256, 8, gpus={"card": card})
+    memory = 10 * GiB if live else t4.total_memory  # free now, or all PyTorch reports
+    assert plan.budget_bytes == memory // 2 and plan.peak_bytes <= memory // 2
+    ax = fig.axes[0]
+    assert [line.get_xdata()[0] for line in ax.get_lines()] == [memory / 2 / GiB, memory / GiB]
+    capacity = ax.get_legend().get_texts()[1].get_text()
+    assert capacity == ("Tesla T4: 10.00 GiB free of 14.58 GiB as PyTorch reports it" if live
+                        else "T4: 14.58 GiB as PyTorch reports it\n(nvidia-smi: 15,360 MiB)")
+    fig.canvas.draw()
 
 
 def test_the_explorer_draws_a_plan_that_fits_its_budget(capsys):
@@ -94,7 +104,7 @@ def test_the_explorer_draws_a_plan_that_fits_its_budget(capsys):
     assert plan.budget_bytes == budget and plan.peak_bytes <= budget
     # a T4 has no bf16 tensor cores: fp16 mixed precision or fp32, whichever fits the larger
     # model (with foreach AdamW, the master weights' step can cost more bytes than fp32's)
-    assert plan.precision in ("fp16-mixed", "fp32")
+    assert plan.step.precision in ("fp16-mixed", "fp32")
     title = fig.axes[0].get_title(loc="left")
     assert title.startswith("T4: the largest GPT that fits") and plan.label in title
     assert "trained naively" in capsys.readouterr().out
@@ -125,8 +135,9 @@ def test_the_explorer_widget_opens_on_its_settings_and_names_a_bad_one():
 def test_draw_largest_puts_each_plan_beside_its_step():
     from course_lib.planning import fit
 
-    space = dict(seq_len=32, vocab_size=64, effective_batch=4, widths=range(16, 129, 16),
-                 depths=range(1, 9), head_size=16, aspect_ratio=None)
+    space = dict(space=fit.search_space(seq_len=32, vocab_size=64, widths=range(16, 129, 16),
+                                        depths=range(1, 9), head_size=16, aspect_ratio=None),
+                 effective_batch=4)
     fits = {"fp32": fit.fit_model(2 * MiB, precisions=("fp32",), **space),
             "bf16": fit.fit_model(2 * MiB, precisions=("bf16",), **space)}
     fig = Figure(figsize=(10, 3.4))

@@ -92,7 +92,7 @@ def test_an_unregistered_function_hides_its_inside_from_a_policy():
     with _Calls() as registered:
         fused.bias_gelu(x, bias)
     with _Calls() as plain:
-        fused.unregistered_bias_gelu(x, bias)
+        fused._unregistered_bias_gelu(x, bias)
     assert OP in registered.calls
     assert OP not in plain.calls and torch.ops.aten.gelu.default in plain.calls
 
@@ -113,7 +113,7 @@ def test_ops_table_names_the_op_its_reference_and_inputs():
 ])
 def test_bad_inputs_are_refused(args, match):
     with pytest.raises(ValueError, match=match):
-        fused.unregistered_bias_gelu(*args)
+        fused._unregistered_bias_gelu(*args)
 
 
 @pytest.mark.gpu
@@ -176,7 +176,7 @@ def _dropout_grads(fn, x, bias, residual, p, seed):
 # bf16: the kernel scales in fp32, the unfused ops by a scale rounded to bf16
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 3e-2)])
 def test_bias_dropout_add_matches_the_unfused_ops_with_its_mask(dtype, tol):
-    x, bias, residual, p, seed = fused.dropout_example("cpu", dtype)
+    x, bias, residual, p, seed = fused._dropout_example("cpu", dtype)
     got = _dropout_grads(fused.bias_dropout_add, x, bias, residual, p, seed)
     want = _dropout_grads(fused.unfused_bias_dropout_add, x, bias, residual, p, seed)
     for g, w in zip(got, want, strict=True):
@@ -194,7 +194,7 @@ def test_the_mask_is_the_seeds_own():
 
 
 def test_the_kernel_keeps_no_tensor_where_the_unfused_ops_keep_the_mask():
-    x, bias, residual, p, seed = fused.dropout_example()
+    x, bias, residual, p, seed = fused._dropout_example()
     kept = fused.bias_dropout_add(x, bias, residual, p, seed)
     unfused = fused.unfused_bias_dropout_add(x, bias, residual, p)  # F.dropout's own mask
     mask_bytes = x.numel() * x.element_size()  # on the CPU the mask has x's dtype
@@ -206,7 +206,7 @@ def test_the_kernel_keeps_no_tensor_where_the_unfused_ops_keep_the_mask():
 
 @pytest.mark.parametrize("op", ["bias_dropout_add", "dropout_backward"])
 def test_opcheck_passes(op):
-    x, bias, residual, p, seed = fused.dropout_example()
+    x, bias, residual, p, seed = fused._dropout_example()
     args = (x, bias, residual, p, seed) if op == "bias_dropout_add" else (x.detach(), p, seed)
     results = torch.library.opcheck(getattr(torch.ops.course, op).default, args)
     assert set(results.values()) == {"SUCCESS"}, results
@@ -223,7 +223,7 @@ def test_offsets_are_int64_so_no_tensor_size_overflows():
 
 
 def test_without_triton_the_op_draws_its_mask_from_a_seeded_generator(monkeypatch):
-    x, bias, residual, p, seed = fused.dropout_example()
+    x, bias, residual, p, seed = fused._dropout_example()
     monkeypatch.setattr(fused, "backend", lambda device: "reference")
     keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)) >= p
     assert torch.equal(fused.dropout_mask(x, p, seed), keep)
@@ -236,7 +236,7 @@ def test_without_triton_the_op_draws_its_mask_from_a_seeded_generator(monkeypatc
 
 
 def test_p_0_keeps_everything_and_p_1_drops_everything():
-    x, bias, residual, _, seed = fused.dropout_example()
+    x, bias, residual, _, seed = fused._dropout_example()
     out, gx, gb, gr = _dropout_grads(fused.bias_dropout_add, x, bias, residual, 0.0, seed)
     torch.testing.assert_close(out, residual + x + bias)
     torch.testing.assert_close(gx, gr)
@@ -247,7 +247,7 @@ def test_p_0_keeps_everything_and_p_1_drops_everything():
 @pytest.mark.parametrize("decision, reruns", [(CheckpointPolicy.MUST_SAVE, 0),
                                               (CheckpointPolicy.PREFER_RECOMPUTE, 1)])
 def test_a_policy_saves_or_reruns_bias_dropout_add_with_the_same_mask(decision, reruns):
-    x, bias, residual, p, _ = fused.dropout_example()
+    x, bias, residual, p, _ = fused._dropout_example()
     weight = torch.randn(64, 64, requires_grad=True)
 
     def block(x):  # the seed is drawn inside: the rerun must draw the same one
@@ -294,7 +294,7 @@ def test_the_registration_is_shown_whole():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_compiled_dropout_kernel_matches_the_unfused_ops_on_a_gpu(dtype):
     x, bias, residual, p, seed = (t.detach().cuda().requires_grad_() if isinstance(t, torch.Tensor)
-                                  else t for t in fused.dropout_example("cpu", dtype))
+                                  else t for t in fused._dropout_example("cpu", dtype))
     got = _dropout_grads(fused.bias_dropout_add, x, bias, residual, p, seed)
     want = _dropout_grads(fused.unfused_bias_dropout_add, x, bias, residual, p, seed)
     for g, w in zip(got, want, strict=True):

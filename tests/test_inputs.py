@@ -156,22 +156,22 @@ CASES = {
         lambda v: memory.saved_bytes((torch.ones(2, requires_grad=True) * 2).sum(),
                                       include_parameters=v), "include_parameters", NOT_A_BOOL),
     "timeline_from_snapshot.baseline": (
-        lambda v: timeline.timeline_from_snapshot({"device_traces": [[]]}, baseline=v),
+        lambda v: timeline._timeline_from_snapshot({"device_traces": [[]]}, baseline=v),
         "baseline", not_an_int(0, 2**63 - 1)),
     "timeline_from_snapshot.device": (
-        lambda v: timeline.timeline_from_snapshot({"device_traces": [[]]}, device=v),
+        lambda v: timeline._timeline_from_snapshot({"device_traces": [[]]}, device=v),
         "device", not_an_int(0, 0)),
-    "policy_name.policy": (lambda v: policies.policy_name(v), "policy",
+    "policy_name.policy": (lambda v: policies._policy_name(v), "policy",
                            st.one_of(BOOLS, st.integers(), st.floats(), st.none())),
-    "save_ops_policy.ops": (lambda v: policies.save_ops_policy(v), "ops",
-                            st.one_of(BOOLS, st.integers(), st.floats(), st.none(),
-                                      st.lists(st.integers(), min_size=1, max_size=2))),
+    "SelectiveContext.ops": (lambda v: policies.SelectiveContext(v), "ops",
+                             st.one_of(BOOLS, st.integers(), st.floats(), st.none(),
+                                       st.lists(st.integers(), min_size=1, max_size=2))),
     # distributed
     "average_gradients.world_size": (
         lambda v: workers.average_gradients([torch.zeros(1)], lambda t: t, v), "world_size",
         not_an_int(1, ranks.MAX_WORLD_SIZE)),
-    "GradientReader.model": (lambda v: workers.GradientReader(v), "model", OTHERS),
-    "local_bytes.tensors": (lambda v: workers.local_bytes(v), "tensors",
+    "GradientReader.model": (lambda v: workers._GradientReader(v), "model", OTHERS),
+    "local_bytes.tensors": (lambda v: workers._local_bytes(v), "tensors",
                             st.one_of(BOOLS, st.integers(), st.floats(), st.none(),
                                       st.lists(st.integers(), min_size=1, max_size=2))),
     # ranks

@@ -18,6 +18,7 @@ from course_lib.model import fused, gpt, toy_data
 from course_lib.model.gpt import GPT, GPTConfig
 from course_lib.planning import fit, fit_ladder, guard, planner
 from course_lib.prediction import activations, formulas, step_setup, time_model
+from course_lib.prediction.predict import Step
 from course_lib.training import accumulation, checkpointing, levers, loop
 from course_lib.views import (
     activation_views,
@@ -75,7 +76,7 @@ def test_a_zero_dimensional_tensor_is_not_a_shape():
     lambda d: fused.example(d),
     lambda d: fused.backend(d),
     lambda d: time_model.measure_speed(d),
-    lambda d: playground.measure_step_cost(CFG, 1, 1, device=d),
+    lambda d: playground.measure_step_cost(Step(CFG, 1, 1), device=d),
 ])
 @pytest.mark.parametrize("device", ["gpu", 0, np.int64(0), -1, None])
 def test_a_device_torch_does_not_know_is_refused_naming_device(call, device):
@@ -188,9 +189,9 @@ def test_numpy_and_torch_ints_are_used_as_ints(size):
      r"^matmul_size must be an int in \[16, 16,384\], got 0"),
     (lambda: time_model.measure_speed("cpu", repeats=101),
      "^repeats must be a positive int of at most 100, got 101"),
-    (lambda: playground.measure_step_cost(CFG, 1, 1, steps=1001),
+    (lambda: playground.measure_step_cost(Step(CFG, 1, 1), steps=1001),
      "^steps must be a positive int of at most 1,000, got 1001"),
-    (lambda: playground.measure_step_cost(CFG, 1, 1, steps=BEYOND_FLOAT),
+    (lambda: playground.measure_step_cost(Step(CFG, 1, 1), steps=BEYOND_FLOAT),
      "^steps must be a positive int of at most 1,000, got 1000"),
 ])
 def test_timing_sizes_have_a_maximum_named_by_the_caller(call, match):
@@ -201,7 +202,7 @@ def test_timing_sizes_have_a_maximum_named_by_the_caller(call, match):
 # --- messages that name the caller's parameter --------------------------------------------------
 
 def _step_views_tradeoff():
-    return step_views.tradeoff(CFG, 2, 2, gpu="T4")
+    return step_views.tradeoff(Step(CFG, 2, 2, gpu="T4"))
 
 
 @pytest.mark.parametrize("call, match", [
@@ -220,8 +221,8 @@ def _step_views_tradeoff():
     (lambda: step_views.tradeoff_figure(_step_views_tradeoff(), "x", figsize=(BEYOND_FLOAT, 1)),
      "^figsize must be two positive numbers"),
     (lambda: step_views.tradeoff_figure(3, "x"), "^t must be a Tradeoff"),
-    (lambda: step_views._memory_top(CFG, None), "^t must be a Tradeoff"),
-    (lambda: step_views._memory_top(CFG, _step_views_tradeoff(), 2**30),
+    (lambda: step_views._memory_top(None), "^t must be a Tradeoff"),
+    (lambda: step_views._memory_top(_step_views_tradeoff(), 2**30),
      "^largest must be a positive int of at most 16,777,216"),
     (lambda: widgets.live_plot(lambda a, x: None, {"x": ipywidgets.IntSlider()},
                                figsize=(BEYOND_FLOAT, 2)), "^figsize must be two positive"),
@@ -232,7 +233,7 @@ def _step_views_tradeoff():
     (lambda: planner.choices(3), "^options must be a non-empty list of Candidates"),
     (lambda: planner.time_ratios(CFG, 2, 3), "^policies must be a list or tuple, got 3"),
     (lambda: planner.time_ratios(CFG, 2, ["blocks"]), r"^policies must be \(mode, every\) pairs"),
-    (lambda: time_model.matmul_flops(CFG, 2, "everything"), "^mode must be one of"),
+    (lambda: Step(CFG, 2, mode="everything"), "^mode must be one of"),
     (lambda: timing.split_by_class("gpu"), "^events must be a profiler's events"),
     (lambda: timing.split_by_class([1, 2]), "^events must be a profiler's events"),
     (lambda: gpt.check_batch(GPT(CFG), *gpt.random_tokens(CFG, 2), ignore_index=BEYOND_FLOAT),
@@ -384,7 +385,8 @@ def test_a_search_space_of_1024_by_1024_is_refused_before_it_is_built():
         fit.search_space(widths=list(range(64, 64 * 1025, 64)), depths=list(range(1, 1025)),
                          aspect_ratio=None)
     with pytest.raises(ValueError, match="^widths and depths must make at most 32,768 pairs"):
-        fit.fit_model(10**9, widths=list(range(64, 64 * 1025, 64)), depths=list(range(1, 1025)))
+        fit.fit_model(10**9, space=fit.search_space(widths=list(range(64, 64 * 1025, 64)),
+                                                    depths=list(range(1, 1025))))
     assert time.perf_counter() - start < 1.0
 
 
@@ -423,10 +425,10 @@ def test_a_lora_rank_is_named_and_at_most_the_width():
     with pytest.raises(ValueError, match=r"^lora_rank must be a positive int of at most 8, got "
                                          r"549755813888"):
         fit_ladder.ladder(CFG, "T4", lora_rank=2**39)
-    with pytest.raises(ValueError, match="^plan.lora_rank must be a positive int of at most 8"):
-        fit_ladder.predict_plan(CFG, 2, fit_ladder.Plan(lora_rank=10**6))
-    with pytest.raises(ValueError, match="^plan.lora_rank must be a positive int of at most 8"):
-        fit_ladder.plan_seconds(CFG, 2, fit_ladder.Plan(lora_rank=9), "T4")
+    with pytest.raises(ValueError, match="^lora_rank must be a positive int of at most 8"):
+        Step(CFG, 2, lora_rank=10**6)
+    with pytest.raises(ValueError, match="^lora_rank must be a positive int of at most 8"):
+        Step(CFG, 2, lora_rank=9)
     with pytest.raises(ValueError, match="^rank must be a positive int of at most 8, got 9"):
         levers.lora_parameter_count(CFG, 9)
     assert levers.lora_parameter_count(CFG, 8) == 16 * 8 * 8 * CFG.n_layers
@@ -458,7 +460,7 @@ def test_a_device_speed_states_speeds_within_reason(field, value):
     lambda d: toy_data.markov_tokens(2, 8, device=d),
     lambda d: step_setup.build(CFG, device=d),
     lambda d: planner.measure_peak(CFG, 2, device=d),
-    lambda d: playground.measure_step_cost(CFG, 1, 1, device=d),
+    lambda d: playground.measure_step_cost(Step(CFG, 1, 1), device=d),
     lambda d: timing.step_times({"a": lambda: None}, device=d),
     lambda d: fused.example(d),
 ])
@@ -498,7 +500,7 @@ def test_more_sizes_have_a_maximum():
     with pytest.raises(ValueError, match="^block must be a positive int of at most 1,152,921"):
         units.storage_bytes([torch.zeros(2)], block=2**61)
     with pytest.raises(ValueError, match="^micro_batch_size must be a positive int of at most 16,"):
-        playground.measure_step_cost(CFG, 2**25, 1)
+        Step(CFG, 2**25, 1)
 
 
 # --- no hang, no silent wrong answer, nothing left behind -----------------------------------
@@ -577,16 +579,16 @@ def test_numpy_sizes_are_exact_ints_however_large():
 
     flops, _ = checkpointed.step_flops(big, np.int64(2**24))
     assert flops == checkpointed.step_flops(big, 2**24)[0] and flops > exact > 2**63
-    fraction = planner.recompute_fraction(big, np.int64(2**24), "blocks")
-    assert fraction == planner.recompute_fraction(big, 2**24, "blocks") > 0.2
+    fraction = planner.recompute_fraction(Step(big, np.int64(2**24), mode="blocks"))
+    assert fraction == planner.recompute_fraction(Step(big, 2**24, mode="blocks")) > 0.2
     from course_lib.model import zoo
 
     llama = zoo.LlamaConfig(d_model=np.int64(64), n_heads=np.int64(4), n_layers=np.int64(2),
                             vocab_size=np.int64(100), d_ff=np.int64(128), n_kv_heads=np.int64(4))
-    plan = fit_ladder.Plan(accumulation_steps=np.int64(2), every=np.int64(1),
-                           world_size=np.int64(2), lora_rank=np.int64(4), zero_stage=np.int64(1),
-                           loss_chunk=np.int64(64))
-    for record in (llama, plan):
+    step = Step(CFG, np.int64(1), np.int64(2), np.int64(8), every=np.int64(1),
+                world_size=np.int64(2), lora_rank=np.int64(4), zero_stage=np.int64(1),
+                loss_chunk=np.int64(64))
+    for record in (llama, step):
         assert all(type(getattr(record, f.name)) is not np.int64
                    for f in dataclasses.fields(record)), record
     assert type(levers.low_bit_state_bytes([np.int64(5000), np.int64(8192)], 8)) is int

@@ -5,8 +5,8 @@ import pytest
 from course_lib.device import GPUS
 from course_lib.model.gpt import GPTConfig
 from course_lib.planning import fit_ladder
-from course_lib.prediction import engine
-from course_lib.units import GiB, MiB
+from course_lib.prediction.predict import Step, predict
+from course_lib.units import GiB, MiB, format_bytes
 from course_lib.views import ladder_view
 
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
@@ -16,27 +16,25 @@ def _texts(fig) -> list[str]:
     return [t.get_text() for ax in fig.axes for t in ax.texts] + [t.get_text() for t in fig.texts]
 
 
-def test_capacity_label_gives_pytorchs_memory_and_nvidia_smis():
-    label = ladder_view._capacity_label("T4")
-    assert label.startswith("T4: 14.58 GiB as PyTorch reports it")
-    assert f"nvidia-smi: {GPUS['T4'].smi_memory // MiB:,} MiB" in label
-    with pytest.raises(ValueError, match="gpu"):
-        ladder_view._capacity_label("V100")
+# A T4 as PyTorch reports it (14.58 GiB) and as nvidia-smi does (15,360 MiB)
+T4_LABEL = f"T4: {GPUS['T4'].total_memory / GiB:.2f} GiB as PyTorch reports it (nvidia-smi: 15,360 MiB)"
 
 
 def test_peak_parts_stack_to_the_peak_and_label_the_card():
-    peak = engine.predict_step_memory(GPT2, 8, gpu="T4")
+    peak = predict(Step(GPT2, 8, gpu="T4")).peak
     fig = ladder_view.peak_parts_figure({"GPT-2 small": peak}, "T4")
     ax = fig.axes[0]
     right_edge = max(p.get_x() + p.get_width() for p in ax.patches)
     assert right_edge == pytest.approx(peak.total / GiB)
     assert ax.lines[0].get_xdata()[0] == pytest.approx(GPUS["T4"].total_memory / GiB)
-    assert ladder_view._capacity_label("T4") in " ".join(_texts(fig))
+    assert T4_LABEL in " ".join(_texts(fig))
     assert len(ax.get_legend().get_texts()) == len(ladder_view.PARTS)
     with pytest.raises(ValueError, match="jobs"):
         ladder_view.peak_parts_figure({}, "T4")
     with pytest.raises(ValueError, match="jobs"):
         ladder_view.peak_parts_figure({"x": 1}, "T4")
+    with pytest.raises(ValueError, match="gpu"):
+        ladder_view.peak_parts_figure({"GPT-2 small": peak}, "V100")
 
 
 def test_the_ladder_chart_draws_each_rung_its_rank_and_the_labelled_budget():
@@ -105,9 +103,12 @@ def test_climb_text_names_each_rung_and_fits_the_page():
     text = ladder_view.climb_text(result)
     lines = text.splitlines()
     assert len(lines) == 2 + len(result.steps) and lines[-1].startswith("fits")
+    assert lines[0] == f"the plain step: {format_bytes(result.baseline.total)}; {T4_LABEL}"
     assert all(len(line) < 100 for line in lines)
-    with pytest.raises(ValueError, match="result"):
+    with pytest.raises(TypeError, match="result"):
         ladder_view.climb_text("ladder")
+    with pytest.raises(TypeError, match="result"):
+        ladder_view.ladder_figure(result.step)
 
 
 def test_the_explorer_redraws_for_every_control_and_refuses_bad_choices():
@@ -129,8 +130,8 @@ def test_the_explorer_redraws_for_every_control_and_refuses_bad_choices():
 
 
 def test_the_legend_names_master_weights_only_where_a_step_keeps_them():
-    fp32 = engine.predict_step_memory(GPT2, 8, gpu="T4")
-    mixed = engine.predict_step_memory(GPT2, 8, precision="fp16-mixed", gpu="T4")
+    fp32 = predict(Step(GPT2, 8, gpu="T4")).peak
+    mixed = predict(Step(GPT2, 8, precision="fp16-mixed", gpu="T4")).peak
     legend = {name: [t.get_text() for t in ladder_view.peak_parts_figure(
         {name: peak}, "T4").axes[0].get_legend().get_texts()]
         for name, peak in (("fp32", fp32), ("mixed", mixed))}

@@ -9,8 +9,8 @@ from course_lib.model.zoo import (
     PRESETS,
     Llama,
     LlamaConfig,
+    _llama_param_count,
     build_model,
-    llama_param_count,
     param_count,
 )
 
@@ -40,7 +40,7 @@ def test_llama_2_7b_by_hand():
     """Llama 2 7B: V=32000, h=4096, L=32, MHA, f=11008, untied head (Touvron et al. 2023)."""
     h, f, V, L = 4096, 11008, 32000, 32
     per_layer = 4 * h * h + 3 * h * f + 2 * h
-    assert llama_param_count(PRESETS["Llama 2 7B"].config) == 2 * V * h + L * per_layer + h
+    assert _llama_param_count(PRESETS["Llama 2 7B"].config) == 2 * V * h + L * per_layer + h
 
 
 def test_build_model_dtype_and_device():
@@ -65,7 +65,7 @@ def test_closed_form_equals_module_count(heads, head_dim, n_layers, d_ff, vocab,
     n_heads, n_kv = heads
     config = LlamaConfig(vocab_size=vocab, d_model=n_heads * head_dim, n_layers=n_layers,
                          n_heads=n_heads, n_kv_heads=n_kv, d_ff=d_ff, tie_embeddings=tie)
-    assert count_parameters(build_model(config)) == llama_param_count(config)
+    assert count_parameters(build_model(config)) == _llama_param_count(config)
 
 
 def test_small_llama_trains_on_cpu():
@@ -90,7 +90,7 @@ def test_small_llama_trains_on_cpu():
 def test_tied_llama_counts_the_embedding_once():
     tied = LlamaConfig(tie_embeddings=True)
     untied = LlamaConfig(tie_embeddings=False)
-    assert llama_param_count(untied) - llama_param_count(tied) == tied.vocab_size * tied.d_model
+    assert _llama_param_count(untied) - _llama_param_count(tied) == tied.vocab_size * tied.d_model
     model = Llama(tied)
     assert model.lm_head.weight is model.tok_emb.weight
 

@@ -6,6 +6,7 @@ import torch
 
 from course_lib.model.gpt import GPT, GPTConfig, count_parameters
 from course_lib.prediction import time_model as tm
+from course_lib.prediction.predict import Step, predict
 from course_lib.training.loop import train
 from course_lib.views import playground as pgm
 
@@ -92,14 +93,13 @@ def test_bad_settings(playground):
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
 
 
-def test_optimizer_step_cost_by_hand():
+def test_the_trade_offs_step_by_hand():
     """The compute term worked out by hand: the transformer's matmul count (Kaplan et al. 2020;
     the backward pass twice the forward), the blocks' rerun and flash attention's recomputed
     scores (Dao et al. 2022), at 40% of the A100's datasheet bf16 peak; the other terms add up to
     the total."""
-    cost = pgm.optimizer_step_cost(GPT2, 4, 8, mode="blocks", precision="bf16-mixed",
-                                   gpu="A100 80GB")
-    assert cost.effective_batch == 32
+    p = predict(Step(GPT2, 4, 8, mode="blocks", precision="bf16-mixed", gpu="A100 80GB"))
+    t = p.time
     b, s, h, L, V, K = 4, 1024, 768, 12, 50257, 8
     block = 24 * b * s * h * h + 4 * b * s * s * h  # qkv, proj, fc, proj; scores and scores @ V
     forward = L * block + 2 * b * s * h * V  # and the head
@@ -107,53 +107,53 @@ def test_optimizer_step_cost_by_hand():
     # the MLP's output (no dropout after it), and the rerun stops before it
     rerun = L * (block - 8 * b * s * h * h)
     flash = L * 2 * b * s * s * h  # bf16 on an A100: flash attention's backward recomputes Q K^T
-    assert cost.time.flops == K * (3 * forward + rerun + flash)
-    assert cost.compute_seconds == pytest.approx(cost.time.flops / (0.4 * 312e12))
-    assert cost.seconds == pytest.approx(cost.compute_seconds + cost.overhead_seconds
-                                         + cost.optimizer_seconds)
+    assert t.flops == K * (3 * forward + rerun + flash)
+    assert t.compute_seconds == pytest.approx(t.flops / (0.4 * 312e12))
+    assert p.seconds == pytest.approx(t.compute_seconds + t.pointwise_seconds + t.launch_seconds
+                                      + t.transfer_seconds + t.optimizer_seconds)
     # memory, a floor: the 14 bytes per parameter held between steps (bf16 weights, fp32 master
     # copy, m and v) and, in a micro-batch's backward, every checkpointed block's bf16 input
-    assert cost.peak_bytes > 14 * 124_439_808 + L * b * s * h * 2
+    assert p.total > 14 * 124_439_808 + L * b * s * h * 2
 
 
 def test_smaller_micro_batches_cost_time_at_a_fixed_effective_batch_and_save_memory():
-    costs = [pgm.optimizer_step_cost(GPT2, 64 // K, K, precision="bf16-mixed", gpu="H100 80GB")
-             for K in (1, 4, 16, 64)]
-    assert len({round(c.compute_seconds, 12) for c in costs}) == 1  # the same FLOPs
+    steps = [Step(GPT2, 64 // K, K, precision="bf16-mixed", gpu="H100 80GB") for K in (1, 4, 16, 64)]
+    costs = [predict(step) for step in steps]
+    assert len({round(c.time.compute_seconds, 12) for c in costs}) == 1  # the same FLOPs
     assert [c.seconds for c in costs] == sorted(c.seconds for c in costs)
     assert costs[-1].seconds > 1.5 * costs[0].seconds  # micro-batches of 1 leave it under-filled
-    assert costs[-1].achieved_utilisation < costs[0].achieved_utilisation <= 0.4
-    assert [c.peak_bytes for c in costs] == sorted((c.peak_bytes for c in costs), reverse=True)
-    plain = pgm.optimizer_step_cost(GPT2, 8, 1, gpu="H100 80GB")
-    ckpt = pgm.optimizer_step_cost(GPT2, 8, 1, mode="blocks", gpu="H100 80GB")
-    assert ckpt.peak_bytes < plain.peak_bytes and ckpt.compute_seconds > plain.compute_seconds
+    # FLOPs per second over the H100's bf16 datasheet peak: model FLOPs utilisation
+    mfu = [c.time.flops / c.seconds / 989e12 for c in costs]
+    assert mfu[-1] < mfu[0] <= 0.4
+    assert [c.total for c in costs] == sorted((c.total for c in costs), reverse=True)
+    plain = predict(Step(GPT2, 8, 1, gpu="H100 80GB"))
+    ckpt = predict(Step(GPT2, 8, 1, mode="blocks", gpu="H100 80GB"))
+    assert ckpt.total < plain.total and ckpt.time.compute_seconds > plain.time.compute_seconds
 
 
 def test_measured_speed_and_step_on_this_cpu():
     speed = tm.measure_speed("cpu", repeats=2, matmul_size=128)
-    cost = pgm.optimizer_step_cost(CFG, 2, 2, speed=speed)
-    assert cost.utilisation == 1.0  # measured on a matmul: already what it achieves
-    run = pgm.measure_step_cost(CFG, 2, 1, steps=1)
-    assert run.peak_bytes == pgm.optimizer_step_cost(CFG, 2, 1, speed=speed).peak_bytes
+    assert predict(Step(CFG, 2, 2), speed).time.utilisation == 1.0  # measured on a matmul
+    run = pgm.measure_step_cost(Step(CFG, 2, 1), steps=1)
+    assert run.peak_bytes == predict(Step(CFG, 2, 1)).total  # one micro-batch: to the byte
     assert run.seconds > 0
-    on_cpu_time = pgm.measure_step_cost(CFG, 2, 1, steps=1, clock="auto")  # process CPU time
+    on_cpu_time = pgm.measure_step_cost(Step(CFG, 2, 1), steps=1, clock="auto")  # CPU time
     assert on_cpu_time.peak_bytes == run.peak_bytes and on_cpu_time.seconds > 0
     with pytest.raises(ValueError, match="clock must be one of"):
-        pgm.measure_step_cost(CFG, 2, 1, clock="gpu")
+        pgm.measure_step_cost(Step(CFG, 2, 1), clock="gpu")
+    with pytest.raises(TypeError, match="step must be"):
+        pgm.measure_step_cost(CFG)
 
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(micro_batch_size=0), "micro_batch_size"),
     (dict(accumulation_steps=1.5), "accumulation_steps"),
-    (dict(mode="sqrt"), "mode must be one of"),
+    (dict(mode="sqrt!"), "mode must be one of"),
     (dict(precision="fp8"), "precision must be one of"),
     (dict(gpu="V100"), "gpu must be"),
-    (dict(utilisation=1.5), "utilisation"),
-    (dict(speed="fast"), "speed must be"),
     (dict(config={"n_layers": 2}), "config must be a course_lib.model.gpt.GPTConfig"),
 ])
-def test_optimizer_step_cost_rejects_bad_input(kwargs, match):
+def test_a_step_from_the_widgets_controls_rejects_bad_input(kwargs, match):
     args = dict(config=GPT2, micro_batch_size=2, accumulation_steps=2, gpu="T4") | kwargs
     with pytest.raises(ValueError, match=match):
-        pgm.optimizer_step_cost(args.pop("config"), args.pop("micro_batch_size"),
-                                args.pop("accumulation_steps"), **args)
+        Step(**args)

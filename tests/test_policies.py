@@ -7,7 +7,7 @@ from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.prediction import step_setup
-from course_lib.training import policies
+from course_lib.training import checkpointing, policies
 
 aten = torch.ops.aten
 
@@ -31,25 +31,25 @@ def test_linear_with_bias_dispatches_addmm_and_without_bias_mm():
 
 
 def test_ops_must_be_overloads_not_packets():
-    assert policies.check_ops(policies.MATMULS) == policies.MATMULS
+    assert checkpointing._check_ops(policies.MATMULS) == policies.MATMULS
     with pytest.raises(ValueError, match=r"ops.*aten\.mm\.default"):
-        policies.check_ops([aten.mm])
+        checkpointing._check_ops([aten.mm])
     for bad in (["mm"], "aten.mm.default", None, [len]):
         with pytest.raises(ValueError, match="ops"):
-            policies.check_ops(bad)
+            checkpointing._check_ops(bad)
     # The pitfall PyTorch cannot catch: a policy function comparing with a packet never matches.
     assert aten.mm.default != aten.mm and aten.mm.default.overloadpacket is aten.mm
 
 
-def test_save_ops_policy_answers():
-    policy = policies.save_ops_policy(policies.MATMULS)
+def test_a_selective_context_policy_answers():
+    policy = policies.SelectiveContext(policies.MATMULS).policy()
     ctx = SelectiveCheckpointContext(is_recompute=False)
     for op in policies.MATMULS:
         assert policy(ctx, op) == CheckpointPolicy.MUST_SAVE
     for op in (aten.gelu.default, aten._softmax.default, aten.native_layer_norm.default):
         assert policy(ctx, op) == CheckpointPolicy.PREFER_RECOMPUTE
     with pytest.raises(ValueError, match="ops"):
-        policies.save_ops_policy([aten.addmm])
+        policies.SelectiveContext([aten.addmm])
 
 
 @pytest.mark.parametrize("attention", ["explicit", "sdpa"])
@@ -73,7 +73,7 @@ def test_saving_matmuls_keeps_their_outputs_and_recomputes_no_matmul():
     assert not any(cost.recomputes(op) for op in policies.MATMULS)
     for op in (aten.gelu.default, aten._softmax.default, aten.native_layer_norm.default):
         assert cost.recomputes(op) >= 1
-    as_function = policies.policy_cost(block, x, policy=policies.save_ops_policy(policies.MATMULS))
+    as_function = policies.policy_cost(block, x, policy=policies.SelectiveContext(policies.MATMULS).policy())
     assert (as_function.kept_bytes, as_function.recomputed) == (cost.kept_bytes, cost.recomputed)
 
 
@@ -112,9 +112,9 @@ def test_bad_arguments():
 
 
 def test_policy_names():
-    assert policies.policy_name("full") == "full"
-    assert policies.policy_name([aten.mm.default]) == "save aten.mm.default"
-    assert policies.policy_name(policies.save_ops_policy([aten.mm.default])) == "policy"
+    assert policies._policy_name("full") == "full"
+    assert policies._policy_name([aten.mm.default]) == "save aten.mm.default"
+    assert policies._policy_name(policies.SelectiveContext([aten.mm.default]).policy()) == "policy"
 
 
 def test_gpt_tokens_helper_still_runs_under_the_recorder():
@@ -141,7 +141,7 @@ def test_saving_the_attention_kernel_stops_its_rerun_and_the_mlp_output_is_waste
     assert saved.kept_bytes - course.kept_bytes == 4 * b * s * h
     assert saved.recomputed == course.recomputed
     assert course.reruns() == "add, gelu, layer_norm" and "attention" in matmuls.reruns()
-    assert policies.policy_name(policies.SelectiveContext([aten.mm.default], 4)) == \
+    assert policies._policy_name(policies.SelectiveContext([aten.mm.default], 4)) == \
         "save mm; linear 4 recomputed"
 
 
@@ -194,7 +194,7 @@ def test_kernel_policies_measure_and_predict_both_side_by_side():
     pytest.importorskip("triton")
     config = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2,
                        fused_mlp=True)
-    save, recompute = step_setup.kernel_policies(config, 2)
+    save, recompute = step_setup._kernel_policies(config, 2)
     assert (save.mode, recompute.mode) == ("save-kernel", "recompute-kernel")
     assert (save.kernel_runs, recompute.kernel_runs) == (0, 2)
     for row in (save, recompute):
@@ -202,9 +202,9 @@ def test_kernel_policies_measure_and_predict_both_side_by_side():
     assert save.kept_measured - recompute.kept_measured == 2 * (2 * 16 * 4 * 32) * 4
     # Under autocast too (a GPU's lecture runs there): autocast's cast cache would hold the
     # checkpointed blocks' 16-bit weights, which the blocks do not keep; the rows measure without it
-    for row in step_setup.kernel_policies(config, 2, precision="autocast-bf16"):
+    for row in step_setup._kernel_policies(config, 2, precision="autocast-bf16"):
         assert row.kept_measured == row.kept_predicted, row
     with pytest.raises(ValueError, match="fused_mlp"):
-        step_setup.kernel_policies(GPTConfig(), 2)
+        step_setup._kernel_policies(GPTConfig(), 2)
     with pytest.raises(ValueError, match="batch_size"):
-        step_setup.kernel_policies(config, 0)
+        step_setup._kernel_policies(config, 0)

@@ -9,11 +9,13 @@ from matplotlib.figure import Figure
 
 from course_lib.model.gpt import GPTConfig
 from course_lib.planning import planner
+from course_lib.prediction.predict import Step, predict
 from course_lib.units import MiB
 from course_lib.views import policy_views
 
 CONFIG = GPTConfig(vocab_size=40, seq_len=32, d_model=32, n_heads=4, n_layers=4,
                    attention="explicit")
+STEP = Step(CONFIG, 4, first_step=True)
 
 
 def _axes(size=(6.8, 3.6)):
@@ -125,14 +127,15 @@ def test_the_lecture_figures_draw_readable_text():
 
 
 def test_planner_widget_shows_the_planners_choice_for_the_budget():
-    box = policy_views.planner_widget(CONFIG, 4, percent=100)
+    box = policy_views.planner_widget(STEP, percent=100)
     bars, line, note, title = box.artists
-    plain = planner.predict_peak(CONFIG, 4).step_peak
+    plain = predict(STEP).peak.step_peak
     assert title.get_text().startswith("the planner picks none") and len(bars) == len(
-        planner.choices(planner.candidates(CONFIG, 4)))
+        planner.choices(planner.candidates(STEP)))
     first = box.image.value
     box.controls["budget"].value = 50
-    plan = planner.plan_checkpointing(CONFIG, 4, None, int(plain * 0.5))
+    plan = planner.plan_checkpointing(STEP, int(plain * 0.5))
+    assert title.get_text().startswith(f"the planner picks {plan.label}: ")
     assert f"+{plan.recompute_fraction:.1%} FLOPs" in title.get_text()
     assert box.image.value != first and line.get_xdata()[0] == pytest.approx(
         int(plain * 0.5) / MiB)
@@ -141,4 +144,6 @@ def test_planner_widget_shows_the_planners_choice_for_the_budget():
     assert title.get_text().startswith("nothing fits")
     assert all(t.get_fontsize() >= policy_views._FONT for t in box.figure.axes[0].get_yticklabels())
     with pytest.raises(ValueError, match="percent"):
-        policy_views.planner_widget(CONFIG, 4, percent=5)
+        policy_views.planner_widget(STEP, percent=5)
+    with pytest.raises(TypeError, match="step"):
+        policy_views.planner_widget(CONFIG)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from process_tools import alive
 
-from course_lib.distributed.ranks import Ranks, _free_port, launch
+from course_lib.distributed.ranks import Ranks, _check_importable, _free_port
 from course_lib.distributed.workers import all_reduce_demo
 
 WORLD = 2
@@ -56,7 +56,7 @@ def _local_function(rank, world_size):
                          ids=["lambda", "nested", "not-callable"])
 def test_workers_that_cannot_be_imported_are_refused(worker):
     with pytest.raises(ValueError, match="worker must be"):
-        launch(worker)
+        _check_importable(worker)
 
 
 def test_a_notebook_function_is_refused_with_the_reason():
@@ -64,7 +64,7 @@ def test_a_notebook_function_is_refused_with_the_reason():
         return rank
     notebook_function.__module__ = "__main__"
     with pytest.raises(ValueError, match="notebook cell"):
-        launch(notebook_function)
+        _check_importable(notebook_function)
 
 
 def test_a_worker_written_beside_the_notebook_runs_as_edited(tmp_path, monkeypatch):
@@ -89,7 +89,7 @@ def test_a_worker_written_beside_the_notebook_runs_as_edited(tmp_path, monkeypat
                                          ({"timeout": "1"}, "timeout")])
 def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
     with pytest.raises(ValueError, match=name):
-        launch(all_reduce_demo, **kwargs)
+        Ranks(**kwargs)
 
 
 def test_free_port_is_a_port():

@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+from course_lib.device import GPU
 from course_lib.model.gpt import GPT, GPTConfig
 from course_lib.model.toy_data import markov_tokens
-from course_lib.prediction import formulas, time_model as tm
+from course_lib.prediction import time_model as tm
+from course_lib.prediction.predict import Step
 from course_lib.units import GiB
 from course_lib.views import playground as pgm, step_views as sv
 
@@ -97,34 +99,37 @@ def test_step_through_asks_before_it_answers_and_keeps_its_reference_in_view(rec
 
 
 def test_tradeoff_compares_with_one_plain_batch_against_the_cards_memory():
-    t = sv.tradeoff(GPT2, 2, 8, mode="blocks", precision="mixed", gpu="T4")
-    assert t.precision == "fp16-mixed" and t.capacity == 14930 * 2**20
-    assert t.smi_memory == 15360 * 2**20 and t.target == "T4" and not t.live
-    assert (t.plain.micro_batch_size, t.plain.accumulation_steps, t.plain.mode) == (
-        16, 1, "none")
-    assert sv.tradeoff(GPT2, 2, 8, precision="mixed", gpu="H100 80GB").precision == "bf16-mixed"
-    assert formulas.mixed_precision_for(None) == "bf16-mixed"
+    t = sv.tradeoff(Step(GPT2, 2, 8, mode="blocks", precision="fp16-mixed", gpu="T4"))
+    assert t.capacity == 14930 * 2**20  # what PyTorch reports of a T4
+    plain = t.plain.step
+    assert (plain.micro_batch_size, plain.accumulation_steps, plain.mode) == (16, 1, "none")
+    assert plain.precision == "fp16-mixed" and plain.gpu is t.accumulated.step.gpu
     # the lecture's opening: GPT-2 on a T4, one batch of 32 does not fit, 8 x 4 does
-    story = sv.tradeoff(GPT2, 4, 8, precision="mixed", gpu="T4")
+    story = sv.tradeoff(Step(GPT2, 4, 8, precision="fp16-mixed", gpu="T4"))
     assert story.fits and not story.plain_fits
-    assert story.capacity_label() == "T4: 14.58 GiB\n(nvidia-smi: 15.00 GiB)"
     assert story.verdict() == ("8 micro-batches of 4: fits in the T4's 14.58 GiB;  "
                                "one batch of 32: does not fit")
-    cpu = sv.tradeoff(CFG, 2, 2, speed=tm.DeviceSpeed("cpu", 1e10, 1e9, 1e9, 1e9, 1e-5, True, "x"))
-    assert cpu.capacity is None and cpu.fits is None and cpu.capacity_label() == ""
+    live = GPU("this card", 16 * GiB, (8, 0), free_memory=10 * GiB, live=True)
+    on_live = sv.tradeoff(Step(GPT2, 4, 8, precision="fp16-mixed", gpu=live))
+    assert on_live.capacity == 10 * GiB and "this card's 10.00 GiB free" in on_live.verdict()
+    cpu = sv.tradeoff(Step(CFG, 2, 2), tm.DeviceSpeed("cpu", 1e10, 1e9, 1e9, 1e9, 1e-5, True, "x"))
+    assert cpu.capacity is None and cpu.fits is None
     assert "no memory limit" in cpu.verdict()
+    with pytest.raises(TypeError, match="step must be"):
+        sv.tradeoff(GPT2)
 
 
 def test_memory_top_is_fixed_for_a_card_and_above_the_cpus_largest_batch():
-    t4 = sv.tradeoff(GPT2, 4, 8, precision="mixed", gpu="T4")
-    assert sv._memory_top(GPT2, t4) == 20 * GiB  # 1.25 x 14.58 GiB, rounded up to 1, 2 or 5
-    assert sv._memory_top(GPT2, sv.tradeoff(GPT2, 1, 64, precision="mixed", gpu="T4")) == 20 * GiB
-    speed = tm.DeviceSpeed("cpu", 1e10, 1e9, 1e9, 1e9, 1e-5, True, "x")
-    cpu = sv.tradeoff(CFG, 2, 2, speed=speed)
-    one = pgm.optimizer_step_cost(CFG, 64, 1, speed=speed).peak_bytes
-    assert one < sv._memory_top(CFG, cpu) <= 2 * 1.15 * one
+    t4 = sv.tradeoff(Step(GPT2, 4, 8, precision="fp16-mixed", gpu="T4"))
+    assert sv._memory_top(t4) == 20 * GiB  # 1.25 x 14.58 GiB, rounded up to 1, 2 or 5
+    small_b = sv.tradeoff(Step(GPT2, 1, 64, precision="fp16-mixed", gpu="T4"))
+    assert sv._memory_top(small_b) == 20 * GiB
+    cpu = sv.tradeoff(Step(CFG, 2, 2))
+    # an independent floor: a batch of 64 holds its 16 bytes per parameter and its logits
+    one = sv.tradeoff(Step(CFG, 64, 1)).accumulated.total
+    assert 16 * 7_232 < one < sv._memory_top(cpu) <= 2 * 1.15 * one
     with pytest.raises(ValueError, match="largest"):
-        sv._memory_top(CFG, cpu, 0)
+        sv._memory_top(cpu, 0)
 
 
 @pytest.mark.parametrize("seconds, text", [(1860.0, "31.0 min"), (0.0421, "42.1 ms"),
@@ -196,7 +201,7 @@ def test_the_accumulated_bar_refuses_to_budge_and_the_card_line_is_labelled(spee
     assert heights[0][1] == heights[1][1] == heights[2][1]  # the accumulated bar stays put
     assert heights[0][0] < heights[1][0] <= heights[2][0]  # the one batch grows (then is cut)
     assert a["cap"].get_ydata()[0] == pytest.approx(14930 / 1024)
-    assert a["cap_text"].get_text() == "T4: 14.58 GiB\n(nvidia-smi: 15.00 GiB)"
+    assert a["cap_text"].get_text() == "T4: 14.58 GiB as PyTorch reports it\n(nvidia-smi: 15,360 MiB)"
     assert "does not fit" in a["verdict"].get_text()
     assert "↑" in a["mem_labels"][0].get_text()  # the cut bar says so
     with_ckpt = sv.tradeoff_explorer({"tiny": CFG}, speed=speed, checkpointing_menu=True)
@@ -206,11 +211,11 @@ def test_the_accumulated_bar_refuses_to_budge_and_the_card_line_is_labelled(spee
 
 
 def test_tradeoff_figure_is_static_and_drawn():
-    t = sv.tradeoff(GPT2, 4, 8, precision="mixed", gpu="T4")
+    t = sv.tradeoff(Step(GPT2, 4, 8, precision="fp16-mixed", gpu="T4"))
     fig = sv.tradeoff_figure(t, "README")
     assert not fig.findobj(lambda a: a.get_animated())  # a plain figure: savefig draws it all
     heights = [bar.get_height() for bar in fig.axes[0].patches[:2]]
-    assert heights[1] == pytest.approx(t.step.peak_bytes / GiB)  # absolute bytes, in GiB
+    assert heights[1] == pytest.approx(t.accumulated.total / GiB)  # absolute bytes, in GiB
     assert heights[0] == pytest.approx(20)  # one batch of 32: cut at the panel's top
     assert fig.axes[0].get_ylim() == (0, 20)
 

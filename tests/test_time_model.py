@@ -2,6 +2,7 @@
 CPU steps (lecture 05's policies and lecture 08's levers, ranked and predicted within a factor)."""
 
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,11 +12,38 @@ from course_lib.measurement.timing import step_times
 from course_lib.model.gpt import GPTConfig, gpt_param_count, param_numels, random_tokens
 from course_lib.planning import planner
 from course_lib.prediction import checkpointed, step_setup, time_model as tm
+from course_lib.prediction.formulas import PRECISION
+from course_lib.prediction.predict import Step, predict
 from course_lib.training import levers
 from course_lib.training.loop import train
 
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
 SMALL = GPTConfig(vocab_size=40, seq_len=32, d_model=32, n_heads=4, n_layers=2)
+
+
+
+
+def step_time(config, b, K=1, *, speed=None, utilisation=None, **fields):
+    """The time model through the one entry: ``predict(Step(...), speed).time``."""
+    step = Step(config, b, K, **fields)
+    if utilisation is not None:
+        speed = replace(speed or tm.device_speed(step.gpu), utilisation=utilisation)
+    return predict(step, speed).time
+
+
+def step_seconds(*args, **kwargs):
+    return step_time(*args, **kwargs).seconds
+
+
+def matmul_flops(config, b, mode="none", **fields):
+    """One micro-batch's ``(flops, recomputed)`` (they do not depend on the speed)."""
+    t = predict(Step(config, b, mode=mode, **fields), tm.device_speed("T4")).time
+    return t.flops, t.recompute_flops
+
+
+def pointwise_bytes(config, b, mode="none", **fields):
+    """One micro-batch's pointwise bytes (they do not depend on the speed: a datasheet's)."""
+    return predict(Step(config, b, mode=mode, **fields), tm.device_speed("T4")).time.pointwise_bytes
 
 
 # --------------------------------------------------------------------------- the terms
@@ -26,49 +54,50 @@ def test_matmul_flops_match_the_transformer_count():
                          attention="explicit")
     b, s, h, L, V = 2, 16, 32, 3, 100
     forward = L * (24 * b * s * h * h + 4 * b * s * s * h) + 2 * b * s * h * V
-    assert tm.matmul_flops(explicit, 2) == (3 * forward, 0)  # backward = 2 forwards
+    assert matmul_flops(explicit, 2) == (3 * forward, 0)  # backward = 2 forwards
     # the CPU's flash kernel: FlopCounterMode counts its attention as 0, the model does not
     fused = GPTConfig(vocab_size=100, seq_len=16, d_model=32, n_heads=4, n_layers=3)
     core = 4 * b * s * s * h
-    assert tm.matmul_flops(fused, 2)[0] == checkpointed.step_flops(fused, 2)[0] + L * (core + 5 * core // 2)
+    assert matmul_flops(fused, 2)[0] == checkpointed.step_flops(fused, 2)[0] + L * (core + 5 * core // 2)
 
 
 def test_pointwise_bytes_are_passes_over_the_saved_activations():
     plain = checkpointed.predict_kept_bytes(SMALL, 4)
-    assert tm.pointwise_bytes(SMALL, 4) == 5 * plain  # written, read; read, gradient out and in
+    assert pointwise_bytes(SMALL, 4) == 5 * plain  # written, read; read, gradient out and in
     for mode in ("selective", "attention", "blocks"):
         kept = checkpointed.predict_kept_bytes(SMALL, 4, mode)
-        assert tm.pointwise_bytes(SMALL, 4, mode) == 5 * plain + 2 * (plain - kept), mode
+        assert pointwise_bytes(SMALL, 4, mode) == 5 * plain + 2 * (plain - kept), mode
     # 16-bit activations halve the bytes, about: the loss's fp32 logits, the LayerNorm
     # statistics and the dropout masks keep their size
-    half = tm.pointwise_bytes(GPT2, 1, precision="bf16", gpu="A100 80GB")
-    full = tm.pointwise_bytes(GPT2, 1, gpu="A100 80GB")
+    half = pointwise_bytes(GPT2, 1, precision="bf16", gpu="A100 80GB")
+    full = pointwise_bytes(GPT2, 1, gpu="A100 80GB")
     assert 0.5 < half / full < 0.7
 
 
 def test_optimizer_bytes_by_hand():
-    assert tm.optimizer_bytes(10) == 280             # 7 fp32 values per parameter
-    assert tm.optimizer_bytes(10, "bf16") == 140     # 7 bf16 values
-    assert tm.optimizer_bytes(10, "bf16-mixed") == 400  # + casts of grads (2+4) and weights (4+2)
+    fp32, bf16, mixed = (PRECISION[p] for p in ("fp32", "bf16", "bf16-mixed"))
+    assert tm._optimizer_bytes(10, fp32, 32) == 280       # 7 fp32 values per parameter
+    assert tm._optimizer_bytes(10, bf16, 32) == 140       # 7 bf16 values
+    assert tm._optimizer_bytes(10, mixed, 32) == 400  # + casts of grads (2+4) and weights (4+2)
     # per value of m or v: code read 1, fp32 written 4, update 8, scaling 12, 8 search rounds of
     # 40, rounding 60
-    assert tm.low_bit_bytes_moved(8) == 1 + 4 + 8 + 12 + 320 + 60 == 405
-    assert tm.low_bit_bytes_moved(4) == 1 + 4 + 8 + 12 + 160 + 60
-    assert tm.optimizer_bytes(10, state_bits=8) == 10 * (28 + 2 * (405 - 8))
+    assert tm._low_bit_bytes_moved(8) == 1 + 4 + 8 + 12 + 320 + 60 == 405
+    assert tm._low_bit_bytes_moved(4) == 1 + 4 + 8 + 12 + 160 + 60
+    assert tm._optimizer_bytes(10, fp32, 8) == 10 * (28 + 2 * (405 - 8))
     assert tm.transfer_seconds(63_000_000_000, 63e9) == 1.0
 
 
 def test_step_time_is_the_sum_of_its_terms_on_a_datasheet():
     K, b = 8, 4
-    t = tm.step_time(GPT2, b, K, mode="blocks", precision="bf16-mixed", gpu="A100 80GB")
-    flops, recomputed = tm.matmul_flops(GPT2, b, "blocks", precision="bf16-mixed",
+    t = step_time(GPT2, b, K, mode="blocks", precision="bf16-mixed", gpu="A100 80GB")
+    flops, recomputed = matmul_flops(GPT2, b, "blocks", precision="bf16-mixed",
                                         gpu="A100 80GB")
-    per_micro, per_step = tm.step_ops(GPT2, "blocks", "bf16-mixed", foreach=True)  # a GPU's AdamW
+    per_micro, per_step = tm._step_ops(GPT2, "blocks", "bf16-mixed", True)  # a GPU's AdamW
     P = gpt_param_count(GPT2)
     assert (t.flops, t.recompute_flops) == (K * flops, K * recomputed)
     # at 40 % of the A100's 312 TFLOP/s of bf16 tensor cores, 2,039 GB/s, 10 us an operator
     assert t.compute_seconds == pytest.approx(K * flops / (0.4 * 312e12))
-    moved = tm.pointwise_bytes(GPT2, b, "blocks", precision="bf16-mixed", gpu="A100 80GB")
+    moved = pointwise_bytes(GPT2, b, "blocks", precision="bf16-mixed", gpu="A100 80GB")
     assert t.pointwise_seconds == pytest.approx(K * moved / 2039e9)
     assert t.launch_seconds == pytest.approx(K * per_micro * 10e-6)  # no region cost: datasheet
     assert t.optimizer_seconds == pytest.approx(40 * P / 2039e9 + per_step * 10e-6)
@@ -78,24 +107,24 @@ def test_step_time_is_the_sum_of_its_terms_on_a_datasheet():
 
 
 def test_transfers_at_the_links_of_the_one_gpu_table():
-    plain = tm.step_time(GPT2, 8, gpu="T4")
+    plain = step_time(GPT2, 8, gpu="T4")
     kept = checkpointed.predict_kept_bytes(GPT2, 8, gpu="T4")
-    offloaded = tm.step_time(GPT2, 8, gpu="T4", offload_activations=True)
+    offloaded = step_time(GPT2, 8, gpu="T4", offload_activations=True)
     assert offloaded.transfer_seconds == pytest.approx(2 * kept / GPUS["T4"].host_link)
-    zero3 = tm.step_time(GPT2, 8, gpu="A100 80GB", zero_stage=3, world_size=8)
+    zero3 = step_time(GPT2, 8, gpu="A100 80GB", zero_stage=3, world_size=8)
     assert zero3.transfer_seconds == pytest.approx(3 * gpt_param_count(GPT2) * 4 / 300e9)
-    assert zero3.optimizer_bytes == -(-tm.optimizer_bytes(gpt_param_count(GPT2)) // 8)
+    assert zero3.optimizer_bytes == -(-28 * gpt_param_count(GPT2) // 8)  # 7 fp32 values, sharded
     assert plain.transfer_seconds == 0
 
 
 def test_every_lever_costs_time_and_fp16_on_a_t4_is_not_eight_times_faster():
-    plain = tm.step_seconds(GPT2, 8, gpu="A100 80GB")
+    plain = step_seconds(GPT2, 8, gpu="A100 80GB")
     for lever in (dict(state_bits=8), dict(state_bits=4), dict(offload_optimizer=True),
                   dict(offload_activations=True), dict(mode="selective")):
         # at least 0.1 %: a ladder printing "+0.0 %" for one of them would be wrong
-        assert tm.step_seconds(GPT2, 8, gpu="A100 80GB", **lever) > 1.001 * plain, lever
-    fp32 = tm.step_time(GPT2, 8, gpu="T4")
-    mixed = tm.step_time(GPT2, 8, gpu="T4", precision="fp16-mixed")
+        assert step_seconds(GPT2, 8, gpu="A100 80GB", **lever) > 1.001 * plain, lever
+    fp32 = step_time(GPT2, 8, gpu="T4")
+    mixed = step_time(GPT2, 8, gpu="T4", precision="fp16-mixed")
     # the datasheet's 65 / 8.1 = 8x is the tensor cores' peak over the CUDA cores'; the
     # pointwise work only halves its bytes and the optimizer moves more (40 bytes against 28)
     assert GPUS["T4"].tensor_flops / GPUS["T4"].fp32_flops == pytest.approx(8.02, abs=0.01)
@@ -105,7 +134,7 @@ def test_every_lever_costs_time_and_fp16_on_a_t4_is_not_eight_times_faster():
 
 
 def test_the_datasheet_speeds_of_the_presets():
-    t4, a100 = tm.datasheet_speed("T4"), tm.datasheet_speed("A100 80GB")
+    t4, a100 = tm.device_speed("T4"), tm.device_speed("A100 80GB")
     assert t4.flops(torch.float16) == 65e12 and t4.flops(torch.bfloat16) == 8.1e12  # no bf16 cores
     assert a100.flops(torch.bfloat16) == a100.flops(torch.float16) == 312e12
     assert a100.flops(torch.float32) == 19.5e12 and a100.basis == "from the datasheet"
@@ -114,12 +143,9 @@ def test_the_datasheet_speeds_of_the_presets():
     assert t4.reached(torch.bfloat16) == tm.FP32_UTILISATION  # the T4's bf16 runs on CUDA cores
     assert (a100.host_link, a100.peer_link) == (GPUS["A100 80GB"].host_link, 300e9)
     live = GPU("NVIDIA A100-SXM4-40GB", 40 * 2**30, (8, 0), live=True)
-    assert tm.datasheet_speed(live).memory_bandwidth == 1555e9  # the preset of the same chip
-    assert tm.device_speed("H100 80GB") == tm.datasheet_speed("H100 80GB")
+    assert tm._datasheet_speed(live).memory_bandwidth == 1555e9  # the preset of the same chip
     with pytest.raises(ValueError, match="no datasheet"):
-        tm.datasheet_speed(GPU("NVIDIA RTX 4090", 24 * 2**30, (8, 9)))
-    with pytest.raises(ValueError, match="measure_speed"):
-        tm.datasheet_speed(None)
+        tm.device_speed(GPU("NVIDIA RTX 4090", 24 * 2**30, (8, 9)))
 
 
 def test_step_ops_are_counted_and_linear_in_depth():
@@ -127,11 +153,11 @@ def test_step_ops_are_counted_and_linear_in_depth():
     assert per_layer[2][0] - per_layer[1][0] == per_layer[1][0] - per_layer[0][0] > 0
     assert per_layer[2][1] - per_layer[1][1] == per_layer[1][1] - per_layer[0][1] > 0
     three = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=3)
-    assert tm.step_ops(three, "blocks") == per_layer[2]  # the table's two depths extrapolated
+    assert tm._step_ops(three, "blocks") == per_layer[2]  # the table's two depths extrapolated
     # checkpointing reruns forward operators; AdamW runs the same ones either way
-    plain = tm.step_ops(three)
-    assert tm.step_ops(three, "blocks")[0] > plain[0]
-    assert tm.step_ops(three, "blocks")[1] == plain[1]
+    plain = tm._step_ops(three)
+    assert tm._step_ops(three, "blocks")[0] > plain[0]
+    assert tm._step_ops(three, "blocks")[1] == plain[1]
 
 
 def test_the_recorded_counts_are_this_torch_s_and_a_sample_recounts_the_same():
@@ -171,35 +197,27 @@ def test_the_counts_are_a_training_step_s_not_a_loop_s():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: tm.step_time(SMALL, 0), "micro_batch_size"),
-    (lambda: tm.step_time(SMALL, 1, 1.5), "accumulation_steps"),
-    (lambda: tm.step_time(SMALL, 1, mode="full"), "mode"),
-    (lambda: tm.step_time(SMALL, 1, precision="fp8"), "precision"),
-    (lambda: tm.step_time(SMALL, 1, gpu="V100"), "gpu must be"),
-    (lambda: tm.step_time(SMALL, 1, gpu="T4", utilisation=1.5), "utilisation"),
-    (lambda: tm.step_time(SMALL, 1, speed="fast"), "speed must be"),
-    (lambda: tm.step_time(SMALL, 1, gpu="T4", state_bits=16), "state_bits"),
-    (lambda: tm.step_time(SMALL, 1, gpu="T4", offload_optimizer=1), "offload_optimizer"),
-    (lambda: tm.step_time(SMALL, 1, gpu="T4", zero_stage=4), "zero_stage"),
-    (lambda: tm.step_time(SMALL, 1, gpu="T4", world_size=0), "world_size"),
-    (lambda: tm.step_time(SMALL, 1, gpu="T4", trained_params=0), "trained_params"),
-    (lambda: tm.step_time(SMALL, 1, gpu="T4", extra_flops=-10**15), "extra_flops"),
-    (lambda: tm.step_time(SMALL, 1, gpu="T4", seq_len=64), "seq_len"),
-    (lambda: tm.step_time({"n_layers": 2}, 1), "config"),
-    (lambda: tm.optimizer_bytes(0), "n_params"),
-    (lambda: tm.optimizer_bytes(1, state_bits=2), "state_bits"),
-    (lambda: tm.low_bit_bytes_moved(32), "state_bits"),
+    (lambda: step_time(SMALL, 0), "micro_batch_size"),
+    (lambda: step_time(SMALL, 1, 1.5), "accumulation_steps"),
+    (lambda: step_time(SMALL, 1, mode="full"), "mode"),
+    (lambda: step_time(SMALL, 1, precision="fp8"), "precision"),
+    (lambda: step_time(SMALL, 1, gpu="V100"), "gpu must be"),
+    (lambda: step_time(SMALL, 1, gpu="T4", utilisation=1.5), "utilisation"),
+    (lambda: step_time(SMALL, 1, speed="fast"), "speed must be"),
+    (lambda: step_time(SMALL, 1, gpu="T4", state_bits=16), "state_bits"),
+    (lambda: step_time(SMALL, 1, gpu="T4", offload_optimizer=1), "offload_optimizer"),
+    (lambda: step_time(SMALL, 1, gpu="T4", zero_stage=4), "zero_stage"),
+    (lambda: step_time(SMALL, 1, gpu="T4", world_size=0), "world_size"),
+    (lambda: step_time(SMALL, 1, gpu="T4", lora_rank=0), "lora_rank"),
+    (lambda: step_time(SMALL, 1, gpu="T4", seq_len=64), "seq_len"),
+    (lambda: step_time({"n_layers": 2}, 1), "config"),
     (lambda: tm.transfer_seconds(-1, 1e9), "nbytes"),
     (lambda: tm.transfer_seconds(1, 0), "bytes_per_second"),
     (lambda: tm.measure_speed("meta"), "device"),
     (lambda: tm.measure_speed("cpu", repeats=0), "repeats"),
     (lambda: tm.measure_speed("cpu", matmul_size=8), "matmul_size"),
-    (lambda: tm.datasheet_speed("T4", op_seconds=0), "op_seconds"),
     (lambda: tm.DeviceSpeed("x", 0, 1, 1, 1, 1, True, "x"), "fp32_flops"),
     (lambda: tm.DeviceSpeed("x", 1, 1, 1, 1, 1, True, "x").flops(torch.float64), "dtype"),
-    (lambda: tm.step_ops(SMALL, "sqrt"), "mode"),
-    (lambda: tm.pointwise_bytes(SMALL, 0), "micro_batch_size"),
-    (lambda: tm.matmul_flops(SMALL, 1, precision="int8"), "precision"),
 ])
 def test_bad_input_raises_value_error_naming_it(call, match):
     with pytest.raises(ValueError, match=match):
@@ -252,7 +270,7 @@ def _measured_and_predicted():
     predicted = {}
     for name, case in cases.items():
         K = case.get("accumulation_steps", 1)
-        predicted[name] = tm.step_seconds(LECTURE05, BATCH // K, K, mode=case.get("mode", "none"),
+        predicted[name] = step_seconds(LECTURE05, BATCH // K, K, mode=case.get("mode", "none"),
                                           state_bits=case.get("state_bits", 32), speed=speed)
     return measured, predicted, speed
 
@@ -277,12 +295,13 @@ def test_the_model_predicts_each_step_within_the_stated_factor(one_torch_thread)
 
 
 def test_the_planner_returns_the_fastest_policy_that_fits(one_torch_thread):
-    options = planner.candidates(LECTURE05, BATCH)
+    step = Step(LECTURE05, BATCH, first_step=True)
+    options = planner.candidates(step)
     budget = 32 * 2**20
-    plan = planner.plan_checkpointing(LECTURE05, BATCH, None, budget)
+    plan = planner.plan_checkpointing(step, budget)
     fitting = [c for c in options if c.peak_bytes <= budget]
     assert plan.seconds == min(c.seconds for c in fitting)
-    assert (plan.mode, plan.every) != ("selective", 1)  # FLOPs alone chose it: the slowest here
+    assert (plan.step.mode, plan.step.every) != ("selective", 1)  # FLOPs alone chose it: the slowest
 
 
 # --------------------------------------------------------------------------- calibration
@@ -295,49 +314,48 @@ def _split(matmul, pointwise, optimizer, attention=0.0, fused=0.0):
 
 
 def test_calibrate_gives_each_class_the_time_it_took():
-    sheet = tm.datasheet_speed("A100 80GB")
+    sheet = tm.device_speed("A100 80GB")
     split = _split(matmul=0.030, attention=0.010, pointwise=0.050, optimizer=0.010)
-    fitted = tm.calibrate(sheet, split, GPT2, 4, precision="bf16-mixed", gpu="A100 80GB")
-    t = tm.step_time(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB", speed=fitted)
-    flops = tm.matmul_flops(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB")[0]
+    fitted = tm.calibrate(sheet, split, Step(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB"))
+    t = step_time(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB", speed=fitted)
+    flops = matmul_flops(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB")[0]
     assert fitted.bf16_flops == pytest.approx(flops / 0.040)  # the step's FLOPs in its matmul time
     assert fitted.fp32_flops == sheet.fp32_flops and fitted.fp16_flops == sheet.fp16_flops
     assert t.compute_seconds == pytest.approx(0.040)
     # the operators keep the datasheet's cost; bytes take the rest of the measured time
-    assert t.launch_seconds == tm.step_time(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB",
+    assert t.launch_seconds == step_time(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB",
                                             speed=sheet).launch_seconds
     assert t.seconds == pytest.approx(split.total)
     # given the step's measured time, the split only shares it out
-    half = tm.calibrate(sheet, split, GPT2, 4, precision="bf16-mixed", gpu="A100 80GB",
+    half = tm.calibrate(sheet, split, Step(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB"),
                         seconds=split.total / 2)
-    t = tm.step_time(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB", speed=half)
+    t = step_time(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB", speed=half)
     assert t.compute_seconds == pytest.approx(0.020) and t.seconds == pytest.approx(split.total / 2)
     assert fitted.basis == "from rates measured on this device" and fitted.utilisation == 1.0
     assert "fitted to a measured none step" in fitted.source
 
 
 def test_calibrate_floors_the_bytes_time_where_operators_seem_to_take_it_all():
-    sheet = tm.datasheet_speed("T4")
-    operators = tm.step_time(SMALL, 1, gpu="T4", speed=sheet)
+    sheet = tm.device_speed("T4")
+    operators = step_time(SMALL, 1, gpu="T4", speed=sheet)
     operators = operators.launch_seconds + operators.optimizer_seconds - (
         operators.optimizer_bytes / sheet.memory_bandwidth)
     rest = operators / 2  # less than the operators alone: a tenth of it is left for the bytes
-    fitted = tm.calibrate(sheet, _split(1e-3, rest / 2, rest / 2), SMALL, 1, gpu="T4")
-    t = tm.step_time(SMALL, 1, gpu="T4", speed=fitted)
+    fitted = tm.calibrate(sheet, _split(1e-3, rest / 2, rest / 2), Step(SMALL, 1, gpu="T4"))
+    t = step_time(SMALL, 1, gpu="T4", speed=fitted)
     assert t.pointwise_seconds + t.optimizer_bytes / fitted.memory_bandwidth == pytest.approx(
         rest / 10)
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: tm.calibrate("A100", _split(1, 1, 1), SMALL, 1), "speed"),
-    (lambda: tm.calibrate(tm.datasheet_speed("T4"), {"matmul": 1}, SMALL, 1), "split"),
-    (lambda: tm.calibrate(tm.datasheet_speed("T4"), _split(0, 1, 1), SMALL, 1), "split"),
-    (lambda: tm.calibrate(tm.datasheet_speed("T4"), _split(1, 0, 0), SMALL, 1), "split"),
-    (lambda: tm.calibrate(tm.datasheet_speed("T4"), _split(1, -1, 3), SMALL, 1),
+    (lambda: tm.calibrate("A100", _split(1, 1, 1), Step(SMALL, 1)), "speed"),
+    (lambda: tm.calibrate(tm.device_speed("T4"), {"matmul": 1}, Step(SMALL, 1)), "split"),
+    (lambda: tm.calibrate(tm.device_speed("T4"), _split(0, 1, 1), Step(SMALL, 1)), "split"),
+    (lambda: tm.calibrate(tm.device_speed("T4"), _split(1, 0, 0), Step(SMALL, 1)), "split"),
+    (lambda: tm.calibrate(tm.device_speed("T4"), _split(1, -1, 3), Step(SMALL, 1)),
      "TimeSplit.seconds"),  # refused where the split is built
-    (lambda: tm.calibrate(tm.datasheet_speed("T4"), _split(1, 1, 1), SMALL, 0),
-     "micro_batch_size"),
-    (lambda: tm.calibrate(tm.datasheet_speed("T4"), _split(1, 1, 1), SMALL, 1, seconds=0),
+    (lambda: tm.calibrate(tm.device_speed("T4"), _split(1, 1, 1), SMALL), "step must be"),
+    (lambda: tm.calibrate(tm.device_speed("T4"), _split(1, 1, 1), Step(SMALL, 1), seconds=0),
      "seconds"),
 ])
 def test_calibrate_names_a_bad_argument(call, match):
@@ -356,10 +374,10 @@ def test_a_calibrated_model_predicts_the_other_policies_measured_on_this_cpu(one
         {m: dict(mode=m) for m in ("none", "blocks", "selective", "attention")}).items()}
     steps["none"]()
     measured = step_times(steps, repeats=5).median("cpu")
-    fitted = tm.calibrate(tm.device_speed(None), profile_step(steps["none"]), LECTURE05, BATCH,
-                          seconds=measured["none"])
-    assert tm.step_seconds(LECTURE05, BATCH, speed=fitted) == pytest.approx(measured["none"])
-    ratios = {m: tm.step_seconds(LECTURE05, BATCH, mode=m, speed=fitted) / measured[m]
+    fitted = tm.calibrate(tm.device_speed(None), profile_step(steps["none"]),
+                          Step(LECTURE05, BATCH), seconds=measured["none"])
+    assert step_seconds(LECTURE05, BATCH, speed=fitted) == pytest.approx(measured["none"])
+    ratios = {m: step_seconds(LECTURE05, BATCH, mode=m, speed=fitted) / measured[m]
               for m in steps}
     assert all(1 / 1.5 < r < 1.5 for r in ratios.values()), ratios
 
@@ -369,11 +387,9 @@ def test_a_gpus_adamw_runs_its_operators_over_all_tensors_at_once():
     """On a GPU AdamW defaults to its multi-tensor (foreach) implementation: each of its operators
     covers every tensor, where the CPU's per-tensor loop runs about nine per tensor."""
     shallow, deep = GPTConfig(n_layers=2), GPTConfig(n_layers=8)
-    per_tensor = [tm.step_ops(c)[1] for c in (shallow, deep)]
-    multi = [tm.step_ops(c, foreach=True)[1] for c in (shallow, deep)]
+    per_tensor = [tm._step_ops(c)[1] for c in (shallow, deep)]
+    multi = [tm._step_ops(c, foreach=True)[1] for c in (shallow, deep)]
     tensors = len(param_numels(deep)) - len(param_numels(shallow))
     assert per_tensor[1] - per_tensor[0] >= 8 * tensors
     assert multi[1] - multi[0] <= 1.5 * tensors and multi[0] < per_tensor[0] / 4
-    assert tm.step_ops(shallow, foreach=True)[0] == tm.step_ops(shallow)[0]  # forward, backward
-    with pytest.raises(ValueError, match="foreach"):
-        tm.step_ops(shallow, foreach="yes")
+    assert tm._step_ops(shallow, foreach=True)[0] == tm._step_ops(shallow)[0]  # forward, backward

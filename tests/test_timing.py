@@ -89,15 +89,15 @@ class _Event:
 
 
 def test_kernel_class_names_each_class():
-    from course_lib.measurement.timing import kernel_class
+    from course_lib.measurement.timing import _kernel_class
 
-    assert kernel_class("aten::addmm") == kernel_class("aten::linear") == "matmul"
-    assert kernel_class("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention"
-    assert kernel_class("course::bias_gelu_backward") == "fused kernel"
-    assert kernel_class("Optimizer.step#AdamW.step") == "optimizer"
-    assert kernel_class("aten::gelu") is None and kernel_class("AddmmBackward0") is None
+    assert _kernel_class("aten::addmm") == _kernel_class("aten::linear") == "matmul"
+    assert _kernel_class("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention"
+    assert _kernel_class("course::bias_gelu_backward") == "fused kernel"
+    assert _kernel_class("Optimizer.step#AdamW.step") == "optimizer"
+    assert _kernel_class("aten::gelu") is None and _kernel_class("AddmmBackward0") is None
     with pytest.raises(ValueError, match="name"):
-        kernel_class(None)
+        _kernel_class(None)
 
 
 def test_split_by_class_counts_self_time_under_the_outermost_class():

@@ -126,9 +126,9 @@ def test_pick_device_prefers_available_and_rejects_unknown():
 
 def test_pick_dtype_rules(monkeypatch):
     assert device.pick_dtype("cpu") == torch.float32
-    monkeypatch.setattr(device, "cuda_has_native_bf16", lambda d="cuda": True)
+    monkeypatch.setattr(device, "_cuda_has_native_bf16", lambda d="cuda": True)
     assert device.pick_dtype("cuda") == torch.bfloat16
-    monkeypatch.setattr(device, "cuda_has_native_bf16", lambda d="cuda": False)
+    monkeypatch.setattr(device, "_cuda_has_native_bf16", lambda d="cuda": False)
     assert device.pick_dtype("cuda") == torch.float16  # a T4
     assert device.needs_grad_scaler(torch.float16)
     assert not device.needs_grad_scaler(torch.bfloat16)
@@ -139,18 +139,18 @@ def test_pick_dtype_rules(monkeypatch):
 def test_t4_capability_has_no_native_bf16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))
-    assert not device.cuda_has_native_bf16()
+    assert not device._cuda_has_native_bf16()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
-    assert device.cuda_has_native_bf16()
+    assert device._cuda_has_native_bf16()
 
 
 def test_colab_detection_and_summary(monkeypatch):
     import sys
     import types
 
-    assert not device.in_colab()
+    assert not device._in_colab()
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    assert device.in_colab()
+    assert device._in_colab()
     text = device.describe("cpu").summary()
     for field in ("device", "training dtype", "float32", torch.__version__, "Google Colab"):
         assert field in text

@@ -2,8 +2,7 @@
 
 :class:`Ranks` starts ``world_size`` processes joined into one
 ``torch.distributed`` process group with the **gloo** backend, which runs
-collectives on CPU tensors, and runs worker functions on them; :func:`launch`
-does it once. It is the same code as a multi-GPU job (there the backend is NCCL
+collectives on CPU tensors, and runs worker functions on them. It is the same code as a multi-GPU job (there the backend is NCCL
 and the tensors live on GPUs), but it runs on any laptop, and on a CUDA machine
 too when the workers keep their tensors on the CPU (lecture 07's, in
 :mod:`course_lib.distributed.workers`, do).
@@ -49,11 +48,7 @@ MAX_WORLD_SIZE = 16
 
 
 def _free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (the OS picks it), for the rendezvous.
-
-    Returns:
-        int: the port number.
-    """
+    """A TCP port on 127.0.0.1 that is free now (the OS picks it), for the rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -349,25 +344,3 @@ class Ranks:
         if getattr(self, "_procs", None):
             self.close(wait=0)
 
-
-def launch(worker: Callable, world_size: int = 2, *, timeout: float = 120.0, **kwargs) -> list:
-    """Start ``world_size`` ranks, run ``worker(rank, world_size, **kwargs)`` on them, end them.
-
-    ``Ranks(world_size, timeout=timeout).run(worker, **kwargs)`` in one call.
-
-    Args:
-        worker (callable): as :meth:`Ranks.run`.
-        world_size (int): the number of ranks.
-        timeout (float): seconds, as :class:`Ranks`.
-        **kwargs: passed to ``worker``.
-
-    Returns:
-        list: each rank's return value, in rank order.
-
-    Raises:
-        ValueError: as :class:`Ranks` and :meth:`Ranks.run`; also ``RuntimeError`` and
-            ``TimeoutError`` as :meth:`Ranks.run`.
-    """
-    _check_importable(worker)
-    with Ranks(world_size, timeout=timeout) as ranks:
-        return ranks.run(worker, **kwargs)

@@ -9,8 +9,7 @@ they run on gloo, and give the same numbers, on any machine:
 * :func:`ddp_accumulation`: gradient accumulation under
   ``DistributedDataParallel`` through the course's training loop
   (:func:`course_lib.training.loop.train`, with and without ``no_sync``), counting
-  the all-reduces with a communication hook (:class:`AllReduceCounter`) and
-  reading each step's gradient with a :class:`GradientReader`;
+  the all-reduces with a communication hook (:class:`AllReduceCounter`);
 * :func:`record_steps`: runs a learner's own worker (a file the notebook wrote) on the
   ranks and records each optimizer step it takes: the gradient the step used, the
   all-reduces DDP made for it, and the weights after it; for FSDP2, what a rank held during
@@ -45,19 +44,8 @@ from course_lib.units import storage_bytes
 
 
 class AllReduceCounter:
-    """A DDP communication hook that counts the all-reduces (one per bucket) and their bytes.
-
-    ``AllReduceCounter(ddp_model)`` registers itself; each call averages the
-    bucket exactly as DDP's default does (``allreduce_hook``: divide by the
-    world size, all-reduce the sum), so the training is unchanged. ``calls`` and ``bytes``
-    hold the counts.
-
-    Args:
-        ddp_model (torch.nn.parallel.DistributedDataParallel): the model to count for.
-
-    Raises:
-        ValueError: naming ``ddp_model``, for anything but a ``DistributedDataParallel``.
-    """
+    """A DDP communication hook, registered on ``ddp_model``, that counts the all-reduces (one
+    per bucket) in ``calls`` and their ``bytes``; it averages as DDP's ``allreduce_hook`` does."""
 
     def __init__(self, ddp_model):
         from torch.nn.parallel import DistributedDataParallel
@@ -110,13 +98,13 @@ def average_gradients(params: Iterable[torch.Tensor], all_reduce_sum: Callable,
 
 
 def flat_grads(model: torch.nn.Module) -> torch.Tensor:
-    """All gradients of ``model`` (every parameter must have one) as one flat fp32 copy.
+    """All gradients of ``model`` as one flat fp32 copy, in parameter order.
 
     Args:
-        model (torch.nn.Module): a model after a backward pass.
+        model (torch.nn.Module): every parameter must have a gradient.
 
     Returns:
-        torch.Tensor: 1-d, fp32, in parameter order.
+        torch.Tensor: 1-D, fp32.
     """
     return torch.cat([p.grad.detach().flatten().float() for p in model.parameters()])
 
@@ -125,32 +113,17 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     """All parameters of ``model`` as one flat fp32 tensor (a copy), in parameter order.
 
     Args:
-        model (torch.nn.Module): any model.
+        model (torch.nn.Module): the model.
 
     Returns:
-        torch.Tensor: 1-d, fp32.
+        torch.Tensor: 1-D, fp32.
     """
     return torch.cat([p.detach().flatten().float() for p in model.parameters()])
 
 
-class GradientReader(torch.optim.Optimizer):
-    """An optimizer that leaves the weights alone: each ``step()`` keeps a copy of the gradient.
-
-    Given to :func:`course_lib.training.loop.train` in place of a real optimizer, it
-    reads what one accumulation cycle left in ``.grad`` (after DDP's all-reduce,
-    under DDP) at the moment the optimizer would use it; ``train`` clears the
-    gradients right after. ``grads`` is that copy, flat and in fp32
-    (:func:`flat_grads`), from the last step; None before the first.
-    A step pre-hook (``register_step_pre_hook``, PyTorch's) runs before the copy
-    is taken.
-
-    Args:
-        model (torch.nn.Module): the ``torch.nn.Module`` whose gradients are read (a DDP model or a
-            plain one); every parameter must have a gradient at each step.
-
-    Raises:
-        ValueError: if ``model`` is not a ``torch.nn.Module`` with parameters.
-    """
+class _GradientReader(torch.optim.Optimizer):
+    """An optimizer whose ``step()`` leaves the weights alone and keeps the gradient it would
+    use in ``grads`` (:func:`flat_grads`); step pre-hooks run before the copy."""
 
     def __init__(self, model: torch.nn.Module):
         if not isinstance(model, torch.nn.Module) or not any(True for _ in model.parameters()):
@@ -165,12 +138,8 @@ class GradientReader(torch.optim.Optimizer):
 
 @contextlib.contextmanager
 def _gradients_scaled_by(model: torch.nn.Module, factor: float):
-    """Multiply every gradient of ``model`` by ``factor`` as the backward pass produces it.
-
-    The same as multiplying the loss by ``factor`` (the backward pass is linear
-    in the loss). A tensor hook runs before the gradient is accumulated into
-    ``.grad``, hence before DDP's all-reduce sees it.
-    """
+    """Multiply every gradient of ``model`` by ``factor`` (as the loss would be) before it reaches
+    ``.grad``, hence before DDP's all-reduce."""
     handles = [p.register_hook(lambda g: g * factor) for p in model.parameters()]
     try:
         yield
@@ -179,24 +148,9 @@ def _gradients_scaled_by(model: torch.nn.Module, factor: float):
             handle.remove()
 
 
-def local_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
-    """``(logical, allocated)`` bytes of this rank's part of ``tensors``.
-
-    A sharded ``DTensor`` (FSDP2) counts its local shard. ``logical`` is
-    elements times element size; ``allocated`` sums the distinct storages the
-    local tensors live in, which is larger when the shards are padded (FSDP2
-    pads each parameter's dim-0 chunk to the size of the largest one) or share
-    a bigger buffer.
-
-    Args:
-        tensors (iterable of torch.Tensor): tensors or ``DTensor`` s.
-
-    Returns:
-        tuple of int: ``(logical, allocated)`` bytes.
-
-    Raises:
-        ValueError: naming ``tensors``, for a str, dict, non-iterable or non-tensors.
-    """
+def _local_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
+    """``(logical, allocated)`` bytes of this rank's part of ``tensors`` (a ``DTensor``'s local
+    shard): elements x size, and the distinct storages, larger where FSDP2 pads a shard."""
     if isinstance(tensors, str | bytes | dict) or not hasattr(tensors, "__iter__"):
         raise ValueError(f"tensors must be an iterable of tensors, got {tensors!r}")
     tensors = list(tensors)
@@ -222,7 +176,7 @@ def _state_row(params: list[torch.Tensor], optimizer_states: Iterable[torch.Tens
     for part, tensors in (("parameters", params),
                           ("gradients", [p.grad for p in params if p.grad is not None]),
                           ("optimizer_state", list(optimizer_states))):
-        logical[part], row[part] = local_bytes(tensors)
+        logical[part], row[part] = _local_bytes(tensors)
     if grads is not None:
         row["gradients"] = grads
     row["total"] = row["parameters"] + row["gradients"] + row["optimizer_state"]
@@ -260,46 +214,16 @@ def all_reduce_demo(rank: int, world_size: int) -> dict:
 def ddp_accumulation(rank: int, world_size: int, *, config: GPTConfig, micro_batch: int,
                      accum_steps: int, steps: int = 3, lr: float = 1e-2,
                      bucket_cap_mb: float = 0.1, seed: int = 0) -> dict:
-    """Gradient accumulation under DDP: gradients, all-reduce counts, weights after training.
+    """Gradient accumulation under DDP through :func:`course_lib.training.loop.train`: per variant
+    the flat gradient of one accumulation cycle and the all-reduces (calls, bytes) it made.
 
-    Every run goes through the course's training loop, :func:`course_lib.training.loop.train`
-    (``no_sync=True``: all micro-batches but the last under DDP's ``no_sync()``), with
-    its default ``normalize="tokens"``: each micro-batch's summed loss over the
-    rank's tokens, which is the micro-batch's mean loss / K here, as every
-    micro-batch holds the same number of tokens.
-
-    The global batch of ``world_size * micro_batch * accum_steps`` sequences
-    (``random_tokens(config, ..., seed=seed)``) is cut into one contiguous slice per rank
-    (:func:`course_lib.training.loop.batches_of`), each run as ``accum_steps`` micro-batches.
-    The variants, each the flat gradient after one accumulation cycle (read by a
-    :class:`GradientReader`) and the all-reduces (calls and bytes) it made:
-
-    * ``"no_sync"``: loss / K, all micro-batches but the last under ``no_sync()``;
-    * ``"sync_every_micro_batch"``: loss / K, no ``no_sync``;
-    * ``"loss_over_K_times_N"``: loss / (K * N), the mistake of averaging twice;
-    * ``"loss_not_divided"``: loss / 1, the divide-by-K bug (``normalize="sum-of-means"``);
-    * ``"manual"``: no DDP; local accumulation, then :func:`average_gradients`.
-
-    ``"warmup_all_reduces"``: the all-reduces of a first backward, before DDP
-    rebuilds its buckets. Then ``steps`` AdamW steps with ``no_sync``
-    accumulation (batch ``seed + step``); ``"params_after"`` are the weights.
-
-    Args:
-        rank (int): this process's rank, from 0 to ``world_size - 1`` (given by
-            :class:`course_lib.distributed.ranks.Ranks`).
-        world_size (int): the number of ranks N.
-        config (GPTConfig): the model.
-        micro_batch (int): sequences per micro-batch on each rank.
-        accum_steps (int): K, micro-batches per optimizer step.
-        steps (int): AdamW steps of the training run.
-        lr (float): AdamW's learning rate.
-        bucket_cap_mb (float): DDP's bucket size in MB; small so that this small model is split
-            into several buckets, as a large one is with the default 25 MB.
-        seed (int): seeds the model and the batches.
-
-    Returns:
-        dict: per variant, ``{"grads", "all_reduces", "bytes"}`` (``"manual"``: ``grads``
-        only); ``"warmup_all_reduces"``, ``"params_after"`` and ``"n_params"``.
+    Each rank takes its contiguous slice of a global batch of ``world_size * micro_batch *
+    accum_steps`` sequences. Variants: ``"no_sync"`` (loss / K, ``no_sync()`` on all
+    micro-batches but the last), ``"sync_every_micro_batch"``, ``"loss_over_K_times_N"`` (the
+    mean taken twice), ``"loss_not_divided"`` (``normalize="sum-of-means"``) and ``"manual"`` (no
+    DDP, then :func:`average_gradients`; ``grads`` only). Also ``"warmup_all_reduces"`` (before
+    DDP rebuilds its buckets), ``"params_after"`` (``steps`` AdamW steps with ``no_sync``) and
+    ``"n_params"``. ``bucket_cap_mb`` is small so that this small model fills several buckets.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -317,7 +241,7 @@ def ddp_accumulation(rank: int, world_size: int, *, config: GPTConfig, micro_bat
 
     def one_cycle(net, batch, accumulation_steps: int = K, **options) -> dict:
         """One optimizer step's accumulation; its gradient and the all-reduces it made."""
-        reader = GradientReader(net)
+        reader = _GradientReader(net)
         counter.reset()
         train(net, reader, [batch], micro_batch_size=micro_batch,
               accumulation_steps=accumulation_steps, **options)
@@ -336,7 +260,7 @@ def ddp_accumulation(rank: int, world_size: int, *, config: GPTConfig, micro_bat
 
     torch.manual_seed(seed)
     plain = GPT(config)
-    by_hand = GradientReader(plain)
+    by_hand = _GradientReader(plain)
     # What DDP does, once the micro-batches have accumulated: just before the optimizer steps.
     by_hand.register_step_pre_hook(
         lambda *_: average_gradients(plain.parameters(), dist.all_reduce, world_size))
@@ -362,7 +286,7 @@ def sharded_states(rank: int, world_size: int, *, config: GPTConfig, micro_batch
     * ``"fsdp"``: FSDP2, ``fully_shard`` on each block and on the model
       (parameters, gradients and optimizer states sharded: stage 3).
 
-    Each row holds the allocated bytes (distinct storages, see :func:`local_bytes`)
+    Each row holds the allocated bytes (distinct storages, larger than the ``logical`` bytes where FSDP2 pads a shard)
     of ``parameters``, ``gradients`` and ``optimizer_state`` (Adam's m and v, not the
     4-byte step counters), their ``total``, and the same three as ``logical``
     bytes (elements x 4). For the DDP rows ``gradients`` is measured with

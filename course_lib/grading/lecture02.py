@@ -5,7 +5,7 @@ saved bytes with :func:`course_lib.measurement.memory.saved_bytes` on a real mod
 saved storages with autograd's own ``saved_tensors_hooks``. The largest batch on the CPU is
 written out for the public cases (the grader, ``course_tools/hidden.py``, and
 ``tests/test_grading_truths.py`` measure the steps); on the GPU presets it is searched against
-:func:`course_lib.prediction.engine.predict_step_memory`, whose GPU rules the ``gpu`` tests check.
+:func:`course_lib.prediction.predict.predict`, whose GPU rules the ``gpu`` tests check.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from course_lib.measurement.memory import saved_bytes
 from course_lib.model.gpt import GPT, MLP, GPTConfig, random_tokens
-from course_lib.prediction.engine import predict_step_memory
+from course_lib.prediction.predict import Step, predict
 
 from ..device import GPUS
 from ..units import storage_bytes, storage_key
@@ -144,7 +144,7 @@ MEASURED_CASES = [(24, 1889688, "fp32", 11), (32, 823672, "bf16", 6), (24, 50648
 def check_largest_batch(fn):
     """``fn(config, seq_len, capacity, precision, gpu)``: the largest micro-batch that fits.
 
-    The largest micro-batch whose predicted step (the engine's ``total`` on ``gpu``) fits
+    The largest micro-batch whose predicted step (``predict(Step(...)).total`` on ``gpu``) fits
     ``capacity`` bytes, 0 if none.
 
     Args:
@@ -156,9 +156,9 @@ def check_largest_batch(fn):
                      dropout=0.0, attention="explicit")
 
     def need(cfg, b, s, precision, gpu):
-        return predict_step_memory(cfg, b, precision=precision, seq_len=s, gpu=gpu).total
+        return predict(Step(cfg, b, seq_len=s, precision=precision, gpu=gpu)).total
 
-    hint = ("use predict_step_memory(config, batch, precision=..., seq_len=..., gpu=...).total, "
+    hint = ("use predict(Step(config, batch, seq_len=..., precision=..., gpu=...)).total, "
             "which counts the model states too (they do not shrink with the batch); return the "
             "last batch whose total is <= capacity, and 0 when even batch 1 does not fit; pass "
             "gpu on: a T4 picks other kernels than an A100")

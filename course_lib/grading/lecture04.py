@@ -137,6 +137,6 @@ def check_choose_segments(fn):
                f"choose_segments(config, {batch}, budget={budget:,}) returned {got!r}, "
                f"expected {want!r}",
                hint="try every segment count from 1 to config.n_layers: keep those whose "
-                    "predict_step_memory(config, batch_size, mode='sqrt', segments=k).total is at "
+                    "predict(Step(config, batch_size, mode='sqrt', segments=k)).total is at "
                     "most the budget (<=), return the one with the fewest step_flops (neither "
                     "memory nor time is monotonic in k), or None if none fits")

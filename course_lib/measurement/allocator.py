@@ -66,15 +66,7 @@ class NotOnCUDA:
 
 
 def _not_on_cuda(device: torch.device | str | int | None = None) -> NotOnCUDA | None:
-    """``None`` if ``device`` is a usable CUDA device, else the :class:`NotOnCUDA` that says why
-    not.
-
-    Example:
-        >>> bool(_not_on_cuda("cpu"))
-        False
-        >>> str(_not_on_cuda("cpu")).startswith("not on CUDA")
-        True
-    """
+    """``None`` if ``device`` is a usable CUDA device, else the :class:`NotOnCUDA` saying why."""
     device = _device(device)
     if device.type != "cuda":
         return NotOnCUDA(f"not on CUDA: the device is {device.type}, where there is no CUDA caching "
@@ -172,13 +164,7 @@ class SmiReading:
 
 
 def _parse_smi(output: str) -> SmiReading:
-    """The first line of ``nvidia-smi --query-gpu=memory.total,memory.used,memory.free
-    --format=csv,noheader,nounits`` (``"15360, 1234, 14126"``, in MiB) as a :class:`SmiReading`.
-
-    Example:
-        >>> _parse_smi("15360, 0, 15095").total // MiB
-        15360
-    """
+    """``nvidia-smi``'s ``"15360, 1234, 14126"`` (total, used, free MiB) as a SmiReading."""
     text("output", output)
     line = output.strip().splitlines()[0] if output.strip() else ""
     try:
@@ -273,7 +259,7 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
 
     Args:
         fn (callable): the step, a callable without arguments.
-        predicted (int): the engine's peak bytes for it (``engine.predict_step_memory(...).total``).
+        predicted (int): the engine's peak bytes for it (``predict(step).total``).
         resident (int): bytes of the model states before the step
             (``course_lib.measurement.memory.resident_bytes``).
         device (torch.device or str or int, optional): the CUDA device it runs on; None means the
@@ -312,12 +298,7 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
 # --------------------------------------------------------------------------- a fresh process
 
 def _parse_alloc_conf(value: str | None) -> dict[str, str]:
-    """``PYTORCH_CUDA_ALLOC_CONF``'s ``"key:value,key:value"`` as a dict (empty for None or "").
-
-    Example:
-        >>> _parse_alloc_conf("max_split_size_mb:128,expandable_segments:True")
-        {'max_split_size_mb': '128', 'expandable_segments': 'True'}
-    """
+    """``PYTORCH_CUDA_ALLOC_CONF``'s ``"key:value,key:value"`` as a dict (empty for None or "")."""
     if value is None:
         return {}
     if not isinstance(value, str):
@@ -331,13 +312,8 @@ def _parse_alloc_conf(value: str | None) -> dict[str, str]:
     return options
 
 
-def alloc_conf_env(env: Mapping[str, str], expandable_segments: bool) -> dict[str, str]:
-    """A copy of ``env`` in which the allocator's options turn expandable segments on or off.
-
-    Example:
-        >>> alloc_conf_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, True)
-        {'PYTORCH_CUDA_ALLOC_CONF': 'max_split_size_mb:128,expandable_segments:True'}
-    """
+def _alloc_conf_env(env: Mapping[str, str], expandable_segments: bool) -> dict[str, str]:
+    """A copy of ``env`` in which the allocator's options turn expandable segments on or off."""
     boolean("expandable_segments", expandable_segments)
     _check_env(env)
     env = dict(env)
@@ -355,13 +331,8 @@ def _check_env(env) -> None:
 
 
 def _expandable_segments_enabled(env: Mapping[str, str]) -> bool:
-    """Whether a process started with ``env`` runs its CUDA allocator with expandable segments (the
-    first of :data:`ALLOC_CONF_VARS` that ``env`` sets decides, as in PyTorch 2.8 and later).
-
-    Example:
-        >>> _expandable_segments_enabled({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
-        True
-    """
+    """Whether ``env`` turns expandable segments on (the first of :data:`ALLOC_CONF_VARS` it sets
+    decides, as in PyTorch 2.8 and later)."""
     _check_env(env)
     for name in ALLOC_CONF_VARS:
         if name in env:
@@ -445,14 +416,7 @@ def _check_reading(reading) -> None:
 
 
 def _context_bytes(free_before_init: int, reading: Reading) -> int:
-    """Bytes a process holds on the device outside its allocator: the free bytes it took since
-    before it initialised CUDA, minus what its allocator reserved.
-
-    Example:
-        >>> r = Reading(allocated=0, reserved=2 * MiB, free=14000 * MiB, total=15360 * MiB)
-        >>> _context_bytes(14500 * MiB, r) // MiB
-        498
-    """
+    """Bytes held outside the allocator: free bytes taken since before CUDA init, minus reserved."""
     if not isinstance(free_before_init, int) or isinstance(free_before_init, bool) \
             or free_before_init < 0:
         raise ValueError(f"free_before_init must be a non-negative int of bytes, "
@@ -466,7 +430,7 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
           timeout: float = 300) -> Probe | NotOnCUDA:
     """Measure the CUDA context, the cuBLAS workspace and fragmentation in a fresh process.
 
-    The process starts with ``PYTORCH_CUDA_ALLOC_CONF`` set by :func:`alloc_conf_env`
+    The process starts with ``PYTORCH_CUDA_ALLOC_CONF`` set by :func:`_alloc_conf_env`
     (read once, when CUDA initialises: that is why it is a new process), reads the
     device after initialising CUDA, after a first 512 x 512 matmul whose tensors it then
     frees, after requesting buffers of ``sizes_mib`` one after the other (each freed
@@ -506,7 +470,7 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
     command = [sys.executable, "-m", "course_lib.measurement.allocator", "--free-before-init", str(int(free_before)),
                "--device", str(device), "--sizes-mib", ",".join(map(str, sizes))]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env=alloc_conf_env(os.environ, expandable_segments))
+                          env=_alloc_conf_env(os.environ, expandable_segments))
     if done.returncode != 0:
         raise RuntimeError(f"the probing process failed ({done.returncode}): {done.stderr.strip()}")
     data = json.loads(done.stdout.strip().splitlines()[-1])

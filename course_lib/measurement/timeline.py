@@ -5,8 +5,7 @@ allocation and free (with its size, address and time) and
 ``torch.cuda.memory._snapshot()`` returns that log; PyTorch's viewer at
 https://pytorch.org/memory_viz draws the same data from ``_dump_snapshot``. Here
 the log becomes one curve, bytes allocated against time, that matplotlib draws
-in a notebook (:func:`record_timeline`; a snapshot saved earlier, with
-:func:`timeline_from_snapshot`). On other devices :func:`track_timeline` draws the same curve from
+in a notebook (:func:`record_timeline`). On other devices :func:`track_timeline` draws the same curve from
 the live-tensor tracker (:class:`course_lib.measurement.memory.LiveTensorTracker`), with the
 event number as its clock.
 """
@@ -37,7 +36,7 @@ class Timeline:
         return max(self.allocated)
 
 
-def timeline_from_snapshot(snapshot: dict, baseline: int = 0, device: int = 0) -> Timeline:
+def _timeline_from_snapshot(snapshot: dict, baseline: int = 0, device: int = 0) -> Timeline:
     """The allocated-bytes curve of a ``torch.cuda.memory._snapshot()`` dictionary.
 
     ``alloc`` adds the block's ``size``, ``free_completed`` subtracts it, each rounded up to
@@ -97,7 +96,7 @@ def record_timeline(fn: Callable[[], object], *, max_entries: int = 1_000_000) -
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    timeline = timeline_from_snapshot(snapshot, baseline, torch.cuda.current_device())
+    timeline = _timeline_from_snapshot(snapshot, baseline, torch.cuda.current_device())
     start = timeline.clock[0]
     return Timeline([t - start for t in timeline.clock], timeline.allocated)
 

@@ -214,15 +214,15 @@ def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, w
 #: What :func:`split_by_class` sorts a step's time into.
 KERNEL_CLASSES = ("matmul", "attention", "fused kernel", "other pointwise", "optimizer")
 #: The matmul ops by the profiler's names (``linear`` and ``matmul`` hold their ``mm``).
-MATMUL_NAMES = frozenset(f"aten::{name}" for name in (
+_MATMUL_NAMES = frozenset(f"aten::{name}" for name in (
     "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_addmm_activation"))
 
 
-def kernel_class(name: str) -> str | None:
+def _kernel_class(name: str) -> str | None:
     """The class of a profiler event, by its name; None for an event that names no class.
 
     ``Optimizer.step#...``/``zero_grad#...``: "optimizer"; ``course::`` ops: "fused kernel";
-    ``scaled_dot_product`` in the name: "attention"; :data:`MATMUL_NAMES`: "matmul".
+    ``scaled_dot_product`` in the name: "attention"; :data:`_MATMUL_NAMES`: "matmul".
     """
     if not isinstance(name, str):
         raise WrongTypeError(f"name must be a str, got {type(name).__name__}")
@@ -232,7 +232,7 @@ def kernel_class(name: str) -> str | None:
         return "fused kernel"
     if "scaled_dot_product" in name:
         return "attention"
-    return "matmul" if name in MATMUL_NAMES else None
+    return "matmul" if name in _MATMUL_NAMES else None
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ class TimeSplit:
 
 def split_by_class(events: Iterable, *, device_time: bool = False) -> TimeSplit:
     """Sort the self time of profiler events (µs) into :data:`KERNEL_CLASSES`: each event's own
-    time goes to the class of its outermost ancestor that has one (:func:`kernel_class`), the
+    time goes to the class of its outermost ancestor that has one (:func:`_kernel_class`), the
     rest to "other pointwise"; a checkpoint's rerun counts as what it runs."""
     if not isinstance(device_time, bool):
         raise WrongTypeError(f"device_time must be True or False, got {device_time!r}")
@@ -285,7 +285,7 @@ def split_by_class(events: Iterable, *, device_time: bool = False) -> TimeSplit:
     for event in events:
         outermost, node = "other pointwise", event
         while node is not None:
-            outermost = kernel_class(node.name) or outermost
+            outermost = _kernel_class(node.name) or outermost
             node = node.cpu_parent
         seconds[outermost] += getattr(event, attribute, 0) / 1e6
     return TimeSplit({c: seconds[c] for c in KERNEL_CLASSES}, "device" if device_time else "cpu")
@@ -330,5 +330,5 @@ def profile_step(step: Callable[[], object], *, device: str | torch.device = "cp
     return split_by_class(prof.events(), device_time=cuda)
 
 
-__all__ = ["CLOCKS", "KERNEL_CLASSES", "MATMUL_NAMES", "TimeSplit", "kernel_class",
-           "profile_step", "split_by_class", "synchronize", "StepTimes", "step_times"]
+__all__ = ["CLOCKS", "KERNEL_CLASSES", "TimeSplit", "profile_step",
+           "split_by_class", "synchronize", "StepTimes", "step_times"]

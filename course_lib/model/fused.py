@@ -7,21 +7,19 @@ ops it replaces, because its backward pass recomputes what they store.
   ``GPTConfig(fused_residual=True)`` runs it in the course GPT.
 * :func:`bias_gelu`, the MLP's ``gelu(x + b)``: it keeps its input ``x``, as PyTorch's
   ``gelu(addmm(...))`` does, and recomputes ``gelu'`` in its backward, another op
-  (:func:`bias_gelu_backward`); ``GPTConfig(fused_mlp=True)`` runs it.
+  (``course::bias_gelu_backward``); ``GPTConfig(fused_mlp=True)`` runs it.
 
 Registered with :func:`torch.library.custom_op`, a kernel is one op to autograd and to a
 selective-checkpointing policy, which can save its output or recompute it; a plain
-:class:`torch.autograd.Function` shows the policy its body's ``aten`` ops
-(:func:`unregistered_bias_gelu`). Each Triton program handles :data:`BLOCK` elements.
+:class:`torch.autograd.Function` shows the policy its body's ``aten`` ops instead.
 
 Where they run: compiled on CUDA with Triton (Colab's T4 included); on the CPU through
 Triton's interpreter (``TRITON_INTERPRET=1``: slow, keep sizes small, same ops, saved tensors
 and gradients); elsewhere (MPS, macOS, Windows, no Triton) as plain PyTorch inside the same
 ops, with the same saved tensors (the mask from a seeded ``torch.Generator``).
 
-:data:`OPS` maps a name to ``(op, reference, example)``: the ``OpOverload``, the same function
-in plain PyTorch, and ``example(device, dtype)``, its inputs. :func:`source` returns a kernel's
-source as text; :func:`dropout_example` gives inputs of :func:`bias_dropout_add`.
+:data:`OPS` maps a name to ``(op, reference, example)``; :func:`source` returns a kernel's
+source as text.
 
 References: Korthikanti et al. 2022 and Megatron-LM's ``bias_dropout_add_fused_train``;
 Triton's "low-memory dropout" tutorial (``tl.rand(seed, offsets)``); Salmon et al. 2011
@@ -67,8 +65,7 @@ def _triton_installed() -> bool:
     return True
 
 
-#: Elements each Triton program handles: a power of two, so that one block is one vector.
-BLOCK = 1024
+_BLOCK = 1024  # elements per Triton program: a power of two, so one block is one vector
 _SQRT_HALF = 1 / math.sqrt(2)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 
@@ -137,9 +134,9 @@ def _run(name: str, out: Tensor, *args) -> Tensor:
     """Launch kernel ``name`` over ``out``'s elements with ``args``; returns ``out``."""
     where = backend(out.device)
     kernel = _kernels()[where][name]
-    grid = (triton.cdiv(out.numel(), BLOCK),)
+    grid = (triton.cdiv(out.numel(), _BLOCK),)
     if where == "triton":
-        kernel[grid](*args, BLOCK=BLOCK)
+        kernel[grid](*args, BLOCK=_BLOCK)
         return out
     # The interpreter wraps its arguments in closures that refer to themselves: a reference cycle
     # that would keep the tensors' storages alive until Python's garbage collector runs. With the
@@ -149,7 +146,7 @@ def _run(name: str, out: Tensor, *args) -> Tensor:
     gc.disable()
     try:
         with _interpretable_random():
-            kernel[grid](*args, BLOCK=BLOCK)
+            kernel[grid](*args, BLOCK=_BLOCK)
     finally:
         if collecting:
             gc.enable()
@@ -179,8 +176,7 @@ def _interpretable_random():
             setattr(module, name, f)
 
 
-#: What :func:`source` shows: the kernels by name, and the registration of bias-dropout-add.
-SOURCES = ("forward", "backward", "dropout_add", "dropout_backward", "registration")
+_SOURCES = ("forward", "backward", "dropout_add", "dropout_backward", "registration")
 
 
 def source(kernel: str = "forward") -> str:
@@ -189,7 +185,7 @@ def source(kernel: str = "forward") -> str:
     It is text: it reads the same where Triton is not installed.
 
     Args:
-        kernel (str): one of :data:`SOURCES`: ``"forward"`` (``gelu(x + b)``), ``"backward"``
+        kernel (str): ``"forward"`` (``gelu(x + b)``), ``"backward"``
             (``grad * gelu'(x + b)``), ``"dropout_add"`` and ``"dropout_backward"`` (the two
             kernels of :func:`bias_dropout_add`), ``"registration"`` (its ``custom_op`` block).
 
@@ -199,8 +195,8 @@ def source(kernel: str = "forward") -> str:
     Raises:
         ValueError: naming ``kernel``, for another name.
     """
-    if kernel not in SOURCES:
-        raise ValueError(f"kernel must be one of {SOURCES}, got {kernel!r}")
+    if kernel not in _SOURCES:
+        raise ValueError(f"kernel must be one of {_SOURCES}, got {kernel!r}")
     if kernel == "registration":
         text = inspect.getsource(inspect.getmodule(source))
         start = text.index('\n@torch.library.custom_op("course::bias_dropout_add"') + 1
@@ -242,7 +238,7 @@ def _(x, bias):
 
 
 @torch.library.custom_op("course::bias_gelu_backward", mutates_args=())
-def bias_gelu_backward(grad: Tensor, x: Tensor, bias: Tensor) -> Tensor:
+def _bias_gelu_backward(grad: Tensor, x: Tensor, bias: Tensor) -> Tensor:
     """``grad * gelu'(x + bias)``: the gradient of :func:`bias_gelu` for ``x``, recomputed from
     the inputs in one kernel (the bias's gradient is its sum over the rows)."""
     _check(x, bias)
@@ -257,7 +253,7 @@ def bias_gelu_backward(grad: Tensor, x: Tensor, bias: Tensor) -> Tensor:
                    grad.contiguous(), x.contiguous(), bias.contiguous())
 
 
-@bias_gelu_backward.register_fake
+@_bias_gelu_backward.register_fake
 def _(grad, x, bias):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -273,7 +269,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward_rule(ctx, grad):
     x, bias = ctx.saved_tensors
-    grad_x = bias_gelu_backward(grad, x, bias)
+    grad_x = _bias_gelu_backward(grad, x, bias)
     return grad_x, _bias_grad(grad_x, bias)
 
 
@@ -298,14 +294,12 @@ class _UnregisteredBiasGelu(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, bias = ctx.saved_tensors
-        grad_x = bias_gelu_backward(grad, x, bias)
+        grad_x = _bias_gelu_backward(grad, x, bias)
         return grad_x, _bias_grad(grad_x, bias)
 
 
-def unregistered_bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
-    """:func:`bias_gelu` as a plain :class:`torch.autograd.Function`, not a registered op: a
-    dispatch mode (a selective-checkpointing policy) sees its body's ``aten`` ops, not one op
-    it could name."""
+def _unregistered_bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
+    """:func:`bias_gelu` unregistered: a checkpointing policy sees its ``aten`` ops, not one op."""
     _check(x, bias)
     return _UnregisteredBiasGelu.apply(x, bias)
 
@@ -508,9 +502,8 @@ def unfused_bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float
     return (x + bias) * (dropout_mask(x, p, seed) * scale).to(x.dtype) + residual
 
 
-def dropout_example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list:
-    """Inputs of :func:`bias_dropout_add`: ``x`` and ``residual`` ``(2, 8, 64)``, a bias of 64
-    (all three requiring grad), ``p = 0.25`` and a seed, all seeded."""
+def _dropout_example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    """Seeded inputs of :func:`bias_dropout_add`: ``x``, ``bias``, ``residual``, ``p``, ``seed``."""
     x, bias = example(device, dtype)
     generator = torch.Generator().manual_seed(1)
     residual = torch.randn(x.shape, generator=generator).to(device=x.device, dtype=dtype)
@@ -522,6 +515,5 @@ OPS: dict[str, tuple[torch._ops.OpOverload, Callable, Callable]] = {
     "bias_gelu": (torch.ops.course.bias_gelu.default, reference, example),
 }
 
-__all__ = ["BLOCK", "OPS", "SOURCES", "backend", "bias_dropout_add", "bias_gelu",
-           "bias_gelu_backward", "dropout_example", "dropout_mask", "example", "reference",
-           "source", "unfused_bias_dropout_add", "unregistered_bias_gelu"]
+__all__ = ["OPS", "backend", "bias_dropout_add", "bias_gelu", "dropout_mask", "example",
+           "reference", "source", "unfused_bias_dropout_add"]

@@ -462,10 +462,13 @@ def gpt_param_count(config: GPTConfig) -> int:
         ...                           n_layers=12))  # GPT-2 small
         124439808
     """
-    h, L = check_config(config).d_model, config.n_layers
-    per_layer = 12 * h * h + (13 * h if config.bias else 2 * h)
-    final_ln = 2 * h if config.bias else h
-    return config.vocab_size * h + config.seq_len * h + L * per_layer + final_ln
+    return sum(param_numels(config))
+
+
+#: The linear layers of a block, ``(name, in, out)`` in units of ``d_model``, in forward order:
+#: the one place the block's shape is written (:func:`param_numels`, LoRA's adapters, the
+#: FLOPs a frozen model skips).
+BLOCK_SHAPES = (("attn.qkv", 1, 3), ("attn.proj", 1, 1), ("mlp.fc", 1, 4), ("mlp.proj", 4, 1))
 
 
 def param_numels(config: GPTConfig) -> list[int]:
@@ -492,7 +495,8 @@ def param_numels(config: GPTConfig) -> list[int]:
         return [n_in * n_out] + ([n_out] if bias else [])
 
     norm = [h, h] if bias else [h]
-    block = [*norm, *linear(h, 3 * h), *linear(h, h), *norm, *linear(h, 4 * h), *linear(4 * h, h)]
+    (qkv, proj, fc, out) = (linear(i * h, o * h) for _, i, o in BLOCK_SHAPES)
+    block = [*norm, *qkv, *proj, *norm, *fc, *out]
     return [config.vocab_size * h, config.seq_len * h, *block * config.n_layers, *norm]
 
 

@@ -4,8 +4,7 @@
   Foundation and Fine-Tuned Chat Models"; Meta 2024, "The Llama 3 Herd of
   Models"): RMSNorm, rotary position embeddings, grouped-query attention and a
   SwiGLU MLP, no biases. It is small and readable; its job in the course is to
-  have exactly the parameter shapes of the published models. A stack of :class:`LlamaBlock`;
-  :func:`rotate` applies the rotary embeddings.
+  have exactly the parameter shapes of the published models.
 * :data:`PRESETS`: GPT-2 (as the course :class:`~course_lib.model.gpt.GPT`) and Llama
   configurations with the parameter counts their publishers report, each a :class:`Preset`.
 * :func:`build_model` builds any of them on the ``meta`` device: shapes and dtypes
@@ -95,15 +94,10 @@ class LlamaConfig:
         return self.d_model // self.n_heads
 
 
-def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
+def _rotate(x: torch.Tensor, base: float) -> torch.Tensor:
     """Rotary position embedding of ``(B, heads, T, d_head)`` (Su et al. 2021), Llama's layout:
     position ``t`` rotates ``(x[i], x[i + d/2])`` by ``t * base**(-2i/d)`` (Hugging Face's
     "rotate half")."""
-    tensor("x", x)
-    if x.dim() < 2 or x.shape[-1] % 2 or not x.is_floating_point():
-        raise ValueError(f"x must be a float tensor (..., T, d_head) with an even d_head, got "
-                         f"shape {tuple(x.shape)} and dtype {x.dtype}")
-    number("base", base, above=0.0)
     T, d = x.shape[-2], x.shape[-1]
     inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
     angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), inv_freq)
@@ -118,13 +112,13 @@ def _check_llama(config) -> LlamaConfig:
     return config
 
 
-class LlamaBlock(nn.Module):
+class _LlamaBlock(nn.Module):
     """``x + attn(norm(x))``, ``x + mlp(norm(x))`` with GQA attention and a SwiGLU MLP; RMSNorm
     (eps 1e-5), no biases, rotary embeddings on queries and keys."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.config = _check_llama(config)
+        self.config = config
         h, kv = config.d_model, config.n_kv_heads * config.d_head
         self.attn_norm = nn.RMSNorm(h, eps=1e-5)
         self.q, self.k, self.v = (nn.Linear(h, n, bias=False) for n in (h, kv, kv))
@@ -139,7 +133,7 @@ class LlamaBlock(nn.Module):
         c, (B, T, _) = self.config, x.shape
         q, k, v = (proj(x).view(B, T, -1, c.d_head).transpose(1, 2)
                    for proj in (self.q, self.k, self.v))
-        q, k = rotate(q, c.rope_base), rotate(k, c.rope_base)
+        q, k = _rotate(q, c.rope_base), _rotate(k, c.rope_base)
         group = c.n_heads // c.n_kv_heads  # each key/value head serves `group` query heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -161,7 +155,7 @@ class Llama(nn.Module):
         super().__init__()
         self.config = _check_llama(config)
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(_LlamaBlock(config) for _ in range(config.n_layers))
         self.norm = nn.RMSNorm(config.d_model, eps=1e-5)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -182,15 +176,13 @@ class Llama(nn.Module):
         return logits, loss
 
 
-def llama_param_count(config: LlamaConfig) -> int:
+def _llama_param_count(config: LlamaConfig) -> int:
     """Closed form for :class:`Llama`: ``V*h*(1 or 2) + L*(2h^2 + 2h*kv + 3h*f + 2h) + h``.
 
     ``h`` = d_model, ``kv`` = n_kv_heads * d_head, ``f`` = d_ff: per layer Q, O ``h^2``; K, V
     ``h*kv``; gate, up, down ``h*f``; two RMSNorms ``h``; a final RMSNorm ``h``; an untied
     head ``V*h``.
     """
-    if not isinstance(config, LlamaConfig):
-        raise WrongTypeError(f"config must be a LlamaConfig, got {config!r}")
     h, kv, f = config.d_model, config.n_kv_heads * config.d_head, config.d_ff
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
     embeddings = config.vocab_size * h * (1 if config.tie_embeddings else 2)
@@ -204,7 +196,7 @@ def param_count(config: GPTConfig | LlamaConfig) -> int:
         config (GPTConfig or LlamaConfig): the model's shape.
 
     Returns:
-        int: :func:`course_lib.model.gpt.gpt_param_count` or :func:`llama_param_count` of it.
+        int: :func:`course_lib.model.gpt.gpt_param_count` or :func:`_llama_param_count` of it.
 
     Raises:
         ValueError: naming ``config``, for anything else.
@@ -212,7 +204,7 @@ def param_count(config: GPTConfig | LlamaConfig) -> int:
     if isinstance(config, GPTConfig):
         return gpt_param_count(config)
     if isinstance(config, LlamaConfig):
-        return llama_param_count(config)
+        return _llama_param_count(config)
     raise ValueError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
 
 

@@ -1,20 +1,17 @@
 """05: pick the checkpointing policy that fits a memory budget in the least predicted time.
 
-:func:`plan_checkpointing` considers every mode of
+:func:`plan_checkpointing` is a search over one :class:`~course_lib.prediction.step.Step`: it
+replaces its ``mode`` and ``every`` with each policy of
 :func:`course_lib.training.checkpointing.enable_checkpointing` (``none``; ``selective``,
-``attention`` and ``blocks`` with ``every = 1 .. n_layers``; ``sqrt``), predicts each one's
-AdamW step peak (:func:`course_lib.prediction.engine.predict_step_memory`), recomputed FLOPs
-(:func:`course_lib.prediction.checkpointed.step_flops`) and time
-(:func:`course_lib.prediction.time_model.step_time`), and returns the fastest that fits:
+``attention`` and ``blocks`` with ``every = 1 .. n_layers``; ``sqrt``), predicts each with
+:func:`course_lib.prediction.predict.predict`, and keeps the fastest that fits:
 
-* **cost**: the predicted seconds: recomputed FLOPs at the matmul rate, rerun pointwise bytes
+* **peak**: ``predict(step).peak.step_peak``, the bytes above what lived before the step: what
+  :func:`measure_peak` measures around a fresh model's first step (``first_step=True``).
+* **time**: ``predict(step).seconds``: recomputed FLOPs at the matmul rate, rerun pointwise bytes
   at the memory bandwidth, operators and regions at their fixed costs. FLOPs alone made
   ``selective`` look free; on the CPU its per-op dispatch makes it the slowest policy that fits
-  at lecture 05's budget. Datasheet figures on a GPU preset, measured ones on this device
-  (:func:`course_lib.prediction.time_model.device_speed`).
-* **peak**: the engine's ``step_peak`` of a fresh model's first step, the bytes above the
-  parameters that :func:`course_lib.measurement.memory.peak_memory` measures around
-  :func:`course_lib.measurement.memory.training_step` (:func:`measure_peak`).
+  at lecture 05's budget.
 
 :func:`choices` keeps the policies the planner picks for some budget; :func:`time_ratios`
 times the forward and backward pass of several policies against no checkpointing.
@@ -26,22 +23,24 @@ import functools
 import itertools
 import math
 import numbers
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from course_lib.device import resolve_gpu
 from course_lib.measurement import timing
 from course_lib.measurement.memory import peak_memory
-from course_lib.model.gpt import GPTConfig, check_config, random_tokens
-from course_lib.prediction import checkpointed, engine, step_setup, time_model
-from course_lib.prediction.engine import StepMemory
+from course_lib.model.gpt import GPTConfig, random_tokens
+from course_lib.prediction import checkpointed, step_setup
+from course_lib.prediction.formulas import precision_of
+from course_lib.prediction.predict import Step, predict
+from course_lib.prediction.time_model import DeviceSpeed
 from course_lib.training import checkpointing as ckpt
 from course_lib.training.loop import train
 from course_lib.units import format_bytes
 from course_lib.validation import (
     MAX_BATCH,
     MAX_BYTES,
+    WrongTypeError,
     available_device as as_device,
     boolean,
     items,
@@ -54,21 +53,25 @@ PLAN_MODES = ("none", "selective", "attention", "blocks", "sqrt")
 
 @dataclass(frozen=True)
 class Candidate:
-    """One policy, predicted: peak bytes of a training step, FLOPs recomputed and its time."""
+    """One policy of the search: its step, the step's predicted peak above what lived before
+    it and its seconds, the FLOPs it recomputes and those of the plain step."""
 
-    mode: str
-    every: int
+    step: Step
     peak_bytes: int
-    kept_bytes: int
+    seconds: float
     recompute_flops: int
     step_flops: int
-    regions: int
-    seconds: float = 0.0
 
     @property
     def recompute_fraction(self) -> float:
         """Recomputed FLOPs over the plain step's: 0.33 is one extra forward pass."""
         return self.recompute_flops / self.step_flops
+
+    @property
+    def regions(self) -> int:
+        """Checkpointed regions: each pays a fixed cost."""
+        return len(ckpt.checkpointed_regions(self.step.config.n_layers, self.step.mode,
+                                             self.step.every))
 
     @property
     def cost(self) -> tuple:
@@ -78,34 +81,7 @@ class Candidate:
     @property
     def label(self) -> str:
         """The policy as ``mode/every`` ("blocks/2"), or the mode alone for none and sqrt."""
-        return ckpt.policy_label(self.mode, self.every)
-
-
-@dataclass(frozen=True)
-class CheckpointPlan:
-    """The planner's answer: the chosen policy, its predictions, and every candidate considered."""
-
-    mode: str
-    every: int
-    peak_bytes: int
-    recompute_flops: int
-    recompute_fraction: float
-    budget_bytes: int
-    candidates: tuple = field(repr=False)
-    seconds: float = 0.0
-    basis: str = ""
-
-    def table(self) -> str:
-        """The candidates as text, fastest first, the fitting ones marked."""
-        plain = next((c.seconds for c in self.candidates if c.mode == "none"), None)
-        rows = [f"{'policy':14s} {'peak':>11s} {'+FLOPs':>10s} {'time':>7s}  fits"]
-        for c in self.candidates:
-            mark = "<- chosen" if (c.mode, c.every) == (self.mode, self.every) else (
-                "yes" if c.peak_bytes <= self.budget_bytes else "")
-            time = f"x{c.seconds / plain:.2f}" if plain else "-"
-            rows.append(f"{c.label:14s} {format_bytes(c.peak_bytes):>11s} "
-                        f"{c.recompute_fraction:10.1%} {time:>7s}  {mark}")
-        return "\n".join(rows)
+        return ckpt.policy_label(self.step.mode, self.step.every)
 
 
 class NothingFits(ValueError):
@@ -121,108 +97,85 @@ class NothingFits(ValueError):
             f"({format_bytes(best.peak_bytes)}): shrink the batch or the sequence, or add memory")
 
 
-def predict_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
-                 seq_len: int | None = None, precision: str = "fp32", gpu=None) -> StepMemory:
-    """The engine's prediction for the planner's step (``.step_peak`` is the planner's figure).
-
-    The step is the first AdamW step of ``GPT(config)`` under checkpointing ``mode``.
-
-    Args:
-        config (GPTConfig): the model.
-        batch_size (int): an int from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        mode (str): the checkpointing mode.
-        every (int): its stride.
-        seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
-        precision (str): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
-        gpu (str or GPU, optional): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
-
-    Returns:
-        StepMemory: the prediction, with ``first_step=True``.
-
-    Raises:
-        ValueError: naming the argument, for a bad value.
-    """
-    check_config(config)
-    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
-    return engine.predict_step_memory(config, batch_size, precision=precision, mode=mode,
-                                      every=every, seq_len=seq_len, gpu=gpu, first_step=True)
+def _flops(step: Step) -> tuple[int, int]:
+    """``(flops, recomputed)`` of one micro-batch's forward and backward under the step's policy."""
+    spec = step.spec
+    return checkpointed.step_flops(step.config, step.micro_batch_size, step.mode, step.every,
+                                   segments=step.segments, seq_len=step.seq_len,
+                                   dtype=spec.compute, gpu=step.gpu, autocast=spec.autocast)
 
 
-def recompute_fraction(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1,
-                       *, seq_len: int | None = None, precision: str = "fp32", gpu=None) -> float:
-    """The FLOPs ``mode`` recomputes over those of a plain step (forward and backward).
+def recompute_fraction(step: Step) -> float:
+    """The FLOPs ``step``'s checkpointing recomputes over those of its plain step.
 
-    :func:`course_lib.prediction.checkpointed.step_flops` for the step of :func:`predict_peak`: 0.33 is
-    one extra forward pass.
+    Counted as :func:`course_lib.prediction.checkpointed.step_flops` counts them (forward and
+    backward, matmuls and attention kernels): 0.33 is one extra forward pass.
 
     Args:
-        config (GPTConfig): the model.
-        batch_size (int): from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        mode (str): the checkpointing mode.
-        every (int): its stride.
-        seq_len (int, optional): tokens per sequence (None: ``config.seq_len``).
-        precision (str): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
-        gpu (str or GPU, optional): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
+        step (Step): the step; its ``mode``, ``every`` and ``segments`` are the policy.
 
     Returns:
         float: recomputed FLOPs over the plain step's.
 
     Raises:
-        ValueError: naming the argument, for a bad value.
+        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
+
+    Example:
+        >>> config = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
+        >>> recompute_fraction(Step(config, 2, mode="selective"))
+        0.0
+        >>> 0.2 < recompute_fraction(Step(config, 2, mode="blocks")) < 0.34
+        True
     """
-    spec = engine.precision_of(precision)
-    flops, extra = checkpointed.step_flops(config, batch_size, mode, every, seq_len=seq_len,
-                                   dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
+    if not isinstance(step, Step):
+        raise WrongTypeError(f"step must be a Step, got {type(step).__name__}")
+    flops, extra = _flops(step)
     return extra / (flops - extra)
 
 
-def candidates(config: GPTConfig, batch_size: int, *, seq_len: int | None = None,
-               precision: str = "fp32", gpu=None, modes: tuple = PLAN_MODES,
-               speed: time_model.DeviceSpeed | None = None) -> tuple:
-    """Every policy of ``modes`` for this model and batch, predicted, fastest first.
+def candidates(step: Step, *, modes: tuple = PLAN_MODES,
+               speed: DeviceSpeed | None = None) -> tuple:
+    """Every policy of ``modes`` for ``step``, predicted, fastest first.
 
     ``every`` runs over ``1 .. n_layers`` for ``selective``, ``attention`` and ``blocks``;
     ``none`` and ``sqrt`` come once. Sorted by :attr:`Candidate.cost`, then by peak.
+
+    Args:
+        step (Step): the step whose ``mode`` and ``every`` are replaced.
+        modes (tuple of str): of :data:`PLAN_MODES`.
+        speed (DeviceSpeed, optional): as :func:`course_lib.prediction.predict.predict`'s.
+
+    Returns:
+        tuple of Candidate: fastest first.
+
+    Raises:
+        TypeError: ``step`` not a Step.
+        ValueError: ``modes`` not a non-empty subset of :data:`PLAN_MODES`.
     """
-    check_config(config)
+    if not isinstance(step, Step):
+        raise WrongTypeError(f"step must be a Step, got {type(step).__name__}")
     if not isinstance(modes, tuple | list) or not modes or any(
             not isinstance(m, str) or m not in PLAN_MODES for m in modes):
         raise ValueError(f"modes must be a non-empty subset of {PLAN_MODES}, got {modes!r}")
-    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
-    if seq_len is not None:
-        seq_len = positive_int("seq_len", seq_len, maximum=config.seq_len)
-    gpu = resolve_gpu(gpu)
-    if gpu is not None and gpu.free_memory is not None:  # what is free does not change a step
-        gpu = replace(gpu, free_memory=None)
-    engine.precision_of(precision)
-    if speed is None:
-        speed = time_model.device_speed(gpu)
-    elif not isinstance(speed, time_model.DeviceSpeed):
-        raise ValueError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
-    return _candidates(config, batch_size, seq_len, precision, gpu, tuple(modes), speed)
+    if speed is not None and not isinstance(speed, DeviceSpeed):
+        raise WrongTypeError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
+    if step.gpu is not None and step.gpu.free_memory is not None:  # free memory: not the step's
+        step = replace(step, gpu=replace(step.gpu, free_memory=None))
+    return _candidates(replace(step, mode="none", every=1, segments=None), tuple(modes), speed)
 
 
 @functools.lru_cache(maxsize=256)
-def _candidates(config: GPTConfig, batch_size: int, seq_len: int | None, precision: str, gpu,
-                modes: tuple, speed) -> tuple:
-    """:func:`candidates`, cached: a widget asks for the same model at every budget."""
-    seq_len = config.seq_len if seq_len is None else seq_len
-    spec = engine.precision_of(precision)
-    L = config.n_layers
+def _candidates(step: Step, modes: tuple, speed: DeviceSpeed | None) -> tuple:
+    """:func:`candidates`, cached: a widget asks for the same step at every budget."""
     out = []
     for mode in modes:
-        for every in (range(1, L + 1) if mode in ("selective", "attention", "blocks") else (1,)):
-            kw = dict(seq_len=seq_len, dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
-            flops, extra = checkpointed.step_flops(config, batch_size, mode, every, **kw)
-            peak = predict_peak(config, batch_size, mode, every, seq_len=seq_len,
-                                precision=precision, gpu=gpu)
-            kept = checkpointed.predict_kept_bytes(config, batch_size, mode, every, **kw)
-            regions = len(ckpt.checkpointed_regions(L, mode, every))
-            seconds = time_model.step_seconds(config, batch_size, 1, mode=mode, every=every,
-                                              precision=precision, seq_len=seq_len, gpu=gpu,
-                                              speed=speed)
-            out.append(Candidate(mode, every, peak.step_peak, kept, extra, flops - extra, regions,
-                                 seconds))
+        for every in (range(1, step.config.n_layers + 1)
+                      if mode in ("selective", "attention", "blocks") else (1,)):
+            policy = replace(step, mode=mode, every=every)
+            prediction = predict(policy, speed)
+            flops, extra = _flops(policy)
+            out.append(Candidate(policy, prediction.peak.step_peak, prediction.seconds, extra,
+                                 flops - extra))
     return tuple(sorted(out, key=lambda c: (c.cost, c.peak_bytes)))
 
 
@@ -285,47 +238,46 @@ def pareto_front(points) -> list:
     return front
 
 
-def plan_checkpointing(config: GPTConfig, batch_size: int, seq_len: int | None,
-                       budget_bytes: int, *, precision: str = "fp32", gpu=None,
-                       modes: tuple = PLAN_MODES,
-                       speed: time_model.DeviceSpeed | None = None) -> CheckpointPlan:
+def plan_checkpointing(step: Step, budget_bytes: int, *, modes: tuple = PLAN_MODES,
+                       speed: DeviceSpeed | None = None) -> Candidate:
     """The policy with the least predicted step time whose predicted step peak fits ``budget_bytes``.
 
-    Time: :func:`course_lib.prediction.time_model.step_time` (on this kernel's CPU or GPU, figures measured
-    once; on a preset, its datasheet). Memory: the engine's step peak.
-
     Args:
-        config (GPTConfig): the model.
-        batch_size (int): sequences in the micro-batch.
-        seq_len (int or None): tokens per sequence (None: ``config.seq_len``).
+        step (Step): the training step to plan; its ``mode`` and ``every`` are what the planner
+            replaces. ``first_step=True`` plans a fresh model's first step, the one
+            :func:`measure_peak` measures (its AdamW states are made within it).
         budget_bytes (int): the memory the step may allocate above what lives before it (the
-            parameters), in bytes, from 1 to :data:`course_lib.validation.MAX_BYTES`.
-        precision (str): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
-        gpu (str or GPU, optional): as :func:`course_lib.prediction.engine.predict_step_memory` takes it.
+            parameters; in steady state the optimizer state too), in bytes, from 1 to
+            :data:`course_lib.validation.MAX_BYTES`.
         modes (tuple of str): the modes to consider, of :data:`PLAN_MODES`.
-        speed (DeviceSpeed, optional): the time model's figures; default
-            :func:`course_lib.prediction.time_model.device_speed` of ``gpu``.
+        speed (DeviceSpeed, optional): the time model's figures; None: those of the step's GPU
+            (a preset's datasheet, or rates measured on this kernel's device).
 
     Returns:
-        CheckpointPlan: ``mode``, ``every``, predicted ``peak_bytes``, recomputed FLOPs and their
-        fraction of the plain step, its predicted ``seconds`` and their ``basis``, and all
-        ``candidates``; apply it with ``enable_checkpointing(model, plan.mode, plan.every)``.
+        Candidate: the chosen policy (``step.mode``, ``step.every``), its predicted
+        ``peak_bytes`` and ``seconds`` and the FLOPs it recomputes; apply it with
+        ``enable_checkpointing(model, plan.step.mode, plan.step.every)``.
 
     Raises:
-        NothingFits: (a ``ValueError``) when no policy fits.
-        ValueError: naming the argument, for bad input.
+        NothingFits: (a ``ValueError``) when no policy fits; ``candidates`` holds them all.
+        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
+        ValueError: naming ``budget_bytes`` or ``modes``, for a bad value.
+
+    Example:
+        >>> config = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
+        >>> step = Step(config, 4, first_step=True)
+        >>> plan = plan_checkpointing(step, 10**9)  # room for anything: nothing is recomputed
+        >>> plan.label, plan.recompute_fraction
+        ('none', 0.0)
+        >>> smallest = min(c.peak_bytes for c in candidates(step))
+        >>> plan_checkpointing(step, smallest).peak_bytes == smallest
+        True
     """
-    check_config(config)
     budget_bytes = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
-    if speed is None:
-        speed = time_model.device_speed(gpu)
-    options = candidates(config, batch_size, seq_len=seq_len, precision=precision, gpu=gpu,
-                         modes=modes, speed=speed)
+    options = candidates(step, modes=modes, speed=speed)
     for c in options:
         if c.peak_bytes <= budget_bytes:
-            return CheckpointPlan(c.mode, c.every, c.peak_bytes, c.recompute_flops,
-                                  c.recompute_fraction, budget_bytes, options, c.seconds,
-                                  speed.basis)
+            return c
     raise NothingFits(budget_bytes, options)
 
 
@@ -350,7 +302,8 @@ def measure_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: 
                  precision: str = "fp32", device: str | torch.device = "cpu") -> int:
     """Measured: the bytes the first training step allocates above the parameters.
 
-    What ``predict_peak(config, batch_size, mode, every, precision=...).step_peak`` predicts: one
+    What ``predict(Step(config, batch_size, precision=..., mode=..., every=...,
+    first_step=True)).peak.step_peak`` predicts: one
     step of :func:`course_lib.training.loop.train` (autocast and a GradScaler as the precision
     asks, :func:`course_lib.prediction.step_setup.train_options`) on a fresh model and optimizer of
     :func:`course_lib.prediction.step_setup.build` (seed 0), with random tokens, measured by
@@ -362,7 +315,7 @@ def measure_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: 
         batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
         mode (str): the checkpointing mode.
         every (int): its stride.
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
+        precision (str): one of :data:`course_lib.prediction.formulas.PRECISIONS`.
         device (str or torch.device): where it runs.
 
     Returns:
@@ -402,7 +355,7 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
         batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
         policies (list or tuple): up to 32 ``(mode, every)`` pairs (``("none", 1)`` is added if
             missing).
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
+        precision (str): one of :data:`course_lib.prediction.formulas.PRECISIONS`.
         device (str or torch.device): where it runs.
         repeats (int): rounds, from 1 to 100.
         optimizer (bool): time whole training steps (forward, backward, AdamW's step).
@@ -418,7 +371,7 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
     repeats = positive_int("repeats", repeats, maximum=100)
     boolean("optimizer", optimizer)
     device = as_device("device", device)
-    spec = engine.precision_of(precision)
+    spec = precision_of(precision)
     x, y = random_tokens(config, batch_size, device=device)
     steps = {}
     policies = [tuple(p) if isinstance(p, tuple | list) and len(p) == 2 else None

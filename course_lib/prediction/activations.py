@@ -150,23 +150,9 @@ def _dropout_saved(name: str, shape: tuple, p: float, dtype: torch.dtype,
     return [Saved(name, "mask", shape, t.mask(dtype))] if p > 0 else []
 
 
-# The arguments of the ``*_items`` builders, described once: sizes checked, the target resolved.
-_ITEMS_ARGS = """\
-config (GPTConfig): the model.
-b (int): sequences.
-s (int): tokens per sequence.
-t (Target): the resolved target (:func:`prediction_args`).
-"""
-
-
 def core_items(config: GPTConfig, b: int, s: int, t: Target,
                 kernel: str | None = None) -> list[Saved]:
-    """What the attention core (``softmax(q k^T / sqrt(d)) v``) keeps for the backward pass.
-
-    Explicit: q, k, the probabilities (and dropout's mask) and v; SDPA math: the ``s x s``
-    maps; flash, efficient, cuDNN: the output and the logsumexp. :func:`attention_core_saved`
-    is the checked entry.
-    """
+    """What the attention core keeps for backward (:func:`attention_core_saved`, unchecked)."""
     a, p, h, dtype = config.n_heads, config.dropout, config.d_model, t.compute
     probs = (b, a, s, s)
     if config.attention == "explicit" and kernel is None:
@@ -264,13 +250,8 @@ def runs_fused_mlp(config: GPTConfig, t: Target) -> bool:
     return config.attention == "sdpa" and kernels.sdpa_kernel(config, t.compute, t.gpu) != "math"
 
 
-@fill_doc(items_args=_ITEMS_ARGS)
 def block_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
-    """Everything one transformer block keeps for the backward pass, in forward order.
-
-    Args:
-        {items_args}
-    """
+    """:func:`block_saved` for checked sizes and a resolved target."""
     h, p = config.d_model, config.dropout
     items = layernorm_items("ln1", b, s, h, t)
     items += linear_items("qkv", "ln1's output", b, s, h, 3 * h, t)
@@ -340,54 +321,16 @@ def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     return block_items(config, b, s, t)
 
 
-@fill_doc(shape_args=_SHAPE_ARGS)
-def embedding_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
-                    dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
-    """Token and position embeddings keep their indices (int64); the dropout after them its mask.
-
-    Args:
-        {shape_args}
-    """
-    seq_len = check_config(config).seq_len if seq_len is None else seq_len
-    return embedding_items(config, *prediction_args(config, batch_size, seq_len, dtype, gpu,
-                                                    autocast))
-
-
-@fill_doc(items_args=_ITEMS_ARGS)
 def embedding_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
-    """:func:`embedding_saved` for checked sizes and a target resolved once (as
-    :func:`block_items`).
-
-    Args:
-        {items_args}
-    """
+    """Token and position embeddings keep their indices (int64); the dropout after them its mask."""
     return [Saved("tok_emb", "token ids (the input)", (b, s), _INDEX, kind="input"),
             Saved("pos_emb", "positions (arange)", (s,), _INDEX),
             *_dropout_saved("emb dropout", (b, s, config.d_model), config.dropout, t.stream, t)]
 
 
-@fill_doc(shape_args=_SHAPE_ARGS)
-def head_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
-               dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
-    """Final LayerNorm, the tied LM head (an ``mm``: it keeps its input), and the loss.
-
-    ``F.cross_entropy(logits.float(), targets)`` is ``log_softmax`` (keeps its fp32 output,
-    ``bsV * 4`` bytes) then ``nll_loss`` (the same tensor, the targets, a 0-d ``total_weight``).
-
-    Args:
-        {shape_args}
-    """
-    seq_len = check_config(config).seq_len if seq_len is None else seq_len
-    return head_items(config, *prediction_args(config, batch_size, seq_len, dtype, gpu, autocast))
-
-
-@fill_doc(items_args=_ITEMS_ARGS)
 def head_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
-    """:func:`head_saved` for checked sizes and a target resolved once (as :func:`block_items`).
-
-    Args:
-        {items_args}
-    """
+    """Final LayerNorm, the tied LM head's input, and ``cross_entropy(logits.float(), targets)``:
+    ``log_softmax``'s fp32 output, the targets, ``nll_loss``'s 0-d ``total_weight``."""
     h, V = config.d_model, config.vocab_size
     return [*layernorm_items("ln_f", b, s, h, t),
             *linear_items("lm_head", "ln_f's output", b, s, h, V, t),
@@ -396,17 +339,8 @@ def head_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
             Saved("nll_loss", "total_weight", (), _FP32)]
 
 
-@fill_doc(shape_args=_SHAPE_ARGS)
-def model_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
-                dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
-    """Everything the whole GPT keeps for ``loss.backward()``: embeddings, every block, head and
-    loss.
-
-    Args:
-        {shape_args}
-    """
-    seq_len = check_config(config).seq_len if seq_len is None else seq_len
-    b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
+def _model_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
+    """Everything the whole GPT keeps for ``loss.backward()``: embeddings, blocks, head, loss."""
     return [*embedding_items(config, b, s, t), *(block_items(config, b, s, t) * config.n_layers),
             *head_items(config, b, s, t)]
 
@@ -442,7 +376,7 @@ def predict_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None 
         {shape_args}
 
     Returns:
-        int: bytes, the sum of :func:`model_saved`.
+        int: bytes, summed over the embeddings, every block (:func:`block_saved`), the head.
 
     Raises:
         ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
@@ -452,7 +386,9 @@ def predict_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None 
         >>> predict_saved_bytes(GPTConfig(), 2)  # measured: memory.saved_bytes
         1256964
     """
-    return total_bytes(model_saved(config, batch_size, seq_len, dtype, gpu, autocast=autocast))
+    seq_len = check_config(config).seq_len if seq_len is None else seq_len
+    return total_bytes(_model_items(config, *prediction_args(config, batch_size, seq_len, dtype,
+                                                             gpu, autocast)))
 
 
 def korthikanti_terms(config: GPTConfig, batch_size: int, seq_len: int | None = None,

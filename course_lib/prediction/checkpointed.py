@@ -144,17 +144,10 @@ def kept_by_block(config: GPTConfig, batch_size: int, mode: str = "none", every:
     return kept_layout(config, batch_size, mode, every, segments, seq_len, dtype, gpu, autocast)[1]
 
 
-@fill_doc(policy_args=_POLICY_ARGS, kernel_args=_KERNEL_ARGS)
 def kept_items(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
                segments: int | None = None, seq_len: int | None = None, dtype=torch.float32,
                gpu=None, autocast: bool = False) -> list:
-    """The storages that ``GPT(config)`` under checkpointing ``mode`` keeps from forward to
-    backward.
-
-    Args:
-        {policy_args}
-        {kernel_args}
-    """
+    """The storages ``GPT(config)`` keeps from forward to backward under ``mode``."""
     embed, per_block, head, _, _ = kept_layout(config, batch_size, mode, every, segments, seq_len,
                                            dtype, gpu, autocast)
     return [*embed, *(item for items in per_block for item in items), *head]
@@ -229,7 +222,7 @@ def block_ratio(config: GPTConfig, batch_size: int, *, seq_len: int | None = Non
 @dataclass(frozen=True)
 class CheckpointCost:
     """Predicted cost of one forward+backward of the GPT under a checkpointing mode (bytes, FLOPs);
-    the peak of the whole step is :func:`course_lib.prediction.engine.predict_step_memory`'s."""
+    the peak of the whole step is :func:`course_lib.prediction.predict.predict`'s."""
 
     mode: str
     kept_bytes: int

@@ -1,8 +1,8 @@
 """The memory engine: the peak bytes of one training step of the course GPT, on the CPU or a GPU.
 
-Every prediction of the course goes through :func:`predict_step_memory`: the
-lectures' figures, the widgets, the checkpointing planner (lecture 05), the
-capstone's search (lecture 06) and the exercise checks. It returns one
+Every prediction of the course goes through :func:`course_lib.prediction.predict.predict`,
+which asks this engine for the :func:`moments` of a :class:`~course_lib.prediction.step.Step`:
+the lectures' figures, the widgets, the planners and the exercise checks. Each moment is a
 :class:`StepMemory`, whose fields mean the same everywhere:
 
 * ``parameters``, ``master_weights`` (fp32 copies, mixed precision only) and
@@ -66,7 +66,7 @@ here with :func:`precision_of`; bytes per parameter of model states, gradients i
 
 Accuracy: on the CPU, exact to the byte for one micro-batch in fp32 and pure 16-bit, with
 or without dropout, under every checkpointing mode (the tests; ``benchmarks/estimator_accuracy.py``);
-the cases within a few % are named in :func:`predict_step_memory`. On
+the cases within a few % are named in :func:`course_lib.prediction.predict.predict`. On
 CUDA the rules follow PyTorch's documented kernels; the ``gpu`` tests and
 ``make gpu-check`` compare them with the allocator.
 """
@@ -77,30 +77,22 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass, fields, replace
-from typing import NamedTuple
 
 import torch
 
-from course_lib.device import GPU, resolve_gpu
+from course_lib.device import GPU
 from course_lib.model import kernels
-from course_lib.model.gpt import GPTConfig, check_config, param_numels
+from course_lib.model.gpt import GPTConfig, param_numels
 from course_lib.prediction import activations as act, checkpointed
 from course_lib.prediction.formulas import (  # noqa: F401 (re-exported)
     PRECISION,
     PRECISIONS,
     precision_of,
 )
+from course_lib.prediction.step import Step
 from course_lib.training import checkpointing as ckpt
 from course_lib.units import dtype_bytes
-from course_lib.validation import (
-    MAX_BATCH,
-    MAX_BYTES,
-    MAX_COUNT,
-    boolean,
-    choice,
-    integer,
-    positive_int,
-)
+from course_lib.validation import MAX_BYTES, integer
 
 #: The checkpointing modes the engine predicts (:data:`course_lib.training.checkpointing.MODES`).
 MODES = ckpt.MODES
@@ -113,7 +105,7 @@ class StepMemory:
 
     Attributes:
         moment (str): which moment of the step: "backward", "backward 2+", "optimizer" or
-            "forward" (:func:`predict_moments`).
+            "forward" (:func:`moments`).
         parameters (int): bytes of the model's parameters.
         master_weights (int): bytes of the fp32 master copies (mixed precision only).
         optimizer_state (int): bytes of AdamW's ``m`` and ``v`` (and its ``step`` counters where
@@ -1081,259 +1073,25 @@ def _floor(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: 
             + kernels.allocated(4, gpu))
 
 
-def predict_floor(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
-                  precision: str = "fp32", mode: str = "none", every: int = 1,
-                  seq_len: int | None = None, gpu=None) -> int:
-    """A lower bound, in bytes, on :func:`predict_step_memory`'s ``total``, cheaply computed.
-
-    The bound is the moment the backward pass starts, at a fraction of the prediction's cost.
-
-    ``floor = resident model states + the accumulated gradient (K > 1) + the activations kept
-    for the backward pass (:func:`course_lib.prediction.checkpointed.predict_kept_bytes`) + the loss``:
-    the backward pass starts from it (every later moment adds gradients and scratch, or frees
-    what it no longer needs), so a step whose floor is over a budget cannot fit it.
-    :func:`course_lib.planning.fit.fit_model` uses it to rule settings out before predicting them. A
-    steady-state step (``first_step=False``), without chunked loss.
-
-    Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): sequences per forward pass.
-        accumulation_steps (int): micro-batches per step.
-        precision (str): one of :data:`PRECISIONS`.
-        mode, every: the checkpointing (:data:`MODES`).
-        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
-        gpu (str or GPU, optional): as :func:`predict_step_memory`'s.
-
-    Returns:
-        int: bytes.
-
-    Raises:
-        ValueError: naming the argument.
-
-    Example:
-        >>> cfg = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
-        >>> predict_floor(cfg, 4, mode="blocks") <= predict_step_memory(cfg, 4, mode="blocks").total
-        True
-    """
-    c = _validate(config, micro_batch_size, accumulation_steps, precision, mode, every, None,
-                  seq_len, gpu, False, False)
-    return _floor(c.config, c.micro_batch_size, c.accumulation_steps, c.precision, c.mode,
-                  c.every, c.seq_len, c.gpu)
-
-
-class _Checked(NamedTuple):
-    """A step's arguments, checked and resolved once (``_moments`` takes them in this order)."""
-
-    config: GPTConfig
-    micro_batch_size: int
-    accumulation_steps: int
-    precision: str
-    mode: str
-    every: int
-    segments: int | None
-    seq_len: int
-    gpu: GPU | None
-    first_step: bool
-    foreach: bool
-    loss_chunk: int | None
-
-
-def _validate(config, micro_batch_size, accumulation_steps, precision, mode, every, segments,
-              seq_len, gpu, first_step, foreach, loss_chunk=None):
-    check_config(config)
-    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
-    precision_of(precision)
-    choice("mode", mode, ckpt.ALL_MODES)
-    every = positive_int("every", every, maximum=MAX_COUNT)
-    ckpt.check_mode(mode, every, segments, config.n_layers)
-    ckpt.check_kernel_mode(mode, config)
-    s = config.seq_len if seq_len is None else positive_int("seq_len", seq_len)
-    if s > config.seq_len:
-        raise ValueError(f"seq_len must be at most config.seq_len={config.seq_len}, got {s}")
-    boolean("first_step", first_step)
-    gpu = resolve_gpu(gpu)
+def moments(step: Step) -> dict[str, StepMemory]:
+    """The moments of a checked :class:`Step` that compete for its peak, by name, in the order
+    the step reaches them (its precision, accumulation, checkpointing and chunked loss)."""
+    gpu = _card(step)
     # None: AdamW as PyTorch runs it by default where the step runs (foreach on a GPU)
-    foreach = kernels.adamw_foreach(gpu) if foreach is None else boolean("foreach", foreach)
-    if gpu is not None and gpu.free_memory is not None:  # what is free does not change the step
-        gpu = replace(gpu, free_memory=None)
-    if loss_chunk is not None:
-        loss_chunk = positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
-        if PRECISION[precision].autocast:
-            raise ValueError(f"loss_chunk is predicted without autocast only, got "
-                             f"precision={precision!r}")
-    return _Checked(config, b, K, precision, mode, every, segments, s, gpu, bool(first_step),
-                    bool(foreach), loss_chunk)
+    foreach = kernels.adamw_foreach(gpu) if step.foreach is None else step.foreach
+    return dict(_moments(step.config, step.micro_batch_size, step.accumulation_steps,
+                         step.precision, step.mode, step.every, step.segments, step.seq_len, gpu,
+                         step.first_step, foreach, step.loss_chunk))
 
 
-def predict_moments(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
-                    precision: str = "fp32", mode: str = "none", every: int = 1,
-                    segments: int | None = None, seq_len: int | None = None, gpu=None,
-                    first_step: bool = False, foreach: bool | None = None,
-                    loss_chunk: int | None = None) -> dict[str, StepMemory]:
-    """The moments of a step that compete for its peak, by name.
-
-    "backward" (and "backward 2+" for later micro-batches), "optimizer", and "forward" where
-    SDPA's math kernel runs. The peak is the largest ``total``
-    (:func:`predict_step_memory`).
-
-    Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): sequences per forward and backward pass (1 to
-            :data:`course_lib.validation.MAX_BATCH`).
-        accumulation_steps (int): passes per optimizer step (1 to ``MAX_BATCH``).
-        precision (str): one of :data:`PRECISIONS`.
-        mode, every, segments: checkpointing, as
-            :func:`course_lib.training.checkpointing.enable_checkpointing`.
-        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
-        gpu (str or GPU, optional): None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda"
-            or a ``GPU``.
-        first_step (bool): the first step of a fresh optimizer.
-        foreach (bool, optional): AdamW's multi-tensor implementation; None: PyTorch's default
-            where the step runs (see :func:`predict_step_memory`).
-        loss_chunk (int, optional): the chunked loss's tokens per chunk.
-
-    Returns:
-        dict: moment name -> :class:`StepMemory`.
-
-    Raises:
-        ValueError: naming the argument, as :func:`predict_step_memory`.
-    """
-    return dict(_moments(*_validate(config, micro_batch_size, accumulation_steps, precision, mode,
-                                    every, segments, seq_len, gpu, first_step, foreach,
-                                    loss_chunk)))
+def floor(step: Step) -> int:
+    """A lower bound on a checked :class:`Step`'s peak bytes: the moment its backward pass
+    starts (resident model states, the accumulated gradient, the kept activations, the loss)."""
+    return _floor(step.config, step.micro_batch_size, step.accumulation_steps, step.precision,
+                  step.mode, step.every, step.seq_len, _card(step))
 
 
-def predict_phase_bytes(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1,
-                        **step) -> dict[str, int]:
-    """Predicted bytes on the device at each phase of one training step, by phase.
-
-    ``"between steps"`` is what stays from one step to the next: the weights, the fp32 master
-    weights and AdamW's ``m`` and ``v`` (before a fresh optimizer's first step, without them).
-    Then each moment that competes for the step's peak, in the order the step reaches it:
-    ``"forward"`` (only where an attention kernel peaks in it: SDPA's math kernel, or explicit
-    attention), ``"backward"`` (and ``"backward 2+"`` for the micro-batches after the first),
-    ``"optimizer"``. At each::
-
-        bytes = between steps + gradients alive + activations kept + in flight (scratch)
-
-    so ``bytes - phases["between steps"]`` is what that phase adds, and the step's peak
-    (:func:`predict_peak_bytes`) is the largest value. :func:`predict_moments` splits each
-    phase by category.
-
-    Args:
-        config, micro_batch_size, accumulation_steps: the step, as :func:`predict_step_memory`.
-        **step: :func:`predict_step_memory`'s keyword arguments (``precision``, ``mode``,
-            ``every``, ``segments``, ``seq_len``, ``gpu``, ``first_step``, ``foreach``,
-            ``loss_chunk``).
-
-    Returns:
-        dict: phase name -> bytes (int).
-
-    Raises:
-        TypeError: for a keyword :func:`predict_step_memory` does not take.
-        ValueError: naming the argument, as :func:`predict_step_memory`.
-
-    Example::
-
-        >>> cfg = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
-        >>> phases = predict_phase_bytes(cfg, 4, precision="bf16-mixed", gpu="A100 80GB")
-        >>> list(phases)
-        ['between steps', 'backward', 'optimizer']
-        >>> max(phases.values()) == predict_step_memory(cfg, 4, precision="bf16-mixed",
-        ...                                             gpu="A100 80GB").total
-        True
-    """
-    moments = predict_moments(config, micro_batch_size, accumulation_steps, **step)
-    between = next(iter(moments.values())).before_step
-    return {"between steps": between, **{name: m.total for name, m in moments.items()}}
-
-
-def predict_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
-                        precision: str = "fp32", mode: str = "none", every: int = 1,
-                        segments: int | None = None, seq_len: int | None = None, gpu=None,
-                        first_step: bool = False, foreach: bool | None = None,
-                        loss_chunk: int | None = None) -> StepMemory:
-    """Predicted peak bytes of one AdamW step of ``GPT(config)``: the largest of its moments.
-
-    The step is :func:`course_lib.training.loop.train` on the model and optimizer of
-    :func:`course_lib.prediction.step_setup.build` (``torch.optim.AdamW`` as PyTorch runs it by default,
-    or :class:`course_lib.training.mixed_precision.MasterWeightAdamW` in mixed precision).
-
-    Args:
-        config, micro_batch_size, accumulation_steps, precision: the step, as for
-            :func:`predict_moments`.
-        mode, every, segments: checkpointing, as :func:`course_lib.training.checkpointing.enable_checkpointing`
-            (:data:`course_lib.training.checkpointing.ALL_MODES`; the kernel modes for a fused MLP).
-        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
-        gpu (str or GPU, optional): where the step runs: None (the CPU), a name of
-            :data:`course_lib.device.GPUS`, "cuda" (this kernel's GPU) or a
-            :class:`~course_lib.device.GPU`.
-        first_step (bool): the first step of a fresh optimizer (``m`` and ``v`` made in it) rather
-            than a steady-state step.
-        foreach (bool, optional): AdamW's multi-tensor implementation, whose scratch is one copy
-            of ``v`` (of the fp32 master weights' ``v`` in mixed precision), instead of the
-            per-tensor one. None (the default): PyTorch's own choice where the step runs
-            (:func:`course_lib.model.kernels.adamw_foreach`: foreach on a GPU, per tensor on the CPU).
-        loss_chunk (int, optional): the loss of :func:`course_lib.training.levers.chunked_cross_entropy` with
-            chunks of this many tokens (:func:`course_lib.training.levers.use_chunked_loss`), instead of
-            ``F.cross_entropy`` over the whole logits; not with the autocast precisions.
-
-    Returns:
-        A :class:`StepMemory`; ``moment`` names where the peak falls.
-
-    Raises:
-        ValueError: naming the argument, for anything outside the above.
-
-    Accuracy on the CPU (``benchmarks/estimator_accuracy.py``, and the tests): one
-    micro-batch in fp32 or pure 16-bit is exact to the byte, with or without dropout, under
-    every checkpointing mode (with a selective policy and explicit attention the peak is in
-    the forward pass, with the other modes in a rerun or the backward pass). Under autocast,
-    within 5 %. More micro-batches: an upper bound. The fused MLP
-    (``GPTConfig(fused_mlp=True)``, the course kernel through Triton's interpreter on the CPU)
-    is exact too, under its two policies (``mode="save-kernel"`` or ``"recompute-kernel"``)
-    as under the other modes; with explicit attention ``save-kernel`` is low by under 1 %
-    (its rerun's attention scratch, which the engine does not replay). The fused residual
-    (``GPTConfig(fused_residual=True)``, bias-dropout-add keeping a seed, not a mask) is exact
-    as well, with or without dropout, checkpointed or not.
-
-    Example:
-        >>> cfg = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
-        >>> m = predict_step_memory(cfg, 4, precision="bf16-mixed", gpu="A100 80GB")
-        >>> m.moment  # an A100 runs flash attention; its backward is where this step peaks
-        'backward, micro-batch 1: fused attention backward (flash)'
-        >>> m.optimizer_state == 2 * m.master_weights  # m and v, fp32 like the master copies
-        True
-    """
-    moments = predict_moments(config, micro_batch_size, accumulation_steps, precision=precision,
-                              mode=mode, every=every, segments=segments, seq_len=seq_len, gpu=gpu,
-                              first_step=first_step, foreach=foreach, loss_chunk=loss_chunk)
-    return max(moments.values(), key=lambda m: m.total)
-
-
-def predict_peak_bytes(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1,
-                       **step) -> int:
-    """Predicted peak bytes of one training step: the number to hold against a card or a budget.
-
-    :func:`predict_step_memory`'s ``total``; that function splits it by category and moment.
-
-    Args:
-        config, micro_batch_size, accumulation_steps: the step, as :func:`predict_step_memory`.
-        **step: :func:`predict_step_memory`'s keyword arguments (``precision``, ``mode``,
-            ``every``, ``segments``, ``seq_len``, ``gpu``, ``first_step``, ``foreach``,
-            ``loss_chunk``).
-
-    Returns:
-        int: bytes.
-
-    Raises:
-        TypeError: for a keyword :func:`predict_step_memory` does not take.
-        ValueError: naming the argument, as :func:`predict_step_memory`.
-
-    Example:
-        >>> gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
-        >>> from course_lib.device import GPUS
-        >>> predict_peak_bytes(gpt2, 32, precision="fp16-mixed", gpu="T4") > GPUS["T4"].total_memory
-        True
-    """
-    return predict_step_memory(config, micro_batch_size, accumulation_steps, **step).total
+def _card(step: Step) -> GPU | None:
+    """The step's GPU without its free memory, which does not change the step (a cache key)."""
+    gpu = step.gpu
+    return gpu if gpu is None or gpu.free_memory is None else replace(gpu, free_memory=None)

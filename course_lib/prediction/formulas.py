@@ -70,17 +70,8 @@ STATE_TENSORS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
 
 @dataclass(frozen=True)
 class Precision:
-    """What a precision means for memory: the dtypes of each model state and of the compute.
-
-    Attributes:
-        name (str): its key in :data:`PRECISION` (``"bf16-mixed"``).
-        params (torch.dtype): the model's parameters (and so its gradients).
-        compute (torch.dtype): matmul inputs and outputs.
-        master (bool): fp32 master copies of the parameters are kept.
-        state (torch.dtype): each optimizer state tensor (AdamW's m and v).
-        autocast (bool): the forward pass runs under ``torch.autocast``.
-        grad_scaler (bool): fp16 computes: the loss is scaled (``GradScaler``).
-    """
+    """A precision's dtypes: parameters (and gradients), compute, AdamW's states; whether it keeps
+    fp32 master weights, runs under ``torch.autocast``, scales the loss (``GradScaler``)."""
 
     name: str
     params: torch.dtype
@@ -92,10 +83,7 @@ class Precision:
 
     @property
     def element_bytes(self) -> tuple[int, int, int, int]:
-        """Bytes per parameter of ``(params, grads, master weights, each optimizer state tensor)``.
-
-        Gradients have the parameters' dtype, master weights are fp32.
-        """
+        """Bytes per parameter of ``(params, grads, master weights, each optimizer state)``."""
         weight = dtype_bytes(self.params)
         return weight, weight, dtype_bytes(torch.float32) * self.master, dtype_bytes(self.state)
 
@@ -115,19 +103,8 @@ PRECISIONS = tuple(PRECISION)
 
 
 def precision_of(precision: str, name: str = "precision") -> Precision:
-    """The :class:`Precision` named ``precision`` (one of :data:`PRECISIONS`).
-
-    Args:
-        precision (str): ``"fp32"``, ``"fp16-mixed"``, ``"bf16-mixed"``, ``"bf16"``,
-            ``"autocast-fp16"`` or ``"autocast-bf16"``.
-        name (str): the caller's parameter, for the message.
-
-    Returns:
-        Precision: the row of :data:`PRECISION`.
-
-    Raises:
-        ValueError: naming ``name`` (the caller's parameter), for any other value.
-    """
+    """The :class:`Precision` named ``precision`` (of :data:`PRECISIONS`; else a ValueError naming
+    ``name``)."""
     return PRECISION[choice(name, precision, PRECISIONS)]
 
 
@@ -284,12 +261,13 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
 @functools.lru_cache(maxsize=64)
 def _fsdp_units(config) -> tuple[int, int, int]:
     """Elements of ``GPT(config)``, of its root unit and of its largest block unit (the units of
-    ``fully_shard`` on each block, then on the model), read from its modules on ``meta``."""
+    ``fully_shard`` on each block, then on the model), read from a one-block model on ``meta``
+    (every block is alike)."""
     with torch.device("meta"):
-        model = GPT(config)
-    blocks = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
-    total = sum(p.numel() for p in model.parameters())  # a tied weight once
-    return total, total - sum(blocks), max(blocks)
+        model = GPT(replace(config, n_layers=1))
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    root = sum(p.numel() for p in model.parameters()) - block  # a tied weight once
+    return root + config.n_layers * block, root, block
 
 
 def zero3_memory(config, *, optimizer: str = "adamw", precision: str = "fp32", world_size: int = 1,

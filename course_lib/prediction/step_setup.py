@@ -1,6 +1,6 @@
 """02-08: the real training set-up a memory prediction is for, and its measured step.
 
-:func:`build` makes the model and optimizer that :func:`course_lib.prediction.engine.predict_step_memory`
+:func:`build` makes the model and optimizer that :func:`course_lib.prediction.predict.predict`
 predicts (the course GPT in the precision's dtype, checkpointed as asked; AdamW, or
 :class:`course_lib.training.mixed_precision.MasterWeightAdamW` in mixed precision);
 :func:`train_options` gives :func:`course_lib.training.loop.train` its autocast and loss scaling;
@@ -36,19 +36,14 @@ from course_lib.validation import (
 )
 
 
-def model_dtype(precision: str) -> torch.dtype:
-    """The dtype of the model's parameters under ``precision`` (fp32 under autocast)."""
-    return engine.precision_of(precision).params
-
-
 def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", every: int = 1,
           device: str | torch.device = "cpu", lr: float = 1e-3, seed: int = 0):
     """``(model, optimizer)`` for training ``config`` in ``precision`` with checkpointing ``mode``.
 
-    The model is ``GPT(config)`` in :func:`model_dtype` on ``device`` with
+    The model is ``GPT(config)`` in the precision's parameter dtype on ``device`` with
     :func:`course_lib.training.checkpointing.enable_checkpointing`; the optimizer is
     ``torch.optim.AdamW`` left to PyTorch's default implementation (per tensor on the CPU,
-    foreach on a GPU: the one :func:`course_lib.prediction.engine.predict_step_memory` predicts by
+    foreach on a GPU: the one :func:`course_lib.prediction.predict.predict` predicts by
     default), or :class:`course_lib.training.mixed_precision.MasterWeightAdamW` for the mixed
     precisions. Train it with :func:`train_options` (autocast, loss scaling).
 
@@ -118,14 +113,9 @@ def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
     return options
 
 
-def measure_steady_step(model: torch.nn.Module, optimizer, step: Callable[[], object], *,
-                        device: str | torch.device = "cpu") -> int:
-    """Measured peak bytes of a steady-state optimizer step: resident bytes plus the step's peak.
-
-    A first ``step()`` creates AdamW's ``m`` and ``v``; the second is measured with
-    :func:`course_lib.measurement.memory.peak_memory`; the sum is what
-    :func:`course_lib.prediction.engine.predict_step_memory` predicts (its ``total``).
-    """
+def _measure_steady_step(model: torch.nn.Module, optimizer, step: Callable[[], object], *,
+                         device: str | torch.device = "cpu") -> int:
+    """Resident bytes plus the peak of a second ``step()`` (the first makes AdamW's state)."""
     function("step", step)
     device = as_device("device", device)
     step()
@@ -139,10 +129,10 @@ def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
                         device: str | torch.device = "cpu") -> int:
     """Measured peak bytes of a steady-state step.
 
-    To compare with :func:`course_lib.prediction.engine.predict_step_memory`.
+    To compare with :func:`course_lib.prediction.predict.predict`.
 
     Builds the model and optimizer (:func:`build`) and measures the second step of
-    :func:`course_lib.training.loop.train` with :func:`train_options` (:func:`measure_steady_step`).
+    :func:`course_lib.training.loop.train` with :func:`train_options`.
     The ``micro_batch_size * accumulation_steps`` sequences are seeded random tokens.
 
     Args:
@@ -174,10 +164,7 @@ def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_s
     def step():
         train(model, optimizer, [(x, y)], micro_batch_size=b, accumulation_steps=K, **options)
 
-    return measure_steady_step(model, optimizer, step, device=device)
-
-
-__all__ = ["model_dtype", "build", "train_options", "measure_step_memory", "measure_steady_step"]
+    return _measure_steady_step(model, optimizer, step, device=device)
 
 
 @keeps_rng
@@ -186,7 +173,7 @@ def measure_chunked_loss_step(config: GPTConfig, micro_batch_size: int, loss_chu
                               device: str | torch.device = "cpu") -> int:
     """Measured peak bytes of a steady-state step whose loss is chunked.
 
-    To compare with ``course_lib.prediction.engine.predict_step_memory(..., loss_chunk=loss_chunk)``.
+    To compare with ``predict(Step(..., loss_chunk=loss_chunk))``.
 
     As :func:`course_lib.prediction.step_setup.measure_step_memory`, with the model switched to
     :func:`course_lib.training.levers.chunked_cross_entropy` (:func:`course_lib.training.levers.use_chunked_loss`): each micro-batch's mean loss,
@@ -226,12 +213,12 @@ def measure_chunked_loss_step(config: GPTConfig, micro_batch_size: int, loss_chu
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return measure_steady_step(model, optimizer, step, device=device)
+    return _measure_steady_step(model, optimizer, step, device=device)
 
 
 @dataclass(frozen=True)
-class KernelPolicy:
-    """One policy of the course kernel, measured and predicted (:func:`kernel_policies`)."""
+class _KernelPolicy:
+    """One policy of the course kernel, measured and predicted (:func:`_kernel_policies`)."""
 
     mode: str
     kept_measured: int
@@ -240,8 +227,8 @@ class KernelPolicy:
 
 
 @keeps_rng
-def kernel_policies(config: GPTConfig, batch_size: int, *, precision: str = "fp32",
-                    device: str | torch.device = "cpu", gpu=None) -> list[KernelPolicy]:
+def _kernel_policies(config: GPTConfig, batch_size: int, *, precision: str = "fp32",
+                     device: str | torch.device = "cpu", gpu=None) -> list[_KernelPolicy]:
     """The course kernel's two policies side by side, each in a fresh model: kept bytes measured
     and predicted, and the kernel's runs in the backward pass. Lecture 05, section 4."""
     check_config(config)
@@ -265,6 +252,9 @@ def kernel_policies(config: GPTConfig, batch_size: int, *, precision: str = "fp3
             loss = model(x, y)[1]
         items = checkpointed.kept_items(config, batch_size, mode, dtype=spec.compute, gpu=gpu,
                                 autocast=spec.autocast)
-        rows.append(KernelPolicy(mode, kept, act.total_bytes(items, act.STEP_KINDS),
+        rows.append(_KernelPolicy(mode, kept, act.total_bytes(items, act.STEP_KINDS),
                                  backward_ops(loss)[kernel]))
     return rows
+
+
+__all__ = ["build", "keeps_rng", "train_options", "measure_step_memory", "measure_chunked_loss_step"]

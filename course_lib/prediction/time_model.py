@@ -8,17 +8,18 @@ A step of ``K`` micro-batches of ``b`` sequences takes, in seconds (:func:`step_
                                           checkpointed regions' own work
   + B_host / link_host + B_peer / link_peer    transfers: offloading, ZeRO
 
-* ``F``: :func:`matmul_flops` (as ``FlopCounterMode`` counts them, the recomputation included);
+* ``F``: :func:`course_lib.prediction.checkpointed.step_flops` (as ``FlopCounterMode`` counts
+  them, the recomputation included; on the CPU the flash kernel's attention as on a GPU);
   ``R[dtype]`` the matmul rate of the compute dtype, ``u`` the share of it reached.
-* ``B_pointwise``: :func:`pointwise_bytes`: what LayerNorm, GELU, softmax, dropout, the residual
+* ``B_pointwise``: what LayerNorm, GELU, softmax, dropout, the residual
   adds and their gradients read and write, proportional to the activations a step saves; the
   recomputation of a checkpointed region writes and reads its dropped activations again. In
   16-bit these bytes halve, no more: that is why fp16-mixed is not 8x faster on a T4 whose
   tensor cores are 8x its fp32 rate.
-* ``B_optimizer``: :func:`optimizer_bytes`, AdamW's reads and writes (and, for 8- and 4-bit
+* ``B_optimizer``: AdamW's reads and writes (and, for 8- and 4-bit
   states, their dequantisation and quantisation).
 * ``n_ops``: the operators a step runs, recorded once for a tiny model of the same structure
-  (:func:`step_ops`, :data:`OP_COUNTS`); ``c`` each one's fixed cost; ``r`` what
+  (:data:`OP_COUNTS`); ``c`` each one's fixed cost; ``r`` what
   ``torch.utils.checkpoint`` costs per region beyond the operators it reruns (measured only; 0
   on a datasheet).
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -42,24 +43,22 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_lib.device import GPU, GPUS, MAX_BANDWIDTH, MAX_FLOPS, resolve_gpu
 from course_lib.measurement.timing import step_times
-from course_lib.model.gpt import GPTConfig, check_config, gpt_param_count, param_numels
+from course_lib.model.gpt import GPTConfig, gpt_param_count, param_numels
 from course_lib.model.kernels import adamw_foreach, attention_kernel
 from course_lib.prediction import checkpointed
 from course_lib.prediction.engine import precision_of
+from course_lib.prediction.step import Step
 from course_lib.prediction.step_setup import build
-from course_lib.training import checkpointing as ckpt
+from course_lib.training import checkpointing as ckpt, levers
 from course_lib.training.loop import make_grad_scaler
 from course_lib.units import dtype_bytes
 from course_lib.validation import (
-    MAX_BATCH,
     MAX_BYTES,
-    MAX_COUNT,
+    WrongTypeError,
     boolean,
-    choice,
     device as as_device,
     integer,
     number,
-    optional_positive_int,
     positive_int,
 )
 
@@ -84,19 +83,16 @@ OP_SECONDS = 10e-6
 #: two channels of DDR5-4800 peak at 76.8 GB/s (JEDEC JESD79-5), and a stream of reads and
 #: writes reaches about two thirds of it.
 HOST_BANDWIDTH = 50e9
-#: Passes over the saved activations' bytes that pointwise work makes. An assumption from how
-#: an eager step runs: forward, each pointwise op writes its output and the next op reads it (2);
-#: backward, its gradient reads the saved tensor and the incoming gradient and writes the
-#: outgoing one (3). Lecture 05's companion splits a measured step by kernel class.
-FORWARD_PASSES, BACKWARD_PASSES = 2, 3
-#: Bytes AdamW reads and writes per parameter per value of ``s`` bytes: the weight, the gradient,
-#: ``m`` and ``v`` read, the weight, ``m`` and ``v`` written.
-ADAMW_VALUES = 7
+# Passes over the saved activations' bytes that pointwise work makes, an assumption: forward, an
+# op writes its output and the next reads it (2); backward, a gradient reads the saved tensor and
+# the incoming gradient and writes the outgoing one (3). Lecture 05's companion measures it.
+_FORWARD_PASSES, _BACKWARD_PASSES = 2, 3
+# AdamW reads the weight, the gradient, m and v, and writes the weight, m and v.
+_ADAMW_VALUES = 7
 
-#: The checkpointing modes whose operators :func:`step_ops` counts (every block alike).
+#: The checkpointing modes whose operators :data:`OP_COUNTS` records (every block alike).
 CHECKPOINTING = ("none", "blocks", "selective", "attention")
-#: The bases of a :class:`DeviceSpeed`: measured here, or read from a datasheet.
-BASES = ("from rates measured on this device", "from the datasheet")
+_BASES = ("from rates measured on this device", "from the datasheet")
 
 
 @dataclass(frozen=True)
@@ -137,8 +133,8 @@ class DeviceSpeed:
 
     @property
     def basis(self) -> str:
-        """Where the figures come from, one of :data:`BASES`."""
-        return BASES[0] if self.measured else BASES[1]
+        """Where the figures come from: "from rates measured on this device" or "from the datasheet"."""
+        return _BASES[0] if self.measured else _BASES[1]
 
     def reached(self, dtype: torch.dtype) -> float:
         """The share of ``dtype``'s matmul rate a step reaches: ``utilisation`` if set; else 1
@@ -174,22 +170,15 @@ def _preset_of(gpu: GPU) -> GPU | None:
     return min(same, key=lambda p: abs(p.total_memory - gpu.total_memory)) if same else None
 
 
-def datasheet_speed(gpu, *, op_seconds: float = OP_SECONDS) -> DeviceSpeed:
-    """The datasheet :class:`DeviceSpeed` of a GPU (``basis`` "datasheet"): peak FLOP/s per dtype
-    (:meth:`course_lib.device.GPU.peak_flops`), bandwidth and links of
-    :data:`course_lib.device.GPUS`."""
-    card = resolve_gpu(gpu)
-    if card is None:
-        raise ValueError("gpu must name a GPU: the CPU has no datasheet here, measure it with "
-                         "measure_speed('cpu')")
+def _datasheet_speed(card: GPU) -> DeviceSpeed:
+    """A GPU's :class:`DeviceSpeed` from its datasheet (:data:`course_lib.device.GPUS`)."""
     sheet = card if card.tensor_flops else _preset_of(card)
     if sheet is None or not sheet.tensor_flops:
         raise ValueError(f"gpu {card.name!r} has no datasheet speeds and no preset of the same "
                          f"chip among {list(GPUS)}: measure it with measure_speed('cuda')")
-    op_seconds = number("op_seconds", op_seconds, above=0, maximum=1)
     bf16 = sheet.tensor_flops if card.has_native_bf16 else sheet.fp32_flops
     return DeviceSpeed(card.name, sheet.fp32_flops, sheet.tensor_flops, bf16,
-                       sheet.memory_bandwidth, op_seconds, False, sheet.datasheet,
+                       sheet.memory_bandwidth, OP_SECONDS, False, sheet.datasheet,
                        host_link=sheet.host_link, peer_link=sheet.peer_link)
 
 
@@ -201,7 +190,7 @@ def _median_seconds(steps: dict, repeats: int, device: torch.device) -> dict:
 
 def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None = None,
                   repeats: int = 5) -> DeviceSpeed:
-    """This kernel's device, measured: the :class:`DeviceSpeed` (its ``basis`` the first of :data:`BASES`).
+    """This kernel's device, measured: its :class:`DeviceSpeed`.
 
     Each figure is the median of ``repeats`` interleaved runs of
     :func:`course_lib.measurement.timing.step_times` (process CPU time on the CPU, wall clock on a GPU):
@@ -214,7 +203,7 @@ def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None
       plain copy, twice as fast there, would miss);
     * operator seconds: one training step (AdamW) of a tiny course GPT (1 sequence of 8 tokens,
       width 8, 2 layers), whose FLOPs and bytes are negligible, over the operators it runs
-      (:func:`step_ops`): an empty operator's launch and dispatch as a training step pays it
+      (:data:`OP_COUNTS`): an empty operator's launch and dispatch as a training step pays it
       (autograd included, which a bare ``torch.add`` would leave out);
     * per mode, a checkpointed region's own cost: the tiny step with every block checkpointed,
       minus the plain step and its extra operators, per region.
@@ -253,7 +242,7 @@ def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None
     plain = tiny_times["none"]
     # the tiny steps ran PyTorch's default AdamW: foreach on a GPU, per tensor on the CPU
     foreach = adamw_foreach(resolve_gpu("cuda") if device.type == "cuda" else None)
-    ops = {mode: sum(step_ops(tiny, mode, foreach=foreach)) for mode in CHECKPOINTING}
+    ops = {mode: sum(_step_ops(tiny, mode, foreach=foreach)) for mode in CHECKPOINTING}
     op_seconds = plain / ops["none"]
     regions = tuple(
         (mode, max(0.0, (tiny_times[mode] - plain - (ops[mode] - ops["none"]) * op_seconds)
@@ -281,7 +270,7 @@ def device_speed(gpu=None) -> DeviceSpeed:
     """The :class:`DeviceSpeed` a prediction for ``gpu`` uses: a datasheet, or this device measured.
 
     A preset (or a :class:`course_lib.device.GPU` that is not live) is read from its datasheet
-    (:func:`datasheet_speed`); the CPU (None, "cpu") and this kernel's GPU ("cuda", a live card)
+    ; the CPU (None, "cpu") and this kernel's GPU ("cuda", a live card)
     are measured once per process (:func:`measure_speed`) and the figures kept (on the CPU, once
     per number of threads).
 
@@ -293,7 +282,7 @@ def device_speed(gpu=None) -> DeviceSpeed:
         DeviceSpeed: its ``basis`` says which.
 
     Raises:
-        ValueError: as :func:`course_lib.device.resolve_gpu` and :func:`datasheet_speed` do.
+        ValueError: as :func:`course_lib.device.resolve_gpu` does, or for a GPU with no datasheet.
 
     Example:
         >>> device_speed("T4").basis
@@ -304,7 +293,7 @@ def device_speed(gpu=None) -> DeviceSpeed:
         return _measured("cpu", torch.get_num_threads())
     if card.live:
         return _measured("cuda", 1)
-    return datasheet_speed(card)
+    return _datasheet_speed(card)
 
 
 # --------------------------------------------------------------------------- the counts
@@ -385,25 +374,10 @@ def op_count_key(n_layers: int, dropout: bool, attention: str, bias: bool, mode:
 OP_COUNTS = json.loads((Path(__file__).parent / "op_counts.json").read_text())
 
 
-def step_ops(config: GPTConfig, mode: str = "none", precision: str = "fp32", *,
-             foreach: bool = False) -> tuple[int, int]:
-    """Operators one step of ``GPT(config)`` runs: ``(per micro-batch, per optimizer step)``.
-
-    Read from :data:`OP_COUNTS`: counted on a tiny model of the same structure with 1 and 2
-    micro-batches and 1 and 2 layers (both linear in layers; widths and batches change
-    nothing), AdamW per tensor or multi-tensor as ``foreach`` says.
-
-    Example:
-        >>> step_ops(GPTConfig(n_layers=4))[0] > step_ops(GPTConfig(n_layers=2))[0]
-        True
-    """
-    check_config(config)
-    choice("mode", mode, CHECKPOINTING)
-    precision_of(precision)
-    return _step_ops(config, mode, precision, boolean("foreach", foreach))
-
-
-def _step_ops(config: GPTConfig, mode: str, precision: str, foreach: bool) -> tuple[int, int]:
+def _step_ops(config: GPTConfig, mode: str = "none", precision: str = "fp32",
+              foreach: bool = False) -> tuple[int, int]:
+    """``(per micro-batch, per optimizer step)`` operators of ``GPT(config)``, from
+    :data:`OP_COUNTS` (linear in the layers; widths and batches change nothing)."""
     key = (config.dropout > 0, config.attention, config.bias, mode, precision, foreach)
     one, two = (OP_COUNTS["counts"][op_count_key(n, *key)] for n in (1, 2))
     L = config.n_layers
@@ -416,79 +390,39 @@ def _counted(mode: str) -> str:
     return "blocks" if mode == "sqrt" else mode
 
 
-def matmul_flops(config: GPTConfig, micro_batch_size: int, mode: str = "none", every: int = 1, *,
-                 seq_len: int | None = None, precision: str = "fp32", gpu=None) -> tuple[int, int]:
-    """``(flops, recomputed)`` of one micro-batch's forward, backward and recomputation
-    (:func:`course_lib.prediction.checkpointed.step_flops`, 2 FLOPs per multiply-add); on the
-    CPU the flash kernel's attention is counted as on a GPU (``FlopCounterMode`` counts it 0)."""
-    check_config(config)
-    positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    return _matmul_flops(config, micro_batch_size, mode, every, seq_len, precision_of(precision),
-                         resolve_gpu(gpu))
-
-
 def _matmul_flops(config, b, mode, every, seq_len, spec, card) -> tuple[int, int]:
+    """``(flops, recomputed)`` of one micro-batch (:func:`checkpointed.step_flops`); on the CPU
+    the flash kernel's attention counts as on a GPU (``FlopCounterMode`` counts it 0)."""
     if card is None and attention_kernel(config, spec.compute, None) == "flash":
         card = GPUS["A100 80GB"]
     return checkpointed.step_flops(config, b, mode, every, seq_len=seq_len,
                                    dtype=spec.compute, gpu=card, autocast=spec.autocast)
 
 
-def pointwise_bytes(config: GPTConfig, micro_batch_size: int, mode: str = "none",
-                    every: int = 1, *, seq_len: int | None = None, precision: str = "fp32",
-                    gpu=None) -> int:
-    """Bytes the pointwise work of one micro-batch moves: forward, backward and recomputation.
-
-    ``(FORWARD_PASSES + BACKWARD_PASSES) A + FORWARD_PASSES (A - A_mode)``: ``A`` the bytes a
-    plain step saves, ``A_mode`` those ``mode`` keeps
-    (:func:`course_lib.prediction.checkpointed.predict_kept_bytes`), in the compute dtype;
-    :data:`FORWARD_PASSES`, :data:`BACKWARD_PASSES` are an assumption.
-    """
-    check_config(config)
-    positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    return _pointwise_bytes(config, micro_batch_size, mode, every, seq_len,
-                            precision_of(precision), resolve_gpu(gpu))
-
-
 def _pointwise_bytes(config, b, mode, every, seq_len, spec, card) -> int:
+    """``(F + B) A + F (A - A_mode)``: ``F``, ``B`` the passes, ``A`` the bytes a plain step saves,
+    ``A_mode`` those ``mode`` keeps (:func:`checkpointed.predict_kept_bytes`)."""
     kw = dict(seq_len=seq_len, dtype=spec.compute, gpu=card, autocast=spec.autocast)
     plain = checkpointed.predict_kept_bytes(config, b, "none", 1, **kw)
     kept = plain if mode == "none" else checkpointed.predict_kept_bytes(config, b, mode, every,
                                                                         **kw)
-    return (FORWARD_PASSES + BACKWARD_PASSES) * plain + FORWARD_PASSES * max(0, plain - kept)
+    return (_FORWARD_PASSES + _BACKWARD_PASSES) * plain + _FORWARD_PASSES * max(0, plain - kept)
 
 
-def optimizer_bytes(n_params: int, precision: str = "fp32", state_bits: int = 32) -> int:
-    """Bytes one AdamW step over ``n_params`` parameters reads and writes.
-
-    ``7 s`` per parameter (:data:`ADAMW_VALUES`; ``s`` bytes per state value: 4 in fp32, 2 in
-    pure bf16), plus ``2e + 8`` with fp32 master weights (40 B in fp16/bf16-mixed); 8- and
-    4-bit states replace each state's ``2 s`` by :func:`low_bit_bytes_moved`.
-    """
-    spec = precision_of(precision)
-    n = positive_int("n_params", n_params, maximum=MAX_COUNT)
+def _optimizer_bytes(n_params: int, spec, state_bits: int) -> int:
+    """AdamW's bytes: ``7 s`` per parameter (``s`` bytes a state value), ``2e + 8`` more with fp32
+    master weights; 8-/4-bit states replace each state's ``2 s`` by :func:`_low_bit_bytes_moved`."""
     s, e = dtype_bytes(spec.state), dtype_bytes(spec.params)
-    per = ADAMW_VALUES * s + (2 * e + 8 if spec.master else 0)
-    if _bits(state_bits) != 32:  # two states, each 2 s in the plain count
-        per += 2 * (low_bit_bytes_moved(state_bits) - 2 * s)
-    return n * per
+    per = _ADAMW_VALUES * s + (2 * e + 8 if spec.master else 0)
+    if state_bits != 32:
+        per += 2 * (_low_bit_bytes_moved(state_bits) - 2 * s)
+    return n_params * per
 
 
-def _bits(state_bits) -> int:
-    if isinstance(state_bits, bool) or state_bits not in (32, 8, 4):
-        raise ValueError(f"state_bits must be one of (32, 8, 4), got {state_bits!r}")
-    return state_bits
-
-
-def low_bit_bytes_moved(state_bits: int) -> int:
-    """Bytes the eager 8-/4-bit AdamW step moves per value of one state (``m`` or ``v``).
-
-    Counted from torchao's step (``torchao/optim/quant_utils.py``): dequantise ``bits/8`` + 4,
-    update 8, scale 12, ``bits`` search rounds of 40 (an estimate), round about 60; an upper
-    bound where the compiled step fuses them.
-    """
-    if _bits(state_bits) == 32:
-        raise ValueError("state_bits must be 8 or 4 here, got 32")
+def _low_bit_bytes_moved(state_bits: int) -> int:
+    """Bytes torchao's eager 8-/4-bit AdamW moves per value of ``m`` or ``v``
+    (``torchao/optim/quant_utils.py``): dequantise ``bits/8 + 4``, update 8, scale 12, ``bits``
+    search rounds of 40 (an estimate), round 60; an upper bound where a compiled step fuses them."""
     return -(-state_bits // 8) + 4 + 8 + 12 + 40 * state_bits + 60
 
 
@@ -554,161 +488,87 @@ class StepTime:
 
     @property
     def basis(self) -> str:
-        """Where the figures come from, one of :data:`BASES`."""
+        """Where the figures come from (:attr:`DeviceSpeed.basis`)."""
         return self.speed.basis
 
 
-def step_time(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
-              mode: str = "none", every: int = 1, precision: str = "fp32",
-              seq_len: int | None = None, gpu=None, speed: DeviceSpeed | None = None,
-              utilisation: float | None = None, state_bits: int = 32,
-              offload_activations: bool = False, offload_optimizer: bool = False,
-              trained_params: int | None = None, extra_flops: int = 0, zero_stage: int = 0,
-              world_size: int = 1) -> StepTime:
-    """Predicted seconds of one optimizer step of ``K`` micro-batches of ``b`` sequences.
-
-    The sum of five terms (module doc): ``K`` micro-batches' :func:`matmul_flops` over
-    ``u R[compute dtype]``; their :func:`pointwise_bytes` over the bandwidth ``W``; their
-    operators (:func:`step_ops`) at ``c`` each plus ``r`` per region; the optimizer's
-    :func:`optimizer_bytes` over ``W`` (:data:`HOST_BANDWIDTH` offloaded) and its operators;
-    link transfers (offloading, ZeRO), none overlapped (an upper bound).
-
-    Keyword Args:
-        mode (str): the checkpointing mode (:data:`course_lib.training.checkpointing.MODES`).
-        every (int): its stride.
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
-        seq_len (int, optional): tokens per sequence, at most ``config.seq_len``.
-        gpu (str or GPU, optional): where it runs: None/"cpu", a preset name, a ``GPU``, "cuda".
-        speed (DeviceSpeed, optional): the figures; default :func:`device_speed` of ``gpu``.
-        utilisation (float, optional): ``u`` in (0, 1]; default ``speed.reached(compute dtype)``.
-        state_bits (int): bits per optimizer state value: 32, 8 or 4. Below 32, each state
-            tensor of at least :data:`LOW_BIT_MIN_NUMEL` elements adds the eager quantisation's
-            operators: :data:`LOW_BIT_OPS_PER_ROUND` per bit and :data:`LOW_BIT_OPS`.
-        offload_activations (bool): saved activations go to the host and back.
-        offload_optimizer (bool): the optimizer steps on the host.
-        trained_params (int, optional): parameters the optimizer steps (None: all; fewer with
-            LoRA).
-        extra_flops (int): FLOPs beyond the step's own (a chunked loss's second head matmul; LoRA's
-            adapters less the frozen weights' gradients), any int as long as the total stays > 0.
-        zero_stage (int): 0 to 3.
-        world_size (int): GPUs of ZeRO, from 1 to 4096.
-
-    Example:
-        >>> t4 = step_time(GPTConfig(n_layers=2), 4, gpu="T4")
-        >>> t4.basis, t4.seconds > t4.compute_seconds
-        ('from the datasheet', True)
-    """
-    check_config(config)
-    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
-    choice("mode", mode, ckpt.MODES)
-    every = positive_int("every", every, maximum=MAX_COUNT)
-    spec = precision_of(precision)
-    seq_len = optional_positive_int("seq_len", seq_len, maximum=config.seq_len)
-    if speed is None:
-        speed = device_speed(gpu)
-    elif not isinstance(speed, DeviceSpeed):
-        raise ValueError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
-    u = speed.reached(spec.compute) if utilisation is None else number("utilisation", utilisation, above=0,
-                                                         maximum=1)
-    for name, value in (("offload_activations", offload_activations),
-                        ("offload_optimizer", offload_optimizer)):
-        boolean(name, value)
-    _bits(state_bits)
-    P = gpt_param_count(config)
-    trained = P if trained_params is None else positive_int("trained_params", trained_params,
-                                                             maximum=MAX_COUNT)
-    extra_flops = integer("extra_flops", extra_flops, minimum=-(2**62), maximum=2**62)
-    zero_stage = integer("zero_stage", zero_stage, minimum=0, maximum=3)
-    N = positive_int("world_size", world_size, maximum=4096)
-    return _step_time(config, b, K, mode, every, precision, seq_len, resolve_gpu(gpu), speed,
-                      u, state_bits, offload_activations, offload_optimizer, trained, P,
-                      extra_flops, zero_stage, N)
+def step_time(step: Step, speed: DeviceSpeed | None = None) -> StepTime:
+    """The five terms of a checked :class:`Step`'s time (module doc); ``speed`` None: the
+    :func:`device_speed` of its GPU. Its levers enter as: the chunked loss ``+ 2 N h V`` FLOPs
+    (its second head matmul); LoRA ``+ 6 N`` FLOPs per adapter parameter less the frozen
+    weights' gradient matmuls, the optimizer stepping the adapters only; 8-/4-bit states their
+    quantisation's bytes and operators (:data:`LOW_BIT_OPS_PER_ROUND` per bit and
+    :data:`LOW_BIT_OPS` per state of a tensor of :data:`LOW_BIT_MIN_NUMEL` elements or more); an
+    offloaded optimizer its bytes at :data:`HOST_BANDWIDTH`; offloading and ZeRO their transfers."""
+    return _step_time(step, device_speed(step.gpu) if speed is None else speed)
 
 
 @functools.lru_cache(maxsize=1024)
-def _step_time(config, b, K, mode, every, precision, seq_len, gpu, speed, u, state_bits,
-               offload_activations, offload_optimizer, trained, P, extra_flops, zero_stage,
-               N) -> StepTime:
-    """:func:`step_time` of checked arguments, cached: widgets call it on every slider move."""
-    spec = precision_of(precision)
-    L = config.n_layers
-    flops, recomputed = _matmul_flops(config, b, mode, every, seq_len, spec, gpu)
-    flops = K * flops + extra_flops
-    if flops <= 0:
-        raise ValueError(f"extra_flops must leave the step's FLOPs positive, got {extra_flops}")
-    moved = K * _pointwise_bytes(config, b, mode, every, seq_len, spec, gpu)
+def _step_time(step: Step, speed: DeviceSpeed) -> StepTime:
+    """:func:`step_time`, cached: widgets call it on every slider move."""
+    config, b, K, mode, every = (step.config, step.micro_batch_size, step.accumulation_steps,
+                                 step.mode, step.every)
+    spec, gpu, L, P = step.spec, step.gpu, config.n_layers, gpt_param_count(config)
+    tokens = step.batch_size * step.seq_len
+    extra, trained = 0, P
+    if step.loss_chunk is not None:  # the chunked loss's second head matmul
+        extra += 2 * tokens * config.d_model * config.vocab_size
+    if step.lora_rank:
+        trained = levers.lora_parameter_count(config, step.lora_rank)
+        extra += 6 * tokens * trained - levers.frozen_linear_flops(config, tokens)
+    flops, recomputed = _matmul_flops(config, b, mode, every, step.seq_len, spec, gpu)
+    flops = K * flops + extra
+    moved = K * _pointwise_bytes(config, b, mode, every, step.seq_len, spec, gpu)
     # operators: every block runs the same ones, so a mode checkpointing some blocks reruns
     # its per-block extra in those only; ``sqrt`` segments rerun whole blocks
     regions = ckpt.checkpointed_regions(L, mode, every)
-    counted = _counted(mode)
     foreach = adamw_foreach(gpu)
-    per_micro, per_step = _step_ops(config, "none", precision, foreach)
+    per_micro, per_step = _step_ops(config, "none", step.precision, foreach)
     if mode != "none":
-        extra_ops = _step_ops(config, counted, precision, foreach)[0] - per_micro
+        extra_ops = _step_ops(config, _counted(mode), step.precision, foreach)[0] - per_micro
         per_micro += round(extra_ops * sum(len(r) for r in regions) / L)
     launch = K * (per_micro * speed.op_seconds + len(regions) * speed.checkpoint_seconds(mode))
-    shard = N if zero_stage >= 1 else 1
-    opt_bytes = -(-optimizer_bytes(trained, precision, state_bits) // shard)
-    if state_bits != 32:  # the eager quantisation's operators, per large state tensor
+    shard = step.world_size if step.zero_stage >= 1 else 1
+    opt_bytes = -(-_optimizer_bytes(trained, spec, step.state_bits) // shard)
+    if step.state_bits != 32:  # the eager quantisation's operators, per large state tensor
         tensors = (sum(n >= LOW_BIT_MIN_NUMEL for n in param_numels(config)) if trained == P
                    else 8 * L)  # LoRA: A and B beside each of a block's four linears
-        per_step += 2 * tensors * (LOW_BIT_OPS_PER_ROUND * state_bits + LOW_BIT_OPS)
+        per_step += 2 * tensors * (LOW_BIT_OPS_PER_ROUND * step.state_bits + LOW_BIT_OPS)
     opt_seconds = per_step * speed.op_seconds + (
-        opt_bytes / (HOST_BANDWIDTH if offload_optimizer and speed.host_link else
+        opt_bytes / (HOST_BANDWIDTH if step.offload_optimizer and speed.host_link else
                      speed.memory_bandwidth))
     link = 0.0
     pb = dtype_bytes(spec.params)
     if speed.host_link:  # a GPU: what leaves it crosses the host link
-        if offload_activations:
-            kept = checkpointed.predict_kept_bytes(config, b, mode, every, seq_len=seq_len,
-                                           dtype=spec.compute, gpu=gpu, autocast=spec.autocast)
-            link += transfer_seconds(2 * K * kept, speed.host_link)
-        if offload_optimizer:
-            link += transfer_seconds(2 * trained * pb, speed.host_link)
-    if zero_stage and speed.peer_link:
-        link += transfer_seconds((3 if zero_stage == 3 else 2) * P * pb, speed.peer_link)
-    return StepTime(flops, K * recomputed, moved, opt_bytes,
-                    K * per_micro + per_step,
+        if step.offload_activations:
+            kept = checkpointed.predict_kept_bytes(config, b, mode, every, seq_len=step.seq_len,
+                                                   dtype=spec.compute, gpu=gpu,
+                                                   autocast=spec.autocast)
+            link += 2 * K * kept / speed.host_link
+        if step.offload_optimizer:
+            link += 2 * trained * pb / speed.host_link
+    if step.zero_stage and speed.peer_link:
+        link += (3 if step.zero_stage == 3 else 2) * P * pb / speed.peer_link
+    u = speed.reached(spec.compute)
+    return StepTime(flops, K * recomputed, moved, opt_bytes, K * per_micro + per_step,
                     compute_seconds=flops / (speed.flops(spec.compute) * u),
                     pointwise_seconds=moved / speed.memory_bandwidth,
                     launch_seconds=launch, optimizer_seconds=opt_seconds,
                     transfer_seconds=link, speed=speed, utilisation=float(u))
 
 
-def step_seconds(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1,
-                 **kwargs) -> float:
-    """:func:`step_time`'s ``seconds``: the one number planners compare.
-
-    Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): ``b``.
-        accumulation_steps (int): ``K``.
-        **kwargs: :func:`step_time`'s keywords.
-
-    Returns:
-        float: seconds.
-
-    Raises:
-        ValueError: as :func:`step_time` does.
-    """
-    return step_time(config, micro_batch_size, accumulation_steps, **kwargs).seconds
-
-
 # --------------------------------------------------------------------------- calibration
 
 
-def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: int,
-              accumulation_steps: int = 1, *, mode: str = "none", every: int = 1,
-              precision: str = "fp32", seq_len: int | None = None, gpu=None,
-              seconds: float | None = None) -> DeviceSpeed:
+def calibrate(speed: DeviceSpeed, split, step: Step, *, seconds: float | None = None
+              ) -> DeviceSpeed:
     """``speed`` with its matmul rate and memory bandwidth fitted to one measured step's split.
 
     ``split`` is the :class:`course_lib.measurement.timing.TimeSplit` of a step of this setting
     (:func:`course_lib.measurement.timing.profile_step`). The operators keep
-    ``speed.op_seconds``; the matmul rate becomes the step's FLOPs (:func:`matmul_flops`) over
-    its "matmul" and "attention" time, the bandwidth the bytes of :func:`pointwise_bytes` and
-    :func:`optimizer_bytes` over the other classes' time less the operators' cost (floored at a
+    ``speed.op_seconds``; the matmul rate becomes the step's FLOPs (:attr:`StepTime.flops`) over
+    its "matmul" and "attention" time, the bandwidth its pointwise and optimizer bytes
+    (:class:`StepTime`) over the other classes' time less the operators' cost (floored at a
     tenth of it). On a busy CPU the profiler's wall times run up to twice too long: pass
     :func:`course_lib.measurement.timing.step_times`' time as ``seconds`` and the split gives
     only the shares. The calibrated model prices the other settings of the same model with the
@@ -718,15 +578,9 @@ def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: in
         speed (DeviceSpeed): the device's figures (:func:`device_speed`); its operator and
             region costs are kept.
         split (TimeSplit): the measured step, by kernel class.
-        config (GPTConfig): the model that ran.
-        micro_batch_size (int): ``b`` of that step.
-        accumulation_steps (int): ``K`` of that step.
-        mode (str): its checkpointing mode (:data:`course_lib.training.checkpointing.MODES`).
-        every (int): its stride.
-        precision (str): its precision (:data:`course_lib.prediction.engine.PRECISIONS`).
-        seq_len (int, optional): its tokens per sequence.
-        gpu (str or GPU, optional): whose kernels ran it: None for the CPU's, "cuda" for this
-            kernel's GPU (the saved bytes, hence the pointwise bytes, depend on them).
+        step (Step): the step that ran; its ``gpu`` says whose kernels ran it (None for the
+            CPU's, "cuda" for this kernel's GPU: the saved bytes, hence the pointwise bytes,
+            depend on them).
         seconds (float, optional): the step's measured time; None: the split's total.
 
     Returns:
@@ -734,15 +588,15 @@ def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: in
 
     Raises:
         ValueError: naming ``speed`` or ``split`` (not a DeviceSpeed or a TimeSplit, or a split
-            with no matmul or no other time), or a setting :func:`step_time` refuses.
+            with no matmul or no other time).
 
     Example:
         >>> from course_lib.measurement.timing import TimeSplit
         >>> split = TimeSplit({"matmul": 0.02, "attention": 0.0, "fused kernel": 0.0,
         ...                    "other pointwise": 0.05, "optimizer": 0.01}, "cpu")
-        >>> cpu = datasheet_speed("T4")
-        >>> fitted = calibrate(cpu, split, GPTConfig(n_layers=2), 4)
-        >>> t = step_time(GPTConfig(n_layers=2), 4, speed=fitted)
+        >>> cpu = device_speed("T4")
+        >>> step = Step(GPTConfig(n_layers=2), 4)
+        >>> t = step_time(step, calibrate(cpu, split, step))
         >>> round(t.compute_seconds, 6), round(t.seconds, 6)
         (0.02, 0.08)
     """
@@ -752,10 +606,10 @@ def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: in
         raise ValueError(f"speed must be a DeviceSpeed, got {type(speed).__name__}")
     if not isinstance(split, TimeSplit):
         raise ValueError(f"split must be a TimeSplit (profile_step), got {type(split).__name__}")
-    spec = precision_of(precision)
-    plain = step_time(config, micro_batch_size, accumulation_steps, mode=mode, every=every,
-                      precision=precision, seq_len=seq_len, gpu=gpu, speed=speed,
-                      utilisation=1.0)
+    if not isinstance(step, Step):
+        raise WrongTypeError(f"step must be a Step, got {type(step).__name__}")
+    spec, mode = step.spec, step.mode
+    plain = step_time(step, replace(speed, utilisation=1.0))
     by_class = {name: number(f"split.seconds[{name!r}]", split.seconds.get(name, 0.0),
                              minimum=0.0, maximum=1e6) for name in split.seconds}
     matmul = by_class.get("matmul", 0.0) + by_class.get("attention", 0.0)
@@ -781,9 +635,7 @@ def calibrate(speed: DeviceSpeed, split, config: GPTConfig, micro_batch_size: in
                        speed.peer_link, 1.0)
 
 
-__all__ = ["UTILISATION", "FP32_UTILISATION", "OP_SECONDS", "HOST_BANDWIDTH", "FORWARD_PASSES", "BACKWARD_PASSES",
-           "ADAMW_VALUES", "CHECKPOINTING", "BASES", "DeviceSpeed", "datasheet_speed",
-           "measure_speed", "device_speed", "calibrate", "step_ops", "matmul_flops",
-           "pointwise_bytes", "optimizer_bytes", "low_bit_bytes_moved", "LOW_BIT_OPS_PER_ROUND",
-           "LOW_BIT_OPS",
-           "LOW_BIT_MIN_NUMEL", "transfer_seconds", "StepTime", "step_time", "step_seconds"]
+__all__ = ["UTILISATION", "FP32_UTILISATION", "OP_SECONDS", "HOST_BANDWIDTH", "CHECKPOINTING",
+           "DeviceSpeed", "measure_speed", "device_speed", "calibrate",
+           "LOW_BIT_OPS_PER_ROUND", "LOW_BIT_OPS", "LOW_BIT_MIN_NUMEL", "transfer_seconds",
+           "StepTime", "step_time"]

@@ -54,7 +54,7 @@ from torch.utils.checkpoint import (
 
 from course_lib.measurement.memory import LiveTensorTracker
 from course_lib.model import fused
-from course_lib.model.gpt import CONFIG_MAXIMUM, check_batch
+from course_lib.model.gpt import BLOCK_SHAPES, CONFIG_MAXIMUM, check_batch
 from course_lib.units import storage_bytes
 from course_lib.validation import MAX_COUNT, WrongTypeError, choice, number, positive_int, tensor
 
@@ -68,9 +68,6 @@ _aten = torch.ops.aten
 #: The matmul ops of the course GPT: ``mm`` (a linear without bias, the LM head),
 #: ``addmm`` (a linear with bias), ``bmm`` (``q @ k^T`` and ``probs @ v``).
 MATMULS = (_aten.mm.default, _aten.addmm.default, _aten.bmm.default)
-#: The matmuls alone (``selective`` mode's saved ops before it saved the attention output too).
-#: ``nn.Linear`` with a bias dispatches ``addmm`` (not ``mm``), batched ``q @ k^T`` ``bmm``.
-SAVE_MATMULS = MATMULS
 #: The ops of a linear layer: ``mm`` (no bias) and ``addmm`` (with a bias).
 LINEAR_OPS = (_aten.mm.default, _aten.addmm.default)
 #: The fused attention kernels ``F.scaled_dot_product_attention`` dispatches as one op each (the
@@ -100,9 +97,9 @@ KERNEL_MODES = tuple(KERNEL_POLICIES)
 SELECTIVE_MODES = ("selective", *KERNEL_MODES)
 #: Every mode :func:`enable_checkpointing` and the predictions take.
 ALL_MODES = MODES + KERNEL_MODES
-#: The linears of a course GPT block, in forward order: QKV, attention output projection, MLP
-#: up-projection, MLP down-projection (the block's last matmul).
-BLOCK_LINEARS = 4
+#: The linears of a course GPT block (:data:`course_lib.model.gpt.BLOCK_SHAPES`): QKV, attention
+#: output projection, MLP up- and down-projection, the last the block's last matmul.
+BLOCK_LINEARS = len(BLOCK_SHAPES)
 
 
 @dataclass(frozen=True)
@@ -116,7 +113,7 @@ class CheckpointSettings:
     recompute_linear: int | None = None
 
 
-def check_ops(ops: Sequence, name: str = "ops") -> tuple:
+def _check_ops(ops: Sequence, name: str = "ops") -> tuple:
     """``ops`` as a tuple of ``OpOverload`` s (``torch.ops.aten.mm.default``): a packet
     (``torch.ops.aten.mm``) never equals the overload that runs, so it is refused."""
     if isinstance(ops, str) or not isinstance(ops, Sequence):
@@ -160,16 +157,17 @@ class SelectiveContext:
     """
 
     def __init__(self, ops: Sequence = SAVE_OPS, recompute_linear: int | None = None):
-        self.ops = check_ops(ops)
+        self.ops = _check_ops(ops)
         if recompute_linear is not None:
             recompute_linear = positive_int("recompute_linear", recompute_linear, maximum=MAX_COUNT)
         self.recompute_linear = recompute_linear
 
     def policy(self) -> Callable:
-        """A fresh policy function for one region: ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``.
+        """A fresh policy function for one region.
 
         Returns:
-            callable: the policy.
+            callable: ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``, as
+            ``create_selective_checkpoint_contexts`` takes it.
         """
         saved, n = frozenset(self.ops), self.recompute_linear
         seen = {False: 0, True: 0}  # linears met in the forward pass and in the recomputation
@@ -244,27 +242,18 @@ def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
     return [*cuts, list(range(size * (segments - 1), n_layers))]
 
 
-def segments_memory(n_layers: int, segments: int, block_ratio: float) -> float:
-    """What ``checkpoint_sequential`` with ``segments`` segments keeps at its peak, in block inputs.
-
-    Chen et al.'s count in units of ``X``: ``(k - 1) + m * A / X``, the last segment's
-    ``m = n - (k - 1) * (n // k)`` blocks not checkpointed (:func:`sequential_segments`); about
-    ``k + (n / k) * A / X``, smallest near ``k = sqrt(n * A / X)`` (lecture 04, section 3).
-    """
-    sequential_segments(n_layers, segments)  # checks both counts
-    return _segments_memory(n_layers, segments,
-                            number("block_ratio", block_ratio, above=0, maximum=MAX_COUNT))
-
-
 def _segments_memory(n: int, k: int, ratio: float) -> float:
+    """Block inputs ``checkpoint_sequential`` keeps at its peak: ``(k - 1) + m * A / X`` (Chen et
+    al. 2016), the last segment's ``m = n - (k - 1) * (n // k)`` blocks not checkpointed."""
     return (k - 1) + (n - (k - 1) * (n // k)) * ratio
 
 
 def best_segments(n_layers: int, block_ratio: float) -> int:
-    """The segment count with the least :func:`segments_memory` (the fewer on a tie).
+    """The segment count with the least memory, ``(k - 1) + m * A / X`` block inputs (the fewer
+    on a tie), the last segment's ``m`` blocks not checkpointed.
 
-    Near ``sqrt(n * A / X)``, but counted with ``checkpoint_sequential``'s real cut, whose last
-    segment takes what ``n // k`` leaves over (with 36 blocks, 24 segments leave 13 blocks in the
+    Near ``sqrt(n * A / X)``, but counted with ``checkpoint_sequential``'s real cut
+    (:func:`sequential_segments`), whose last segment takes what ``n // k`` leaves over (with 36 blocks, 24 segments leave 13 blocks in the
     last one). ``round(sqrt(n))`` (:func:`sqrt_segments`) is the best count only when a block
     keeps as much as its input (``A = X``); a transformer block keeps many times more. It is the
     best count for ``checkpoint_sequential``, not a verdict against per-block checkpointing:
@@ -366,12 +355,12 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
 
 def check_policy(policy, name: str = "policy"):
     """``policy`` as selective checkpointing takes it: a policy function, or the tuple of
-    ``OpOverload`` s of a list (:func:`check_ops`); one op alone is refused (``TypeError``)."""
+    ``OpOverload`` s of a list; one op alone is refused (``TypeError``)."""
     if isinstance(policy, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
         op = f"torch.ops.{policy}" + ("" if isinstance(policy, torch._ops.OpOverload) else ".default")
         raise TypeError(f"{name} must be a list of OpOverloads or a policy function, got one op: "
                         f"write [{op}]")
-    return policy if callable(policy) else check_ops(policy, name=name)
+    return policy if callable(policy) else _check_ops(policy, name=name)
 
 
 def _checkpointed_run_blocks(self, x: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ accumulation, checkpointing and sharding of lectures 01-07:
   Large-Vocabulary Language Models"); :func:`use_chunked_loss` switches the course GPT to it;
 * :class:`OffloadSavedTensors`: a ``saved_tensors_hooks`` pair that moves what autograd saves to
   the host (the idea behind ``torch.autograd.graph.save_on_cpu``) and counts the bytes;
-  :func:`transfer_seconds` converts them into time at a link's bandwidth;
+  :func:`course_lib.prediction.time_model.transfer_seconds` converts them into time at a link's bandwidth;
 * :func:`optimizer_state_bytes` (measured) and :func:`low_bit_state_bytes` (predicted) for 8-
   and 4-bit AdamW (torchao's ``AdamW8bit``/``AdamW4bit``, :func:`low_bit_adamw`; Dettmers et al.
   2022; Li et al. 2023, "Memory Efficient Optimizers with 4-bit States");
@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from course_lib.model.gpt import GPTConfig, check_config
+from course_lib.model.gpt import BLOCK_SHAPES, GPTConfig, check_config
 from course_lib.units import storage_bytes, storage_key
 from course_lib.validation import (
     MAX_COUNT,
@@ -449,9 +449,8 @@ def optimizer_state_bytes(optimizer) -> int:
     return storage_bytes(tensors)
 
 
-#: torchao's block-wise quantized AdamW: bits per state element, its block (elements per fp32
-#: scale) and its quantization map (fp32 entries, one map per state tensor).
-LOW_BIT = {8: {"block": 256, "qmap": 256}, 4: {"block": 128, "qmap": 16}}
+#: torchao's block-wise quantized AdamW by bits: elements per fp32 scale, fp32 map entries.
+_LOW_BIT = {8: {"block": 256, "qmap": 256}, 4: {"block": 128, "qmap": 16}}
 
 
 def low_bit_state_bytes(numels: list[int], bits: int, *, param_bytes: int = 4) -> int:
@@ -493,7 +492,7 @@ def low_bit_state_bytes(numels: list[int], bits: int, *, param_bytes: int = 4) -
         if bits == 32:
             total += 2 * n * param_bytes
             continue
-        spec = LOW_BIT[bits]
+        spec = _LOW_BIT[bits]
         if n >= 4096 and n % spec["block"] == 0:
             total += 2 * (n * bits // 8 + 4 * (n // spec["block"]) + 4 * spec["qmap"])
         else:
@@ -542,8 +541,7 @@ def low_bit_adamw(bits: int):
 
 @contextlib.contextmanager
 def eager_compile():
-    """Run ``torch.compile``-d functions eagerly inside the block (torchao's low-bit step).
-
+    """Run ``torch.compile``-d functions eagerly inside the block (torchao's low-bit step):
     ``torch.compiler.set_stance("force_eager")``, or dynamo disabled on torch < 2.6.
 
     Yields:
@@ -560,9 +558,8 @@ def eager_compile():
 
 # --------------------------------------------------------------------------- LoRA
 
-#: The linear layers of a course GPT block, ``(name, in_features, out_features / d_model)``.
-_BLOCK_LINEARS = (("attn.qkv", 1, 3), ("attn.proj", 1, 1), ("mlp.fc", 1, 4), ("mlp.proj", 4, 1))
-LORA_TARGETS = tuple(name for name, _, _ in _BLOCK_LINEARS)
+#: The linear layers of a course GPT block LoRA can adapt (:data:`course_lib.model.gpt.BLOCK_SHAPES`).
+LORA_TARGETS = tuple(name for name, _, _ in BLOCK_SHAPES)
 
 
 def lora_parameter_count(config: GPTConfig, rank: int,
@@ -596,7 +593,7 @@ def lora_parameter_count(config: GPTConfig, rank: int,
             or any(not isinstance(t, str) or t not in LORA_TARGETS for t in targets)):
         raise ValueError(f"targets must be a non-empty tuple of {LORA_TARGETS}, got {targets!r}")
     h = config.d_model
-    per_block = sum(rank * (i * h + o * h) for name, i, o in _BLOCK_LINEARS if name in targets)
+    per_block = sum(rank * (i * h + o * h) for name, i, o in BLOCK_SHAPES if name in targets)
     return config.n_layers * per_block
 
 
@@ -618,11 +615,12 @@ def frozen_linear_flops(config: GPTConfig, n_tokens: int) -> int:
     """
     check_config(config)
     N, h = positive_int("n_tokens", n_tokens, maximum=MAX_TOKENS), config.d_model
-    return 2 * N * (config.n_layers * 12 * h * h + h * config.vocab_size)
+    per_block = sum(i * o for _, i, o in BLOCK_SHAPES) * h * h  # 12 h^2
+    return 2 * N * (config.n_layers * per_block + h * config.vocab_size)
 
 
 __all__ = ["OptimizerInBackward", "optimizer_in_backward", "chunked_cross_entropy",
            "use_chunked_loss", "logits_bytes",
-           "OffloadSavedTensors", "optimizer_state_bytes", "LOW_BIT", "low_bit_state_bytes",
+           "OffloadSavedTensors", "optimizer_state_bytes", "low_bit_state_bytes",
            "low_bit_adamw", "eager_compile", "LORA_TARGETS", "lora_parameter_count",
            "frozen_linear_flops"]

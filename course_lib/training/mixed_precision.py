@@ -41,7 +41,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
             require grad are left out.
         **adamw_kwargs: ``torch.optim.AdamW``'s (``lr``, ``betas``, ``weight_decay``, ...);
             ``foreach`` is left to PyTorch's default (per tensor on the CPU, foreach on a GPU),
-            which :func:`course_lib.prediction.engine.predict_step_memory` predicts by default.
+            which :func:`course_lib.prediction.predict.predict` predicts by default.
 
     Raises:
         ValueError: naming ``params``, for anything but distinct tensors, at least one requiring

@@ -4,8 +4,7 @@ Selective activation checkpointing (``torch.utils.checkpoint`` with
 ``context_fn=functools.partial(create_selective_checkpoint_contexts, policy)``) decides op by
 op, at the ``aten`` level, whether an op's output inside a checkpointed region is saved or
 recomputed. A policy is a list of ops to save or a function
-``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy`` (:func:`save_ops_policy` makes one).
-Two facts bite:
+``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy``. Two facts bite:
 
 * ``op`` is an ``OpOverload`` (``torch.ops.aten.addmm.default``), never an
   ``OpOverloadPacket`` (``torch.ops.aten.addmm``): a policy comparing with a packet never
@@ -28,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +35,6 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import (
-    CheckpointPolicy,
     checkpoint,
     create_selective_checkpoint_contexts,
     noop_context_fn,
@@ -55,7 +53,6 @@ from course_lib.training.checkpointing import (
     MATMULS as MATMULS,
     SAVE_OPS as SAVE_OPS,
     SelectiveContext as SelectiveContext,
-    check_ops,
     check_policy,
 )
 from course_lib.validation import WrongTypeError, fields
@@ -63,18 +60,6 @@ from course_lib.validation import WrongTypeError, fields
 _aten = torch.ops.aten
 #: ``policy_cost`` policies given by name: no checkpoint, or a checkpoint that saves nothing.
 NAMED_POLICIES = ("none", "full")
-
-
-def save_ops_policy(ops: Sequence) -> Callable:
-    """A policy function that saves the outputs of ``ops`` (``MUST_SAVE``) and prefers to
-    recompute the rest (``PREFER_RECOMPUTE``: pointwise ops, LayerNorm, softmax)."""
-    saved = frozenset(check_ops(ops))
-
-    def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
-
-    policy.ops = tuple(saved)
-    return policy
 
 
 def _context_fn_for(policy) -> Callable:
@@ -162,8 +147,7 @@ def _is_bookkeeping(op) -> bool:
 
 @dataclass(frozen=True)
 class PolicyCost:
-    """What running ``fn`` under a checkpoint policy (labelled by :func:`policy_name`) costs,
-    measured (bytes, FLOPs, op counts)."""
+    """What running ``fn`` under a checkpoint policy costs, measured (bytes, FLOPs, op counts)."""
 
     policy: str
     kept_bytes: int
@@ -220,7 +204,7 @@ def _run(fn, inputs, context_fn):
     return kept, tracker.peak, counter.ops, counter.flops
 
 
-def policy_name(policy) -> str:
+def _policy_name(policy) -> str:
     """A short label: "none", "full", the saved ops' names, or the policy function's name."""
     if isinstance(policy, str | SelectiveContext):
         return str(policy)
@@ -257,7 +241,7 @@ def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:
     if isinstance(policy, str) and policy not in NAMED_POLICIES:
         raise ValueError(f"policy must be one of {NAMED_POLICIES}, a list of OpOverloads "
                          f"or a policy function, got {policy!r}")
-    label = policy_name(policy)  # checks a list, or one op alone, before fn runs
+    label = _policy_name(policy)  # checks a list, or one op alone, before fn runs
     plain = _run(fn, inputs, None)
     if isinstance(policy, str) and policy == "none":
         return PolicyCost("none", plain[0], plain[1], Counter(), 0)

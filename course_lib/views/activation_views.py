@@ -4,8 +4,8 @@
   activation bytes as the sequence grows, one curve per attention kernel (measured values).
 * :func:`step_figure`: the memory of one training step, allocation by allocation, by category
   (:func:`course_lib.measurement.memory.step_breakdown`), for a few steps side by side.
-* :func:`oom_threshold` (pure): a step's predicted memory on a GPU at batch sizes 1, 2, ...
-  (:func:`course_lib.prediction.engine.predict_step_memory`) and the largest batch that fits;
+* :func:`oom_threshold` (pure): a :class:`~course_lib.prediction.step.Step`'s predicted memory
+  on its GPU at batch sizes 1, 2, ... and the largest batch that fits;
   :func:`threshold_figure` draws it once, :func:`oom_widget` under controls.
 
 The figures are matplotlib ``Figure`` s on their own Agg canvas (no pyplot); :func:`show`
@@ -17,21 +17,22 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ipywidgets as widgets
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from course_lib.device import GPU, GPUS, live_gpu, resolve_gpu
+from course_lib.device import GPUS, live_gpu
 from course_lib.measurement.memory import StepBreakdown
 from course_lib.model import kernels
-from course_lib.model.gpt import GPTConfig, check_config
+from course_lib.model.gpt import GPTConfig
 from course_lib.prediction import engine
 from course_lib.prediction.engine import StepMemory
+from course_lib.prediction.predict import Step, predict
 from course_lib.units import GiB, MiB, format_bytes
-from course_lib.validation import MAX_BATCH, MAX_BYTES, boolean, choice, positive_int
+from course_lib.validation import MAX_BATCH, WrongTypeError, choice, positive_int
 from course_lib.views.widgets import live_plot
 
 #: The parts of a step's memory, bottom to top: (field of StepMemory, label, colour).
@@ -43,7 +44,7 @@ _WIDTHS = {"768 (GPT-2 small)": (768, 12), "1024 (GPT-2 medium)": (1024, 16),
           "1280 (GPT-2 large)": (1280, 20), "1600 (GPT-2 XL)": (1600, 25),
           "2560 (2.7B-wide)": (2560, 32)}
 #: Most batch sizes a figure draws.
-MAX_SHOWN = 128
+_MAX_SHOWN = 128
 #: The categories of :func:`course_lib.measurement.memory.step_breakdown`, bottom to top: (name, label,
 #: colour); "transient" (gradients passed between ops, scratch) is what the threshold
 #: figure calls "in flight".
@@ -177,28 +178,16 @@ def step_figure(steps: dict, *, figsize: tuple = (9.5, 3.2)) -> Figure:
 
 @dataclass(frozen=True)
 class Threshold:
-    """A step's predicted memory on a card at batch sizes 1, 2, ..., and where it stops fitting.
+    """A step's predicted memory on its card at batch sizes 1, 2, ..., and where it stops fitting.
 
     Attributes:
-        config (GPTConfig): the model.
-        seq_len (int): tokens per sequence.
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
-        gpu (GPU): the card.
-        capacity (int): the bytes a step may use: what PyTorch reports for a preset, what is free
-            for this kernel's GPU.
-        foreach (bool): AdamW's multi-tensor implementation (PyTorch's default on a GPU).
-        kernel (str): the attention kernel (:func:`course_lib.model.kernels.attention_kernel`).
+        step (Step): the step; its ``micro_batch_size`` is the batch a figure outlines.
         memory (tuple of StepMemory): the predicted peak at batch 1, 2, ..., ``len(memory)``.
-        largest (int): the largest batch whose predicted ``total`` fits ``capacity``; 0 if none.
+        largest (int): the largest batch whose predicted ``total`` fits the card's
+            :attr:`~course_lib.device.GPU.capacity`; 0 if none.
     """
 
-    config: GPTConfig
-    seq_len: int
-    precision: str
-    gpu: GPU
-    capacity: int
-    foreach: bool
-    kernel: str
+    step: Step
     memory: tuple
     largest: int
 
@@ -208,6 +197,11 @@ class Threshold:
         return self.largest + 1
 
     @property
+    def kernel(self) -> str:
+        """The step's attention kernel (:func:`course_lib.model.kernels.attention_kernel`)."""
+        return kernels.attention_kernel(self.step.config, self.step.spec.compute, self.step.gpu)
+
+    @property
     def parts_at_largest(self) -> dict[str, int]:
         """Bytes of the largest fitting batch's peak (batch 1's if none fits), by what holds them:
         activations, the step's buffers in flight, model states."""
@@ -215,73 +209,44 @@ class Threshold:
         return {"activations": m.activations, "in flight": m.transient,
                 "model states": m.model_states}
 
-    @property
-    def capacity_label(self) -> str:
-        """What the capacity is, in words: PyTorch's figure, and nvidia-smi's beside it."""
-        if self.gpu.live:
-            return (f"this GPU: {format_bytes(self.capacity)} free "
-                    f"of {format_bytes(self.gpu.total_memory)} (PyTorch)")
-        smi = (f" (nvidia-smi: {self.gpu.smi_memory // MiB:,} MiB)"
-               if self.gpu.smi_memory is not None else "")
-        return f"{self.gpu.name}: {format_bytes(self.capacity)} as PyTorch sees it{smi}"
 
+def oom_threshold(step: Step) -> Threshold:
+    """A step's predicted memory at batch sizes 1, 2, ... on its GPU, and the largest batch that
+    fits the card's :attr:`~course_lib.device.GPU.capacity`.
 
-def oom_threshold(config: GPTConfig, gpu, *, precision: str = "fp16-mixed",
-                  seq_len: int | None = None, capacity: int | None = None,
-                  foreach: bool | None = None, shown: int = 16) -> Threshold:
-    """A step's predicted memory at batch sizes 1 to ``shown`` on ``gpu``, and the largest batch
-    that fits.
-
-    Each batch is predicted by :func:`course_lib.prediction.engine.predict_step_memory` (a steady-state
-    step without checkpointing: ``total`` counts everything the card holds at the peak); the
-    largest batch is found by doubling, then bisection (the total never shrinks as the batch
-    grows). Left out, as by the engine: the CUDA context, cuBLAS workspaces and the
-    allocator's fragmentation (lecture 06).
+    Each batch is ``predict(replace(step, micro_batch_size=b))``: ``total`` counts everything
+    the card holds at the step's peak. The largest batch is found by doubling, then bisection
+    (the total never shrinks as the batch grows). Left out, as by the engine: the CUDA context,
+    cuBLAS workspaces and the allocator's fragmentation (lecture 06). The batches kept for a
+    figure: 16, 32, 64 or 128, enough for ``step.micro_batch_size`` and the threshold.
 
     Args:
-        config (GPTConfig): the model.
-        gpu (str or GPU): a name of :data:`course_lib.device.GPUS`, "cuda" (this kernel's GPU)
-            or a :class:`~course_lib.device.GPU`; not the CPU.
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
-        seq_len (int, optional): tokens per sequence (default ``config.seq_len``).
-        capacity (int, optional): bytes; default the GPU's free memory for a live GPU, what
-            PyTorch reports (``total_memory``) for a preset.
-        foreach (bool, optional): AdamW's multi-tensor implementation; default PyTorch's
-            choice on a GPU (:func:`course_lib.model.kernels.adamw_foreach`).
-        shown (int): batch sizes to predict, 1 to :data:`MAX_SHOWN`.
+        step (Step): the step on a GPU (a preset, "cuda" or a :class:`~course_lib.device.GPU`).
 
     Returns:
         Threshold: the predictions and the threshold.
 
     Raises:
-        ValueError: naming the argument, for a bad value (``gpu`` None: the CPU has no card).
+        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
+        ValueError: naming ``gpu``, for a step on the CPU (no card to fill).
 
     Example:
         >>> gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
-        >>> oom_threshold(gpt2, "T4").largest > 0
+        >>> oom_threshold(Step(gpt2, 8, precision="fp16-mixed", gpu="T4")).largest > 0
         True
     """
-    check_config(config)
-    card = resolve_gpu(gpu)
-    if card is None:
-        raise ValueError(f"gpu must name a GPU (a preset of course_lib.device.GPUS, 'cuda' or a "
-                         f"GPU), got {gpu!r}")
-    spec = engine.precision_of(precision)
-    s = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
-                                                            maximum=config.seq_len)
-    if capacity is None:
-        capacity = card.free_memory if card.live and card.free_memory is not None \
-            else card.total_memory
-    capacity = positive_int("capacity", capacity, maximum=MAX_BYTES)
-    foreach = kernels.adamw_foreach(card) if foreach is None else boolean("foreach", foreach)
-    shown = positive_int("shown", shown, maximum=MAX_SHOWN)
+    if not isinstance(step, Step):
+        raise WrongTypeError(f"step must be a course_lib.prediction.step.Step, got "
+                             f"{type(step).__name__}")
+    if step.gpu is None:
+        raise ValueError("gpu must name a GPU (a preset of course_lib.device.GPUS, 'cuda' or a "
+                         "GPU), got None: the CPU has no card to fill")
 
-    def predict(b: int) -> StepMemory:
-        return engine.predict_step_memory(config, b, precision=precision, seq_len=s, gpu=card,
-                                          foreach=bool(foreach))
+    def peak(b: int) -> StepMemory:
+        return predict(replace(step, micro_batch_size=b)).peak
 
     def fits(b: int) -> bool:
-        return predict(b).total <= capacity
+        return peak(b).total <= step.gpu.capacity
 
     largest = 0
     if fits(1):
@@ -293,9 +258,8 @@ def oom_threshold(config: GPTConfig, gpu, *, precision: str = "fp16-mixed",
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         largest = lo
-    kernel = kernels.attention_kernel(config, spec.compute, card)
-    return Threshold(config, s, precision, card, capacity, bool(foreach), kernel,
-                     tuple(predict(b) for b in range(1, shown + 1)), largest)
+    shown = _shown(step.micro_batch_size, largest + 1)
+    return Threshold(step, tuple(peak(b) for b in range(1, shown + 1)), largest)
 
 
 def _setup_threshold(fig: Figure, animated: bool = True) -> dict:
@@ -325,7 +289,8 @@ def _setup_threshold(fig: Figure, animated: bool = True) -> dict:
     return a
 
 
-def _draw_threshold(a: dict, t: Threshold, batch: int, title: str) -> None:
+def _draw_threshold(a: dict, t: Threshold, title: str) -> None:
+    batch = t.step.micro_batch_size
     n = len(t.memory)
     edges = [k - 0.5 for k in range(1, n + 2)]  # one step per batch size
     bottom = [0.0] * n
@@ -333,12 +298,12 @@ def _draw_threshold(a: dict, t: Threshold, batch: int, title: str) -> None:
         top = [lo + getattr(m, field) / GiB for lo, m in zip(bottom, t.memory)]
         artist.set_data(top, edges, baseline=bottom)
         bottom = top
-    capacity = t.capacity / GiB
+    capacity = t.step.gpu.capacity / GiB
     ymax = 1.25 * max(max(bottom), capacity)  # the top fifth stays free for the OOM label
     a["ax"].set(xlim=(0, n + 1), ylim=(0, ymax))
     a["capacity"].set_ydata([capacity] * 2)
     a["capacity_label"].set_position((0.6, capacity))
-    a["capacity_label"].set_text(t.capacity_label)
+    a["capacity_label"].set_text(t.step.gpu.capacity_label)
     shown = t.oom <= n
     right = t.oom <= n / 2  # the label on the side of the line with room for it
     a["oom"].set_xdata([t.oom - 0.5 if shown else math.nan] * 2)
@@ -365,19 +330,19 @@ def _draw_threshold(a: dict, t: Threshold, batch: int, title: str) -> None:
 
 
 def _title(t: Threshold) -> str:
-    c = t.config
-    adamw = "foreach" if t.foreach else "per-tensor"
-    return (f"d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, sequence {t.seq_len}, "
-            f"{t.precision}, {t.kernel} attention, {adamw} AdamW")
+    step, c = t.step, t.step.config
+    foreach = kernels.adamw_foreach(step.gpu) if step.foreach is None else step.foreach
+    return (f"d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, sequence "
+            f"{step.seq_len}, {step.precision}, {t.kernel} attention, "
+            f"{'foreach' if foreach else 'per-tensor'} AdamW")
 
 
-def threshold_figure(t: Threshold, batch: int = 1, *, title: str | None = None,
+def threshold_figure(t: Threshold, *, title: str | None = None,
                      figsize: tuple = (9.5, 3.6)) -> Figure:
-    """The widget's picture of one setting as a static figure.
+    """The widget's picture of one setting as a static figure, ``t.step``'s batch outlined.
 
     Args:
         t (Threshold): what :func:`oom_threshold` returned.
-        batch (int): the batch size outlined, 1 to ``len(t.memory)``.
         title (str, optional): the first line above the plot (default: the setting, as the
             widget shows it).
         figsize (tuple): inches.
@@ -386,23 +351,21 @@ def threshold_figure(t: Threshold, batch: int = 1, *, title: str | None = None,
         matplotlib.figure.Figure: with an Agg canvas (:func:`show` displays it).
 
     Raises:
-        ValueError: naming ``t``, ``batch`` or ``title``.
+        TypeError: for a ``t`` that is not a :class:`Threshold` or a ``title`` not a str.
     """
     if not isinstance(t, Threshold):
-        raise ValueError(f"t must be a Threshold (oom_threshold), got {type(t).__name__}")
-    batch = positive_int("batch", batch, maximum=len(t.memory))
+        raise WrongTypeError(f"t must be a Threshold (oom_threshold), got {type(t).__name__}")
     if title is not None and not isinstance(title, str):
-        raise ValueError(f"title must be a str or None, got {title!r}")
+        raise WrongTypeError(f"title must be a str or None, got {title!r}")
     fig = _figure(figsize)
-    _draw_threshold(_setup_threshold(fig, animated=False), t, batch,
-                    _title(t) if title is None else title)
+    _draw_threshold(_setup_threshold(fig, animated=False), t, _title(t) if title is None else title)
     return fig
 
 
 def _shown(batch: int, oom: int) -> int:
     """Batch sizes the widget draws: 16, 32, 64 or 128, enough for the batch and the threshold."""
     want = max(16, batch, oom + 1)
-    return min(MAX_SHOWN, 2 ** math.ceil(math.log2(want)))
+    return min(_MAX_SHOWN, 2 ** math.ceil(math.log2(want)))
 
 
 def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8) -> widgets.VBox:
@@ -461,14 +424,12 @@ def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8
         d_model, heads = _WIDTHS[width]
         config = GPTConfig(vocab_size=50257, seq_len=seq, d_model=d_model, n_heads=heads,
                            n_layers=layers, dropout=0.1, attention=attention)
-        first = oom_threshold(config, gpus[gpu], precision=precision, foreach=foreach, shown=16)
-        n = _shown(batch, first.oom)
-        t = first if n == 16 else oom_threshold(config, gpus[gpu], precision=precision,
-                                                 foreach=foreach, shown=n)
-        _draw_threshold(a, t, batch, _title(t))
+        t = oom_threshold(Step(config, batch, precision=precision, gpu=gpus[gpu],
+                               foreach=foreach))
+        _draw_threshold(a, t, _title(t))
 
     return live_plot(draw, controls, figsize=(9.5, 3.6), columns=4, setup=_setup_threshold)
 
 
-__all__ = ["PARTS", "MAX_SHOWN", "Threshold", "show", "scaling_figure", "step_figure",
+__all__ = ["PARTS", "Threshold", "show", "scaling_figure", "step_figure",
            "oom_threshold", "threshold_figure", "oom_widget"]

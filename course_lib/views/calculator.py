@@ -2,9 +2,10 @@
 
 Every figure here draws :class:`course_lib.prediction.formulas.TrainingMemory` values as stacked bars
 (parameters, gradients, optimizer states, fp32 master weights) against the memory of GPUs as
-PyTorch reports it (``GPUS[name].total_memory``, the budget a model must fit in). Each GPU is a
-line labelled with that figure and, beside it, ``nvidia-smi``'s total, the one learners see
-first. The labels stand in a column right of the axes, spread apart where cards are close
+PyTorch reports it (:attr:`course_lib.device.GPU.capacity`, the budget a model must fit in). Each
+GPU is a line labelled with its :attr:`~course_lib.device.GPU.capacity_label`: that figure and,
+below it, ``nvidia-smi``'s total, the one learners see first. The labels stand in a column
+right of the axes, spread apart where cards are close
 (an A100 80GB and an H100 80GB differ by 32 MiB), each joined to its line:
 
 * :func:`states_figure`: a few bars side by side (lecture 01's opening question, the
@@ -51,22 +52,9 @@ _LABEL_PT = 8     # their font size
 _FITS, _SHORT = "#1a7f37", "#6e7781"
 
 
-def capacity_label(gpu: GPU | str) -> str:
-    """A GPU's memory as the figures label it: PyTorch's figure, nvidia-smi's beside it.
-
-    Args:
-        gpu (GPU or str): a :class:`~course_lib.device.GPU` or a name of
-            :data:`course_lib.device.GPUS`.
-
-    Returns:
-        str: e.g. ``"A100 80GB: 79.15 GiB (nvidia-smi 80.00)"``.
-
-    Raises:
-        ValueError: naming ``gpu``, for anything else.
-    """
-    card = _gpu(gpu)
-    smi = f" (nvidia-smi {card.smi_memory / GiB:.2f})" if card.smi_memory else ""
-    return f"{card.name}: {card.total_memory / GiB:.2f} GiB{smi}"
+def _label(gpu: GPU) -> str:
+    """The GPU's :attr:`~course_lib.device.GPU.capacity_label` on two lines, nvidia-smi's below."""
+    return gpu.capacity_label.replace(" (", "\n(", 1)
 
 
 def _gpu(gpu, name: str = "gpu") -> GPU:
@@ -78,7 +66,7 @@ def _gpu(gpu, name: str = "gpu") -> GPU:
 def _gpus(gpus) -> list[GPU]:
     cards = [_gpu(g, "gpus") for g in items("gpus", tuple(GPUS) if gpus is None else gpus,
                                             min_len=1, max_len=12)]
-    return sorted(cards, key=lambda g: g.total_memory)
+    return sorted(cards, key=lambda g: g.capacity)
 
 
 def _spread(fractions: list[float], gap: float) -> list[float]:
@@ -135,8 +123,8 @@ def _setup_lines(fig, ax, cards: list[GPU], animated: bool) -> dict:
     only where the model states cross a card's memory, and redrawing their text on every
     change was most of the calculator's time.
     """
-    lines = [ax.axhline(g.total_memory / GiB, color=_SHORT, ls="--", lw=1) for g in cards]
-    labels = [ax.annotate(capacity_label(g), xy=(1.0, g.total_memory / GiB),
+    lines = [ax.axhline(g.capacity / GiB, color=_SHORT, ls="--", lw=1) for g in cards]
+    labels = [ax.annotate(_label(g), xy=(1.0, g.capacity / GiB),
                           xycoords=("axes fraction", "data"), xytext=(_LABEL_X, 0.5),
                           textcoords="axes fraction", va="center", fontsize=_LABEL_PT,
                           color=_SHORT, annotation_clip=False,
@@ -151,10 +139,10 @@ def _setup_lines(fig, ax, cards: list[GPU], animated: bool) -> dict:
 def _place_labels(fig, ax, a: dict, fits=None) -> None:
     """Put each GPU label at its line's height (spread apart) and colour what fits."""
     to_axes = ax.transAxes.inverted()
-    heights = [to_axes.transform(ax.transData.transform((0, g.total_memory / GiB)))[1]
+    heights = [to_axes.transform(ax.transData.transform((0, g.capacity / GiB)))[1]
                for g in a["cards"]]
     axes_inches = fig.get_size_inches()[1] * ax.get_position().height
-    gap = 1.6 * _LABEL_PT / 72 / axes_inches
+    gap = 2.8 * _LABEL_PT / 72 / axes_inches  # two lines each
     for label, line, y, card in zip(a["labels"], a["lines"], _spread(heights, gap), a["cards"]):
         label.set_position((_LABEL_X, y))
         if fits is not None:
@@ -220,8 +208,9 @@ def states_figure(bars: dict, *, gpus=None, title: str = "",
     Example:
         >>> fig = states_figure({"7B, mixed AdamW": training_memory(7e9, precision="bf16-mixed")},
         ...                     gpus=["T4", "A100 80GB"])
-        >>> [label.get_text() for label in fig.axes[0].texts]  # each card's line, labelled
-        ['T4: 14.58 GiB (nvidia-smi 15.00)', 'A100 80GB: 79.15 GiB (nvidia-smi 80.00)']
+        >>> print(fig.axes[0].texts[1].get_text())  # each card's line, labelled
+        A100 80GB: 79.15 GiB as PyTorch reports it
+        (nvidia-smi: 81,920 MiB)
     """
     _bars("bars", bars)
     cards = _gpus(gpus)
@@ -234,7 +223,7 @@ def states_figure(bars: dict, *, gpus=None, title: str = "",
             a["ax"].text(i, m.total / GiB, f"{m.total / GiB:,.1f} GiB\n= {m.total / GB:,.1f} GB",
                          ha="center", va="bottom", fontsize=8, linespacing=1.1,
                          bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none"))
-    a["ax"].set_ylim(0, nice_ceiling(1.1 * max(top, cards[-1].total_memory / GiB)))
+    a["ax"].set_ylim(0, nice_ceiling(1.1 * max(top, cards[-1].capacity / GiB)))
     a["title"].set_text(text("title", title))
     _place_labels(fig, a["ax"], a)
     return fig
@@ -382,8 +371,8 @@ def zero_figure(n_params: int, *, precision: str = "bf16-mixed", optimizer: str 
     ax.tick_params(axis="y", labelsize=8)
     ax.set_xlabel("data-parallel GPUs N", fontsize=9)
     ax.set_ylabel("model states per GPU (GiB)", fontsize=9)
-    low = min(per_stage[3][-1], cards[0].total_memory / GiB)
-    high = max(per_stage[0][0], cards[-1].total_memory / GiB)
+    low = min(per_stage[3][-1], cards[0].capacity / GiB)
+    high = max(per_stage[0][0], cards[-1].capacity / GiB)
     ax.set_ylim(low / 2, high * 2)
     ax.legend(loc="lower left", fontsize=8, title="ZeRO", title_fontsize=8)
     fig.text(0.01, 0.985, text("title", title), va="top", fontsize=10)
@@ -409,9 +398,9 @@ def _draw_calculator(a: dict, billions: float, optimizer: str, precision: str, z
     m = training_memory(n, optimizer=optimizer, precision=precision, zero_stage=zero_stage,
                         world_size=world_size)
     top = _set_bars(a, [m])
-    a["ax"].set_ylim(0, nice_ceiling(1.1 * max(top, a["cards"][-1].total_memory / GiB)))
-    _place_labels(a["fig"], a["ax"], a, fits=lambda card: m.total <= card.total_memory)
-    fitting = [g.name for g in a["cards"] if m.total <= g.total_memory]
+    a["ax"].set_ylim(0, nice_ceiling(1.1 * max(top, a["cards"][-1].capacity / GiB)))
+    _place_labels(a["fig"], a["ax"], a, fits=lambda card: m.total <= card.capacity)
+    fitting = [g.name for g in a["cards"] if m.total <= g.capacity]
     shown = next(k for k, v in CALCULATOR_PRECISIONS.items() if v == precision)
     gpus = f"ZeRO stage {zero_stage} on {world_size} GPU" + ("s" if world_size > 1 else "")
     a["title"].set_text(
@@ -521,5 +510,5 @@ def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> wi
 
 
 __all__ = ["CALCULATOR_PRECISIONS", "PARTS", "WORLD_SIZES", "activations_figure",
-           "bytes_per_param_figure", "calculator", "calculator_figure", "capacity_label",
+           "bytes_per_param_figure", "calculator", "calculator_figure",
            "states_figure", "zero_figure"]

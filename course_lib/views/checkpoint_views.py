@@ -17,7 +17,7 @@ bars and texts are made once, a change only sets their heights and texts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ipywidgets as widgets
 import numpy as np
@@ -27,6 +27,7 @@ from course_lib.device import GPU, GPUS, live_gpu, pick_dtype
 from course_lib.measurement.timeline import Timeline
 from course_lib.model.gpt import GPTConfig
 from course_lib.prediction import checkpointed, engine
+from course_lib.prediction.predict import Prediction, Step, predict
 from course_lib.training import checkpointing as ckpt
 from course_lib.units import format_bytes
 from course_lib.validation import MAX_BATCH, choice, integer, items, number, positive_int
@@ -76,8 +77,8 @@ def lecture_sizes(device) -> tuple[GPTConfig, int, dict, int]:
     sweep = dict(vocab_size=128, seq_len=1024, d_model=128, n_heads=2)
 
     def largest(c, share):
-        fits = [b for b in (1, 2, 4, 8, 16, 32) if engine.predict_step_memory(
-            c, b, precision="fp32", gpu=gpu).total <= gpu.free_memory // share]
+        fits = [b for b in (1, 2, 4, 8, 16, 32)
+                if predict(Step(c, b, gpu=gpu)).total <= gpu.capacity // share]
         return max(fits, default=1)
 
     return config, largest(config, 3), sweep, largest(GPTConfig(**sweep, n_layers=64), 2)
@@ -188,8 +189,8 @@ class Setting:
         segments (int or None): ``k``, for ``"sqrt"`` only.
         best_segments (int): the count with the least memory
             (:func:`course_lib.training.checkpointing.best_segments`).
-        memory (engine.StepMemory): the step's peak with this checkpointing.
-        plain (engine.StepMemory): the same step without checkpointing.
+        memory (Prediction): the step with this checkpointing.
+        plain (Prediction): the same step without checkpointing.
         flop_ratio (float): the step's FLOPs over those without checkpointing.
     """
 
@@ -199,14 +200,14 @@ class Setting:
     mode: str
     segments: int | None
     best_segments: int
-    memory: engine.StepMemory
-    plain: engine.StepMemory
+    memory: Prediction
+    plain: Prediction
     flop_ratio: float
 
     @property
     def fits(self) -> bool:
-        """Whether the step's peak fits in the card's memory as PyTorch reports it."""
-        return self.memory.total <= self.gpu.total_memory
+        """Whether the step's peak fits in the card's capacity."""
+        return self.memory.total <= self.gpu.capacity
 
 
 def explore(gpu: str = "T4", layers: int = 48, mode: str = "blocks",
@@ -215,7 +216,7 @@ def explore(gpu: str = "T4", layers: int = 48, mode: str = "blocks",
 
     The model is :data:`GPT2_SMALL` with ``layers`` blocks, trained under ``torch.autocast`` in
     the dtype the card gets (bf16 from compute capability 8.0, fp16 on a T4); memory from
-    :func:`course_lib.prediction.engine.predict_step_memory`, compute from
+    :func:`course_lib.prediction.predict.predict`, compute from
     :func:`course_lib.prediction.checkpointed.checkpoint_cost`.
 
     Args:
@@ -242,12 +243,11 @@ def explore(gpu: str = "T4", layers: int = 48, mode: str = "blocks",
     config = GPTConfig(**GPT2_SMALL, n_layers=layers)
     k = min(segments, layers) if mode == "sqrt" else None
     kernel = dict(dtype=pick_dtype(card), gpu=card, autocast=True)
-    memory = engine.predict_step_memory(config, batch_size, precision=precision, mode=mode,
-                                        segments=k, gpu=card)
-    plain = engine.predict_step_memory(config, batch_size, precision=precision, gpu=card)
+    plain = Step(config, batch_size, precision=precision, gpu=card)
+    memory = predict(replace(plain, mode=mode, segments=k))
     cost = checkpointed.checkpoint_cost(config, batch_size, mode, segments=k, **kernel)
     best = ckpt.best_segments(layers, checkpointed.block_ratio(config, batch_size, **kernel))
-    return Setting(card, precision, layers, mode, k, best, memory, plain,
+    return Setting(card, precision, layers, mode, k, best, memory, predict(plain),
                    cost.flop_ratio)
 
 
@@ -262,8 +262,8 @@ def _setup(fig) -> dict:
         patch.set_label(name)
     a["labels"] = [mem.text(i, 0, "", ha="center", va="bottom", fontsize=9) for i in (0, 1)]
     a["card"] = mem.axhline(0, color="k", ls="--", lw=1)
-    a["card_text"] = mem.text(2.45, 0, "", ha="right", va="bottom", fontsize=8.5)
-    mem.set_xlim(-0.5, 2.5)
+    a["card_text"] = mem.text(3.15, 0, "", ha="right", va="bottom", fontsize=8.5)
+    mem.set_xlim(-0.5, 3.2)
     mem.set_xticks([0, 1], ["no checkpointing", "this setting"], fontsize=9)
     mem.set_ylabel("GiB at the step's peak")
     mem.tick_params(labelsize=8.5)
@@ -289,11 +289,11 @@ def _draw(a: dict, gpu: str, layers: int, mode: str, segments: int,
           batch_size: int) -> None:
     s = explore(gpu, layers, mode, segments, batch_size)
     gib = 2**30
-    top = 1.15 * max(s.plain.total, s.memory.total, s.gpu.total_memory) / gib
+    top = 1.15 * max(s.plain.total, s.memory.total, s.gpu.capacity) / gib
     a["mem"].set_ylim(0, top)
     a["plain"].set_height(s.plain.total / gib)
     bottom = 0.0
-    rows = dict(engine.breakdown_rows(s.memory))
+    rows = dict(engine.breakdown_rows(s.memory.peak))
     for name, bar in a["parts"].items():
         bar.set_y(bottom)
         bar.set_height(rows.get(name, 0) / gib)
@@ -301,11 +301,10 @@ def _draw(a: dict, gpu: str, layers: int, mode: str, segments: int,
     for text, m, x in zip(a["labels"], (s.plain, s.memory), (0, 1)):
         text.set_position((x, min(m.total / gib, 0.93 * top)))
         text.set_text(format_bytes(m.total))
-    cap = s.gpu.total_memory / gib
+    cap = s.gpu.capacity / gib
     a["card"].set_ydata([cap, cap])
-    a["card_text"].set_position((2.45, cap))
-    a["card_text"].set_text(f"{gpu}: {format_bytes(s.gpu.total_memory)}\n"
-                            f"(nvidia-smi: {format_bytes(s.gpu.smi_memory)})")
+    a["card_text"].set_position((3.15, cap))
+    a["card_text"].set_text(s.gpu.capacity_label.replace(" (", "\n(", 1))
     a["flops"].set_height(min(s.flop_ratio, 1.55))
     for text, ratio, x in zip(a["flops_labels"], (1.0, s.flop_ratio), (0, 1)):
         text.set_position((x, min(ratio, 1.5)))

@@ -2,8 +2,8 @@
 
 Every function draws on the matplotlib ``Axes`` or ``Figure`` it is given (never through pyplot),
 so that the same code serves a notebook figure and a widget of :func:`course_lib.views.widgets.live_plot`.
-The bytes come from the memory engine (:func:`course_lib.prediction.engine.predict_step_memory`) and the
-planner (:func:`course_lib.planning.fit.fit_model`); the figures only lay them out:
+The bytes come from :func:`course_lib.prediction.predict.predict` and the planner
+(:func:`course_lib.planning.fit.fit_model`); the figures only lay them out:
 
 * :func:`draw_steps`: one horizontal bar per step, stacked by category (parameters, master
   weights, optimizer state, gradients, activations, transient), a measured peak as a tick on
@@ -12,8 +12,8 @@ planner (:func:`course_lib.planning.fit.fit_model`); the figures only lay them o
 * :func:`draw_timeline`: allocated bytes over one step, with the budget, the predicted peak and
   the resident model states;
 * :func:`draw_explorer`: the widget "what fits on which GPU": the largest GPT a card trains, its
-  step against the card's capacity (as PyTorch reports it, with nvidia-smi's figure beside it)
-  and against the part of it training may use; :func:`explorer_widget` puts it under its
+  step against the card's capacity (:attr:`course_lib.device.GPU.capacity`) and against the
+  part of it training may use; :func:`explorer_widget` puts it under its
   controls.
 """
 
@@ -30,6 +30,7 @@ from course_lib.planning import fit
 from course_lib.prediction import engine
 from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.formulas import mixed_precision_for
+from course_lib.prediction.predict import Step, predict
 from course_lib.units import GB, GiB, MiB, format_bytes
 from course_lib.validation import MAX_BYTES, choice, integer, positive_int, text
 from course_lib.views.widgets import check_figure, live_plot
@@ -230,28 +231,6 @@ def explorer_gpus(live: bool | None = None) -> dict[str, GPU]:
     return gpus
 
 
-def _capacity_of(gpu: GPU) -> tuple[int, str]:
-    """The memory a card offers training, and how it was read.
-
-    Args:
-        gpu (GPU): a preset or a live card.
-
-    Returns:
-        tuple: ``(bytes, description)``: for a live card what ``torch.cuda.mem_get_info()``
-        found free; for a preset the total PyTorch reports, with nvidia-smi's figure beside it.
-
-    Raises:
-        ValueError: naming ``gpu``, for anything but a :class:`course_lib.device.GPU`.
-    """
-    if not isinstance(gpu, GPU):
-        raise ValueError(f"gpu must be a course_lib.device.GPU, got {type(gpu).__name__}")
-    if gpu.live and gpu.free_memory is not None:
-        return gpu.free_memory, (f"free now (mem_get_info): {format_bytes(gpu.free_memory)} of "
-                                 f"{format_bytes(gpu.total_memory)}")
-    smi = f" (nvidia-smi: {gpu.smi_memory / GiB:.2f} GiB)" if gpu.smi_memory else ""
-    return gpu.total_memory, f"capacity as PyTorch sees it: {format_bytes(gpu.total_memory)}{smi}"
-
-
 @functools.lru_cache(maxsize=256)
 def _plan(target: GPU, budget: int, seq_len: int, effective_batch: int
           ) -> tuple[fit.Fit, StepMemory]:
@@ -261,9 +240,10 @@ def _plan(target: GPU, budget: int, seq_len: int, effective_batch: int
     settings again, and :func:`course_lib.planning.fit.fit_model` searches hundreds of models for each.
     A live card's reading (its free memory) is part of the key (``GPU`` is a frozen dataclass).
     """
-    plan = fit.fit_model(budget, seq_len=seq_len, effective_batch=effective_batch,
+    plan = fit.fit_model(budget, space=fit.search_space(seq_len=seq_len),
+                         effective_batch=effective_batch,
                          precisions=(mixed_precision_for(target), "fp32"), gpu=target)
-    naive = engine.predict_step_memory(plan.config, effective_batch, precision="fp32", gpu=target)
+    naive = predict(Step(plan.step.config, effective_batch, gpu=target)).peak
     return plan, naive
 
 
@@ -315,10 +295,11 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
                   gpus: Mapping[str, GPU]) -> fit.Fit:
     """The widget "what fits on which GPU": the largest GPT ``gpus[gpu]`` trains, and its step.
 
-    :func:`course_lib.planning.fit.fit_model` over its default search space (GPT-2's vocabulary, 64-wide
-    heads) with ``usable`` percent of the card's memory (:func:`_capacity_of`) as the budget, in
-    the card's mixed precision (:func:`course_lib.prediction.formulas.mixed_precision_for`) or fp32,
-    predicted for the card's kernels. Draws the planned step stacked by category against the
+    :func:`course_lib.planning.fit.fit_model` over its default search space (GPT-2's vocabulary,
+    64-wide heads) with ``usable`` percent of the card's :attr:`~course_lib.device.GPU.capacity`
+    as the budget, in the card's mixed precision
+    (:func:`course_lib.prediction.formulas.mixed_precision_for`) or fp32, predicted for the card's
+    kernels. Draws the planned step stacked by category against the
     budget and the capacity, and the same model trained naively (fp32, the whole effective batch
     in one pass, no checkpointing), cut at the edge of the axes with its size written beside it;
     prints the plan's summary. The plans are cached per setting (a slider moved back redraws
@@ -346,7 +327,7 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
         raise ValueError(f"gpus must be a non-empty mapping of name -> GPU, got {gpus!r}")
     target = gpus[choice("gpu", gpu, tuple(gpus))]
     usable = integer("usable", usable, minimum=1, maximum=100)
-    memory, where = _capacity_of(target)
+    memory = target.capacity
     budget = memory * usable // 100
     seq_len = positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
     effective_batch = positive_int("effective_batch", effective_batch,
@@ -367,9 +348,6 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
             left += width
             if name in values:
                 drawn.setdefault(name, container)
-    of = "free memory" if target.live else "capacity"
-    budget_label = (f"budget: {usable}% of the {of} = {format_bytes(budget)} "
-                    f"({budget / GB:.1f} GB)")
     a["budget"].set_xdata([budget / scale] * 2)
     a["capacity"].set_xdata([memory / scale] * 2)
     ax.set_xlabel(unit)
@@ -377,18 +355,22 @@ def draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: int
     needs = naive.total > 1.12 * memory
     a["needs"].set_position((1.1 * memory / scale, 0))
     a["needs"].set_text(f"needs {format_bytes(naive.total)} →" if needs else "")
-    c = plan.config
+    s, c = plan.step, plan.step.config
     verdict = "fits" if plan.peak_bytes <= budget else "does not fit"
     a["title"].set_text(
         f"{target.name}: the largest GPT that {verdict} is {plan.n_params / 1e9:.2f}B "
-        f"parameters (d_model {c.d_model}, {c.n_layers} layers)\n{plan.precision}, "
-        f"micro-batch {plan.micro_batch_size} x {plan.accumulation_steps} accumulation "
-        f"steps, checkpointing {plan.label}: step {format_bytes(plan.peak_bytes)}")
+        f"parameters (d_model {c.d_model}, {c.n_layers} layers)\n{s.precision}, "
+        f"{s.micro_batch_size} x {s.accumulation_steps} micro-batches, checkpointing "
+        f"{plan.label}: step {format_bytes(plan.peak_bytes)} of a budget of "
+        f"{format_bytes(budget)} ({budget / GB:.1f} GB)")
     # The lines' labels, then the categories drawn (the order in which matplotlib collects a
     # legend's entries: lines before bars); a new legend only when the categories change. It
     # stays in the widget's kept picture (its texts are in the key): it changes with the card
-    # and the budget only, and drawing its text on every change cost more than the rest.
-    labels = [budget_label, where, *drawn]
+    # only (the budget's figures are in the title), and drawing its text on every change cost
+    # more than the rest.
+    of = "free memory" if target.live else "capacity"
+    labels = [f"budget: the part of the {of} training may use",
+              target.capacity_label.replace(" (", "\n("), *drawn]
     if a["legend_key"] != tuple(drawn):
         ax.legend([a["budget"], a["capacity"], *drawn.values()], labels, loc="upper left",
                   bbox_to_anchor=(-0.15, -0.2), ncol=4, fontsize=8, frameon=False)

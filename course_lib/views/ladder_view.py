@@ -13,11 +13,10 @@
   bytes saved per time paid and the time it pays, against the card's memory; the widget
   lets a learner pick the model, the card, the tokens per sequence and the batch.
 
-A card's memory is drawn as PyTorch reports it (``total_memory`` of the presets,
-:data:`course_lib.device.GPUS`), the budget a step must fit in, and labelled with
-``nvidia-smi``'s figure beside it (:func:`_capacity_label`): in the opening figure on the
-chart, in the ladder's under it (:func:`climb_text`), where the chart's line carries the
-card's name and PyTorch's figure only, short enough to stand on one side of the line.
+A card's memory is drawn as its :attr:`~course_lib.device.GPU.capacity`, the budget a step must
+fit in, and labelled with its :attr:`~course_lib.device.GPU.capacity_label`: in the opening
+figure on the chart, in the ladder's under it (:func:`climb_text`), where the chart's line
+carries the card's name and PyTorch's figure only, short enough to stand on one side of the line.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.planning import fit_ladder
 from course_lib.prediction.engine import StepMemory
 from course_lib.units import GiB, MiB, format_bytes
-from course_lib.validation import choice, items, number, positive_int
+from course_lib.validation import WrongTypeError, choice, items, number, positive_int
 from course_lib.views.widgets import check_figsize, check_figure, live_plot
 
 #: The explorer's models: the course GPT at the shapes of GPT-2 small to XL (Radford et al.
@@ -69,23 +68,6 @@ _FREE, _PAID, _NOTHING, _PLAIN = "#55a868", "#dd8452", "#c8c8c8", "0.45"
 _LADDER_FIGSIZE = (9.5, 4.2)  # inches: the widget, its controls and its climb in one screen
 
 
-def _capacity_label(gpu: str) -> str:
-    """The words beside a card's memory line: PyTorch's capacity, nvidia-smi's beside it.
-
-    Args:
-        gpu (str): a preset of :data:`course_lib.device.GPUS`.
-
-    Returns:
-        str: e.g. ``"T4: 14.58 GiB as PyTorch reports it (nvidia-smi: 15,360 MiB)"``.
-
-    Raises:
-        ValueError: for a name that is not a preset.
-    """
-    card = GPUS[choice("gpu", gpu, tuple(GPUS))]
-    smi = "" if card.smi_memory is None else f" (nvidia-smi: {card.smi_memory // MiB:,} MiB)"
-    return f"{gpu}: {format_bytes(card.total_memory)} as PyTorch reports it{smi}"
-
-
 def _figure(figsize) -> Figure:
     fig = Figure(figsize=check_figsize(figsize))
     FigureCanvasAgg(fig)
@@ -97,9 +79,9 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
     """One bar per job: its predicted peak split into :data:`PARTS`, and the card's memory.
 
     Args:
-        jobs (dict): a label per job -> its peak (:func:`course_lib.prediction.engine.predict_step_memory`),
-            at most 4 jobs.
-        gpu (str): the preset whose memory the dashed line shows (:func:`_capacity_label`).
+        jobs (dict): a label per job -> its peak (``predict(step).peak``), at most 4 jobs.
+        gpu (str): the preset whose memory the dashed line shows, labelled with its
+            :attr:`~course_lib.device.GPU.capacity_label`.
         fig (Figure, optional): an empty figure to draw on (in a notebook
             ``plt.figure(figsize=...)``, then ``plt.show()``); None makes one with an Agg canvas.
         figsize (tuple): inches, for a figure made here.
@@ -114,7 +96,8 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
     if not isinstance(jobs, dict) or not 1 <= len(jobs) <= 4 or not all(
             isinstance(k, str) and isinstance(v, StepMemory) for k, v in jobs.items()):
         raise ValueError(f"jobs must map 1 to 4 labels to StepMemory peaks, got {jobs!r:.80}")
-    budget = GPUS[choice("gpu", gpu, tuple(GPUS))].total_memory
+    card = GPUS[choice("gpu", gpu, tuple(GPUS))]
+    budget = card.capacity
     fig = _figure(figsize) if fig is None else check_figure("fig", fig)
     ax = fig.subplots()
     fig.subplots_adjust(left=0.2, right=0.97, top=0.9, bottom=0.42)
@@ -131,7 +114,7 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
         ax.text(m.total / GiB, i, f" {format_bytes(m.total)}", va="center", fontsize=8.5)
     right = 5 * math.ceil(1.15 * max([m.total for _, m in rows] + [budget]) / GiB / 5)
     ax.axvline(budget / GiB, color="k", ls="--", lw=1)
-    ax.text(budget / GiB, -0.62, " " + _capacity_label(gpu), fontsize=8.5, va="bottom")
+    ax.text(budget / GiB, -0.62, " " + card.capacity_label, fontsize=8.5, va="bottom")
     ax.set(xlim=(0, right), ylim=(len(rows) - 0.5, -1.0), xlabel="GiB at the step's peak")
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=9)
     ax.legend(loc="upper center", bbox_to_anchor=(0.4, -0.3), ncol=3, fontsize=8.5,
@@ -208,7 +191,7 @@ def offload_price_figure(seconds: dict, *, figsize: tuple = (6.5, 2.1)) -> Figur
     Args:
         seconds (dict): a preset of :data:`course_lib.device.GPUS` (one to six) ->
             ``(plain, offloaded)``, the seconds of one step without and with offloading
-            (:func:`course_lib.prediction.time_model.step_seconds`).
+            (``predict(step).seconds``).
         figsize (tuple): inches.
 
     Returns:
@@ -396,12 +379,13 @@ def climb_text(result: fit_ladder.Ladder) -> str:
         str: the rungs taken, the peak after each, and whether the step fits.
 
     Raises:
-        ValueError: naming ``result``, for anything but a ``Ladder``.
+        TypeError: naming ``result``, for anything but a ``Ladder``.
     """
     if not isinstance(result, fit_ladder.Ladder):
-        raise ValueError(f"result must be a course_lib.planning.fit_ladder.Ladder, got {result!r:.60}")
+        raise WrongTypeError(f"result must be a course_lib.planning.fit_ladder.Ladder, got "
+                             f"{type(result).__name__}")
     lines = [f"the plain step: {format_bytes(result.baseline.total)}; "
-             f"{_capacity_label(result.gpu)}"]
+             f"{result.step.gpu.capacity_label}"]
     lines += [f"  + {lever:41s} -> {format_bytes(m.total):>10s}, time {paid:+.0%}"
               for lever, m, paid in result.steps]
     lines.append(("fits" if result.fits else "does not fit, with every rung that helps")
@@ -423,10 +407,11 @@ def ladder_figure(result: fit_ladder.Ladder, model: str = "", *, fig: Figure | N
         matplotlib.figure.Figure: the figure drawn on.
 
     Raises:
-        ValueError: naming ``result``, for anything but a ``Ladder``.
+        TypeError: naming ``result``, for anything but a ``Ladder``.
     """
     if not isinstance(result, fit_ladder.Ladder):
-        raise ValueError(f"result must be a course_lib.planning.fit_ladder.Ladder, got {result!r:.60}")
+        raise WrongTypeError(f"result must be a course_lib.planning.fit_ladder.Ladder, got "
+                             f"{type(result).__name__}")
     fig = _figure(figsize) if fig is None else check_figure("fig", fig)
     _draw(_setup(fig, animated=False), result, model or "the model")
     return fig

@@ -13,9 +13,8 @@ Memory, in bytes, of one steady-state step (the optimizer state exists):
 * measured: the bytes resident before the step (weights and AdamW's ``m``, ``v``)
   plus :func:`course_lib.measurement.memory.peak_memory` of the step (``K`` forward and
   backward passes, ``optimizer.step()``, ``zero_grad``);
-* predicted: the memory engine's ``total``
-  (:func:`course_lib.prediction.engine.predict_step_memory`, fp32, for the playground's
-  device). From ``K = 2`` on the whole gradient is alive during every backward
+* predicted: ``predict(Step(...)).total`` (:mod:`course_lib.prediction.predict`, fp32, for
+  the playground's device). From ``K = 2`` on the whole gradient is alive during every backward
   pass, so the prediction (an upper bound there) does not change with ``K``: that
   is the claim under test; ``K = 1`` peaks lower, before the gradient is whole.
 
@@ -35,13 +34,13 @@ from course_lib.measurement.memory import peak_memory, resident_bytes
 from course_lib.measurement.timing import CLOCKS, MAX_RUNS, step_times
 from course_lib.model.gpt import GPT, MAX_SEED, GPTConfig, check_batch, check_config
 from course_lib.model.toy_data import markov_tokens
-from course_lib.prediction.engine import StepMemory, precision_of, predict_step_memory
+from course_lib.prediction.predict import Step, predict
 from course_lib.prediction.step_setup import build, measure_step_memory, train_options
-from course_lib.prediction.time_model import CHECKPOINTING, DeviceSpeed, StepTime, step_time
 from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.training.loop import batches_of, train
 from course_lib.validation import (
     MAX_BATCH,
+    WrongTypeError,
     available_device as as_device,
     choice,
     function,
@@ -53,69 +52,26 @@ from course_lib.validation import (
 #: The most samples a playground trains on, and the largest micro-batch and accumulation
 #: steps it takes (each at most :data:`course_lib.validation.MAX_BATCH`).
 MAX_SAMPLES = MAX_BATCH
-#: The largest ``matmul_size`` :func:`measure_device_speed` times: 16384 (1 GiB in fp32).
-MAX_MATMUL = 16384
 
 
 def effective_batch(micro_batch_size: int, accumulation_steps: int) -> int:
-    """Samples per optimizer step: ``micro_batch_size * accumulation_steps``.
-
-    Args:
-        micro_batch_size (int): from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        accumulation_steps (int): from 1 to :data:`course_lib.validation.MAX_BATCH`.
-
-    Returns:
-        int: the product.
-
-    Raises:
-        ValueError: naming the parameter, for anything but an int (not a bool) in range.
-    """
+    """Samples per optimizer step: ``micro_batch_size * accumulation_steps``, each checked."""
     return positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH) * positive_int(
         "accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
 
 
 def optimizer_steps(samples: int, micro_batch_size: int, accumulation_steps: int) -> int:
-    """Optimizer steps in a budget of ``samples``: ``samples // (micro_batch_size * accumulation_steps)``.
-
-    Args:
-        samples (int): from 1 to :data:`MAX_SAMPLES`.
-        micro_batch_size (int): as :func:`effective_batch`.
-        accumulation_steps (int): as :func:`effective_batch`.
-
-    Returns:
-        int: the steps (0 when the effective batch exceeds ``samples``).
-
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    """
+    """Optimizer steps in a budget of ``samples``: ``samples // effective_batch(...)``."""
     samples = positive_int("samples", samples, maximum=MAX_SAMPLES)
     return samples // effective_batch(micro_batch_size, accumulation_steps)
 
 
 def _step_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, *,
                 log=None, **train_kwargs) -> int:
-    """Bytes of one training step on ``batch`` (an ``(inputs, targets)`` pair): resident plus peak.
-
-    :func:`resident_bytes` before the step (weights and whatever optimizer state
-    exists) plus :func:`course_lib.measurement.memory.peak_memory` of
-    ``course_lib.training.loop.train(model, optimizer, [batch], **train_kwargs)``.
-    Run one step first for the steady state (AdamW creates ``m`` and ``v`` in
-    its first step).
-
-    Args:
-        model (torch.nn.Module): the model.
-        optimizer (torch.optim.Optimizer): its optimizer.
-        batch (tuple): ``(inputs, targets)`` tensors.
-        log (TrainLog, optional): a ``TrainLog`` the step is appended to.
-        **train_kwargs: :func:`course_lib.training.loop.train`'s (``micro_batch_size`` is required).
-
-    Returns:
-        int: bytes.
-
-    Raises:
-        ValueError: naming ``model`` (not an ``nn.Module``), ``optimizer`` (no ``step``) or
-            ``batch`` (not a pair of tensors).
-    """
+    """Bytes of one training step on ``batch``, an ``(inputs, targets)`` pair:
+    :func:`resident_bytes` before it plus the :func:`~course_lib.measurement.memory.peak_memory`
+    of ``train(model, optimizer, [batch], **train_kwargs)``; run one step first for the steady
+    state."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not callable(getattr(optimizer, "step", None)):
@@ -146,7 +102,7 @@ class Run:
         optimizer_steps (int): steps the run's sample budget bought.
         measured_peak (int): bytes of the second (steady-state) step, measured
             (:func:`_step_memory`).
-        predicted_peak (int): the engine's bytes for the same step.
+        predicted_peak (int): the predicted bytes of the same step.
         samples_seen (tuple of int): samples trained on after each optimizer step.
         losses (tuple of float): the loss of each optimizer step.
     """
@@ -202,23 +158,22 @@ class Playground:
 
     def predict_peak(self, micro_batch_size: int, accumulation_steps: int,
                      mode: str = "none") -> int:
-        """The engine's peak bytes of a steady-state step with these settings (see the module doc).
+        """Predicted peak bytes of a steady-state step with these settings (see the module doc).
 
         Args:
-            micro_batch_size (int): sequences per forward and backward pass.
-            accumulation_steps (int): micro-batches per optimizer step.
-            mode (str): one of :data:`PLAYGROUND_MODES` (``"blocks"``: every block checkpointed).
+            micro_batch_size (int): b.
+            accumulation_steps (int): K.
+            mode (str): one of :data:`PLAYGROUND_MODES`.
 
         Returns:
-            int: bytes (``predict_step_memory(...).total``).
+            int: bytes, ``predict(Step(...)).total``.
 
         Raises:
-            ValueError: naming the parameter, for a bad value.
+            ValueError: naming the argument.
         """
         choice("mode", mode, PLAYGROUND_MODES)
-        return predict_step_memory(self.config, micro_batch_size, accumulation_steps,
-                                   mode=mode,
-                                   gpu=self._gpu).total
+        return predict(Step(self.config, micro_batch_size, accumulation_steps, mode=mode,
+                            gpu=self._gpu)).total
 
     def cached(self, micro_batch_size: int, accumulation_steps: int,
                mode: str = "none") -> Run | None:
@@ -287,147 +242,10 @@ class Playground:
         return result
 
 
-# --------------------------------------------------------------------------- the trade-off
+# --------------------------------------------------------------------------- measured cost
 #
-# One optimizer step's cost at a glance: its peak memory (the engine) and its time (the one time
-# model, :mod:`course_lib.prediction.time_model`). The widget of lecture 03 § 7 shows both against the
-# plain step, one batch of b * K.
-
-
-def _check_choices(mode: str, precision: str) -> None:
-    if mode not in CHECKPOINTING:
-        raise ValueError(f"mode must be one of {CHECKPOINTING}, got {mode!r}")
-    precision_of(precision)
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """What one optimizer step costs, predicted: peak bytes (the engine) and seconds (the time model).
-
-    Attributes:
-        micro_batch_size (int): sequences per forward and backward pass (b).
-        accumulation_steps (int): micro-batches per optimizer step (K).
-        mode (str): the checkpointing mode.
-        precision (str): the precision.
-        memory (StepMemory): the engine's prediction; its ``total`` is :attr:`peak_bytes`.
-        time (StepTime): :func:`course_lib.prediction.time_model.step_time`'s terms.
-    """
-
-    micro_batch_size: int
-    accumulation_steps: int
-    mode: str
-    precision: str
-    memory: StepMemory
-    time: StepTime
-
-    @property
-    def effective_batch(self) -> int:
-        """Samples per optimizer step: ``micro_batch_size * accumulation_steps``."""
-        return self.micro_batch_size * self.accumulation_steps
-
-    @property
-    def peak_bytes(self) -> int:
-        """All bytes on the device at the step's peak (``memory.total``)."""
-        return self.memory.total
-
-    @property
-    def flops(self) -> int:
-        """Matmul and attention FLOPs of all K micro-batches, the recomputation included."""
-        return self.time.flops
-
-    @property
-    def recompute_flops(self) -> int:
-        """The recomputation's share of :attr:`flops`."""
-        return self.time.recompute_flops
-
-    @property
-    def compute_seconds(self) -> float:
-        """The FLOPs at the utilised matmul rate."""
-        return self.time.compute_seconds
-
-    @property
-    def overhead_seconds(self) -> float:
-        """The micro-batches' operators: pointwise bytes at the bandwidth, launches, regions."""
-        return self.time.pointwise_seconds + self.time.launch_seconds + self.time.transfer_seconds
-
-    @property
-    def optimizer_seconds(self) -> float:
-        """AdamW's bytes at the bandwidth, and its operators."""
-        return self.time.optimizer_seconds
-
-    @property
-    def speed(self) -> DeviceSpeed:
-        """The device's figures used (``speed.basis``: measured or datasheet)."""
-        return self.time.speed
-
-    @property
-    def utilisation(self) -> float:
-        """The fraction of the matmul rate assumed."""
-        return self.time.utilisation
-
-    @property
-    def seconds(self) -> float:
-        """Seconds per optimizer step: compute, operators and the optimizer."""
-        return self.time.seconds
-
-    @property
-    def achieved_utilisation(self) -> float:
-        """FLOPs per second over the device's matmul rate (model FLOPs utilisation, with the
-        recomputation counted)."""
-        rate = self.speed.flops(precision_of(self.precision).compute)
-        return self.flops / (self.seconds * rate)
-
-
-def optimizer_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
-                        mode: str = "none", precision: str = "fp32", gpu=None,
-                        speed: DeviceSpeed | None = None,
-                        utilisation: float | None = None) -> StepCost:
-    """Predicted peak bytes and seconds of one optimizer step of ``K`` micro-batches of ``b``.
-
-    Memory: :func:`course_lib.prediction.engine.predict_step_memory` (steady state; its ``total``). Time:
-    :func:`course_lib.prediction.time_model.step_time`, the course's one time model: FLOPs at the matmul
-    rate, pointwise and optimizer bytes at the memory bandwidth, operators at a fixed cost each.
-
-    At a fixed effective batch ``B = bK`` the FLOPs and bytes do not change with ``K`` (both are
-    linear in ``b``), but the operators grow as ``K``: a micro-batch too small to fill the device
-    costs its operators' fixed price anyway. That is the whole of the model's "under-filling",
-    and where it is only a model: a real GPU also loses throughput on small matmuls whose tiles
-    do not fill its SMs, and overlaps the CPU's dispatch with the GPU's work once kernels are long
-    enough. The course measures it on the device it runs on (:func:`measure_step_cost`).
-
-    Args:
-        config (GPTConfig): the model (a :class:`~course_lib.model.gpt.GPTConfig`).
-        micro_batch_size (int): ``b``, sequences per forward and backward pass.
-        accumulation_steps (int): ``K``, micro-batches per optimizer step.
-        mode (str): one of :data:`CHECKPOINTING`.
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
-        gpu (str or GPU, optional): where it runs: a preset name of :data:`course_lib.device.GPUS`,
-            a :class:`~course_lib.device.GPU`, "cuda", or None/"cpu" (this CPU, measured once).
-        speed (DeviceSpeed, optional): the device's figures; default
-            :func:`course_lib.prediction.time_model.device_speed` of ``gpu``.
-        utilisation (float, optional): in (0, 1]; default ``speed.reached(dtype)``.
-
-    Returns:
-        A :class:`StepCost` (``peak_bytes``, ``seconds`` and the terms above).
-
-    Raises:
-        ValueError: naming the argument, for anything outside the above.
-
-    Example:
-        >>> cost = optimizer_step_cost(GPTConfig(n_layers=2), 4, 8, precision="bf16-mixed",
-        ...                            gpu="A100 80GB")
-        >>> cost.effective_batch, cost.seconds > cost.compute_seconds
-        (32, True)
-    """
-    check_config(config)
-    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
-    _check_choices(mode, precision)
-    card = resolve_gpu(gpu)
-    time = step_time(config, b, K, mode=mode, precision=precision, gpu=card,
-                     speed=speed, utilisation=utilisation)
-    memory = predict_step_memory(config, b, K, precision=precision, mode=mode, gpu=card)
-    return StepCost(b, K, mode, precision, memory, time)
+# Lecture 03's trade-off draws ``predict(step)`` (:mod:`course_lib.prediction.predict`) beside
+# what the same step costs when it runs here.
 
 
 def _best_seconds(fn, repeats: int, device: torch.device, clock: str = "wall") -> float:
@@ -450,26 +268,21 @@ class MeasuredStep:
     device: str
 
 
-def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
-                      mode: str = "none", precision: str = "fp32",
-                      device: torch.device | str = "cpu", steps: int = 3,
+def measure_step_cost(step: Step, *, device: torch.device | str = "cpu", steps: int = 3,
                       clock: str = "wall") -> MeasuredStep:
-    """Run the setting of :func:`optimizer_step_cost` on ``device`` and measure it.
+    """Run ``step`` on ``device`` and measure its peak bytes and seconds.
 
-    Memory: :func:`course_lib.prediction.step_setup.measure_step_memory` (resident bytes plus the measured
-    peak of a steady-state step: the CUDA allocator on CUDA, the live-tensor tracker
+    Memory: :func:`course_lib.prediction.step_setup.measure_step_memory` (resident bytes plus the
+    measured peak of a steady-state step: the CUDA allocator on CUDA, the live-tensor tracker
     elsewhere). Time: the fastest of ``steps`` optimizer steps of
     :func:`course_lib.training.loop.train` after one warm-up step, on the model and optimizer of
-    :func:`course_lib.prediction.step_setup.build` (synchronised on CUDA), on ``clock``: the wall clock,
-    or with ``"auto"`` this process's CPU time on the CPU (which other work on the machine
-    disturbs less) and the wall clock on a GPU.
+    :func:`course_lib.prediction.step_setup.build` (synchronised on CUDA), on ``clock``: the wall
+    clock, or with ``"auto"`` this process's CPU time on the CPU (which other work on the
+    machine disturbs less) and the wall clock on a GPU.
 
     Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): sequences per forward and backward pass.
-        accumulation_steps (int): micro-batches per optimizer step.
-        mode (str): one of :data:`CHECKPOINTING`.
-        precision (str): one of :data:`course_lib.prediction.formulas.PRECISIONS`.
+        step (Step): the step (its model, ``b``, ``K``, precision and checkpointing; its ``gpu``
+            is what a prediction assumes, ``device`` where this runs).
         device (str or torch.device): where it runs.
         steps (int): timed steps, from 1 to :data:`course_lib.measurement.timing.MAX_RUNS`.
         clock (str): one of :data:`course_lib.measurement.timing.CLOCKS` (see above).
@@ -478,21 +291,22 @@ def measure_step_cost(config: GPTConfig, micro_batch_size: int, accumulation_ste
         MeasuredStep: peak bytes and seconds.
 
     Raises:
-        ValueError: naming the parameter, for a bad value.
+        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
+        ValueError: naming ``device``, ``steps`` or ``clock``, for a bad value.
     """
-    check_config(config)
-    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
+    if not isinstance(step, Step):
+        raise WrongTypeError(f"step must be a course_lib.prediction.step.Step, got "
+                             f"{type(step).__name__}")
     steps = positive_int("steps", steps, maximum=MAX_RUNS)
     choice("clock", clock, CLOCKS)
-    _check_choices(mode, precision)
     device = as_device("device", device)
-    peak = measure_step_memory(config, b, K, precision=precision, mode=mode,
+    config, b, K = step.config, step.micro_batch_size, step.accumulation_steps
+    peak = measure_step_memory(config, b, K, precision=step.precision, mode=step.mode,
                                device=device)
-    model, optimizer = build(config, precision=precision, mode=mode, device=device)
-    options = train_options(precision, device)
+    model, optimizer = build(config, precision=step.precision, mode=step.mode, device=device)
     x, y = markov_tokens(b * K, config.seq_len, config.vocab_size, device=device)
     seconds = _best_seconds(lambda: train(model, optimizer, [(x, y)], micro_batch_size=b,
-                                          accumulation_steps=K, **options), steps, device,
-                            clock)
+                                          accumulation_steps=K,
+                                          **train_options(step.precision, device)),
+                            steps, device, clock)
     return MeasuredStep(peak, seconds, str(device))

@@ -16,7 +16,6 @@ from matplotlib.axes import Axes
 from matplotlib.transforms import Bbox
 
 from course_lib.planning import planner
-from course_lib.training import checkpointing as ckpt
 from course_lib.units import GiB, MiB, format_bytes
 from course_lib.validation import integer, number
 from course_lib.views.widgets import live_plot
@@ -222,33 +221,30 @@ def draw_frontier(ax: Axes, points, front_labels) -> None:
     _place_labels(ax, [(p[0] / unit, p[1]) for p in points], [p[2] for p in points])
 
 
-def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None,
-                   percent: int = 60) -> widgets.VBox:
+def planner_widget(step, *, percent: int = 60) -> widgets.VBox:
     """The planner for a budget given as a share of the peak without checkpointing.
 
-    One bar per policy the planner can pick (:func:`course_lib.planning.planner.choices`), labelled with
-    its predicted step time against no checkpointing's (the course's time model,
-    :mod:`course_lib.prediction.time_model`), fastest at the top; the ones whose predicted peak fits the
-    budget are green, the planner's choice (the fastest that fits) is outlined and named in the
-    title with the FLOPs it recomputes.
+    One bar per policy the planner can pick (:func:`course_lib.planning.planner.choices`),
+    labelled with its predicted step time against no checkpointing's, fastest at the top; the
+    ones whose predicted peak fits the budget are green, the planner's choice (the fastest that
+    fits) is outlined and named in the title with the FLOPs it recomputes.
 
     Args:
-        config (GPTConfig): the model.
-        batch_size (int): sequences per step.
-        precision (str): as :func:`course_lib.planning.planner.candidates` takes it.
-        gpu (str or GPU, optional): as :func:`course_lib.planning.planner.candidates` takes it.
+        step (Step): the step to plan, as :func:`course_lib.planning.planner.plan_checkpointing`
+            takes it.
         percent (int): the budget shown first, from 10 to 100.
 
     Returns:
         ipywidgets.VBox: the :func:`course_lib.views.widgets.live_plot` widget.
 
     Raises:
-        ValueError: naming the argument, for a bad value.
+        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
+        ValueError: naming ``percent``, for a value out of range.
     """
     percent = integer("percent", percent, minimum=10, maximum=100)
-    options = planner.candidates(config, batch_size, precision=precision, gpu=gpu)
+    options = planner.candidates(step)
     shown = planner.choices(options)
-    none = next(c for c in options if c.mode == "none")
+    none = next(c for c in options if c.step.mode == "none")
     plain, plain_s = none.peak_bytes, none.seconds
     unit, unit_name = _unit(plain)
 
@@ -278,16 +274,14 @@ def planner_widget(config, batch_size: int, *, precision: str = "fp32", gpu=None
         bars, line, note, title = artists
         budget_bytes = max(1, int(plain * budget / 100))
         try:
-            plan = planner.plan_checkpointing(config, batch_size, None, budget_bytes,
-                                              precision=precision, gpu=gpu)
-            title.set_text(f"the planner picks {ckpt.policy_label(plan.mode, plan.every)}: "
-                           f"x{plan.seconds / plain_s:.2f} time, "
+            plan = planner.plan_checkpointing(step, budget_bytes)
+            title.set_text(f"the planner picks {plan.label}: x{plan.seconds / plain_s:.2f} time, "
                            f"+{plan.recompute_fraction:.1%} FLOPs")
         except planner.NothingFits:
             plan = None
             title.set_text("nothing fits: a smaller batch or more memory")
         for bar, c in zip(bars, shown):
-            picked = plan is not None and (c.mode, c.every) == (plan.mode, plan.every)
+            picked = c is plan
             bar.set_facecolor("C2" if c.peak_bytes <= budget_bytes else "0.85")
             bar.set_edgecolor("k" if picked else "none")
         x = budget_bytes / unit

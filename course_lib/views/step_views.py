@@ -3,12 +3,11 @@
 * :func:`tradeoff_explorer`: one optimizer step's two costs at a glance. A model, a card, a
   precision, the micro-batch ``b`` and the accumulation steps ``K`` set two panels, each
   comparing ``K`` micro-batches of ``b`` with one batch of ``b K`` in one pass (the step that
-  accumulation replaces): the **peak memory** in bytes, against the card's memory as PyTorch
-  reports it (:data:`course_lib.device.GPUS`' ``total_memory``, nvidia-smi's figure beside it; a
-  live card's free memory), with the verdict, fits or does not fit; and the **time per
-  optimizer step**. :func:`course_lib.views.playground.optimizer_step_cost` predicts both (the time with
-  :mod:`course_lib.prediction.time_model`), and a button
-  measures the setting on this device (:func:`course_lib.views.playground.measure_step_cost`).
+  accumulation replaces): the **peak memory** in bytes, against the card's capacity
+  (:attr:`course_lib.device.GPU.capacity` and its label), with the verdict, fits or does not
+  fit; and the **time per optimizer step**. The controls make one
+  :class:`~course_lib.prediction.step.Step`, :func:`tradeoff` predicts it and the one-batch step,
+  and a button measures it on this device (:func:`course_lib.views.playground.measure_step_cost`).
 * :func:`step_through`: one optimizer step of ``K`` micro-batches, frame by frame (an
   ``ipywidgets.Play`` and a slider), with the training loop above the figure and its current
   line highlighted: the gradient buffer fills micro-batch by micro-batch (the real gradient
@@ -30,7 +29,7 @@ import copy
 import html
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ipywidgets as widgets
 import torch
@@ -41,14 +40,15 @@ from course_lib.device import GPUS, resolve_gpu
 from course_lib.measurement.timing import TimeLimitExceeded, within_seconds
 from course_lib.model.gpt import GPT, GPTConfig, check_batch, check_config, random_tokens
 from course_lib.model.toy_data import markov_entropy
-from course_lib.prediction.engine import predict_step_memory
 from course_lib.prediction.formulas import mixed_precision_for
+from course_lib.prediction.predict import Prediction, Step, predict
 from course_lib.prediction.step_setup import build, train_options
 from course_lib.prediction.time_model import DeviceSpeed
 from course_lib.training.loop import train
 from course_lib.units import GiB, KiB, MiB, format_bytes
 from course_lib.validation import (
     MAX_BATCH,
+    WrongTypeError,
     available_device as as_device,
     boolean,
     choice,
@@ -59,9 +59,7 @@ from course_lib.views.playground import (
     PLAYGROUND_MODES,
     MeasuredStep,
     Playground,
-    StepCost,
     measure_step_cost,
-    optimizer_step_cost,
 )
 from course_lib.views.widgets import (
     check_chosen,
@@ -151,142 +149,87 @@ CHECKPOINT_CHOICES = {"none": "none", "blocks": "every block", "selective": "sel
 MEASURE_LIMIT_SECONDS = 20.0
 #: The micro-batch sizes and accumulation steps the explorer's sliders offer.
 SIZES = (1, 2, 4, 8, 16, 32, 64)
-_PARTS = (("compute", "compute_seconds", "#4c72b0"), ("operators", "overhead_seconds", "#dd8452"),
-          ("optimizer", "optimizer_seconds", "#8c8c8c"))
+#: The time bars' parts: label, seconds of a StepTime, colour ("operators": the micro-batches'
+#: pointwise bytes, launches and transfers).
+_PARTS = (("compute", lambda t: t.compute_seconds, "#4c72b0"),
+          ("operators", lambda t: t.pointwise_seconds + t.launch_seconds + t.transfer_seconds,
+           "#dd8452"),
+          ("optimizer", lambda t: t.optimizer_seconds, "#8c8c8c"))
 _FITS, _TOO_BIG, _NO_LIMIT = "#55a868", "#c44e52", "#8c8c8c"
 
 
 @dataclass(frozen=True)
 class Tradeoff:
-    """The explorer's numbers for one setting: this step, the one-batch step, and the card.
+    """The explorer's two predictions: ``K`` micro-batches of ``b`` (:attr:`accumulated`) and one
+    batch of ``b K`` in one pass without checkpointing (:attr:`plain`), on the same card."""
 
-    Attributes:
-        step (StepCost): the setting's predicted cost: ``K`` micro-batches of ``b``.
-        plain (StepCost): one batch of ``b K`` in one pass, no checkpointing.
-        precision (str): the precision both use (``"mixed"`` resolved to the card's).
-        target (str): where it runs: a preset's name, a live card's, or ``"the CPU"``.
-        capacity (int or None): the bytes a step may use: a preset's ``total_memory`` (what
-            PyTorch reports), a live card's free memory; None on the CPU (no limit drawn).
-        smi_memory (int or None): nvidia-smi's total for a preset (drawn beside ``capacity``), a
-            live card's total memory; None on the CPU.
-        live (bool): whether ``capacity`` is this kernel's GPU's free memory.
-    """
+    accumulated: Prediction
+    plain: Prediction
 
-    step: StepCost
-    plain: StepCost
-    precision: str
-    target: str = "the CPU"
-    capacity: int | None = None
-    smi_memory: int | None = None
-    live: bool = False
+    @property
+    def capacity(self) -> int | None:
+        """The bytes a step may use (:attr:`course_lib.device.GPU.capacity`); None on the CPU."""
+        gpu = self.accumulated.step.gpu
+        return None if gpu is None else gpu.capacity
 
     @property
     def fits(self) -> bool | None:
-        """Whether the step's predicted peak is within ``capacity`` (None on the CPU)."""
-        return None if self.capacity is None else self.step.peak_bytes <= self.capacity
+        """Whether the accumulated step's peak is within :attr:`capacity` (None on the CPU)."""
+        return None if self.capacity is None else self.accumulated.total <= self.capacity
 
     @property
     def plain_fits(self) -> bool | None:
-        """Whether the one-batch step's predicted peak is within ``capacity`` (None on the CPU)."""
-        return None if self.capacity is None else self.plain.peak_bytes <= self.capacity
-
-    def capacity_label(self) -> str:
-        """The capacity line's label: PyTorch's figure, then nvidia-smi's (or the live total).
-
-        Returns:
-            str: two lines, or ``""`` on the CPU.
-        """
-        if self.capacity is None:
-            return ""
-        if self.live:
-            return (f"{self.target}: {format_bytes(self.capacity)} free\n"
-                    f"(of {format_bytes(self.smi_memory)})")
-        smi = f"\n(nvidia-smi: {format_bytes(self.smi_memory)})" if self.smi_memory else ""
-        return f"{self.target}: {format_bytes(self.capacity)}{smi}"
+        """Whether the one-batch step's peak is within :attr:`capacity` (None on the CPU)."""
+        return None if self.capacity is None else self.plain.total <= self.capacity
 
     def verdict(self) -> str:
-        """One line: does each step fit, in words.
-
-        Returns:
-            str: the accumulated step's verdict, then the one batch's.
-        """
-        b, K, B = (self.step.micro_batch_size, self.step.accumulation_steps,
-                   self.step.effective_batch)
+        """One line: does each step fit, in words."""
+        step = self.accumulated.step
+        b, K, B = step.micro_batch_size, step.accumulation_steps, step.batch_size
         if self.capacity is None:
             return f"on the CPU no memory limit is drawn (host memory): {B} sequences per step"
-        where = f"in the {self.target}'s {format_bytes(self.capacity)}" + (
-            " free" if self.live else "")
+        where = f"in the {step.gpu.name}'s {format_bytes(self.capacity)}" + (
+            " free" if step.gpu.live else "")
         word = {True: "fits", False: "does not fit"}
         return (f"{K} micro-batch{'es' if K > 1 else ''} of {b}: {word[self.fits]} {where};  "
                 f"one batch of {B}: {word[self.plain_fits]}")
 
 
-def tradeoff(config: GPTConfig, micro_batch_size: int, accumulation_steps: int, *,
-             mode: str = "none", precision: str = "fp32", gpu=None,
-             speed: DeviceSpeed | None = None) -> Tradeoff:
-    """This step and the one-batch step (``b K`` in one pass, no checkpointing), predicted.
+def tradeoff(step: Step, speed: DeviceSpeed | None = None) -> Tradeoff:
+    """``step`` and the one-batch step it replaces (``b K`` in one pass, no checkpointing),
+    predicted.
 
     Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): b, sequences per pass.
-        accumulation_steps (int): K, micro-batches per optimizer step.
-        mode (str): the checkpointing, one of :data:`course_lib.prediction.time_model.CHECKPOINTING`
-            (lecture 04).
-        precision (str): "fp32" or "mixed" (the device's:
-            :func:`course_lib.prediction.formulas.mixed_precision_for`) or any of
-            :data:`course_lib.prediction.engine.PRECISIONS`.
-        gpu (str or GPU, optional): None (the CPU; then ``speed`` is required), or what
-            :func:`course_lib.device.resolve_gpu` takes.
-        speed (DeviceSpeed, optional): as :func:`course_lib.views.playground.optimizer_step_cost`.
+        step (Step): the accumulated step.
+        speed (DeviceSpeed, optional): as :func:`course_lib.prediction.predict.predict`'s.
 
     Returns:
-        Tradeoff: both steps' costs and the card's memory in bytes.
+        Tradeoff: both predictions and whether each fits the step's GPU.
 
-    Raises:
-        ValueError: naming the argument, as :func:`course_lib.views.playground.optimizer_step_cost`.
+    Example:
+        >>> t = tradeoff(Step(GPTConfig(n_layers=2), 4, 8, precision="bf16-mixed", gpu="T4"))
+        >>> t.plain.step.micro_batch_size, t.fits
+        (32, True)
     """
-    card = resolve_gpu(gpu)
-    resolved = mixed_precision_for(card) if precision == "mixed" else precision
-    kw = dict(precision=resolved, gpu=card, speed=speed)
-    step = optimizer_step_cost(config, micro_batch_size, accumulation_steps,
-                               mode=mode, **kw)
-    plain = optimizer_step_cost(config, micro_batch_size * accumulation_steps, 1, **kw)
-    if card is None:
-        return Tradeoff(step, plain, resolved)
-    if card.live:
-        return Tradeoff(step, plain, resolved, card.name, card.free_memory, card.total_memory,
-                        True)
-    return Tradeoff(step, plain, resolved, card.name, card.total_memory, card.smi_memory)
+    if not isinstance(step, Step):
+        raise WrongTypeError(f"step must be a course_lib.prediction.step.Step, got "
+                             f"{type(step).__name__}")
+    plain = replace(step, micro_batch_size=step.batch_size, accumulation_steps=1, mode="none",
+                    every=1, segments=None)
+    return Tradeoff(predict(step, speed), predict(plain, speed))
 
 
-def _memory_top(config: GPTConfig, t: Tradeoff, largest: int = max(SIZES)) -> int:
-    """The top of the memory panel, in bytes: fixed for a card, a model and a precision.
-
-    On a card, a quarter above its capacity, so the capacity line stays put and a step that
-    does not fit shows as a bar through it; on the CPU, above one batch of ``largest``
-    sequences, the largest micro-batch the sliders offer. It does not depend on ``K``: a step
-    whose memory does not change with ``K`` keeps its bar's height when ``K`` moves.
-
-    Args:
-        config (GPTConfig): the model of ``t``.
-        t (Tradeoff): a setting (its precision and card are used).
-        largest (int): the largest micro-batch the view offers, a positive int.
-
-    Returns:
-        int: bytes, a 1, 2 or 5 times a power of ten of the panel's unit.
-
-    Raises:
-        ValueError: naming ``config`` (not a ``GPTConfig``) or ``largest`` (not a positive int).
-    """
-    check_config(config)
+def _memory_top(t: Tradeoff, largest: int = max(SIZES)) -> int:
+    """The memory panel's top in bytes, fixed for a card, a model and a precision: a quarter
+    above the card's capacity, or on the CPU above one batch of ``largest`` sequences; a 1, 2 or
+    5 times a power of ten of the panel's unit."""
     if not isinstance(t, Tradeoff):
-        raise ValueError(f"t must be a Tradeoff (tradeoff(...)), got {type(t).__name__}")
+        raise WrongTypeError(f"t must be a Tradeoff (tradeoff(...)), got {type(t).__name__}")
     largest = positive_int("largest", largest, maximum=MAX_BATCH)
     if t.capacity is not None:
         top = 1.25 * t.capacity
     else:
-        one = predict_step_memory(config, largest, 1, precision=t.precision)
-        top = 1.15 * one.total
+        top = 1.15 * predict(replace(t.plain.step, micro_batch_size=largest)).total
     unit, _ = _byte_unit(top)
     return int(nice_ceiling(top / unit) * unit)
 
@@ -324,9 +267,10 @@ def _setup_tradeoff(fig, animated: bool = True) -> dict:
 
 def _draw_tradeoff(a: dict, t: Tradeoff, measured: MeasuredStep | None, what: str,
                    top: int) -> None:
-    step, plain = t.step, t.plain
-    b, K, B = step.micro_batch_size, step.accumulation_steps, step.effective_batch
-    ckpt = "" if step.mode == "none" else f", checkpointing {step.mode}"
+    step, plain = t.accumulated, t.plain
+    b, K, B = step.step.micro_batch_size, step.step.accumulation_steps, step.step.batch_size
+    mode = step.step.mode
+    ckpt = "" if mode == "none" else f", checkpointing {mode}"
     a["title"].set_text(f"{what}\n{K} micro-batch{'es' if K > 1 else ''} of {b}{ckpt} "
                         f"(= {B} sequences per step) against one batch of {B}")
     a["verdict"].set_text(t.verdict())
@@ -339,26 +283,26 @@ def _draw_tradeoff(a: dict, t: Tradeoff, measured: MeasuredStep | None, what: st
         ax.set_xticks([0, 1], [f"one batch\nof {B}", f"{K} x {b}\naccumulated"])
     for i, (cost, fits) in enumerate(((plain, t.plain_fits), (step, t.fits))):
         bar = a["mem_bars"][i]
-        bar.set_height(min(cost.peak_bytes, top) / unit)
+        bar.set_height(min(cost.total, top) / unit)
         bar.set_color(_NO_LIMIT if fits is None else _FITS if fits else _TOO_BIG)
         extra = (f"\nmeasured {format_bytes(measured.peak_bytes)}" if measured and i else "")
-        _on_top(a["mem_labels"][i], i, cost.peak_bytes / unit, top / unit,
-                format_bytes(cost.peak_bytes) + extra)
+        _on_top(a["mem_labels"][i], i, cost.total / unit, top / unit,
+                format_bytes(cost.total) + extra)
     if t.capacity is None:
         a["cap"].set_ydata([math.nan] * 2)
         a["cap_text"].set_text("")
     else:
         a["cap"].set_ydata([t.capacity / unit] * 2)
         a["cap_text"].set_position((2.45, t.capacity / unit))
-        a["cap_text"].set_text(t.capacity_label())
+        a["cap_text"].set_text(step.step.gpu.capacity_label.replace(" (", "\n(", 1))
     a["mem_measured"].set_ydata([min(measured.peak_bytes, top) / unit if measured else math.nan])
     seconds = [plain.seconds, step.seconds] + ([measured.seconds] if measured else [])
     time_top = nice_ceiling(1.3 * max(seconds))
     tim.set_ylim(0, time_top)
     bottom = [0.0, 0.0]
-    for bars, (_, field, _) in zip(a["time_bars"], _PARTS):
+    for bars, (_, seconds_of, _) in zip(a["time_bars"], _PARTS):
         for i, (bar, cost) in enumerate(zip(bars, (plain, step))):
-            height = getattr(cost, field)
+            height = seconds_of(cost.time)
             bar.set_y(bottom[i])
             bar.set_height(height)
             bottom[i] += height
@@ -382,10 +326,11 @@ def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (8.6, 3.7)):
         matplotlib.figure.Figure: with an Agg canvas, not shown.
 
     Raises:
-        ValueError: naming ``t`` (not a :class:`Tradeoff`) or ``figsize``.
+        TypeError: for a ``t`` that is not a :class:`Tradeoff`.
+        ValueError: naming ``figsize``.
 
     Example:
-        >>> t = tradeoff(GPTConfig(n_layers=2), 4, 8, precision="bf16-mixed", gpu="A100 80GB")
+        >>> t = tradeoff(Step(GPTConfig(n_layers=2), 4, 8, precision="bf16-mixed", gpu="A100 80GB"))
         >>> fig = tradeoff_figure(t, "a 2-layer GPT on an A100 80GB")
         >>> [ax.get_title() for ax in fig.axes]
         ['peak memory of one optimizer step', 'time per optimizer step (a model)']
@@ -396,11 +341,11 @@ def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (8.6, 3.7)):
     from matplotlib.figure import Figure
 
     if not isinstance(t, Tradeoff):
-        raise ValueError(f"t must be a Tradeoff (tradeoff(...)), got {type(t).__name__}")
+        raise WrongTypeError(f"t must be a Tradeoff (tradeoff(...)), got {type(t).__name__}")
     fig = Figure(figsize=check_figsize(figsize))
     FigureCanvasAgg(fig)
     top = int(1.25 * t.capacity if t.capacity is not None else
-              1.3 * max(t.step.peak_bytes, t.plain.peak_bytes))
+              1.3 * max(t.accumulated.total, t.plain.total))
     unit, _ = _byte_unit(top)
     top = int(nice_ceiling(top / unit) * unit)
     _draw_tradeoff(_setup_tradeoff(fig, animated=False), t, None, what, top)
@@ -446,7 +391,8 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
         raise ValueError(f"speed must be a DeviceSpeed (measure_device_speed), got "
                          f"{type(speed).__name__}")
     here = speed.name if device.type == "cpu" else f"{speed.name} (here)"
-    targets = {**{n: n for n in GPUS}, here: "cuda" if device.type == "cuda" else None}
+    # each card decoded once (a live card's free memory read now): the menu's label -> GPU
+    targets = {**GPUS, here: resolve_gpu("cuda") if device.type == "cuda" else None}
     model = next(iter(models)) if model is None else model
     gpu = here if gpu is None else gpu
     micro_batch_size = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
@@ -481,14 +427,15 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     tops: dict[tuple, int] = {}
 
     def settings(values: dict) -> tuple[Tradeoff, tuple]:
-        t = tradeoff(models[values["model"]], values["micro_batch_size"],
-                     values["accumulation_steps"],
-                     mode=values.get("mode", "none"),
-                     precision=values["precision"], gpu=targets[values["gpu"]],
-                     speed=speed if values["gpu"] == here else None)
-        key = (values["model"], t.precision, t.step.micro_batch_size,
-               t.step.accumulation_steps, t.step.mode)
-        return t, key
+        card = targets[values["gpu"]]
+        precision = (mixed_precision_for(card) if values["precision"] == "mixed"
+                     else values["precision"])
+        step = Step(models[values["model"]], values["micro_batch_size"],
+                    values["accumulation_steps"], precision=precision,
+                    mode=values.get("mode", "none"), gpu=card)
+        t = tradeoff(step, speed if values["gpu"] == here else None)
+        return t, (values["model"], precision, step.micro_batch_size,
+                   step.accumulation_steps, step.mode)
 
     def draw(artists, model, gpu, precision, micro_batch_size, accumulation_steps,
              mode="none"):
@@ -496,11 +443,12 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
                       micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
                       mode=mode)
         t, key = settings(values)
-        scale = (model, gpu, t.precision)  # the memory axis: fixed for a model, card, precision
+        precision = key[1]
+        scale = (model, gpu, precision)  # the memory axis: fixed for a model, card, precision
         if scale not in tops:
-            tops[scale] = _memory_top(models[model], t)
+            tops[scale] = _memory_top(t)
         _draw_tradeoff(artists, t, measured.get(key) if gpu == here else None,
-                       f"{model}, {t.precision}, on {gpu}", tops[scale])
+                       f"{model}, {precision}, on {gpu}", tops[scale])
 
     view = live_plot(draw, controls, setup=_setup_tradeoff, figsize=(8.6, 3.7))
     button = widgets.Button(description="measure here", icon="stopwatch",
@@ -546,21 +494,22 @@ def _measure_within_limit(controls, here, settings, models, device, measured) ->
     values = {name: c.value for name, c in controls.items()}
     check_chosen(controls, values)
     t, key = settings(values)
-    model_name, config = values["model"], models[values["model"]]
-    predicted = format_duration(t.step.seconds)
-    if _MEASURED_STEPS * t.step.seconds > MEASURE_LIMIT_SECONDS:
+    model_name, p = values["model"], t.accumulated
+    step, config = p.step, p.step.config
+    predicted = format_duration(p.seconds)
+    if _MEASURED_STEPS * p.seconds > MEASURE_LIMIT_SECONDS:
         print(f"not measured: {model_name} would take about "
-              f"{format_duration(_MEASURED_STEPS * t.step.seconds)} here (predicted {predicted} "
+              f"{format_duration(_MEASURED_STEPS * p.seconds)} here (predicted {predicted} "
               f"per step); choose a smaller model")
         return False
     start = time.perf_counter()
-    b, K, mode = t.step.micro_batch_size, t.step.accumulation_steps, t.step.mode
+    b, K = step.micro_batch_size, step.accumulation_steps
 
     def one_step() -> None:  # what the measurement repeats: build, then one optimizer step
-        model, optimizer = build(config, precision=t.precision, mode=mode, device=device)
+        model, optimizer = build(config, precision=step.precision, mode=step.mode, device=device)
         x, y = random_tokens(config, b * K, device=device)
         train(model, optimizer, [(x, y)], micro_batch_size=b, accumulation_steps=K,
-              **train_options(t.precision, device))
+              **train_options(step.precision, device))
 
     limit = MEASURE_LIMIT_SECONDS / 3
     try:
@@ -580,10 +529,9 @@ def _measure_within_limit(controls, here, settings, models, device, measured) ->
               f"(predicted {predicted}), so the measurement would take about "
               f"{format_duration(need)} more; choose a smaller model")
         return False
-    m = measured[key] = measure_step_cost(config, b, K, mode=mode,
-                                          precision=t.precision, device=device)
+    m = measured[key] = measure_step_cost(step, device=device)
     print(f"measured here: peak {format_bytes(m.peak_bytes)} (predicted "
-          f"{format_bytes(t.step.peak_bytes)}), {format_duration(m.seconds)} per step "
+          f"{format_bytes(p.total)}), {format_duration(m.seconds)} per step "
           f"(predicted {predicted}); took {format_duration(time.perf_counter() - start)}")
     return True
 

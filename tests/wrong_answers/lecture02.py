@@ -5,7 +5,7 @@ import math
 import torch
 
 from course_lib.measurement.memory import saved_tensors
-from course_lib.prediction.engine import predict_step_memory
+from course_lib.prediction.predict import Step, predict
 
 
 def _e(dtype):
@@ -54,7 +54,7 @@ def _numel(output, params):
 
 
 def _need(config, b, s, precision, gpu, part="total"):
-    return getattr(predict_step_memory(config, b, precision=precision, seq_len=s, gpu=gpu), part)
+    return getattr(predict(Step(config, b, seq_len=s, precision=precision, gpu=gpu)).peak, part)
 
 
 def _largest(config, s, capacity, precision, gpu, **kw):

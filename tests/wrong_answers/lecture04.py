@@ -3,7 +3,7 @@
 from torch.utils.checkpoint import checkpoint
 
 from course_lib.prediction import checkpointed
-from course_lib.prediction.engine import predict_step_memory
+from course_lib.prediction.predict import Step, predict
 from course_lib.training import checkpointing as ckpt
 
 
@@ -36,7 +36,7 @@ def _rng_not_preserved(blocks, x):
 
 def _costs(config, batch_size):
     """``{k: (peak bytes, flops)}`` of sqrt mode with ``k`` segments."""
-    return {k: (predict_step_memory(config, batch_size, mode="sqrt", segments=k).total,
+    return {k: (predict(Step(config, batch_size, mode="sqrt", segments=k)).total,
                 checkpointed.step_flops(config, batch_size, "sqrt", segments=k)[0])
             for k in range(1, config.n_layers + 1)}
 

@@ -1,0 +1,202 @@
+"""02-08: ``predict(step)``: what one training step will hold, moment by moment, and how long it takes.
+
+The memory engine (:mod:`course_lib.prediction.engine`) replays the step's precision,
+accumulation, checkpointing and chunked loss; closed forms then adjust each of its moments for
+the levers of lecture 08 (:func:`_lever_moments`); the time model
+(:mod:`course_lib.prediction.time_model`) prices it. Planners search by replacing a
+:class:`Step`'s fields; views draw a :class:`Prediction`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+from course_lib.model.gpt import BLOCK_SHAPES, GPTConfig, param_numels  # noqa: F401 (the examples use GPTConfig)
+from course_lib.prediction import activations as act, engine, time_model
+from course_lib.prediction.engine import StepMemory
+from course_lib.prediction.formulas import zero3_memory
+from course_lib.prediction.step import Step
+from course_lib.prediction.time_model import DeviceSpeed, StepTime
+from course_lib.training import levers
+from course_lib.units import dtype_bytes
+from course_lib.validation import WrongTypeError
+
+
+@dataclass(frozen=True, eq=False)
+class Prediction:
+    """What :func:`predict` says of a :class:`Step`.
+
+    Attributes:
+        step (Step): the step.
+        moments (dict): moment name -> :class:`~course_lib.prediction.engine.StepMemory`, in
+            the order the step reaches them ("forward" where an attention kernel peaks in it,
+            "backward", "backward 2+" for later micro-batches, "optimizer"): bytes by category.
+        speed (DeviceSpeed or None): the figures :attr:`time` uses (None: the step's GPU's).
+    """
+
+    step: Step
+    moments: dict
+    speed: DeviceSpeed | None = None
+
+    @property
+    def peak(self) -> StepMemory:
+        """The moment with the most bytes: the step's peak, by category."""
+        return max(self.moments.values(), key=lambda m: m.total)
+
+    @property
+    def total(self) -> int:
+        """The step's peak bytes: the number to hold against a card or a budget."""
+        return self.peak.total
+
+    @property
+    def phases(self) -> dict[str, int]:
+        """Bytes at each phase: ``"between steps"`` (the model states that stay from one step
+        to the next), then each moment's total, in order."""
+        between = next(iter(self.moments.values())).before_step
+        return {"between steps": between, **{n: m.total for n, m in self.moments.items()}}
+
+    @functools.cached_property
+    def time(self) -> StepTime:
+        """The step's seconds by term (:func:`course_lib.prediction.time_model.step_time`),
+        computed when first asked for."""
+        return time_model.step_time(self.step, self.speed)
+
+    @property
+    def seconds(self) -> float:
+        """Seconds per optimizer step."""
+        return self.time.seconds
+
+
+def predict(step: Step, speed: DeviceSpeed | None = None) -> Prediction:
+    """Predicted bytes, by moment and category, and time of one training step.
+
+    Args:
+        step (Step): the step, checked when it was made.
+        speed (DeviceSpeed, optional): the figures the time uses; None: the datasheet of the
+            step's GPU preset, or rates measured on this device for the CPU and "cuda"
+            (:func:`course_lib.prediction.time_model.device_speed`).
+
+    Returns:
+        Prediction: ``total`` the peak bytes, ``peak`` its categories, ``moments`` and
+        ``phases`` the step moment by moment, ``time`` and ``seconds`` its time.
+
+    Raises:
+        TypeError: for a ``step`` that is not a :class:`Step` or a ``speed`` that is not a
+            :class:`~course_lib.prediction.time_model.DeviceSpeed`.
+
+    Accuracy on the CPU (``benchmarks/estimator_accuracy.py``, the tests): one micro-batch in
+    fp32 or pure 16-bit is exact to the byte under every checkpointing mode, with or without
+    dropout, the fused MLP and the fused residual included; under autocast within 5 %; more
+    micro-batches an upper bound. The levers of lecture 08 are closed forms over the engine's
+    moments (:func:`_lever_moments`).
+
+    Example:
+        >>> cfg = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
+        >>> p = predict(Step(cfg, 4, precision="bf16-mixed", gpu="A100 80GB"))
+        >>> p.peak.moment  # an A100 runs flash attention; its backward is where this step peaks
+        'backward, micro-batch 1: fused attention backward (flash)'
+        >>> list(p.phases), p.peak.optimizer_state == 2 * p.peak.master_weights
+        (['between steps', 'backward', 'optimizer'], True)
+        >>> p.time.basis
+        'from the datasheet'
+    """
+    if not isinstance(step, Step):
+        raise WrongTypeError(f"step must be a course_lib.prediction.step.Step, got "
+                             f"{type(step).__name__}")
+    if speed is not None and not isinstance(speed, DeviceSpeed):
+        raise WrongTypeError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
+    return Prediction(step, _lever_moments(step), speed)
+
+
+_PLAIN = dict(in_backward=False, state_bits=32, offload_activations=False,
+              offload_optimizer=False, lora_rank=None, zero_stage=0)
+
+
+def _lever_moments(step: Step) -> dict[str, StepMemory]:
+    """The engine's moments adjusted for lecture 08's levers, each a closed form:
+
+    * optimizer in backward: a moment's gradients shrink to the largest parameter's, and the
+      optimizer moment holds that one gradient and its AdamW scratch;
+    * 8-/4-bit states: :func:`course_lib.training.levers.low_bit_state_bytes`;
+    * activation offloading: the device keeps what one block (or the head) needs at a time, the
+      larger of the two (an upper bound when the copies keep pace);
+    * optimizer offloading: states and master weights on the host, the step there;
+    * LoRA of rank ``r``: the frozen base keeps its weights only; gradients, states and master
+      weights are the adapters'; activations stay, plus each adapter's ``b x s x r``;
+    * ZeRO 1/2/3 over ``N`` GPUs: states and master weights, then gradients, then parameters
+      divided by ``N`` (Rajbhandari et al. 2020); stage 3 plus the units FSDP2 gathers
+      (:func:`course_lib.prediction.formulas.zero3_memory`, lecture 07's model).
+    """
+    moments = engine.moments(step)
+    if all(getattr(step, k) == v for k, v in _PLAIN.items()):
+        return moments
+    config, b, s = step.config, step.micro_batch_size, step.seq_len
+    spec = step.spec
+    numels = param_numels(config)
+    pb, _, mb, sb = spec.element_bytes  # params, grads, master weights, each state tensor
+    if step.in_backward:
+        largest = max(numels)
+        opt = moments.pop("optimizer")
+        for name in [n for n in moments if n.startswith("backward")]:
+            moments[name] = replace(moments[name],
+                                    gradients=min(moments[name].gradients, largest * pb))
+        # the largest parameter's step (the tied embedding's comes last, after the activations)
+        scratch = engine.adamw_scratch_bytes([largest * sb] * 2) + largest * mb
+        moments["optimizer"] = replace(opt, moment="optimizer step in backward (largest tensor)",
+                                       gradients=largest * pb, transient=scratch)
+    r = step.lora_rank
+    if r:  # A (r x in) and B (out x r) beside every block linear
+        h = config.d_model
+        trained = [n for _ in range(config.n_layers) for _, i, o in BLOCK_SHAPES
+                   for n in (r * i * h, o * h * r)]
+    else:
+        trained = numels
+    trainable = sum(trained)
+    state = (levers.low_bit_state_bytes(trained, step.state_bits, param_bytes=sb)
+             if step.state_bits != 32 or r else None)  # None: the engine's count
+    resident_acts = None
+    if step.offload_activations:  # on the device: what the op being differentiated needs
+        b_, s_, t = act.prediction_args(config, b, s, spec.compute, step.gpu, spec.autocast)
+        resident_acts = max(act.total_bytes(items(config, b_, s_, t), act.STEP_KINDS, t.gpu)
+                            for items in (act.block_items, act.head_items))
+    N, z = step.world_size, step.zero_stage
+    if z >= 3:  # the one model of ZeRO-3 / FSDP2, also lecture 07's
+        gathered, sharded = (zero3_memory(config, precision=step.precision, world_size=N,
+                                          during_step=during) for during in (True, False))
+    out = {}
+    for name, m in moments.items():
+        f = m.as_dict()
+        if r:  # frozen base in the model's dtype; adapters trained (gradients, state, masters)
+            f["parameters"] = m.parameters + trainable * pb
+            f["master_weights"] = trainable * mb
+            f["gradients"] = min(m.gradients, trainable * pb)
+            f["activations"] = m.activations + (
+                4 * config.n_layers * b * s * r * dtype_bytes(spec.compute) if m.activations
+                else 0)
+            if name == "optimizer":  # the adapters' AdamW scratch
+                f["transient"] = engine.adamw_scratch_bytes([n * sb for n in trained])
+        if state is not None and m.optimizer_state:
+            f["optimizer_state"] = state
+        if resident_acts is not None:
+            f["activations"] = min(m.activations, resident_acts)
+        if step.offload_optimizer:
+            f["optimizer_state"] = f["master_weights"] = 0
+            if name == "optimizer":  # the step runs on the host
+                f["transient"] = 0
+        if z >= 1:
+            f["optimizer_state"] = -(-f["optimizer_state"] // N)
+            f["master_weights"] = -(-f["master_weights"] // N)
+        if z >= 2:
+            f["gradients"] = -(-f["gradients"] // N)
+        if z >= 3:  # sharded, plus the units FSDP2 gathers while the passes run
+            f["parameters"] = -(-f["parameters"] // N)
+            if name != "optimizer":
+                f["parameters"] += gathered.parameters - sharded.parameters
+            if name.startswith("backward"):
+                f["gradients"] += gathered.gradients - sharded.gradients
+        out[name] = StepMemory(m.moment, **f, first_step=m.first_step)
+    return out
+
+
+__all__ = ["Step", "Prediction", "predict"]

@@ -1,0 +1,136 @@
+"""02-08: one training step as a value: what every prediction of the course is about.
+
+A :class:`Step` is made and checked once, where a notebook cell or a widget's controls make
+it; :func:`course_lib.prediction.predict.predict` returns its memory and time, and the
+planners search by replacing its fields (``dataclasses.replace(step, micro_batch_size=2)``,
+which checks the new value again). Everything inward trusts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from course_lib.device import GPU, resolve_gpu
+from course_lib.model.gpt import GPTConfig, check_config
+from course_lib.prediction.formulas import MAX_WORLD_SIZE, PRECISION, precision_of
+from course_lib.training import checkpointing as ckpt
+from course_lib.validation import (
+    MAX_BATCH,
+    MAX_COUNT,
+    WrongTypeError,
+    boolean,
+    integer,
+    optional_positive_int,
+    positive_int,
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimizer step of ``GPT(config)`` with AdamW: how it is run, and where.
+
+    The defaults are the plain step: fp32, one micro-batch, nothing checkpointed, offloaded or
+    sharded. Each field below says what it changes.
+
+    Raises:
+        TypeError: for a field of the wrong type (a ``WrongTypeError``, also a ``ValueError``).
+        ValueError: naming the field, for a value out of range or a combination that does not
+            run (a kernel mode without the fused MLP, the optimizer in backward with
+            accumulation, the chunked loss under autocast, ``seq_len`` over ``config.seq_len``).
+
+    Example:
+        >>> from dataclasses import replace
+        >>> step = Step(GPTConfig(n_layers=2), micro_batch_size=4, precision="bf16-mixed", gpu="T4")
+        >>> step.gpu.name, step.seq_len == step.config.seq_len, step.batch_size
+        ('T4', True, 4)
+        >>> replace(step, accumulation_steps=8).batch_size
+        32
+    """
+
+    #: The model.
+    config: GPTConfig
+    #: Sequences per forward and backward pass, b.
+    micro_batch_size: int = 1
+    #: Micro-batches per optimizer step, K (lecture 03): activations of one micro-batch.
+    accumulation_steps: int = 1
+    #: Tokens per sequence (None: ``config.seq_len``; stored resolved).
+    seq_len: int | None = None
+    #: One of :data:`course_lib.prediction.formulas.PRECISIONS` (lecture 01).
+    precision: str = "fp32"
+    #: Checkpointing (lectures 04-05): one of :data:`course_lib.training.checkpointing.ALL_MODES`.
+    mode: str = "none"
+    #: Checkpoint every ``every``-th block (``blocks``, ``selective``, ``attention``).
+    every: int = 1
+    #: Segments of ``"sqrt"`` (None: about sqrt(n_layers)).
+    segments: int | None = None
+    #: Where it runs: None or "cpu", a preset name of :data:`course_lib.device.GPUS`, "cuda"
+    #: (this kernel's GPU) or a :class:`~course_lib.device.GPU` (stored resolved).
+    gpu: GPU | None = None
+    #: The first step of a fresh optimizer (AdamW's ``m`` and ``v`` made in it).
+    first_step: bool = False
+    #: AdamW's multi-tensor implementation; None: PyTorch's default where the step runs.
+    foreach: bool | None = None
+    #: Tokens per chunk of the chunked loss (lecture 08), or None for the whole logits at once.
+    loss_chunk: int | None = None
+    #: The optimizer steps each parameter in the backward pass (lecture 08); not with K > 1.
+    in_backward: bool = False
+    #: Bits per AdamW state value: 32, 8 or 4 (lecture 08).
+    state_bits: int = 32
+    #: Saved activations kept in host memory (``save_on_cpu``, lecture 08).
+    offload_activations: bool = False
+    #: Optimizer states and master weights on the host, stepped there (lecture 08).
+    offload_optimizer: bool = False
+    #: Rank of LoRA adapters on every block linear, the rest frozen (None: full training).
+    lora_rank: int | None = None
+    #: ZeRO stage 0-3 over ``world_size`` GPUs (lecture 07).
+    zero_stage: int = 0
+    #: GPUs the ZeRO shards are divided over.
+    world_size: int = 1
+
+    def __post_init__(self):
+        config = check_config(self.config)
+        put = object.__setattr__  # frozen: the checked values are stored as plain ints
+        put(self, "micro_batch_size", positive_int("micro_batch_size", self.micro_batch_size,
+                                                   maximum=MAX_BATCH))
+        put(self, "accumulation_steps", positive_int("accumulation_steps",
+                                                     self.accumulation_steps, maximum=MAX_BATCH))
+        put(self, "seq_len", config.seq_len if self.seq_len is None else positive_int(
+            "seq_len", self.seq_len, maximum=config.seq_len))
+        spec = precision_of(self.precision)
+        put(self, "every", positive_int("every", self.every, maximum=MAX_COUNT))
+        ckpt.check_mode(self.mode, self.every, self.segments, config.n_layers)
+        ckpt.check_kernel_mode(self.mode, config)
+        put(self, "gpu", resolve_gpu(self.gpu))
+        for name in ("first_step", "in_backward", "offload_activations", "offload_optimizer"):
+            boolean(name, getattr(self, name))
+        if self.foreach is not None:
+            boolean("foreach", self.foreach)
+        put(self, "loss_chunk", optional_positive_int("loss_chunk", self.loss_chunk,
+                                                      maximum=MAX_COUNT))
+        if self.loss_chunk is not None and spec.autocast:
+            raise ValueError(f"loss_chunk is predicted without autocast only, got "
+                             f"precision={self.precision!r}")
+        if self.state_bits not in (32, 8, 4) or type(self.state_bits) is not int:
+            raise (ValueError if type(self.state_bits) is int else WrongTypeError)(
+                f"state_bits must be one of (32, 8, 4), got {self.state_bits!r}")
+        put(self, "lora_rank", optional_positive_int("lora_rank", self.lora_rank,
+                                                     maximum=config.d_model))
+        put(self, "zero_stage", integer("zero_stage", self.zero_stage, minimum=0, maximum=3))
+        put(self, "world_size", positive_int("world_size", self.world_size,
+                                             maximum=MAX_WORLD_SIZE))
+        if self.in_backward and self.accumulation_steps > 1:
+            raise ValueError("in_backward cannot be combined with accumulation_steps > 1: the "
+                             "optimizer would step after every micro-batch")
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per optimizer step: ``micro_batch_size * accumulation_steps``."""
+        return self.micro_batch_size * self.accumulation_steps
+
+    @property
+    def spec(self):
+        """The precision's :class:`~course_lib.prediction.formulas.Precision` record."""
+        return PRECISION[self.precision]
+
+
+__all__ = ["Step"]
