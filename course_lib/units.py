@@ -8,6 +8,8 @@ says so.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .validation import MAX_BYTES, WrongTypeError, integer, number, positive_int
@@ -16,6 +18,24 @@ KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
 GB = 10**9
+
+
+class _Category(NamedTuple):
+    label: str   # what learners read in tables and legends
+    colour: str  # its colour in every figure
+
+
+#: The six categories of a step's memory, bottom to top as figures stack them: field name (of
+#: :class:`course_lib.prediction.engine.StepMemory`, and of
+#: :class:`course_lib.prediction.formulas.TrainingMemory` for the first four) -> label, colour.
+MEMORY_CATEGORIES = {
+    "parameters": _Category("parameters", "#4c72b0"),
+    "master_weights": _Category("master weights", "#64b5cd"),
+    "optimizer_state": _Category("optimizer state", "#8172b2"),
+    "gradients": _Category("gradients", "#55a868"),
+    "activations": _Category("activations", "#dd8452"),
+    "transient": _Category("in flight", "#c44e52"),  # gradients passed between ops, scratch
+}
 
 _DTYPES = {
     "fp32": torch.float32,

@@ -31,12 +31,12 @@ def test_states_figure_stacks_the_parts_and_labels_every_gpu_without_overlap():
                              title="question")
     ax = fig.axes[0]
     stacks = [p for p in ax.patches]
-    # four parts x two bars, in PARTS order; the second bar's tops add up to the total
+    # four parts x two bars, in stacking order; the second bar's tops add up to the total
     assert len(stacks) == 8
     second = stacks[1::2]
     assert second[-1].get_y() + second[-1].get_height() == pytest.approx(mixed.total / GiB)
     assert [round(p.get_height() * GiB) for p in second] == [
-        mixed.parameters, mixed.gradients, mixed.optimizer_state, mixed.master_weights]
+        mixed.parameters, mixed.master_weights, mixed.optimizer_state, mixed.gradients]
     labels = [t.get_text() for t in ax.texts if ":" in t.get_text()]
     # each card's own label, PyTorch's figure over nvidia-smi's, smallest card first
     assert labels[0] == "T4: 14.58 GiB as PyTorch reports it\n(nvidia-smi: 15,360 MiB)"

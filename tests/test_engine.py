@@ -117,19 +117,11 @@ def test_foreach_adamw_scratch_is_one_copy_of_v():
 def test_foreach_master_weight_adamw_scratch_is_one_copy_of_the_fp32_v():
     """Mixed precision with foreach=True: the optimizer step's scratch is sqrt(v) of every fp32
     master weight at once; measured at batch 1, where that step is the peak."""
-    from course_lib.training.loop import train
-    from course_lib.training.mixed_precision import MasterWeightAdamW
-
     cfg = GPTConfig(vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=2)
     totals = {}
     for foreach in (False, True):
-        torch.manual_seed(0)
-        model = GPT(cfg).to(torch.bfloat16)
-        opt = MasterWeightAdamW(model.parameters(), lr=1e-3, foreach=foreach)
-        x, y = random_tokens(cfg, 1)
-        measured = step_setup._measure_steady_step(
-            model, opt, lambda m=model, o=opt, x=x, y=y: train(m, o, [(x, y)], micro_batch_size=1))
-        predicted = peak(cfg, 1, precision="bf16-mixed", foreach=foreach)
+        step = Step(cfg, 1, precision="bf16-mixed", foreach=foreach)
+        predicted, measured = predict(step).peak, step_setup.measure_step_memory(step)
         assert abs(predicted.total - measured) <= 16, (foreach, predicted, measured)
         totals[foreach] = predicted
     assert totals[True].moment.startswith("optimizer")
@@ -150,8 +142,8 @@ def test_every_precision_against_measured_steady_steps(precision):
     errors, exact = [], 0
     for attention, dropout, mode in PRECISION_CASES:
         cfg = GPTConfig(**SMALL, attention=attention, dropout=dropout)
-        predicted = peak(cfg, 3, precision=precision, mode=mode).total
-        measured = step_setup.measure_step_memory(cfg, 3, precision=precision, mode=mode)
+        step = Step(cfg, 3, precision=precision, mode=mode)
+        predicted, measured = predict(step).total, step_setup.measure_step_memory(step)
         errors.append((predicted - measured) / measured)
         exact += abs(predicted - measured) <= 16
         if dropout == 0 and mode == "none" and not precision.startswith("autocast"):
@@ -248,10 +240,9 @@ def test_engine_against_the_cuda_allocator():
     for shape, attention, dropout, (mode, every) in _cuda_grid():
         cfg = GPTConfig(**shape, attention=attention, dropout=dropout)
         for precision in sorted(precisions):
-            predicted = peak(cfg, 4, precision=precision, mode=mode,
-                                                every=every, gpu="cuda").total
-            measured = step_setup.measure_step_memory(cfg, 4, precision=precision, mode=mode,
-                                               every=every, device="cuda")
+            step = Step(cfg, 4, precision=precision, mode=mode, every=every, gpu="cuda")
+            predicted = predict(step).total
+            measured = step_setup.measure_step_memory(step, device="cuda")
             errors[(str(shape["d_model"]), attention, dropout, mode, precision)] = (
                 predicted - measured) / measured
             torch.cuda.empty_cache()
@@ -326,9 +317,9 @@ def test_the_fused_model_is_predicted_to_the_byte(mode, precision):
 
 def _predicted_to_the_byte(cfg: GPTConfig, precision: str, mode: str) -> None:
     """The steady step's peak and the kept bytes, predicted against measured."""
-    predicted = peak(cfg, 3, precision=precision, mode=mode)
-    assert predicted.total == step_setup.measure_step_memory(cfg, 3, precision=precision,
-                                                             mode=mode)
+    step = Step(cfg, 3, precision=precision, mode=mode)
+    predicted = predict(step).peak
+    assert predicted.total == step_setup.measure_step_memory(step)
     model, _ = step_setup.build(cfg, precision=precision, mode=mode)
     kept = checkpointing.measure_kept_bytes(model, *random_tokens(cfg, 3))
     compute = engine.precision_of(precision).compute

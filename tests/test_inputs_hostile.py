@@ -751,7 +751,7 @@ def test_a_record_takes_numpy_ints_as_ints():
 
 @pytest.mark.parametrize("measure", [
     lambda: planner.measure_peak(CFG, 2),
-    lambda: step_setup.measure_step_memory(CFG, 2),
+    lambda: step_setup.measure_step_memory(Step(CFG, 2)),
 ])
 def test_a_measurement_that_builds_its_model_leaves_the_global_rng_alone(measure):
     torch.manual_seed(123)

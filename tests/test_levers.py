@@ -4,6 +4,7 @@ offload hooks against the saved tensors autograd reports, quantized state bytes 
 torchao's own tensors; the memory engine's chunked-loss term against the tracker."""
 
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -18,6 +19,7 @@ from course_lib.planning import fit_ladder
 from course_lib.prediction import activations as act, step_setup, time_model
 from course_lib.prediction.predict import Step, predict
 from course_lib.training import levers
+from course_lib.training.loop import TrainLog, train
 
 TINY = GPTConfig(vocab_size=96, seq_len=16, d_model=32, n_heads=4, n_layers=2)
 
@@ -112,9 +114,40 @@ CHUNK_GRID = [
 @pytest.mark.parametrize("cfg,b,precision,chunk", CHUNK_GRID)
 def test_engine_predicts_the_chunked_loss_step(cfg, b, precision, chunk):
     predicted = predict(Step(cfg, b, precision=precision, loss_chunk=chunk))
-    measured = step_setup.measure_chunked_loss_step(cfg, b, chunk, precision=precision)
+    measured = step_setup.measure_step_memory(predicted.step)
     assert abs(predicted.total - measured) <= 8, (predicted.peak, measured)
     assert predicted.total <= predict(Step(cfg, b, precision=precision)).total
+
+
+def test_the_training_loop_trains_through_the_chunked_loss():
+    """loop.train on a chunked-loss model: the plain model's loss and weights after a step of
+    two micro-batches, without the (N, V) logits the plain loss holds."""
+    cfg = CHUNK_GRID[0][0]  # a large vocabulary: the logits are the peak
+    x, y = random_tokens(cfg, 4)
+    y[0, :5] = -100  # micro-batches of different token counts: weighted by tokens
+    weights, losses, peaks = [], [], []
+    for chunk in (None, 8):
+        model = levers.use_chunked_loss(step_setup.build(cfg)[0], chunk)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the weights move by the gradient
+        log = TrainLog()
+        peaks.append(peak_memory(functools.partial(
+            train, model, optimizer, [(x, y)], micro_batch_size=2, accumulation_steps=2, log=log),
+            device="cpu"))
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        losses.append(log.losses[0])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    assert torch.allclose(weights[1], weights[0], atol=1e-6), (weights[1] - weights[0]).abs().max()
+    assert peaks[0] - peaks[1] >= 2 * cfg.seq_len * cfg.vocab_size * 4  # a micro-batch's fp32 logits
+
+
+def test_measuring_a_step_refuses_the_levers_it_does_not_run():
+    for field, value in [("in_backward", True), ("state_bits", 8), ("offload_activations", True),
+                         ("offload_optimizer", True), ("lora_rank", 4), ("zero_stage", 1),
+                         ("world_size", 2)]:
+        with pytest.raises(ValueError, match=field):
+            step_setup.measure_step_memory(Step(TINY, 2, **{field: value}))
+    with pytest.raises(TypeError, match="step"):
+        step_setup.measure_step_memory(TINY)
 
 
 def test_a_step_rejects_a_bad_loss_chunk():
@@ -365,11 +398,7 @@ def test_the_engines_rungs_hold_what_measured_steps_hold():
         step = dataclasses.replace(rung.step, config=small, micro_batch_size=4, seq_len=None,
                                    gpu=None, **change)
         assert rung.how == "engine" and rung.bytes_saved > 0, lever
-        measured = (step_setup.measure_chunked_loss_step(small, 4, step.loss_chunk)
-                    if step.loss_chunk else
-                    step_setup.measure_step_memory(small, 4, precision=step.precision,
-                                                   mode=step.mode, every=step.every))
-        assert abs(predict(step).total - measured) <= 8, lever
+        assert abs(predict(step).total - step_setup.measure_step_memory(step)) <= 8, lever
 
 
 def _torchao_state_bytes(numel: int, bits: int) -> int:

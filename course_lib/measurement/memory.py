@@ -28,7 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_batch, check_config
-from course_lib.units import as_dtype, storage_bytes, storage_key
+from course_lib.units import MEMORY_CATEGORIES, as_dtype, storage_bytes, storage_key
 from course_lib.validation import (
     WrongTypeError,
     device as as_device,
@@ -500,8 +500,10 @@ def saved_table(output: torch.Tensor, params=(), *, parameters: bool = False) ->
 
 # --------------------------------------------------------------------------- one training step
 
-#: What a step's bytes are, the vocabulary of :class:`StepBreakdown`, and the step's phases.
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "transient")
+#: What a step's bytes are (:data:`course_lib.units.MEMORY_CATEGORIES` in stacking order, but
+#: master weights: they are filed with the optimizer state, as the ZeRO paper counts them), the
+#: vocabulary of :class:`StepBreakdown`, and the step's phases.
+CATEGORIES = tuple(name for name in MEMORY_CATEGORIES if name != "master_weights")
 PHASES = ("forward", "backward", "optimizer")
 
 

@@ -96,9 +96,16 @@ def _check_step(step) -> Step:
     return step
 
 
+def _check_speed(speed) -> DeviceSpeed | None:
+    if speed is not None and not isinstance(speed, DeviceSpeed):
+        raise WrongTypeError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
+    return speed
+
+
 def _fits(step: Step, budget: int) -> bool:
-    """Whether ``step``'s predicted peak is within ``budget``, its cheap floor asked first."""
-    return engine.floor(step) <= budget and predict(step).total <= budget
+    """Whether ``step``'s predicted peak is within ``budget``, its cheap floors asked first."""
+    return (engine.floor(step) <= budget and engine.model_floor(step) <= budget
+            and predict(step).total <= budget)
 
 
 def _largest(fits: Callable[[int], bool], candidates: Sequence[int]) -> int:
@@ -319,9 +326,8 @@ def settings(step: Step, budget_bytes: int, *,
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     max_accumulation_steps = optional_positive_int(
         "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
-    if speed is not None and not isinstance(speed, DeviceSpeed):
-        raise WrongTypeError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
-    return _settings(step, budget, _check_policies(policies), max_accumulation_steps, speed)
+    return _settings(step, budget, _check_policies(policies), max_accumulation_steps,
+                     _check_speed(speed))
 
 
 @step_setup.keeps_rng
@@ -473,6 +479,27 @@ def _build_space(widths: tuple, depths: tuple, head_size: int, aspect_ratio: tup
     return tuple(config for *_, config in sorted(sized, key=lambda row: row[:2]))
 
 
+def _columns(space: Sequence[GPTConfig], within_bound: Callable[[GPTConfig], bool]
+             ) -> dict[int, list[GPTConfig]]:
+    """The models of ``space`` by width, each column the depths, ascending, ``within_bound``
+    (which grows with depth and with width); the widths with none left out."""
+    by_width: dict[int, list[GPTConfig]] = {}
+    for c in sorted(space, key=lambda c: (c.d_model, c.n_layers)):
+        by_width.setdefault(c.d_model, []).append(c)
+    limit = math.inf  # a depth over the bound at a narrower width is over it at a wider one
+    for width, column in list(by_width.items()):
+        column = [c for c in column if c.n_layers < limit]
+        within = len(column) if not column or within_bound(column[-1]) else _largest(
+            lambda i, c=column: within_bound(c[i - 1]), range(1, len(column)))
+        if within < len(column):
+            limit = column[within].n_layers
+        if within:
+            by_width[width] = column[:within]
+        else:
+            del by_width[width]
+    return by_width
+
+
 def fit_model(budget_bytes: int, *, space: Sequence[GPTConfig] | None = None,
               effective_batch: int = 32, precisions: Sequence[str] = ("bf16-mixed", "fp32"),
               policies: Sequence[tuple[str, int]] = FIT_POLICIES,
@@ -531,8 +558,7 @@ def fit_model(budget_bytes: int, *, space: Sequence[GPTConfig] | None = None,
     policies = _check_policies(policies)
     max_accumulation_steps = optional_positive_int(
         "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
-    if speed is not None and not isinstance(speed, DeviceSpeed):
-        raise WrongTypeError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
+    speed = _check_speed(speed)
     # The one Step of the search, checked here: every other is a replacement of it.
     base = Step(space[0], effective_batch, gpu=gpu)
     micro = _micro_batches(effective_batch, max_accumulation_steps)
@@ -548,24 +574,14 @@ def fit_model(budget_bytes: int, *, space: Sequence[GPTConfig] | None = None,
         return any(engine.floor(replace(s, config=config)) <= budget for s in least_kept)
 
     def fits(config: GPTConfig) -> bool:  # in some policy, precision and extreme micro-batch
-        # no policy keeps less than blocks/1: its floor over the budget rules them all out
+        # no policy keeps less than blocks/1: its floor over the budget rules them all out, and
+        # the optimizer step's moment, the same for every policy and micro-batch, too
         open_ = [s for s in (replace(s, config=config) for s in least_kept)
-                 if engine.floor(s) <= budget]
+                 if engine.floor(s) <= budget and engine.model_floor(s) <= budget]
         return any(_fits(replace(s, mode=m, every=e), budget)
                    for m, e in policy_order for s in open_)
 
-    by_width: dict[int, list[GPTConfig]] = {}
-    for c in sorted(space, key=lambda c: (c.d_model, c.n_layers)):
-        by_width.setdefault(c.d_model, []).append(c)
-    limit = math.inf  # a depth over the bound at a narrower width is over it at a wider one
-    for width, column in list(by_width.items()):  # each column cut to the depths within bound
-        column = [c for c in column if c.n_layers < limit]
-        while column and not within_bound(column[-1]):
-            limit = column.pop().n_layers
-        if column:
-            by_width[width] = column
-        else:
-            del by_width[width]
+    by_width = _columns(space, within_bound)
     # Memory grows with depth and with width: a wider width's deepest fitting depth fits every
     # narrower width too, and only a depth that beats the best found needs trying (the first of
     # them alone, first: most widths cannot beat it at all).

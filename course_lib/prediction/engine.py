@@ -76,7 +76,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -90,8 +90,9 @@ from course_lib.prediction.formulas import (  # noqa: F401 (re-exported)
     precision_of,
 )
 from course_lib.prediction.step import Step
+from course_lib.prediction.target import Target
 from course_lib.training import checkpointing as ckpt
-from course_lib.units import dtype_bytes
+from course_lib.units import MEMORY_CATEGORIES, dtype_bytes
 from course_lib.validation import MAX_BYTES, integer
 
 #: The checkpointing modes the engine predicts (:data:`course_lib.training.checkpointing.MODES`).
@@ -156,14 +157,8 @@ class StepMemory:
         return self.total - self.before_step
 
     def as_dict(self) -> dict[str, int]:
-        """The six categories by name, for tables and stacked bars.
-
-        Returns:
-            dict: ``parameters``, ``master_weights``, ``optimizer_state``, ``gradients``,
-            ``activations``, ``transient`` -> bytes.
-        """
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("moment", "first_step")}
+        """Field name -> bytes of each of :data:`course_lib.units.MEMORY_CATEGORIES`, in order."""
+        return {name: getattr(self, name) for name in MEMORY_CATEGORIES}
 
 
 def breakdown_rows(memory: StepMemory) -> list[tuple[str, int]]:
@@ -173,7 +168,7 @@ def breakdown_rows(memory: StepMemory) -> list[tuple[str, int]]:
         memory (StepMemory): a prediction.
 
     Returns:
-        list of tuple: ``(name, bytes)``, names with spaces (``"optimizer state"``).
+        list of tuple: ``(label, bytes)``, labels of :data:`course_lib.units.MEMORY_CATEGORIES`.
 
     Raises:
         ValueError: naming ``memory``, for anything but a :class:`StepMemory`.
@@ -181,7 +176,7 @@ def breakdown_rows(memory: StepMemory) -> list[tuple[str, int]]:
     if not isinstance(memory, StepMemory):
         raise ValueError(f"memory must be a course_lib.prediction.engine.StepMemory, got "
                          f"{type(memory).__name__}")
-    return [(name.replace("_", " "), v) for name, v in memory.as_dict().items() if v]
+    return [(MEMORY_CATEGORIES[name].label, v) for name, v in memory.as_dict().items() if v]
 
 
 # --------------------------------------------------------------------------- the replay
@@ -637,13 +632,20 @@ def _chunked_kept(config: GPTConfig, b: int, s: int, t) -> int:
 @functools.lru_cache(maxsize=1024)
 def _kept_pieces(one: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
     """``(outside the blocks, a plain block, a checkpointed region's first block)``: bytes kept
-    from forward to backward (:func:`course_lib.prediction.checkpointed.kept_items`), per piece."""
-    kw = dict(seq_len=s, dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
-    embed, per_block, head, _, block = checkpointed.kept_layout(one, b, mode, 1, None, s, t.compute, t.gpu,
-                                                    t.autocast)
-    wrapped = checkpointed.kept_by_block(one, b, "blocks" if mode in ("none", "sqrt") else mode, 1, **kw)
+    from forward to backward (:func:`course_lib.prediction.checkpointed.kept_items`), per piece.
+    ``mode`` checkpoints: the one block is a region's first."""
+    embed, (wrapped,), head, _, block = checkpointed.kept_layout(one, b, mode, 1, None, s, t.compute,
+                                                                 t.gpu, t.autocast)
     total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=t.gpu)
-    return total(embed) + total(head), total(block), total(wrapped[0])
+    return total(embed) + total(head), total(block), total(wrapped)
+
+
+@functools.lru_cache(maxsize=4096)
+def _region_counts(n_layers: int, mode: str, every: int, segments: int | None) -> tuple[int, int]:
+    """``(regions, the blocks they cover)`` of
+    :func:`course_lib.training.checkpointing.checkpointed_regions` (cached: a list per block)."""
+    regions = ckpt.checkpointed_regions(n_layers, mode, every, segments)
+    return len(regions), sum(len(region) for region in regions)
 
 
 def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
@@ -653,9 +655,8 @@ def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
     # none, blocks and sqrt keep the same pieces (a region's first block keeps its input)
     piece_mode = "blocks" if mode in ("none", "sqrt") else mode
     outside, block, wrapped = _kept_pieces(_one_layer(config), b, s, t, piece_mode)
-    regions = ckpt.checkpointed_regions(config.n_layers, mode, every, segments)
-    covered = sum(len(region) for region in regions)
-    return outside + (config.n_layers - covered) * block + len(regions) * wrapped
+    regions, covered = _region_counts(config.n_layers, mode, every, segments)
+    return outside + (config.n_layers - covered) * block + regions * wrapped
 
 
 def _rerun_core(one: GPTConfig, b: int, s: int, t) -> tuple[int, int] | None:
@@ -980,22 +981,31 @@ class _Sizes:
     count: int           # how many tensors
 
 
+@functools.lru_cache(maxsize=64)
+def _target(precision: str, gpu: GPU | None) -> Target:
+    """The dtypes and the card of a checked step's predictions (a few per session: cached)."""
+    spec = PRECISION[precision]
+    return Target.resolve(spec.compute, gpu, spec.autocast)
+
+
 @functools.lru_cache(maxsize=1024)
+def _block_sizes(one: GPTConfig, element_bytes: int, gpu: GPU | None) -> tuple[_Sizes, _Sizes]:
+    """:class:`_Sizes` of ``one`` (a one-block model) and of the same model with two blocks."""
+    sizes = [tuple(kernels.allocated(n * element_bytes, gpu) for n in param_numels(c))
+             for c in (one, replace(one, n_layers=2))]
+    return tuple(_Sizes(sum(s), s[-1], _adamw_scratch(s), len(s)) for s in sizes)
+
+
 def _param_sizes(config: GPTConfig, element_bytes: int, gpu: GPU | None) -> _Sizes:
-    """:class:`_Sizes` of ``config`` (cached: a planner asks for the same model at many batch
-    sizes, and thousands of tensors need not be summed each time)."""
-
-    def sizes(n_layers: int) -> list[int]:
-        return [kernels.allocated(n * element_bytes, gpu)
-                for n in param_numels(replace(config, n_layers=n_layers))]
-
-    # Every block holds the same tensors: sizes of one and of two blocks give the rest (AdamW's
-    # scratch looks at neighbours only, and two blocks show every pair of neighbours).
-    one, two = sizes(1), sizes(min(2, config.n_layers))
-    block, count = sum(two) - sum(one), len(two) - len(one)
-    extra = config.n_layers - min(2, config.n_layers)
-    return _Sizes(sum(two) + extra * block, two[-1], _adamw_scratch(tuple(two)),
-                  len(two) + extra * count)
+    """:class:`_Sizes` of ``config``: every block holds the same tensors, so the sizes of one
+    and of two blocks give the rest (AdamW's scratch looks at neighbours only, and two blocks
+    show every pair of neighbours)."""
+    one, two = _block_sizes(_one_layer(config), element_bytes, gpu)
+    if config.n_layers == 1:
+        return one
+    extra = config.n_layers - 2
+    return _Sizes(two.total + extra * (two.total - one.total), two.last, two.adamw_scratch,
+                  two.count + extra * (two.count - one.count))
 
 
 def _model_states(config: GPTConfig, precision: str, gpu: GPU | None) -> tuple[_Sizes, int, int]:
@@ -1014,16 +1024,11 @@ def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every
              segments: int | None, s: int, gpu: GPU | None, first_step: bool,
              foreach: bool, loss_chunk: int | None = None) -> dict[str, StepMemory]:
     spec = PRECISION[precision]
-    _, _, t = act.prediction_args(config, b, s, spec.compute, gpu, spec.autocast)
-
-    def sizes(dtype) -> _Sizes:
-        return _param_sizes(config, dtype_bytes(dtype), gpu)
-
+    t = _target(precision, gpu)
     params, master, state = _model_states(config, precision, gpu)
     P = params.total
     resident = dict(parameters=P, master_weights=master,
                     optimizer_state=0 if first_step else state, first_step=first_step)
-    loss = kernels.allocated(4, gpu)
     out = {}
     # The forward moment: SDPA's math kernel scratch (no checkpointing), or the explicit core's
     # s x s maps (every mode: a checkpointed core still builds them).
@@ -1046,29 +1051,37 @@ def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every
             out[name + " 2+"] = StepMemory(f"{name}, micro-batch 2+: {found['moment']}", **resident,
                                            gradients=P, activations=live[_ACT],
                                            transient=live[_TMP] + live[_GRAD])
-    optimizer = dict(resident, optimizer_state=state)
+    out["optimizer"] = _optimizer_moment(config, precision, gpu, foreach, first_step)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _optimizer_moment(config: GPTConfig, precision: str, gpu: GPU | None, foreach: bool,
+                      first_step: bool) -> StepMemory:
+    """The optimizer step's moment: the model's and its precision's alone, whatever the batch,
+    the sequence and the checkpointing (cached: a search asks for it at every setting)."""
+    spec = PRECISION[precision]
+    params, master, state = _model_states(config, precision, gpu)
+    optimizer = dict(parameters=params.total, master_weights=master, optimizer_state=state,
+                     first_step=first_step)
+    loss = kernels.allocated(4, gpu)
     if spec.master:  # fp32 copies of the gradients replace the 16-bit ones one tensor at a time
-        master_grads = sizes(_F32)
+        master_grads = _param_sizes(config, 4, gpu)
         scratch = max(2 * params.last,
                       master_grads.total if foreach else master_grads.adamw_scratch)
-        out["optimizer"] = StepMemory("optimizer step (fp32 master gradients)", **optimizer,
-                                      gradients=master_grads.total, activations=0,
-                                      transient=scratch + loss)
-    else:
-        states = sizes(spec.state)
-        scratch = states.total if foreach else states.adamw_scratch
-        out["optimizer"] = StepMemory("AdamW step", **optimizer, gradients=P, activations=0,
-                                      transient=scratch + loss)
-    return out
+        return StepMemory("optimizer step (fp32 master gradients)", **optimizer,
+                          gradients=master_grads.total, activations=0, transient=scratch + loss)
+    states = _param_sizes(config, dtype_bytes(spec.state), gpu)
+    scratch = states.total if foreach else states.adamw_scratch
+    return StepMemory("AdamW step", **optimizer, gradients=params.total, activations=0,
+                      transient=scratch + loss)
 
 
 @functools.lru_cache(maxsize=8192)
 def _floor(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: int, s: int,
            gpu: GPU | None) -> int:
-    spec = PRECISION[precision]
-    _, _, t = act.prediction_args(config, b, s, spec.compute, gpu, spec.autocast)
     params, master, state = _model_states(config, precision, gpu)
-    kept = _kept_bytes(config, b, s, t, mode, every, None)
+    kept = _kept_bytes(config, b, s, _target(precision, gpu), mode, every, None)
     return (params.total + master + state + (params.total if K > 1 else 0) + kept
             + kernels.allocated(4, gpu))
 
@@ -1089,6 +1102,15 @@ def floor(step: Step) -> int:
     starts (resident model states, the accumulated gradient, the kept activations, the loss)."""
     return _floor(step.config, step.micro_batch_size, step.accumulation_steps, step.precision,
                   step.mode, step.every, step.seq_len, _card(step))
+
+
+def model_floor(step: Step) -> int:
+    """A lower bound on the peak bytes of every step of a checked :class:`Step`'s model and
+    precision where it runs, whatever its batch, sequence and checkpointing: its optimizer
+    step's moment (a plain step's: lecture 08's levers change it)."""
+    gpu = _card(step)
+    foreach = kernels.adamw_foreach(gpu) if step.foreach is None else step.foreach
+    return _optimizer_moment(step.config, step.precision, gpu, foreach, False).total
 
 
 def _card(step: Step) -> GPU | None:

@@ -140,8 +140,7 @@ def mixed_precision_for(gpu=None) -> str:
 class TrainingMemory:
     """Bytes of model states on one device; ``total`` is the sum of the four parts.
 
-    The fields are named as the step's memory categories are everywhere in the course
-    (:class:`course_lib.prediction.engine.StepMemory`, :func:`course_lib.measurement.memory.step_breakdown`).
+    The fields are four of the course's memory categories, :data:`course_lib.units.MEMORY_CATEGORIES`.
 
     Attributes:
         parameters (int): bytes of the parameters.

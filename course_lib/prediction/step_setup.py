@@ -4,8 +4,8 @@
 predicts (the course GPT in the precision's dtype, checkpointed as asked; AdamW, or
 :class:`course_lib.training.mixed_precision.MasterWeightAdamW` in mixed precision);
 :func:`train_options` gives :func:`course_lib.training.loop.train` its autocast and loss scaling;
-:func:`measure_step_memory` measures a steady-state step of it (the second: AdamW's state
-exists before it starts), which lectures 02, 03, 06 and 08 put beside the prediction.
+:func:`measure_step_memory` runs a :class:`~course_lib.prediction.step.Step` on it and measures
+its peak, which lectures 02, 03, 06 and 08 put beside ``predict(step).total``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from course_lib.device import resolve_gpu
 from course_lib.measurement.memory import peak_memory, resident_bytes
 from course_lib.model.gpt import GPT, MAX_SEED, GPTConfig, check_config, random_tokens
 from course_lib.prediction import activations as act, checkpointed, engine
+from course_lib.prediction.step import Step
 from course_lib.training import checkpointing as ckpt, levers
 from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.training.loop import make_grad_scaler, train
@@ -27,9 +28,9 @@ from course_lib.training.mixed_precision import MasterWeightAdamW
 from course_lib.training.policies import backward_ops
 from course_lib.validation import (
     MAX_BATCH,
-    MAX_COUNT,
+    WrongTypeError,
     available_device as as_device,
-    function,
+    boolean,
     integer,
     number,
     positive_int,
@@ -37,6 +38,7 @@ from course_lib.validation import (
 
 
 def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", every: int = 1,
+          segments: int | None = None, foreach: bool | None = None,
           device: str | torch.device = "cpu", lr: float = 1e-3, seed: int = 0):
     """``(model, optimizer)`` for training ``config`` in ``precision`` with checkpointing ``mode``.
 
@@ -52,6 +54,8 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
         precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
         mode (str): the checkpointing mode (:data:`course_lib.training.checkpointing.MODES`).
         every (int): its stride, a positive int.
+        segments (int, optional): the segments of ``"sqrt"`` mode (None: about sqrt(n_layers)).
+        foreach (bool, optional): AdamW's multi-tensor implementation (None: PyTorch's default).
         device (str or torch.device): "cpu", "cuda", a ``torch.device``.
         lr (float): the learning rate, a finite number >= 0.
         seed (int): seeds ``torch.manual_seed`` before the weights are drawn, an int from 0 to
@@ -65,16 +69,18 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
     """
     check_config(config)
     spec = engine.precision_of(precision)
-    ckpt.check_mode(mode, every, None, config.n_layers)
+    ckpt.check_mode(mode, every, segments, config.n_layers)
+    if foreach is not None:
+        boolean("foreach", foreach)
     device = as_device("device", device)
     lr = number("lr", lr, minimum=0.0)
     seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
     torch.manual_seed(seed)
     model = GPT(config).to(device=device, dtype=spec.params)
-    enable_checkpointing(model, mode, every)
+    enable_checkpointing(model, mode, every, segments=segments)
     if spec.master:
-        return model, MasterWeightAdamW(model.parameters(), lr=lr)
-    return model, torch.optim.AdamW(model.parameters(), lr=lr)
+        return model, MasterWeightAdamW(model.parameters(), lr=lr, foreach=foreach)
+    return model, torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
 
 
 def keeps_rng(measure: Callable) -> Callable:
@@ -113,107 +119,57 @@ def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
     return options
 
 
-def _measure_steady_step(model: torch.nn.Module, optimizer, step: Callable[[], object], *,
-                         device: str | torch.device = "cpu") -> int:
-    """Resident bytes plus the peak of a second ``step()`` (the first makes AdamW's state)."""
-    function("step", step)
-    device = as_device("device", device)
-    step()
-    resident = resident_bytes(model, optimizer)
-    return resident + peak_memory(step, device=device.type)
+#: The levers a measured step runs without, each with the value that leaves it out.
+_UNMEASURED = {"in_backward": False, "state_bits": 32, "offload_activations": False,
+               "offload_optimizer": False, "lora_rank": None, "zero_stage": 0, "world_size": 1}
 
 
 @keeps_rng
-def measure_step_memory(config: GPTConfig, micro_batch_size: int, accumulation_steps: int = 1, *,
-                        precision: str = "fp32", mode: str = "none", every: int = 1,
-                        device: str | torch.device = "cpu") -> int:
-    """Measured peak bytes of a steady-state step.
+def measure_step_memory(step: Step, *, device: str | torch.device = "cpu") -> int:
+    """Measured peak bytes of ``step``: what ``predict(step).total`` predicts.
 
-    To compare with :func:`course_lib.prediction.predict.predict`.
-
-    Builds the model and optimizer (:func:`build`) and measures the second step of
-    :func:`course_lib.training.loop.train` with :func:`train_options`.
-    The ``micro_batch_size * accumulation_steps`` sequences are seeded random tokens.
+    Builds the model and optimizer (:func:`build`, with the step's precision, checkpointing and
+    ``foreach``; the chunked loss when ``step.loss_chunk`` is set) and runs
+    :func:`course_lib.training.loop.train` with :func:`train_options` on seeded random tokens.
+    Returns the resident bytes plus the peak of the second step (AdamW's state is made in the
+    first), or of the first with ``step.first_step``. ``step.gpu`` is what the prediction
+    assumes; ``device`` is where this runs.
 
     Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): sequences per forward pass.
-        accumulation_steps (int): micro-batches per optimizer step; ``micro_batch_size *
-            accumulation_steps`` at most :data:`course_lib.validation.MAX_BATCH`.
-        precision (str): one of :data:`course_lib.prediction.engine.PRECISIONS`.
-        mode, every: checkpointing (:func:`course_lib.training.checkpointing.enable_checkpointing`).
-        device (str or torch.device): where it runs.
+        step (Step): the step; the levers of lectures 07 and 08 other than ``loss_chunk`` left
+            out.
+        device (str or torch.device): "cpu", "cuda", a ``torch.device``.
 
     Returns:
         int: bytes.
 
     Raises:
-        ValueError: naming the argument.
+        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
+        ValueError: naming ``device``, or the field of a lever this does not run.
     """
-    check_config(config)
-    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
-    if b * K > MAX_BATCH:
-        raise ValueError(f"micro_batch_size * accumulation_steps must be at most {MAX_BATCH:,} "
-                         f"sequences, got {b} * {K}")
+    if not isinstance(step, Step):
+        raise WrongTypeError(f"step must be a course_lib.prediction.step.Step, got "
+                             f"{type(step).__name__}")
+    for name, plain in _UNMEASURED.items():
+        if getattr(step, name) != plain:
+            raise ValueError(f"{name} must be {plain!r} to measure a step here (this runs plain "
+                             f"AdamW on one device), got {getattr(step, name)!r}")
     device = as_device("device", device)
-    model, optimizer = build(config, precision=precision, mode=mode, every=every, device=device)
-    options = train_options(precision, device)
-    x, y = random_tokens(config, b * K, device=device)
+    model, optimizer = build(step.config, precision=step.precision, mode=step.mode,
+                             every=step.every, segments=step.segments, foreach=step.foreach,
+                             device=device)
+    if step.loss_chunk is not None:
+        levers.use_chunked_loss(model, step.loss_chunk)
+    options = train_options(step.precision, device)
+    x, y = random_tokens(step.config, step.batch_size, step.seq_len, device=device)
 
-    def step():
-        train(model, optimizer, [(x, y)], micro_batch_size=b, accumulation_steps=K, **options)
+    def run():
+        train(model, optimizer, [(x, y)], micro_batch_size=step.micro_batch_size,
+              accumulation_steps=step.accumulation_steps, **options)
 
-    return _measure_steady_step(model, optimizer, step, device=device)
-
-
-@keeps_rng
-def measure_chunked_loss_step(config: GPTConfig, micro_batch_size: int, loss_chunk: int,
-                              accumulation_steps: int = 1, *, precision: str = "fp32",
-                              device: str | torch.device = "cpu") -> int:
-    """Measured peak bytes of a steady-state step whose loss is chunked.
-
-    To compare with ``predict(Step(..., loss_chunk=loss_chunk))``.
-
-    As :func:`course_lib.prediction.step_setup.measure_step_memory`, with the model switched to
-    :func:`course_lib.training.levers.chunked_cross_entropy` (:func:`course_lib.training.levers.use_chunked_loss`): each micro-batch's mean loss,
-    divided by ``accumulation_steps``, is backpropagated, then the optimizer steps.
-
-    Args:
-        config (GPTConfig): the model.
-        micro_batch_size (int): sequences per forward pass.
-        loss_chunk (int): tokens per chunk.
-        accumulation_steps (int): micro-batches per step.
-        precision (str): a precision of :data:`course_lib.prediction.engine.PRECISIONS` without autocast
-            or loss scaling (fp32, bf16, bf16-mixed).
-        device (str or torch.device): where it runs.
-
-    Returns:
-        int: bytes.
-
-    Raises:
-        ValueError: naming the argument; ``precision`` that autocasts or scales the loss.
-    """
-    b = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    K = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
-    loss_chunk = positive_int("loss_chunk", loss_chunk, maximum=MAX_COUNT)
-    device = as_device("device", device)
-    model, optimizer = build(config, precision=precision, device=device)
-    options = train_options(precision, device)
-    if options["amp_dtype"] is not None or options["grad_scaler"] is not None:
-        raise ValueError(f"precision must be one without autocast or loss scaling for a chunked "
-                         f"loss, got {precision!r}")
-    levers.use_chunked_loss(model, loss_chunk)
-    x, y = random_tokens(config, b * K, device=device)
-
-    def step():
-        for xk, yk in zip(x.split(b), y.split(b)):
-            loss = model(xk, yk)[1]
-            (loss if K == 1 else loss / K).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return _measure_steady_step(model, optimizer, step, device=device)
+    if not step.first_step:
+        run()
+    return resident_bytes(model, optimizer) + peak_memory(run, device=device.type)
 
 
 @dataclass(frozen=True)
@@ -257,4 +213,4 @@ def _kernel_policies(config: GPTConfig, batch_size: int, *, precision: str = "fp
     return rows
 
 
-__all__ = ["build", "keeps_rng", "train_options", "measure_step_memory", "measure_chunked_loss_step"]
+__all__ = ["build", "keeps_rng", "train_options", "measure_step_memory"]

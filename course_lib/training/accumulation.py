@@ -13,7 +13,8 @@ micro-batch's loss carries the right weight (``normalize``):
 * ``"sum-of-means"``: the means summed, the division by ``K`` forgotten: ``K`` times too large.
 
 The losses are cross-entropy over ``model(inputs)`` logits (a tuple's first item),
-``ignore_index`` targets skipped.
+``ignore_index`` targets skipped; a course GPT switched to the chunked loss
+(:func:`course_lib.training.levers.use_chunked_loss`) gives its own mean, ``model(inputs, targets)``.
 """
 
 from __future__ import annotations
@@ -131,11 +132,15 @@ def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
         total_tokens = integer("total_tokens", total_tokens, minimum=1, maximum=MAX_COUNT)
     _check_model(model)
     check_batch(model, inputs, targets, ignore_index=ignore_index)
-    logits = _logits(model, inputs)
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    summed = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
-                             ignore_index=ignore_index, reduction="sum")
+    if getattr(model, "loss_chunk", None) is not None:  # no (N, V) logits: the model's own mean
+        mean = model(inputs, targets, ignore_index=ignore_index)[1]
+        summed = mean * (targets != ignore_index).sum()
+    else:
+        logits = _logits(model, inputs)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        summed = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                                 ignore_index=ignore_index, reduction="sum")
     if normalize == "tokens":
         return summed / total_tokens
     n_k = int((targets != ignore_index).sum())

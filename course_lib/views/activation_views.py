@@ -31,28 +31,16 @@ from course_lib.model.gpt import GPTConfig
 from course_lib.prediction import engine
 from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.predict import Step, predict
-from course_lib.units import GiB, MiB, format_bytes
+from course_lib.units import MEMORY_CATEGORIES, GiB, MiB, format_bytes
 from course_lib.validation import MAX_BATCH, WrongTypeError, choice, positive_int
 from course_lib.views.widgets import live_plot
 
-#: The parts of a step's memory, bottom to top: (field of StepMemory, label, colour).
-PARTS = (("parameters", "parameters", "#4c72b0"), ("master_weights", "master weights", "#64b5cd"),
-         ("optimizer_state", "optimizer state", "#8172b2"), ("gradients", "gradients", "#55a868"),
-         ("activations", "activations", "#dd8452"), ("transient", "in flight", "#c44e52"))
 #: The widget's model widths: label -> (d_model, heads), GPT-2's sizes (50,257 tokens).
 _WIDTHS = {"768 (GPT-2 small)": (768, 12), "1024 (GPT-2 medium)": (1024, 16),
           "1280 (GPT-2 large)": (1280, 20), "1600 (GPT-2 XL)": (1600, 25),
           "2560 (2.7B-wide)": (2560, 32)}
 #: Most batch sizes a figure draws.
 _MAX_SHOWN = 128
-#: The categories of :func:`course_lib.measurement.memory.step_breakdown`, bottom to top: (name, label,
-#: colour); "transient" (gradients passed between ops, scratch) is what the threshold
-#: figure calls "in flight".
-_STEP_PARTS = (("parameters", "parameters", "#4c72b0"),
-               ("optimizer_state", "optimizer state", "#8172b2"),
-               ("gradients", "gradients", "#55a868"), ("activations", "activations", "#dd8452"),
-               ("transient", "in flight", "#c44e52"))
-_STEP_COLOURS = {name: colour for name, _, colour in _STEP_PARTS}
 
 
 def _figure(figsize: tuple) -> Figure:
@@ -121,8 +109,9 @@ def scaling_figure(batches, gradients, activations, seq_lens, curves: dict, *,
     fig = _figure(figsize)
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.88, wspace=0.22)
     left, right = fig.subplots(1, 2)
-    left.plot(batches, grads, "o-", color=_STEP_COLOURS["gradients"], label="gradients")
-    left.plot(batches, acts, "s-", color=_STEP_COLOURS["activations"], label="saved activations")
+    left.plot(batches, grads, "o-", color=MEMORY_CATEGORIES["gradients"].colour, label="gradients")
+    left.plot(batches, acts, "s-", color=MEMORY_CATEGORIES["activations"].colour,
+              label="saved activations")
     left.set(xlabel="batch size", ylabel="MiB", title="the batch grows", ylim=(0, None))
     for (label, values), style in zip(curves.items(), ["o-", "s-", "x--", "d:"] * 4):
         right.plot(seq_lens, _series(f"curves[{label!r}]", values, len(seqs)), style, label=label)
@@ -155,10 +144,9 @@ def step_figure(steps: dict, *, figsize: tuple = (9.5, 3.2)) -> Figure:
     axes = fig.subplots(1, len(steps), sharey=True, squeeze=False)[0]
     top = max(max(map(sum, zip(*s.series.values()))) for s in steps.values()) / MiB
     for ax, (title, step) in zip(axes, steps.items()):
-        ax.stackplot(range(len(step.events)), *[[v / MiB for v in step.series[name]]
-                                                for name, _, _ in _STEP_PARTS],
-                     colors=[colour for _, _, colour in _STEP_PARTS],
-                     labels=[label for _, label, _ in _STEP_PARTS])
+        parts = [MEMORY_CATEGORIES[name] for name in step.series]  # in stacking order
+        ax.stackplot(range(len(step.events)), *[[v / MiB for v in s] for s in step.series.values()],
+                     colors=[c.colour for c in parts], labels=[c.label for c in parts])
         for phase in ("backward", "optimizer"):
             if phase in step.events:
                 x = step.events.index(phase)
@@ -169,7 +157,7 @@ def step_figure(steps: dict, *, figsize: tuple = (9.5, 3.2)) -> Figure:
         ax.set_ylim(0, 1.15 * top)
     axes[0].set_ylabel("MiB live")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(_STEP_PARTS), fontsize=8,
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
                frameon=False)
     return fig
 
@@ -267,8 +255,9 @@ def _setup_threshold(fig: Figure, animated: bool = True) -> dict:
     and its label, the OOM line and its label, the chosen batch's outline, two title lines."""
     fig.subplots_adjust(left=0.075, right=0.80, bottom=0.14, top=0.82)
     ax = fig.subplots()
-    a = {"ax": ax, "parts": [ax.stairs([0], [0.5, 1.5], baseline=[0], fill=True, color=colour,
-                                       label=label) for _, label, colour in PARTS]}
+    a = {"ax": ax, "parts": [ax.stairs([0], [0.5, 1.5], baseline=[0], fill=True,
+                                       color=c.colour, label=c.label)
+                           for c in MEMORY_CATEGORIES.values()]}
     a["capacity"] = ax.axhline(0, color="k", lw=1.2)
     a["capacity_label"] = ax.text(0.6, 0, "", ha="left", va="bottom", fontsize=8,
                                   bbox={"fc": "white", "ec": "none", "pad": 1, "alpha": 0.85})
@@ -294,7 +283,7 @@ def _draw_threshold(a: dict, t: Threshold, title: str) -> None:
     n = len(t.memory)
     edges = [k - 0.5 for k in range(1, n + 2)]  # one step per batch size
     bottom = [0.0] * n
-    for artist, (field, _, _) in zip(a["parts"], PARTS):  # one filled step per part, not n bars
+    for artist, field in zip(a["parts"], MEMORY_CATEGORIES):  # one filled step per part, not n bars
         top = [lo + getattr(m, field) / GiB for lo, m in zip(bottom, t.memory)]
         artist.set_data(top, edges, baseline=bottom)
         bottom = top
@@ -431,5 +420,5 @@ def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8
     return live_plot(draw, controls, figsize=(9.5, 3.6), columns=4, setup=_setup_threshold)
 
 
-__all__ = ["PARTS", "Threshold", "show", "scaling_figure", "step_figure",
+__all__ = ["Threshold", "show", "scaling_figure", "step_figure",
            "oom_threshold", "threshold_figure", "oom_widget"]

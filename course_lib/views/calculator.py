@@ -1,7 +1,7 @@
 """01: model states against a GPU's memory: the figures of lecture 01 and its calculator.
 
 Every figure here draws :class:`course_lib.prediction.formulas.TrainingMemory` values as stacked bars
-(parameters, gradients, optimizer states, fp32 master weights) against the memory of GPUs as
+(:data:`course_lib.units.MEMORY_CATEGORIES`' first four) against the memory of GPUs as
 PyTorch reports it (:attr:`course_lib.device.GPU.capacity`, the budget a model must fit in). Each
 GPU is a line labelled with its :attr:`~course_lib.device.GPU.capacity_label`: that figure and,
 below it, ``nvidia-smi``'s total, the one learners see first. The labels stand in a column
@@ -30,14 +30,12 @@ from matplotlib.figure import Figure
 from course_lib.device import GPU, GPUS
 from course_lib.model.zoo import PRESETS
 from course_lib.prediction.formulas import MAX_PARAMS, OPTIMIZERS, TrainingMemory, training_memory
-from course_lib.units import GB, GiB, MiB, format_bytes
+from course_lib.units import GB, MEMORY_CATEGORIES, GiB, MiB, format_bytes
 from course_lib.validation import choice, items, number, positive_int, text
 from course_lib.views.widgets import live_plot, nice_ceiling, render_png
 
-#: The four model states as the figures draw them: field of TrainingMemory, label, colour.
-PARTS = (("parameters", "parameters", "#4c72b0"), ("gradients", "gradients", "#55a868"),
-         ("optimizer_state", "optimizer states", "#c44e52"),
-         ("master_weights", "fp32 master weights", "#8172b2"))
+_PARTS = {name: c for name, c in MEMORY_CATEGORIES.items()  # the four model states
+          if name in TrainingMemory.__dataclass_fields__}
 #: The precisions the calculator offers, by the label its menu shows.
 CALCULATOR_PRECISIONS = {"fp32": "fp32", "bf16-mixed (fp32 master)": "bf16-mixed",
                          "fp16-mixed (fp32 master)": "fp16-mixed",
@@ -158,7 +156,7 @@ def _setup_bars(fig, names: list[str], animated: bool, rect: tuple = _AXES) -> d
     ax = fig.add_axes(rect)
     x = range(len(names))
     bars = {part: ax.bar(x, [0] * len(names), width=0.55, color=colour, label=label)
-            for part, label, colour in PARTS}
+            for part, (label, colour) in _PARTS.items()}
     ax.set_xticks(list(x), names, fontsize=9)
     ax.set_xlim(-0.6, len(names) - 0.4)
     ax.set_ylabel("GiB per GPU")
@@ -175,7 +173,7 @@ def _set_bars(a: dict, states: list[TrainingMemory], scale: float = GiB) -> floa
     """Stack each bar's parts, in units of ``scale`` bytes; with one bar, the legend gives each
     part's size in GiB. Returns the tallest bar's height."""
     bottoms = [0.0] * len(states)
-    for (part, label, _), texts in zip(PARTS, a["legend"].get_texts()):
+    for (part, (label, _)), texts in zip(_PARTS.items(), a["legend"].get_texts()):
         for i, (patch, m) in enumerate(zip(a["bars"][part], states)):
             height = getattr(m, part) / scale
             patch.set_y(bottoms[i])
@@ -509,6 +507,6 @@ def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> wi
     return box
 
 
-__all__ = ["CALCULATOR_PRECISIONS", "PARTS", "WORLD_SIZES", "activations_figure",
+__all__ = ["CALCULATOR_PRECISIONS", "WORLD_SIZES", "activations_figure",
            "bytes_per_param_figure", "calculator", "calculator_figure",
            "states_figure", "zero_figure"]

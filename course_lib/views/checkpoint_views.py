@@ -29,7 +29,7 @@ from course_lib.model.gpt import GPTConfig
 from course_lib.prediction import checkpointed, engine
 from course_lib.prediction.predict import Prediction, Step, predict
 from course_lib.training import checkpointing as ckpt
-from course_lib.units import format_bytes
+from course_lib.units import MEMORY_CATEGORIES, format_bytes
 from course_lib.validation import MAX_BATCH, choice, integer, items, number, positive_int
 from course_lib.views.widgets import live_plot
 
@@ -40,11 +40,9 @@ CHOICES = {"none": "none", "blocks": "per-block", "sqrt": "segments"}
 GPT2_SMALL = dict(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12)
 #: The most layers the explorer offers.
 MAX_EXPLORER_LAYERS = 96
-#: Colours of the figures: one per curve of :func:`plot_depths` and per memory category.
+#: Colours of the curves of :func:`plot_depths`.
 COLORS = {"none": "#c44e52", "per-block": "#4c72b0", "√n segments": "#8c8c8c",
           "best segments": "#55a868"}
-_CATEGORY_COLORS = {"parameters": "#8172b2", "optimizer state": "#da8bc3", "gradients": "#55a868",
-                   "activations": "#4c72b0", "transient": "#c44e52"}
 
 
 #: Lecture 04's sizes on a CPU: ``(config, batch, sweep, sweep_batch)`` of :func:`lecture_sizes`.
@@ -256,8 +254,8 @@ def _setup(fig) -> dict:
     fig.subplots_adjust(left=0.09, right=0.98, bottom=0.12, top=0.74, wspace=0.36)
     a = {"mem": mem, "title": fig.text(0.5, 0.975, "", ha="center", va="top", fontsize=10)}
     a["plain"] = mem.bar([0], [0], width=0.6, color="0.8")[0]
-    a["parts"] = {name: mem.bar([1], [0], width=0.6, color=color)[0]
-                  for name, color in _CATEGORY_COLORS.items()}
+    a["parts"] = {c.label: mem.bar([1], [0], width=0.6, color=c.colour)[0]
+                  for c in MEMORY_CATEGORIES.values()}
     for name, patch in a["parts"].items():
         patch.set_label(name)
     a["labels"] = [mem.text(i, 0, "", ha="center", va="bottom", fontsize=9) for i in (0, 1)]

@@ -5,9 +5,9 @@ so that the same code serves a notebook figure and a widget of :func:`course_lib
 The bytes come from :func:`course_lib.prediction.predict.predict` and the planner
 (:func:`course_lib.planning.fit.fit_model`); the figures only lay them out:
 
-* :func:`draw_steps`: one horizontal bar per step, stacked by category (parameters, master
-  weights, optimizer state, gradients, activations, transient), a measured peak as a tick on
-  its bar, and the budget as a labelled line;
+* :func:`draw_steps`: one horizontal bar per step, stacked by category
+  (:data:`course_lib.units.MEMORY_CATEGORIES`), a measured peak as a tick on its bar, and the
+  budget as a labelled line;
 * :func:`draw_largest`: the largest GPT each set of techniques trains, beside its step;
 * :func:`draw_timeline`: allocated bytes over one step, with the budget, the predicted peak and
   the resident model states;
@@ -31,13 +31,12 @@ from course_lib.prediction import engine
 from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.formulas import mixed_precision_for
 from course_lib.prediction.predict import Step, predict
-from course_lib.units import GB, GiB, MiB, format_bytes
+from course_lib.units import GB, MEMORY_CATEGORIES, GiB, MiB, format_bytes
 from course_lib.validation import MAX_BYTES, choice, integer, positive_int, text
 from course_lib.views.widgets import check_figure, live_plot
 
-#: The colour of each category of :func:`course_lib.prediction.engine.breakdown_rows`, in stacking order.
-COLORS = {"parameters": "C0", "master weights": "C4", "optimizer state": "C1",
-          "gradients": "C2", "activations": "C3", "transient": "0.6"}
+#: The colour of each label of :func:`course_lib.prediction.engine.breakdown_rows`, in stacking order.
+COLORS = {c.label: c.colour for c in MEMORY_CATEGORIES.values()}
 #: The options of the explorer's sliders (:func:`draw_explorer`).
 SEQ_LENS = (256, 512, 1024, 2048, 4096, 8192)
 EFFECTIVE_BATCHES = (8, 16, 32, 64, 128, 256, 512)

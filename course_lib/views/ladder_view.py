@@ -1,8 +1,7 @@
 """08: the pictures of lecture 08: where a step's bytes are, and the fit ladder's widget.
 
 * :func:`peak_parts_figure`: the opening figure. For a few jobs, the predicted peak of the
-  plain step split into what holds it (weights, optimizer states, gradients, the
-  activations autograd keeps, what is in flight), against a card's memory: which part is
+  plain step split into what holds it (:data:`PARTS`), against a card's memory: which part is
   largest decides which lever helps.
 * :func:`chunked_loss_figure`, :func:`offload_price_figure` and :func:`loss_curves_figure`:
   sections 2 to 4, a step's peak against the vocabulary with and without the chunked loss, the
@@ -34,7 +33,7 @@ from course_lib.device import GPUS
 from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.planning import fit_ladder
 from course_lib.prediction.engine import StepMemory
-from course_lib.units import GiB, MiB, format_bytes
+from course_lib.units import MEMORY_CATEGORIES, GiB, MiB, format_bytes
 from course_lib.validation import WrongTypeError, choice, items, number, positive_int
 from course_lib.views.widgets import check_figsize, check_figure, live_plot
 
@@ -57,13 +56,10 @@ LADDER_MODELS = {
 SEQ_LENS = (512, 1024, 2048, 4096, 8192)
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
-#: The parts of a step's memory in the opening figure: label, StepMemory fields, colour.
-PARTS = (("weights", ("parameters",), "#4c72b0"),
-         ("optimizer states (m, v, fp32 master weights)", ("optimizer_state", "master_weights"),
-          "#8172b2"),
-         ("gradients", ("gradients",), "#c44e52"),
-         ("activations autograd keeps", ("activations",), "#55a868"),
-         ("in flight: the loss's gradient buffers, scratch", ("transient",), "#dd8452"))
+#: The parts of a step's memory in the opening figure: groups of
+#: :data:`~course_lib.units.MEMORY_CATEGORIES`, each drawn in its last category's colour.
+PARTS = (("parameters",), ("master_weights", "optimizer_state"), ("gradients",), ("activations",),
+         ("transient",))
 _FREE, _PAID, _NOTHING, _PLAIN = "#55a868", "#dd8452", "#c8c8c8", "0.45"
 _LADDER_FIGSIZE = (9.5, 4.2)  # inches: the widget, its controls and its climb in one screen
 
@@ -103,12 +99,11 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
     fig.subplots_adjust(left=0.2, right=0.97, top=0.9, bottom=0.42)
     rows = list(jobs.items())
     left = [0.0] * len(rows)
-    masters = any(m.master_weights for _, m in rows)
-    for label, fields, colour in PARTS:
+    for fields in PARTS:
         width = [sum(getattr(m, f) for f in fields) / GiB for _, m in rows]
-        if "master_weights" in fields and not masters:  # an fp32 step keeps none
-            label = label.replace(", fp32 master weights", "")
-        ax.barh(range(len(rows)), width, left=left, color=colour, label=label, height=0.6)
+        held = [f for f in fields if any(getattr(m, f) for _, m in rows)] or fields  # fp32: no masters
+        ax.barh(range(len(rows)), width, left=left, color=MEMORY_CATEGORIES[fields[-1]].colour,
+                label=" + ".join(MEMORY_CATEGORIES[f].label for f in held), height=0.6)
         left = [x + w for x, w in zip(left, width)]
     for i, (_, m) in enumerate(rows):
         ax.text(m.total / GiB, i, f" {format_bytes(m.total)}", va="center", fontsize=8.5)

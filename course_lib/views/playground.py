@@ -292,7 +292,8 @@ def measure_step_cost(step: Step, *, device: torch.device | str = "cpu", steps: 
 
     Raises:
         TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
-        ValueError: naming ``device``, ``steps`` or ``clock``, for a bad value.
+        ValueError: naming ``device``, ``steps`` or ``clock``, for a bad value, or a lever
+            that :func:`~course_lib.prediction.step_setup.measure_step_memory` does not run.
     """
     if not isinstance(step, Step):
         raise WrongTypeError(f"step must be a course_lib.prediction.step.Step, got "
@@ -301,9 +302,9 @@ def measure_step_cost(step: Step, *, device: torch.device | str = "cpu", steps: 
     choice("clock", clock, CLOCKS)
     device = as_device("device", device)
     config, b, K = step.config, step.micro_batch_size, step.accumulation_steps
-    peak = measure_step_memory(config, b, K, precision=step.precision, mode=step.mode,
-                               device=device)
-    model, optimizer = build(config, precision=step.precision, mode=step.mode, device=device)
+    peak = measure_step_memory(step, device=device)
+    model, optimizer = build(config, precision=step.precision, mode=step.mode, every=step.every,
+                             segments=step.segments, foreach=step.foreach, device=device)
     x, y = markov_tokens(b * K, config.seq_len, config.vocab_size, device=device)
     seconds = _best_seconds(lambda: train(model, optimizer, [(x, y)], micro_batch_size=b,
                                           accumulation_steps=K,
