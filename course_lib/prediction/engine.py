@@ -1089,12 +1089,9 @@ def _floor(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: 
 def moments(step: Step) -> dict[str, StepMemory]:
     """The moments of a checked :class:`Step` that compete for its peak, by name, in the order
     the step reaches them (its precision, accumulation, checkpointing and chunked loss)."""
-    gpu = _card(step)
-    # None: AdamW as PyTorch runs it by default where the step runs (foreach on a GPU)
-    foreach = kernels.adamw_foreach(gpu) if step.foreach is None else step.foreach
     return dict(_moments(step.config, step.micro_batch_size, step.accumulation_steps,
-                         step.precision, step.mode, step.every, step.segments, step.seq_len, gpu,
-                         step.first_step, foreach, step.loss_chunk))
+                         step.precision, step.mode, step.every, step.segments, step.seq_len,
+                         _card(step), step.first_step, step.runs_foreach, step.loss_chunk))
 
 
 def floor(step: Step) -> int:
@@ -1108,9 +1105,8 @@ def model_floor(step: Step) -> int:
     """A lower bound on the peak bytes of every step of a checked :class:`Step`'s model and
     precision where it runs, whatever its batch, sequence and checkpointing: its optimizer
     step's moment (a plain step's: lecture 08's levers change it)."""
-    gpu = _card(step)
-    foreach = kernels.adamw_foreach(gpu) if step.foreach is None else step.foreach
-    return _optimizer_moment(step.config, step.precision, gpu, foreach, False).total
+    return _optimizer_moment(step.config, step.precision, _card(step), step.runs_foreach,
+                             False).total
 
 
 def _card(step: Step) -> GPU | None:

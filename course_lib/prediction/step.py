@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from course_lib.device import GPU, resolve_gpu
+from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.prediction.formulas import MAX_WORLD_SIZE, PRECISION, precision_of
 from course_lib.training import checkpointing as ckpt
@@ -126,6 +127,12 @@ class Step:
     def batch_size(self) -> int:
         """Sequences per optimizer step: ``micro_batch_size * accumulation_steps``."""
         return self.micro_batch_size * self.accumulation_steps
+
+    @property
+    def runs_foreach(self) -> bool:
+        """Whether AdamW steps as one multi-tensor op: ``foreach``, else PyTorch's default where
+        the step runs (:func:`course_lib.model.kernels.adamw_foreach`: on a GPU)."""
+        return kernels.adamw_foreach(self.gpu) if self.foreach is None else self.foreach
 
     @property
     def spec(self):

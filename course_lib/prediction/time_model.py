@@ -522,7 +522,7 @@ def _step_time(step: Step, speed: DeviceSpeed) -> StepTime:
     # operators: every block runs the same ones, so a mode checkpointing some blocks reruns
     # its per-block extra in those only; ``sqrt`` segments rerun whole blocks
     regions = ckpt.checkpointed_regions(L, mode, every)
-    foreach = adamw_foreach(gpu)
+    foreach = step.runs_foreach
     per_micro, per_step = _step_ops(config, "none", step.precision, foreach)
     if mode != "none":
         extra_ops = _step_ops(config, _counted(mode), step.precision, foreach)[0] - per_micro
