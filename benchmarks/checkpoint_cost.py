@@ -52,7 +52,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from course_lib.device import pick_dtype
 from course_lib.measurement import timing
 from course_lib.measurement.memory import peak_memory
-from course_lib.measurement.timing import StepTimes
 from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.prediction import checkpointed
 from course_lib.training import checkpointing as ckpt
@@ -93,7 +92,7 @@ def memory(model, x, y, device: str) -> tuple[int, int]:
     return kept, peak_memory(lambda: _step(model, x, y), device=device)
 
 
-def step_times(model, x, y, policies, device: str, rounds: int) -> StepTimes:
+def step_times(model, x, y, policies, device: str, rounds: int):
     """Seconds of one forward + backward per policy and round (``course_lib.measurement.timing``: warmed
     up, synchronized, policies interleaved in an order rotated every round)."""
     by_label = {label(*p): p for p in policies}

@@ -1,13 +1,12 @@
 """Companion package of the course "Training bigger models on smaller GPUs".
 
-Five modules at the top, which the whole package uses, then one wing (a subpackage) per concern,
+Four modules at the top, which the whole package uses, then one wing (a subpackage) per concern,
 in the order they build on one another. A module imports only the top modules above it, the
 wings above its own, and the modules above it in its wing's index (each wing's ``__init__``);
 ``tests/test_repo.py`` checks it, function bodies included:
 
 =====================  ==========================================================================
 ``validation``         all: the shared input checks (``ValueError`` naming the parameter)
-``docstrings``         all: docstring pieces that several functions share, written once
 ``units``              all: byte counts (of distinct storages too) and their human-readable form
 ``claims``             01-08: a claim, the lecture's measurement of it, and the verdict
 ``device``             00: which device and training dtype this kernel uses; the GPU presets

@@ -1,14 +1,10 @@
 """Claim checks: a sentence learners meet, what the lecture measured, and the verdict.
 
-Every lecture ends with a claim check: the statements about training memory that circulate in
-articles and forum answers, each set against a figure the lecture's cells computed. A
-:class:`Claim` holds the four parts, and :func:`check_claims` shows them as one table and fails
-on the first claim whose measurement does not support its verdict, so a lecture cannot show a
-verdict its own numbers contradict (nbval re-runs every lecture in CI).
-
-Verdicts speak one vocabulary, the words the lectures' prose uses: **true**, **false** or
-**half-true**, optionally followed by ``": "`` and the reason (``"false: it changes only the
-communication"``).
+Every lecture ends with the claims about training memory that circulate in articles and forum
+answers, each set against a figure its cells computed. :func:`check_claims` shows them as one
+table and fails on a claim whose measurement does not support its verdict, so a lecture cannot
+show a verdict its own numbers contradict. Verdicts speak the lectures' words: **true**,
+**false** or **half-true**, optionally followed by ``": "`` and the reason.
 """
 
 from __future__ import annotations
@@ -17,9 +13,7 @@ import html
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from course_lib.validation import WrongTypeError
-
-from .validation import boolean, items, text
+from .validation import WrongTypeError, boolean, items, text
 
 _VERDICTS = ("true", "false", "half-true")
 
@@ -33,12 +27,9 @@ class Claim:
         measured (str): the evidence, formatted from figures the lecture computed.
         verdict (str): ``"true"``, ``"false"`` or ``"half-true"``, optionally followed by
             ``": "`` and the reason.
-        holds (bool): whether the measurement supports the verdict: the test of the figures
-            that the verdict rests on.
-
+        holds (bool): whether the measurement supports the verdict (the test of its figures).
     Raises:
-        ValueError: ``said``, ``measured`` or ``verdict`` is not a ``str``, ``verdict`` does
-            not start with one of the three words, or ``holds`` is not a ``bool``.
+        ValueError: for a ``verdict`` whose first word is none of those three.
     """
 
     said: str
@@ -88,7 +79,7 @@ class _ClaimTable:
         cell = 'style="text-align:left; vertical-align:top; padding:4px 8px"'
         rows = []
         for claim in self.claims:
-            word = (f'<b style="color:{self._COLOURS[claim.word]}">{claim.word}</b>')
+            word = f'<b style="color:{self._COLOURS[claim.word]}">{claim.word}</b>'
             reason = f"<br>{html.escape(claim.reason)}" if claim.reason else ""
             rows.append(f"<tr><td {cell}>{html.escape(claim.said)}</td>"
                         f"<td {cell}>{html.escape(claim.measured)}</td>"
@@ -101,8 +92,8 @@ class _ClaimTable:
 def check_claims(claims: Iterable[Claim]) -> list[Claim]:
     """Show every claim with its evidence and verdict; fail if any measurement contradicts it.
 
-    All claims are shown first (a table in a notebook, plain text elsewhere), so the failing
-    one is read in context.
+    All claims are shown first (a table in a notebook, plain text elsewhere), so that the
+    failing one is read in context.
 
     Args:
         claims (Iterable[Claim]): the lecture's claims, in the order to show them.
@@ -111,7 +102,6 @@ def check_claims(claims: Iterable[Claim]) -> list[Claim]:
         list[Claim]: the claims, all of which hold.
 
     Raises:
-        ValueError: ``claims`` is not a sequence of :class:`Claim`.
         AssertionError: naming each claim whose ``holds`` is False.
 
     Example:

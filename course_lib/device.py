@@ -1,24 +1,11 @@
-"""Which device and which training dtype this kernel should use.
+"""Which device and which training dtype this kernel should use; the GPU presets.
 
-The same notebook runs on a laptop CPU, on Apple silicon (MPS), on Colab's T4 and
-on datacenter GPUs. :func:`pick_device` prefers CUDA, then MPS, then the CPU;
-:func:`pick_dtype` chooses the 16-bit format for mixed precision:
-
-* CUDA with native bf16 (Ampere and newer: A100, H100, L4): ``torch.bfloat16``.
-  bf16 has fp32's exponent range, so no loss scaling is needed.
-* CUDA without native bf16 (Turing, e.g. Colab's T4): ``torch.float16`` with a
-  ``torch.amp.GradScaler``: fp16's 5-bit exponent underflows small gradients
-  unless the loss is scaled up first (Micikevicius et al. 2018, "Mixed Precision
-  Training").
-* CPU: ``torch.float32``. CPU autocast exists, but the course's CPU runs are there
-  to be quick and exact, not to imitate a GPU.
-* MPS: ``torch.bfloat16`` where the OS supports it, else ``torch.float16``.
-
-:data:`GPUS` holds the cards learners train on, as :class:`GPU` presets (memory
-in bytes as the card reports it, compute capability), so that every prediction
-of the course can be made for a T4 or an H100 on a laptop; :func:`live_gpu`
-reads the same facts from the GPU of this kernel, and :func:`resolve_gpu` turns
-what a learner passes (None, a preset name, "cuda", a ``GPU``) into one of them.
+:func:`pick_device` prefers CUDA, then MPS, then the CPU. :func:`pick_dtype` picks bf16 on GPUs
+with native bf16 (Ampere and newer, and MPS where the OS supports it), fp16 with a
+``GradScaler`` on older ones such as Colab's T4 (Micikevicius et al. 2018, "Mixed Precision
+Training"), and fp32 on the CPU, whose runs are there to be quick and exact. :data:`GPUS` holds
+the cards learners train on, so that every prediction can be made for a T4 or an H100 on a
+laptop; :func:`live_gpu` reads the same facts from this kernel's GPU.
 """
 
 from __future__ import annotations
@@ -41,24 +28,24 @@ def _in_colab() -> bool:
 
 
 def _mps_available() -> bool:
+    """Whether this PyTorch has an MPS backend and the machine has its GPU."""
     mps = getattr(torch.backends, "mps", None)
     return bool(mps is not None and mps.is_available())
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
-    """The best available device: CUDA > MPS > CPU, or ``prefer`` if it is available.
+    """The best available device: CUDA > MPS > CPU, or ``prefer`` if this machine has it.
 
-    Asking for a device that this machine lacks raises ``ValueError`` rather than silently
-    falling back, so a notebook that needs a GPU says so.
+    A device this machine lacks raises ``ValueError`` rather than falling back silently, so a
+    notebook that needs a GPU says so.
 
     Args:
         prefer (str, optional): ``"cuda"``, ``"mps"``, ``"cpu"`` or ``None`` (the best one).
 
     Returns:
         torch.device: ``cuda``, ``mps`` or ``cpu`` (no index).
-
     Raises:
-        ValueError: naming ``prefer``, for another value or a device this machine lacks.
+        ValueError: for a ``prefer`` not listed, or a device this machine lacks.
 
     Example:
         >>> pick_device("cpu")
@@ -77,57 +64,36 @@ def pick_device(prefer: str | None = None) -> torch.device:
         return torch.device("mps")
     return torch.device("cpu")
 
-#: The largest FLOP/s a :class:`GPU` may state: 1e18 (an H200's dense 16-bit tensor cores do
-#: about 1e15).
+
+#: The largest FLOP/s a :class:`GPU` may state (an H200's dense 16-bit tensor cores: about 1e15).
 MAX_FLOPS = 1e18
-#: The largest memory bandwidth a :class:`GPU` may state, in bytes/s: 1e15 (an H200: 4.8e12).
+#: The largest memory bandwidth a :class:`GPU` may state, in bytes/s (an H200: 4.8e12).
 MAX_BANDWIDTH = 1e15
 
 
 @dataclass(frozen=True)
 class GPU:
-    """A CUDA card as the memory engine sees it.
-
-    The speed fields are optional and come last, so ``GPU(name, total_memory, capability)``
-    still builds a card (without them a time prediction needs a measured speed,
-    :func:`course_lib.prediction.time_model.measure_speed`).
+    """A CUDA card as the memory engine and the time model see it.
 
     Attributes:
-        name (str): what the course calls it ("T4", "H100 80GB") or the driver's name for a live
-            card.
-        total_memory (int): bytes of device memory as PyTorch reports it
-            (``torch.cuda.get_device_properties(i).total_memory``, the "total capacity" of an
-            out-of-memory message), from 1 to :data:`course_lib.validation.MAX_BYTES`. It is the
-            budget every "does it fit" question about a preset is asked against; it is a few
-            hundred MiB under ``nvidia-smi``'s "Total" (``smi_memory``), which counts memory the
-            driver keeps for itself.
-        capability (tuple of int): the compute capability ``(major, minor)``, each 0 to 99: 7.5
-            is Turing (T4), 8.0 Ampere (A100), 8.9 Ada (L4), 9.0 Hopper (H100, H200). It decides
-            the attention kernel and whether bf16 runs on tensor cores.
-        free_memory (int, optional): bytes free when it was read (``torch.cuda.mem_get_info``),
-            live cards only; at most ``total_memory``.
-        live (bool): True when read from this kernel's GPU (:func:`live_gpu`), False for a preset.
-        fp32_flops (float, optional): peak dense fp32 FLOP/s without tensor cores (what fp32
-            matmuls get: PyTorch leaves TF32 off for matmuls by default), from the datasheet;
-            None if unknown.
-        tensor_flops (float, optional): peak dense fp16/bf16 tensor-core FLOP/s, without the 2:4
-            sparsity that datasheets quote first (their sparse figure halved); None if unknown.
-        memory_bandwidth (float, optional): peak device-memory bandwidth in bytes/s (decimal, as
-            quoted).
-        datasheet (str, optional): where the figures come from.
-        host_link (float, optional): bytes/s per direction between the card and the host (its
-            PCIe generation, :data:`PCIE_BYTES_PER_S`): what offloading pays; None if unknown.
-        peer_link (float, optional): bytes/s per direction from the card to its peers (NVLink on
-            SXM boards, else PCIe): what ZeRO's gathers and reductions pay; None if unknown.
-        smi_memory (int, optional): ``nvidia-smi``'s "Total" in bytes (MiB x 2**20), printed
-            beside ``total_memory`` because it is the figure learners see first; at least
-            ``total_memory``. None for a live card (the driver's tool is not asked).
-
-    Raises:
-        ValueError: naming the field, for a non-str ``name`` or ``datasheet``, a ``total_memory``
-            that is not a positive int of bytes, a ``capability`` that is not a pair of ints
-            from 0 to 99, a ``free_memory`` outside ``[0, total_memory]``, a non-bool ``live``,
-            or a speed that is not a positive finite number or None.
+        name (str): what the course calls it ("T4", "H100 80GB"), or the driver's name.
+        total_memory (int): bytes as PyTorch reports them (``get_device_properties().total_memory``,
+            an OOM message's "total capacity"): the budget of every "does it fit" question, a
+            few hundred MiB under ``nvidia-smi``'s "Total", which counts the driver's own memory.
+        capability (tuple of int): ``(major, minor)``, each 0 to 99: 7.5 Turing (T4), 8.0 Ampere
+            (A100), 8.9 Ada (L4), 9.0 Hopper. It decides the attention kernel and bf16's speed.
+        free_memory (int, optional): bytes free when a live card was read (``mem_get_info``).
+        live (bool): True when read from this kernel's GPU (:func:`live_gpu`).
+        fp32_flops (float, optional): datasheet peak dense fp32 FLOP/s without tensor cores (PyTorch
+            leaves TF32 off for matmuls by default).
+        tensor_flops (float, optional): datasheet peak dense fp16/bf16 tensor-core FLOP/s.
+        memory_bandwidth (float, optional): peak device-memory bandwidth, bytes/s (decimal).
+        smi_memory (int, optional): ``nvidia-smi``'s "Total" in bytes, the figure learners see
+            first; at least ``total_memory``; None for a live card.
+        host_link (float, optional): bytes/s per direction to the host (its PCIe generation,
+            :data:`PCIE_BYTES_PER_S`): what offloading pays.
+        peer_link (float, optional): bytes/s per direction to its peers (NVLink, else PCIe): what
+            ZeRO's gathers and reductions pay.
     """
 
     name: str
@@ -138,7 +104,6 @@ class GPU:
     fp32_flops: float | None = None
     tensor_flops: float | None = None
     memory_bandwidth: float | None = None
-    datasheet: str | None = None
     smi_memory: int | None = None
     host_link: float | None = None
     peer_link: float | None = None
@@ -169,21 +134,18 @@ class GPU:
             if not ok:
                 raise ValueError(f"{name} must be a positive finite number of at most "
                                  f"{maximum:.0e}, or None, got {value!r}")
-        if self.datasheet is not None:
-            text("datasheet", self.datasheet)
         if self.smi_memory is not None:
             integer("smi_memory", self.smi_memory, minimum=self.total_memory, maximum=MAX_BYTES)
 
     @property
     def capacity(self) -> int:
-        """Bytes a training step may use here: what was free when a live card was read
-        (``torch.cuda.mem_get_info``), else the total PyTorch reports. The course's one rule."""
+        """Bytes a step may use: what was free when a live card was read, else the total."""
         return self.free_memory if self.live and self.free_memory is not None else self.total_memory
 
     @property
     def capacity_label(self) -> str:
-        """:attr:`capacity` in words, the course's one label for a card's memory line, e.g.
-        ``"T4: 14.58 GiB as PyTorch reports it (nvidia-smi: 15,360 MiB)"``."""
+        """:attr:`capacity` in words, e.g. ``"T4: 14.58 GiB as PyTorch reports it (nvidia-smi:
+        15,360 MiB)"``."""
         if self.live and self.free_memory is not None:
             return (f"{self.name}: {format_bytes(self.free_memory)} free of "
                     f"{format_bytes(self.total_memory)} as PyTorch reports it")
@@ -196,8 +158,8 @@ class GPU:
         return self.capability >= (8, 0)
 
     def peak_flops(self, dtype) -> float | None:
-        """Datasheet peak dense matmul FLOP/s in ``dtype`` (bf16 on a T4 and fp32: the fp32
-        rate, as PyTorch leaves TF32 off for matmuls); None where unknown."""
+        """Datasheet peak dense matmul FLOP/s in ``dtype`` (fp32, and bf16 on a T4: the fp32 rate);
+        None where unknown."""
         dtype = as_dtype(dtype)
         if dtype == torch.float16 or (dtype == torch.bfloat16 and self.has_native_bf16):
             return self.tensor_flops
@@ -206,69 +168,48 @@ class GPU:
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
 
 
-#: The GPUs learners train on, by the name the widgets show. ``total_memory`` is what PyTorch
-#: reports (``get_device_properties().total_memory``, an OOM message's "total capacity"),
-#: read from published ``_CudaDeviceProperties`` and OOM messages; it varies by a few tens of
-#: MiB with the driver, so the lowest figure seen is kept (a budget too high is an OOM). A
-#: Colab T4 reports about 14.58-14.75 GiB against nvidia-smi's 15360 MiB, an A100 80GB about
-#: 79.15-79.25 GiB against 81920 MiB, an H100 80GB 79.10-79.11 GiB in its OOM messages against
-#: 81559 MiB (80998 MiB prints as 79.10 GiB). On a live card the budget is what
-#: ``torch.cuda.mem_get_info()`` says is free (:func:`live_gpu`).
-#: Speeds are NVIDIA's datasheet peaks (dense: the tensor figures with 2:4 sparsity halved),
-#: SXM boards for the A100, H100 and H200; no run of the course measured them (see
-#: :func:`course_lib.prediction.time_model.measure_speed` for this kernel's device). Host links are the
-#: boards' PCIe generation (T4: 3.0, L4 and A100: 4.0, H100 and H200: 5.0, all x16, from the same
-#: datasheets); peer links NVLink per GPU per direction (A100: 600 GB/s bidirectional, H100 and
-#: H200: 900 GB/s), PCIe for the T4 and L4, which have no NVLink.
-#: Host links, theoretical bandwidth per direction in bytes per second (PCI-SIG: 8, 16, 32
-#: GT/s per lane with 128b/130b encoding, x16): what a pinned-memory copy approaches.
+#: Host links, theoretical bytes/s per direction (PCI-SIG: 8, 16, 32 GT/s per lane, 128b/130b
+#: encoding, x16): what a pinned-memory copy approaches.
 PCIE_BYTES_PER_S = {"PCIe 3.0 x16": 15.75e9, "PCIe 4.0 x16": 31.5e9, "PCIe 5.0 x16": 63.0e9}
 _PCIE3, _PCIE4, _PCIE5 = PCIE_BYTES_PER_S.values()
-_T4 = "NVIDIA T4 Tensor Core GPU datasheet: FP32 8.1 TFLOPS, mixed FP16 65 TFLOPS, 320 GB/s"
-_L4 = "NVIDIA L4 Tensor Core GPU datasheet: FP32 30.3 TFLOPS, FP16/BF16 242 TFLOPS with sparsity, 300 GB/s"
-_A100 = ("NVIDIA A100 Tensor Core GPU datasheet (SXM): FP32 19.5 TFLOPS, BF16/FP16 312 TFLOPS, "
-         "{} GB/s")
-_H100 = ("NVIDIA H100 Tensor Core GPU datasheet (SXM): FP32 67 TFLOPS, BF16/FP16 1,979 TFLOPS "
-         "with sparsity, 3.35 TB/s")
-_H200 = ("NVIDIA H200 Tensor Core GPU datasheet (SXM): FP32 67 TFLOPS, BF16/FP16 1,979 TFLOPS "
-         "with sparsity, 4.8 TB/s")
-#: The GPU presets, by name: memory as PyTorch reports it, capability, datasheet rates and links.
+#: The GPU presets, by name. ``total_memory`` is the lowest figure PyTorch was seen to report
+#: (published ``_CudaDeviceProperties`` and OOM messages; it moves by tens of MiB with the
+#: driver, and a budget too high is an OOM): a Colab T4 14.58-14.75 GiB against nvidia-smi's
+#: 15360 MiB, an H100 80GB 79.10 GiB against 81559 MiB. Speeds are NVIDIA's datasheet peaks,
+#: never measured by the course, dense (the sparse tensor figures quoted first, halved), SXM
+#: boards for the A100, H100 and H200: T4 FP32 8.1 TFLOPS, mixed FP16 65, 320 GB/s; L4 FP32
+#: 30.3, FP16/BF16 242 sparse, 300 GB/s; A100 FP32 19.5, BF16/FP16 312, 1,555 GB/s (40GB) and
+#: 2,039 GB/s (80GB); H100 and H200 FP32 67, BF16/FP16 1,979 sparse, 3.35 and 4.8 TB/s. Host
+#: links are the boards' PCIe generation; peer links NVLink per direction (A100: 600 GB/s
+#: bidirectional, H100 and H200: 900 GB/s), PCIe for the T4 and L4.
 GPUS: dict[str, GPU] = {
-    "T4": GPU("T4", 14930 * MiB, (7, 5), fp32_flops=8.1e12, tensor_flops=65e12,
-              memory_bandwidth=320e9, datasheet=_T4,
-              smi_memory=15360 * MiB, host_link=_PCIE3, peer_link=_PCIE3),
-    "L4": GPU("L4", 22563 * MiB, (8, 9), fp32_flops=30.3e12, tensor_flops=121e12,
-              memory_bandwidth=300e9, datasheet=_L4,
-              smi_memory=23034 * MiB, host_link=_PCIE4, peer_link=_PCIE4),
-    "A100 40GB": GPU("A100 40GB", 40536 * MiB, (8, 0), fp32_flops=19.5e12, tensor_flops=312e12,
-                     memory_bandwidth=1555e9, datasheet=_A100.format("1,555"),
-                     smi_memory=40960 * MiB, host_link=_PCIE4, peer_link=300e9),
-    "A100 80GB": GPU("A100 80GB", 81050 * MiB, (8, 0), fp32_flops=19.5e12, tensor_flops=312e12,
-                     memory_bandwidth=2039e9, datasheet=_A100.format("2,039"),
-                     smi_memory=81920 * MiB, host_link=_PCIE4, peer_link=300e9),
-    "H100 80GB": GPU("H100 80GB", 80998 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
-                     memory_bandwidth=3.35e12, datasheet=_H100,
-                     smi_memory=81559 * MiB, host_link=_PCIE5, peer_link=450e9),
-    "H200": GPU("H200", 143156 * MiB, (9, 0), fp32_flops=67e12, tensor_flops=989e12,
-                memory_bandwidth=4.8e12, datasheet=_H200,
-                smi_memory=143771 * MiB, host_link=_PCIE5, peer_link=450e9),
+    name: GPU(name, mib * MiB, cap, fp32_flops=fp32, tensor_flops=tensor, memory_bandwidth=bw,
+              smi_memory=smi * MiB, host_link=host, peer_link=peer)
+    for name, mib, smi, cap, fp32, tensor, bw, host, peer in [
+        # name, MiB as PyTorch and nvidia-smi report, capability, FLOP/s, bytes/s, links
+        ("T4", 14930, 15360, (7, 5), 8.1e12, 65e12, 320e9, _PCIE3, _PCIE3),
+        ("L4", 22563, 23034, (8, 9), 30.3e12, 121e12, 300e9, _PCIE4, _PCIE4),
+        ("A100 40GB", 40536, 40960, (8, 0), 19.5e12, 312e12, 1555e9, _PCIE4, 300e9),
+        ("A100 80GB", 81050, 81920, (8, 0), 19.5e12, 312e12, 2039e9, _PCIE4, 300e9),
+        ("H100 80GB", 80998, 81559, (9, 0), 67e12, 989e12, 3.35e12, _PCIE5, 450e9),
+        ("H200", 143156, 143771, (9, 0), 67e12, 989e12, 4.8e12, _PCIE5, 450e9),
+    ]
 }
 
 
 def live_gpu(device: torch.device | str | int = "cuda") -> GPU:
-    """This kernel's GPU as a :class:`GPU`: name, total and free memory, compute capability.
+    """This kernel's GPU as a :class:`GPU`, with ``live=True`` and its free bytes read now.
 
-    The datasheet speeds are not filled in (``None``): the driver does not report them.
+    The datasheet speeds stay None: the driver does not report them. A machine without CUDA
+    raises ``ValueError``.
 
     Args:
-        device (torch.device or str or int): a CUDA device: ``"cuda"``, ``"cuda:1"``, a
-            ``torch.device`` or an index (an int from 0 to 1023).
+        device (torch.device or str or int): a CUDA device (``"cuda:1"``) or its index.
 
     Returns:
-        GPU: with ``live=True`` and ``free_memory`` read now, in bytes.
-
+        GPU: name, total and free memory in bytes, compute capability.
     Raises:
-        ValueError: naming ``device`` for anything else, or if this machine has no CUDA device.
+        ValueError: for a ``device`` that is not CUDA, or a machine without CUDA.
     """
     device = _cuda_device(device)
     if not torch.cuda.is_available():
@@ -292,22 +233,8 @@ def _cuda_device(device) -> torch.device:
 
 
 def resolve_gpu(gpu) -> GPU | None:
-    """What a prediction runs on: None for the CPU, else a :class:`GPU`.
-
-    Args:
-        gpu (str or GPU, optional): None or "cpu" (the CPU's kernels), a name of :data:`GPUS`,
-            "cuda" (this kernel's GPU, :func:`live_gpu`), or a :class:`GPU`.
-
-    Returns:
-        GPU or None: the card (``gpu`` itself when it is one), or None for the CPU.
-
-    Raises:
-        ValueError: for an unknown name, or "cuda" on a machine without CUDA.
-
-    Example:
-        >>> resolve_gpu("T4").capability, resolve_gpu("cpu")
-        ((7, 5), None)
-    """
+    """What a prediction runs on: None for the CPU (None or "cpu"), a preset of :data:`GPUS` by
+    name, this kernel's GPU for "cuda" (:func:`live_gpu`), or ``gpu`` itself if it is a GPU."""
     if gpu is None or isinstance(gpu, GPU):
         return gpu
     if isinstance(gpu, str) and gpu == "cpu":
@@ -329,20 +256,16 @@ def _cuda_has_native_bf16(device: torch.device | str = "cuda") -> bool:
 
 
 def pick_dtype(device: torch.device | str | GPU) -> torch.dtype:
-    """The training dtype for ``device``: bf16 or fp16 on GPUs, fp32 on the CPU (see module doc).
-
-    ``device`` may also be a :class:`GPU` (a preset of :data:`GPUS`): ``GPUS["T4"]`` gives
-    ``torch.float16``, Ampere and newer ``torch.bfloat16``; a live CUDA device, by its capability.
+    """The training dtype for ``device``: bf16 or fp16 on GPUs, fp32 on the CPU (module doc).
 
     Args:
-        device (torch.device or str or GPU): the device to train on, or a card.
+        device (torch.device or str or GPU): the device to train on, or a card (a preset of
+            :data:`GPUS`: a T4 gives fp16, Ampere and newer bf16).
 
     Returns:
         torch.dtype: ``torch.bfloat16``, ``torch.float16`` or ``torch.float32``.
-
     Raises:
-        ValueError: naming ``device``, for something that is not a device, or a device type
-            other than cuda, mps or cpu.
+        ValueError: for a ``device`` that is not a cuda, mps or cpu device.
 
     Example:
         >>> pick_dtype(GPUS["T4"]), pick_dtype(GPUS["A100 80GB"]), pick_dtype("cpu")
@@ -375,60 +298,44 @@ def needs_grad_scaler(dtype: torch.dtype) -> bool:
 
     Returns:
         bool: True for ``torch.float16`` only.
-
-    Raises:
-        ValueError: naming ``dtype``, as :func:`course_lib.units.as_dtype` does.
     """
     return as_dtype(dtype) == torch.float16
 
 
 @dataclass(frozen=True)
-class Tolerance:
-    """How far a measurement on a device may stray from its prediction or from itself.
+class _Tolerance:
+    """How far a measurement may stray on a kind of device, so that a check never stops "Run
+    all" on a GPU over noise the CPU does not have."""
 
-    The one place where the lectures' checks read their slack, so that a check never stops
-    "Run all" on a GPU over noise that the CPU does not have.
-
-    Attributes:
-        memory (float): relative excess of a measured peak over the engine's prediction. 0 on
-            the CPU, where the live-tensor tracker counts every byte the prediction counts; 5 %
-            on CUDA, where the caching allocator rounds blocks to 512 bytes and cuBLAS and the
-            kernels take workspaces; 10 % on MPS, whose allocator the engine does not model.
-        flat (float): relative spread allowed among peaks that the theory says are equal
-            (memory "flat in K"): 1 % on the CPU, 5 % on a GPU.
-        deterministic (bool): whether two identical runs give bitwise equal results. True on
-            the CPU; False on CUDA and MPS, where atomics in some backward kernels (flash
-            attention's among them) add in a different order each run. Where it is False,
-            compare a run with a plain rerun of itself, not with a bitwise equality.
-    """
-
+    #: relative excess of a measured peak over the prediction: 0 on the CPU (the tracker counts
+    #: every byte), 5 % on CUDA (512-byte blocks, cuBLAS workspaces), 10 % on MPS (not modelled).
     memory: float
+    #: relative spread allowed among peaks the theory says are equal: 1 % CPU, 5 % GPU.
     flat: float
+    #: whether two identical runs are bitwise equal: not on CUDA and MPS, where atomics in some
+    #: backward kernels add in another order each run (compare with a rerun there).
     deterministic: bool
 
 
-_TOLERANCES = {"cpu": Tolerance(0.0, 0.01, True), "cuda": Tolerance(0.05, 0.05, False),
-               "mps": Tolerance(0.10, 0.05, False)}
+_TOLERANCES = {"cpu": _Tolerance(0.0, 0.01, True), "cuda": _Tolerance(0.05, 0.05, False),
+               "mps": _Tolerance(0.10, 0.05, False)}
 
 
-def tolerance(device: torch.device | str) -> Tolerance:
-    """The slack a lecture's checks allow on ``device`` (see :class:`Tolerance`).
+def tolerance(device: torch.device | str) -> _Tolerance:
+    """The slack a lecture's checks allow where the measurement ran: ``memory``, ``flat`` and
+    ``deterministic``.
 
     Args:
-        device (torch.device or str): where the measurement ran (``"cpu"``, ``"cuda:0"``,
-            ``"mps"``).
+        device (torch.device or str): ``"cpu"``, ``"cuda:0"``, ``"mps"``.
 
     Returns:
-        Tolerance: the memory, flatness and determinism rules of that kind of device.
-
+        _Tolerance: the rules of that kind of device.
     Raises:
-        ValueError: naming ``device``, for anything but a CPU, CUDA or MPS device.
+        ValueError: for a ``device`` that is not a cpu, cuda or mps device.
 
     Example:
-        >>> tolerance("cpu")
-        Tolerance(memory=0.0, flat=0.01, deterministic=True)
-        >>> tolerance("cuda:0").memory
-        0.05
+        >>> tolerance("cpu").memory, tolerance("cuda:0").memory
+        (0.0, 0.05)
     """
     kind = as_device("device", device).type
     if kind not in _TOLERANCES:
@@ -437,9 +344,8 @@ def tolerance(device: torch.device | str) -> Tolerance:
 
 
 @dataclass(frozen=True)
-class DeviceInfo:
-    """What :func:`describe` found: the device, its training dtype (:func:`pick_dtype`), whether
-    that needs a ``GradScaler``, its name, its memory in bytes (CUDA only) and versions."""
+class _DeviceInfo:
+    """What :func:`print_summary` found about a device."""
 
     device: torch.device
     dtype: torch.dtype
@@ -450,7 +356,7 @@ class DeviceInfo:
     torch_version: str
 
     def summary(self) -> str:
-        """The six lines :func:`print_summary` prints (device, memory, dtype, versions)."""
+        """The six lines :func:`print_summary` prints."""
         mem = format_bytes(self.total_memory) if self.total_memory else "n/a (host memory)"
         dtype = str(self.dtype).replace("torch.", "")
         scaler = " with GradScaler" if self.grad_scaler else ""
@@ -465,8 +371,17 @@ class DeviceInfo:
         return "\n".join(lines)
 
 
-def describe(device: torch.device | str | None = None) -> DeviceInfo:
-    """A :class:`DeviceInfo` for ``device`` (default: :func:`pick_device`)."""
+def print_summary(device: torch.device | str | None = None) -> _DeviceInfo:
+    """Print the device, its memory (CUDA), its training dtype and the versions; return them.
+
+    Args:
+        device (torch.device or str, optional): default :func:`pick_device`.
+
+    Returns:
+        _DeviceInfo: what was printed.
+    Raises:
+        ValueError: for a ``device`` that is not cuda, mps or cpu, or CUDA on a machine without it.
+    """
     device = pick_device() if device is None else as_device("device", device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r} but this machine has no CUDA device")
@@ -481,29 +396,8 @@ def describe(device: torch.device | str | None = None) -> DeviceInfo:
         name = "Apple GPU (MPS)"
     else:
         name = platform.processor() or platform.machine() or "CPU"
-    return DeviceInfo(
-        device=device,
-        dtype=dtype,
-        grad_scaler=needs_grad_scaler(dtype),
-        name=name,
-        total_memory=total,
-        in_colab=_in_colab(),
-        torch_version=torch.__version__,
-    )
-
-
-def print_summary(device: torch.device | str | None = None) -> DeviceInfo:
-    """Print the one-screen summary of :func:`describe` and return the info.
-
-    Args:
-        device (torch.device or str, optional): as for :func:`describe`.
-
-    Returns:
-        DeviceInfo: what was printed.
-
-    Raises:
-        ValueError: as :func:`describe` does.
-    """
-    info = describe(device)
+    info = _DeviceInfo(device=device, dtype=dtype, grad_scaler=needs_grad_scaler(dtype),
+                       name=name, total_memory=total, in_colab=_in_colab(),
+                       torch_version=torch.__version__)
     print(info.summary())
     return info

@@ -1,9 +1,7 @@
-"""Byte counts: exact integers in code, binary units (KiB, MiB, GiB) on screen.
+"""Byte counts: exact ``int`` bytes in code, binary units (KiB, MiB, GiB) on screen.
 
-Every function in the course returns memory in **bytes** as an ``int``. Vendors
-quote GPU memory in decimal gigabytes (an "80 GB" H100 has 80 * 10**9 bytes on
-the box, 79.1 GiB reported by the driver); the course prints binary units and
-says so.
+Vendors quote GPU memory in decimal gigabytes (an "80 GB" H100 reports 79.1 GiB); the course
+prints binary units and says so.
 """
 
 from __future__ import annotations
@@ -37,18 +35,9 @@ MEMORY_CATEGORIES = {
     "transient": _Category("in flight", "#c44e52"),  # gradients passed between ops, scratch
 }
 
-_DTYPES = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp64": torch.float64,
-    "float64": torch.float64,
-    "int8": torch.int8,
-    "bool": torch.bool,
-}
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
+           "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+           "fp64": torch.float64, "float64": torch.float64, "int8": torch.int8, "bool": torch.bool}
 
 
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -61,66 +50,25 @@ def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def dtype_bytes(dtype: torch.dtype | str) -> int:
-    """Bytes per element of ``dtype`` (fp32: 4, bf16/fp16: 2, int8/bool: 1).
-
-    Args:
-        dtype (torch.dtype or str): a dtype or a name :func:`as_dtype` takes.
-
-    Returns:
-        The bytes per element, an int (``dtype.itemsize``).
-
-    Raises:
-        ValueError: naming ``dtype``, as :func:`as_dtype` does.
-    """
+    """Bytes per element of ``dtype`` or of a name :func:`as_dtype` takes (fp32: 4, bf16: 2)."""
     return as_dtype(dtype).itemsize
-
-
-def tensor_bytes(shape, dtype: torch.dtype | str = torch.float32) -> int:
-    """Bytes of a dense tensor: ``prod(shape) * dtype_bytes(dtype)``.
-
-    Args:
-        shape: a sequence of ints >= 0 (a ``torch.Size``, a tuple, a list); no bool or float.
-        dtype (torch.dtype or str): a ``torch.dtype`` or one of its names (``"bf16"``).
-
-    Returns:
-        The bytes, an int.
-
-    Raises:
-        ValueError: naming ``shape`` or ``dtype``, for a bad value.
-
-    Example:
-        >>> tensor_bytes((2, 3), "fp32")
-        24
-    """
-    if (isinstance(shape, str | bytes | dict) or not hasattr(shape, "__iter__")
-            or getattr(shape, "ndim", None) == 0):  # a 0-d array or tensor does not iterate
-        raise ValueError(f"shape must be a sequence of ints, got {shape!r}")
-    dims = [integer("shape", d, minimum=0, maximum=2**63 - 1) for d in shape]
-    n = 1
-    for d in dims:
-        n *= d
-    return n * dtype_bytes(dtype)
 
 
 def storage_key(tensor: torch.Tensor | torch.UntypedStorage) -> int:
     """The identity of the storage ``tensor`` lives in: equal for every view of one storage.
 
-    It is the address of PyTorch's C++ storage object (``untyped_storage()._cdata``, the number
-    PyTorch's own ``torch.multiprocessing.reductions.StorageWeakRef`` hashes). The storage's
-    data pointer cannot serve: on the ``meta`` device it is 0 for every storage, an empty
-    storage has 0 on every device, and a CPU and a CUDA storage may have equal addresses.
-    Keys are distinct among storages alive at the same time (a freed storage's address may be
-    reused), so keep the tensors while their keys are compared.
+    The address of PyTorch's C++ storage object (``untyped_storage()._cdata``, what
+    ``torch.multiprocessing.reductions.StorageWeakRef`` hashes); the data pointer cannot serve (0
+    for every ``meta`` and every empty storage). A freed storage's key may be reused: keep the
+    tensors while their keys are compared.
 
     Args:
-        tensor (torch.Tensor or torch.UntypedStorage): a ``torch.Tensor`` with a storage (strided:
-            not sparse), on any device, or a ``torch.UntypedStorage`` (its own key).
+        tensor (torch.Tensor or torch.UntypedStorage): a strided tensor on any device, or a storage.
 
     Returns:
-        An int.
-
+        int: the key.
     Raises:
-        ValueError: naming ``tensor``, for a non-tensor or a tensor without a storage.
+        ValueError: for a ``tensor`` without a storage (sparse, nested).
 
     Example:
         >>> x = torch.zeros(4, 4)
@@ -131,7 +79,7 @@ def storage_key(tensor: torch.Tensor | torch.UntypedStorage) -> int:
         return tensor._cdata
     if not isinstance(tensor, torch.Tensor):
         raise WrongTypeError(f"tensor must be a torch.Tensor or a torch.UntypedStorage, got "
-                         f"{type(tensor).__name__}")
+                             f"{type(tensor).__name__}")
     try:
         return tensor.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError) as exc:
@@ -140,26 +88,20 @@ def storage_key(tensor: torch.Tensor | torch.UntypedStorage) -> int:
 
 
 def storage_bytes(tensors, *, block: int = 1) -> int:
-    """Bytes of the distinct storages that ``tensors`` live in: each storage once, whole.
+    """Bytes of the distinct storages ``tensors`` live in: each storage once, whole.
 
-    ``sum(untyped_storage().nbytes())`` over the distinct :func:`storage_key` s. Views of one
-    storage count once, and at the size of the whole storage (what it holds in memory, also
-    when the views cover only part of it). On the ``meta`` device storages have a size and no
-    memory: they are counted at that size, each one, which is how a 70B model's states are
-    "measured" without allocating them. ``block`` rounds each storage up to a multiple of
-    ``block`` bytes (512: what the CUDA caching allocator hands out,
-    :data:`course_lib.model.kernels.CUDA_BLOCK`).
+    ``sum(untyped_storage().nbytes())`` over the distinct :func:`storage_key` s, each rounded up
+    to a multiple of ``block`` (512: the CUDA caching allocator's block). ``meta`` storages count
+    at their size, which is how a 70B model's states are "measured" without allocating them.
 
     Args:
-        tensors: an iterable of tensors with storages (a generator is fine).
-        block (int): bytes, an int from 1 to :data:`course_lib.validation.MAX_BYTES`.
+        tensors: an iterable of strided tensors (a generator is fine).
+        block (int): bytes, from 1 to :data:`course_lib.validation.MAX_BYTES`.
 
     Returns:
-        Bytes, an int.
-
+        int: the bytes.
     Raises:
-        ValueError: naming ``tensors`` (not an iterable of tensors with storages) or
-            ``block``.
+        ValueError: for a ``block`` out of range, or ``tensors`` not an iterable of strided tensors.
 
     Example:
         >>> x = torch.zeros(10)  # 40 bytes
@@ -185,20 +127,17 @@ def storage_bytes(tensors, *, block: int = 1) -> int:
 
 
 def format_bytes(n: int | float, precision: int = 2) -> str:
-    """``1536`` -> ``"1.50 KiB"``: binary units, as PyTorch's memory summaries use.
-
-    Units are GiB (2**30), MiB (2**20) and KiB (2**10) bytes; below 1 KiB the bytes are printed
-    whole (``"512 B"``). Negative numbers keep their sign.
+    """``1536`` -> ``"1.50 KiB"``: GiB, MiB or KiB (2**30, 2**20, 2**10), as PyTorch's memory
+    summaries print; below 1 KiB whole bytes (``"512 B"``); negative numbers keep their sign.
 
     Args:
-        n (int or float): bytes, a finite number (not a bool).
-        precision (int): digits after the point, an int from 0 to 12.
+        n (int or float): bytes, a finite number.
+        precision (int): digits after the point, 0 to 12.
 
     Returns:
-        str: the size, such as ``"1.50 KiB"``.
-
+        str: the size.
     Raises:
-        ValueError: naming the parameter, for a bad value.
+        ValueError: for a non-finite ``n``, or a ``precision`` out of range.
 
     Example:
         >>> format_bytes(3 * GiB // 2)

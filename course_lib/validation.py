@@ -1,11 +1,10 @@
-"""Input checks shared by the public functions: a bad value raises ``ValueError`` naming it, a
-value of the wrong type :class:`WrongTypeError` (a ``TypeError`` that is also a ``ValueError``).
+"""Input checks shared by the public functions: a value of the wrong type raises
+:class:`WrongTypeError`, a wrong value ``ValueError``, each naming the parameter.
 
-A bool is never taken for an int (``True`` is not a batch size of 1), a float is never taken
-for an int (not even ``2.0``: a size that came out of a division is a bug to show), and NaN and
-the infinities are never numbers. Integer types other than ``int`` (numpy's, a 0-d integer
-tensor) are accepted as their ``int`` value. Sizes have a stated maximum, so that a value such
-as ``2**63`` is refused at once instead of overflowing, or running for hours, further down.
+No bool is an int, no float an int (not even ``2.0``: a size that came out of a division is a bug
+to show), NaN and the infinities are no numbers; numpy's and 0-d tensors' integers count as
+their ``int``. Sizes have a stated maximum, so that ``2**63`` is refused at once rather than
+overflowing further down.
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ import numbers
 
 #: The largest count any size parameter accepts unless a function states a smaller one.
 MAX_COUNT = 2**40
-#: The largest number of sequences in a batch (a micro-batch, an effective batch, a run's
-#: samples) and of accumulation steps: 16M, far above any real run (GPT-3 trained on batches
-#: of 1,600 sequences of 2048 tokens).
+#: The largest number of sequences in a batch, and of accumulation steps: 16M (GPT-3 trained on
+#: batches of 1,600 sequences).
 MAX_BATCH = 2**24
 #: The largest memory size, in bytes, any budget or byte count accepts: 1 EiB.
 MAX_BYTES = 2**60
@@ -79,11 +77,11 @@ def number(name: str, value, *, minimum: float | None = None, maximum: float | N
         raise ValueError(f"{name} must be a finite number, got {value!r}") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    for bound, bad, words in ((minimum, lambda b: value < b, ">="), (maximum, lambda b: value > b,
-                                                                      "<="),
-                              (above, lambda b: value <= b, ">"), (below, lambda b: value >= b,
-                                                                    "<")):
-        if bound is not None and bad(bound):
+    for bound, ok, words in ((minimum, value >= (minimum or 0), ">="),
+                             (maximum, value <= (maximum or 0), "<="),
+                             (above, value > (above or 0), ">"),
+                             (below, value < (below or 0), "<")):
+        if bound is not None and not ok:
             raise ValueError(f"{name} must be a finite number {words} {bound}, got {value!r}")
     return value
 
@@ -115,7 +113,7 @@ def device(name: str, value):
         return value
     if not isinstance(value, str):
         raise WrongTypeError(f"{name} must be a torch.device or a device string such as 'cpu' or "
-                         f"'cuda', got {value!r}")
+                             f"'cuda', got {value!r}")
     try:
         return torch.device(value)
     except (RuntimeError, ValueError) as exc:
@@ -160,8 +158,8 @@ def items(name: str, value, *, min_len: int = 0, max_len: int = MAX_COUNT) -> li
     """``list(value)`` for a list, tuple, range or other non-string sequence."""
     import collections.abc as abc
 
-    if isinstance(value, str | bytes | abc.Mapping | abc.Set) or not isinstance(value,
-                                                                              abc.Sequence):
+    if (isinstance(value, str | bytes | abc.Mapping | abc.Set)
+            or not isinstance(value, abc.Sequence)):
         raise WrongTypeError(f"{name} must be a list or tuple, got {value!r}")
     if not min_len <= len(value) <= max_len:
         raise ValueError(f"{name} must hold {min_len:,} to {max_len:,} items, got "
@@ -187,7 +185,6 @@ def available_device(name: str, value):
         raise ValueError(f"{name}={str(dev)!r}, but this machine has {missing}: {name} must be "
                          f"one of {have}")
     return dev
-
 
 
 def fields(record, **kinds) -> None:

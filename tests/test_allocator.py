@@ -14,7 +14,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def reading(**kw):
     values = dict(allocated=10 * MiB, reserved=14 * MiB, free=1000 * MiB, total=1600 * MiB)
-    return al.Reading(**(values | kw))
+    return al._Reading(**(values | kw))
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -36,20 +36,16 @@ def test_reading_validation(kw, match):
 
 def test_context_bytes_is_free_memory_taken_beyond_the_reserved():
     after_init = reading(allocated=0, reserved=2 * MiB, free=14000 * MiB, total=15360 * MiB)
-    assert al._context_bytes(14500 * MiB, after_init) == 498 * MiB
-    with pytest.raises(ValueError, match="free_before_init"):
-        al._context_bytes(-1, after_init)
+    assert al._Probe(False, 14500 * MiB, (("CUDA initialised", after_init),)).context == 498 * MiB
 
 
 def test_parse_alloc_conf():
-    assert al._parse_alloc_conf(None) == {} and al._parse_alloc_conf("") == {}
+    assert al._parse_alloc_conf("") == {}
     assert al._parse_alloc_conf("max_split_size_mb:128, expandable_segments:True") == {
         "max_split_size_mb": "128", "expandable_segments": "True"}
     for bad in ("expandable_segments", ":True"):
         with pytest.raises(ValueError, match="key:value"):
             al._parse_alloc_conf(bad)
-    with pytest.raises(ValueError, match="value must be"):
-        al._parse_alloc_conf(128)
 
 
 def test_alloc_conf_env_keeps_other_options_and_replaces_the_setting():
@@ -62,8 +58,6 @@ def test_alloc_conf_env_keeps_other_options_and_replaces_the_setting():
     # the newer generic variable, read first by torch >= 2.8, is updated where it is set
     both = al._alloc_conf_env({"PYTORCH_ALLOC_CONF": "backend:native"}, True)
     assert both == {"PYTORCH_ALLOC_CONF": "backend:native,expandable_segments:True"}
-    with pytest.raises(ValueError, match="expandable_segments"):
-        al._alloc_conf_env({}, "yes")
 
 
 def test_expandable_segments_enabled():
@@ -80,7 +74,7 @@ def test_step_report_rows_go_from_the_prediction_to_smi():
     before = reading(allocated=300 * MiB, reserved=320 * MiB)
     after = reading(allocated=300 * MiB, reserved=900 * MiB, peak_allocated=800 * MiB,
                     peak_reserved=900 * MiB, free=500 * MiB)
-    report = al.StepReport(predicted=700 * MiB, resident=200 * MiB, before=before, after=after)
+    report = al._StepReport(predicted=700 * MiB, resident=200 * MiB, before=before, after=after)
     assert report.measured == 700 * MiB  # model states + the step's own peak (800 - 300)
     values = [n for _, n in report.rows()]
     assert values == [700 * MiB, 700 * MiB, 800 * MiB, 900 * MiB, 900 * MiB, 1100 * MiB]
@@ -100,8 +94,8 @@ def probe_data(expandable):
 
 
 def test_probe_from_the_processes_json():
-    default = al.Probe.from_dict(json.loads(json.dumps(probe_data(False))))
-    expandable = al.Probe.from_dict(probe_data(True))
+    default = al._Probe.from_dict(json.loads(json.dumps(probe_data(False))))
+    expandable = al._Probe.from_dict(probe_data(True))
     assert default.context == 400 * MiB       # 14400 - 14000 - 0
     assert default.cublas_workspace == 8 * MiB
     assert default.library_code == (14400 - 13900 - 30 - 400) * MiB
@@ -113,7 +107,7 @@ def test_probe_from_the_processes_json():
     with pytest.raises(ValueError, match="name must be one of"):
         default.stage("later")
     with pytest.raises(ValueError, match="probe's JSON"):
-        al.Probe.from_dict({"available": True})
+        al._Probe.from_dict({"available": True})
 
 
 # --------------------------------------------------------------------------- not on CUDA
@@ -128,9 +122,9 @@ def test_not_on_cuda_is_falsy_and_says_why():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
 def test_without_cuda_every_measurement_returns_not_on_cuda():
     ran = []
-    for result in (al.read(), al.step_report(lambda: ran.append(1), predicted=1, resident=0),
+    for result in (al._read(), al.step_report(lambda: ran.append(1), predicted=1, resident=0),
                    al.probe(), al.probe(True)):
-        assert isinstance(result, al.NotOnCUDA) and not result
+        assert isinstance(result, al._NotOnCUDA) and not result
         assert "no CUDA device" in result.reason
     assert not ran  # the step is not run
     data = al._measure(123, 0, (1, 2))  # what the probing process prints
@@ -155,7 +149,7 @@ def test_bad_arguments():
 @pytest.mark.gpu
 @needs_cuda
 def test_read_and_step_report_on_cuda():
-    r = al.read()
+    r = al._read()
     assert r.total == torch.cuda.get_device_properties(0).total_memory and r.reserved >= r.allocated
     x = torch.ones(1024, 1024, device="cuda")
     report = al.step_report(lambda: (x @ x).sum().item(), predicted=0, resident=0)

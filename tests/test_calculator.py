@@ -65,7 +65,7 @@ def test_states_figure_rejects_what_it_cannot_draw():
 
 
 def test_labels_of_close_cards_spread_even_when_every_line_is_at_the_bottom():
-    fig = calc.calculator_figure(1000.0)  # 16 TB: every GPU line sits near zero
+    fig = calc._calculator_figure(1000.0)  # 16 TB: every GPU line sits near zero
     boxes = _label_boxes(fig)
     assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     assert "fit on none of these GPUs" in fig.texts[0].get_text()
@@ -141,4 +141,4 @@ def test_calculator_rejects_an_unknown_model_and_precision():
     with pytest.raises(ValueError, match="preset must be one of"):
         calc.calculator("Llama 9")
     with pytest.raises(ValueError, match="precision must be one of"):
-        calc.calculator_figure(7.0, precision="int8")
+        calc._calculator_figure(7.0, precision="int8")

@@ -20,21 +20,21 @@ from course_lib.views import checkpoint_views as views  # noqa: E402
 
 
 def test_explore_predicts_the_setting_and_the_plain_step():
-    s = views.explore("T4", 48, "blocks", 8, 6)
-    config = GPTConfig(**views.GPT2_SMALL, n_layers=48)
+    s = views._explore("T4", 48, "blocks", 8, 6)
+    config = GPTConfig(**views._GPT2_SMALL, n_layers=48)
     assert s.precision == "autocast-fp16"
     step = Step(config, 6, precision="autocast-fp16", gpu="T4")
     assert s.memory.step == replace(step, mode="blocks") and s.plain.step == step
     assert s.memory.peak == predict(replace(step, mode="blocks")).peak
     assert s.plain.total > s.gpu.capacity > s.memory.total and s.fits
     assert 1 < s.flop_ratio < 4 / 3 and s.segments is None
-    assert views.explore("A100 80GB", 24, "none").precision == "autocast-bf16"
-    assert views.explore("T4", 24, "none").flop_ratio == 1.0
+    assert views._explore("A100 80GB", 24, "none").precision == "autocast-bf16"
+    assert views._explore("T4", 24, "none").flop_ratio == 1.0
 
 
 def test_lecture_sizes_on_the_cpu_are_small_and_counted_by_flopcountermode():
     config, batch, sweep, sweep_batch = views.lecture_sizes(torch.device("cpu"))
-    assert (config, batch, sweep, sweep_batch) == views.CPU_SIZES
+    assert (config, batch, sweep, sweep_batch) == views._CPU_SIZES
     assert config.attention == "explicit" and config.dropout == 0  # matmuls: every device counts
     assert GPTConfig(**sweep, n_layers=64).n_layers == 64 and "n_layers" not in sweep
 
@@ -48,15 +48,15 @@ def test_lecture_sizes_on_cuda_fit_the_free_memory():
 
 
 def test_explore_segments_clips_k_and_names_the_best_count():
-    s = views.explore("T4", 12, "sqrt", 50, 2)
+    s = views._explore("T4", 12, "sqrt", 50, 2)
     assert s.segments == 12
-    config = GPTConfig(**views.GPT2_SMALL, n_layers=96)
-    deep = views.explore("T4", 96, "sqrt", 32, 8)
+    config = GPTConfig(**views._GPT2_SMALL, n_layers=96)
+    deep = views._explore("T4", 96, "sqrt", 32, 8)
     assert deep.best_segments == ckpt.best_segments(96, checkpointed.block_ratio(
         config, 8, dtype="fp16", gpu="T4", autocast=True))
     # at batch 8 the backward holds the peak (at batch 4 foreach AdamW's step would, for both)
-    best = views.explore("T4", 96, "sqrt", deep.best_segments, 8)
-    assert best.memory.total < views.explore("T4", 96, "blocks", 1, 8).memory.total
+    best = views._explore("T4", 96, "sqrt", deep.best_segments, 8)
+    assert best.memory.total < views._explore("T4", 96, "blocks", 1, 8).memory.total
 
 
 @pytest.mark.parametrize("kwargs,name", [
@@ -66,7 +66,7 @@ def test_explore_segments_clips_k_and_names_the_best_count():
 ])
 def test_explore_names_a_bad_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
-        views.explore(**kwargs)
+        views._explore(**kwargs)
     with pytest.raises(ValueError, match=name):
         views.explorer(**kwargs)
 

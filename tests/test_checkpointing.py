@@ -221,12 +221,6 @@ def test_timeline_from_a_synthetic_snapshot():
     timeline = _timeline_from_snapshot({"device_traces": [trace]}, baseline=100)
     assert timeline.clock == [2, 3, 5, 6] and timeline.unit == "µs"
     assert timeline.allocated == [612, 1636, 1124, 1636] and timeline.peak == 1636
-    with pytest.raises(ValueError, match="snapshot"):
-        _timeline_from_snapshot({"segments": []})
-    with pytest.raises(ValueError, match="device"):
-        _timeline_from_snapshot({"device_traces": [trace]}, device=1)
-    with pytest.raises(ValueError, match="baseline"):
-        _timeline_from_snapshot({"device_traces": [trace]}, baseline=-1)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")

@@ -16,7 +16,6 @@ from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.prediction.formulas import training_memory, zero3_memory
 from course_lib.training.loop import batches_of, train
 
-CONFIG = GPTConfig(vocab_size=256, seq_len=16, d_model=32, n_heads=2, n_layers=2)
 ODD = GPTConfig(vocab_size=257, seq_len=15, d_model=32, n_heads=2, n_layers=2)
 WORLD, MICRO, K, STEPS, LR = 2, 2, 3, 2, 1e-2
 TINY = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
@@ -48,7 +47,7 @@ def _train_through_the_loop(rank, world_size, *, no_sync):
     torch.manual_seed(0)
     model = GPT(TINY).double()
     ddp = DDP(model)  # the default 25 MB buckets: this model is a single one
-    counter = workers.AllReduceCounter(ddp)
+    counter = workers._AllReduceCounter(ddp)
     per_step = []
 
     def count(step, loss):
@@ -99,8 +98,6 @@ def _fsdp_learner_worker(rank, world_size):
 def ranks_results():
     with Ranks(WORLD, timeout=300) as ranks:
         demo = ranks.run(workers.all_reduce_demo)
-        accumulation = ranks.run(workers.ddp_accumulation, config=CONFIG, micro_batch=MICRO,
-                                 accum_steps=K, steps=STEPS, lr=LR, seed=0, bucket_cap_mb=0.03)
         states = ranks.run(workers.sharded_states, config=ODD)
         trained = {no_sync: ranks.run(_train_through_the_loop, no_sync=no_sync)
                    for no_sync in (True, False)}
@@ -108,26 +105,8 @@ def ranks_results():
         fsdp = workers.record_steps(ranks, _fsdp_learner_worker)
         unwatched = ranks.run(workers._stop_watching)
         pids = ranks.pids
-    return {"demo": demo, "acc": accumulation, "states": states, "trained": trained,
+    return {"demo": demo, "states": states, "trained": trained,
             "recorded": recorded, "fsdp": fsdp, "unwatched": unwatched, "pids": pids}
-
-
-def _whole_batch(steps):
-    """One process, the whole batch of WORLD * MICRO * K at once: gradient, then trained weights."""
-    torch.manual_seed(0)
-    model = GPT(CONFIG)
-    x, y = random_tokens(CONFIG, WORLD * MICRO * K, seed=0)
-    model(x, y)[1].backward()
-    grad = torch.cat([p.grad.flatten() for p in model.parameters()])
-    torch.manual_seed(0)
-    model = GPT(CONFIG)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    for step in range(steps):
-        x, y = random_tokens(CONFIG, WORLD * MICRO * K, seed=step)
-        opt.zero_grad()
-        model(x, y)[1].backward()
-        opt.step()
-    return grad, torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 def test_all_reduce_sums_in_place_on_every_rank(ranks_results):
@@ -160,29 +139,6 @@ def test_ranks_are_gone_after_close(ranks_results):
     assert not any(alive(pid) for pid in ranks_results["pids"])
 
 
-def test_ddp_accumulation_equals_the_whole_batch(ranks_results):
-    grad, trained = _whole_batch(STEPS)
-    r0, r1 = ranks_results["acc"]
-    for name in ("no_sync", "sync_every_micro_batch", "manual"):
-        assert torch.allclose(r0[name]["grads"], grad, rtol=1e-4, atol=1e-6), name
-        assert torch.equal(r0[name]["grads"], r1[name]["grads"]), name
-    assert torch.allclose(r0["loss_over_K_times_N"]["grads"], grad / WORLD, rtol=1e-4, atol=1e-7)
-    assert torch.allclose(r0["loss_not_divided"]["grads"], grad * K, rtol=1e-4, atol=1e-5)
-    assert torch.equal(r0["params_after"], r1["params_after"])
-    moved = (trained - torch.cat([p.detach().flatten() for p in GPT(CONFIG).parameters()])).abs()
-    assert (r0["params_after"] - trained).abs().max() < 0.01 * moved.max()
-
-
-def test_no_sync_all_reduces_once_per_bucket_per_step(ranks_results):
-    r0 = ranks_results["acc"][0]
-    P = r0["n_params"]
-    buckets = r0["no_sync"]["all_reduces"]
-    assert buckets > 1  # bucket_cap_mb=0.03 splits even this small model
-    assert r0["sync_every_micro_batch"]["all_reduces"] == K * buckets
-    assert r0["no_sync"]["bytes"] == 4 * P
-    assert r0["sync_every_micro_batch"]["bytes"] == K * 4 * P
-
-
 @pytest.mark.parametrize("no_sync", [True, False], ids=["no_sync", "sync_every_micro_batch"])
 def test_train_with_ddp_equals_one_process_accumulating_the_whole_batch(ranks_results, no_sync):
     torch.manual_seed(0)
@@ -201,23 +157,6 @@ def test_train_with_ddp_equals_one_process_accumulating_the_whole_batch(ranks_re
         assert torch.allclose(r0["grads"][step], grad, rtol=1e-10, atol=1e-13), step
     assert torch.equal(r0["params"], r1["params"])
     assert (r0["params"] - params).abs().max() < 1e-10
-
-
-def test_gradient_reader_leaves_the_weights_and_reads_the_accumulated_gradient():
-    torch.manual_seed(0)
-    model = GPT(TINY).double()
-    before = _flat(model.parameters())
-    x, y = _global_batch(0)
-    reader = workers._GradientReader(model)
-    assert reader.grads is None
-    train(model, reader, [(x, y)], micro_batch_size=MICRO, accumulation_steps=WORLD * K)
-    assert torch.equal(_flat(model.parameters()), before)
-    assert all(p.grad is None for p in model.parameters())  # train cleared them after the step
-    model(x, y)[1].backward()  # the whole batch at once
-    whole = _flat(p.grad for p in model.parameters()).float()
-    assert torch.allclose(reader.grads, whole, rtol=1e-6, atol=1e-9)
-    with pytest.raises(ValueError, match="model"):
-        workers._GradientReader(torch.nn.ReLU())
 
 
 def test_fsdp_shards_are_torch_chunks(ranks_results):
@@ -276,25 +215,9 @@ def test_fsdp_step_holds_the_gathered_units_of_zero3_memory(ranks_results):
         assert states < held["held"] <= during.total and held["held"] < held["peak"]
 
 
-def test_average_gradients_by_hand():
-    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
-    params[0].grad = torch.tensor([1.0, 2.0, 3.0])
-    # Three ranks holding the same gradient: the sum is 3x, the mean is the gradient itself.
-    workers.average_gradients(params, lambda t: t.mul_(3), 3)
-    assert torch.equal(params[0].grad, torch.tensor([1.0, 2.0, 3.0]))
-    assert params[1].grad is None
-    with pytest.raises(ValueError, match="world_size"):
-        workers.average_gradients(params, lambda t: t, 0)
-
-
 def test_local_bytes_counts_views_once_and_reports_logical_bytes():
     base = torch.zeros(10, 4)
     logical, allocated = workers._local_bytes([base[:5], base[5:]])
     assert logical == 10 * 4 * 4 and allocated == 10 * 4 * 4
     logical, allocated = workers._local_bytes([base[:3]])
     assert logical == 3 * 4 * 4 and allocated == 10 * 4 * 4
-
-
-def test_counter_needs_a_ddp_model():
-    with pytest.raises(ValueError, match="ddp_model"):
-        workers.AllReduceCounter(torch.nn.Linear(2, 2))

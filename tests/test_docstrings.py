@@ -314,7 +314,7 @@ def test_public_docstrings_have_the_sections():
 def test_the_walk_sees_the_package():
     seen = {where for where, _, _ in public_objects()}
     assert {"course_lib.model.gpt.GPTConfig", "course_lib.model.gpt.GPT.forward",
-            "course_lib.units.tensor_bytes", "course_lib.grading.expect"} <= seen
+            "course_lib.units.storage_bytes", "course_lib.grading.expect"} <= seen
     assert not any(where.split(".")[-1].startswith("_") for where in seen)
     facing = learner_facing()
     assert {"course_lib.model.gpt.GPT", "course_lib.units.format_bytes",
@@ -454,30 +454,6 @@ def test_the_checker_accepts_a_good_docstring_and_names_missing_fields():
     assert class_problems(_Thing) == ["constructor Args: does not name colour"]
     assert class_problems(_Checked) == [
         "no Raises: section (its __post_init__ raises ValueError)"]
-
-
-def test_fill_doc_puts_a_shared_piece_in_place_indented_as_its_line():
-    from course_lib.docstrings import fill_doc
-
-    @fill_doc(shared="a (int): first.\n    more about a.\nb (str): second.\n")
-    def f(a, b):
-        """Summary.
-
-        Args:
-            {shared}
-
-        Returns:
-            None.
-        """
-
-    assert f.__doc__.split("Args:\n")[1].split("\n\n")[0] == (
-        "            a (int): first.\n                more about a.\n            b (str): second.")
-    with pytest.raises(ValueError, match="has no line {missing}"):
-        fill_doc(missing="x")(f)
-    with pytest.raises(ValueError, match="piece shared must be a str"):
-        fill_doc(shared=3)
-    bare = fill_doc(shared="x")(lambda: None)  # no docstring (python -OO): left alone
-    assert bare.__doc__ is None
 
 
 def test_every_check_documents_the_grader_switch_and_its_return_value():

@@ -37,15 +37,15 @@ def test_step_time_reads_the_counts_for_every_mode_and_precision():
 
 
 def test_gpu_explorer_counts_nothing_on_a_first_visit_to_a_card_or_length():
-    gpus = fit_views.explorer_gpus(live=False)
+    gpus = fit_views._explorer_gpus(live=False)
     controls = {"gpu": widgets.Dropdown(options=list(gpus), value="T4"),
                 "usable": widgets.IntSlider(value=90, min=50, max=100, step=5),
-                "seq_len": widgets.SelectionSlider(options=fit_views.SEQ_LENS, value=1024),
-                "effective_batch": widgets.SelectionSlider(options=fit_views.EFFECTIVE_BATCHES,
+                "seq_len": widgets.SelectionSlider(options=fit_views._SEQ_LENS, value=1024),
+                "effective_batch": widgets.SelectionSlider(options=fit_views._EFFECTIVE_BATCHES,
                                                            value=64)}
     with contextlib.redirect_stdout(io.StringIO()):
-        live_plot(lambda fig, **values: fit_views.draw_explorer(fig, **values, gpus=gpus),
-                  controls, setup=fit_views.setup_explorer, figsize=(9, 3.6))
+        live_plot(lambda fig, **values: fit_views._draw_explorer(fig, **values, gpus=gpus),
+                  controls, setup=fit_views._setup_explorer, figsize=(9, 3.6))
         for name in [g for g in gpus if g != "T4"][:4]:
             controls["gpu"].value = name
         for seq_len in (256, 8192):  # a plan without checkpointing, and one with

@@ -13,7 +13,7 @@ from course_lib.model import gpt
 from course_lib.model.gpt import GPT, GPTConfig, gpt_param_count
 from course_lib.planning import fit, guard
 from course_lib.prediction import engine, step_setup
-from course_lib.prediction.formulas import model_state_bytes
+from course_lib.prediction.formulas import PRECISIONS, model_state_bytes
 from course_lib.prediction.predict import Step, predict
 from course_lib.training import mixed_precision
 from course_lib.training.loop import train
@@ -43,7 +43,7 @@ def test_param_numels_is_the_models_parameter_order(bias):
     assert sum(gpt.param_numels(config)) == gpt_param_count(config)
 
 
-@pytest.mark.parametrize("precision", fit.FIT_PRECISIONS)
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("mode,every", POLICIES)
 def test_one_micro_batch_is_predicted_to_the_byte(precision, mode, every):
     step = Step(SMALL, 3, precision=precision, mode=mode, every=every)
@@ -74,7 +74,7 @@ def test_accumulation_is_an_upper_bound_within_fifteen_percent(precision, mode, 
 
 
 def test_memory_is_flat_in_accumulation_steps_from_two_on():
-    for precision, (mode, every) in itertools.product(fit.FIT_PRECISIONS, POLICIES):
+    for precision, (mode, every) in itertools.product(PRECISIONS, POLICIES):
         by_k = [_peak(SMALL, 2, K, precision=precision, mode=mode, every=every)
                 for K in (1, 2, 3, 8)]
         assert by_k[1] == by_k[2] == by_k[3]
@@ -83,7 +83,7 @@ def test_memory_is_flat_in_accumulation_steps_from_two_on():
     assert measured[0] == measured[1]
 
 
-@pytest.mark.parametrize("precision", fit.FIT_PRECISIONS)
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_resident_model_states_are_what_a_real_step_leaves(precision):
     # Independent: the storages a trained model and its optimizer hold between steps, measured
     # after a real step (the gradients are set to None by then), and the bytes per parameter
@@ -107,7 +107,7 @@ def test_the_searchs_floor_is_below_every_setting_of_the_batch(K):
     # fit_model rules a model out when the engine's floor of every block checkpointed, at the
     # smallest micro-batch and at the whole batch alone, is over the budget: sound only if
     # that floor is under every setting's predicted peak, whatever the policy and micro-batch.
-    for precision in fit.FIT_PRECISIONS:
+    for precision in PRECISIONS:
         floor = min(engine.floor(Step(SMALL, b, K // b, precision=precision, mode="blocks"))
                     for b in (1, K))
         for (mode, every), b in itertools.product(fit.FIT_POLICIES, (1, 2, 4)):
@@ -120,7 +120,7 @@ def test_the_searchs_floor_is_below_every_setting_of_the_batch(K):
 def test_the_model_floor_is_the_optimizer_step_and_below_every_setting(gpu):
     # The searches rule out a model and precision at once when this floor is over the budget:
     # sound only if it is every setting's optimizer moment, whatever the batch and policy.
-    for precision in fit.FIT_PRECISIONS:
+    for precision in PRECISIONS:
         floor = engine.model_floor(Step(SMALL, precision=precision, gpu=gpu))
         for (mode, every), b, K in itertools.product(fit.FIT_POLICIES, (1, 3), (1, 2)):
             moments = predict(Step(SMALL, b, K, seq_len=8 * b, precision=precision, mode=mode,
@@ -245,7 +245,7 @@ def test_search_space_respects_the_aspect_ratio_and_head_size():
 
 
 @settings(max_examples=25, deadline=None)
-@given(b=st.integers(1, 12), mode=st.sampled_from(POLICIES), precision=st.sampled_from(fit.FIT_PRECISIONS))
+@given(b=st.integers(1, 12), mode=st.sampled_from(POLICIES), precision=st.sampled_from(PRECISIONS))
 def test_more_sequences_never_need_less_memory(b, mode, precision):
     small, large = (_peak(SMALL, n, precision=precision, mode=mode[0],
                                             every=mode[1]).total for n in (b, b + 1))
@@ -281,7 +281,7 @@ def test_run_within_budget_catches_going_over_and_frees_the_memory():
 
 def test_run_within_budget_measures_what_the_planner_predicts():
     # Building the model and two steps from nothing: the peak is the steady-state step's.
-    for precision in fit.FIT_PRECISIONS:
+    for precision in PRECISIONS:
         need = _peak(SMALL, 4, precision=precision).total
         trial = guard.run_within_budget(_training(SMALL, 4, 1, precision=precision), need + SLACK,
                                       device="cpu")

@@ -27,26 +27,26 @@ def _grads(fn, x, bias):
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
 def test_kernel_matches_its_reference_forward_and_backward(dtype, tol):
-    assert fused.backend("cpu") == "interpreter"
-    x, bias = fused.example("cpu", dtype)
+    assert fused._backend("cpu") == "interpreter"
+    x, bias = fused._example("cpu", dtype)
     got = _grads(fused.bias_gelu, x, bias)
-    want = _grads(fused.reference, x, bias)
+    want = _grads(fused._reference, x, bias)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g.float(), w.float(), atol=tol, rtol=tol)
 
 
 def test_the_reference_backend_keeps_the_contract(monkeypatch):
-    x, bias = fused.example()
+    x, bias = fused._example()
     interpreted = _grads(fused.bias_gelu, x, bias)
-    monkeypatch.setattr(fused, "backend", lambda device: "reference")
+    monkeypatch.setattr(fused, "_backend", lambda device: "reference")
     plain = _grads(fused.bias_gelu, x, bias)
     for a, b in zip(interpreted, plain, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
 
 
 def test_autograd_keeps_only_the_inputs():
-    x, bias = fused.example()
+    x, bias = fused._example()
     packed = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
         fused.bias_gelu(x, bias)
@@ -72,7 +72,7 @@ def _policy(decision):
 @pytest.mark.parametrize("decision, reruns", [(CheckpointPolicy.MUST_SAVE, 0),
                                               (CheckpointPolicy.PREFER_RECOMPUTE, 1)])
 def test_a_policy_saves_or_recomputes_the_kernel_as_one_op(decision, reruns):
-    x, bias = fused.example()
+    x, bias = fused._example()
     weight = torch.randn(64, 64, requires_grad=True)
 
     def block(x):
@@ -87,19 +87,32 @@ def test_a_policy_saves_or_recomputes_the_kernel_as_one_op(decision, reruns):
     torch.testing.assert_close(weight.grad, reference_grad, atol=1e-5, rtol=1e-5)
 
 
+class _Unregistered(torch.autograd.Function):
+    """bias_gelu as a plain autograd.Function: correct, but not one op to a policy."""
+
+    @staticmethod
+    def forward(ctx, x, bias):
+        ctx.save_for_backward(x, bias)
+        return fused._reference(x, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return fused._backward_rule(ctx, grad)
+
+
 def test_an_unregistered_function_hides_its_inside_from_a_policy():
-    x, bias = fused.example()
+    x, bias = fused._example()
     with _Calls() as registered:
         fused.bias_gelu(x, bias)
     with _Calls() as plain:
-        fused._unregistered_bias_gelu(x, bias)
+        _Unregistered.apply(x, bias)
     assert OP in registered.calls
     assert OP not in plain.calls and torch.ops.aten.gelu.default in plain.calls
 
 
 def test_ops_table_names_the_op_its_reference_and_inputs():
     op, reference, example = fused.OPS["bias_gelu"]
-    assert op is OP and reference is fused.reference
+    assert op is OP and reference is fused._reference
     inputs = example("cpu", torch.float32)
     torch.testing.assert_close(op(*inputs), reference(*inputs), atol=1e-6, rtol=1e-6)
 
@@ -113,16 +126,16 @@ def test_ops_table_names_the_op_its_reference_and_inputs():
 ])
 def test_bad_inputs_are_refused(args, match):
     with pytest.raises(ValueError, match=match):
-        fused._unregistered_bias_gelu(*args)
+        fused._reference(*args)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_the_compiled_kernel_matches_its_reference_on_a_gpu(dtype):
-    assert fused.backend("cuda") == "triton"
-    x, bias = fused.example("cuda", dtype)
-    for g, w in zip(_grads(fused.bias_gelu, x, bias), _grads(fused.reference, x, bias),
+    assert fused._backend("cuda") == "triton"
+    x, bias = fused._example("cuda", dtype)
+    for g, w in zip(_grads(fused.bias_gelu, x, bias), _grads(fused._reference, x, bias),
                     strict=True):
         torch.testing.assert_close(g.float(), w.float(), atol=2e-3, rtol=2e-3)
 
@@ -140,7 +153,7 @@ def test_interpreted_launches_leave_no_tensor_alive():
     at once, so that a kernel's inputs die when the model lets go of them."""
     import weakref
 
-    x, bias = (t.detach() for t in fused.example())
+    x, bias = (t.detach() for t in fused._example())
     out = fused.bias_gelu(x, bias)
     storage = weakref.ref(out.untyped_storage())
     del out
@@ -167,6 +180,13 @@ def test_the_kernels_read_no_python_global_but_triton_language():
 DROPOUT = torch.ops.course.bias_dropout_add.default
 
 
+def _dropout_example(device="cpu", dtype=torch.float32):
+    x, bias = fused._example(device, dtype)
+    generator = torch.Generator().manual_seed(1)
+    residual = torch.randn(x.shape, generator=generator).to(device=x.device, dtype=dtype)
+    return [x, bias, residual.requires_grad_(), 0.25, 1234]
+
+
 def _dropout_grads(fn, x, bias, residual, p, seed):
     out = fn(x, bias, residual, p, seed)
     weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(out.dtype)
@@ -176,7 +196,7 @@ def _dropout_grads(fn, x, bias, residual, p, seed):
 # bf16: the kernel scales in fp32, the unfused ops by a scale rounded to bf16
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 3e-2)])
 def test_bias_dropout_add_matches_the_unfused_ops_with_its_mask(dtype, tol):
-    x, bias, residual, p, seed = fused._dropout_example("cpu", dtype)
+    x, bias, residual, p, seed = _dropout_example("cpu", dtype)
     got = _dropout_grads(fused.bias_dropout_add, x, bias, residual, p, seed)
     want = _dropout_grads(fused.unfused_bias_dropout_add, x, bias, residual, p, seed)
     for g, w in zip(got, want, strict=True):
@@ -194,7 +214,7 @@ def test_the_mask_is_the_seeds_own():
 
 
 def test_the_kernel_keeps_no_tensor_where_the_unfused_ops_keep_the_mask():
-    x, bias, residual, p, seed = fused._dropout_example()
+    x, bias, residual, p, seed = _dropout_example()
     kept = fused.bias_dropout_add(x, bias, residual, p, seed)
     unfused = fused.unfused_bias_dropout_add(x, bias, residual, p)  # F.dropout's own mask
     mask_bytes = x.numel() * x.element_size()  # on the CPU the mask has x's dtype
@@ -206,7 +226,7 @@ def test_the_kernel_keeps_no_tensor_where_the_unfused_ops_keep_the_mask():
 
 @pytest.mark.parametrize("op", ["bias_dropout_add", "dropout_backward"])
 def test_opcheck_passes(op):
-    x, bias, residual, p, seed = fused._dropout_example()
+    x, bias, residual, p, seed = _dropout_example()
     args = (x, bias, residual, p, seed) if op == "bias_dropout_add" else (x.detach(), p, seed)
     results = torch.library.opcheck(getattr(torch.ops.course, op).default, args)
     assert set(results.values()) == {"SUCCESS"}, results
@@ -223,8 +243,8 @@ def test_offsets_are_int64_so_no_tensor_size_overflows():
 
 
 def test_without_triton_the_op_draws_its_mask_from_a_seeded_generator(monkeypatch):
-    x, bias, residual, p, seed = fused._dropout_example()
-    monkeypatch.setattr(fused, "backend", lambda device: "reference")
+    x, bias, residual, p, seed = _dropout_example()
+    monkeypatch.setattr(fused, "_backend", lambda device: "reference")
     keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)) >= p
     assert torch.equal(fused.dropout_mask(x, p, seed), keep)
     out = fused.bias_dropout_add(x, bias, residual, p, seed)
@@ -236,7 +256,7 @@ def test_without_triton_the_op_draws_its_mask_from_a_seeded_generator(monkeypatc
 
 
 def test_p_0_keeps_everything_and_p_1_drops_everything():
-    x, bias, residual, _, seed = fused._dropout_example()
+    x, bias, residual, _, seed = _dropout_example()
     out, gx, gb, gr = _dropout_grads(fused.bias_dropout_add, x, bias, residual, 0.0, seed)
     torch.testing.assert_close(out, residual + x + bias)
     torch.testing.assert_close(gx, gr)
@@ -247,7 +267,7 @@ def test_p_0_keeps_everything_and_p_1_drops_everything():
 @pytest.mark.parametrize("decision, reruns", [(CheckpointPolicy.MUST_SAVE, 0),
                                               (CheckpointPolicy.PREFER_RECOMPUTE, 1)])
 def test_a_policy_saves_or_reruns_bias_dropout_add_with_the_same_mask(decision, reruns):
-    x, bias, residual, p, _ = fused._dropout_example()
+    x, bias, residual, p, _ = _dropout_example()
     weight = torch.randn(64, 64, requires_grad=True)
 
     def block(x):  # the seed is drawn inside: the rerun must draw the same one
@@ -294,7 +314,7 @@ def test_the_registration_is_shown_whole():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_compiled_dropout_kernel_matches_the_unfused_ops_on_a_gpu(dtype):
     x, bias, residual, p, seed = (t.detach().cuda().requires_grad_() if isinstance(t, torch.Tensor)
-                                  else t for t in fused._dropout_example("cpu", dtype))
+                                  else t for t in _dropout_example("cpu", dtype))
     got = _dropout_grads(fused.bias_dropout_add, x, bias, residual, p, seed)
     want = _dropout_grads(fused.unfused_bias_dropout_add, x, bias, residual, p, seed)
     for g, w in zip(got, want, strict=True):

@@ -33,8 +33,8 @@ from input_strategies import (
 )
 
 from course_lib import units, validation
-from course_lib.distributed import ranks, workers
-from course_lib.measurement import memory, timeline
+from course_lib.distributed import ranks
+from course_lib.measurement import memory
 from course_lib.model import gpt, toy_data
 from course_lib.planning import planner
 from course_lib.prediction import formulas, step_setup
@@ -62,9 +62,7 @@ CASES = {
     "boolean": (lambda v: validation.boolean("flag", v), "flag", NOT_A_BOOL),
     "device": (lambda v: validation.device("where", v), "where", NOT_A_DEVICE),
     # units
-    "tensor_bytes.shape": (lambda v: units.tensor_bytes((2, v)), "shape",
-                           not_an_int(0, 2**63 - 1)),
-    "tensor_bytes.dtype": (lambda v: units.tensor_bytes((2,), v), "dtype", not_one_of(())),
+    "dtype_bytes.dtype": (lambda v: units.dtype_bytes(v), "dtype", not_one_of(())),
     "format_bytes.n": (lambda v: units.format_bytes(v), "n", not_a_number()),
     "format_bytes.precision": (lambda v: units.format_bytes(10, v), "precision",
                                not_an_int(0, 12)),
@@ -130,7 +128,7 @@ CASES = {
     "pad_to_lengths.ignore_index": (lambda v: accumulation.pad_to_lengths(X, Y, [2] * 4,
                                                                           ignore_index=v),
                                     "ignore_index", not_an_int(*INT64)),
-    "max_abs_difference.a": (lambda v: accumulation.max_abs_difference(v, {"w": torch.ones(1)}),
+    "max_abs_difference.a": (lambda v: accumulation._max_abs_difference(v, {"w": torch.ones(1)}),
                              "a", OTHERS),
     # toy_data
     "markov_tokens.seed": (lambda v: toy_data.markov_tokens(2, 4, seed=v), "seed",
@@ -155,25 +153,11 @@ CASES = {
     "saved_bytes.include_parameters": (
         lambda v: memory.saved_bytes((torch.ones(2, requires_grad=True) * 2).sum(),
                                       include_parameters=v), "include_parameters", NOT_A_BOOL),
-    "timeline_from_snapshot.baseline": (
-        lambda v: timeline._timeline_from_snapshot({"device_traces": [[]]}, baseline=v),
-        "baseline", not_an_int(0, 2**63 - 1)),
-    "timeline_from_snapshot.device": (
-        lambda v: timeline._timeline_from_snapshot({"device_traces": [[]]}, device=v),
-        "device", not_an_int(0, 0)),
     "policy_name.policy": (lambda v: policies._policy_name(v), "policy",
                            st.one_of(BOOLS, st.integers(), st.floats(), st.none())),
     "SelectiveContext.ops": (lambda v: policies.SelectiveContext(v), "ops",
                              st.one_of(BOOLS, st.integers(), st.floats(), st.none(),
                                        st.lists(st.integers(), min_size=1, max_size=2))),
-    # distributed
-    "average_gradients.world_size": (
-        lambda v: workers.average_gradients([torch.zeros(1)], lambda t: t, v), "world_size",
-        not_an_int(1, ranks.MAX_WORLD_SIZE)),
-    "GradientReader.model": (lambda v: workers._GradientReader(v), "model", OTHERS),
-    "local_bytes.tensors": (lambda v: workers._local_bytes(v), "tensors",
-                            st.one_of(BOOLS, st.integers(), st.floats(), st.none(),
-                                      st.lists(st.integers(), min_size=1, max_size=2))),
     # ranks
     "Ranks.timeout": (lambda v: ranks.Ranks(2, timeout=v), "timeout",
                       not_a_number(0.0, ranks.MAX_SECONDS).filter(lambda v: v != 0.0)),

@@ -50,7 +50,7 @@ def _model_and_batch(batch=4):
     (lambda v: units.format_bytes(v), "n"),
     (lambda v: units.format_bytes(-v), "n"),
     (lambda v: widgets.nice_ceiling(v), "x"),
-    (lambda v: calculator.calculator_figure(v), "billions"),
+    (lambda v: calculator._calculator_figure(v), "billions"),
     (lambda v: step_views.record_accumulation_step(*_model_and_batch(), 2, lr=v), "lr"),
 ])
 def test_ints_beyond_float_range_are_refused_by_name(call, name):
@@ -65,16 +65,11 @@ def test_format_bytes_keeps_exact_ints_and_checks_precision():
         units.format_bytes(5, 13)
 
 
-def test_a_zero_dimensional_tensor_is_not_a_shape():
-    with pytest.raises(ValueError, match="shape must be a sequence of ints, got tensor"):
-        units.tensor_bytes(torch.tensor(3))
-
-
 # --- devices torch does not know --------------------------------------------------------------
 
 @pytest.mark.parametrize("call", [
-    lambda d: fused.example(d),
-    lambda d: fused.backend(d),
+    lambda d: fused._example(d),
+    lambda d: fused._backend(d),
     lambda d: time_model.measure_speed(d),
     lambda d: playground.measure_step_cost(Step(CFG, 1, 1), device=d),
 ])
@@ -86,7 +81,7 @@ def test_a_device_torch_does_not_know_is_refused_naming_device(call, device):
 
 def test_the_fused_example_needs_a_floating_dtype():
     with pytest.raises(ValueError, match="dtype must be a floating-point dtype, got torch.int64"):
-        fused.example("cpu", torch.int64)
+        fused._example("cpu", torch.int64)
 
 
 # --- models, optimizers and batches of the wrong kind -----------------------------------------
@@ -167,8 +162,6 @@ def test_the_step_through_refuses_what_it_cannot_record():
     for args, kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
             step_views.record_accumulation_step(*args, **kwargs)
-    with pytest.raises(ValueError, match="^model must be a course_lib.model.gpt.GPT, got Linear"):
-        step_views._parameter_groups(torch.nn.Linear(2, 2))
 
 
 # --- numpy and torch ints: their value, used ---------------------------------------------------
@@ -176,7 +169,7 @@ def test_the_step_through_refuses_what_it_cannot_record():
 @pytest.mark.parametrize("size", [np.int64(2), np.int32(2), torch.tensor(2)])
 def test_numpy_and_torch_ints_are_used_as_ints(size):
     # they used to pass validation and crash in torch.split
-    assert planner.measure_peak(CFG, size) == planner.measure_peak(CFG, 2)
+    assert planner.measure_peak(Step(CFG, size)) == planner.measure_peak(Step(CFG, 2))
     assert units.format_bytes(size) == "2 B"
 
 
@@ -217,13 +210,10 @@ def _step_views_tradeoff():
      "^figsize must be two positive numbers"),
     (lambda: ladder_view.ladder_figure(fit_ladder.ladder(CFG, "T4", batch_size=2), fig=3),
      "^fig must be a matplotlib Figure, got int"),
-    (lambda: fit_views.setup_explorer("fig"), "^fig must be a matplotlib Figure, got str"),
+    (lambda: fit_views._setup_explorer("fig"), "^fig must be a matplotlib Figure, got str"),
     (lambda: step_views.tradeoff_figure(_step_views_tradeoff(), "x", figsize=(BEYOND_FLOAT, 1)),
      "^figsize must be two positive numbers"),
     (lambda: step_views.tradeoff_figure(3, "x"), "^t must be a Tradeoff"),
-    (lambda: step_views._memory_top(None), "^t must be a Tradeoff"),
-    (lambda: step_views._memory_top(_step_views_tradeoff(), 2**30),
-     "^largest must be a positive int of at most 16,777,216"),
     (lambda: widgets.live_plot(lambda a, x: None, {"x": ipywidgets.IntSlider()},
                                figsize=(BEYOND_FLOAT, 2)), "^figsize must be two positive"),
     (lambda: memory.saved_tensors(_loss(), params=3), "^params must be an iterable of tensors"),
@@ -234,8 +224,6 @@ def _step_views_tradeoff():
     (lambda: planner.time_ratios(CFG, 2, 3), "^policies must be a list or tuple, got 3"),
     (lambda: planner.time_ratios(CFG, 2, ["blocks"]), r"^policies must be \(mode, every\) pairs"),
     (lambda: Step(CFG, 2, mode="everything"), "^mode must be one of"),
-    (lambda: timing.split_by_class("gpu"), "^events must be a profiler's events"),
-    (lambda: timing.split_by_class([1, 2]), "^events must be a profiler's events"),
     (lambda: gpt.check_batch(GPT(CFG), *gpt.random_tokens(CFG, 2), ignore_index=BEYOND_FLOAT),
      "^ignore_index must be an int in"),
     (lambda: activation_views.oom_widget(gpu=["T4"]), "^gpu must be one of"),
@@ -410,8 +398,8 @@ def test_search_spaces_take_numpy_ints():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: calculator.calculator_figure(1e308), r"^billions must be a finite number <= "),
-    (lambda: fused.reference(3.0, torch.zeros(4)), "^x and bias must be tensors, got float"),
+    (lambda: calculator._calculator_figure(1e308), r"^billions must be a finite number <= "),
+    (lambda: fused._reference(3.0, torch.zeros(4)), "^x and bias must be tensors, got float"),
     (lambda: checkpoint_views.explorer(batch_size=10**5),
      r"^batch_size must be an int in \[1, 32\], got 100000"),
 ])
@@ -459,10 +447,10 @@ def test_a_device_speed_states_speeds_within_reason(field, value):
     lambda d: gpt.random_tokens(CFG, 2, device=d),
     lambda d: toy_data.markov_tokens(2, 8, device=d),
     lambda d: step_setup.build(CFG, device=d),
-    lambda d: planner.measure_peak(CFG, 2, device=d),
+    lambda d: planner.measure_peak(Step(CFG, 2), device=d),
     lambda d: playground.measure_step_cost(Step(CFG, 1, 1), device=d),
     lambda d: timing.step_times({"a": lambda: None}, device=d),
-    lambda d: fused.example(d),
+    lambda d: fused._example(d),
 ])
 def test_a_device_this_machine_lacks_is_refused_naming_device(call):
     # torch raised an AssertionError ("Torch not compiled with CUDA enabled") or a RuntimeError
@@ -477,10 +465,6 @@ def test_the_shared_checks_refuse_their_own_bad_arguments():
     model, x, y = _model_and_batch()
     with pytest.raises(ValueError, match="^names must be two str, got 3"):
         gpt.check_batch(model, x, y, names=3)
-    with pytest.raises(ValueError, match="^controls and values must be dicts"):
-        widgets.check_chosen([], {})
-    with pytest.raises(ValueError, match="^controls and values must be dicts"):
-        widgets.check_chosen({}, {"x": None})
 
 
 def test_batches_are_refused_by_the_callers_names_not_idx():
@@ -491,9 +475,6 @@ def test_batches_are_refused_by_the_callers_names_not_idx():
         accumulation.full_batch_gradients(model, x.float(), y)
     with pytest.raises(ValueError, match=r"^inputs must hold token ids in \[0, 16\)"):
         accumulation.full_batch_gradients(model, x + 100, y)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match=r"^batch's targets must hold token ids in \[0, 16\)"):
-        playground._step_memory(model, opt, (x, y + 100), micro_batch_size=4)
 
 
 def test_more_sizes_have_a_maximum():
@@ -583,7 +564,7 @@ def test_numpy_sizes_are_exact_ints_however_large():
     assert fraction == planner.recompute_fraction(Step(big, 2**24, mode="blocks")) > 0.2
     from course_lib.model import zoo
 
-    llama = zoo.LlamaConfig(d_model=np.int64(64), n_heads=np.int64(4), n_layers=np.int64(2),
+    llama = zoo._LlamaConfig(d_model=np.int64(64), n_heads=np.int64(4), n_layers=np.int64(2),
                             vocab_size=np.int64(100), d_ff=np.int64(128), n_kv_heads=np.int64(4))
     step = Step(CFG, np.int64(1), np.int64(2), np.int64(8), every=np.int64(1),
                 world_size=np.int64(2), lora_rank=np.int64(4), zero_stage=np.int64(1),
@@ -627,8 +608,8 @@ def test_prediction_and_measurement_refuse_the_same_kernels_on_the_cpu(kernel, d
 def test_a_nan_difference_is_nan_not_zero():
     a = {"w": torch.zeros(3), "b": torch.tensor([1.0, float("nan")])}
     b = {"w": torch.ones(3), "b": torch.tensor([1.0, 2.0])}
-    assert math.isnan(accumulation.max_abs_difference(a, b))
-    assert math.isnan(accumulation.max_abs_difference(b, a))
+    assert math.isnan(accumulation._max_abs_difference(a, b))
+    assert math.isnan(accumulation._max_abs_difference(b, a))
     one, two = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     two.load_state_dict(one.state_dict())
     assert accumulation.weight_gap(one, two) == 0.0
@@ -679,7 +660,7 @@ def test_closing_ranks_with_a_bad_wait_keeps_them_reachable():
     ranks = Ranks(1, timeout=60)
     try:
         for wait in ("x", -1, float("nan"), True):
-            with pytest.raises(ValueError, match="^wait must be a number of seconds from 0"):
+            with pytest.raises(ValueError, match="^wait must be a finite number"):
                 ranks.close(wait=wait)
         assert not ranks.closed and all(alive(pid) for pid in ranks.pids)
     finally:
@@ -691,28 +672,22 @@ def test_closing_ranks_with_a_bad_wait_keeps_them_reachable():
 def _reading(**kwargs):
     from course_lib.measurement import allocator
 
-    return allocator.Reading(**{"allocated": 1, "reserved": 2, "free": 3, "total": 4, **kwargs})
+    return allocator._Reading(**{"allocated": 1, "reserved": 2, "free": 3, "total": 4, **kwargs})
 
 
 def _records():
-    from collections import Counter
-
     from course_lib.measurement import allocator
     from course_lib.prediction import checkpointed
-    from course_lib.training import policies
 
     categories = dict.fromkeys(memory.CATEGORIES, 0)
     return {
         "StepBreakdown": (memory.StepBreakdown, dict(
             at_peak=categories, baseline=categories, peak=0, peak_phase="forward",
             phase_peaks={}, events=[], series={})),
-        "CheckpointCost": (checkpointed.CheckpointCost, dict(mode="blocks", kept_bytes=10,
+        "_CheckpointCost": (checkpointed._CheckpointCost, dict(mode="blocks", kept_bytes=10,
                                                              flops=12, flops_plain=9)),
-        "StepReport": (allocator.StepReport, dict(predicted=1, resident=1, before=_reading(),
+        "_StepReport": (allocator._StepReport, dict(predicted=1, resident=1, before=_reading(),
                                                   after=_reading())),
-        "PolicyCost": (policies.PolicyCost, dict(policy="full", kept_bytes=1, peak_bytes=2,
-                                                 recomputed=Counter({torch.ops.aten.mm.default: 1}),
-                                                 recompute_flops=3)),
         "TimeSplit": (timing.TimeSplit, dict(seconds={"matmul": 0.5}, clock="cpu")),
     }
 
@@ -721,14 +696,11 @@ def _records():
     ("StepBreakdown", "peak", "1", TypeError), ("StepBreakdown", "peak", -1, ValueError),
     ("StepBreakdown", "at_peak", {"parameters": 1}, ValueError),
     ("StepBreakdown", "baseline", None, TypeError), ("StepBreakdown", "events", 3, TypeError),
-    ("CheckpointCost", "mode", "sometimes", ValueError), ("CheckpointCost", "mode", 1, TypeError),
-    ("CheckpointCost", "flops", 1.5, TypeError), ("CheckpointCost", "flops_plain", 0, ValueError),
-    ("CheckpointCost", "kept_bytes", True, TypeError),
-    ("StepReport", "before", {"allocated": 1}, TypeError),
-    ("StepReport", "predicted", -5, ValueError),
-    ("PolicyCost", "recomputed", {"mm": 1}, TypeError),
-    ("PolicyCost", "recomputed", __import__("collections").Counter({"mm": 1}), ValueError),
-    ("PolicyCost", "peak_bytes", float("nan"), TypeError), ("PolicyCost", "policy", 3, TypeError),
+    ("_CheckpointCost", "mode", "sometimes", ValueError), ("_CheckpointCost", "mode", 1, TypeError),
+    ("_CheckpointCost", "flops", 1.5, TypeError), ("_CheckpointCost", "flops_plain", 0, ValueError),
+    ("_CheckpointCost", "kept_bytes", True, TypeError),
+    ("_StepReport", "before", {"allocated": 1}, TypeError),
+    ("_StepReport", "predicted", -5, ValueError),
     ("TimeSplit", "clock", "wall", ValueError), ("TimeSplit", "seconds", [0.5], TypeError),
     ("TimeSplit", "seconds", {"matmul": float("nan")}, ValueError),
     ("TimeSplit", "seconds", {"matmul": "1"}, TypeError),
@@ -745,12 +717,12 @@ def test_a_result_record_built_by_hand_refuses_nonsense_naming_the_field(record,
 def test_a_record_takes_numpy_ints_as_ints():
     from course_lib.prediction import checkpointed
 
-    cost = checkpointed.CheckpointCost("none", np.int64(3), np.int64(2**62), np.int64(2**62))
+    cost = checkpointed._CheckpointCost("none", np.int64(3), np.int64(2**62), np.int64(2**62))
     assert type(cost.flops) is int and cost.flops * 4 == 2**64
 
 
 @pytest.mark.parametrize("measure", [
-    lambda: planner.measure_peak(CFG, 2),
+    lambda: planner.measure_peak(Step(CFG, 2)),
     lambda: step_setup.measure_step_memory(Step(CFG, 2)),
 ])
 def test_a_measurement_that_builds_its_model_leaves_the_global_rng_alone(measure):

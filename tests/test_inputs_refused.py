@@ -16,7 +16,7 @@ CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
 
 def test_differences_of_differently_shaped_tensors_are_refused_not_broadcast():
     a, b = {"w": torch.zeros(3, 1)}, {"w": torch.ones(1, 3)}
-    for fn in (accumulation.max_abs_difference, accumulation.relative_difference):
+    for fn in (accumulation._max_abs_difference, accumulation.relative_difference):
         with pytest.raises(ValueError, match="same shape, differ at 'w'"):
             fn(a, b)
 

@@ -28,7 +28,7 @@ def test_peak_parts_stack_to_the_peak_and_label_the_card():
     assert right_edge == pytest.approx(peak.total / GiB)
     assert ax.lines[0].get_xdata()[0] == pytest.approx(GPUS["T4"].total_memory / GiB)
     assert T4_LABEL in " ".join(_texts(fig))
-    assert len(ax.get_legend().get_texts()) == len(ladder_view.PARTS)
+    assert len(ax.get_legend().get_texts()) == len(ladder_view._PARTS)
     with pytest.raises(ValueError, match="jobs"):
         ladder_view.peak_parts_figure({}, "T4")
     with pytest.raises(ValueError, match="jobs"):
@@ -102,7 +102,7 @@ def test_climb_text_names_each_rung_and_fits_the_page():
                                seq_len=4096)
     text = ladder_view.climb_text(result)
     lines = text.splitlines()
-    assert len(lines) == 2 + len(result.steps) and lines[-1].startswith("fits")
+    assert len(lines) == 2 + len(result.climb) and lines[-1].startswith("fits")
     assert lines[0] == f"the plain step: {format_bytes(result.baseline.total)}; {T4_LABEL}"
     assert all(len(line) < 100 for line in lines)
     with pytest.raises(TypeError, match="result"):

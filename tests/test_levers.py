@@ -19,7 +19,7 @@ from course_lib.planning import fit_ladder
 from course_lib.prediction import activations as act, step_setup, time_model
 from course_lib.prediction.predict import Step, predict
 from course_lib.training import levers
-from course_lib.training.loop import TrainLog, train
+from course_lib.training.loop import _TrainLog, train
 
 TINY = GPTConfig(vocab_size=96, seq_len=16, d_model=32, n_heads=4, n_layers=2)
 
@@ -129,7 +129,7 @@ def test_the_training_loop_trains_through_the_chunked_loss():
     for chunk in (None, 8):
         model = levers.use_chunked_loss(step_setup.build(cfg)[0], chunk)
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the weights move by the gradient
-        log = TrainLog()
+        log = _TrainLog()
         peaks.append(peak_memory(functools.partial(
             train, model, optimizer, [(x, y)], micro_batch_size=2, accumulation_steps=2, log=log),
             device="cpu"))
@@ -345,7 +345,7 @@ GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_laye
 def test_ladder_ranks_every_lever_by_bytes_saved_per_time_paid_and_finds_a_fit():
     result = fit_ladder.ladder(GPT2, "T4", batch_size=32)
     groups = {r.group for r in result.rungs}
-    assert groups == set(fit_ladder.LADDER_GROUPS)
+    assert groups == set(fit_ladder._LADDER_GROUPS)
     ordinary = [r for r in result.rungs if r.group not in fit_ladder.JOB_CHANGING]
     assert all(r.group in fit_ladder.JOB_CHANGING for r in result.rungs[len(ordinary):])
     saving = [r for r in ordinary if r.bytes_saved > 0]
@@ -378,8 +378,8 @@ def test_ladder_ranks_every_lever_by_bytes_saved_per_time_paid_and_finds_a_fit()
     assert not result.baseline.total <= result.budget_bytes  # fp32, whole batch: it does not fit
     assert result.budget_bytes == device.GPUS["T4"].total_memory
     assert result.fits and result.memory.total <= result.budget_bytes
-    assert [m.total for _, m, _ in result.steps] == sorted(
-        (m.total for _, m, _ in result.steps), reverse=True)
+    assert [m.total for _, m, _ in result.climb] == sorted(
+        (m.total for _, m, _ in result.climb), reverse=True)
     # T4: fp16
     assert result.step == Step(GPT2, 1, 32, precision="fp16-mixed", gpu="T4")
     assert result.memory.total == predict(result.step).total

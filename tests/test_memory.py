@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from course_lib.model.gpt import GPT, GPTConfig, count_parameters, random_tokens
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.model.zoo import PRESETS, build_model
 from course_lib.prediction.formulas import (
     OPTIMIZERS,
@@ -22,6 +22,11 @@ from course_lib.prediction.formulas import (
 )
 from course_lib.training.mixed_precision import MasterWeightAdamW
 from course_lib.units import storage_bytes
+
+
+def count_parameters(model):
+    return sum(p.numel() for p in model.parameters())
+
 
 GB = 10**9
 SMALL = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_layers=2)

@@ -6,9 +6,14 @@ import pytest
 import torch
 
 from course_lib.measurement.memory import peak_memory, step_breakdown, training_step
-from course_lib.model.gpt import GPT, GPTConfig, count_parameters, random_tokens
+from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.training.loop import make_grad_scaler, train
 from course_lib.training.mixed_precision import MasterWeightAdamW
+
+
+def count_parameters(model):
+    return sum(p.numel() for p in model.parameters())
+
 
 SMALL = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_layers=2)
 

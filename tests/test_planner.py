@@ -158,18 +158,22 @@ def test_prediction_against_the_cuda_allocator():
 def test_measure_peak_is_what_the_planner_predicts_and_the_recompute_fraction():
     config = GPTConfig(**SMALL, attention="explicit")
     for mode, every in (("none", 1), ("blocks", 2), ("selective", 1)):
-        assert planner.measure_peak(config, 3, mode, every) == pytest.approx(
+        step = Step(config, 3, mode=mode, every=every, first_step=True)
+        assert planner.measure_peak(step) == pytest.approx(
             _predicted_peak(config, 3, mode, every), abs=8 * 4 * 4)
+    steady = Step(config, 3, mode="blocks")  # above the parameters and AdamW's states
+    assert planner.measure_peak(steady) == pytest.approx(predict(steady).peak.step_peak,
+                                                         abs=8 * 4 * 4)
     full = next(c for c in planner.candidates(Step(config, 3)) if c.label == "blocks/1")
     assert planner.recompute_fraction(Step(config, 3, mode="blocks")) == full.recompute_fraction
     assert planner.recompute_fraction(Step(config, 3, mode="selective")) == 0
-    with pytest.raises(ValueError, match="batch_size"):
-        planner.measure_peak(config, 0)
+    with pytest.raises(ValueError, match="plain AdamW step"):
+        planner.measure_peak(Step(config, 3, loss_chunk=16))
 
 
 def test_choices_keep_the_candidates_some_budget_picks_worked_by_hand():
     def option(mode, every, peak, seconds):
-        return planner.Candidate(Step(GPTConfig(**SMALL), 2, mode=mode, every=every), peak,
+        return planner._Candidate(Step(GPTConfig(**SMALL), 2, mode=mode, every=every), peak,
                                  seconds, 0, 1)
 
     # fastest first, as candidates() orders them. A budget of 10 or more picks none; 7-9
@@ -203,7 +207,7 @@ def test_time_ratios_are_medians_of_rounds_and_each_policy_really_reruns(monkeyp
                 lambda *_, name=name: forwards.__setitem__(name, forwards[name] + 1))
             step()
             hook.remove()
-        return timing.StepTimes(wall=seconds, cpu=seconds, device="cpu")
+        return timing._StepTimes(wall=seconds, cpu=seconds, device="cpu")
 
     monkeypatch.setattr(planner.timing, "step_times", stubbed)
     ratios = planner.time_ratios(config, 2, [("blocks", 1), ("selective", 2)], repeats=3)

@@ -7,6 +7,8 @@ from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.prediction import step_setup
+from course_lib.prediction.checkpointed import predict_kept_bytes
+from course_lib.prediction.formulas import PRECISION
 from course_lib.training import checkpointing, policies
 
 aten = torch.ops.aten
@@ -194,17 +196,20 @@ def test_kernel_policies_measure_and_predict_both_side_by_side():
     pytest.importorskip("triton")
     config = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2,
                        fused_mlp=True)
-    save, recompute = step_setup._kernel_policies(config, 2)
-    assert (save.mode, recompute.mode) == ("save-kernel", "recompute-kernel")
-    assert (save.kernel_runs, recompute.kernel_runs) == (0, 2)
-    for row in (save, recompute):
-        assert row.kept_measured == row.kept_predicted
-    assert save.kept_measured - recompute.kept_measured == 2 * (2 * 16 * 4 * 32) * 4
+    kernel, = checkpointing.KERNEL_OPS
     # Under autocast too (a GPU's lecture runs there): autocast's cast cache would hold the
-    # checkpointed blocks' 16-bit weights, which the blocks do not keep; the rows measure without it
-    for row in step_setup._kernel_policies(config, 2, precision="autocast-bf16"):
-        assert row.kept_measured == row.kept_predicted, row
-    with pytest.raises(ValueError, match="fused_mlp"):
-        step_setup._kernel_policies(GPTConfig(), 2)
-    with pytest.raises(ValueError, match="batch_size"):
-        step_setup._kernel_policies(config, 0)
+    # checkpointed blocks' 16-bit weights, which the blocks do not keep; measured without it
+    for precision in ("fp32", "autocast-bf16"):
+        spec, kept, runs = PRECISION[precision], {}, {}
+        for mode in checkpointing.KERNEL_MODES:
+            model, _ = step_setup.build(config, precision=precision, mode=mode)
+            x, y = random_tokens(config, 2)
+            with torch.autocast("cpu", dtype=spec.compute, enabled=spec.autocast,
+                                cache_enabled=False):
+                kept[mode] = checkpointing.measure_kept_bytes(model, x, y)
+                runs[mode] = policies.backward_ops(model(x, y)[1])[kernel]
+            assert kept[mode] == predict_kept_bytes(config, 2, mode, dtype=spec.compute,
+                                                    autocast=spec.autocast)
+        assert (runs["save-kernel"], runs["recompute-kernel"]) == (0, 2)
+        if precision == "fp32":  # the kernel's fp32 output, kept by each of the two blocks
+            assert kept["save-kernel"] - kept["recompute-kernel"] == 2 * (2 * 16 * 4 * 32) * 4

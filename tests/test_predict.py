@@ -5,10 +5,13 @@ import dataclasses
 from dataclasses import replace
 
 import pytest
+import torch
 
 from course_lib.device import GPUS
 from course_lib.model.gpt import GPTConfig, gpt_param_count, param_numels
 from course_lib.prediction import time_model
+from course_lib.prediction.activations import block_saved
+from course_lib.prediction.formulas import PRECISION
 from course_lib.prediction.predict import Prediction, Step, predict
 
 GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
@@ -26,6 +29,29 @@ def test_a_step_is_resolved_once_and_a_replaced_field_is_checked_again():
         replace(step, seq_len=33)
     with pytest.raises(dataclasses.FrozenInstanceError):
         step.micro_batch_size = 8
+
+
+@pytest.mark.parametrize("name", list(PRECISION))
+def test_a_step_carries_its_precisions_dtypes(name):
+    step, spec = Step(SMALL, precision=name, gpu="A100 80GB"), PRECISION[name]
+    assert (step.compute, step.autocast) == (spec.compute, spec.autocast)
+    # autocast runs a 16-bit compute over an fp32 stream; otherwise the stream is the compute
+    assert step.stream == (torch.float32 if spec.autocast else spec.compute)
+
+
+def test_a_step_carries_its_devices_rules():
+    cpu, t4 = Step(SMALL, precision="fp16-mixed"), Step(SMALL, precision="autocast-fp16", gpu="T4")
+    assert (cpu.mask(torch.float16), t4.mask(torch.float16)) == (torch.float16, torch.bool)
+    assert (cpu.stats, t4.stats) == (torch.float16, torch.float32)  # LayerNorm's statistics
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(gpu="V100"), "gpu"), (dict(dtype=torch.int64), "dtype"),
+    (dict(autocast=True), "autocast"), (dict(dtype=torch.float16, autocast=1), "autocast"),
+])
+def test_the_counts_name_a_bad_dtype_or_device(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        block_saved(SMALL, 2, **kwargs)
 
 
 @pytest.mark.parametrize("call, kind", [

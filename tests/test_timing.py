@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from course_lib.measurement.timing import StepTimes, step_times, synchronize
+from course_lib.measurement.timing import _StepTimes, step_times, synchronize
 
 
 def test_rounds_are_interleaved_and_rotated_after_the_warm_up():
@@ -33,14 +33,14 @@ def test_a_slower_step_is_measured_slower_on_both_clocks():
 
 
 def test_statistics_against_hand_computed_values():
-    times = StepTimes(wall={"a": [3.0, 1.0, 2.0], "b": [1.0, 1.0, 4.0]},
+    times = _StepTimes(wall={"a": [3.0, 1.0, 2.0], "b": [1.0, 1.0, 4.0]},
                       cpu={"a": [6.0, 2.0, 4.0], "b": [2.0, 2.0, 2.0]}, device="cpu")
     assert times.median("wall") == {"a": 2.0, "b": 1.0}
     assert times.best("wall") == {"a": 1.0, "b": 1.0}
     assert times.median() == {"a": 4.0, "b": 2.0}        # auto on a CPU: the CPU time
     assert times.ratio("a", "b", "wall") == 1.0           # per round 3, 1, 0.5: median 1
     assert times.ratio("a", "b") == 2.0                   # per round 3, 1, 2: median 2
-    assert StepTimes(times.wall, times.cpu, "cuda").median() == times.median("wall")
+    assert _StepTimes(times.wall, times.cpu, "cuda").median() == times.median("wall")
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -55,7 +55,7 @@ def test_bad_input_names_the_parameter(kwargs, match):
 
 
 def test_bad_clock_or_name():
-    times = StepTimes({"a": [1.0]}, {"a": [1.0]}, "cpu")
+    times = _StepTimes({"a": [1.0]}, {"a": [1.0]}, "cpu")
     with pytest.raises(ValueError, match="clock"):
         times.median("gpu")
     with pytest.raises(ValueError, match="baseline"):
@@ -96,12 +96,10 @@ def test_kernel_class_names_each_class():
     assert _kernel_class("course::bias_gelu_backward") == "fused kernel"
     assert _kernel_class("Optimizer.step#AdamW.step") == "optimizer"
     assert _kernel_class("aten::gelu") is None and _kernel_class("AddmmBackward0") is None
-    with pytest.raises(ValueError, match="name"):
-        _kernel_class(None)
 
 
 def test_split_by_class_counts_self_time_under_the_outermost_class():
-    from course_lib.measurement.timing import KERNEL_CLASSES, split_by_class
+    from course_lib.measurement.timing import _KERNEL_CLASSES, _split_by_class
 
     linear = _Event("aten::linear", cpu=1)
     sdpa = _Event("aten::scaled_dot_product_attention", cpu=2)
@@ -112,18 +110,14 @@ def test_split_by_class_counts_self_time_under_the_outermost_class():
               step, _Event("aten::mul_", step, cpu=30), node,
               _Event("course::bias_gelu", node, cpu=40),  # a rerun in the backward pass
               _Event("aten::add", cpu=50)]
-    split = split_by_class(events)
-    assert tuple(split.seconds) == KERNEL_CLASSES and split.clock == "cpu"
+    split = _split_by_class(events)
+    assert tuple(split.seconds) == _KERNEL_CLASSES and split.clock == "cpu"
     assert {k: round(v * 1e6) for k, v in split.seconds.items()} == {
         "matmul": 11, "attention": 22, "fused kernel": 40, "other pointwise": 54, "optimizer": 33}
     assert split.total == pytest.approx(160e-6)
     assert split.shares()["fused kernel"] == pytest.approx(0.25)
-    device = split_by_class(events, device_time=True)
+    device = _split_by_class(events, device_time=True)
     assert device.clock == "device" and device.seconds["matmul"] == pytest.approx(7e-6)
-    with pytest.raises(ValueError, match="device_time"):
-        split_by_class(events, device_time=1)
-    with pytest.raises(ValueError, match="events"):
-        split_by_class(3)
 
 
 def test_profile_step_splits_a_training_step_of_the_fused_gpt():

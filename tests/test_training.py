@@ -306,7 +306,7 @@ def test_the_loop_reads_nothing_off_the_device_until_the_run_ends():
     model = GPT(CFG).to("meta")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.empty(8, 8, dtype=torch.long, device="meta")
-    log = tr.TrainLog()
+    log = tr._TrainLog()
     with pytest.raises(NotImplementedError, match="meta"):
         tr.train(model, optimizer, [(x, x), (x, x)], micro_batch_size=2, accumulation_steps=4,
                  log=log)
@@ -320,7 +320,7 @@ def test_a_cuda_step_does_not_wait_for_the_device():
     x = torch.randint(0, CFG.vocab_size, (8, CFG.seq_len), device="cuda")
     torch.cuda.set_sync_debug_mode("error")  # any host-device synchronisation raises
     try:
-        log = tr.TrainLog()
+        log = tr._TrainLog()
         with pytest.raises(RuntimeError, match="synchroniz"):  # the log's read, after the run
             tr.train(model, optimizer, [(x, x)] * 2, micro_batch_size=4, accumulation_steps=2,
                      log=log)

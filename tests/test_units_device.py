@@ -10,23 +10,10 @@ def test_dtype_bytes_matches_torch(dtype, size):
     assert units.dtype_bytes(dtype) == size
 
 
-@pytest.mark.parametrize("shape,dtype", [((3, 4), torch.float32), ((1024, 7), torch.bfloat16),
-                                         ((0,), torch.float16), ((2, 3, 5), torch.int8)])
-def test_tensor_bytes_matches_allocated_storage(shape, dtype):
-    assert units.tensor_bytes(shape, dtype) == torch.empty(shape, dtype=dtype).untyped_storage().nbytes()
-
-
 @pytest.mark.parametrize("bad", ["fp8", "float", 4, None])
 def test_bad_dtype_names_the_allowed_values(bad):
     with pytest.raises(ValueError, match="dtype must be"):
-        units.tensor_bytes((2,), bad)
-
-
-def test_bad_shape():
-    with pytest.raises(ValueError, match="shape"):
-        units.tensor_bytes((2, -1))
-    with pytest.raises(ValueError, match="shape"):
-        units.tensor_bytes(3)
+        units.dtype_bytes(bad)
 
 
 # --- distinct storages ----------------------------------------------------------------------
@@ -151,14 +138,14 @@ def test_colab_detection_and_summary(monkeypatch):
     assert not device._in_colab()
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     assert device._in_colab()
-    text = device.describe("cpu").summary()
+    text = device.print_summary("cpu").summary()
     for field in ("device", "training dtype", "float32", torch.__version__, "Google Colab"):
         assert field in text
 
 
 @pytest.mark.gpu
 def test_cuda_summary_reports_allocator_memory():
-    info = device.describe("cuda")
+    info = device.print_summary("cuda")
     assert info.total_memory == torch.cuda.get_device_properties(0).total_memory
     assert info.dtype in (torch.bfloat16, torch.float16)
 
@@ -196,7 +183,7 @@ def test_smi_memory_is_at_least_what_pytorch_reports():
 
 def test_presets_carry_their_datasheet_speeds():
     for name, gpu in device.GPUS.items():
-        assert gpu.datasheet and gpu.fp32_flops < gpu.tensor_flops, name
+        assert gpu.fp32_flops < gpu.tensor_flops, name
         assert 1e11 < gpu.memory_bandwidth < 1e13, name
     # the dense tensor figure is the datasheet's sparse one halved where it quotes only that
     assert device.GPUS["H100 80GB"].tensor_flops == pytest.approx(1979e12 / 2, rel=1e-3)

@@ -1,25 +1,7 @@
-"""07: start N ranks on gloo and collect their results.
+"""07: start N ranks on gloo (CPU tensors: any laptop) and collect their results.
 
-:class:`Ranks` starts ``world_size`` processes joined into one
-``torch.distributed`` process group with the **gloo** backend, which runs
-collectives on CPU tensors, and runs worker functions on them. It is the same code as a multi-GPU job (there the backend is NCCL
-and the tensors live on GPUs), but it runs on any laptop, and on a CUDA machine
-too when the workers keep their tensors on the CPU (lecture 07's, in
-:mod:`course_lib.distributed.workers`, do).
-
-Each rank is a fresh Python process that imports the worker by name, as
-``torchrun`` or ``torch.multiprocessing.spawn`` workers do, so a worker must be
-a function defined at module level in an importable module (such as
-:mod:`course_lib.distributed.workers`, or a file the notebook writes to its folder with
-``%%writefile ddp_worker.py``: the ranks start in the notebook's working folder), never one
-defined in a notebook cell. A rank imports a
-module again when its file has changed since, so an edited worker runs as edited. Results
-come back through files; runs have a time limit, a failing rank's traceback is
-reported, and closing destroys the process group and leaves no process behind.
-
-References: PyTorch's ``torchrun`` documentation (the ``MASTER_ADDR``,
-``MASTER_PORT``, ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` variables it sets)
-and ``torch.distributed.init_process_group`` (the ``env://`` rendezvous).
+Each rank is a fresh Python process that imports the worker by name, as ``torchrun``'s do
+(``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, the ``env://`` rendezvous of ``init_process_group``).
 """
 
 from __future__ import annotations
@@ -42,9 +24,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from course_lib.validation import number, positive_int
+
 #: The process group's backend (CPU ranks talk over gloo), and the most ranks launched.
 BACKEND = "gloo"
 MAX_WORLD_SIZE = 16
+#: The longest time limit any call accepts (a day).
+MAX_SECONDS = 86_400.0
 
 
 def _free_port() -> int:
@@ -55,6 +41,7 @@ def _free_port() -> int:
 
 
 def _check_importable(worker) -> tuple[str, str]:
+    """``(module, name)`` of a module-level function the ranks can import by name."""
     if not callable(worker):
         raise ValueError(f"worker must be a function, got {worker!r}")
     module, name = getattr(worker, "__module__", None), getattr(worker, "__qualname__", "")
@@ -62,23 +49,12 @@ def _check_importable(worker) -> tuple[str, str]:
             or getattr(sys.modules.get(module), name, None) is not worker):
         raise ValueError(
             f"worker must be a function defined at module level in an importable module "
-            f"(such as course_lib.distributed.workers.ddp_accumulation), got {name or worker!r} from "
+            f"(such as course_lib.distributed.workers.all_reduce_demo), got {name or worker!r} from "
             f"{module!r}: each rank is a fresh Python process that imports the worker by name, "
             "so functions defined in a notebook cell or inside another function cannot be used; "
             "write the worker to a file (%%writefile my_worker.py) and import it")
     return module, name
 
-
-#: The longest time limit any call accepts (a day).
-MAX_SECONDS = 86_400.0
-
-
-def _check_seconds(name: str, value) -> float:
-    if (not isinstance(value, int | float) or isinstance(value, bool) or not value > 0
-            or not value <= MAX_SECONDS):
-        raise ValueError(f"{name} must be a positive number of seconds, at most {MAX_SECONDS:g}, "
-                         f"got {value!r}")
-    return float(value)
 
 
 def _current(module, stamps: dict):
@@ -143,6 +119,7 @@ def _serve() -> None:
 
 
 def _exit(code: int) -> None:
+    """Exit at once, the output flushed."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # results are on disk; skip the slow interpreter teardown
@@ -151,43 +128,23 @@ def _exit(code: int) -> None:
 class Ranks:
     """``world_size`` processes, one gloo process group, that run workers on request.
 
-    ``with Ranks(2) as ranks: results = ranks.run(worker, **kwargs)`` runs
-    ``worker(rank, world_size, **kwargs)`` on every rank and returns the list of
-    their return values, in rank order. Each rank is a fresh Python process
-    (``python -c``, like ``torchrun``'s workers) with ``MASTER_ADDR=127.0.0.1``, a
-    free ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE`` set. The processes stay up
-    between runs, so the price of starting them (importing torch, the
-    rendezvous) is paid once. Tasks go to the ranks through their stdin,
-    results come back as pickles in a temporary directory.
-
-    A run raises ``RuntimeError`` with the traceback (or the last output) of the rank that
-    failed, or ``TimeoutError``; either way the processes are stopped and this object is
-    closed. :meth:`close` (or leaving the ``with``) destroys the process group and ends
-    the processes; none outlives the kernel, as each rank exits when its stdin
-    closes.
-
+    ``ranks.run(worker, **kwargs)`` returns ``[worker(rank, world_size, **kwargs) for each
+    rank]``. The processes stay up between runs, so starting them (importing torch, the
+    rendezvous) is paid once; a rank imports a module again when its file has changed. A run
+    raises ``RuntimeError`` with the failing rank's traceback, or ``TimeoutError`` after
+    ``timeout`` seconds (which also limits any single collective); either way the ranks are
+    closed. :meth:`close` (or leaving the ``with``) ends them; none outlives the kernel.
     Args:
-        world_size (int): the number of ranks, from 1 to :data:`MAX_WORLD_SIZE`.
-        timeout (float): seconds that limit each :meth:`run` (the first one includes the
-            start-up) and any single collective; a positive number up to :data:`MAX_SECONDS`.
-
+        world_size (int): the ranks to start.
+        timeout (float): the seconds a run (and any collective) may take.
     Raises:
-        ValueError: naming ``world_size`` or ``timeout``, for a bad value.
-
-    Example:
-        >>> from course_lib.distributed.workers import all_reduce_demo
-        >>> with Ranks(2) as ranks:  # two processes: a few seconds to start
-        ...     results = ranks.run(all_reduce_demo)
-        >>> [r["after"].tolist() for r in results]  # each rank holds the sum of both ranks'
-        [[3.0, 30.0], [3.0, 30.0]]
+        ValueError: naming the parameter, for a bad value.
     """
 
     def __init__(self, world_size: int = 2, *, timeout: float = 120.0):
-        if not isinstance(world_size, int) or isinstance(world_size, bool) or not (
-                1 <= world_size <= MAX_WORLD_SIZE):
-            raise ValueError(f"world_size must be an int from 1 to {MAX_WORLD_SIZE}, "
-                             f"got {world_size!r}")
-        self.world_size, self.timeout = world_size, _check_seconds("timeout", timeout)
+        self.world_size = world_size = positive_int("world_size", world_size,
+                                                    maximum=MAX_WORLD_SIZE)
+        self.timeout = number("timeout", timeout, above=0.0, maximum=MAX_SECONDS)
         self._tmp = tempfile.TemporaryDirectory(prefix="course_ranks_")
         self._dir, self._tasks, self._procs, self._ended = Path(self._tmp.name), 0, [], []
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
@@ -217,10 +174,9 @@ class Ranks:
         return not self._procs
 
     def running(self) -> list[int]:
-        """Process ids of this object's rank processes that are still running (none once closed).
-
+        """Process ids of this object's rank processes that are still running.
         Returns:
-            list of int: the pids.
+            list[int]: the process ids.
         """
         return [p.pid for p in self._procs + self._ended if p.poll() is None]
 
@@ -231,8 +187,7 @@ class Ranks:
         failures = []
         for path in [*paths, *self._dir.glob("init_rank*.pkl")]:
             if path.exists():
-                with open(path, "rb") as f:
-                    outcome = pickle.load(f)
+                outcome = pickle.loads(path.read_bytes())
                 if not outcome["ok"]:
                     rank = int(path.stem.rsplit("rank", 1)[1])
                     failures.append((outcome["when"], rank, outcome["error"]))
@@ -248,28 +203,23 @@ class Ranks:
         return None
 
     def run(self, worker: Callable, *, timeout: float | None = None, **kwargs) -> list:
-        """``[worker(rank, world_size, **kwargs) for each rank]``, computed on the ranks.
-
+        """``[worker(rank, world_size, **kwargs) for each rank]``: ``worker`` a module-level
+        function of an importable module, ``kwargs`` picklable, ``timeout`` None: the object's.
         Args:
-            worker (callable): a function defined at module level in an importable module (the
-                ranks import it by name), called as ``worker(rank, world_size, **kwargs)``.
-            timeout (float, optional): seconds for this run (None: the object's ``timeout``).
-            **kwargs: passed to ``worker``; they must be picklable.
-
+            worker (Callable): a module-level function of an importable module.
+            timeout (float, optional): seconds (None: the object's).
+            **kwargs: passed to every rank's ``worker``; picklable.
         Returns:
-            list: each rank's return value, in rank order.
-
+            list: each rank's result, by rank.
         Raises:
-            ValueError: when the ranks are closed, ``worker`` is not an importable module-level
-                function, ``timeout`` is bad or ``kwargs`` are not picklable.
-            RuntimeError: with the failing rank's traceback or last output.
-            TimeoutError: when the ranks do not finish within the timeout.
+            ValueError: if the ranks are closed, or for a bad argument.
         """
         if self.closed:
             raise ValueError("these ranks are closed (after close() or a failed run); "
                              "start new ones with Ranks(...)")
         module, name = _check_importable(worker)
-        limit = self.timeout if timeout is None else _check_seconds("timeout", timeout)
+        limit = self.timeout if timeout is None else number("timeout", timeout, above=0.0,
+                                                             maximum=MAX_SECONDS)
         try:
             task = pickle.dumps({"number": self._tasks + 1, "module": module, "name": name,
                                  "kwargs": kwargs})
@@ -294,10 +244,7 @@ class Ranks:
             failure = self._first_failure(paths)
             if failure:
                 raise RuntimeError(f"{name}: {failure}")
-            outcomes = []
-            for path in paths:
-                with open(path, "rb") as f:
-                    outcomes.append(pickle.load(f))
+            outcomes = [pickle.loads(path.read_bytes()) for path in paths]
         except BaseException:  # includes KeyboardInterrupt: never leave ranks behind
             self.close(wait=0)
             raise
@@ -305,19 +252,12 @@ class Ranks:
 
     def close(self, wait: float = 10.0) -> None:
         """End the ranks: ask them to leave the group and exit; kill any left after ``wait`` s.
-
         Args:
-            wait (float): seconds to wait for the ranks to exit before killing them (0: kill at
-                once), at most :data:`MAX_SECONDS`.
-
+            wait (float): the seconds to wait before killing.
         Raises:
-            ValueError: naming ``wait``, for a bad value (the ranks are left running, and
-                reachable: close them again).
+            ValueError: naming the parameter, for a bad value.
         """
-        if (not isinstance(wait, int | float) or isinstance(wait, bool)
-                or not 0 <= wait <= MAX_SECONDS):  # checked before anything is forgotten
-            raise ValueError(f"wait must be a number of seconds from 0 to {MAX_SECONDS:g}, got "
-                             f"{wait!r}")
+        number("wait", wait, minimum=0.0, maximum=MAX_SECONDS)  # before anything is forgotten
         procs, self._procs = self._procs, []
         self._ended += procs
         for p in procs:

@@ -1,22 +1,18 @@
 """Checks for the graded exercises.
 
-A check takes what the learner wrote (always a function: the exercise cells
-define functions, so an unfinished one still defines its name), tries it on
-cases whose answers are derived independently, and prints one line:
-
-* ``✓ tensor_bytes: passed``
-* ``✗ tensor_bytes: <what went wrong>. Hint: <what to look at>``
-* ``… tensor_bytes: not done yet (replace the `raise NotImplementedError` ...)``
-
-It returns ``True`` or ``False`` and never raises into the notebook, whatever the
-learner's code does. Each lecture has a module here (``lecture00`` ...); its
-``check_*`` functions are re-exported so that a notebook only needs
-``from course_lib import grading`` and ``grading.check_tensor_bytes(tensor_bytes)``.
+A check takes what the learner wrote (a function: an unfinished exercise cell still defines
+its name), tries it on cases whose answers are derived independently, prints one line (``✓``
+passed, ``✗`` what went wrong and a hint, ``…`` not done yet), returns a bool, and never raises
+into the notebook. Each lecture has a module here (``lecture00`` ...) whose ``check_*``
+functions are re-exported: ``grading.check_tensor_nbytes(tensor_nbytes)``. A check body seeds the
+CPU's generator only (``torch.default_generator.manual_seed``: ``torch.manual_seed`` would also
+reseed the GPUs, outside the state :func:`grader` restores).
 
 Writing a check::
 
     @grader
-    def check_tensor_bytes(fn):
+    def check_tensor_nbytes(fn):
+        '''``fn(shape, dtype)``: the bytes of a dense tensor.'''
         expect(exactly(fn((2, 3), torch.float32), 24), "a (2, 3) fp32 tensor has 24 bytes",
                hint="multiply the element count by the bytes per element")
 """
@@ -25,12 +21,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
 import pkgutil
-import re
 import signal
 import sys
-import textwrap
 import threading
 import time
 import traceback
@@ -38,9 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from course_lib.validation import WrongTypeError
-
-#: Every registered check, by name (``check_tensor_bytes`` -> function).
+#: Every registered check, by name (``check_tensor_nbytes`` -> function).
 CHECKS: dict[str, Callable[..., bool]] = {}
 #: Names a check cannot take: the other columns of the grader's scores file.
 RESERVED = ("submission", "notebook", "total", "max", "seconds", "notes")
@@ -49,7 +42,7 @@ PASS, FAIL, TODO = "✓", "✗", "…"
 
 
 class CheckFailed(Exception):
-    """Raised inside a check body; the wrapper turns it into a printed ✗ line."""
+    """Raised inside a check body; :func:`grader` turns it into a printed ✗ line."""
 
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
@@ -59,25 +52,13 @@ class CheckFailed(Exception):
 
 def expect(condition: bool, message: str, *, hint: str | None = None) -> None:
     """Fail the check with ``message`` (and ``hint``) unless ``condition`` holds."""
-    if not isinstance(message, str):
-        raise WrongTypeError(f"message must be a str, got {message!r}")
-    if hint is not None and not isinstance(hint, str):
-        raise ValueError(f"hint must be a str or None, got {hint!r}")
     if not condition:
         raise CheckFailed(message, hint)
 
 
-def seed_cpu(seed: int) -> None:
-    """Seed the CPU's random generator, which builds a check's models and data on the CPU.
-
-    ``torch.manual_seed`` would also reseed every GPU's, outside the state :func:`grader` restores.
-    """
-    torch.default_generator.manual_seed(seed)
-
-
 def _as_number(value):
-    """``value`` as a Python int or float when it is one real number (a Python, numpy or torch
-    scalar, or a tensor or array of one element: its exact ``.item()``), else None."""
+    """``value`` as a Python int or float if it is one real number (a scalar, or a one-element
+    tensor or array: its exact ``.item()``), else None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):  # int.__int__: a subclass's own __eq__ and __int__ play no part
@@ -96,12 +77,10 @@ def _as_number(value):
 
 
 def exactly(got, truth) -> bool:
-    """Whether the learner's answer ``got`` is ``truth``, compared as Python compares plain values.
-
-    ``got == truth`` lets an answer choose (a float16 ``inf`` equals every integer from 65,520
-    up, an ``__eq__`` may say yes): here a number compares by its exact value (NaN equals
-    nothing), a str as a str, a list or tuple item by item, the rest by identity.
-    """
+    """Whether the learner's answer ``got`` is ``truth``, compared as plain values: a number by its
+    exact value (NaN equals nothing), a str as a str, a list or tuple item by item, the rest by
+    identity. ``got == truth`` would let an answer choose (a float16 ``inf`` equals every integer
+    from 65,520 up; an ``__eq__`` may say yes)."""
     if isinstance(truth, list | tuple):
         return (isinstance(got, list | tuple) and len(got) == len(truth)
                 and all(exactly(a, b) for a, b in zip(got, truth)))
@@ -115,11 +94,8 @@ def exactly(got, truth) -> bool:
 
 
 def observe(measure: Callable, fn: Callable, *args, **kwargs):
-    """``measure(fn, *args, **kwargs)``: run the learner's ``fn`` the way a check needs to watch it.
-
-    Under the grader ``fn`` lives in the learner's process and ``measure`` (a module-level
-    function) runs there, next to it; only its plain-value result comes back to the check.
-    """
+    """``measure(fn, *args, **kwargs)``; under the grader, in the learner's process beside ``fn``
+    (``measure`` is a module-level function), and only its plain-value result comes back."""
     remote = getattr(type(fn), "__course_remote__", None)
     if remote is not None:
         return remote(fn, measure, *args, **kwargs)
@@ -127,8 +103,7 @@ def observe(measure: Callable, fn: Callable, *args, **kwargs):
 
 
 def _reset_peak(pid: int) -> bool:
-    """Reset process ``pid``'s peak resident memory (``VmHWM``) to its current one (Linux: ``5``
-    into ``/proc/PID/clear_refs``); False where its files cannot be written."""
+    """Reset process ``pid``'s peak resident memory (``VmHWM``, Linux); False if not allowed."""
     try:
         with open(f"/proc/{pid}/clear_refs", "w") as f:
             f.write("5")
@@ -138,8 +113,7 @@ def _reset_peak(pid: int) -> bool:
 
 
 def _memory(pid: int) -> tuple[int, int] | None:
-    """``(resident now, peak resident since the last reset)`` of process ``pid``, in bytes
-    (``VmRSS`` and ``VmHWM``); None if unreadable."""
+    """``(VmRSS, VmHWM)`` of process ``pid`` in bytes: resident now, peak since the last reset."""
     found = {}
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -151,23 +125,15 @@ def _memory(pid: int) -> tuple[int, int] | None:
     return (found["VmRSS"], found["VmHWM"]) if len(found) == 2 else None
 
 
-def peak_supported() -> bool:
-    """Whether this OS reports a process's peak resident memory and lets it be reset (Linux)."""
-    return os.path.exists("/proc/self/clear_refs")
-
-
-#: Seconds between two looks at the memory of the process running the learner's code while the
-#: grader watches it (:func:`observe_peak`); a gap between looks long enough to hide a stop of
-#: the checker, when a SIGCONT arrives as it ends; and the longest gap a measurement may hold.
-PEAK_INTERVAL, PEAK_STOP_GAP, PEAK_GAP = 0.0005, 0.01, 0.1
-#: Calls of the learner's function :func:`observe_peak` may make before it gives up.
-PEAK_TRIES = 3
+#: The watch of :func:`observe_peak`: seconds between two looks at the learner's process; a gap
+#: that may hide a stop of the checker if a SIGCONT ends it; the longest gap a measurement may
+#: hold; the calls of the learner's function before it gives up.
+PEAK_INTERVAL, PEAK_STOP_GAP, PEAK_GAP, PEAK_TRIES = 0.0005, 0.01, 0.1, 3
 
 
 class _Watch(threading.Thread):
-    """Watches process ``pid``'s memory every :data:`PEAK_INTERVAL` seconds until finished: the
-    most it saw resident, failed looks, gaps longer than :data:`PEAK_STOP_GAP` and SIGCONTs on
-    ``woken``."""
+    """Watches process ``pid``'s memory until finished: the most resident, failed looks, gaps
+    longer than :data:`PEAK_STOP_GAP`, and SIGCONTs on ``woken``."""
 
     def __init__(self, pid: int, hwm: bool, woken: int | None):
         super().__init__(daemon=True)
@@ -202,16 +168,14 @@ class _Watch(threading.Thread):
         self.look()
 
     def missed(self) -> bool:
-        """Whether the watch may have missed something: a gap longer than :data:`PEAK_GAP`, or
-        one that ended as a SIGCONT came (what ends a stop)."""
+        """A gap longer than :data:`PEAK_GAP`, or one that ended as a SIGCONT (a stop's end)."""
         return any(end - start > PEAK_GAP or any(
             end - PEAK_STOP_GAP <= t <= end + PEAK_STOP_GAP for t in self.resumed)
             for start, end in self.gaps)
 
 
 def _watched(measure: Callable, fn: Callable, pid: int, *args, **kwargs):
-    """One call of ``fn`` under a :class:`_Watch` of process ``pid``: ``(what measure returned,
-    growth in bytes or None if unreadable, whether the watch may have missed something)``."""
+    """One call under a :class:`_Watch` of ``pid``: ``(result, bytes grown or None, missed)``."""
     start = _memory(pid)
     if start is None:
         return observe(measure, fn, *args, **kwargs), None, False
@@ -239,13 +203,12 @@ def _watched(measure: Callable, fn: Callable, pid: int, *args, **kwargs):
 
 
 def observe_peak(measure: Callable, fn: Callable, *args, **kwargs):
-    """:func:`observe`, and how much the resident memory of the process running ``fn`` grew
-    while it ran, measured from outside that process under the grader.
+    """:func:`observe`, and the bytes the resident memory of ``fn``'s process grew by meanwhile
+    (None where it cannot be read).
 
-    In a notebook: this process's peak since a reset (``/proc/self/clear_refs``, ``VmHWM``, Linux).
-    Under the grader a thread of the checker reads the learner's process every :data:`PEAK_INTERVAL`
-    seconds (it could reset its own peak); a call whose watch paused longer than :data:`PEAK_GAP`
-    (or :data:`PEAK_STOP_GAP` as a SIGCONT came) is made again, up to :data:`PEAK_TRIES` times.
+    In a notebook: this process's ``VmHWM`` since a reset (Linux). Under the grader a thread of
+    the checker reads the learner's process from outside (it could reset its own peak), and a
+    call the watch may have missed part of is made again, up to :data:`PEAK_TRIES` times.
     """
     if getattr(type(fn), "__course_remote__", None) is None:
         pid = os.getpid()
@@ -265,8 +228,7 @@ def observe_peak(measure: Callable, fn: Callable, *args, **kwargs):
 
 
 def _describe(exc: BaseException) -> str:
-    """``Type: message (line N of f)`` for an exception from a learner's code, whatever its
-    ``__str__`` does (raises, returns a non-str, holds text a terminal cannot print)."""
+    """``Type: message (line N of f)`` for a learner's exception, whatever its ``__str__`` does."""
     try:
         message = str(exc)
     except BaseException:  # noqa: BLE001 - a hostile __str__
@@ -283,19 +245,10 @@ def _describe(exc: BaseException) -> str:
     return text
 
 
-def _is_todo(exc: BaseException) -> bool:
-    # The generated stubs raise NotImplementedError; a learner's helper that
-    # forgot a return is a different failure and gets a different message.
-    return isinstance(exc, NotImplementedError)
-
-
 def grader(body: Callable[..., None]) -> Callable[..., bool]:
-    """Turn a check body that raises :class:`CheckFailed` into a check that prints and returns a
-    bool.
-
-    The check is registered in :data:`CHECKS`, gains :data:`CHECK_DOC` in its docstring and restores
-    the CPU's random state; ``body`` must be named ``check_NAME``, NAME not in :data:`RESERVED`.
-    """
+    """Turn a body ``check_NAME(fn)`` (NAME not in :data:`RESERVED`) that raises
+    :class:`CheckFailed` into a check: registered in :data:`CHECKS`, its docstring completed,
+    the CPU's random state restored, one line printed."""
     name = getattr(body, "__name__", "")
     if not name.startswith("check_") or not name[6:].isidentifier():
         raise ValueError(f"body must be a function named check_NAME, got {name!r}")
@@ -324,7 +277,7 @@ def grader(body: Callable[..., None]) -> Callable[..., bool]:
             raise
         except BaseException as exc:  # noqa: BLE001 - the learner's code may raise anything,
             # exit() (SystemExit) included: a check reports it and never lets it out
-            if _is_todo(exc):
+            if isinstance(exc, NotImplementedError):  # the stubs' raise, not a missing return
                 say(f"{TODO} {name}: not done yet (replace the `raise NotImplementedError` "
                     "in the exercise cell with your code, run it, then run this cell).")
                 return False
@@ -333,14 +286,17 @@ def grader(body: Callable[..., None]) -> Callable[..., bool]:
         say(f"{PASS} {name}: passed.")
         return True
 
-    check.__doc__ = _with_check_doc(body.__doc__)
+    check.__doc__ = _with_check_doc(body)
     check.is_check = True
     CHECKS[body.__name__] = check
     return check
 
 
-#: What every check adds to its body's docstring: the grader's switch and the return value.
+#: What :func:`grader` adds to a body's one-line docstring.
 CHECK_DOC = """\
+Args:
+    {fn} (callable): the learner's function, called as above.
+
 Keyword Args:
     quiet (bool): print nothing (the grader's switch).
 
@@ -350,16 +306,16 @@ Returns:
 """
 
 
-def _with_check_doc(doc: str | None) -> str | None:
-    """``doc`` with :data:`CHECK_DOC` appended, indented as its ``Args:`` line."""
-    if doc is None:  # python -OO
+def _with_check_doc(body: Callable) -> str | None:
+    """``body``'s docstring with :data:`CHECK_DOC` appended, naming its parameter."""
+    if body.__doc__ is None:  # python -OO
         return None
-    args = re.search(r"^( *)Args:$", doc, re.M)
-    indent = args.group(1) if args else ""
-    return f"{doc.rstrip()}\n\n{textwrap.indent(CHECK_DOC, indent)}{indent}"
+    fn = next(iter(inspect.signature(body).parameters))
+    return f"{inspect.cleandoc(body.__doc__)}\n\n{CHECK_DOC.format(fn=fn)}"
 
 
 def _load_lecture_checks() -> None:
+    """Re-export every lecture module's ``check_*`` here."""
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("lecture"):
             module = importlib.import_module(f"{__name__}.{info.name}")

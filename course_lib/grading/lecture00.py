@@ -1,9 +1,5 @@
-"""Checks for exercises/00_setup.ipynb.
-
-A tensor's bytes are measured on a real tensor; the training dtype's public cases carry their
-answers written out (the rule lives with the grader, ``course_tools/hidden.py``, which also
-tries the inputs these cases leave out).
-"""
+"""Checks for exercises/00_setup.ipynb: bytes measured on a real tensor; the training dtype's
+cases written out (the grader, ``course_tools/hidden.py``, tries the others)."""
 
 from __future__ import annotations
 
@@ -14,11 +10,7 @@ from . import exactly, expect, grader
 
 @grader
 def check_tensor_nbytes(fn):
-    """``fn(shape, dtype)`` must return the bytes of a dense tensor of that shape and dtype.
-
-    Args:
-        fn (callable): the learner's ``tensor_nbytes``, called as above.
-    """
+    """``fn(shape, dtype)`` must return the bytes of a dense tensor of that shape and dtype."""
     cases = [((2, 3), torch.float32), ((1024, 1024), torch.bfloat16), ((7,), torch.float16),
              ((3, 5, 2), torch.float64), ((4, 4), torch.int8), ((0, 9), torch.float32)]
     for shape, dtype in cases:
@@ -38,11 +30,7 @@ DTYPE_CASES = [("cpu", False, torch.float32), ("cuda", True, torch.bfloat16),
 
 @grader
 def check_pick_training_dtype(fn):
-    """``fn(device_type, has_native_bf16)`` picks the mixed-precision dtype the course uses.
-
-    Args:
-        fn (callable): the learner's ``pick_training_dtype``, called as above.
-    """
+    """``fn(device_type, has_native_bf16)`` picks the mixed-precision dtype the course uses."""
     for device_type, bf16, truth in DTYPE_CASES:
         got = fn(device_type, bf16)
         expect(exactly(got, truth), f"pick_training_dtype({device_type!r}, has_native_bf16={bf16}) "

@@ -1,15 +1,9 @@
-"""Checks for exercises/01_where_the_memory_goes.ipynb.
+"""Checks for exercises/01_where_the_memory_goes.ipynb, answers written out.
 
-The public cases carry their answers written out; the installed package holds no formula that
-answers them. The bytes per parameter are read off the ZeRO paper's accounting (Rajbhandari et
-al. 2020, section 3.1); the public cases hold eleven of the sixteen recipes, and the grader
-(``course_tools/hidden.py``, where the table, the per-stage formulas and the fewest-GPUs search
-live) tries the other five and cases it draws. ``tests/test_grading_truths.py`` measures the
-table on real optimizer steps and checks the written-out answers against the grader's formulas.
-
-Capacities follow the lectures' convention: a card's memory is what PyTorch reports for it
-(``course_lib.device.GPUS[name].total_memory``, an A100 80GB 79.15 GiB, not 80 * 10**9
-bytes), and any other capacity is a byte count stated as such.
+The bytes per parameter follow the ZeRO paper's accounting (Rajbhandari et al. 2020, section
+3.1); the formulas live with the grader (``course_tools/hidden.py``), which tries the recipes and
+cases left out here, and ``tests/test_grading_truths.py`` measures them on real steps. A card's
+capacity is what PyTorch reports (``GPUS[name].total_memory``), never 80 * 10**9 bytes.
 """
 
 from __future__ import annotations
@@ -72,11 +66,7 @@ def _int_answer(name: str, got, args: str) -> None:
 
 @grader
 def check_bytes_per_param(fn):
-    """``fn(optimizer, precision)``: bytes of model states per parameter, unsharded.
-
-    Args:
-        fn (callable): the learner's ``bytes_per_param``, called as above.
-    """
+    """``fn(optimizer, precision)``: bytes of model states per parameter, unsharded."""
     for optimizer, precision, truth in BYTES_CASES:
         got = fn(optimizer, precision)
         args = f"{optimizer!r}, {precision!r}"
@@ -92,11 +82,7 @@ def check_bytes_per_param(fn):
 
 @grader
 def check_zero_bytes_per_device(fn):
-    """``fn(n_params, zero_stage, world_size)``: mixed-precision Adam, ZeRO paper formulas.
-
-    Args:
-        fn (callable): the learner's ``zero_bytes_per_device``, called as above.
-    """
+    """``fn(n_params, zero_stage, world_size)``: mixed-precision Adam, ZeRO paper formulas."""
     for P, stage, N, truth in ZERO_CASES:
         got = fn(P, stage, N)
         args = f"{P}, zero_stage={stage}, world_size={N}"
@@ -123,11 +109,7 @@ LARGEST_CASES = [
 
 @grader
 def check_largest_model(fn):
-    """``fn(capacity_bytes, optimizer, precision)``: the most parameters whose states fit.
-
-    Args:
-        fn (callable): the learner's ``largest_model``, called as above.
-    """
+    """``fn(capacity_bytes, optimizer, precision)``: the most parameters whose states fit."""
     for card, optimizer, precision, truth in LARGEST_CASES:
         capacity = GPUS[card].total_memory if isinstance(card, str) else card
         got = fn(capacity, optimizer, precision)
@@ -145,11 +127,7 @@ def check_largest_model(fn):
 
 @grader
 def check_gpus_needed(fn):
-    """``fn(n_params, capacity_bytes, zero_stage)``: fewest ranks whose per-device states fit.
-
-    Args:
-        fn (callable): the learner's ``gpus_needed``, called as above.
-    """
+    """``fn(n_params, capacity_bytes, zero_stage)``: fewest ranks whose per-device states fit."""
     for P, card, stage, truth in GPUS_CASES:
         capacity = GPUS[card].total_memory if isinstance(card, str) else card
         got = fn(P, capacity, stage)

@@ -1,11 +1,9 @@
 """Checks for exercises/02_activations_vs_gradients.ipynb.
 
-Each truth is measured or searched here, independently of the learner's formula: the MLP's
-saved bytes with :func:`course_lib.measurement.memory.saved_bytes` on a real module, the distinct
-saved storages with autograd's own ``saved_tensors_hooks``. The largest batch on the CPU is
-written out for the public cases (the grader, ``course_tools/hidden.py``, and
-``tests/test_grading_truths.py`` measure the steps); on the GPU presets it is searched against
-:func:`course_lib.prediction.predict.predict`, whose GPU rules the ``gpu`` tests check.
+Truths measured here, independently of the learner's formula: the MLP's saved bytes on a real
+module, the distinct saved storages with ``saved_tensors_hooks``. The largest CPU batch is
+written out (measured by ``tests/test_grading_truths.py``); on the GPU presets it is searched
+against :func:`course_lib.prediction.predict.predict`.
 """
 
 from __future__ import annotations
@@ -19,20 +17,16 @@ from course_lib.prediction.predict import Step, predict
 
 from ..device import GPUS
 from ..units import storage_bytes, storage_key
-from . import exactly, expect, grader, observe, seed_cpu
+from . import exactly, expect, grader, observe
 
 
 @grader
 def check_mlp_saved_bytes(fn):
-    """``fn(batch, seq, d_model, dtype, dropout)``: bytes the course MLP saves for backward on the CPU.
-
-    Args:
-        fn (callable): the learner's ``mlp_saved_bytes``, called as above.
-    """
+    """``fn(batch, seq, d_model, dtype, dropout)``: bytes the course MLP saves for backward."""
     cases = [(2, 8, 16, torch.float32, 0.0), (3, 5, 32, torch.float32, 0.1),
              (1, 7, 24, torch.bfloat16, 0.2), (4, 3, 8, torch.bfloat16, 0.0)]
     for b, s, h, dtype, p in cases:
-        seed_cpu(0)
+        torch.default_generator.manual_seed(0)
         mlp = MLP(GPTConfig(d_model=h, n_heads=1, dropout=p)).to(dtype).train()
         x = torch.randn(b, s, h, dtype=dtype, requires_grad=True)
         truth = saved_bytes(mlp(x), mlp.parameters())
@@ -45,8 +39,8 @@ def check_mlp_saved_bytes(fn):
                     "mask, which on the CPU has the activation's dtype")
 
 
-def _hook_truth(build):
-    """Run ``build()`` -> (output, params) under saved-tensor hooks; distinct non-parameter bytes."""
+def _hook_truth(build) -> int:
+    """Bytes of the distinct non-parameter storages saved while ``build()`` runs, seen by hooks."""
     seen = []
 
     def pack(t):
@@ -54,13 +48,13 @@ def _hook_truth(build):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out, params = build()
+        _, params = build()
     weights = {storage_key(p) for p in params}
-    return out, params, storage_bytes(t for t in seen if storage_key(t) not in weights)
+    return storage_bytes(t for t in seen if storage_key(t) not in weights)
 
 
 def _sequential():
-    seed_cpu(0)
+    torch.default_generator.manual_seed(0)
     model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(),
                           nn.Linear(24, 6))
     x = torch.randn(5, 12, requires_grad=True)
@@ -68,7 +62,7 @@ def _sequential():
 
 
 def _mlp_with_dropout():
-    seed_cpu(0)
+    torch.default_generator.manual_seed(0)
     mlp = MLP(GPTConfig(d_model=16, n_heads=1, dropout=0.1)).train()
     x = torch.randn(3, 4, 16, requires_grad=True)
     return mlp(x), list(mlp.parameters())
@@ -76,7 +70,7 @@ def _mlp_with_dropout():
 
 def _gpt_sdpa():
     # (Explicit attention would also keep a 0-d float64 for 1/sqrt(d), which hooks never see.)
-    seed_cpu(0)
+    torch.default_generator.manual_seed(0)
     cfg = GPTConfig(vocab_size=30, seq_len=8, d_model=16, n_heads=2, n_layers=1, attention="sdpa")
     model = GPT(cfg).to(torch.bfloat16)
     x, y = (t.clone() for t in random_tokens(cfg, 2))
@@ -97,7 +91,7 @@ def _distinct_answer(fn, name: str):
 def _drawn_sequential(widths: list[int], acts: list[str], batch: int, seed: int):
     """A ``nn.Sequential`` of Linear layers of ``widths`` with the activations ``acts`` between
     them (``"relu"``, ``"tanh"``, ``"gelu"``), run on a seeded batch: ``(output, params)``."""
-    seed_cpu(seed)
+    torch.default_generator.manual_seed(seed)
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(widths, widths[1:])):
         layers.append(nn.Linear(a, b))
@@ -114,13 +108,9 @@ def _drawn_distinct_answer(fn, widths, acts, batch, seed):
 
 @grader
 def check_distinct_saved_bytes(fn):
-    """``fn(output, params)``: bytes of the distinct non-parameter storages autograd keeps.
-
-    Args:
-        fn (callable): the learner's ``distinct_saved_bytes``, called as above.
-    """
+    """``fn(output, params)``: bytes of the distinct non-parameter storages autograd keeps."""
     for name, build in _BUILDS.items():
-        truth = _hook_truth(build)[2]
+        truth = _hook_truth(build)
         got = observe(_distinct_answer, fn, name)
         expect(exactly(got, truth),
                f"for {name} you returned {got!r}, autograd keeps {truth} bytes",
@@ -133,23 +123,15 @@ def check_distinct_saved_bytes(fn):
 #: The CPU cases' model: two blocks, SDPA attention, no dropout.
 SMALL = GPTConfig(vocab_size=96, seq_len=32, d_model=32, n_heads=2, n_layers=2)
 
-#: ``(seq_len, capacity, precision, most sequences)``: the CPU cases, answered from steps of
-#: ``GPT(SMALL)`` measured on real tensors (the grader keeps the measured bytes,
-#: ``course_tools/hidden.py``): between 11 and 12 fp32 sequences of 24 tokens, exactly 6 bf16
-#: sequences of 32, and not even one; written out.
+#: ``(seq_len, capacity, precision, most sequences)``: steps of ``GPT(SMALL)`` measured on real
+#: tensors (``course_tools/hidden.py`` keeps the bytes): between 11 and 12, exactly 6, not one.
 MEASURED_CASES = [(24, 1889688, "fp32", 11), (32, 823672, "bf16", 6), (24, 506483, "fp32", 0)]
 
 
 @grader
 def check_largest_batch(fn):
-    """``fn(config, seq_len, capacity, precision, gpu)``: the largest micro-batch that fits.
-
-    The largest micro-batch whose predicted step (``predict(Step(...)).total`` on ``gpu``) fits
-    ``capacity`` bytes, 0 if none.
-
-    Args:
-        fn (callable): the learner's ``largest_batch``, called as above.
-    """
+    """``fn(config, seq_len, capacity, precision, gpu)``: the largest micro-batch whose predicted
+    step (``predict(Step(...)).total`` on ``gpu``) fits ``capacity`` bytes, 0 if none."""
     gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12,
                      dropout=0.1, attention="sdpa")
     wide = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8,

@@ -1,13 +1,10 @@
-"""Checks for exercises/03_gradient_accumulation.ipynb.
-
-Each check builds its own small course GPT (or classifier) and compares what
-the learner's function does with an answer derived independently: the
-gradient of one forward and backward pass over the whole batch.
-"""
+"""Checks for exercises/03_gradient_accumulation.ipynb: what the learner's function does to a
+small course GPT, against the gradient of one pass over the whole batch."""
 
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 
 import torch
 import torch.nn as nn
@@ -15,7 +12,7 @@ import torch.nn.functional as F
 
 from course_lib.model.gpt import GPT, GPTConfig
 
-from . import expect, grader, observe, seed_cpu
+from . import expect, grader, observe
 
 _CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
 
@@ -29,7 +26,7 @@ class _BatchCoupledGPT(GPT):
 
 
 def _gpt(seed: int = 0, coupled: bool = False) -> GPT:
-    seed_cpu(seed)
+    torch.default_generator.manual_seed(seed)
     return (_BatchCoupledGPT if coupled else GPT)(_CFG)
 
 
@@ -39,60 +36,61 @@ def _tokens(batch: int, seed: int):
     return data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
 
+def _flat(grads) -> torch.Tensor:
+    """The gradients as one flat tensor."""
+    return torch.cat([g.flatten() for g in grads])
+
+
 def _full_batch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
-    """The reference ``(gradients, loss)``: one pass over the batch, mean over targets that are not -100."""
+    """The reference ``(flat gradient, loss)``: one pass, mean over the targets but -100."""
     model = copy.deepcopy(model)
     logits = model(x)
     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
-    return list(torch.autograd.grad(loss, list(model.parameters()))), loss.item()
+    return _flat(torch.autograd.grad(loss, list(model.parameters()))), loss.item()
 
 
 def _micro_batch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
-    """The reference ``(gradients, loss)`` of accumulation: per micro-batch, its summed token
-    loss over the batch's targets that are not -100."""
+    """The reference flat gradient of accumulation: each micro-batch's summed token loss over the
+    batch's targets that are not -100."""
     model = copy.deepcopy(model)
     params = list(model.parameters())
     grads = [torch.zeros_like(p) for p in params]
-    tokens, total = (y != -100).sum(), 0.0
+    tokens = (y != -100).sum()
     for i in range(0, x.size(0), micro):
         logits = model(x[i:i + micro])
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y[i:i + micro].reshape(-1),
                                ignore_index=-100, reduction="sum") / tokens
         for g, d in zip(grads, torch.autograd.grad(loss, params)):
             g += d
-        total += loss.item()
-    return grads, total
+    return _flat(grads)
 
 
 def _whole_batch_at_once(grads, model: nn.Module, x, y) -> None:
     """Fail when ``grads`` are those of one pass over the whole batch through the coupled model."""
-    whole, _ = _full_batch_grads(model, x, y)
-    got = torch.cat([g.flatten() for g in grads])
-    expect(not torch.allclose(got, torch.cat([g.flatten() for g in whole]), rtol=1e-4, atol=1e-6),
+    expect(not torch.allclose(_flat(grads), _full_batch_grads(model, x, y)[0], rtol=1e-4,
+                              atol=1e-6),
            "the gradients are those of one forward pass over the whole batch (this model couples "
            "the sequences of a forward pass, as BatchNorm does, so its gradient tells)",
            hint="run the model on one micro-batch at a time, model(inputs[i:i + "
                 "micro_batch_size]), and call backward() on each micro-batch's loss")
 
 
-class _MicroBatchRecorder:
-    """Forward pre-hook recording the batch size of every forward call."""
+def _record_sizes(model: nn.Module):
+    """``(sizes, handle)``: a forward pre-hook appends the batch size of every forward call."""
+    sizes: list[int] = []
 
-    def __init__(self, model: nn.Module):
-        self.sizes: list[int] = []
-        self.handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
+    def record(module, args, kwargs):
+        sizes.append(next(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+                     .size(0))
 
-    def _record(self, module, args, kwargs):
-        first = next(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
-        self.sizes.append(first.size(0))
+    return sizes, model.register_forward_pre_hook(record, with_kwargs=True)
 
 
-def _compare_grads(grads, reference, what: str, K: int):
-    expect(all(g is not None for g in grads),
-           f"after {what}, some parameters have no .grad",
+def _compare_grads(grads, ref, what: str, K: int):
+    """Fail, with the hint its size suggests, unless the learner's ``grads`` are ``ref``."""
+    expect(all(g is not None for g in grads), f"after {what}, some parameters have no .grad",
            hint="call .backward() on each micro-batch's loss")
-    got = torch.cat([g.flatten() for g in grads])
-    ref = torch.cat([g.flatten() for g in reference])
+    got = _flat(grads)
     ratio = (got.norm() / ref.norm()).item()
     if not torch.allclose(got, ref, rtol=1e-4, atol=1e-6):
         if K > 1 and abs(ratio - K) < 0.05 * K:
@@ -126,22 +124,18 @@ def _accumulate_run(fn, batch: int, micro: int, seed: int, padded: list | None =
     x, y = _tokens(batch, seed) if padded is None else _padded_tokens(padded, seed)
     for p in model.parameters():  # leftovers from an earlier step must not survive
         p.grad = torch.ones_like(p) if padded is None else None
-    recorder = _MicroBatchRecorder(model)
+    sizes, handle = _record_sizes(model)
     try:
         loss = fn(model, x, y, micro)
     finally:
-        recorder.handle.remove()
+        handle.remove()
     return {"grads": [p.grad for p in model.parameters()], "loss": _loss_answer(loss),
-            "sizes": recorder.sizes}
+            "sizes": sizes}
 
 
 @grader
 def check_accumulate_gradients(fn):
-    """``fn(model, inputs, targets, micro_batch_size)`` fills ``.grad`` by accumulation, returns the loss.
-
-    Args:
-        fn (callable): the learner's ``accumulate_gradients``, called as above.
-    """
+    """``fn(model, inputs, targets, micro_batch_size)``: accumulated ``.grad``; returns the loss."""
     for batch, micro, seed in ((8, 2, 0), (8, 4, 1), (6, 1, 2), (4, 4, 3)):
         x, y = _tokens(batch, seed)
         reference, ref_loss = _full_batch_grads(_gpt(seed), x, y)
@@ -162,7 +156,7 @@ def check_accumulate_gradients(fn):
     # What ran, told by the gradient itself: a model that couples the sequences of a pass.
     batch, micro, seed = 8, 2, 4
     x, y = _tokens(batch, seed)
-    reference, _ = _micro_batch_grads(_gpt(seed, coupled=True), x, y, micro)
+    reference = _micro_batch_grads(_gpt(seed, coupled=True), x, y, micro)
     grads = observe(_accumulate_run, fn, batch, micro, seed, coupled=True)["grads"]
     expect(all(g is not None for g in grads), "after a batch of 8 in micro-batches of 2, some "
            "parameters have no .grad", hint="call .backward() on each micro-batch's loss")
@@ -179,11 +173,7 @@ def _padded_tokens(lengths: list[int], seed: int):
 
 @grader
 def check_accumulate_padded(fn):
-    """``fn(model, inputs, targets, micro_batch_size)``: the same with padded targets (-100).
-
-    Args:
-        fn (callable): the learner's ``accumulate_padded``, called as above.
-    """
+    """``fn(model, inputs, targets, micro_batch_size)``: the same with padded targets (-100)."""
     cases = (([8, 8, 1, 2, 8, 3, 5, 1], 2, 0),   # short and long micro-batches
              ([1, 8, 2, 7, 3, 6], 3, 1),
              ([8, 5, 0, 0, 2, 8, 4, 1], 2, 2))   # one micro-batch is all padding
@@ -197,8 +187,7 @@ def check_accumulate_padded(fn):
                f"for {what}, some gradients are missing or not finite (NaN)",
                hint="a micro-batch with only padding has a mean loss of 0/0 = NaN: skip it, or "
                     "sum the token losses (F.cross_entropy(..., reduction='sum'))")
-        got = torch.cat([g.flatten() for g in grads])
-        ref = torch.cat([g.flatten() for g in reference])
+        got, ref = _flat(grads), reference
         expect(torch.allclose(got, ref, rtol=1e-4, atol=1e-6),
                f"for {what}, .grad differs from the full batch's gradient by "
                f"{((got - ref).norm() / ref.norm()).item():.1%}",
@@ -212,15 +201,13 @@ def check_accumulate_padded(fn):
                     "losses (reduction='sum') and divide the total by the batch's real tokens")
     lengths, micro, seed = [8, 3, 0, 5, 8, 1], 2, 5
     x, y = _padded_tokens(lengths, seed)
-    reference, _ = _micro_batch_grads(_gpt(seed, coupled=True), x, y, micro)
+    reference = _micro_batch_grads(_gpt(seed, coupled=True), x, y, micro)
     grads = observe(_accumulate_run, fn, len(lengths), micro, seed, lengths, coupled=True)["grads"]
     expect(all(g is not None and bool(torch.isfinite(g).all()) for g in grads),
            f"for sequences of lengths {lengths}, some gradients are missing or not finite",
            hint="sum the token losses (F.cross_entropy(..., reduction='sum'))")
     _whole_batch_at_once(grads, _gpt(seed, coupled=True), x, y)
-    got = torch.cat([g.flatten() for g in grads])
-    ref = torch.cat([g.flatten() for g in reference])
-    expect(torch.allclose(got, ref, rtol=1e-4, atol=1e-6),
+    expect(torch.allclose(_flat(grads), reference, rtol=1e-4, atol=1e-6),
            f"for sequences of lengths {lengths} in micro-batches of {micro}, through a model that "
            "couples the sequences of a forward pass, .grad differs from the micro-batches' sum",
            hint="one forward and backward per micro-batch, each its summed token loss divided "
@@ -235,31 +222,21 @@ class _BatchCenter(nn.Module):
 
 
 def _coupling_model() -> tuple[nn.Module, set[str]]:
-    seed_cpu(0)
-    model = nn.Sequential()
-    model.add_module("fc1", nn.Linear(6, 8))
-    model.add_module("bn", nn.BatchNorm1d(8))
-    model.add_module("act", nn.ReLU())
-    model.add_module("ln", nn.LayerNorm(8))
-    model.add_module("drop", nn.Dropout(0.5))
-    model.add_module("center", _BatchCenter())
-    model.add_module("gn", nn.GroupNorm(2, 8))
-    model.add_module("frozen_bn", nn.BatchNorm1d(8))
-    model.add_module("fc2", nn.Linear(8, 3))
-    model.train()
+    torch.default_generator.manual_seed(0)
+    model = nn.Sequential(OrderedDict(
+        fc1=nn.Linear(6, 8), bn=nn.BatchNorm1d(8), act=nn.ReLU(), ln=nn.LayerNorm(8),
+        drop=nn.Dropout(0.5), center=_BatchCenter(), gn=nn.GroupNorm(2, 8),
+        frozen_bn=nn.BatchNorm1d(8), fc2=nn.Linear(8, 3))).train()
     model.frozen_bn.eval()  # uses its running statistics: no coupling
     return model, {"bn", "center"}
 
 
 def _conv_model() -> tuple[nn.Module, set[str]]:
-    seed_cpu(1)
+    torch.default_generator.manual_seed(1)
     body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
                          nn.GroupNorm(2, 4), nn.InstanceNorm2d(4))
-    model = nn.Sequential()
-    model.add_module("body", body)
-    model.add_module("pool", nn.AdaptiveAvgPool2d(1))
-    model.add_module("flat", nn.Flatten())
-    model.add_module("head", nn.Linear(4, 2))
+    model = nn.Sequential(OrderedDict(body=body, pool=nn.AdaptiveAvgPool2d(1), flat=nn.Flatten(),
+                                      head=nn.Linear(4, 2)))
     return model.train(), {"body.1"}
 
 
@@ -273,7 +250,7 @@ COUPLED_KINDS = {"bn", "center"}
 
 def _drawn_coupling_model(kinds: list[tuple[str, str]], seed: int) -> nn.Module:
     """A ``nn.Sequential`` of ``(name, kind)`` layers of :data:`_LAYERS`, 8 features wide."""
-    seed_cpu(seed)
+    torch.default_generator.manual_seed(seed)
     model = nn.Sequential()
     for name, kind in kinds:
         model.add_module(name, _LAYERS[kind]())
@@ -292,11 +269,7 @@ def _drawn_coupled_answer(fn, kinds, seed):
 
 @grader
 def check_batch_coupled_modules(fn):
-    """``fn(model, x)``: the names of the leaf modules whose output for one sample depends on the others.
-
-    Args:
-        fn (callable): the learner's ``batch_coupled_modules``, called as above.
-    """
+    """``fn(model, x)``: the leaf modules whose output for a sample depends on the others."""
     cases = ((_coupling_model, torch.randn(8, 6, generator=torch.Generator().manual_seed(0))),
              (_conv_model, torch.randn(4, 3, 5, 5, generator=torch.Generator().manual_seed(1))))
     for build, x in cases:
@@ -338,23 +311,20 @@ def _epoch_run(fn, n: int, micro: int, K: int, coupled: bool = False) -> dict:
     model = _gpt(n, coupled)
     x, y = _tokens(n, n)
     recorder = _StepRecorder(model)
-    sizes = _MicroBatchRecorder(model)
+    sizes, handle = _record_sizes(model)
     try:
         fn(model, recorder.optimizer, x, y, micro, K)
     finally:
-        sizes.handle.remove()
-    return {"sizes": sizes.sizes, "seen": recorder.seen}
+        handle.remove()
+    return {"sizes": sizes, "seen": recorder.seen}
 
 
 @grader
 def check_epoch_windows(fn):
     """``fn(model, optimizer, inputs, targets, micro_batch_size, accumulation_steps)``: one epoch.
 
-    It trains one epoch: a step every K micro-batches and one for a last partial window, each
-    with the mean gradient of its window's sequences.
-
-    Args:
-        fn (callable): the learner's ``train_epoch``, called as above.
+    A step every K micro-batches and one for a last partial window, each with the mean gradient
+    of its window's sequences.
     """
     # windows 4,4,2 / 3,3,1 / 4,4 / 2,1; the last through a model that couples the sequences of
     # a forward pass, whose gradients tell the micro-batches from a window run at once
@@ -380,12 +350,11 @@ def check_epoch_windows(fn):
                else "step once per window of K micro-batches, not once per micro-batch")
         for number, (window, seen) in enumerate(zip(windows, seen_steps), start=1):
             first, last = window[0] * micro, (window[-1] + 1) * micro
-            reference, _ = _micro_batch_grads(model, x[first:last], y[first:last], micro)
-            ref = torch.cat([g.flatten() for g in reference])
+            ref = _micro_batch_grads(model, x[first:last], y[first:last], micro)
             if torch.allclose(seen, ref, rtol=1e-4, atol=1e-6):
                 continue
-            if coupled and torch.allclose(seen, torch.cat([g.flatten() for g in _full_batch_grads(
-                    model, x[first:last], y[first:last])[0]]), rtol=1e-4, atol=1e-6):
+            if coupled and torch.allclose(seen, _full_batch_grads(
+                    model, x[first:last], y[first:last])[0], rtol=1e-4, atol=1e-6):
                 expect(False, f"for {what}, optimizer step {number} saw the gradient of one "
                        "forward pass over its whole window (this model couples the sequences of "
                        "a forward pass, as BatchNorm does, so its gradient tells)",

@@ -1,17 +1,14 @@
 """Checks for exercises/04_activation_checkpointing.ipynb.
 
-The truths do not come from ``course_lib.training.checkpointing`` or the memory engine,
-which the exercises use: what checkpointing each block keeps is measured on a
-reference that calls ``torch.utils.checkpoint`` itself, and the segment counts'
-step peaks and FLOPs were measured on real steps (kept by the grader,
-``course_tools/hidden.py``; the public cases' answers are written out here because the
-exercise's answer comes from the engine, pure arithmetic, and must not move when a
-learner's torch differs; ``tests/test_grading_truths.py`` measures the steps again).
+What each block keeps is measured against a reference calling ``torch.utils.checkpoint`` itself;
+the segment counts' answers, measured on real steps (``course_tools/hidden.py``,
+``tests/test_grading_truths.py``), are written out.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -19,15 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.training.checkpointing import measure_kept_bytes
 
-from . import exactly, expect, grader, observe, seed_cpu
-
-
-def _per_block_reference(blocks, x):
-    """The reference: each block its own non-reentrant checkpoint, written out."""
-    for block in blocks:
-        x = checkpoint(block, x, use_reentrant=False)
-    return x
-
+from . import exactly, expect, grader, observe
 
 _BLOCKS_CONFIG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=3,
                            dropout=0.1)
@@ -35,13 +24,21 @@ _BLOCKS_CONFIG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_l
 
 def _blocks_case():
     """The case's model (seeded) and batch."""
-    seed_cpu(0)
+    torch.default_generator.manual_seed(0)
     model = GPT(_BLOCKS_CONFIG)
     return model, random_tokens(_BLOCKS_CONFIG, 4, seed=1)
 
 
+def _checkpoint_each(blocks, x):
+    """The reference block loop: ``checkpoint(block, x, use_reentrant=False)`` for each."""
+    for block in blocks:
+        x = checkpoint(block, x, use_reentrant=False)
+    return x
+
+
 def _blocks_grads(model, x, y):
-    seed_cpu(3)
+    """The parameters' gradients of one seeded step (dropout draws the same masks each time)."""
+    torch.default_generator.manual_seed(3)
     model(x, y)[1].backward()
     return [p.grad for p in model.parameters()]
 
@@ -65,11 +62,7 @@ def _blocks_run(fn) -> dict:
 
 @grader
 def check_checkpoint_blocks(fn):
-    """``fn(blocks, x)`` runs the blocks in order, each one a separate non-reentrant checkpoint.
-
-    Args:
-        fn (callable): the learner's ``checkpoint_blocks``, called as above.
-    """
+    """``fn(blocks, x)`` runs the blocks in order, each one a separate non-reentrant checkpoint."""
     plain, (x, y) = _blocks_case()
     run = observe(_blocks_run, fn)
 
@@ -86,8 +79,8 @@ def check_checkpoint_blocks(fn):
                 "same masks when a block is rebuilt")
 
     # 2. It really checkpoints, block by block: only one (b, s, h) input per block stays kept.
-    reference = copy.deepcopy(plain)
-    reference.run_blocks = lambda h: _per_block_reference(reference.blocks, h)
+    reference = copy.deepcopy(plain)  # each block its own non-reentrant checkpoint, written out
+    reference.run_blocks = functools.partial(_checkpoint_each, reference.blocks)
     kept = run["kept"]
     truth, plain_kept = (measure_kept_bytes(m, x, y) for m in (reference, plain))
     expect(not exactly(kept, plain_kept),
@@ -111,25 +104,17 @@ def check_checkpoint_blocks(fn):
 SEGMENTS_CONFIG = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=16)
 SEGMENTS_BATCH = 8
 
-#: ``(budget bytes, segment count or None)``: the public cases of :func:`check_choose_segments`,
-#: answered from steps of ``GPT(SEGMENTS_CONFIG)`` measured on real tensors (peak bytes and
-#: FLOPs of every segment count, kept by the grader, ``course_tools/hidden.py``): below the
-#: smallest peak, at it, at the next, at the peaks of 4, 3 and 9 segments, and twice the
-#: largest; written out.
+#: ``(budget bytes, segment count or None)``, answered from real steps of ``GPT(SEGMENTS_CONFIG)``
+#: (``course_tools/hidden.py`` keeps their peaks and FLOPs): below the smallest peak, at it, at
+#: the next, at the peaks of 4, 3 and 9 segments, and twice the largest.
 SEGMENT_CASES = [(3959319, None), (3959320, 16), (4261656, 15), (5398168, 13), (5990168, 12),
                  (7247640, 9), (22457904, 1)]
 
 
 @grader
 def check_choose_segments(fn):
-    """``fn(config, batch_size, budget)``: the cheapest segment count that fits ``budget``.
-
-    Of the segment counts whose predicted step peak (the engine's ``total``) fits ``budget``
-    bytes, the one with the least recomputation (fewer segments on a tie), else None.
-
-    Args:
-        fn (callable): the learner's ``choose_segments``, called as above.
-    """
+    """``fn(config, batch_size, budget)``: of the segment counts whose predicted step fits
+    ``budget`` bytes, the one with the least recomputation (fewer on a tie), else None."""
     config, batch = SEGMENTS_CONFIG, SEGMENTS_BATCH
     for budget, want in SEGMENT_CASES:
         got = fn(config, batch, budget)

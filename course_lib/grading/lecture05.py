@@ -1,11 +1,6 @@
-"""Checks for exercises/05_selective_checkpointing.ipynb.
-
-The policies are measured on real checkpointed blocks. The planning exercises' public cases
-carry their answers written out (:data:`EVERY_ANSWERS`, :data:`FRONT_ANSWERS`): the peak model
-of every-k checkpointing and the Pareto front live with the grader (``course_tools/hidden.py``),
-which also draws cases of its own; ``tests/test_grading_truths.py`` checks the written-out
-answers against them.
-"""
+"""Checks for exercises/05_selective_checkpointing.ipynb: the policies measured on real
+checkpointed blocks; the planning answers written out (their rules live with the grader,
+``course_tools/hidden.py``, and ``tests/test_grading_truths.py`` checks them)."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import random
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
-from . import exactly, expect, grader, seed_cpu
+from . import exactly, expect, grader
 
 _aten = torch.ops.aten
 _SAVE = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
@@ -28,15 +23,8 @@ def _one_of(got, policies) -> bool:
 
 @grader
 def check_selective_policy(policy):
-    """``policy(ctx, op, *args, **kwargs)`` saves the matmuls and the attention kernels' outputs.
-
-    Saved: ``mm``, ``addmm``, ``bmm`` and the fused attention ops
-    (:data:`course_lib.training.checkpointing.ATTENTION_OPS`); everything else is recomputed.
-
-    Args:
-        policy (callable): the learner's selective-checkpointing policy function, called as
-            above.
-    """
+    """``policy(ctx, op, *args, **kwargs)`` saves ``mm``, ``addmm``, ``bmm`` and the fused attention
+    ops' outputs (``ATTENTION_OPS``), and recomputes everything else."""
     from course_lib.model.gpt import GPT, GPTConfig
     from course_lib.training.checkpointing import ATTENTION_OPS
     from course_lib.training.policies import policy_cost
@@ -61,7 +49,7 @@ def check_selective_policy(policy):
                hint="pointwise ops, LayerNorm and softmax are cheap to rerun: recompute them")
     # End to end on one block of the course GPT (linears with bias), with either attention.
     for attention in ("explicit", "sdpa"):
-        seed_cpu(0)
+        torch.default_generator.manual_seed(0)
         config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=1,
                            attention=attention)
         block = GPT(config).blocks[0]
@@ -83,28 +71,21 @@ def _every_cases() -> list[tuple]:
     cases = [(6, 100, 10, 50, 700), (6, 100, 10, 50, 5000), (6, 100, 10, 50, 100),
              (12, 300, 20, 1000, 3500), (7, 64, 8, 0, 300), (1, 100, 10, 5, 105)]
     for _ in range(30):
-        n = rng.randint(1, 24)
-        block = rng.randint(20, 500)
-        inp = rng.randint(1, block // 2)
-        fixed = rng.randint(0, 1000)
+        n, block = rng.randint(1, 24), rng.randint(20, 500)
+        inp, fixed = rng.randint(1, block // 2), rng.randint(0, 1000)
         cases.append((n, block, inp, fixed, rng.randint(fixed, fixed + n * block + block)))
     return cases
 
 
-#: The answers to :func:`_every_cases`, in order (the model of Chen et al. 2016: blocks 0, k,
-#: 2k, ... keep their input, the others all they save, and backward's rebuild of a checkpointed
-#: block adds to the peak only for the last block, when k divides n - 1), written out.
+#: The answers to :func:`_every_cases` (Chen et al. 2016's model: blocks 0, k, 2k, ... keep their
+#: input, the others all they save; a rebuild adds to the peak only for the last block).
 EVERY_ANSWERS = [6, 6, None, 3, 2, 1, 18, 7, 1, 1, 1, None, None, None, None, 1, 1, 1, 3, None,
                  None, None, 2, None, 2, 5, None, 1, 4, 2, 3, None, 1, 5, None, 1]
 
 
 @grader
 def check_choose_every(fn):
-    """``fn(n_layers, block_bytes, input_bytes, fixed_bytes, budget_bytes)`` -> largest fitting every.
-
-    Args:
-        fn (callable): the learner's ``choose_every``, called as above.
-    """
+    """``fn(n_layers, block_bytes, input_bytes, fixed_bytes, budget_bytes)``: the largest every."""
     for (n, block, inp, fixed, budget), truth in zip(_every_cases(), EVERY_ANSWERS, strict=True):
         got = fn(n, block, inp, fixed, budget)
         expect(exactly(got, truth),
@@ -130,8 +111,7 @@ def _front_cases() -> list[list]:
     return cases
 
 
-#: The labels of the front of each of :func:`_front_cases`, in order (sorted by memory, then
-#: time), written out.
+#: The labels of the front of each of :func:`_front_cases` (sorted by memory, then time).
 FRONT_ANSWERS = [
     ["full", "half", "none"], ["b", "a"], ["c", "a"], ["only"], [], ["p0", "p2"], ["p0"],
     ["p0", "p4"], ["p0", "p3"], ["p0", "p1", "p2"], ["p0"], ["p0", "p1"], ["p0", "p3"],
@@ -142,11 +122,7 @@ FRONT_ANSWERS = [
 
 @grader
 def check_pareto_front(fn):
-    """``fn(points)`` -> the non-dominated ``(memory, time, label)`` points, sorted by memory.
-
-    Args:
-        fn (callable): the learner's ``pareto_front``, called as above.
-    """
+    """``fn(points)`` -> the non-dominated ``(memory, time, label)`` points, sorted by memory."""
     for points, labels in zip(_front_cases(), FRONT_ANSWERS, strict=True):
         by_label = {p[2]: p for p in points}
         truth = [by_label[label] for label in labels]
@@ -184,15 +160,10 @@ def _residual_blocks(width: int, p: float) -> torch.nn.Module:
 def check_kernel_policy(policy):
     """``policy(ctx, op, *args, **kwargs)`` saves the course kernel's output, recomputes the rest.
 
-    Checked op by op, then end to end on two MLP sublayers that end in the course's
-    bias-dropout-add kernel, checkpointed as one region with the policy: the forward pass must
-    keep one ``b x s x h`` tensor more than a policy that saves nothing (the first kernel's
-    output, which the second sublayer's LayerNorm reads in the backward pass; the second's is
-    the region's output), and the backward pass must rerun no kernel and every matmul that
-    policy reruns.
-
-    Args:
-        policy (callable): the learner's selective-checkpointing policy function.
+    Checked op by op, then on two MLP sublayers ending in the bias-dropout-add kernel,
+    checkpointed as one region: it must keep one ``b x s x h`` tensor more than saving nothing
+    (the first kernel's output; the second's is the region's output), rerun no kernel, and rerun
+    every matmul.
     """
     import functools
 
@@ -218,7 +189,7 @@ def check_kernel_policy(policy):
     batch, seq, width = 2, 8, 16
     kept, runs = {}, {}
     for name, each in (("yours", policy), ("nothing saved", _recompute_all)):
-        seed_cpu(0)
+        torch.default_generator.manual_seed(0)
         blocks = _residual_blocks(width, 0.25)
         x = torch.randn(batch, seq, width, requires_grad=True)
         context = functools.partial(create_selective_checkpoint_contexts, each)

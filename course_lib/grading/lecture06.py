@@ -1,11 +1,5 @@
-"""Checks for exercises/06_fit_it_together.ipynb.
-
-The planning exercises' public cases carry their answers written out (the step's peak, the
-micro-batch and its accumulation steps): the walk through a step's phases and the micro-batch
-search live with the grader (``course_tools/hidden.py``), which also draws cases of its own;
-``tests/test_grading_truths.py`` checks the written-out answers against them. The guard is
-checked by raising each kind of error inside ``fn``.
-"""
+"""Checks for exercises/06_fit_it_together.ipynb: the planning answers written out (their rules
+live with the grader, ``course_tools/hidden.py``); the guard checked by raising each error."""
 
 from __future__ import annotations
 
@@ -22,9 +16,8 @@ from . import exactly, expect, grader, observe
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
-#: ``(resident, activation_peak, grads, optimizer_scratch, accumulation_steps, peak)``: the
-#: step peaks at its largest phase (micro-batch 1 without a gradient, micro-batches 2..K with
-#: it, then optimizer.step()); written out.
+#: ``(resident, activation_peak, grads, optimizer_scratch, accumulation_steps, peak)``: the peak
+#: of the largest phase (micro-batch 1, micro-batches 2..K with the gradient, optimizer.step()).
 STEP_PEAK_CASES = [(100, 50, 30, 10, 1, 150), (100, 50, 30, 10, 4, 180), (100, 5, 30, 20, 2, 150),
                    (1000, 400, 300, 200, 1, 1500), (1000, 400, 300, 200, 8, 1700),
                    (7, 3, 2, 9, 3, 18)]
@@ -32,11 +25,7 @@ STEP_PEAK_CASES = [(100, 50, 30, 10, 1, 150), (100, 50, 30, 10, 4, 180), (100, 5
 
 @grader
 def check_step_peak(fn):
-    """``fn(resident, activation_peak, grads, optimizer_scratch, accumulation_steps)`` -> bytes.
-
-    Args:
-        fn (callable): the learner's ``step_peak``, called as above.
-    """
+    """``fn(resident, activation_peak, grads, optimizer_scratch, accumulation_steps)`` -> bytes."""
     for resident, act, grads, scratch, K, want in STEP_PEAK_CASES:
         got = fn(resident, act, grads, scratch, K)
         what = (f"resident={resident}, activation_peak={act}, grads={grads}, "
@@ -60,12 +49,12 @@ def check_step_peak(fn):
 
 
 def _quadratic(base, per_sample):
+    """``peak_of(b) = base + per_sample * b + b * b``."""
     return lambda b: base + per_sample * b + b * b
 
 
 #: ``(base, per_sample, budget_bytes, effective_batch, (micro_batch_size, accumulation_steps))``
-#: for ``peak_of(b) = base + per_sample * b + b * b``: the largest micro-batch that divides the
-#: effective batch and fits; written out.
+#: for :func:`_quadratic`: the largest micro-batch that divides the effective batch and fits.
 MICRO_BATCH_CASES = [(1000, 300, 2500, 16, (4, 4)), (1000, 300, 1000 + 1200 + 16, 16, (4, 4)),
                      (1000, 300, 2700, 12, (4, 3)), (10, 1, 10**6, 24, (24, 1)),
                      (500, 50, 560, 7, (1, 7))]
@@ -73,11 +62,7 @@ MICRO_BATCH_CASES = [(1000, 300, 2500, 16, (4, 4)), (1000, 300, 1000 + 1200 + 16
 
 @grader
 def check_largest_micro_batch(fn):
-    """``fn(peak_of, budget_bytes, effective_batch)`` -> ``(micro_batch_size, accumulation_steps)``.
-
-    Args:
-        fn (callable): the learner's ``largest_micro_batch``, called as above.
-    """
+    """``fn(peak_of, budget_bytes, effective_batch)``: ``(micro_batch_size, accumulation_steps)``."""
     for base, per_sample, budget, effective, want in MICRO_BATCH_CASES:
         peak_of = _quadratic(base, per_sample)
         got = fn(peak_of, budget, effective)
@@ -113,6 +98,7 @@ class _Big:
 
 
 def _failing(make_error, refs: list):
+    """Work that raises ``make_error()``, with a weak reference to its tensors in ``refs``."""
     def work():
         big = _Big()  # held by this frame, so by the traceback, until the error is dropped
         refs.append(weakref.ref(big))
@@ -147,11 +133,7 @@ def _report_run(fn, error: str) -> dict:
 
 @grader
 def check_train_or_report(fn):
-    """``fn(work)`` runs ``work()``; out-of-memory becomes a message, other errors propagate.
-
-    Args:
-        fn (callable): the learner's ``train_or_report``, called as above.
-    """
+    """``fn(work)`` runs ``work()``; out-of-memory becomes a message, other errors propagate."""
     expect(exactly(fn(_answer), 42), "when the work succeeds, return what it returned",
            hint="return work()")
     for kind in (_OOM, MemoryBudgetExceeded):

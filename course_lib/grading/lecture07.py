@@ -1,12 +1,8 @@
 """Checks for exercises/07_beyond_one_gpu.ipynb.
 
-The answers are derived independently of ``course_lib.distributed.workers``: the average of
-the gradients here, with plain tensor arithmetic; the effective batch and DDP's all-reduce count
-(by counting) and FSDP2's shard sizes (``torch.chunk`` along dim 0, as FSDP2 cuts each
-parameter) are written out for the public cases, their rules living with the grader
-(``course_tools/hidden.py``), which also draws cases of its own. ``average_gradients`` is
-run on simulated ranks: one thread per rank and an ``all_reduce_sum`` that
-meets the other threads at a barrier, as ``torch.distributed.all_reduce`` does.
+The plan's and FSDP2's shard sizes are written out (their rules live with the grader,
+``course_tools/hidden.py``); ``average_gradients`` runs on simulated ranks, one thread each,
+whose ``all_reduce_sum`` meets the others at a barrier as ``dist.all_reduce`` does.
 """
 
 from __future__ import annotations
@@ -22,8 +18,7 @@ _BARRIER_TIMEOUT = 5.0  # seconds a simulated rank waits for the others in all_r
 
 
 #: ``(world_size, micro_batch, accum_steps, n_buckets, use_no_sync, (effective batch,
-#: all-reduces))``: every rank runs K micro-batches, and each backward that synchronises
-#: all-reduces each bucket; written out.
+#: all-reduces))``: each backward that synchronises all-reduces each bucket.
 PLAN_CASES = [(2, 2, 4, 4, True, (16, 4)), (2, 2, 4, 4, False, (16, 16)),
               (8, 1, 16, 10, True, (128, 10)), (8, 1, 16, 10, False, (128, 160)),
               (4, 8, 1, 3, True, (32, 3)), (4, 8, 1, 3, False, (32, 3)),
@@ -32,13 +27,8 @@ PLAN_CASES = [(2, 2, 4, 4, True, (16, 4)), (2, 2, 4, 4, False, (16, 16)),
 
 @grader
 def check_ddp_accumulation_plan(fn):
-    """``fn(world_size, micro_batch, accum_steps, n_buckets, use_no_sync)``.
-
-    Returns ``(effective batch, all-reduces per optimizer step on each rank)``.
-
-    Args:
-        fn (callable): the learner's ``ddp_accumulation_plan``, called as above.
-    """
+    """``fn(world_size, micro_batch, accum_steps, n_buckets, use_no_sync)``: ``(effective batch,
+    all-reduces per optimizer step on each rank)``."""
     for N, micro, K, buckets, no_sync, truth in PLAN_CASES:
         args = f"{N}, {micro}, {K}, {buckets}, use_no_sync={no_sync}"
         got = fn(N, micro, K, buckets, no_sync)
@@ -64,6 +54,7 @@ class _SimulatedGroup:
         self.slots: list = [None] * world_size
 
     def all_reduce_sum_for(self, rank: int):
+        """The ``all_reduce_sum`` of rank ``rank``."""
         def all_reduce_sum(tensor, *args, **kwargs):
             if not isinstance(tensor, torch.Tensor):
                 raise CheckFailed(f"all_reduce_sum was given {type(tensor).__name__}, not a "
@@ -81,8 +72,9 @@ class _SimulatedGroup:
         return all_reduce_sum
 
 
-def _run_ranks(fn, world_size: int, grads: list[list]) -> list[list]:
-    """Run ``fn(params, all_reduce_sum, world_size)``, one thread per rank; return their params."""
+def _average_run(fn, world_size: int, grads: list[list]) -> list[list]:
+    """Run ``fn(params, all_reduce_sum, world_size)`` on one thread per rank (beside the learner's
+    code): each rank's ``p.grad`` afterwards."""
     group = _SimulatedGroup(world_size)
     params = [[torch.nn.Parameter(torch.zeros_like(g) if g is not None else torch.zeros(2))
                for g in rank_grads] for rank_grads in grads]
@@ -112,23 +104,12 @@ def _run_ranks(fn, world_size: int, grads: list[list]) -> list[list]:
     expect(not any(errors), "the ranks called all_reduce_sum a different number of times, so "
            "some waited in vain for the others",
            hint="every rank must make the same all_reduce_sum calls, in the same order")
-    return params
-
-
-def _average_run(fn, world_size: int, grads: list[list]) -> list[list]:
-    """Run ``fn`` on ``world_size`` simulated ranks (beside the learner's code): each rank's
-    ``p.grad`` afterwards."""
-    params = _run_ranks(fn, world_size, grads)
     return [[p.grad for p in rank] for rank in params]
 
 
 @grader
 def check_average_gradients(fn):
-    """``fn(params, all_reduce_sum, world_size)`` leaves the mean over ranks in every ``p.grad``.
-
-    Args:
-        fn (callable): the learner's ``average_gradients``, called as above.
-    """
+    """``fn(params, all_reduce_sum, world_size)`` leaves the ranks' mean in every ``p.grad``."""
     g = torch.Generator().manual_seed(7)
     for world_size in (2, 3):
         shapes = [(4, 3), (5,), None, (2, 2, 2)]  # None: a frozen parameter without a gradient
@@ -157,8 +138,7 @@ def check_average_gradients(fn):
                             "world_size, in place (p.grad.div_) or by assigning p.grad")
 
 
-#: ``(shape, world_size, elements per rank)``: ``torch.chunk`` along dim 0, ranks past the
-#: last chunk holding nothing; written out.
+#: ``(shape, world_size, elements per rank)``: ``torch.chunk`` along dim 0, as FSDP2 cuts.
 NUMEL_CASES = [((257, 64), 2, [8256, 8192]), ((64,), 2, [32, 32]), ((10,), 3, [4, 4, 2]),
                ((5, 3), 4, [6, 6, 3, 0]), ((3,), 4, [1, 1, 1, 0]), ((1, 8), 2, [8, 0]),
                ((50257, 768), 8, [4825344] * 7 + [4819968]), ((7, 2, 2), 3, [12, 12, 4])]
@@ -166,11 +146,7 @@ NUMEL_CASES = [((257, 64), 2, [8256, 8192]), ((64,), 2, [32, 32]), ((10,), 3, [4
 
 @grader
 def check_fsdp_local_numel(fn):
-    """``fn(shape, world_size)`` -> the elements of that parameter on each rank under FSDP2.
-
-    Args:
-        fn (callable): the learner's ``fsdp_local_numel``, called as above.
-    """
+    """``fn(shape, world_size)`` -> the elements of that parameter on each rank under FSDP2."""
     for shape, N, truth in NUMEL_CASES:
         got = fn(shape, N)
         expect(isinstance(got, list | tuple) and len(got) == N,

@@ -1,22 +1,5 @@
-"""06: what ``nvidia-smi`` shows against what the memory engine counts, on a CUDA device.
-
-The memory engine (:mod:`course_lib.prediction.engine`) predicts what
-``torch.cuda.max_memory_allocated`` reports. ``nvidia-smi`` shows more, for four reasons, each
-measured here:
-
-* **Reserved, not allocated.** The caching allocator keeps freed blocks for reuse:
-  ``torch.cuda.memory_reserved()`` is at least ``memory_allocated()``, and ``nvidia-smi`` sees it.
-* **The CUDA context.** The driver's state and the code of the kernels loaded (PyTorch's,
-  cuBLAS', cuDNN's): hundreds of MiB no allocator counts, measured as the device's used memory
-  (``torch.cuda.mem_get_info``) minus what the allocator reserved.
-* **The cuBLAS workspace.** The first matmul on a stream allocates one (some MiB, more on
-  Hopper): ``memory_allocated`` counts it, a step's peak does not.
-* **Fragmentation.** Freed blocks that later, larger requests cannot use stay reserved. The
-  remedy is ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (PyTorch's "CUDA semantics"
-  notes), read once when CUDA initialises: :func:`probe` measures in a fresh process.
-
-Without CUDA every measuring function returns a :class:`NotOnCUDA` that says why; the pure
-helpers work everywhere.
+"""06: what ``nvidia-smi`` shows beyond ``torch.cuda.max_memory_allocated`` on a CUDA device:
+cached blocks, the CUDA context, cuBLAS' workspace, fragmentation (PyTorch's "CUDA semantics").
 """
 
 from __future__ import annotations
@@ -32,29 +15,24 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from course_lib import validation
 from course_lib.units import MiB, format_bytes
-from course_lib.validation import WrongTypeError, boolean, fields, integer, number, text
+from course_lib.validation import WrongTypeError, boolean, fields, integer, number
 
 #: The largest request :func:`probe` makes, in MiB (1 TiB), and the longest it waits, in seconds.
 MAX_PROBE_MIB = 2**20
 MAX_PROBE_SECONDS = 86_400.0
 
-#: The environment variable the CUDA caching allocator reads its options from (every torch the
-#: course supports). Newer releases (2.8 and later) read ``PYTORCH_ALLOC_CONF`` first, for every
-#: accelerator: :data:`ALLOC_CONF_VARS` holds both.
+#: The allocator's options variable; torch 2.8 and later read ``PYTORCH_ALLOC_CONF`` first.
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-#: Sizes (MiB) of the growing requests :func:`probe` makes to fragment the cache: a buffer that
-#: grows a little from step to step, as with batches of varying length.
+#: The growing requests (MiB) :func:`probe` makes to fragment the cache, as varying batches do.
 FRAGMENTING_SIZES_MIB = (32, 36, 40, 44, 48, 52, 56, 60)
 
 
-# --------------------------------------------------------------------------- results
-
 @dataclass(frozen=True)
-class NotOnCUDA:
-    """The falsy result of a measurement that needs CUDA; its ``reason`` (also its ``str``) says
-    why."""
+class _NotOnCUDA:
+    """The falsy result of a measurement that needs CUDA; its ``reason`` (its ``str``) says why."""
 
     reason: str
 
@@ -65,37 +43,30 @@ class NotOnCUDA:
         return self.reason
 
 
-def _not_on_cuda(device: torch.device | str | int | None = None) -> NotOnCUDA | None:
-    """``None`` if ``device`` is a usable CUDA device, else the :class:`NotOnCUDA` saying why."""
+def _not_on_cuda(device: torch.device | str | int | None = None) -> _NotOnCUDA | None:
+    """None if ``device`` is a usable CUDA device, else the :class:`_NotOnCUDA` saying why."""
     device = _device(device)
     if device.type != "cuda":
-        return NotOnCUDA(f"not on CUDA: the device is {device.type}, where there is no CUDA caching "
-                         "allocator, CUDA context or cuBLAS workspace to measure")
+        return _NotOnCUDA(f"not on CUDA: the device is {device.type}, where there is no CUDA "
+                          "caching allocator, CUDA context or cuBLAS workspace to measure")
     if not torch.cuda.is_available():
-        return NotOnCUDA("not on CUDA: this machine has no CUDA device, so there is no CUDA caching "
-                         "allocator, CUDA context or cuBLAS workspace to measure")
+        return _NotOnCUDA("not on CUDA: this machine has no CUDA device, so there is no CUDA "
+                          "caching allocator, CUDA context or cuBLAS workspace to measure")
     return None
 
 
 def _device(device) -> torch.device:
+    """``device`` as a torch.device: None is the current CUDA device, an int a CUDA index."""
     if device is None:
         return torch.device("cuda")
     if isinstance(device, int) and not isinstance(device, bool):
         return torch.device("cuda", integer("device", device, minimum=0, maximum=1023))
-    if not isinstance(device, str | torch.device):
-        raise WrongTypeError(f"device must be a torch.device, a device string or a CUDA index, "
-                         f"got {device!r}")
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"device must be a torch.device, a device string or a CUDA index, "
-                         f"got {device!r}") from None
+    return validation.device("device", device)
 
 
 @dataclass(frozen=True)
-class Reading:
-    """One reading of the caching allocator and of the driver, in bytes (``torch.cuda``'s
-    ``memory_allocated``, ``memory_reserved``, ``mem_get_info`` and the peaks since a reset)."""
+class _Reading:
+    """The allocator's and the driver's figures, in bytes (``torch.cuda`` memory stats)."""
 
     allocated: int
     reserved: int
@@ -115,7 +86,7 @@ class Reading:
 
     @property
     def used(self) -> int:
-        """``total - free``: the device's used memory, ``nvidia-smi``'s "Memory-Usage" (all processes)."""
+        """``total - free``: nvidia-smi's "Memory-Usage" (all processes)."""
         return self.total - self.free
 
     @property
@@ -129,43 +100,31 @@ class Reading:
         return self.used - self.reserved
 
 
-def read(device: torch.device | str | int | None = None) -> Reading | NotOnCUDA:
-    """The allocator's and the driver's figures for ``device`` now.
-
-    Example:
-        >>> reading = read()
-        >>> reading.cached if reading else reading.reason  # doctest: +SKIP
-    """
+def _read(device: torch.device | str | int | None = None) -> _Reading | _NotOnCUDA:
+    """The allocator's and the driver's figures for ``device`` now."""
     missing = _not_on_cuda(device)
     if missing is not None:
         return missing
     device = _device(device)
     torch.cuda.synchronize(device)
     free, total = torch.cuda.mem_get_info(device)
-    return Reading(allocated=torch.cuda.memory_allocated(device),
-                   reserved=torch.cuda.memory_reserved(device), free=int(free), total=int(total),
-                   peak_allocated=torch.cuda.max_memory_allocated(device),
-                   peak_reserved=torch.cuda.max_memory_reserved(device))
-
-
-# --------------------------------------------------------------------------- nvidia-smi
-
-#: What :func:`smi_reading` asks ``nvidia-smi`` for, in MiB.
-SMI_QUERY = "memory.total,memory.used,memory.free"
+    return _Reading(allocated=torch.cuda.memory_allocated(device),
+                    reserved=torch.cuda.memory_reserved(device), free=int(free), total=int(total),
+                    peak_allocated=torch.cuda.max_memory_allocated(device),
+                    peak_reserved=torch.cuda.max_memory_reserved(device))
 
 
 @dataclass(frozen=True)
-class SmiReading:
-    """``nvidia-smi``'s figures for one card, in bytes (it reports MiB: MiB x 2**20)."""
+class _SmiReading:
+    """``nvidia-smi``'s figures for one card, in bytes (MiB x 2**20)."""
 
     total: int
     used: int
     free: int
 
 
-def _parse_smi(output: str) -> SmiReading:
-    """``nvidia-smi``'s ``"15360, 1234, 14126"`` (total, used, free MiB) as a SmiReading."""
-    text("output", output)
+def _parse_smi(output: str) -> _SmiReading:
+    """``nvidia-smi``'s ``"15360, 1234, 14126"`` (total, used, free MiB) in bytes."""
     line = output.strip().splitlines()[0] if output.strip() else ""
     try:
         total, used, free = (int(x.strip()) for x in line.split(","))
@@ -174,27 +133,20 @@ def _parse_smi(output: str) -> SmiReading:
                          f"commas, got {output!r}") from None
     if min(total, used, free) < 0:
         raise ValueError(f"output must hold non-negative MiB, got {output!r}")
-    return SmiReading(total * MiB, used * MiB, free * MiB)
+    return _SmiReading(total * MiB, used * MiB, free * MiB)
 
 
 def smi_reading(device: torch.device | str | int | None = None, *,
-                timeout: float = 30) -> SmiReading | NotOnCUDA:
-    """What ``nvidia-smi`` shows for the card of ``device`` now: the figure learners see first.
-
-    The card is named by its UUID where PyTorch reports one (so that ``CUDA_VISIBLE_DEVICES``
-    cannot make ``nvidia-smi`` read another card), else by its index.
-
+                timeout: float = 30) -> _SmiReading | _NotOnCUDA:
+    """``nvidia-smi``'s ``total``, ``used`` and ``free`` bytes for the card of ``device`` (named
+    by its UUID), or a falsy result whose ``reason`` says why.
     Args:
-        device (torch.device or str or int, optional): a CUDA device; None means the current one.
-        timeout (float): seconds to wait for ``nvidia-smi`` (a finite number > 0, at most
-            :data:`MAX_PROBE_SECONDS`).
-
+        device (torch.device or str or int, optional): a CUDA device; None is the current one.
+        timeout (float): seconds to wait for ``nvidia-smi``.
     Returns:
-        A :class:`SmiReading`, or a :class:`NotOnCUDA` without CUDA or when ``nvidia-smi``
-        cannot be run (its ``reason`` says which).
-
+        the reading (``total``, ``used``, ``free``), or a falsy result with its ``reason``.
     Raises:
-        ValueError: naming ``device`` or ``timeout``, for a bad value.
+        ValueError: naming ``device`` or ``timeout``, for a value out of range.
     """
     number("timeout", timeout, above=0.0, maximum=MAX_PROBE_SECONDS)
     missing = _not_on_cuda(device)
@@ -205,37 +157,34 @@ def smi_reading(device: torch.device | str | int | None = None, *,
     uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
     card = f"GPU-{uuid}" if uuid is not None else str(index)
     try:
-        done = subprocess.run(["nvidia-smi", f"--id={card}", f"--query-gpu={SMI_QUERY}",
+        done = subprocess.run(["nvidia-smi", f"--id={card}",
+                               "--query-gpu=memory.total,memory.used,memory.free",
                                "--format=csv,noheader,nounits"], capture_output=True, text=True,
                               timeout=timeout, check=True)
         return _parse_smi(done.stdout)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        return NotOnCUDA(f"no nvidia-smi: it could not be read here ({type(exc).__name__})")
+        return _NotOnCUDA(f"no nvidia-smi: it could not be read here ({type(exc).__name__})")
 
-
-# --------------------------------------------------------------------------- one step
 
 @dataclass(frozen=True)
-class StepReport:
-    """A training step's memory as the engine counts it and as the allocator and driver see it."""
+class _StepReport:
+    """A step's memory as the engine counts it and as the allocator and driver see it."""
 
     predicted: int
     resident: int
-    before: Reading
-    after: Reading
+    before: _Reading
+    after: _Reading
 
     def __post_init__(self):
-        fields(self, predicted=int, resident=int, before=Reading, after=Reading)
+        fields(self, predicted=int, resident=int, before=_Reading, after=_Reading)
 
     @property
     def measured(self) -> int:
-        """What the prediction is compared with: ``resident`` plus the step's own peak
-        (``max_memory_allocated`` minus what was allocated before the step)."""
+        """``resident`` plus the step's own peak: what the prediction is compared with."""
         return self.resident + self.after.peak_allocated - self.before.allocated
 
     def rows(self) -> list[tuple[str, int]]:
-        """``(what, bytes)`` from the prediction to what ``nvidia-smi`` shows, one layer at a
-        time."""
+        """``(what, bytes)`` from the prediction to what ``nvidia-smi`` shows."""
         return [
             ("predicted: the step's tensors, model states included", self.predicted),
             ("measured: model states + the step's max_memory_allocated", self.measured),
@@ -246,40 +195,27 @@ class StepReport:
         ]
 
     def table(self) -> str:
-        """:meth:`rows` as aligned text, binary units with exact bytes beside them (under 100
-        characters a line)."""
+        """:meth:`rows` as aligned text, binary units beside exact bytes."""
         return "\n".join(f"{what:60s} {format_bytes(n):>11s} {n:>15,d} B" for what, n in self.rows())
 
 
 def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
-                device: torch.device | str | int | None = None) -> StepReport | NotOnCUDA:
-    """Run one training step ``fn()`` and set the engine's prediction beside the allocator's books.
-
-    Run a step first (AdamW creates its state in it), so that this one is a steady-state step.
-
+                device: torch.device | str | int | None = None) -> _StepReport | _NotOnCUDA:
+    """Run one steady-state step ``fn()``: the engine's ``predicted`` bytes beside the allocator's
+    books, ``resident`` the model states' bytes before it (``memory.resident_bytes``). Without
+    CUDA, ``fn`` is not run and a falsy result's ``reason`` says why.
     Args:
-        fn (callable): the step, a callable without arguments.
-        predicted (int): the engine's peak bytes for it (``predict(step).total``).
-        resident (int): bytes of the model states before the step
-            (``course_lib.measurement.memory.resident_bytes``).
-        device (torch.device or str or int, optional): the CUDA device it runs on; None means the
-            current one.
-
+        fn (callable): the step, without arguments (run one before it, for AdamW's state).
+        predicted (int): the engine's peak bytes for the step.
+        resident (int): the model states' bytes before it.
+        device (torch.device or str or int, optional): a CUDA device; None is the current one.
     Returns:
-        A :class:`StepReport`, or a :class:`NotOnCUDA` without CUDA (``fn`` is not run).
-
+        the report (``measured``, ``rows()``, ``table()``), or a falsy result with its ``reason``.
     Raises:
-        ValueError: if ``fn`` is not callable or ``predicted``/``resident`` are not
-            non-negative ints.
-
-    Example:
-        >>> report = step_report(one_step, predicted=fit_.peak_bytes,  # doctest: +SKIP
-        ...                      resident=measure.resident_bytes(model, optimizer))
-        >>> print(report.table() if report else report.reason)  # doctest: +SKIP
+        ValueError: naming ``predicted``, ``resident`` (ints >= 0) or ``device``.
     """
     if not callable(fn):
         raise WrongTypeError(f"fn must be callable with no arguments, got {fn!r}")
-    _device(device)
     for name, value in (("predicted", predicted), ("resident", resident)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be a non-negative int of bytes, got {value!r}")
@@ -290,19 +226,13 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
     gc.collect()
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
-    before = read(device)
+    before = _read(device)
     fn()
-    return StepReport(predicted, resident, before, read(device))
+    return _StepReport(predicted, resident, before, _read(device))
 
 
-# --------------------------------------------------------------------------- a fresh process
-
-def _parse_alloc_conf(value: str | None) -> dict[str, str]:
-    """``PYTORCH_CUDA_ALLOC_CONF``'s ``"key:value,key:value"`` as a dict (empty for None or "")."""
-    if value is None:
-        return {}
-    if not isinstance(value, str):
-        raise WrongTypeError(f"value must be a str or None, got {value!r}")
+def _parse_alloc_conf(value: str) -> dict[str, str]:
+    """``PYTORCH_CUDA_ALLOC_CONF``'s ``"key:value,key:value"`` as a dict."""
     options = {}
     for entry in filter(str.strip, value.split(",")):
         key, sep, setting = entry.partition(":")
@@ -314,26 +244,16 @@ def _parse_alloc_conf(value: str | None) -> dict[str, str]:
 
 def _alloc_conf_env(env: Mapping[str, str], expandable_segments: bool) -> dict[str, str]:
     """A copy of ``env`` in which the allocator's options turn expandable segments on or off."""
-    boolean("expandable_segments", expandable_segments)
-    _check_env(env)
     env = dict(env)
     for name in [n for n in ALLOC_CONF_VARS if n in env] or [ALLOC_CONF]:
-        options = _parse_alloc_conf(env[name] if name in env else None)
+        options = _parse_alloc_conf(env.get(name, ""))
         options["expandable_segments"] = str(bool(expandable_segments))
         env[name] = ",".join(f"{k}:{v}" for k, v in options.items())
     return env
 
 
-def _check_env(env) -> None:
-    if not isinstance(env, Mapping):
-        raise WrongTypeError(f"env must be a mapping of environment variables (os.environ), got "
-                         f"{type(env).__name__}")
-
-
 def _expandable_segments_enabled(env: Mapping[str, str]) -> bool:
-    """Whether ``env`` turns expandable segments on (the first of :data:`ALLOC_CONF_VARS` it sets
-    decides, as in PyTorch 2.8 and later)."""
-    _check_env(env)
+    """Whether ``env`` turns expandable segments on (the first of ``ALLOC_CONF_VARS`` decides)."""
     for name in ALLOC_CONF_VARS:
         if name in env:
             return _parse_alloc_conf(env[name]).get("expandable_segments", "").lower() == "true"
@@ -341,43 +261,40 @@ def _expandable_segments_enabled(env: Mapping[str, str]) -> bool:
 
 
 @dataclass(frozen=True)
-class Probe:
+class _Probe:
     """What :func:`probe` measured in a fresh process, stage by stage."""
 
     expandable_segments: bool
     free_before_init: int
-    stages: tuple[tuple[str, Reading], ...]
+    stages: tuple[tuple[str, _Reading], ...]
 
-    def stage(self, name: str) -> Reading:
-        """The :class:`Reading` of stage ``name``."""
-        text("name", name)
+    def stage(self, name: str) -> _Reading:
+        """The reading of stage ``name``."""
         for stage, reading in self.stages:
             if stage == name:
                 return reading
         raise ValueError(f"name must be one of {[s for s, _ in self.stages]}, got {name!r}")
 
-    def process_bytes(self, reading: Reading) -> int:
-        """What the process occupies on the device at ``reading``, as ``nvidia-smi`` lists it:
-        ``free_before_init - reading.free``."""
-        _check_reading(reading)
+    def process_bytes(self, reading: _Reading) -> int:
+        """The process's bytes on the device, as ``nvidia-smi`` lists it."""
         return self.free_before_init - reading.free
 
     @property
     def context(self) -> int:
-        """The CUDA context: bytes the process took when CUDA initialised, beyond its allocator's."""
-        return _context_bytes(self.free_before_init, self.stage("CUDA initialised"))
+        """The CUDA context: bytes taken when CUDA initialised, beyond the allocator's."""
+        first = self.stage("CUDA initialised")
+        return self.process_bytes(first) - first.reserved
 
     @property
     def cublas_workspace(self) -> int:
         """Bytes the first matmul left allocated once its tensors were freed: cuBLAS' workspace."""
-        return (self.stage("first matmul").allocated
-                - self.stage("CUDA initialised").allocated)
+        return self.stage("first matmul").allocated - self.stage("CUDA initialised").allocated
 
     @property
     def library_code(self) -> int:
-        """Bytes outside the allocator that the first matmul added: cuBLAS' kernels, loaded lazily."""
-        return (_context_bytes(self.free_before_init, self.stage("first matmul"))
-                - self.context)
+        """Bytes outside the allocator the first matmul added: cuBLAS' kernels, loaded lazily."""
+        matmul = self.stage("first matmul")
+        return self.process_bytes(matmul) - matmul.reserved - self.context
 
     @property
     def fragmentation(self) -> int:
@@ -385,8 +302,7 @@ class Probe:
         return self.stage("growing requests").cached
 
     def rows(self) -> list[tuple[str, int, int, int, int]]:
-        """``(stage, allocated, reserved, process on the device, outside the allocator)`` per
-        stage."""
+        """``(stage, allocated, reserved, process on the device, outside the allocator)``."""
         return [(name, r.allocated, r.reserved, self.process_bytes(r),
                  self.process_bytes(r) - r.reserved) for name, r in self.stages]
 
@@ -400,63 +316,31 @@ class Probe:
         return "\n".join(lines)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> Probe:
-        """The :class:`Probe` of the JSON object the probing process prints."""
+    def from_dict(cls, data: Mapping) -> _Probe:
+        """The probe of the JSON object the probing process prints."""
         try:
-            stages = tuple((str(name), Reading(**reading)) for name, reading in data["stages"])
+            stages = tuple((str(name), _Reading(**reading)) for name, reading in data["stages"])
             return cls(bool(data["expandable_segments"]), int(data["free_before_init"]), stages)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"data must be a probe's JSON object, got {data!r}") from exc
 
 
-def _check_reading(reading) -> None:
-    if not isinstance(reading, Reading):
-        raise WrongTypeError(f"reading must be a course_lib.measurement.allocator.Reading, got "
-                         f"{type(reading).__name__}")
-
-
-def _context_bytes(free_before_init: int, reading: Reading) -> int:
-    """Bytes held outside the allocator: free bytes taken since before CUDA init, minus reserved."""
-    if not isinstance(free_before_init, int) or isinstance(free_before_init, bool) \
-            or free_before_init < 0:
-        raise ValueError(f"free_before_init must be a non-negative int of bytes, "
-                         f"got {free_before_init!r}")
-    _check_reading(reading)
-    return free_before_init - reading.free - reading.reserved
-
-
 def probe(expandable_segments: bool = False, *, device: int = 0,
           sizes_mib: Sequence[int] = FRAGMENTING_SIZES_MIB,
-          timeout: float = 300) -> Probe | NotOnCUDA:
-    """Measure the CUDA context, the cuBLAS workspace and fragmentation in a fresh process.
-
-    The process starts with ``PYTORCH_CUDA_ALLOC_CONF`` set by :func:`_alloc_conf_env`
-    (read once, when CUDA initialises: that is why it is a new process), reads the
-    device after initialising CUDA, after a first 512 x 512 matmul whose tensors it then
-    frees, after requesting buffers of ``sizes_mib`` one after the other (each freed
-    before the next, the last kept), and after ``torch.cuda.empty_cache()``. The
-    device's free bytes are read here just before it starts, so this process must not
-    allocate meanwhile (it waits for the child).
-
+          timeout: float = 300) -> _Probe | _NotOnCUDA:
+    """Measure the CUDA context, cuBLAS' workspace and fragmentation in a fresh process (the
+    allocator reads ``PYTORCH_CUDA_ALLOC_CONF`` once): after CUDA init, a first matmul, growing
+    requests of ``sizes_mib`` and ``empty_cache()``. Without CUDA, a falsy result.
     Args:
-        expandable_segments (bool): run the process with ``expandable_segments:True``.
-        device (int): the CUDA device index.
-        sizes_mib (sequence of int): the growing requests, in MiB (positive ints, at most
-            :data:`MAX_PROBE_MIB`).
-        timeout (float): seconds to wait for the process (a finite number > 0, at most
-            :data:`MAX_PROBE_SECONDS`).
-
+        expandable_segments (bool): the allocator option the fresh process runs with.
+        device (int): the CUDA device's index.
+        sizes_mib (sequence of int): the growing requests, in MiB.
+        timeout (float): seconds to wait for the process.
     Returns:
-        A :class:`Probe`, or a :class:`NotOnCUDA` without CUDA.
-
+        the probe (``context``, ``cublas_workspace``, ``fragmentation``, ``table()``).
     Raises:
-        ValueError: for a bad argument.
-        RuntimeError: if the process fails (its error output is in the message).
-
-    Example:
-        >>> default, expandable = probe(False), probe(True)  # doctest: +SKIP
-        >>> expandable.fragmentation < default.fragmentation  # doctest: +SKIP
-        True
+        ValueError: naming the argument, for a value out of range.
+        RuntimeError: if the probing process fails.
     """
     boolean("expandable_segments", expandable_segments)
     if not isinstance(device, int) or isinstance(device, bool) or device < 0:
@@ -466,17 +350,19 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
     missing = _not_on_cuda(device)
     if missing is not None:
         return missing
+    # Read before the child starts: this process must not allocate meanwhile (it waits).
     free_before, _ = torch.cuda.mem_get_info(device)
-    command = [sys.executable, "-m", "course_lib.measurement.allocator", "--free-before-init", str(int(free_before)),
-               "--device", str(device), "--sizes-mib", ",".join(map(str, sizes))]
+    command = [sys.executable, "-m", "course_lib.measurement.allocator", "--free-before-init",
+               str(int(free_before)), "--device", str(device), "--sizes-mib",
+               ",".join(map(str, sizes))]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                           env=_alloc_conf_env(os.environ, expandable_segments))
     if done.returncode != 0:
         raise RuntimeError(f"the probing process failed ({done.returncode}): {done.stderr.strip()}")
     data = json.loads(done.stdout.strip().splitlines()[-1])
     if not data.get("available", False):
-        return NotOnCUDA(data.get("reason", "not on CUDA"))
-    return Probe.from_dict(data)
+        return _NotOnCUDA(data.get("reason", "not on CUDA"))
+    return _Probe.from_dict(data)
 
 
 def _check_sizes(sizes_mib) -> tuple[int, ...]:
@@ -497,7 +383,7 @@ def _measure(free_before_init: int, device: int, sizes_mib: Sequence[int]) -> di
     stages = []
 
     def stage(name):
-        reading = read(dev)
+        reading = _read(dev)
         stages.append((name, asdict(reading)))
 
     torch.cuda.init()
@@ -521,6 +407,7 @@ def _measure(free_before_init: int, device: int, sizes_mib: Sequence[int]) -> di
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
+    """The probing process's command line; prints its JSON object."""
     parser = argparse.ArgumentParser(description="Measure the CUDA context, the cuBLAS workspace "
                                      "and fragmentation in this fresh process; print JSON.")
     parser.add_argument("--free-before-init", type=int, required=True)

@@ -1,15 +1,7 @@
-"""Measured memory: peak bytes of a piece of work, what autograd saves, and where a step's bytes go.
+"""Measured memory: peak bytes, what autograd saves, and where a step's bytes go.
 
-Two sources of truth, one interface:
-
-* On CUDA, ``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats``
-  (bytes handed to tensors, block rounding included; not the "reserved" pool).
-* Elsewhere (CPU, MPS), :class:`LiveTensorTracker`, a ``TorchDispatchMode`` that records each
-  new storage's ``nbytes()`` and subtracts it when the storage is freed: exact for tensor
-  storage, nothing else (as PyTorch's ``torch.distributed._tools.mem_tracker.MemTracker``).
-
-:func:`step_breakdown` runs one training step on the tracker and sorts every byte into
-parameters, gradients, optimizer state, activations (what autograd saved) and transient bytes.
+On CUDA ``torch.cuda.max_memory_allocated``; elsewhere :class:`LiveTensorTracker`, exact for
+tensor storage (as PyTorch's ``torch.distributed._tools.mem_tracker.MemTracker``).
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_batch, check_config
-from course_lib.units import MEMORY_CATEGORIES, as_dtype, storage_bytes, storage_key
+from course_lib.units import MEMORY_CATEGORIES, as_dtype, format_bytes, storage_bytes, storage_key
 from course_lib.validation import (
     WrongTypeError,
     device as as_device,
@@ -56,25 +48,14 @@ class _Storage:
 class LiveTensorTracker(TorchDispatchMode):
     """Counts the bytes of tensor storages created while it is active, live and at peak.
 
-    ``with LiveTensorTracker() as t: work()`` then ``t.peak`` (bytes) and
-    ``t.live`` (bytes still alive, e.g. gradients). Storages created before the
-    ``with`` are "foreign": they are not counted, nor are views of them or the
-    results of in-place ops on them (``param.mul_(0.9)`` allocates nothing), and
-    freeing them does not lower the count. The figures are therefore the
-    allocations of the work itself, "above what was live when it started".
-    Views share their base's storage and are counted once; a storage that an op
-    resizes (``out=`` arguments, ``resize_``) is recounted at its new size.
-
-    Every allocation and free is also an event numbered in order (``t.clock``);
-    ``t.storages`` keeps, per counted storage, its size, birth and death, and the
-    ``t.phase`` label current at each (for timelines).
+    ``with LiveTensorTracker() as t: work()`` then ``t.peak`` and ``t.live``: the work's own
+    allocations (storages made before, their views and in-place results are not counted).
+    ``t.storages`` keeps each storage's size, birth and death (``t.clock``, ``t.phase``).
     """
 
     def __init__(self):
         super().__init__()
-        self.live = 0
-        self.peak = 0
-        self.clock = 0
+        self.live = self.peak = self.clock = 0
         self.phase = ""
         self.storages: list[_Storage] = []
         self._ours = WeakIdKeyDictionary()     # storage -> _Storage
@@ -89,12 +70,8 @@ class LiveTensorTracker(TorchDispatchMode):
         self.live -= record.nbytes
         record.died, record.died_phase = self._tick(), self.phase
 
-    def _see_input(self, tensor: torch.Tensor) -> None:
-        storage = _storage_of(tensor)
-        if storage is not None and storage not in self._ours:
-            self._foreign[storage] = True
-
     def _track(self, tensor: torch.Tensor) -> None:
+        """Count an op's output storage, new or resized."""
         storage = _storage_of(tensor)
         if storage is None or storage in self._foreign:
             return
@@ -113,14 +90,11 @@ class LiveTensorTracker(TorchDispatchMode):
         self.peak = max(self.peak, self.live)
 
     def record_of(self, tensor: torch.Tensor) -> _Storage | None:
-        """The record of the storage ``tensor`` lives in, if this tracker counted it.
-
+        """The record of ``tensor``'s storage, or None if this tracker did not count it.
         Args:
-            tensor (torch.Tensor): any tensor.
-
+            tensor (torch.Tensor): a tensor made while the tracker was active.
         Returns:
-            The storage's record (its size in bytes, birth, death and phases), or None for a
-            foreign storage (made before the tracker started) or a tensor without a storage.
+            the record (``nbytes``, ``born``, ``died``, ``phase``), or None.
         """
         storage = _storage_of(tensor)
         return None if storage is None else self._ours.get(storage)
@@ -129,8 +103,9 @@ class LiveTensorTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         if func not in _LIFT_OPS:
             for item in tree_flatten((args, kwargs))[0]:
-                if isinstance(item, torch.Tensor):
-                    self._see_input(item)
+                storage = _storage_of(item) if isinstance(item, torch.Tensor) else None
+                if storage is not None and storage not in self._ours:
+                    self._foreign[storage] = True
         out = func(*args, **kwargs)
         for item in tree_flatten(out)[0]:
             if isinstance(item, torch.Tensor):
@@ -146,6 +121,7 @@ class LiveTensorTracker(TorchDispatchMode):
 
 
 def _storage_of(tensor: torch.Tensor):
+    """``tensor``'s untyped storage; None on ``meta`` or for storage-less layouts."""
     if tensor.device.type == "meta":
         return None
     try:
@@ -155,6 +131,7 @@ def _storage_of(tensor: torch.Tensor):
 
 
 def _device_kind(device) -> str | None:
+    """``"cuda"``, ``"cpu"``, ``"mps"`` or None, from :func:`peak_memory`'s ``device``."""
     if device is None:
         return None
     try:
@@ -169,29 +146,19 @@ def _device_kind(device) -> str | None:
 def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None = None) -> int:
     """Peak bytes allocated while ``fn()`` runs, above what was live when it started.
 
-    The tracker and the allocator agree on tensor bytes; the allocator adds its 512-byte block
-    rounding and any library workspaces (cuBLAS), which are real memory on the GPU. One
-    difference of definition: the allocator's figure drops when ``fn`` frees memory that was
-    live before it started; the tracker ignores such frees (it counts the work's own
-    allocations), so for work that frees old tensors it reads higher.
-
+    ``device="cuda"``: ``torch.cuda.max_memory_allocated`` (512-byte blocks, cuBLAS' workspace);
+    ``"cpu"``/``"mps"``: :class:`LiveTensorTracker`, which ignores frees of older tensors; None:
+    the allocator if ``fn`` allocated on CUDA, else the tracker.
     Args:
-        fn (callable): the work, called with no arguments.
-        device (str or torch.device, optional): "cuda" reads the CUDA allocator
-            (``torch.cuda.max_memory_allocated``), "cpu" or "mps" uses
-            :class:`LiveTensorTracker`; None (default) reads the allocator if the work
-            allocated anything on CUDA, else the tracker.
-
+        fn (callable): the work, without arguments.
+        device (str or torch.device, optional): ``"cuda"``, ``"cpu"``, ``"mps"`` or None.
     Returns:
-        int: bytes.
-
+        int: the peak, in bytes.
     Raises:
-        ValueError: naming ``fn`` (not callable) or ``device`` (not cuda, cpu, mps or None), or
-            for ``device="cuda"`` or ``"mps"`` on a machine without it.
+        ValueError: naming ``device``, for another kind or one this machine lacks.
 
-    Example:
-        >>> peak_memory(lambda: torch.zeros(1024, 1024), device="cpu")  # 4 MiB of fp32
-        4194304
+    >>> peak_memory(lambda: torch.zeros(1024, 1024), device="cpu")  # 4 MiB of fp32
+    4194304
     """
     if not callable(fn):
         raise WrongTypeError(f"fn must be callable with no arguments, got {fn!r}")
@@ -202,9 +169,8 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
         raise ValueError("device='mps' but this machine has no MPS device")
     use_cuda = kind == "cuda" or (kind is None and torch.cuda.is_available())
     if use_cuda:
-        # Garbage of earlier work (reference cycles) would otherwise be collected during fn:
-        # the allocator's figure would drop below fn's own peak (on an H200 the engine then
-        # looked 12-27 % high).
+        # Earlier work's garbage (reference cycles) collected during fn would lower the figure
+        # below fn's own peak (on an H200 the engine then looked 12-27 % high).
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -224,10 +190,8 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
     return tracker.peak
 
 
-# --------------------------------------------------------------------------- saved tensors
-
 @dataclass(frozen=True)
-class SavedTensor:
+class _SavedTensor:
     """One tensor an autograd node keeps for the backward pass."""
 
     node: str
@@ -244,21 +208,15 @@ class SavedTensor:
         return self.node.removesuffix("0").removesuffix("Backward").lower()
 
 
-def _packed_by_hooks(raw) -> bool:
-    """True if ``saved_tensors_hooks`` packed a saved tensor into a non-tensor (a checkpoint
-    placeholder, an offload handle): reading it would run the unpack hook, so it is left alone."""
-    items = raw if isinstance(raw, list | tuple) else (raw,)
-    return any(getattr(item, "unpack_hook", None) is not None
-               and not isinstance(item.data, torch.Tensor) for item in items)
-
-
 def _saved_values(node):
-    """``(name, value)`` of what ``node`` saved: ``_saved_*`` of built-in nodes,
-    ``saved_tensors`` of custom ``autograd.Function`` s (e.g. reentrant checkpointing)."""
+    """``(name, value)`` of what ``node`` saved: ``_saved_*``, or a Function's ``saved_tensors``."""
     for attr in sorted(dir(node)):
         if attr.startswith("_saved_"):
             name = attr.removeprefix("_saved_")
-            if _packed_by_hooks(getattr(node, f"_raw_saved_{name}", None)):
+            raw = getattr(node, f"_raw_saved_{name}", None)
+            if any(getattr(item, "unpack_hook", None) is not None  # packed by saved_tensors_hooks
+                   and not isinstance(item.data, torch.Tensor)
+                   for item in (raw if isinstance(raw, list | tuple) else (raw,))):
                 continue
             try:
                 yield name, getattr(node, attr)
@@ -271,30 +229,21 @@ def _saved_values(node):
             pass
 
 
-def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
-    """What autograd keeps alive for ``output.backward()``: one row per saved tensor.
-
-    Walks the graph from ``output.grad_fn`` and reads each node's ``_saved_*``
-    attributes (PyTorch exposes them for introspection; custom functions expose
-    ``saved_tensors``). Tensors shared by several nodes appear once per node; sum unique
-    ``storage_id`` s (:func:`saved_bytes`) for the memory. Tensors saved through
-    ``saved_tensors_hooks`` are not listed and not unpacked: inside a non-reentrant
-    checkpoint region they are placeholders, and unpacking one would recompute the
-    region (the region's inputs, which it does keep, are held by the checkpoint
-    itself; ``course_lib.training.checkpointing.measure_kept_bytes`` measures them). After
-    ``backward()`` the graph has let go of its tensors and nothing is listed.
-
+def saved_tensors(output: torch.Tensor, params=()) -> list[_SavedTensor]:
+    """What autograd keeps alive for ``output.backward()``: one row per saved tensor per node
+    (``node``, ``name``, ``shape``, ``dtype``, ``nbytes`` of its storage, ``is_parameter``: one of
+    ``params``, ``storage_id``); tensors packed by ``saved_tensors_hooks`` are not listed.
     Args:
-        output (torch.Tensor): a tensor with a ``grad_fn`` (the loss).
-        params (iterable of torch.Tensor): tensors to mark as parameters (e.g.
-            ``model.parameters()``): those cost no extra memory.
-
+        output (torch.Tensor): a result that requires grad, before its backward pass.
+        params (iterable of torch.Tensor): the parameters (``model.parameters()``).
     Returns:
-        list of SavedTensor: one row per saved tensor per node.
-
+        list: the rows, ``output``'s node first.
     Raises:
-        ValueError: naming ``output``, for a non-tensor or a tensor without a ``grad_fn``;
-            for ``params`` holding something without a storage.
+        ValueError: naming ``output`` (no grad_fn) or ``params`` (not tensors).
+
+    >>> x = torch.ones(4, requires_grad=True)
+    >>> [(r.node, r.name, r.nbytes) for r in saved_tensors(x.exp().sum())]  # exp keeps its result
+    [('ExpBackward0', 'result', 16)]
     """
     if not isinstance(output, torch.Tensor) or output.grad_fn is None:
         raise ValueError("output must be a tensor that requires grad (has a grad_fn)")
@@ -315,7 +264,7 @@ def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
             for item in value if isinstance(value, tuple | list) else (value,):
                 if isinstance(item, torch.Tensor):
                     key = storage_key(item)
-                    rows.append(SavedTensor(
+                    rows.append(_SavedTensor(
                         node=type(node).__name__, name=name,
                         shape=tuple(item.shape), dtype=item.dtype,
                         nbytes=item.untyped_storage().nbytes(),
@@ -325,28 +274,19 @@ def saved_tensors(output: torch.Tensor, params=()) -> list[SavedTensor]:
 
 
 def saved_bytes(output: torch.Tensor, params=(), *, include_parameters: bool = False) -> int:
-    """Bytes of the distinct storages autograd saves for ``output`` (parameters excluded by default).
-
-    A storage shared by several saved tensors (views, or one tensor saved by two
-    nodes) counts once, at its full ``nbytes``: that is the memory it holds.
-
+    """Bytes of the distinct storages autograd saves for ``output`` (``params`` left out unless
+    ``include_parameters``); a storage shared by several saved tensors counts once, in full.
     Args:
-        output (torch.Tensor): a tensor with a ``grad_fn`` (the loss).
-        params (iterable of torch.Tensor): the parameters, whose storages are left out.
+        output (torch.Tensor): a result that requires grad, before its backward pass.
+        params (iterable of torch.Tensor): the parameters (``model.parameters()``).
         include_parameters (bool): count the parameters' storages too.
-
     Returns:
-        int: bytes.
+        int: the bytes.
 
-    Raises:
-        ValueError: naming ``include_parameters`` (not a bool) or ``output`` (no ``grad_fn``).
-
-    Example:
-        >>> from course_lib.model.gpt import GPT, random_tokens
-        >>> model = GPT(GPTConfig())
-        >>> logits, loss = model(*random_tokens(GPTConfig(), 2))
-        >>> saved_bytes(loss, model.parameters())
-        1256964
+    >>> w = torch.ones(256, 256, requires_grad=True)
+    >>> x = torch.ones(8, 256)  # 8 KiB of fp32
+    >>> saved_bytes((x @ w).sum(), [w])  # the matmul keeps x for w's gradient
+    8192
     """
     if not isinstance(include_parameters, bool):
         raise WrongTypeError(f"include_parameters must be True or False, got {include_parameters!r}")
@@ -357,18 +297,19 @@ def saved_bytes(output: torch.Tensor, params=(), *, include_parameters: bool = F
     return sum(unique.values())
 
 
-#: The backward node of each fused kernel of ``F.scaled_dot_product_attention``, as the graph
-#: names it; the math kernel has none of its own (it is written with ``bmm`` and ``softmax``).
+#: The backward node of each fused kernel of ``F.scaled_dot_product_attention``; the math kernel
+#: has none of its own (it is written with ``bmm`` and ``softmax``).
 SDPA_NODES = {"ScaledDotProductFlashAttentionForCpuBackward0": "flash",
               "ScaledDotProductFlashAttentionBackward0": "flash",
               "ScaledDotProductEfficientAttentionBackward0": "efficient",
               "ScaledDotProductCudnnAttentionBackward0": "cudnn"}
+_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+             "cudnn": "CUDNN_ATTENTION"}
 
 
 @dataclass(frozen=True)
-class AttentionSaved:
-    """What one call of ``F.scaled_dot_product_attention`` kept for backward
-    (:func:`sdpa_saved`)."""
+class _AttentionSaved:
+    """What one call of ``F.scaled_dot_product_attention`` kept for backward."""
 
     kernel: str
     saved_bytes: int
@@ -376,56 +317,22 @@ class AttentionSaved:
     tensors: tuple
 
 
-def _sdpa_backends() -> dict:
-    from torch.nn.attention import SDPBackend
-
-    return {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-
-
-def _kernel_that_ran(output: torch.Tensor) -> str:
-    stack, seen = [output.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if type(node).__name__ in SDPA_NODES:
-            return SDPA_NODES[type(node).__name__]
-        stack += [next_node for next_node, _ in node.next_functions]
-    return "math"
-
-
 def sdpa_saved(config: GPTConfig, batch_size: int, dtype=torch.float32, *, kernel: str | None = None,
-               device: str | torch.device = "cpu", seed: int = 0) -> AttentionSaved:
-    """Measure what one attention call keeps for backward, and which SDPA kernel ran.
-
-    Builds q, k, v as the course GPT does (head views of one ``(b, s, 3h)`` QKV tensor that
-    requires grad), calls ``F.scaled_dot_product_attention(q, k, v, dropout_p=config.dropout,
-    is_causal=True)``, under ``torch.nn.attention.sdpa_kernel`` when ``kernel`` forces one, and
-    reads the saved tensors off the graph (:func:`saved_tensors`). The math kernel keeps the
-    ``b*a*s*s`` probabilities; the fused ones (FlashAttention, Dao et al. 2022) their output and
-    a per-row log-sum-exp, from which their backward rebuilds the probabilities.
-    :func:`course_lib.prediction.activations.attention_core_saved` predicts it.
-
+               device: str | torch.device = "cpu", seed: int = 0) -> _AttentionSaved:
+    """What one causal attention call of the course GPT's shape keeps for backward, under the
+    SDPA ``kernel`` it forces (else PyTorch's choice): the math kernel the ``b*a*s*s``
+    probabilities, FlashAttention (Dao et al. 2022) its output and a log-sum-exp per row.
     Args:
-        config (GPTConfig): the shape (``d_model``, ``n_heads``, ``seq_len``, ``dropout``).
-        batch_size (int): sequences, a positive int; the QKV tensor holds at most
-            :data:`course_lib.model.kernels.MAX_DETECT_ELEMENTS` elements, and so do the math kernel's
-            ``b*a*s*s`` probabilities.
-        dtype (torch.dtype or str): fp32, fp16 or bf16.
-        kernel (str, optional): one of :data:`course_lib.model.kernels.SDPA_KERNELS` to force; None:
-            PyTorch's choice (:func:`course_lib.model.kernels.sdpa_kernel` predicts it).
-        device (str or torch.device): where it runs.
-        seed (int): seeds q, k and v, an int from 0 to 2**63 - 1.
-
+        config (GPTConfig): the shape (``seq_len``, ``d_model``, ``n_heads``, ``dropout``).
+        batch_size (int): the batch size.
+        dtype (torch.dtype or str): float32, float16 or bfloat16.
+        kernel (str, optional): ``"flash"``, ``"cudnn"``, ``"efficient"`` or ``"math"``.
+        device (torch.device or str): where the call runs.
+        seed (int): the seed of the random inputs.
     Returns:
-        AttentionSaved: the kernel that ran, the bytes it keeps, the saved tensors.
-
+        ``kernel`` (that ran), ``saved_bytes``, ``square_bytes`` and ``tensors``.
     Raises:
-        ValueError: naming the argument, for a bad value, too large a call, or a ``kernel`` that
-            cannot run here (the CPU has no memory-efficient or cuDNN kernel, a T4 no bf16 flash:
-            :func:`course_lib.model.kernels.forced_kernel`, the rule the prediction follows).
+        ValueError: naming the argument, for a value out of range or a kernel that cannot run.
     """
     check_config(config)
     b = positive_int("batch_size", batch_size, maximum=kernels.MAX_DETECT_ELEMENTS)
@@ -445,8 +352,8 @@ def sdpa_saved(config: GPTConfig, batch_size: int, dtype=torch.float32, *, kerne
     generator = torch.Generator().manual_seed(seed)
     qkv = torch.randn(b, s, 3 * h, generator=generator).to(device=device, dtype=dtype)
     q, k, v = (t.view(b, s, a, h // a).transpose(1, 2) for t in qkv.requires_grad_().split(h, 2))
-    forced = (contextlib.nullcontext() if kernel is None
-              else torch.nn.attention.sdpa_kernel(_sdpa_backends()[kernel]))
+    forced = (contextlib.nullcontext() if kernel is None else torch.nn.attention.sdpa_kernel(
+        getattr(torch.nn.attention.SDPBackend, _BACKENDS[kernel])))
     try:
         with forced, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # why each kernel was refused: the error says it
@@ -457,34 +364,26 @@ def sdpa_saved(config: GPTConfig, batch_size: int, dtype=torch.float32, *, kerne
                          f"{h // a}, dropout {config.dropout}): {str(exc)[:120]}") from exc
     rows = tuple(saved_tensors(out))
     squares = {r.storage_id: r.nbytes for r in rows if r.shape[-2:] == (s, s)}
-    return AttentionSaved(_kernel_that_ran(out), saved_bytes(out), sum(squares.values()), rows)
+    ran = next((SDPA_NODES[r.node] for r in rows if r.node in SDPA_NODES), "math")
+    return _AttentionSaved(ran, saved_bytes(out), sum(squares.values()), rows)
 
 
 def saved_table(output: torch.Tensor, params=(), *, parameters: bool = False) -> str:
-    """:func:`saved_tensors` as a text table, in forward order, one row per saved tensor.
-
-    Columns: the backward node that keeps it (``Backward0`` dropped), its slot as PyTorch names
-    it, shape, dtype, the bytes of its storage, and a letter per storage (A, B, ... in order of
-    first appearance): two rows with one letter are one piece of memory, kept once. Lecture 02
-    reads it aloud.
-
+    """:func:`saved_tensors` as a table in forward order, one letter per storage (two rows with
+    one letter are one piece of memory); ``parameters`` lists the parameters' rows too.
     Args:
-        output (torch.Tensor): a tensor with a ``grad_fn`` (the loss).
-        params (iterable of torch.Tensor): the parameters.
-        parameters (bool): list the rows that hold a parameter too (letter ``param``).
-
+        output (torch.Tensor): a result that requires grad, before its backward pass.
+        params (iterable of torch.Tensor): the parameters (``model.parameters()``).
+        parameters (bool): list the parameters' rows too.
     Returns:
-        str: a header line, then one line per row.
-
-    Raises:
-        ValueError: as :func:`saved_tensors`, or naming ``parameters`` (not a bool).
+        str: a header line, then a line per saved tensor.
     """
     if not isinstance(parameters, bool):
         raise WrongTypeError(f"parameters must be True or False, got {parameters!r}")
     rows = [r for r in reversed(saved_tensors(output, params)) if parameters or not r.is_parameter]
     letters: dict[int, str] = {}
 
-    def letter(row: SavedTensor) -> str:
+    def letter(row: _SavedTensor) -> str:
         if row.is_parameter:
             return "param"
         n = letters.setdefault(row.storage_id, len(letters))
@@ -498,11 +397,8 @@ def saved_table(output: torch.Tensor, params=(), *, parameters: bool = False) ->
                      f"{c[3]:{widths[3]}s}  {c[4]:>{widths[4]}s}  {c[5]}" for c in [head, *cells])
 
 
-# --------------------------------------------------------------------------- one training step
-
-#: What a step's bytes are (:data:`course_lib.units.MEMORY_CATEGORIES` in stacking order, but
-#: master weights: they are filed with the optimizer state, as the ZeRO paper counts them), the
-#: vocabulary of :class:`StepBreakdown`, and the step's phases.
+#: What a step's bytes are (:data:`course_lib.units.MEMORY_CATEGORIES` but master weights, filed
+#: with the optimizer state as the ZeRO paper counts them), and the step's phases.
 CATEGORIES = tuple(name for name in MEMORY_CATEGORIES if name != "master_weights")
 PHASES = ("forward", "backward", "optimizer")
 
@@ -510,28 +406,19 @@ PHASES = ("forward", "backward", "optimizer")
 def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   inputs: torch.Tensor, targets: torch.Tensor, *,
                   on_phase: Callable[[str, torch.Tensor | None], None] | None = None) -> float:
-    """The course's canonical step: forward, backward, ``optimizer.step()``, ``zero_grad``.
-
-    Forward to the loss, ``loss.backward()``, ``optimizer.step()``,
-    ``optimizer.zero_grad(set_to_none=True)``. Keeps only the loss (a model may return ``(logits, loss)``, as the course GPT does).
-
+    """The course's step: forward to the loss (``model(inputs, targets)`` returns it or
+    ``(logits, loss)``), backward, ``optimizer.step()``, ``zero_grad``; returns the loss's value.
+    ``on_phase(name, loss)`` is called as each of :data:`PHASES` and ``"zero_grad"`` begins.
     Args:
-        model (torch.nn.Module): called as ``model(inputs, targets)``.
-        optimizer (torch.optim.Optimizer): steps the model's parameters.
-        inputs (torch.Tensor): the batch's inputs.
+        model (torch.nn.Module): the model to train.
+        optimizer (torch.optim.Optimizer): its optimizer.
+        inputs (torch.Tensor): the batch's inputs (token ids for the course GPT).
         targets (torch.Tensor): the batch's targets.
-        on_phase (callable, optional): ``on_phase(name, loss)``, called as each of
-            :data:`PHASES` begins (``loss`` is None before the forward pass) and with
-            ``"zero_grad"`` after the optimizer step: :func:`step_breakdown` uses it to label
-            its timeline.
-
+        on_phase (callable, optional): called with ``(name, loss)``.
     Returns:
-        float: the loss's value.
-
+        float: the loss.
     Raises:
-        ValueError: naming ``model``, ``optimizer``, ``inputs``, ``targets`` or ``on_phase``, for
-            a value of the wrong kind or a batch the model cannot train on
-            (:func:`course_lib.model.gpt.check_batch`).
+        ValueError: naming the argument, for a batch the model cannot train on.
     """
     if not isinstance(model, torch.nn.Module):
         raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -553,27 +440,20 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def resident_bytes(model: torch.nn.Module, optimizer) -> int:
-    """Bytes that stay on the model's device between steps, each storage once.
-
-    Parameters, master weights (an optimizer with a ``master`` list) and optimizer state.
-
-    On CUDA each storage counts as the caching allocator holds it (rounded up to 512 bytes),
-    and AdamW's ``step`` counters, which live on the host there, are left out.
-
+    """Bytes that stay on the model's device between steps, each storage once: parameters, master
+    weights, optimizer state (on CUDA in 512-byte blocks, without AdamW's host-side ``step``).
     Args:
-        model (torch.nn.Module): a model with at least one parameter; its first parameter's
-            device is the device counted.
+        model (torch.nn.Module): the model.
         optimizer (torch.optim.Optimizer): its optimizer.
-
     Returns:
-        int: bytes.
-
+        int: the bytes.
     Raises:
-        ValueError: ``model`` is not a ``torch.nn.Module`` with a parameter, or ``optimizer`` is
-            not a ``torch.optim.Optimizer``.
-    """
-    from course_lib.model.kernels import CUDA_BLOCK
+        ValueError: naming ``model``, for a module without parameters.
 
+    >>> model = torch.nn.Linear(1024, 1024)  # 1,049,600 fp32 parameters
+    >>> resident_bytes(model, torch.optim.AdamW(model.parameters()))  # no state before a step
+    4198400
+    """
     if not isinstance(model, torch.nn.Module):
         raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     first = next(model.parameters(), None)
@@ -585,7 +465,7 @@ def resident_bytes(model: torch.nn.Module, optimizer) -> int:
     tensors = [*model.parameters(), *getattr(optimizer, "master", ()),
                *_optimizer_tensors(optimizer)]
     return storage_bytes((t for t in tensors if t.device == device),
-                         block=CUDA_BLOCK if device.type == "cuda" else 1)
+                         block=kernels.CUDA_BLOCK if device.type == "cuda" else 1)
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -595,7 +475,7 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 @dataclass
 class StepBreakdown:
-    """Where the bytes of one training step went, from :func:`step_breakdown` (all in bytes)."""
+    """Where the bytes of one training step went (:func:`step_breakdown`), all in bytes."""
 
     at_peak: dict
     baseline: dict
@@ -617,13 +497,11 @@ class StepBreakdown:
 
     @property
     def total(self) -> int:
-        """Bytes live at the peak, all categories: ``sum(at_peak.values())``."""
+        """Bytes live at the peak, all categories."""
         return sum(self.at_peak.values())
 
     def table(self) -> str:
         """The breakdown at the peak as aligned text lines (bytes and share)."""
-        from course_lib.units import format_bytes
-
         lines = [f"{'category':16s} {'bytes at peak':>14s} {'':>11s} share"]
         for name in CATEGORIES:
             value = self.at_peak[name]
@@ -636,35 +514,16 @@ class StepBreakdown:
 
 def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                    inputs: torch.Tensor, targets: torch.Tensor) -> StepBreakdown:
-    """Run :func:`training_step` once under a :class:`LiveTensorTracker` and sort its bytes.
-
-    Each storage the step allocates gets one category, decided by what it turned
-    out to be: saved by autograd in the forward pass (read off the graph with
-    :func:`saved_tensors` before backward) -> "activations"; ending up as a
-    parameter's ``.grad`` -> "gradients"; held in ``optimizer.state`` after the
-    step -> "optimizer_state"; anything else (logits, the gradients flowing
-    between layers, an optimizer's scratch tensors) -> "transient". What was live
-    before the step is the baseline. Same idea as PyTorch's ``MemTracker``
-    (``torch.distributed._tools.mem_tracker``), which sorts by module and role;
-    here every byte is attributed exactly and the whole timeline is kept.
-
-    A mixed-precision optimizer (:class:`course_lib.training.mixed_precision.MasterWeightAdamW`) keeps
-    fp32 master weights: they are filed with the optimizer state, as the ZeRO paper counts
-    them (its ``K`` bytes per parameter), and their fp32 gradients with the gradients.
-
+    """Run :func:`training_step` under a :class:`LiveTensorTracker` and file each byte as what
+    it turned out to be: "activations" (saved by autograd), "gradients", "optimizer_state"
+    (master weights too, as ZeRO counts them) or "transient"; as PyTorch's ``MemTracker``.
     Args:
-        model (torch.nn.Module): returns the loss, or ``(logits, loss)``, from
-            ``model(inputs, targets)``.
-        optimizer (torch.optim.Optimizer): the model's optimizer.
+        model (torch.nn.Module): the model to train.
+        optimizer (torch.optim.Optimizer): its optimizer.
         inputs (torch.Tensor): the batch's inputs.
         targets (torch.Tensor): the batch's targets.
-
     Returns:
-        StepBreakdown: bytes by category at the peak, the baseline and the timeline.
-
-    Raises:
-        ValueError: naming ``model`` (not an ``nn.Module``) or ``optimizer`` (not a
-            ``torch.optim.Optimizer``).
+        StepBreakdown: the bytes by category at the peak, and each phase's peak.
     """
     if not isinstance(model, torch.nn.Module):
         raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -690,8 +549,8 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     def on_phase(name, loss):
         if name == "backward":  # forward done: what the graph saved is the activations
             ptrs = {row.storage_id for row in saved_tensors(loss, params) if not row.is_parameter}
-            for record, ptr in _live_records(tracker):
-                if ptr in ptrs:
+            for storage, record in list(tracker._ours.items()):
+                if storage_key(storage) in ptrs:
                     category.setdefault(record.index, "activations")
         elif name == "optimizer":
             mark((p.grad for p in params if p.grad is not None), "gradients")
@@ -705,16 +564,6 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
     with tracker:
         training_step(model, optimizer, inputs, targets, on_phase=on_phase)
-    return _summarise(tracker, category, baseline)
-
-
-def _live_records(tracker: LiveTensorTracker):
-    """``(record, storage_key(storage))`` for every storage the tracker counted that is still alive."""
-    for storage, record in list(tracker._ours.items()):
-        yield record, storage_key(storage)
-
-
-def _summarise(tracker: LiveTensorTracker, category: dict, baseline: dict) -> StepBreakdown:
     events = []  # (clock, delta, category, phase)
     for record in tracker.storages:
         name = category.get(record.index, "transient")

@@ -1,13 +1,5 @@
-"""The GPU memory timeline of a piece of work, from the CUDA caching allocator's own trace.
-
-``torch.cuda.memory._record_memory_history()`` makes the allocator log every
-allocation and free (with its size, address and time) and
-``torch.cuda.memory._snapshot()`` returns that log; PyTorch's viewer at
-https://pytorch.org/memory_viz draws the same data from ``_dump_snapshot``. Here
-the log becomes one curve, bytes allocated against time, that matplotlib draws
-in a notebook (:func:`record_timeline`). On other devices :func:`track_timeline` draws the same curve from
-the live-tensor tracker (:class:`course_lib.measurement.memory.LiveTensorTracker`), with the
-event number as its clock.
+"""Memory over a piece of work: bytes allocated after each event. On CUDA from the allocator's
+own log (the data of https://pytorch.org/memory_viz), elsewhere from the live-tensor tracker.
 """
 
 from __future__ import annotations
@@ -37,22 +29,9 @@ class Timeline:
 
 
 def _timeline_from_snapshot(snapshot: dict, baseline: int = 0, device: int = 0) -> Timeline:
-    """The allocated-bytes curve of a ``torch.cuda.memory._snapshot()`` dictionary.
-
-    ``alloc`` adds the block's ``size``, ``free_completed`` subtracts it, each rounded up to
-    the allocator's 512-byte block (:data:`course_lib.model.kernels.CUDA_BLOCK`); the clock is
-    the trace's ``time_us`` (µs), or the event index where an event has none.
-    """
-    traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
-    if traces is None:
-        raise ValueError("snapshot must be a dict from torch.cuda.memory._snapshot() "
-                         "(with a 'device_traces' list)")
-    if not isinstance(device, int) or isinstance(device, bool) or not 0 <= device < len(traces):
-        raise ValueError(f"device must be an index below {len(traces)}, got {device!r}")
-    if not isinstance(baseline, int) or isinstance(baseline, bool) or not 0 <= baseline < 2**63:
-        raise ValueError(f"baseline must be a non-negative int of bytes, got {baseline!r}")
+    """The allocated-bytes curve (512-byte blocks, µs) of a ``torch.cuda.memory._snapshot()``."""
     live, clock, allocated = baseline, [], []
-    for index, event in enumerate(traces[device]):
+    for index, event in enumerate(snapshot["device_traces"][device]):
         block = -(-event["size"] // CUDA_BLOCK) * CUDA_BLOCK
         if event["action"] == "alloc":
             live += block
@@ -68,20 +47,15 @@ def _timeline_from_snapshot(snapshot: dict, baseline: int = 0, device: int = 0) 
 
 
 def record_timeline(fn: Callable[[], object], *, max_entries: int = 1_000_000) -> Timeline:
-    """Run ``fn()`` with the CUDA allocator's history on and return its :class:`Timeline`.
-
-    Times start at 0 (the first event). Recording is switched off afterwards,
-    whatever ``fn`` does.
-
+    """Run ``fn()`` with the CUDA allocator's history on; its :class:`Timeline` in allocator
+    blocks, clock in µs from the first event.
     Args:
-        fn (callable): the work, called with no arguments.
-        max_entries (int): the most allocator events the history keeps.
-
+        fn (callable): the work, without arguments, on the current CUDA device.
+        max_entries (int): the most allocator events kept.
     Returns:
-        Timeline: bytes allocated (in allocator blocks) after each event, clock in µs.
-
+        Timeline: bytes allocated, those live before ``fn`` included.
     Raises:
-        ValueError: naming ``fn`` (not callable), or on a machine without CUDA.
+        ValueError: on a machine without CUDA.
     """
     if not callable(fn):
         raise WrongTypeError(f"fn must be callable with no arguments, got {fn!r}")
@@ -102,19 +76,14 @@ def record_timeline(fn: Callable[[], object], *, max_entries: int = 1_000_000) -
 
 
 def track_timeline(fn: Callable[[], object]) -> Timeline:
-    """Run ``fn()`` under the live-tensor tracker and return bytes allocated after each event.
-
-    Every device; the bytes are exact tensor storage, above what was live before
-    ``fn`` (so the curve starts at 0), and the clock is the event number.
-
+    """Run ``fn()`` under the live-tensor tracker; its :class:`Timeline` (tensor bytes by event).
     Args:
-        fn (callable): the work, called with no arguments.
-
+        fn (callable): the work, without arguments.
     Returns:
-        Timeline: with ``unit="event"``.
+        Timeline: the live bytes of ``fn``'s tensors after each allocation or free.
 
-    Raises:
-        ValueError: naming ``fn``, if it is not callable.
+    >>> track_timeline(lambda: torch.ones(1024) + 1).peak  # the ones and the sum, 4 KiB each
+    8192
     """
     if not callable(fn):
         raise WrongTypeError(f"fn must be callable with no arguments, got {fn!r}")

@@ -1,25 +1,5 @@
-"""Step times, measured fairly: warmed up, synchronized, interleaved.
-
-Each lecture that compares step times (03's accumulation, 04's and 05's checkpointing, the
-benchmarks) needs three precautions:
-
-* **Warm-up.** A step's first call pays one-off costs (the allocator's pool, cuBLAS choosing
-  kernels, ``torch.utils.checkpoint``'s first import): each step runs ``warmup`` times untimed.
-* **Synchronization.** CUDA (and MPS) kernels run asynchronously: ``torch.cuda.synchronize()``
-  before the clock starts and before it stops, as ``torch.utils.benchmark`` does.
-* **Interleaving.** On a shared machine the speed drifts; every round times each step once, in
-  an order rotated by one every round, so a drift falls on all of them alike.
-
-Two clocks are kept per run: the wall clock (``time.perf_counter``), what a learner waits for,
-and the process's CPU time (``time.process_time``, all threads), steadier on a shared CPU; only
-the wall clock sees a GPU's work. :meth:`StepTimes.median` and :meth:`StepTimes.best` take
-either, and by default the wall clock on CUDA and MPS.
-
-:func:`within_seconds` stops work at the first op past a deadline (:class:`TimeLimitExceeded`),
-so a step that is slow here costs at most the limit and one op. :func:`profile_step` runs one
-step under ``torch.profiler`` and :func:`split_by_class` sorts each op's own time into
-:data:`KERNEL_CLASSES` (lecture 05's companion): the CPU time of each op on the CPU, the device
-time of its kernels on CUDA.
+"""Step times, measured fairly: warmed up, synchronized (as ``torch.utils.benchmark``) and
+interleaved, on the wall clock (which sees a GPU's work) and CPU time (steadier on a busy CPU).
 """
 
 from __future__ import annotations
@@ -36,7 +16,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_lib.validation import (
-    WrongTypeError,
     available_device as as_device,
     choice,
     fields,
@@ -47,13 +26,12 @@ from course_lib.validation import (
     text,
 )
 
-#: The clocks a :class:`StepTimes` reads (auto: wall clock on CUDA and MPS, CPU time on the CPU).
+#: The clocks of :func:`step_times`' result (auto: wall clock on CUDA and MPS, CPU time on a CPU).
 CLOCKS = ("auto", "wall", "cpu")
 
 
 def synchronize(device: str | torch.device = "cpu") -> None:
-    """Wait for the work queued on ``device``: CUDA and MPS run kernels asynchronously, the CPU
-    has nothing queued."""
+    """Wait for the work queued on ``device`` (CUDA and MPS run kernels asynchronously)."""
     device = as_device("device", device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -62,7 +40,7 @@ def synchronize(device: str | torch.device = "cpu") -> None:
 
 
 @dataclass(frozen=True)
-class StepTimes:
+class _StepTimes:
     """Seconds of every timed run of each step, wall clock and CPU time."""
 
     wall: dict[str, list[float]]
@@ -70,7 +48,7 @@ class StepTimes:
     device: str
 
     def seconds(self, clock: str = "auto") -> dict[str, list[float]]:
-        """Every run's seconds on one clock."""
+        """Every run's seconds on one of :data:`CLOCKS`."""
         clock = choice("clock", clock, CLOCKS)
         if clock == "auto":
             clock = "cpu" if self.device == "cpu" else "wall"
@@ -85,8 +63,7 @@ class StepTimes:
         return {name: min(t) for name, t in self.seconds(clock).items()}
 
     def ratio(self, name: str, baseline: str, clock: str = "auto") -> float:
-        """How many times longer step ``name`` takes than step ``baseline``: the median of the
-        per-round ratios (each round ran both close together, so a drift cancels)."""
+        """The median per-round ratio of step ``name``'s time to ``baseline``'s (drift cancels)."""
         runs = self.seconds(clock)
         name, baseline = choice("name", name, list(runs)), choice("baseline", baseline, list(runs))
         return statistics.median(a / b for a, b in zip(runs[name], runs[baseline], strict=True))
@@ -117,19 +94,17 @@ class _Deadline(TorchDispatchMode):
         super().__init__()
         self.limit, self.what = limit, what
         self.start = time.perf_counter()
-        self.deadline = self.start + limit
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         now = time.perf_counter()
-        if now > self.deadline:
+        if now > self.start + self.limit:
             raise TimeLimitExceeded(self.limit, now - self.start, self.what)
         return func(*args, **(kwargs or {}))
 
 
 def within_seconds(fn: Callable[[], object], seconds: float, *,
                    what: str = "the work") -> tuple[object, float]:
-    """Run ``fn()``, stopped at the first PyTorch op past ``seconds`` (every op looks at the
-    clock); its result and wall time."""
+    """Run ``fn()``, stopped at the first PyTorch op past ``seconds``; its result and wall time."""
     function("fn", fn)
     seconds = number("seconds", seconds, above=0.0, maximum=MAX_LIMIT_SECONDS)
     text("what", what)
@@ -144,39 +119,19 @@ def within_seconds(fn: Callable[[], object], seconds: float, *,
 
 def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1,
                before: Callable[[str], object] | None = None,
-               device: str | torch.device = "cpu") -> StepTimes:
-    """Time each step of ``steps`` ``repeats`` times, warmed up, synchronized and interleaved.
-
-    Each step runs ``warmup`` times untimed; then ``repeats`` rounds time every step once, the
-    order rotated by one step per round (round ``r`` starts with step ``r mod len(steps)``).
-    Each timed run is ``synchronize(device)``, clocks read, ``step()``,
-    ``synchronize(device)``, clocks read. ``before(name)``, when given, runs untimed before
-    every run of step ``name`` (to switch a shared model to that step's policy, or to clear
-    gradients).
-
+               device: str | torch.device = "cpu") -> _StepTimes:
+    """Time each step ``repeats`` times after ``warmup`` untimed runs, synchronized, round ``r``
+    starting with step ``r mod len(steps)``; ``before(name)`` runs untimed before each run.
     Args:
-        steps (Mapping[str, Callable[[], object]]): the steps by name, each a call with no
-            arguments.
-        repeats (int): timed runs per step, from 1 to :data:`MAX_RUNS`.
-        warmup (int): untimed runs per step before the first timed one, from 0 to
-            :data:`MAX_RUNS`.
-        before (Callable[[str], object], optional): run, untimed, before each run of a step.
-        device (str or torch.device): where the steps run; on ``"cuda"`` and ``"mps"`` every
-            timed run waits for the device's queue (:func:`synchronize`).
-
+        steps (mapping of str to callable): the steps by name, each without arguments.
+        repeats (int): timed runs of each step.
+        warmup (int): untimed runs of each step first.
+        before (callable, optional): called with the step's name.
+        device (torch.device or str): the device to synchronize.
     Returns:
-        StepTimes: every run's wall-clock and CPU seconds.
-
+        every run's seconds: ``seconds(clock)``, ``median``, ``best``, ``ratio``.
     Raises:
-        ValueError: ``steps`` empty or holding a non-callable, ``repeats`` or ``warmup`` out of
-            range,
-            ``before`` not callable, or a bad ``device``.
-
-    Example:
-        >>> a = torch.ones(64, 64)
-        >>> times = step_times({"matmul": lambda: a @ a}, repeats=3)
-        >>> len(times.seconds()["matmul"]), list(times.median())
-        (3, ['matmul'])
+        ValueError: naming the argument, for a value out of range.
     """
     if not isinstance(steps, Mapping) or not steps:
         raise ValueError(f"steps must be a non-empty mapping of name -> callable, got {steps!r}")
@@ -184,48 +139,36 @@ def step_times(steps: Mapping[str, Callable[[], object]], *, repeats: int = 5, w
         function(f"steps[{name!r}]", step)
     repeats = positive_int("repeats", repeats, maximum=MAX_RUNS)
     warmup = integer("warmup", warmup, minimum=0, maximum=MAX_RUNS)
-    function("before", before, optional=True)
+    before = function("before", before, optional=True) or (lambda name: None)
     device = as_device("device", device)
     names = list(steps)
-
-    def prepare(name: str) -> None:
-        if before is not None:
-            before(name)
-
     for name in names:
         for _ in range(warmup):
-            prepare(name)
+            before(name)
             steps[name]()
     wall = {name: [] for name in names}
     cpu = {name: [] for name in names}
     for r in range(repeats):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            prepare(name)
+            before(name)
             synchronize(device)
             wall_start, cpu_start = time.perf_counter(), time.process_time()
             steps[name]()
             synchronize(device)
             wall[name].append(time.perf_counter() - wall_start)
             cpu[name].append(time.process_time() - cpu_start)
-    return StepTimes(wall, cpu, device.type)
+    return _StepTimes(wall, cpu, device.type)
 
 
-#: What :func:`split_by_class` sorts a step's time into.
-KERNEL_CLASSES = ("matmul", "attention", "fused kernel", "other pointwise", "optimizer")
-#: The matmul ops by the profiler's names (``linear`` and ``matmul`` hold their ``mm``).
+_KERNEL_CLASSES = ("matmul", "attention", "fused kernel", "other pointwise", "optimizer")
+# ``linear`` and ``matmul`` hold their ``mm``.
 _MATMUL_NAMES = frozenset(f"aten::{name}" for name in (
     "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_addmm_activation"))
 
 
 def _kernel_class(name: str) -> str | None:
-    """The class of a profiler event, by its name; None for an event that names no class.
-
-    ``Optimizer.step#...``/``zero_grad#...``: "optimizer"; ``course::`` ops: "fused kernel";
-    ``scaled_dot_product`` in the name: "attention"; :data:`_MATMUL_NAMES`: "matmul".
-    """
-    if not isinstance(name, str):
-        raise WrongTypeError(f"name must be a str, got {type(name).__name__}")
+    """The kernel class a profiler event's name names, or None."""
     if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
         return "optimizer"
     if name.startswith("course::"):
@@ -237,7 +180,8 @@ def _kernel_class(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class TimeSplit:
-    """One step's time by kernel class (:func:`split_by_class`)."""
+    """One step's seconds by kernel class (matmul, attention, fused kernel, other pointwise,
+    optimizer), on the ``"cpu"`` or ``"device"`` clock (:func:`profile_step`)."""
 
     seconds: dict
     clock: str
@@ -245,8 +189,8 @@ class TimeSplit:
     def __post_init__(self):
         fields(self, seconds=dict, clock=("cpu", "device"))
         for name, seconds in self.seconds.items():
-            if name not in KERNEL_CLASSES:
-                raise ValueError(f"TimeSplit.seconds must have keys of {KERNEL_CLASSES}, got "
+            if name not in _KERNEL_CLASSES:
+                raise ValueError(f"TimeSplit.seconds must have keys of {_KERNEL_CLASSES}, got "
                                  f"{name!r}")
             if isinstance(seconds, bool) or not isinstance(seconds, int | float):
                 raise TypeError(f"TimeSplit.seconds[{name!r}] must be a number, got "
@@ -266,20 +210,8 @@ class TimeSplit:
         return {name: (t / total if total else 0.0) for name, t in self.seconds.items()}
 
 
-def split_by_class(events: Iterable, *, device_time: bool = False) -> TimeSplit:
-    """Sort the self time of profiler events (µs) into :data:`KERNEL_CLASSES`: each event's own
-    time goes to the class of its outermost ancestor that has one (:func:`_kernel_class`), the
-    rest to "other pointwise"; a checkpoint's rerun counts as what it runs."""
-    if not isinstance(device_time, bool):
-        raise WrongTypeError(f"device_time must be True or False, got {device_time!r}")
-    try:
-        events = list(events) if not isinstance(events, str | bytes) else None
-    except TypeError:
-        events = None
-    if events is None or not all(isinstance(getattr(e, "name", None), str)
-                                 and hasattr(e, "cpu_parent") for e in events):
-        raise ValueError("events must be a profiler's events (prof.events()), each with a name "
-                         "and a cpu_parent")
+def _split_by_class(events: Iterable, *, device_time: bool = False) -> TimeSplit:
+    """Profiler events' self time, each under its outermost ancestor's kernel class."""
     seconds = Counter()
     attribute = "self_device_time_total" if device_time else "self_cpu_time_total"
     for event in events:
@@ -287,34 +219,27 @@ def split_by_class(events: Iterable, *, device_time: bool = False) -> TimeSplit:
         while node is not None:
             outermost = _kernel_class(node.name) or outermost
             node = node.cpu_parent
-        seconds[outermost] += getattr(event, attribute, 0) / 1e6
-    return TimeSplit({c: seconds[c] for c in KERNEL_CLASSES}, "device" if device_time else "cpu")
+        seconds[outermost] += getattr(event, attribute, 0) / 1e6  # µs
+    return TimeSplit({c: seconds[c] for c in _KERNEL_CLASSES}, "device" if device_time else "cpu")
 
 
 def profile_step(step: Callable[[], object], *, device: str | torch.device = "cpu") -> TimeSplit:
-    """Run ``step()`` once under ``torch.profiler`` and split its time by kernel class.
-
-    Warm the step up first (the first run pays one-off costs). On CUDA the profiler records the
-    kernels too and the split is their device time (:func:`split_by_class` with
-    ``device_time=True``); elsewhere the ops' CPU time.
-
+    """Run ``step()`` (warmed up) under ``torch.profiler``: each op's own time by its outermost
+    op's kernel class (the kernels' device time on CUDA, the ops' CPU time elsewhere).
     Args:
-        step (callable): one training step, called with no arguments.
-        device (str or torch.device): where it runs.
-
+        step (callable): the step, without arguments; warm it up with a run before.
+        device (torch.device or str): where it runs.
     Returns:
-        TimeSplit: seconds per class of :data:`KERNEL_CLASSES`.
-
+        TimeSplit: the seconds by kernel class (``total``, ``shares()``).
     Raises:
-        ValueError: naming ``step`` (not callable) or ``device``.
+        ValueError: naming ``step`` or ``device``, for one of the wrong kind.
     """
     function("step", step)
     device = as_device("device", device)
     from torch.profiler import ProfilerActivity, profile
 
-    # Kineto, the profiler's engine, prints a timestamped start and stop line at every profile
-    # (its highest log level, 5); a level above it keeps a notebook's outputs reproducible. The
-    # caller's environment comes back as it was.
+    # Kineto prints a timestamped line at every profile (its level 5); a level above it keeps a
+    # notebook's outputs reproducible. The caller's environment comes back as it was.
     before = os.environ.get("KINETO_LOG_LEVEL")
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     cuda = device.type == "cuda"
@@ -327,8 +252,4 @@ def profile_step(step: Callable[[], object], *, device: str | torch.device = "cp
     finally:
         if before is None:
             os.environ.pop("KINETO_LOG_LEVEL", None)
-    return split_by_class(prof.events(), device_time=cuda)
-
-
-__all__ = ["CLOCKS", "KERNEL_CLASSES", "TimeSplit", "profile_step",
-           "split_by_class", "synchronize", "StepTimes", "step_times"]
+    return _split_by_class(prof.events(), device_time=cuda)

@@ -1,7 +1,6 @@
 """The model: the course GPT, its presets, its toy data, and how PyTorch runs it.
 
-Its modules, in the order they build on one another (a module imports only the ones above it
-here, the top modules of :mod:`course_lib` and the wings above this one):
+Each module imports only the ones above it, the top modules and the wings above this one:
 
 ====================  ==============================================================================
 ``fused``             05: the course's own Triton kernels (bias-dropout-add, bias + GELU), one op to a policy

@@ -1,30 +1,11 @@
-"""The course's own GPU kernels, in Triton: each keeps fewer bytes, or no more, than the PyTorch
-ops it replaces, because its backward pass recomputes what they store.
+"""05: the course's own Triton kernels, whose backward recomputes what the PyTorch ops store.
 
-* :func:`bias_dropout_add`, Megatron-LM's ``residual + dropout(x + bias, p)``: the unfused ops
-  keep the dropout's ``b x s x h`` mask; the kernel keeps its seed and draws the mask again in
-  its backward (Triton's "low-memory dropout" tutorial). Lecture 05's kernel;
-  ``GPTConfig(fused_residual=True)`` runs it in the course GPT.
-* :func:`bias_gelu`, the MLP's ``gelu(x + b)``: it keeps its input ``x``, as PyTorch's
-  ``gelu(addmm(...))`` does, and recomputes ``gelu'`` in its backward, another op
-  (``course::bias_gelu_backward``); ``GPTConfig(fused_mlp=True)`` runs it.
-
-Registered with :func:`torch.library.custom_op`, a kernel is one op to autograd and to a
-selective-checkpointing policy, which can save its output or recompute it; a plain
-:class:`torch.autograd.Function` shows the policy its body's ``aten`` ops instead.
-
-Where they run: compiled on CUDA with Triton (Colab's T4 included); on the CPU through
-Triton's interpreter (``TRITON_INTERPRET=1``: slow, keep sizes small, same ops, saved tensors
-and gradients); elsewhere (MPS, macOS, Windows, no Triton) as plain PyTorch inside the same
-ops, with the same saved tensors (the mask from a seeded ``torch.Generator``).
-
-:data:`OPS` maps a name to ``(op, reference, example)``; :func:`source` returns a kernel's
-source as text.
-
-References: Korthikanti et al. 2022 and Megatron-LM's ``bias_dropout_add_fused_train``;
-Triton's "low-memory dropout" tutorial (``tl.rand(seed, offsets)``); Salmon et al. 2011
-(Philox, the counter-based generator behind ``tl.rand``); Hendrycks & Gimpel 2016 (GELU);
-Dao et al. 2022 (FlashAttention: recompute inside a kernel).
+:func:`bias_dropout_add` (Megatron-LM's, ``GPTConfig(fused_residual=True)``) keeps a seed where
+the unfused ops keep the dropout mask; :func:`bias_gelu` (``fused_mlp=True``) keeps its input, as
+``gelu(addmm(...))`` does, and recomputes ``gelu'``. Registered with
+:func:`torch.library.custom_op`, each is one op to a selective-checkpointing policy. They run
+compiled on CUDA, through Triton's interpreter on the CPU (``TRITON_INTERPRET=1``: slow, the same
+ops and saved tensors), elsewhere (MPS, no Triton) as plain PyTorch inside the same ops.
 """
 
 from __future__ import annotations
@@ -52,8 +33,7 @@ _KERNELS: dict | None = None
 
 @functools.cache
 def _triton_installed() -> bool:
-    """Whether Triton imports here (macOS and Windows have no wheels; a wheel built for another
-    platform may be installed and still fail): without it the ops run their PyTorch reference."""
+    """Whether Triton imports here (a wheel built for another platform may be installed and fail)."""
     if importlib.util.find_spec("triton") is None:
         return False
     try:
@@ -70,8 +50,8 @@ _SQRT_HALF = 1 / math.sqrt(2)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 
 
-def backend(device: torch.device | str) -> str:
-    """How :func:`bias_gelu` runs on ``device``."""
+def _backend(device: torch.device | str) -> str:
+    """How the kernels run on ``device``: "triton", "interpreter" (the CPU) or "reference"."""
     kind = as_device("device", device).type
     if not _triton_installed():
         return "reference"
@@ -117,8 +97,7 @@ def _kernels() -> dict:
             from triton.runtime.interpreter import InterpretedFunction
         except ImportError as exc:
             raise RuntimeError(f"Triton stopped importing: {exc}") from exc
-        kernels = {"forward": _forward, "backward": _backward, "dropout_add": _dropout_add,
-                   "dropout_backward": _dropout_backward}
+        kernels = _KERNEL_FUNCTIONS
         # the seed changes every call: one compiled kernel for all seeds
         _KERNELS = {"triton": {name: triton.jit(fn, do_not_specialize=["seed"] if "dropout" in name
                                                 else None) for name, fn in kernels.items()},
@@ -132,7 +111,7 @@ def _launch(name: str, out: Tensor, *tensors: Tensor) -> Tensor:
 
 def _run(name: str, out: Tensor, *args) -> Tensor:
     """Launch kernel ``name`` over ``out``'s elements with ``args``; returns ``out``."""
-    where = backend(out.device)
+    where = _backend(out.device)
     kernel = _kernels()[where][name]
     grid = (triton.cdiv(out.numel(), _BLOCK),)
     if where == "triton":
@@ -180,20 +159,15 @@ _SOURCES = ("forward", "backward", "dropout_add", "dropout_backward", "registrat
 
 
 def source(kernel: str = "forward") -> str:
-    """The source of a kernel, or of the op's registration, as a lecture shows it.
-
-    It is text: it reads the same where Triton is not installed.
-
+    """The source of a kernel, or of the op's registration, as text (it reads the same where
+    Triton is not installed): ``"forward"`` (``gelu(x + b)``), ``"backward"``, ``"dropout_add"``,
+    ``"dropout_backward"`` (the two kernels of :func:`bias_dropout_add`) or ``"registration"``.
     Args:
-        kernel (str): ``"forward"`` (``gelu(x + b)``), ``"backward"``
-            (``grad * gelu'(x + b)``), ``"dropout_add"`` and ``"dropout_backward"`` (the two
-            kernels of :func:`bias_dropout_add`), ``"registration"`` (its ``custom_op`` block).
-
+        kernel (str): one of the names above.
     Returns:
-        str: the Python source.
-
+        str: the source, dedented.
     Raises:
-        ValueError: naming ``kernel``, for another name.
+        ValueError: for another ``kernel``.
     """
     if kernel not in _SOURCES:
         raise ValueError(f"kernel must be one of {_SOURCES}, got {kernel!r}")
@@ -201,50 +175,40 @@ def source(kernel: str = "forward") -> str:
         text = inspect.getsource(inspect.getmodule(source))
         start = text.index('\n@torch.library.custom_op("course::bias_dropout_add"') + 1
         return text[start:text.index("\n# end of the registration", start)] + "\n"
-    kernels = {"forward": _forward, "backward": _backward, "dropout_add": _dropout_add,
-               "dropout_backward": _dropout_backward}
-    return textwrap.dedent(inspect.getsource(kernels[kernel]))
+    return textwrap.dedent(inspect.getsource(_KERNEL_FUNCTIONS[kernel]))
 
 
-def _check(x: Tensor, bias: Tensor, what: str = "x") -> None:
+def _check(x: Tensor, bias: Tensor) -> None:
+    """Refuse ``x`` and ``bias`` unless floating tensors of one dtype and device, ``bias`` 1-D."""
     if not isinstance(x, Tensor) or not isinstance(bias, Tensor):
-        raise ValueError(f"{what} and bias must be tensors, got {type(x).__name__} and "
+        raise ValueError(f"x and bias must be tensors, got {type(x).__name__} and "
                          f"{type(bias).__name__}")
     if bias.dim() != 1 or x.dim() < 1 or x.shape[-1] != bias.shape[0]:
-        raise ValueError(f"bias must be 1-D with {what}'s last dimension, got {what} "
-                         f"{tuple(x.shape)} and bias {tuple(bias.shape)}")
+        raise ValueError(f"bias must be 1-D with x's last dimension, got x {tuple(x.shape)} and "
+                         f"bias {tuple(bias.shape)}")
     if x.device != bias.device or not x.is_floating_point() or x.dtype != bias.dtype:
-        raise ValueError(f"{what} and bias must be floating tensors of one dtype on one device, "
+        raise ValueError(f"x and bias must be floating tensors of one dtype on one device, "
                          f"got {x.dtype} on {x.device} and {bias.dtype} on {bias.device}")
 
 
 @torch.library.custom_op("course::bias_gelu", mutates_args=())
 def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
-    """``gelu(x + bias)`` in one kernel (exact GELU, ``erf``), computed in fp32.
-
-    Autograd keeps only ``x`` and ``bias``: the backward recomputes ``gelu'(x + bias)``
-    (:data:`OPS`).
-    """
+    """``gelu(x + bias)`` in one kernel (exact GELU, ``erf``, in fp32); autograd keeps only ``x``
+    and ``bias``, the backward recomputes ``gelu'(x + bias)``."""
     _check(x, bias)
-    if backend(x.device) == "reference":
-        return reference(x, bias)
+    if _backend(x.device) == "reference":
+        return _reference(x, bias)
     return _launch("forward", torch.empty_like(x, memory_format=torch.contiguous_format),
                    x.contiguous(), bias.contiguous())
 
 
-@bias_gelu.register_fake
-def _(x, bias):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+bias_gelu.register_fake(lambda x, bias: torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
 @torch.library.custom_op("course::bias_gelu_backward", mutates_args=())
 def _bias_gelu_backward(grad: Tensor, x: Tensor, bias: Tensor) -> Tensor:
-    """``grad * gelu'(x + bias)``: the gradient of :func:`bias_gelu` for ``x``, recomputed from
-    the inputs in one kernel (the bias's gradient is its sum over the rows)."""
-    _check(x, bias)
-    if grad.shape != x.shape:
-        raise ValueError(f"grad must have x's shape {tuple(x.shape)}, got {tuple(grad.shape)}")
-    if backend(x.device) == "reference":
+    """``grad * gelu'(x + bias)``, recomputed from the inputs in one kernel."""
+    if _backend(x.device) == "reference":
         y = x.float() + bias.float()
         derivative = 0.5 * (1 + torch.erf(y * _SQRT_HALF)) + y * torch.exp(-0.5 * y * y) * (
             _INV_SQRT_2PI)
@@ -253,14 +217,8 @@ def _bias_gelu_backward(grad: Tensor, x: Tensor, bias: Tensor) -> Tensor:
                    grad.contiguous(), x.contiguous(), bias.contiguous())
 
 
-@_bias_gelu_backward.register_fake
-def _(grad, x, bias):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _bias_grad(grad_x: Tensor, bias: Tensor) -> Tensor:
-    # the bias's gradient: grad_x summed over the rows, accumulated in fp32
-    return grad_x.reshape(-1, bias.shape[0]).sum(0, dtype=torch.float32).to(bias.dtype)
+_bias_gelu_backward.register_fake(
+    lambda grad, x, bias: torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
 def _setup_context(ctx, inputs, output):
@@ -270,43 +228,21 @@ def _setup_context(ctx, inputs, output):
 def _backward_rule(ctx, grad):
     x, bias = ctx.saved_tensors
     grad_x = _bias_gelu_backward(grad, x, bias)
-    return grad_x, _bias_grad(grad_x, bias)
+    # the bias's gradient: grad_x summed over the rows, accumulated in fp32
+    return grad_x, grad_x.reshape(-1, bias.shape[0]).sum(0, dtype=torch.float32).to(bias.dtype)
 
 
 bias_gelu.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
-def reference(x: Tensor, bias: Tensor) -> Tensor:
-    """:func:`bias_gelu` in plain PyTorch: ``gelu(x + bias)`` in fp32, cast back to ``x``'s
-    dtype."""
+def _reference(x: Tensor, bias: Tensor) -> Tensor:
+    """:func:`bias_gelu` in plain PyTorch: ``gelu(x + bias)`` in fp32, cast back to ``x``'s dtype."""
     _check(x, bias)
     return torch.nn.functional.gelu(x.float() + bias.float()).to(x.dtype)
 
 
-class _UnregisteredBiasGelu(torch.autograd.Function):
-    """The same function as a plain ``autograd.Function``: correct, but not one op."""
-
-    @staticmethod
-    def forward(ctx, x, bias):
-        ctx.save_for_backward(x, bias)
-        return reference(x, bias)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, bias = ctx.saved_tensors
-        grad_x = _bias_gelu_backward(grad, x, bias)
-        return grad_x, _bias_grad(grad_x, bias)
-
-
-def _unregistered_bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
-    """:func:`bias_gelu` unregistered: a checkpointing policy sees its ``aten`` ops, not one op."""
-    _check(x, bias)
-    return _UnregisteredBiasGelu.apply(x, bias)
-
-
-def example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list:
-    """Inputs of :func:`bias_gelu`: ``x`` of shape ``(2, 8, 64)`` and a bias of 64, both
-    requiring grad, seeded."""
+def _example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list:
+    """Seeded inputs of :func:`bias_gelu` requiring grad: ``x`` ``(2, 8, 64)`` and a bias of 64."""
     device = as_device("device", device)
     dtype = as_dtype(dtype)
     if not dtype.is_floating_point:
@@ -348,17 +284,14 @@ def _dropout_backward(grad_ptr, out_ptr, n_elements, p, scale, seed, BLOCK: tl.c
 _SEED_LIMIT = 2**31
 
 
-def _reference_keep(shape, p: float, seed: int, device) -> Tensor:
-    # Without Triton: the mask from a torch.Generator seeded the same way (other numbers than
-    # Triton's Philox stream, the same contract: a seed kept, a mask redrawn).
-    generator = torch.Generator(device).manual_seed(seed)
-    return torch.rand(shape, generator=generator, device=device) >= p
-
-
 def _dropout_launch(name: str, out: Tensor, p: float, seed: int, *tensors: Tensor) -> Tensor:
+    """Run a dropout kernel (or its reference) into ``out``."""
     scale = 1 / (1 - p) if p < 1 else 0.0  # p = 1 drops everything
-    if backend(out.device) == "reference":
-        keep = _reference_keep(out.shape, p, seed, out.device)
+    if _backend(out.device) == "reference":
+        # Without Triton: the mask from a torch.Generator seeded the same way (other numbers than
+        # Triton's Philox stream, the same contract: a seed kept, a mask redrawn).
+        generator = torch.Generator(out.device).manual_seed(seed)
+        keep = torch.rand(out.shape, generator=generator, device=out.device) >= p
         if name == "dropout_backward":
             return torch.where(keep, tensors[0].float() * scale, 0.0).to(out.dtype)
         x, bias, residual = (t.float() for t in tensors)
@@ -406,6 +339,7 @@ _bias_dropout_add.register_autograd(_dropout_add_grads, setup_context=_keep_the_
 
 
 def _check_dropout(x, bias, residual, p, seed) -> None:
+    """Refuse what :func:`bias_dropout_add` cannot take, naming the parameter."""
     for name, value in (("x", x), ("bias", bias), ("residual", residual)):
         if not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
@@ -428,34 +362,19 @@ def bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float,
                      seed: int | None = None) -> Tensor:
     """``residual + dropout(x + bias, p)`` in one kernel: Megatron-LM's bias-dropout-add.
 
-    The unfused PyTorch ops, ``F.dropout(x + bias, p) + residual``, keep the dropout's mask
-    (a ``b x s x h`` tensor: ``bool`` on CUDA, ``x``'s dtype on the CPU) for the backward pass.
-    This op keeps two numbers, ``p`` and ``seed``: its forward kernel draws the mask from
-    ``tl.rand(seed, offsets)`` and its backward kernel draws the same mask again (Triton's
-    "low-memory dropout" tutorial). The sum ``x + bias`` is never written to memory.
-
-    Registered as ``torch.ops.course.bias_dropout_add`` (``source("registration")``), one op to
-    a selective-checkpointing policy. Without Triton (MPS, Windows, macOS), the same op runs a
-    PyTorch reference that draws its mask from a ``torch.Generator`` seeded with ``seed``: other
-    random numbers, the same bytes kept.
-
+    The unfused ops, ``F.dropout(x + bias, p) + residual``, keep the ``b x s x h`` mask for the
+    backward pass; this op keeps ``p`` and ``seed``: its forward kernel draws the mask from
+    ``tl.rand(seed, offsets)``, its backward draws it again (Triton's "low-memory dropout"
+    tutorial; Korthikanti et al. 2022). ``x`` is ``(..., n)`` (a matmul without its bias),
+    ``bias`` ``(n,)``, ``residual`` ``x``'s shape, dtype and device; ``p`` in ``[0, 1]``. The
+    ``seed``, in ``[0, 2**31)``, defaults to one drawn from PyTorch's CPU generator
+    (``torch.manual_seed`` makes it repeatable, and checkpointing's recomputation draws the same).
     Args:
-        x (Tensor): ``(..., n)``, floating point: the output of a matmul without its bias.
-        bias (Tensor): ``(n,)``, ``x``'s dtype and device.
-        residual (Tensor): ``x``'s shape, dtype and device.
-        p (float): the probability of dropping an element, in ``[0, 1]``.
-        seed (int or None): the mask's seed in ``[0, 2**31)``; None draws one from PyTorch's
-            CPU generator (``torch.manual_seed`` makes it repeatable, and checkpointing's
-            recomputation draws the same one).
-
+        x, bias, residual (Tensor): ``(..., n)``, ``(n,)`` and ``x``'s shape, dtype and device.
+        p (float): the drop probability, in ``[0, 1]``.
+        seed (int, optional): in ``[0, 2**31)``; default: drawn from PyTorch's CPU generator.
     Returns:
         Tensor: ``residual + dropout(x + bias, p)``, ``x``'s shape and dtype.
-
-    Raises:
-        TypeError: for a non-tensor, a ``p`` that is not a number or a ``seed`` that is not
-            an int.
-        ValueError: naming ``p`` (outside ``[0, 1]``), ``seed`` (outside ``[0, 2**31)``) or
-            the tensors (other shapes, dtypes or devices).
 
     Example:
         >>> bias_dropout_add(torch.ones(2, 4), torch.zeros(4), torch.zeros(2, 4), 0.5, seed=0)
@@ -481,19 +400,12 @@ def unfused_bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float
                              seed: int | None = None) -> Tensor:
     """The PyTorch ops :func:`bias_dropout_add` replaces, ``F.dropout(x + bias, p) + residual``.
 
-    With ``seed`` given, the mask is the op's own (:func:`dropout_mask`), applied by the same
-    three ops (an add, a multiply by the mask, an add): the reference the kernel is tested
-    against, forward and backward. Without, ``F.dropout`` draws its own.
-
+    With ``seed``, the mask is the op's own (:func:`dropout_mask`), applied by the same three ops:
+    the reference the kernel is tested against. Without, ``F.dropout`` draws its own.
     Args:
-        x, bias, residual, p: as :func:`bias_dropout_add`.
-        seed (int or None): the op's seed, or None for ``F.dropout``'s own mask.
-
+        x, bias, residual, p, seed: as :func:`bias_dropout_add`.
     Returns:
-        Tensor: ``residual + dropout(x + bias, p)``.
-
-    Raises:
-        TypeError, ValueError: as :func:`bias_dropout_add`.
+        Tensor: ``F.dropout(x + bias, p) + residual``.
     """
     _check_dropout(x, bias, residual, p, 0 if seed is None else seed)
     if seed is None:
@@ -502,18 +414,12 @@ def unfused_bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float
     return (x + bias) * (dropout_mask(x, p, seed) * scale).to(x.dtype) + residual
 
 
-def _dropout_example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
-    """Seeded inputs of :func:`bias_dropout_add`: ``x``, ``bias``, ``residual``, ``p``, ``seed``."""
-    x, bias = example(device, dtype)
-    generator = torch.Generator().manual_seed(1)
-    residual = torch.randn(x.shape, generator=generator).to(device=x.device, dtype=dtype)
-    return [x, bias, residual.requires_grad_(), 0.25, 1234]
-
-
 #: The course's fused ops: ``name -> (op, reference, example)``.
 OPS: dict[str, tuple[torch._ops.OpOverload, Callable, Callable]] = {
-    "bias_gelu": (torch.ops.course.bias_gelu.default, reference, example),
+    "bias_gelu": (torch.ops.course.bias_gelu.default, _reference, _example),
 }
+_KERNEL_FUNCTIONS = {"forward": _forward, "backward": _backward, "dropout_add": _dropout_add,
+                     "dropout_backward": _dropout_backward}
 
-__all__ = ["OPS", "backend", "bias_dropout_add", "bias_gelu", "dropout_mask", "example",
-           "reference", "source", "unfused_bias_dropout_add"]
+__all__ = ["OPS", "bias_dropout_add", "bias_gelu", "dropout_mask", "source",
+           "unfused_bias_dropout_add"]

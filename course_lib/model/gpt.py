@@ -1,18 +1,10 @@
-"""The course GPT: a small, readable, nanoGPT-style decoder-only transformer.
+"""01-08: the course GPT, a small, readable, nanoGPT-style decoder-only transformer.
 
-Pre-LayerNorm blocks ``x + attn(ln1(x))``, ``x + mlp(ln2(x))`` with a 4h GELU MLP, learned
-position embeddings and a head tied to the token embedding (Radford et al. 2019; Karpathy's
-nanoGPT ``model.py``): the model lectures 1-7 measure, close to the one Korthikanti et al.
-(2022) count activations for. The attention is selectable because it changes activation memory:
-
-* ``attention="explicit"``: ``softmax(QK^T / sqrt(d_head))`` written out, which keeps the
-  ``n_heads * T * T`` scores and probabilities (and their dropout mask);
-* ``attention="sdpa"``: ``torch.nn.functional.scaled_dot_product_attention``, whose fused kernels
-  recompute the scores in the backward pass and keep ``O(T)`` statistics per head.
-
-Hooks later lectures use: ``GPT.blocks`` (an ``nn.ModuleList``), ``GPT.run_blocks(x)``
-(checkpointing replaces it per instance), ``CausalSelfAttention.core(q, k, v)`` (the attention
-core alone, what Megatron's "selective" recomputation recomputes).
+Pre-LayerNorm blocks with a 4h GELU MLP, learned position embeddings and a head tied to the
+token embedding (Radford et al. 2019; Karpathy's nanoGPT ``model.py``), the model Korthikanti
+et al. (2022) count activations for. Hooks later lectures use: ``GPT.blocks``,
+``GPT.run_blocks(x)`` (checkpointing replaces it per instance) and
+``CausalSelfAttention.core(q, k, v)`` (what "selective" recomputation recomputes).
 """
 
 from __future__ import annotations
@@ -38,8 +30,7 @@ from course_lib.validation import (
 
 #: The course GPT's attention: written out op by op, or ``F.scaled_dot_product_attention``.
 ATTENTION_KINDS = ("explicit", "sdpa")
-#: The largest value of each size of a :class:`GPTConfig` (well above any real model's:
-#: vocabularies of 256k tokens, contexts of 1M, widths of 65536, 1024 layers).
+#: The largest value of each size of a :class:`GPTConfig` (well above any real model's).
 CONFIG_MAXIMUM = {"vocab_size": 2**22, "seq_len": 2**20, "d_model": 2**16, "n_heads": 2**12,
                   "n_layers": 2**10}
 #: Seeds are what ``torch.Generator.manual_seed`` takes without wrapping around.
@@ -50,62 +41,37 @@ MAX_SEED = 2**63 - 1
 class GPTConfig:
     """Shape of a course GPT; every field is validated (``ValueError`` names the field).
 
-    Sizes are ints (never bools or floats) from 1 to :data:`CONFIG_MAXIMUM`; ``dropout`` a
-    finite number in ``[0, 1)``; ``attention`` one of :data:`ATTENTION_KINDS`; ``bias`` a bool.
-    Frozen: a changed shape is a new config (``dataclasses.replace(config, n_layers=4)``, checked
-    again), and a config is hashable, so the planners' caches are keyed by the config itself.
-    Each field's comment says what it does and why one would change it.
-
+    Sizes are ints from 1 to :data:`CONFIG_MAXIMUM`, ``d_model`` divisible by ``n_heads``;
+    ``dropout`` in ``[0, 1)``; ``attention`` one of :data:`ATTENTION_KINDS`. Frozen and hashable:
+    change a shape with ``dataclasses.replace(config, n_layers=4)``.
     Raises:
-        ValueError: naming the field, for a size that is not an int from 1 to its
-            :data:`CONFIG_MAXIMUM`, a ``d_model`` not divisible by ``n_heads``, a ``dropout``
-            outside ``[0, 1)``, an unknown ``attention`` or a non-bool ``bias``.
-
-    Example:
-        >>> GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
-        GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12,
-                  dropout=0.0, ...)
+        ValueError: naming the field, for a wrong type or a value out of range.
     """
 
-    #: Tokens in the vocabulary (GPT-2: 50257). The embedding, tied to the LM head, has
-    #: ``vocab_size * d_model`` parameters, and the logits ``B * T * vocab_size`` elements:
-    #: with a large vocabulary the logits are the largest activation (lecture 08's chunked loss).
+    #: Tokens in the vocabulary (GPT-2: 50257); the logits, ``B * T * vocab_size``, are the
+    #: largest activation (lecture 08's chunked loss).
     vocab_size: int = 256
-    #: Context length T, the most tokens per sequence (GPT-2: 1024). It sizes the position
-    #: embedding; activations grow linearly with it, and with ``attention="explicit"`` the
-    #: score matrices quadratically.
+    #: Context length T (GPT-2: 1024); the explicit attention's scores grow as ``T^2``.
     seq_len: int = 64
-    #: Width h of the residual stream (GPT-2 small: 768). Parameters grow as ``12 h^2`` per
-    #: layer, activations linearly with it.
+    #: Width h of the residual stream (GPT-2 small: 768): ``12 h^2`` parameters per layer.
     d_model: int = 64
-    #: Attention heads (GPT-2 small: 12); must divide ``d_model``. Changes no parameter count,
-    #: but the explicit attention keeps ``n_heads * T * T`` scores per layer.
+    #: Attention heads (GPT-2 small: 12): no parameter, but ``n_heads * T * T`` explicit scores.
     n_heads: int = 4
-    #: Transformer blocks L (GPT-2 small: 12); parameters and activation memory grow linearly
-    #: with it, and it is the unit checkpointing works in.
+    #: Transformer blocks L (GPT-2 small: 12), the unit checkpointing works in.
     n_layers: int = 2
-    #: Dropout probability in ``[0, 1)`` on the embeddings, the attention probabilities and
-    #: the residual branches. 0 (the default; nanoGPT's for pretraining, 0.1 and more for
-    #: fine-tuning) keeps no masks; above 0 the dropout layers keep their masks for the
-    #: backward pass (more activation memory).
+    #: Dropout on the embeddings, attention probabilities and residual branches; above 0 the
+    #: dropout layers keep their masks for the backward pass.
     dropout: float = 0.0
-    #: ``"sdpa"`` (PyTorch's fused attention, O(T) saved per head) or ``"explicit"``
-    #: (``softmax(QK^T / sqrt(d_head))`` written out, keeping the T x T matrices, as
-    #: Korthikanti et al. count them). Change it to see what the fused kernel saves.
+    #: ``"sdpa"`` (PyTorch's fused attention) or ``"explicit"`` (keeps the T x T matrices).
     attention: str = "sdpa"
-    #: Biases in the Linear layers and LayerNorms, as GPT-2 has; False is a little smaller
-    #: and, as nanoGPT notes, a little better and faster.
+    #: Biases in the Linear layers and LayerNorms, as GPT-2 has.
     bias: bool = True
-    #: The MLP's bias add and GELU as the course's own fused kernel
-    #: (:func:`course_lib.model.fused.bias_gelu` on ``x @ W.T``) instead of ``gelu(addmm)``: the same
-    #: parameters, state dict and values, and one op a checkpoint policy can save or recompute
-    #: (lecture 05). Needs ``bias=True``.
+    #: The MLP's bias and GELU as the course kernel :func:`course_lib.model.fused.bias_gelu`,
+    #: one op a checkpoint policy can save or recompute (lecture 05). Needs ``bias=True``.
     fused_mlp: bool = False
-    #: Each residual add, ``x + dropout(proj(h))`` after attention and after the MLP, as the
-    #: course's kernel :func:`course_lib.model.fused.bias_dropout_add` on ``h @ W.T`` (the
-    #: projection's bias moves into the kernel, as in Megatron-LM): the same parameters, and no
-    #: dropout mask kept, since the kernel's backward draws it again from a seed. Needs
-    #: ``bias=True``.
+    #: Each residual add as the course kernel :func:`course_lib.model.fused.bias_dropout_add`
+    #: (the projection's bias moves into it, as in Megatron-LM): no dropout mask kept, the
+    #: backward draws it again from a seed. Needs ``bias=True``.
     fused_residual: bool = False
 
     def __post_init__(self):
@@ -146,11 +112,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(config.dropout)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal attention of ``(B, heads, T, d_head)`` tensors: the part with T x T intermediates.
-
-        ``softmax(QK^T / sqrt(d_head)) V``, written out for ``attention="explicit"``, else
-        ``F.scaled_dot_product_attention``: what Megatron's "selective" recomputation recomputes.
-        """
+        """``softmax(QK^T / sqrt(d_head)) V`` of ``(B, heads, T, d_head)`` tensors, causal."""
         if self.kind == "sdpa":
             p = self.dropout if self.training else 0.0
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
@@ -161,8 +123,7 @@ class CausalSelfAttention(nn.Module):
         return self.attn_drop(scores.softmax(dim=-1)) @ v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Attention of ``x``: QKV projection, :meth:`core` per head, output projection, dropout
-        (with ``config.fused_residual``: the projection's ``h @ W.T`` only, see :class:`Block`)."""
+        """QKV projection, :meth:`core` per head, output projection and dropout."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
@@ -173,12 +134,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """The 4h GELU feed-forward network: ``Linear(h, 4h)``, GELU, ``Linear(4h, h)``, dropout.
-
-    ``config.fused_mlp`` runs bias and GELU as ``bias_gelu(x @ W.T, b)``
-    (:mod:`course_lib.model.fused`); ``config.fused_residual`` leaves the bias and the dropout
-    to the block's residual add.
-    """
+    """The 4h GELU feed-forward network: ``Linear(h, 4h)``, GELU, ``Linear(4h, h)``, dropout."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -205,12 +161,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One pre-LayerNorm transformer layer: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``.
 
-    With ``config.fused_residual`` each add is the course's kernel
-    ``bias_dropout_add(branch, proj.bias, x, dropout)`` (:mod:`course_lib.model.fused`), the branch
-    ending at its projection's ``h @ W.T``; its dropout (training mode only) keeps a seed, not a mask.
-
+    With ``config.fused_residual`` each add is ``fused.bias_dropout_add(branch, proj.bias, x, p)``,
+    whose dropout keeps a seed, not a mask.
     Args:
-        config (GPTConfig): the shape of the layer.
+        config (GPTConfig): the model's shape.
     """
 
     def __init__(self, config: GPTConfig):
@@ -223,13 +177,11 @@ class Block(nn.Module):
         self.fused_residual, self.dropout = config.fused_residual, config.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The layer applied to ``x``.
-
+        """The layer applied to ``(B, T, d_model)`` activations.
         Args:
             x (torch.Tensor): ``(B, T, d_model)`` activations.
-
         Returns:
-            torch.Tensor: ``(B, T, d_model)``.
+            torch.Tensor: the layer's output, ``x``'s shape.
         """
         if not self.fused_residual:
             x = x + self.attn(self.ln1(x))
@@ -249,16 +201,11 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """``model(idx)`` -> logits ``(B, T, vocab)``; ``model(idx, targets)`` -> ``(logits, loss)``.
 
-    ``loss`` is the mean cross-entropy over target tokens that are not
-    ``ignore_index`` (-100), as ``F.cross_entropy`` computes it. Weights are initialised as
-    GPT-2's (normal with std 0.02, zero biases); the LM head is tied to the token embedding.
-
-    The forward pass never waits for the device: token ids out of range raise ``ValueError``
-    on the CPU (where the embedding's ``IndexError`` is caught), while on a GPU reading them
-    would stall the host every step, so they are checked only with ``check_ids = True`` (a
-    debug switch; without it a bad id is a CUDA device-side assert, as in any PyTorch model).
-    Ids are best checked on the host, where the data is made (:func:`check_batch`).
-
+    ``loss`` is the mean cross-entropy (in at least fp32) over targets that are not
+    ``ignore_index``, as ``F.cross_entropy``; GPT-2's initialisation (std 0.02). The forward never
+    waits for the device: ids out of range raise ``ValueError`` on the CPU, but on a GPU they are
+    read only with ``model.check_ids = True`` (else a bad id is a device-side assert, as in any
+    PyTorch model): check them on the host, where the data is made (:func:`check_batch`).
     Args:
         config (GPTConfig): the model's shape.
 
@@ -290,13 +237,11 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def run_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """Run the transformer blocks; activation checkpointing replaces this per instance.
-
+        """The transformer blocks on ``(B, T, d_model)``; checkpointing replaces this per instance.
         Args:
-            x (torch.Tensor): ``(B, T, d_model)`` embeddings.
-
+            x (torch.Tensor): the embeddings, ``(B, T, d_model)``.
         Returns:
-            torch.Tensor: ``(B, T, d_model)``, the last block's output.
+            torch.Tensor: the last block's output, ``x``'s shape.
         """
         for block in self.blocks:
             x = block(x)
@@ -304,23 +249,15 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 ignore_index: int = -100):
-        """Logits of ``idx``, and the loss when ``targets`` are given.
-
-        The loss is computed in at least fp32 (16-bit logits lose too much in log-softmax).
-
+        """Logits of ``(B, T)`` int64 ids ``idx``; ``(logits, loss)`` with int64 ``targets``.
         Args:
-            idx (torch.Tensor): ``(B, T)`` token ids, T at most ``config.seq_len``.
-            targets (torch.Tensor, optional): ``(B, T)`` next-token ids.
-            ignore_index (int): target value the loss skips (default -100, as ``F.cross_entropy``).
-
+            idx (torch.Tensor): ``(B, T)`` int64 (or int32) token ids, ``T <= config.seq_len``.
+            targets (torch.Tensor, optional): int64 ids of ``idx``'s shape.
+            ignore_index (int): a target id the loss skips.
         Returns:
-            torch.Tensor or tuple: logits ``(B, T, vocab_size)`` without ``targets``, else
-            ``(logits, loss)`` with ``loss`` a scalar tensor.
-
+            torch.Tensor or tuple: logits ``(B, T, vocab_size)``, or ``(logits, loss)``.
         Raises:
-            ValueError: if ``idx`` is not a non-empty 2-D int64 (or int32) tensor of ids in
-                ``[0, vocab_size)``, T exceeds ``config.seq_len``, or ``targets`` are not int64
-                ids of ``idx``'s shape (``ignore_index`` allowed).
+            ValueError: naming ``idx`` or ``targets``, for a wrong shape, dtype or id.
         """
         B, T = tensor("idx", idx, integral=True, dim=2).shape
         if T > self.config.seq_len:
@@ -388,29 +325,21 @@ def check_batch(model, inputs, targets, *, names: tuple = ("inputs", "targets"),
     if targets.shape != inputs.shape or targets.dtype != torch.int64:
         raise ValueError(f"{y_name} must be int64 of {x_name}'s shape {tuple(inputs.shape)}, got "
                          f"{targets.dtype} of shape {tuple(targets.shape)}")
-    if inputs.device.type != "cpu" or targets.device.type != "cpu":
-        return
-    vocab = config.vocab_size
-    low, high = int(inputs.min()), int(inputs.max())
-    if low < 0 or high >= vocab:
-        raise ValueError(f"{x_name} must hold token ids in [0, {vocab}), got ids from {low} to "
-                         f"{high}")
-    kept = targets[targets != ignore_index]
-    if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= vocab):
-        raise ValueError(f"{y_name} must hold token ids in [0, {vocab}) or ignore_index "
-                         f"({ignore_index}), got ids from {int(kept.min())} to {int(kept.max())}")
+    if inputs.device.type == "cpu" and targets.device.type == "cpu":
+        _check_ids(inputs, targets, config.vocab_size, ignore_index, names)
 
 
-def _check_ids(idx, targets, vocab: int, ignore_index: int) -> None:
-    """Raise ValueError naming ``idx`` or ``targets`` for a token id outside ``[0, vocab)``
-    (``ignore_index`` allowed among the targets)."""
+def _check_ids(idx, targets, vocab: int, ignore_index: int,
+               names: tuple = ("idx", "targets")) -> None:
+    """Refuse a token id outside ``[0, vocab)`` (``ignore_index`` allowed among the targets)."""
     low, high = int(idx.min()), int(idx.max())
     if low < 0 or high >= vocab:
-        raise ValueError(f"idx must hold token ids in [0, {vocab}), got ids from {low} to {high}")
+        raise ValueError(f"{names[0]} must hold token ids in [0, {vocab}), got ids from {low} to "
+                         f"{high}")
     if targets is not None:
         kept = targets[targets != ignore_index]
         if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= vocab):
-            raise ValueError(f"targets must hold token ids in [0, {vocab}) or ignore_index "
+            raise ValueError(f"{names[1]} must hold token ids in [0, {vocab}) or ignore_index "
                              f"({ignore_index}), got ids from {int(kept.min())} to "
                              f"{int(kept.max())}")
 
@@ -419,43 +348,19 @@ def check_config(config, name: str = "config") -> GPTConfig:
     """``config`` if it is a :class:`GPTConfig` (the check every function taking one makes)."""
     if not isinstance(config, GPTConfig):
         raise WrongTypeError(f"{name} must be a course_lib.model.gpt.GPTConfig, got "
-                         f"{type(config).__name__}")
+                             f"{type(config).__name__}")
     return config
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Number of distinct parameter elements (a tied weight counts once); works on ``meta``.
-
-    Args:
-        model (torch.nn.Module): any module.
-
-    Returns:
-        int: ``sum(p.numel() for p in model.parameters())``.
-
-    Raises:
-        ValueError: naming ``model``, for a non-module.
-    """
-    if not isinstance(model, nn.Module):
-        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return sum(p.numel() for p in model.parameters())
-
-
 def gpt_param_count(config: GPTConfig) -> int:
-    """Closed form for :class:`GPT`: ``V*h + T*h + L*(12h^2 + 13h) + 2h`` with biases.
+    """Parameters of ``GPT(config)``, closed form: ``V*h + T*h + L*(12h^2 + 13h) + 2h``.
 
-    Per layer: QKV ``3h^2 + 3h``, output projection ``h^2 + h``, MLP ``8h^2 + 5h``,
-    two LayerNorms ``4h``; the head is tied to the embedding; the final LayerNorm
-    adds ``2h``. Without biases: ``L*12h^2`` and LayerNorm weights only.
-
+    Per layer: QKV ``3h^2 + 3h``, projection ``h^2 + h``, MLP ``8h^2 + 5h``, LayerNorms ``4h``;
+    the head is tied to the embedding. Without biases: ``L*12h^2`` and LayerNorm weights only.
     Args:
-        config (GPTConfig): the model's shape (V = ``vocab_size``, T = ``seq_len``,
-            h = ``d_model``, L = ``n_layers``).
-
+        config (GPTConfig): the model's shape.
     Returns:
-        int: the parameters, equal to ``count_parameters(GPT(config))``.
-
-    Raises:
-        ValueError: naming ``config``, for anything but a :class:`GPTConfig`.
+        int: the parameter count.
 
     Example:
         >>> gpt_param_count(GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12,
@@ -466,28 +371,18 @@ def gpt_param_count(config: GPTConfig) -> int:
 
 
 #: The linear layers of a block, ``(name, in, out)`` in units of ``d_model``, in forward order:
-#: the one place the block's shape is written (:func:`param_numels`, LoRA's adapters, the
-#: FLOPs a frozen model skips).
+#: the one place the block's shape is written.
 BLOCK_SHAPES = (("attn.qkv", 1, 3), ("attn.proj", 1, 1), ("mlp.fc", 1, 4), ("mlp.proj", 4, 1))
 
 
 def param_numels(config: GPTConfig) -> list[int]:
-    """Elements of each parameter tensor of ``GPT(config)``, in ``model.parameters()`` order.
-
-    Token and position embeddings (``V*h``, ``T*h``; the LM head is tied to the
-    first), then per block LayerNorm 1 (``h``, ``h``), QKV (``3h*h``, ``3h``),
-    out-projection (``h*h``, ``h``), LayerNorm 2, MLP (``4h*h``, ``4h``, ``4h*h``, ``h``),
-    then the final LayerNorm. Biases only when ``config.bias``. Sums to
-    :func:`gpt_param_count`; closed form, so planners can call it thousands of times.
-
+    """Elements of each parameter tensor of ``GPT(config)``, in ``model.parameters()`` order
+    (embeddings, each block's LayerNorm 1, QKV, projection, LayerNorm 2, MLP, the final
+    LayerNorm), by closed form, so that planners can call it thousands of times.
     Args:
         config (GPTConfig): the model's shape.
-
     Returns:
-        list of int: one element count per parameter tensor.
-
-    Raises:
-        ValueError: naming ``config``, for anything but a :class:`GPTConfig`.
+        list[int]: one count per parameter tensor.
     """
     h, bias = check_config(config).d_model, config.bias
 
@@ -502,22 +397,18 @@ def param_numels(config: GPTConfig) -> list[int]:
 
 def random_tokens(config: GPTConfig, batch_size: int, seq_len: int | None = None, *,
                   seed: int = 0, device: torch.device | str = "cpu"):
-    """``(inputs, targets)`` of random token ids, shifted by one as in language modelling.
-
+    """``(inputs, targets)``: two ``(batch_size, seq_len)`` int64 tensors of random ids, the
+    targets shifted by one as in language modelling (``seq_len`` defaults to the config's).
     Args:
-        config (GPTConfig): the model's shape (its ``vocab_size``; its ``seq_len`` if ``seq_len`` is
-            None).
-        batch_size (int): sequences, an int from 1 to 2**20.
-        seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len``.
-        seed (int): an int in ``[0, 2**63 - 1]``.
-        device (torch.device or str): where the tensors go (``"cpu"``, ``"cuda"``, a
-            ``torch.device``).
-
+        config (GPTConfig): the model the ids are for (``vocab_size``, ``seq_len``).
+        batch_size (int): sequences, 1 to 2**20.
+        seq_len (int, optional): tokens per sequence, at most ``config.seq_len``.
+        seed (int): the generator's seed, 0 to :data:`MAX_SEED`.
+        device (torch.device or str): where the tensors go.
     Returns:
-        ``(inputs, targets)``, two ``(batch_size, seq_len)`` int64 tensors.
-
+        tuple[torch.Tensor, torch.Tensor]: ``(inputs, targets)``.
     Raises:
-        ValueError: naming the parameter, for a bad value.
+        ValueError: naming the argument, for a wrong type or a value out of range.
 
     Example:
         >>> x, y = random_tokens(GPTConfig(), 4, seed=1)

@@ -1,11 +1,8 @@
 """03: a toy language whose best possible loss is known exactly, for the lectures' training runs.
 
-:func:`markov_tokens` samples sequences from a random Markov chain in which
-each token has ``branching`` equally likely successors. A small GPT learns it
-in a few hundred steps, and no model can do better than ``ln(branching)`` nats
-per token (:func:`markov_entropy`): a training curve has a floor to aim at,
-which random tokens (``course_lib.model.gpt.random_tokens``, a floor of
-``ln(vocab_size)``, nothing to learn) do not give.
+:func:`markov_tokens` walks a random Markov chain in which each token has ``branching`` equally
+likely successors: a small GPT learns it in a few hundred steps, and no model beats
+``ln(branching)`` nats per token (:func:`markov_entropy`), a floor random tokens do not give.
 """
 
 from __future__ import annotations
@@ -24,9 +21,8 @@ MAX_SEQ_LEN, MAX_TOKENS = 2**17, 2**26
 #: Successors per token at most; and up to this vocabulary, one random permutation per token
 #: (the course's languages).
 MAX_BRANCHING, SMALL_VOCAB = 1024, 4096
-#: Above :data:`SMALL_VOCAB`, up to this many successors drawn independently (a row that
-#: repeats a token is redrawn); more, and each token's successors are an arithmetic progression
-#: with a random start and a random stride (distinct, with no vocab x branching table to draw).
+#: Above :data:`SMALL_VOCAB`, up to this many successors drawn independently; more, and each
+#: token's successors are an arithmetic progression (no vocab x branching table to draw).
 FEW_SUCCESSORS = 16
 
 
@@ -34,29 +30,19 @@ def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branc
                   seed: int = 0, device: torch.device | str = "cpu"):
     """``(inputs, targets)`` sampled from a random Markov chain: a toy language a small GPT can learn.
 
-    Each token has ``branching`` possible successors (drawn once from ``seed``),
-    each equally likely, so the best achievable loss is ``ln(branching)`` nats
-    per token (:func:`markov_entropy`), against ``ln(vocab_size)`` for a model
-    that knows nothing. Shapes ``(n_sequences, seq_len)``, targets shifted by one.
-
+    Each token has ``branching`` equally likely successors (drawn once from ``seed``): the best
+    loss is ``ln(branching)`` nats per token (:func:`markov_entropy`), against ``ln(vocab_size)``
+    for a model that knows nothing. Two ``(n_sequences, seq_len)`` int64 tensors, ``targets[:, t]``
+    the token after ``inputs[:, t]``.
     Args:
-        n_sequences (int): sequences, an int from 1 to 2**24.
-        seq_len (int): tokens per sequence, from 1 to :data:`MAX_SEQ_LEN`; ``n_sequences *
-            seq_len`` at most :data:`MAX_TOKENS`.
-        vocab_size (int): tokens of the language, from 1 to 2**18 (GPT-2's 50,257 included).
-        branching (int): successors per token, from 1 to ``vocab_size`` and
-            :data:`MAX_BRANCHING`.
-        seed (int): an int in ``[0, 2**63 - 1]``.
-        device (torch.device or str): where the tensors go (``"cpu"``, ``"cuda"``, a
-            ``torch.device``).
-
+        n_sequences, seq_len (int): the shape of each tensor.
+        vocab_size, branching (int): tokens in the language; successors of each (<= vocab_size).
+        seed (int): draws the chain and the walks.
+        device (torch.device or str): where the tensors go.
     Returns:
-        ``(inputs, targets)``, two ``(n_sequences, seq_len)`` int64 tensors;
-        ``targets[:, t]`` is the token after ``inputs[:, t]``.
-
+        tuple[torch.Tensor, torch.Tensor]: ``(inputs, targets)``.
     Raises:
-        ValueError: naming the parameter, for a bad value (a bool, a float, out of range,
-            ``device="gpu"``).
+        ValueError: naming the argument, for a wrong type or a value out of range.
 
     Example:
         >>> x, y = markov_tokens(2, 8, vocab_size=16, seed=0)
@@ -116,19 +102,14 @@ def _repeats(rows: torch.Tensor) -> torch.Tensor:
 
 
 def markov_entropy(branching: int = 2) -> float:
-    """The loss floor of :func:`markov_tokens`: ``ln(branching)`` nats per token.
-
-    The entropy of a uniform choice among ``branching`` successors (Shannon 1948);
-    the cross-entropy of any model on this language is at least that.
+    """The loss floor of :func:`markov_tokens`: ``ln(branching)`` nats per token (Shannon 1948).
 
     Args:
-        branching (int): successors per token, an int from 1 to 2**40.
-
+        branching (int): successors per token.
     Returns:
-        ``ln(branching)``, in nats per token (a float).
-
+        float: the entropy in nats per token.
     Raises:
-        ValueError: if ``branching`` is not a positive int.
+        ValueError: for a ``branching`` that is not an int from 1 to :data:`MAX_COUNT`.
 
     Example:
         >>> markov_entropy(2)  # ln 2

@@ -1,14 +1,10 @@
-"""Real model shapes to count (the GPUs they are meant to fit on are :data:`course_lib.device.GPUS`).
+"""01: published model shapes to count (the GPUs they are meant to fit on: :data:`course_lib.device.GPUS`).
 
-* :class:`Llama`, a Llama-style decoder (Touvron et al. 2023, "Llama 2: Open
-  Foundation and Fine-Tuned Chat Models"; Meta 2024, "The Llama 3 Herd of
-  Models"): RMSNorm, rotary position embeddings, grouped-query attention and a
-  SwiGLU MLP, no biases. It is small and readable; its job in the course is to
-  have exactly the parameter shapes of the published models.
-* :data:`PRESETS`: GPT-2 (as the course :class:`~course_lib.model.gpt.GPT`) and Llama
-  configurations with the parameter counts their publishers report, each a :class:`Preset`.
-* :func:`build_model` builds any of them on the ``meta`` device: shapes and dtypes
-  without storage, so that a 405B model is counted in a second on a laptop.
+:data:`PRESETS` holds GPT-2 (as the course :class:`~course_lib.model.gpt.GPT`) and Llama 2/3
+(a Llama-style decoder: RMSNorm, rotary embeddings, grouped-query attention, a SwiGLU MLP, no
+biases; Touvron et al. 2023, Meta 2024) with the parameter counts their checkpoints report.
+:func:`build_model` builds one on the ``meta`` device: shapes without storage, so that a 405B
+model is counted in a second on a laptop.
 """
 
 from __future__ import annotations
@@ -28,52 +24,29 @@ from course_lib.validation import (
     tensor,
 )
 
-#: The largest value of each size of a :class:`LlamaConfig` (the course GPT's maxima, and a
-#: SwiGLU width of up to 2**20; Llama 3.1 405B has 53,248).
+#: The largest value of each size of a Llama config (the course GPT's maxima, and a SwiGLU
+#: width of up to 2**20; Llama 3.1 405B has 53,248).
 LLAMA_MAXIMUM = {"vocab_size": CONFIG_MAXIMUM["vocab_size"], "d_model": CONFIG_MAXIMUM["d_model"],
                  "n_layers": CONFIG_MAXIMUM["n_layers"], "n_heads": CONFIG_MAXIMUM["n_heads"],
                  "n_kv_heads": CONFIG_MAXIMUM["n_heads"], "d_ff": 2**20,
                  "seq_len": CONFIG_MAXIMUM["seq_len"]}
-
-
-#: The largest RoPE base a config takes, 2**40: far above any published one (Llama 2 uses 10,000,
-#: Llama 3 500,000), a bound like every other field's that keeps a typo or an overflow out.
+#: The largest RoPE base a config takes, far above any published one (Llama 3: 500,000).
 MAX_ROPE_BASE = 2.0**40
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
-    """Shape of a Llama-style model; every field is validated (``ValueError`` names it).
+class _LlamaConfig:
+    """Shape of a Llama-style model; every field is validated (``ValueError`` names it)."""
 
-    ``d_ff`` is the SwiGLU hidden size (Llama 2 7B: 11008), ``n_kv_heads < n_heads`` is
-    grouped-query attention, ``tie_embeddings`` shares the embedding with the head (Llama 3.2
-    1B, 3B).
-    """
-
-    #: Tokens in the vocabulary (Llama 2: 32000, Llama 3: 128256). The embedding (and an
-    #: untied head) has ``vocab_size * d_model`` parameters: a large share of a small model.
-    vocab_size: int = 256
-    #: Width h of the residual stream (Llama 2 7B: 4096); parameters grow about as ``h^2``.
-    d_model: int = 64
-    #: Transformer blocks (Llama 2 7B: 32); parameters and activations grow linearly with it.
+    vocab_size: int = 256  # Llama 2: 32000, Llama 3: 128256
+    d_model: int = 64  # Llama 2 7B: 4096
     n_layers: int = 2
-    #: Query heads; ``d_model / n_heads`` must be even (rotary embeddings rotate pairs).
-    n_heads: int = 4
-    #: Key/value heads; must divide ``n_heads``. Below ``n_heads`` is grouped-query attention:
-    #: K and V projections (and a KV cache) shrink by ``n_heads / n_kv_heads``.
-    n_kv_heads: int = 2
-    #: SwiGLU hidden size (Llama 2 7B: 11008, about ``8h/3``); three ``h * d_ff`` matrices per
-    #: layer, the largest share of the parameters.
-    d_ff: int = 172
-    #: Share the token embedding with the output head (Llama 3.2 1B and 3B do): saves
-    #: ``vocab_size * d_model`` parameters.
-    tie_embeddings: bool = False
-    #: The longest sequence ``forward`` takes; there is no position embedding (rotary), so it
-    #: changes no parameter count, only what the model accepts.
-    seq_len: int = 64
-    #: Rotary base (Llama 2: 10000, Llama 3: 500000); a larger base rotates slower, for longer
-    #: contexts. No effect on memory.
-    rope_base: float = 10000.0
+    n_heads: int = 4  # d_model / n_heads must be even: rotary embeddings rotate pairs
+    n_kv_heads: int = 2  # below n_heads: grouped-query attention, smaller K and V projections
+    d_ff: int = 172  # SwiGLU hidden size (Llama 2 7B: 11008, about 8h/3)
+    tie_embeddings: bool = False  # the head shares the embedding (Llama 3.2 1B and 3B)
+    seq_len: int = 64  # the longest sequence forward takes (rotary: no parameter)
+    rope_base: float = 10000.0  # Llama 2: 10000, Llama 3: 500000
 
     def __post_init__(self):
         for name, maximum in LLAMA_MAXIMUM.items():  # stored as ints, as GPTConfig stores them
@@ -95,9 +68,7 @@ class LlamaConfig:
 
 
 def _rotate(x: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary position embedding of ``(B, heads, T, d_head)`` (Su et al. 2021), Llama's layout:
-    position ``t`` rotates ``(x[i], x[i + d/2])`` by ``t * base**(-2i/d)`` (Hugging Face's
-    "rotate half")."""
+    """Rotary embedding of ``(B, heads, T, d_head)`` (Su et al. 2021), Hugging Face's "rotate half"."""
     T, d = x.shape[-2], x.shape[-1]
     inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
     angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), inv_freq)
@@ -106,17 +77,10 @@ def _rotate(x: torch.Tensor, base: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def _check_llama(config) -> LlamaConfig:
-    if not isinstance(config, LlamaConfig):
-        raise WrongTypeError(f"config must be a LlamaConfig, got {config!r}")
-    return config
-
-
 class _LlamaBlock(nn.Module):
-    """``x + attn(norm(x))``, ``x + mlp(norm(x))`` with GQA attention and a SwiGLU MLP; RMSNorm
-    (eps 1e-5), no biases, rotary embeddings on queries and keys."""
+    """``x + attn(norm(x))``, ``x + mlp(norm(x))``: GQA attention, SwiGLU MLP, RMSNorm, no biases."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: _LlamaConfig):
         super().__init__()
         self.config = config
         h, kv = config.d_model, config.n_kv_heads * config.d_head
@@ -128,8 +92,7 @@ class _LlamaBlock(nn.Module):
         self.down = nn.Linear(config.d_ff, h, bias=False)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
-        """Causal grouped-query attention of ``x``: each key/value head serves
-        ``n_heads // n_kv_heads`` query heads."""
+        """Causal grouped-query attention of ``x``."""
         c, (B, T, _) = self.config, x.shape
         q, k, v = (proj(x).view(B, T, -1, c.d_head).transpose(1, 2)
                    for proj in (self.q, self.k, self.v))
@@ -146,14 +109,15 @@ class _LlamaBlock(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
-class Llama(nn.Module):
-    """``model(idx)`` -> logits; ``model(idx, targets)`` -> ``(logits, loss)``, as the course
-    GPT; PyTorch's default initialisation: it is counted and measured (mostly on ``meta``),
-    not trained."""
+class _Llama(nn.Module):
+    """``model(idx)`` -> logits; ``model(idx, targets)`` -> ``(logits, loss)``, as the course GPT;
+    PyTorch's default initialisation: it is counted and measured, not trained."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: _LlamaConfig):
         super().__init__()
-        self.config = _check_llama(config)
+        if not isinstance(config, _LlamaConfig):
+            raise WrongTypeError(f"config must be a LlamaConfig, got {config!r}")
+        self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(_LlamaBlock(config) for _ in range(config.n_layers))
         self.norm = nn.RMSNorm(config.d_model, eps=1e-5)
@@ -176,79 +140,65 @@ class Llama(nn.Module):
         return logits, loss
 
 
-def _llama_param_count(config: LlamaConfig) -> int:
-    """Closed form for :class:`Llama`: ``V*h*(1 or 2) + L*(2h^2 + 2h*kv + 3h*f + 2h) + h``.
-
-    ``h`` = d_model, ``kv`` = n_kv_heads * d_head, ``f`` = d_ff: per layer Q, O ``h^2``; K, V
-    ``h*kv``; gate, up, down ``h*f``; two RMSNorms ``h``; a final RMSNorm ``h``; an untied
-    head ``V*h``.
-    """
+def _llama_param_count(config: _LlamaConfig) -> int:
+    """Closed form: ``V*h*(1 or 2) + L*(2h^2 + 2h*kv + 3h*f + 2h) + h``, ``kv = n_kv_heads * d_head``."""
     h, kv, f = config.d_model, config.n_kv_heads * config.d_head, config.d_ff
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
     embeddings = config.vocab_size * h * (1 if config.tie_embeddings else 2)
     return embeddings + config.n_layers * per_layer + h
 
 
-def param_count(config: GPTConfig | LlamaConfig) -> int:
-    """Parameters of a course GPT or Llama config, by closed form (no model is built).
-
+def param_count(config) -> int:
+    """Parameters of a course GPT or Llama config (a preset's ``config``), by closed form.
     Args:
         config (GPTConfig or LlamaConfig): the model's shape.
-
     Returns:
-        int: :func:`course_lib.model.gpt.gpt_param_count` or :func:`_llama_param_count` of it.
-
+        int: the parameter count.
     Raises:
-        ValueError: naming ``config``, for anything else.
+        ValueError: for another ``config``.
     """
     if isinstance(config, GPTConfig):
         return gpt_param_count(config)
-    if isinstance(config, LlamaConfig):
+    if isinstance(config, _LlamaConfig):
         return _llama_param_count(config)
     raise ValueError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
 
 
-def build_model(config: GPTConfig | LlamaConfig, *, device: str | torch.device = "meta",
+def build_model(config, *, device: str | torch.device = "meta",
                 dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The model of ``config`` (a course :class:`GPT` or a :class:`Llama`) on ``device``.
+    """The course GPT or Llama of ``config`` (a preset's ``config``) on ``device``.
 
-    On ``"meta"`` (the default) parameters have shapes and dtypes but no storage:
-    nothing is allocated and initialisation costs nothing, so 405B parameters are
-    counted in about a second.
-
+    On ``"meta"`` (the default) parameters have shapes and dtypes but no storage: nothing is
+    allocated, so 405B parameters are counted in about a second.
     Args:
         config (GPTConfig or LlamaConfig): the model's shape.
-        device (str or torch.device): where it is built (``"meta"``, ``"cpu"``, ``"cuda"``).
-        dtype (torch.dtype): the parameters' dtype, a floating-point one.
-
+        device (str or torch.device): where the parameters live.
+        dtype (torch.dtype): the parameters' floating-point dtype.
     Returns:
-        torch.nn.Module: the :class:`GPT` or :class:`Llama`.
-
+        nn.Module: the model.
     Raises:
-        ValueError: naming ``config``, ``device`` or ``dtype`` (not a floating-point
-            ``torch.dtype``) for a bad value.
+        ValueError: naming the argument, for a wrong ``config``, ``device`` or ``dtype``.
 
     Example:
-        >>> from course_lib.model.gpt import count_parameters
-        >>> count_parameters(build_model(PRESETS["Llama 3.1 8B"].config))
+        >>> sum(p.numel() for p in build_model(PRESETS["Llama 3.1 8B"].config).parameters())
         8030261248
     """
-    if not isinstance(config, GPTConfig | LlamaConfig):
+    if not isinstance(config, GPTConfig | _LlamaConfig):
         raise WrongTypeError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     device = as_device("device", device)
     with device:
-        model = GPT(config) if isinstance(config, GPTConfig) else Llama(config)
+        model = GPT(config) if isinstance(config, GPTConfig) else _Llama(config)
     return model.to(dtype)
 
 
 @dataclass(frozen=True)
-class Preset:
+class _Preset:
     """A published model: its shape, its parameter count and where the count comes from."""
 
     name: str
-    config: GPTConfig | LlamaConfig
+    config: GPTConfig | _LlamaConfig
     published_params: int
     source: str
 
@@ -258,26 +208,26 @@ def _gpt2(d_model: int, n_layers: int, n_heads: int) -> GPTConfig:
                      n_layers=n_layers)
 
 
-def _llama(vocab, d_model, n_layers, n_heads, n_kv_heads, d_ff, tie=False) -> LlamaConfig:
-    return LlamaConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                       n_kv_heads=n_kv_heads, d_ff=d_ff, tie_embeddings=tie, seq_len=4096)
+def _llama(vocab, d_model, n_layers, n_heads, n_kv_heads, d_ff, tie=False) -> _LlamaConfig:
+    return _LlamaConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                        n_kv_heads=n_kv_heads, d_ff=d_ff, tie_embeddings=tie, seq_len=4096)
 
 
 _HF = "num_parameters() of the Hugging Face checkpoint"
 #: Published models by name, with the exact parameter counts of their checkpoints.
-PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("GPT-2 124M", _gpt2(768, 12, 12), 124_439_808, f"{_HF} openai-community/gpt2"),
-    Preset("GPT-2 1.5B", _gpt2(1600, 48, 25), 1_557_611_200, f"{_HF} openai-community/gpt2-xl"),
-    Preset("Llama 3.2 1B", _llama(128256, 2048, 16, 32, 8, 8192, tie=True), 1_235_814_400,
-           f"{_HF} meta-llama/Llama-3.2-1B"),
-    Preset("Llama 2 7B", _llama(32000, 4096, 32, 32, 32, 11008), 6_738_415_616,
-           f"{_HF} meta-llama/Llama-2-7b-hf"),
-    Preset("Llama 3.1 8B", _llama(128256, 4096, 32, 32, 8, 14336), 8_030_261_248,
-           f"{_HF} meta-llama/Llama-3.1-8B"),
-    Preset("Llama 2 70B", _llama(32000, 8192, 80, 64, 8, 28672), 68_976_648_192,
-           f"{_HF} meta-llama/Llama-2-70b-hf"),
-    Preset("Llama 3.1 70B", _llama(128256, 8192, 80, 64, 8, 28672), 70_553_706_496,
-           f"{_HF} meta-llama/Llama-3.1-70B"),
-    Preset("Llama 3.1 405B", _llama(128256, 16384, 126, 128, 8, 53248), 405_853_388_800,
-           f"{_HF} meta-llama/Llama-3.1-405B"),
+PRESETS: dict[str, _Preset] = {p.name: p for p in (
+    _Preset("GPT-2 124M", _gpt2(768, 12, 12), 124_439_808, f"{_HF} openai-community/gpt2"),
+    _Preset("GPT-2 1.5B", _gpt2(1600, 48, 25), 1_557_611_200, f"{_HF} openai-community/gpt2-xl"),
+    _Preset("Llama 3.2 1B", _llama(128256, 2048, 16, 32, 8, 8192, tie=True), 1_235_814_400,
+            f"{_HF} meta-llama/Llama-3.2-1B"),
+    _Preset("Llama 2 7B", _llama(32000, 4096, 32, 32, 32, 11008), 6_738_415_616,
+            f"{_HF} meta-llama/Llama-2-7b-hf"),
+    _Preset("Llama 3.1 8B", _llama(128256, 4096, 32, 32, 8, 14336), 8_030_261_248,
+            f"{_HF} meta-llama/Llama-3.1-8B"),
+    _Preset("Llama 2 70B", _llama(32000, 8192, 80, 64, 8, 28672), 68_976_648_192,
+            f"{_HF} meta-llama/Llama-2-70b-hf"),
+    _Preset("Llama 3.1 70B", _llama(128256, 8192, 80, 64, 8, 28672), 70_553_706_496,
+            f"{_HF} meta-llama/Llama-3.1-70B"),
+    _Preset("Llama 3.1 405B", _llama(128256, 16384, 126, 128, 8, 53248), 405_853_388_800,
+            f"{_HF} meta-llama/Llama-3.1-405B"),
 )}

@@ -1,7 +1,6 @@
 """Planning: the choices that make a model fit, made from the predictions.
 
-Its modules, in the order they build on one another (a module imports only the ones above it
-here, the top modules of :mod:`course_lib` and the wings above this one):
+Each module imports only the ones above it, the top modules and the wings above this one:
 
 ====================  ==============================================================================
 ``planner``           05: the fastest checkpointing policy (predicted) that fits a memory budget

@@ -1,15 +1,7 @@
-"""06: fit it together: the largest GPT, or the largest batch, that trains within a memory budget.
+"""06: the largest GPT, or the largest batch, that trains within a memory budget.
 
-Each search starts from one :class:`~course_lib.prediction.step.Step` (a steady-state AdamW
-step) and replaces its fields: the model, the micro-batch and accumulation steps, the precision,
-the checkpointing policy. Each setting is predicted by
-:func:`course_lib.prediction.predict.predict`, after the engine's cheap lower bound
-(:func:`course_lib.prediction.engine.floor`) has not already ruled it out.
-
-:func:`largest_batch` finds one model's largest micro-batch under each checkpointing policy;
-:func:`settings` every setting of a step's batch that fits, fastest first; :func:`fit_model` the
-largest GPT of a search space and the fastest setting that trains it. The guard is
-:mod:`course_lib.planning.guard`'s.
+Each search replaces fields of one :class:`~course_lib.prediction.step.Step` and predicts each
+setting (:func:`course_lib.prediction.predict.predict`) once the engine's floor allows it.
 """
 
 from __future__ import annotations
@@ -45,34 +37,26 @@ from course_lib.validation import (
     positive_int,
 )
 
-#: The precision recipes the search may try (:data:`course_lib.prediction.formulas.PRECISIONS`).
-FIT_PRECISIONS = PRECISIONS
-#: The checkpointing policies the search considers, ``(mode, every)``, in order of increasing
-#: recompute (:func:`course_lib.prediction.checkpointed.step_flops`): none; matmul outputs kept,
-#: the rest of every block recomputed; every other block whole; every block; sqrt(n) segments.
-#: The order of FLOPs is not that of time (lecture 05 measures ``selective`` as the slowest): a
-#: setting is chosen by its predicted step time (:func:`settings`).
+#: The checkpointing policies searched, ``(mode, every)``, in order of increasing recompute
+#: FLOPs (not of time: lecture 05 measures ``selective`` as the slowest).
 FIT_POLICIES = (("none", 1), ("selective", 1), ("blocks", 2), ("blocks", 1), ("sqrt", 1))
-#: Default search space (:func:`search_space`): d_model in steps of 128, 1 to 128 layers,
-#: 64-wide heads, d_model / n_layers between 32 and 128.
-DEFAULT_WIDTHS = tuple(range(128, 8192 + 1, 128))
-DEFAULT_DEPTHS = tuple(range(1, 129))
-DEFAULT_ASPECT_RATIO = (32, 128)
-#: The most sequences per optimizer step the searches take (:data:`course_lib.validation.MAX_BATCH`;
-#: GPT-3's batches held 1,600 sequences). The micro-batches are its divisors.
+# The default search space: d_model by 128s, 1 to 128 layers, d_model / n_layers in 32..128.
+_WIDTHS = tuple(range(128, 8192 + 1, 128))
+_DEPTHS = tuple(range(1, 129))
+_ASPECT_RATIO = (32, 128)
+#: The most sequences per optimizer step (GPT-3's batches held 1,600).
 MAX_EFFECTIVE_BATCH = MAX_BATCH
-#: The most widths, and the most depths, a search space takes (the defaults hold 64 and 128).
+#: The most widths, and the most depths, of a search space; the most (width, depth) pairs.
 MAX_SEARCH_VALUES = 1024
-#: The most (width, depth) pairs a search space takes: ``len(widths) * len(depths)`` (the
-#: default 64 x 128 = 8,192), each a configuration of about :data:`CONFIG_BYTES`.
 MAX_SEARCH_PAIRS = 2**15
-#: An upper estimate of the bytes of one ``GPTConfig`` of a search space (measured: 234).
+#: An upper estimate of one search-space ``GPTConfig``'s bytes (measured: 234), and the most
+#: bytes the cache of search spaces holds.
 CONFIG_BYTES = 256
-#: The most bytes the cache of search spaces holds; the least recently used go beyond it.
 MAX_CACHE_BYTES = 32 * 2**20
 
 
 def _check_policies(policies) -> tuple:
+    """``policies`` checked: a non-empty sequence of ``(mode, every)`` pairs."""
     modes = ckpt.MODES
     if (isinstance(policies, str) or not isinstance(policies, Sequence) or not policies or any(
             not isinstance(p, tuple) or len(p) != 2 or not isinstance(p[0], str)
@@ -97,6 +81,7 @@ def _check_step(step) -> Step:
 
 
 def _check_speed(speed) -> DeviceSpeed | None:
+    """``speed`` checked: a DeviceSpeed or None."""
     if speed is not None and not isinstance(speed, DeviceSpeed):
         raise WrongTypeError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
     return speed
@@ -120,10 +105,8 @@ def _largest(fits: Callable[[int], bool], candidates: Sequence[int]) -> int:
     return candidates[lo - 1] if lo else 0
 
 
-# --------------------------------------------------------------------------- the largest batch
-
 @dataclass(frozen=True)
-class BatchFit:
+class _BatchFit:
     """The largest micro-batch of one checkpointing policy (0 if not even one sequence fits)."""
 
     mode: str
@@ -140,32 +123,20 @@ class BatchFit:
 
 def largest_batch(step: Step, budget_bytes: int, *,
                   policies: Sequence[tuple[str, int]] = FIT_POLICIES,
-                  max_batch: int = 1 << 16) -> list[BatchFit]:
+                  max_batch: int = 1 << 16) -> list[_BatchFit]:
     """For each checkpointing policy, the largest micro-batch of ``step`` that fits ``budget_bytes``.
 
-    Predicted peak memory grows with the micro-batch, so each is found by doubling, then
-    bisection, over ``1 .. max_batch``.
-
+    Predicted peak memory grows with the micro-batch: doubling, then bisection, over
+    ``1 .. max_batch``. Returns one record per policy (``mode``, ``every``, ``label``,
+    ``micro_batch_size``, ``memory``: the peak moment, ``recompute_fraction``).
     Args:
-        step (Step): the model, accumulation steps, sequence length, precision and GPU; the search
-            replaces its micro-batch and checkpointing.
-        budget_bytes (int): the memory, in bytes, from 1 to :data:`course_lib.validation.MAX_BYTES`.
-        policies (sequence of tuple): ``(mode, every)`` pairs.
-        max_batch (int): the largest micro-batch tried, up to
-            :data:`course_lib.validation.MAX_BATCH`.
-
+        step (Step): a plain steady step; its micro-batch and policy are replaced.
+        budget_bytes, max_batch (int): bytes available; the largest micro-batch tried.
+        policies (Sequence[tuple[str, int]]): the ``(mode, every)`` policies to try.
     Returns:
-        list of BatchFit: one per policy, in their order.
-
+        list: one record per policy, in the order of ``policies``.
     Raises:
-        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
-        ValueError: naming the argument, for a bad value.
-
-    Example:
-        >>> config = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=3)
-        >>> none, blocks = largest_batch(Step(config), 2**21, policies=[("none", 1), ("blocks", 1)])
-        >>> none.micro_batch_size < blocks.micro_batch_size, blocks.memory.total <= 2**21
-        (True, True)
+        ValueError: naming the parameter, for a bad value.
     """
     step = _check_step(step)
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
@@ -181,19 +152,16 @@ def largest_batch(step: Step, budget_bytes: int, *,
         while top < max_batch and fits(min(2 * top, max_batch)):
             top = min(2 * top, max_batch)
         b = _largest(fits, range(top, min(2 * top, max_batch + 1)))
-        out.append(BatchFit(mode, every, b,
-                            predict(replace(policy, micro_batch_size=b)).peak if b else None,
-                            recompute_fraction(policy)))
+        out.append(_BatchFit(mode, every, b,
+                             predict(replace(policy, micro_batch_size=b)).peak if b else None,
+                             recompute_fraction(policy)))
     return out
 
 
-# --------------------------------------------------------------------------- the fastest setting
-
 @dataclass(frozen=True)
 class Fit:
-    """A setting that fits: its step's :class:`~course_lib.prediction.predict.Prediction`
-    (``prediction.step`` the step), the budget in bytes, and the FLOPs its checkpointing
-    recomputes over a plain step's."""
+    """A setting that fits: its step's prediction, the budget in bytes, and the FLOPs its
+    checkpointing recomputes over a plain step's."""
 
     prediction: Prediction
     budget_bytes: int
@@ -230,8 +198,7 @@ class Fit:
         return ckpt.policy_label(self.step.mode, self.step.every)
 
     def summary(self) -> str:
-        """Six lines: the model, the precision, the batch, the checkpointing, the step's
-        predicted time and its peak."""
+        """Six lines: model, precision, batch, checkpointing, predicted time and peak."""
         s, c = self.step, self.step.config
         seconds = self.seconds
         return "\n".join([
@@ -293,34 +260,19 @@ def settings(step: Step, budget_bytes: int, *,
              speed: DeviceSpeed | None = None) -> list[Fit]:
     """Every setting of ``step``'s model, batch and precision that fits ``budget_bytes``, fastest first.
 
-    A setting is a checkpointing policy of ``policies`` and a micro-batch ``b`` dividing
-    ``step.batch_size``, with ``step.batch_size // b`` accumulation steps. Each is predicted by
-    :func:`course_lib.prediction.predict.predict`, memory and time; the first is what
-    :func:`fit_model` chooses for the model it finds. Ties go to the least recompute, then the
-    largest micro-batch.
-
+    A setting is a policy of ``policies`` and a micro-batch ``b`` dividing ``step.batch_size``
+    (``step.batch_size // b`` accumulation steps, at most ``max_accumulation_steps``), predicted
+    by :func:`~course_lib.prediction.predict.predict` with ``speed`` (None: the step's GPU's
+    figures). Ties go to the least recompute, then the largest micro-batch. Empty if none fits.
     Args:
-        step (Step): the model, the sequences per optimizer step (``step.batch_size``), the
-            sequence length, the precision and the GPU.
-        budget_bytes (int): the memory, in bytes, from 1 to :data:`course_lib.validation.MAX_BYTES`.
-        policies (sequence of tuple): ``(mode, every)`` checkpointing policies.
-        max_accumulation_steps (int, optional): the most accumulation steps (None: no limit).
-        speed (DeviceSpeed, optional): the time model's figures; None: those of the step's GPU
-            (:func:`course_lib.prediction.time_model.device_speed`).
-
+        step (Step): a plain steady step: its model, batch and precision.
+        budget_bytes, max_accumulation_steps (int): bytes available; the most accumulation steps.
+        policies (Sequence[tuple[str, int]]): the ``(mode, every)`` policies to try.
+        speed (DeviceSpeed, optional): the device's figures (None: the step's GPU's).
     Returns:
-        list of Fit: fastest first; empty when nothing fits.
-
+        list[Fit]: the settings that fit, fastest first.
     Raises:
-        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step` or a
-            ``speed`` that is not a :class:`~course_lib.prediction.time_model.DeviceSpeed`.
-        ValueError: naming the argument, for a bad value.
-
-    Example:
-        >>> config = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=3)
-        >>> fastest = settings(Step(config, 8), 2**21)[0]
-        >>> fastest.step.batch_size, fastest.peak_bytes <= 2**21
-        (8, True)
+        ValueError: naming the parameter, for a bad value.
     """
     step = _check_step(step)
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
@@ -333,25 +285,18 @@ def settings(step: Step, budget_bytes: int, *,
 @step_setup.keeps_rng
 def measure_seconds(fits: Sequence[Fit], *, device: str | torch.device = "cpu",
                     repeats: int = 3) -> list[float]:
-    """Each setting's optimizer step measured: the median seconds over ``repeats`` runs.
+    """Each setting's optimizer step measured: the median seconds over ``repeats`` (1..100) rounds.
 
-    Each :class:`Fit`'s step is built (:func:`course_lib.prediction.step_setup.build`, seed 0)
-    and trained one whole optimizer step on random tokens, its micro-batches and accumulation
-    steps as the setting says; :func:`course_lib.measurement.timing.step_times` times the steps
-    in turn, round after round, after a warm-up (on a GPU the wall clock after synchronizing,
-    elsewhere the process's CPU time), as the time model's figures for this device were
-    measured. What :attr:`Fit.seconds` predicts, so the two compare.
-
+    What :attr:`Fit.seconds` predicts: up to 16 fits' steps built (seed 0), trained on random
+    tokens and timed in turn by :func:`course_lib.measurement.timing.step_times`.
     Args:
-        fits (sequence of Fit): up to 16 settings (:func:`settings`, :func:`fit_model`).
-        device (str or torch.device): where they run.
-        repeats (int): rounds, from 1 to 100.
-
+        fits (Sequence[Fit]): up to 16 settings, as :func:`settings` gives them.
+        device (str or torch.device): where to train.
+        repeats (int): the rounds timed.
     Returns:
-        list of float: seconds per optimizer step, in the order of ``fits``.
-
+        list[float]: the median seconds of each fit, in order.
     Raises:
-        ValueError: naming the argument, for a bad value.
+        ValueError: naming the parameter, for a bad value.
     """
     fits = items("fits", fits, max_len=16)
     if not fits or not all(isinstance(f, Fit) for f in fits):
@@ -372,9 +317,8 @@ def measure_seconds(fits: Sequence[Fit], *, device: str | torch.device = "cpu",
     return [medians[str(i)] for i in range(len(fits))]
 
 
-# --------------------------------------------------------------------------- the largest model
-
 def _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size) -> None:
+    """:func:`search_space`'s arguments checked."""
     positive_int("head_size", head_size, maximum=CONFIG_MAXIMUM["d_model"])
     for name, values, maximum in (("widths", widths, CONFIG_MAXIMUM["d_model"]),
                                   ("depths", depths, CONFIG_MAXIMUM["n_layers"])):
@@ -388,44 +332,35 @@ def _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size) -
         raise ValueError(f"widths and depths must make at most {MAX_SEARCH_PAIRS:,} pairs "
                          f"(len(widths) * len(depths)), got {len(widths):,} * {len(depths):,}")
     if aspect_ratio is not None:
-        bad = not isinstance(aspect_ratio, tuple) or len(aspect_ratio) != 2
-        if not bad:
-            try:
-                low, high = (number("aspect_ratio", x, above=0.0) for x in aspect_ratio)
-            except ValueError:
-                bad = True
-            else:
-                bad = low > high
-        if bad:
+        try:
+            if not isinstance(aspect_ratio, tuple) or len(aspect_ratio) != 2:
+                raise ValueError
+            low, high = (number("aspect_ratio", x, above=0.0) for x in aspect_ratio)
+            if low > high:
+                raise ValueError
+        except ValueError:
             raise ValueError(f"aspect_ratio must be None or (low, high) with 0 < low <= high, "
-                             f"finite numbers, got {aspect_ratio!r}")
+                             f"finite numbers, got {aspect_ratio!r}") from None
     positive_int("seq_len", seq_len, maximum=CONFIG_MAXIMUM["seq_len"])
     positive_int("vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"])
 
 
-def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int] = DEFAULT_DEPTHS,
-                 head_size: int = 64, aspect_ratio: tuple | None = DEFAULT_ASPECT_RATIO,
+def search_space(*, widths: Sequence[int] = _WIDTHS, depths: Sequence[int] = _DEPTHS,
+                 head_size: int = 64, aspect_ratio: tuple | None = _ASPECT_RATIO,
                  seq_len: int = 1024, vocab_size: int = 50257) -> list[GPTConfig]:
-    """The GPT shapes :func:`fit_model` chooses from, largest first (most parameters).
+    """The GPT shapes :func:`fit_model` chooses from, most parameters first.
 
-    ``n_heads = d_model // head_size`` and, unless ``aspect_ratio`` is None,
-    ``low <= d_model / n_layers <= high``: Kaplan et al. (2020, "Scaling Laws for Neural Language
-    Models", figure 5) find the loss within a few percent for aspect ratios of about 20 to 200.
-
+    ``d_model`` from ``widths``, ``n_layers`` from ``depths`` (at most
+    :data:`MAX_SEARCH_VALUES` each, :data:`MAX_SEARCH_PAIRS` pairs), ``n_heads = d_model //
+    head_size`` and, unless ``aspect_ratio`` is None, ``low <= d_model / n_layers <= high``:
+    Kaplan et al. (2020, "Scaling Laws for Neural Language Models", figure 5) find the loss
+    within a few percent for aspect ratios of about 20 to 200.
     Args:
-        widths, depths (sequence of int): ``d_model`` and ``n_layers`` values to try, at most
-            :data:`MAX_SEARCH_VALUES` each and :data:`MAX_SEARCH_PAIRS` pairs.
-        head_size (int): ``d_model // n_heads``.
-        aspect_ratio (tuple, optional): ``(low, high)`` bounds on ``d_model / n_layers``, or None.
-        seq_len (int): tokens per sequence.
-        vocab_size (int): the vocabulary.
-
+        widths, depths (Sequence[int]): the values of ``d_model`` and ``n_layers``.
+        head_size, seq_len, vocab_size (int): ``d_model // n_heads``, and the config's.
+        aspect_ratio (tuple, optional): ``(low, high)``, the bounds of ``d_model / n_layers``.
     Returns:
-        list of GPTConfig: the shapes, most parameters first.
-
-    Raises:
-        ValueError: naming the argument, for a bad value or an empty space.
-
+        list[GPTConfig]: the shapes, most parameters first.
     Example:
         >>> [c.n_layers for c in search_space(widths=[64], depths=range(1, 9), head_size=32,
         ...                                   aspect_ratio=(16, 32), seq_len=16, vocab_size=10)]
@@ -437,13 +372,11 @@ def search_space(*, widths: Sequence[int] = DEFAULT_WIDTHS, depths: Sequence[int
                               int(seq_len), int(vocab_size)))
 
 
-#: The cached search spaces: arguments -> configurations, least recently used first.
-_SPACES: collections.OrderedDict = collections.OrderedDict()
+_SPACES: collections.OrderedDict = collections.OrderedDict()  # arguments -> configs, LRU first
 
 
 def _search_space(*key) -> tuple:
-    """:func:`search_space` of checked arguments, cached (a widget asks again and again) within
-    :data:`MAX_CACHE_BYTES`."""
+    """:func:`search_space` of checked arguments, cached within :data:`MAX_CACHE_BYTES`."""
     if key in _SPACES:
         _SPACES.move_to_end(key)
         return _SPACES[key]
@@ -456,6 +389,7 @@ def _search_space(*key) -> tuple:
 
 def _build_space(widths: tuple, depths: tuple, head_size: int, aspect_ratio: tuple | None,
                  seq_len: int, vocab_size: int) -> tuple:
+    """The configurations of a search space, most parameters first (then the shallowest)."""
     low, high = aspect_ratio or (0, float("inf"))
     sized = []  # (-parameters, depth, config)
     for w in widths:
@@ -500,73 +434,15 @@ def _columns(space: Sequence[GPTConfig], within_bound: Callable[[GPTConfig], boo
     return by_width
 
 
-def fit_model(budget_bytes: int, *, space: Sequence[GPTConfig] | None = None,
-              effective_batch: int = 32, precisions: Sequence[str] = ("bf16-mixed", "fp32"),
-              policies: Sequence[tuple[str, int]] = FIT_POLICIES,
-              max_accumulation_steps: int | None = None, gpu=None,
-              speed: DeviceSpeed | None = None) -> Fit:
-    """The largest GPT of ``space`` that trains within ``budget_bytes``, and how.
-
-    "Largest" is the most parameters. A model fits if one setting's predicted peak is at most
-    the budget; a setting is a precision of ``precisions``, a micro-batch ``b`` dividing
-    ``effective_batch`` with ``effective_batch // b`` accumulation steps, and a checkpointing
-    policy of ``policies``. For the largest model that fits, the setting chosen is: the first
-    precision of ``precisions`` that fits (the order is a preference, since precisions train
-    differently: ``"bf16-mixed"`` before ``"fp32"`` by default; pure ``"bf16"`` only if listed),
-    then the fastest of its policies and micro-batches (:func:`settings`).
-
-    Search: memory grows with depth and with width, so each width's deepest fitting model is
-    found by bisection, among the depths whose :func:`course_lib.prediction.engine.floor` is
-    within the budget and whose models beat the best found so far; it stops once no width can.
-
-    Args:
-        budget_bytes (int): the memory, in bytes, up to :data:`course_lib.validation.MAX_BYTES`.
-        space (sequence of GPTConfig, optional): the models to choose from (None:
-            :func:`search_space`'s default, GPT-2's vocabulary and 1,024 tokens).
-        effective_batch (int): sequences per optimizer step, up to :data:`MAX_EFFECTIVE_BATCH`.
-        precisions (sequence of str): of :data:`FIT_PRECISIONS`, in order of preference.
-        policies (sequence of tuple): ``(mode, every)`` checkpointing policies.
-        max_accumulation_steps (int, optional): the most accumulation steps (None: no limit).
-        gpu (str or GPU, optional): where it trains, as :class:`~course_lib.prediction.step.Step`
-            takes it (the budget is still ``budget_bytes``).
-        speed (DeviceSpeed, optional): the time model's figures, as :func:`settings` takes them.
-
-    Returns:
-        Fit: the model's fastest setting, its prediction (memory and time).
-
-    Raises:
-        ValueError: if nothing fits, and naming the argument for a bad one.
-
-    Example:
-        >>> space = search_space(widths=range(16, 129, 16), depths=range(1, 9), head_size=16,
-        ...                      seq_len=32, vocab_size=64, aspect_ratio=None)
-        >>> plan = fit_model(4 * 2**20, space=space, effective_batch=4)
-        >>> plan.step.config.d_model, plan.step.config.n_layers, plan.step.precision, plan.label
-        (48, 8, 'fp32', 'blocks/1')
-        >>> plan.peak_bytes <= 4 * 2**20
-        True
-    """
-    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
-    space = search_space() if space is None else items("space", space, min_len=1,
-                                                       max_len=MAX_SEARCH_PAIRS)
-    if not all(isinstance(c, GPTConfig) for c in space):
-        raise WrongTypeError("space must hold GPTConfig only (search_space makes one)")
-    effective_batch = positive_int("effective_batch", effective_batch, maximum=MAX_EFFECTIVE_BATCH)
-    precisions = items("precisions", precisions, min_len=1, max_len=len(FIT_PRECISIONS))
-    for p in precisions:
-        precision_of(p, "precisions")
-    policies = _check_policies(policies)
-    max_accumulation_steps = optional_positive_int(
-        "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
-    speed = _check_speed(speed)
-    # The one Step of the search, checked here: every other is a replacement of it.
-    base = Step(space[0], effective_batch, gpu=gpu)
-    micro = _micro_batches(effective_batch, max_accumulation_steps)
+def _model_tests(base: Step, budget: int, precisions: Sequence[str], policies: tuple,
+                 max_accumulation_steps: int | None) -> tuple[Callable, Callable]:
+    """``(within_bound, fits)`` of a model: a cheap floor under every setting; some setting fits."""
+    micro = _micro_batches(base.batch_size, max_accumulation_steps)
     # The smallest micro-batch, or the whole batch with no accumulated gradient, each
     # checkpointing every block (the least kept): their floors are under every setting's peak.
-    least_kept = [replace(base, micro_batch_size=b, accumulation_steps=effective_batch // b,
-                       precision=p, mode="blocks")
-               for p in precisions for b in sorted({micro[0], micro[-1]})]
+    least_kept = [replace(base, micro_batch_size=b, accumulation_steps=base.batch_size // b,
+                          precision=p, mode="blocks")
+                  for p in precisions for b in sorted({micro[0], micro[-1]})]
     policy_order = sorted(policies, key=lambda p: -recompute_fraction(
         replace(base, mode=p[0], every=p[1])))  # the leanest first: a fitting model exits early
 
@@ -581,6 +457,12 @@ def fit_model(budget_bytes: int, *, space: Sequence[GPTConfig] | None = None,
         return any(_fits(replace(s, mode=m, every=e), budget)
                    for m, e in policy_order for s in open_)
 
+    return within_bound, fits
+
+
+def _largest_model(space: Sequence[GPTConfig], within_bound: Callable[[GPTConfig], bool],
+                   fits: Callable[[GPTConfig], bool]) -> GPTConfig | None:
+    """The model of ``space`` with the most parameters that ``fits`` (None if none does)."""
     by_width = _columns(space, within_bound)
     # Memory grows with depth and with width: a wider width's deepest fitting depth fits every
     # narrower width too, and only a depth that beats the best found needs trying (the first of
@@ -603,6 +485,52 @@ def fit_model(budget_bytes: int, *, space: Sequence[GPTConfig] | None = None,
         deepest[width] = column[top - 1].n_layers if top else 0
         if top and gpt_param_count(column[top - 1]) > most:
             best, most = column[top - 1], gpt_param_count(column[top - 1])
+    return best
+
+
+def fit_model(budget_bytes: int, *, space: Sequence[GPTConfig] | None = None,
+              effective_batch: int = 32, precisions: Sequence[str] = ("bf16-mixed", "fp32"),
+              policies: Sequence[tuple[str, int]] = FIT_POLICIES,
+              max_accumulation_steps: int | None = None, gpu=None,
+              speed: DeviceSpeed | None = None) -> Fit:
+    """The largest GPT of ``space`` (most parameters) that trains within ``budget_bytes``, and how.
+
+    A model fits if one setting's predicted peak is within the budget: a precision of
+    ``precisions``, a micro-batch dividing ``effective_batch`` and a policy of ``policies``
+    (as :func:`settings`). For the largest model that fits, the first precision of
+    ``precisions`` that fits (an order of preference: precisions train differently), then its
+    fastest setting (:func:`settings`). Memory grows with depth and with width, so each width's
+    deepest fitting model is found by bisection. ``space`` defaults to :func:`search_space`'s;
+    ``gpu`` is as :class:`~course_lib.prediction.step.Step` takes it. Raises ``ValueError`` if
+    nothing fits.
+    Args:
+        budget_bytes, effective_batch (int): bytes available; sequences per optimizer step.
+        space (Sequence[GPTConfig], optional): the models to choose from.
+        precisions (Sequence[str]): the precisions to try, preferred first.
+        policies (Sequence[tuple[str, int]]): the ``(mode, every)`` policies to try.
+        max_accumulation_steps (int, optional): the most accumulation steps (None: any).
+        gpu, speed: as :class:`~course_lib.prediction.step.Step` and :func:`settings` take them.
+    Returns:
+        Fit: the largest model that fits, in its fastest setting.
+    Raises:
+        ValueError: naming the parameter, for a bad value, or if nothing fits.
+    """
+    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
+    space = search_space() if space is None else items("space", space, min_len=1,
+                                                       max_len=MAX_SEARCH_PAIRS)
+    if not all(isinstance(c, GPTConfig) for c in space):
+        raise WrongTypeError("space must hold GPTConfig only (search_space makes one)")
+    effective_batch = positive_int("effective_batch", effective_batch, maximum=MAX_EFFECTIVE_BATCH)
+    precisions = items("precisions", precisions, min_len=1, max_len=len(PRECISIONS))
+    for p in precisions:
+        precision_of(p, "precisions")
+    policies = _check_policies(policies)
+    max_accumulation_steps = optional_positive_int(
+        "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
+    speed = _check_speed(speed)
+    base = Step(space[0], effective_batch, gpu=gpu)  # checked once: every other replaces it
+    best = _largest_model(space, *_model_tests(base, budget, precisions, policies,
+                                               max_accumulation_steps))
     for precision in precisions if best is not None else ():
         found = _settings(replace(base, config=best, precision=precision), budget, policies,
                           max_accumulation_steps, speed)
@@ -613,7 +541,3 @@ def fit_model(budget_bytes: int, *, space: Sequence[GPTConfig] | None = None,
                      f"model of the space (d_model={smallest.d_model}, n_layers="
                      f"{smallest.n_layers}, seq_len={smallest.seq_len}, "
                      f"vocab_size={smallest.vocab_size})")
-
-
-__all__ = ["FIT_PRECISIONS", "FIT_POLICIES", "BatchFit", "Fit", "largest_batch", "search_space",
-           "settings", "measure_seconds", "fit_model"]

@@ -1,12 +1,4 @@
-"""06: the guard: a memory budget checked before a step runs and enforced while it runs.
-
-:func:`check_budget` turns a prediction over the budget into a clear
-:class:`MemoryBudgetExceeded`. :func:`run_within_budget` runs a training function under
-the budget: on CUDA it sets ``torch.cuda.set_per_process_memory_fraction`` and catches the
-real ``OutOfMemoryError``; elsewhere a :class:`BudgetTracker` stops the work when its live
-tensors exceed the budget. Either way the result is a :class:`Trial` with a clear message,
-and the kernel survives.
-"""
+"""06: the guard: a memory budget checked before a step runs and enforced while it runs."""
 
 from __future__ import annotations
 
@@ -32,17 +24,11 @@ _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 class MemoryBudgetExceeded(RuntimeError):
-    """More memory than the budget, predicted or reached.
-
-    Predicted before running (:func:`check_budget`) or reached while running
-    (:class:`BudgetTracker`, ``at`` names the op).
-
+    """More memory than the budget: predicted (:func:`check_budget`), or live in the op ``at``
+    (:class:`BudgetTracker`).
     Args:
-        needed_bytes (int): the bytes needed (predicted) or live (when it was crossed).
-        budget_bytes (int): the budget, in bytes.
-        what (str): what was run, for the message.
-        at (str, optional): the op in which the budget was crossed (``"gelu"``); None for a
-            prediction.
+        needed_bytes, budget_bytes (int): the bytes needed (or live) and the budget.
+        what, at (str): what ran out of memory; the op it did it in (None: predicted).
     """
 
     def __init__(self, needed_bytes: int, budget_bytes: int, what: str = "the step", *,
@@ -59,18 +45,14 @@ class MemoryBudgetExceeded(RuntimeError):
 
 
 def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
-    """Raise :class:`MemoryBudgetExceeded` if ``needed`` is over ``budget_bytes``.
-
-    The planner's verdict before anything runs.
-
+    """Raise :class:`MemoryBudgetExceeded` if ``needed`` (bytes, or a StepMemory's ``total``)
+    is over ``budget_bytes``: the planner's verdict before anything runs.
     Args:
-        needed (int or StepMemory): bytes, or a prediction (its ``total``).
-        budget_bytes (int): the budget, from 1 to :data:`course_lib.validation.MAX_BYTES`.
-        what (str): what would run, for the message.
-
+        needed, budget_bytes (int): bytes needed (or a StepMemory) and bytes available.
+        what (str): what needs them, for the message.
     Raises:
-        MemoryBudgetExceeded: when ``needed`` is over the budget.
-        ValueError: naming ``needed``, ``budget_bytes`` or ``what``, for a bad value.
+        MemoryBudgetExceeded: if ``needed`` is over the budget.
+        ValueError: naming the parameter, for a bad value.
     """
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     text("what", what)
@@ -85,20 +67,14 @@ def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
 
 
 class BudgetTracker(LiveTensorTracker):
-    """A :class:`~course_lib.measurement.memory.LiveTensorTracker` that enforces ``budget_bytes``.
-
-    It raises :class:`MemoryBudgetExceeded` as soon as the live tensors it counts exceed
-    ``budget_bytes``.
-
-    An out-of-memory error for devices without a memory limit (the CPU), at the op that
-    crossed the line.
-
+    """A :class:`~course_lib.measurement.memory.LiveTensorTracker` that raises
+    :class:`MemoryBudgetExceeded` at the op whose live tensors exceed ``budget_bytes``: an
+    out-of-memory error for devices without a memory limit (the CPU).
     Args:
-        budget_bytes (int): the budget, from 1 to :data:`course_lib.validation.MAX_BYTES`.
+        budget_bytes (int): the most live bytes allowed.
         what (str): what runs, for the message.
-
     Raises:
-        ValueError: naming ``budget_bytes`` or ``what``, for a bad value.
+        ValueError: naming the parameter, for a bad value.
     """
 
     def __init__(self, budget_bytes: int, what: str = "the work"):
@@ -123,7 +99,7 @@ def _op_name(func) -> str:
 
 
 @dataclass
-class Trial:
+class _Trial:
     """What :func:`run_within_budget` saw."""
 
     ok: bool
@@ -134,32 +110,22 @@ class Trial:
 
 
 def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str = "training",
-                      device: str | torch.device | None = None) -> Trial:
+                      device: str | torch.device | None = None) -> _Trial:
     """Run ``fn()`` with at most ``budget_bytes`` of device memory; catch running out of it.
 
-    ``fn`` should create everything it trains (model, optimizer, data), so that
-    all of its memory counts. On CUDA the budget is enforced by the allocator:
-    ``torch.cuda.set_per_process_memory_fraction(budget / total memory)`` (it caps
-    the memory the caching allocator may reserve, fragmentation included; other
-    tensors already on the device count too) and a ``torch.OutOfMemoryError`` is
-    caught. Elsewhere a :class:`BudgetTracker` counts ``fn``'s live tensors and
-    raises :class:`MemoryBudgetExceeded`. After a failure the references are
-    dropped, ``gc.collect()`` runs and, on CUDA, ``torch.cuda.empty_cache()``
-    returns the cached blocks, so the kernel goes on. Other errors propagate. A breach
-    that ``fn`` catches (both errors are a ``RuntimeError``) still fails the trial.
-
+    ``fn`` creates all it trains, so that all of its memory counts. On CUDA
+    ``torch.cuda.set_per_process_memory_fraction(budget / total memory)`` caps the caching
+    allocator; elsewhere a :class:`BudgetTracker` counts live tensors. After a failure the memory
+    is freed and the kernel goes on. Returns ``ok``, ``peak_bytes``, ``message`` and ``result``.
     Args:
-        fn (callable): the work, called with no arguments.
-        budget_bytes (int): the budget, from 1 to :data:`course_lib.validation.MAX_BYTES`.
-        what (str): what runs, for the messages.
-        device (str or torch.device, optional): where it runs (None: CUDA if available, else
-            the CPU).
-
+        fn (Callable[[], object]): the work; it creates all it trains.
+        budget_bytes (int): the most device bytes allowed.
+        what (str): what runs, for the message.
+        device (str or torch.device, optional): None: CUDA if available, else the CPU.
     Returns:
-        Trial: whether it fitted, its peak, a message and ``fn``'s result.
-
+        object: ``ok``, ``peak_bytes`` (None after a failure), ``message``, ``result``.
     Raises:
-        ValueError: naming the argument, for a bad value, or ``device="cuda"`` without CUDA.
+        ValueError: naming the parameter, for a bad value.
     """
     function("fn", fn)
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
@@ -168,8 +134,6 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = as_device("device", device)
     kind = device.type
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but this machine has no CUDA device")
     failure = None
     if kind == "cuda":
         gc.collect()  # blocks cached from earlier work would count against the fraction
@@ -210,11 +174,9 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
         gc.collect()
         if kind == "cuda":
             torch.cuda.empty_cache()
-        return Trial(False, None, f"✗ {what} ran out of memory under a budget of "
-                     f"{format_bytes(budget)}; memory freed, the kernel goes on\n  {failure}",
-                     error=failure)
-    return Trial(True, peak, f"✓ {what} fits: peak {format_bytes(peak)} of a budget of "
-                 f"{format_bytes(budget)} ({peak / budget:.0%})", result[0])
+        return _Trial(False, None, f"✗ {what} ran out of memory under a budget of "
+                      f"{format_bytes(budget)}; memory freed, the kernel goes on\n  {failure}",
+                      error=failure)
+    return _Trial(True, peak, f"✓ {what} fits: peak {format_bytes(peak)} of a budget of "
+                  f"{format_bytes(budget)} ({peak / budget:.0%})", result[0])
 
-
-__all__ = ["MemoryBudgetExceeded", "check_budget", "BudgetTracker", "Trial", "run_within_budget"]

@@ -1,20 +1,7 @@
 """05: pick the checkpointing policy that fits a memory budget in the least predicted time.
 
-:func:`plan_checkpointing` is a search over one :class:`~course_lib.prediction.step.Step`: it
-replaces its ``mode`` and ``every`` with each policy of
-:func:`course_lib.training.checkpointing.enable_checkpointing` (``none``; ``selective``,
-``attention`` and ``blocks`` with ``every = 1 .. n_layers``; ``sqrt``), predicts each with
-:func:`course_lib.prediction.predict.predict`, and keeps the fastest that fits:
-
-* **peak**: ``predict(step).peak.step_peak``, the bytes above what lived before the step: what
-  :func:`measure_peak` measures around a fresh model's first step (``first_step=True``).
-* **time**: ``predict(step).seconds``: recomputed FLOPs at the matmul rate, rerun pointwise bytes
-  at the memory bandwidth, operators and regions at their fixed costs. FLOPs alone made
-  ``selective`` look free; on the CPU its per-op dispatch makes it the slowest policy that fits
-  at lecture 05's budget.
-
-:func:`choices` keeps the policies the planner picks for some budget; :func:`time_ratios`
-times the forward and backward pass of several policies against no checkpointing.
+Predicted time, not FLOPs: FLOPs alone made ``selective`` look free; on the CPU its per-op
+dispatch makes it the slowest policy that fits at lecture 05's budget.
 """
 
 from __future__ import annotations
@@ -52,9 +39,8 @@ PLAN_MODES = ("none", "selective", "attention", "blocks", "sqrt")
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """One policy of the search: its step, the step's predicted peak above what lived before
-    it and its seconds, the FLOPs it recomputes and those of the plain step."""
+class _Candidate:
+    """One policy: its step, predicted peak above what lived before it, seconds, FLOPs."""
 
     step: Step
     peak_bytes: int
@@ -64,7 +50,7 @@ class Candidate:
 
     @property
     def recompute_fraction(self) -> float:
-        """Recomputed FLOPs over the plain step's: 0.33 is one extra forward pass."""
+        """Recomputed FLOPs over the plain step's."""
         return self.recompute_flops / self.step_flops
 
     @property
@@ -75,7 +61,7 @@ class Candidate:
 
     @property
     def cost(self) -> tuple:
-        """The planner's order: predicted seconds, then recomputed FLOPs, then regions."""
+        """The planner's order: seconds, recomputed FLOPs, checkpointed regions."""
         return (self.seconds, self.recompute_flops, self.regions)
 
     @property
@@ -85,8 +71,7 @@ class Candidate:
 
 
 class NothingFits(ValueError):
-    """No policy's predicted peak is within the budget (a ``ValueError``); ``candidates`` says
-    how close each came."""
+    """No policy's predicted peak is within the budget; ``candidates`` says how close each came."""
 
     def __init__(self, budget_bytes: int, candidates: tuple):
         self.budget_bytes, self.candidates = budget_bytes, candidates
@@ -108,24 +93,12 @@ def _flops(step: Step) -> tuple[int, int]:
 def recompute_fraction(step: Step) -> float:
     """The FLOPs ``step``'s checkpointing recomputes over those of its plain step.
 
-    Counted as :func:`course_lib.prediction.checkpointed.step_flops` counts them (forward and
-    backward, matmuls and attention kernels): 0.33 is one extra forward pass.
-
+    As :func:`course_lib.prediction.checkpointed.step_flops` counts them (forward and backward):
+    0.33 is one extra forward pass, 0 for ``selective`` (it recomputes no matmul).
     Args:
-        step (Step): the step; its ``mode``, ``every`` and ``segments`` are the policy.
-
+        step (Step): the step and its checkpointing policy.
     Returns:
         float: recomputed FLOPs over the plain step's.
-
-    Raises:
-        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
-
-    Example:
-        >>> config = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
-        >>> recompute_fraction(Step(config, 2, mode="selective"))
-        0.0
-        >>> 0.2 < recompute_fraction(Step(config, 2, mode="blocks")) < 0.34
-        True
     """
     if not isinstance(step, Step):
         raise WrongTypeError(f"step must be a Step, got {type(step).__name__}")
@@ -135,22 +108,19 @@ def recompute_fraction(step: Step) -> float:
 
 def candidates(step: Step, *, modes: tuple = PLAN_MODES,
                speed: DeviceSpeed | None = None) -> tuple:
-    """Every policy of ``modes`` for ``step``, predicted, fastest first.
+    """Every policy of ``modes`` (of :data:`PLAN_MODES`) for ``step``, predicted, fastest first.
 
-    ``every`` runs over ``1 .. n_layers`` for ``selective``, ``attention`` and ``blocks``;
-    ``none`` and ``sqrt`` come once. Sorted by :attr:`Candidate.cost`, then by peak.
-
+    ``every`` runs over ``1 .. n_layers`` for ``selective``, ``attention`` and ``blocks``. Each
+    candidate has ``step``, ``peak_bytes``, ``seconds``, ``recompute_fraction`` and ``label``;
+    they are sorted by seconds, recomputed FLOPs, checkpointed regions, then peak.
     Args:
-        step (Step): the step whose ``mode`` and ``every`` are replaced.
-        modes (tuple of str): of :data:`PLAN_MODES`.
-        speed (DeviceSpeed, optional): as :func:`course_lib.prediction.predict.predict`'s.
-
+        step (Step): the step to plan; its policy is replaced.
+        modes (tuple): a subset of :data:`PLAN_MODES`.
+        speed (DeviceSpeed, optional): the device's figures (None: the step's GPU's).
     Returns:
-        tuple of Candidate: fastest first.
-
+        tuple: the candidates, fastest first.
     Raises:
-        TypeError: ``step`` not a Step.
-        ValueError: ``modes`` not a non-empty subset of :data:`PLAN_MODES`.
+        ValueError: naming the parameter, for a bad value.
     """
     if not isinstance(step, Step):
         raise WrongTypeError(f"step must be a Step, got {type(step).__name__}")
@@ -174,20 +144,18 @@ def _candidates(step: Step, modes: tuple, speed: DeviceSpeed | None) -> tuple:
             policy = replace(step, mode=mode, every=every)
             prediction = predict(policy, speed)
             flops, extra = _flops(policy)
-            out.append(Candidate(policy, prediction.peak.step_peak, prediction.seconds, extra,
-                                 flops - extra))
+            out.append(_Candidate(policy, prediction.peak.step_peak, prediction.seconds, extra,
+                                  flops - extra))
     return tuple(sorted(out, key=lambda c: (c.cost, c.peak_bytes)))
 
 
 def _tie_key(value) -> tuple:
-    """The order of labels among points of equal memory and time: strings by themselves,
-    before anything else, which goes by its ``repr``."""
+    """The order of labels among equal points: strings first, the rest by ``repr``."""
     return (0, value, "") if isinstance(value, str) else (1, "", repr(value))
 
 
 def _point(p) -> tuple:
-    """``(memory, time, labels...)`` checked: a tuple or list whose first two items are
-    finite real numbers (not bools)."""
+    """``(memory, time, labels...)`` checked: memory and time finite real numbers."""
     if not isinstance(p, tuple | list) or len(p) < 2 or not all(
             isinstance(x, numbers.Real) and not isinstance(x, bool)
             and (isinstance(x, numbers.Integral) or math.isfinite(x)) for x in p[:2]):
@@ -199,25 +167,15 @@ def _point(p) -> tuple:
 def pareto_front(points) -> list:
     """The points no other point beats on both axes: ``(memory, time, label)`` tuples, by memory.
 
-    A point is dominated if another has memory <= and time <= with one of them
-    strictly smaller. Used on measured (peak bytes, step seconds) of every policy.
-    Points of equal memory and time are all kept (neither beats the other). The result does
-    not depend on the input's order: it is sorted by memory, then time, then label (strings in
-    their own order, before other labels, which go by their ``repr``), and points equal in all
-    of these are equal tuples. It takes ``O(n log n)``: one pass over the points sorted by
-    memory and time.
-
+    A point is dominated if another has memory <= and time <= with one strictly smaller; points
+    of equal memory and time are all kept. Memory and time must be finite real numbers. The
+    result, sorted by memory, time, then label, does not depend on the input's order.
     Args:
-        points (iterable): tuples (or lists) ``(memory, time, ...)`` whose memory and time
-            are finite real numbers (NaN, the infinities, bools and non-numbers are refused);
-            what follows (the label) is kept as is.
-
+        points (iterable): ``(memory, time, label...)`` tuples.
     Returns:
-        list of tuple: the front, sorted by memory.
-
+        list: the points of the front, sorted.
     Raises:
-        ValueError: naming ``points``, for anything else.
-
+        ValueError: for a point that is not ``(memory, time, label)`` of finite numbers.
     Example:
         >>> pareto_front([(1, 5, "a"), (2, 3, "b"), (3, 4, "c")])  # c: more memory and time than b
         [(1, 5, 'a'), (2, 3, 'b')]
@@ -239,39 +197,22 @@ def pareto_front(points) -> list:
 
 
 def plan_checkpointing(step: Step, budget_bytes: int, *, modes: tuple = PLAN_MODES,
-                       speed: DeviceSpeed | None = None) -> Candidate:
+                       speed: DeviceSpeed | None = None) -> _Candidate:
     """The policy with the least predicted step time whose predicted step peak fits ``budget_bytes``.
 
+    ``budget_bytes`` is what the step may allocate above what lives before it (the parameters;
+    in steady state the optimizer state too). ``step.first_step=True`` plans a fresh model's
+    first step, the one :func:`measure_peak` measures. Returns the chosen candidate (as
+    :func:`candidates`); apply it with ``enable_checkpointing(model, plan.step.mode,
+    plan.step.every)``. Raises :class:`NothingFits` (a ``ValueError``) when no policy fits.
     Args:
-        step (Step): the training step to plan; its ``mode`` and ``every`` are what the planner
-            replaces. ``first_step=True`` plans a fresh model's first step, the one
-            :func:`measure_peak` measures (its AdamW states are made within it).
-        budget_bytes (int): the memory the step may allocate above what lives before it (the
-            parameters; in steady state the optimizer state too), in bytes, from 1 to
-            :data:`course_lib.validation.MAX_BYTES`.
-        modes (tuple of str): the modes to consider, of :data:`PLAN_MODES`.
-        speed (DeviceSpeed, optional): the time model's figures; None: those of the step's GPU
-            (a preset's datasheet, or rates measured on this kernel's device).
-
+        step (Step): the step to plan.
+        budget_bytes (int): the bytes the step may allocate above what lives before it.
+        modes, speed: as :func:`candidates` takes them.
     Returns:
-        Candidate: the chosen policy (``step.mode``, ``step.every``), its predicted
-        ``peak_bytes`` and ``seconds`` and the FLOPs it recomputes; apply it with
-        ``enable_checkpointing(model, plan.step.mode, plan.step.every)``.
-
+        object: the candidate chosen.
     Raises:
-        NothingFits: (a ``ValueError``) when no policy fits; ``candidates`` holds them all.
-        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
-        ValueError: naming ``budget_bytes`` or ``modes``, for a bad value.
-
-    Example:
-        >>> config = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
-        >>> step = Step(config, 4, first_step=True)
-        >>> plan = plan_checkpointing(step, 10**9)  # room for anything: nothing is recomputed
-        >>> plan.label, plan.recompute_fraction
-        ('none', 0.0)
-        >>> smallest = min(c.peak_bytes for c in candidates(step))
-        >>> plan_checkpointing(step, smallest).peak_bytes == smallest
-        True
+        ValueError: naming the parameter, for a bad value; :class:`NothingFits` if none fits.
     """
     budget_bytes = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     options = candidates(step, modes=modes, speed=speed)
@@ -282,14 +223,13 @@ def plan_checkpointing(step: Step, budget_bytes: int, *, modes: tuple = PLAN_MOD
 
 
 def choices(options) -> tuple:
-    """The candidates that :func:`plan_checkpointing` picks for some budget, fastest first: every
-    other one is beaten by one of these (as fast or faster, a peak no higher)."""
+    """The candidates :func:`plan_checkpointing` picks for some budget, fastest first."""
     try:
         options = tuple(options) if not isinstance(options, str) else options
     except TypeError:
         options = None
     if not isinstance(options, tuple) or not options or not all(
-            isinstance(c, Candidate) for c in options):
+            isinstance(c, _Candidate) for c in options):
         raise ValueError(f"options must be a non-empty list of Candidates, got {options!r}")
     picked = set()
     for budget in {c.peak_bytes for c in options}:
@@ -298,74 +238,63 @@ def choices(options) -> tuple:
 
 
 @step_setup.keeps_rng
-def measure_peak(config: GPTConfig, batch_size: int, mode: str = "none", every: int = 1, *,
-                 precision: str = "fp32", device: str | torch.device = "cpu") -> int:
-    """Measured: the bytes the first training step allocates above the parameters.
-
-    What ``predict(Step(config, batch_size, precision=..., mode=..., every=...,
-    first_step=True)).peak.step_peak`` predicts: one
-    step of :func:`course_lib.training.loop.train` (autocast and a GradScaler as the precision
-    asks, :func:`course_lib.prediction.step_setup.train_options`) on a fresh model and optimizer of
-    :func:`course_lib.prediction.step_setup.build` (seed 0), with random tokens, measured by
-    :func:`course_lib.measurement.memory.peak_memory` (the CUDA allocator on CUDA, after a warm-up matmul
-    that makes cuBLAS's workspace; the live-tensor tracker elsewhere).
-
+def measure_peak(step: Step, *, device: str | torch.device = "cpu") -> int:
+    """Measured: the bytes ``step`` allocates above what lived before it (with ``first_step``,
+    a fresh model's first step: above the parameters), what ``predict(step).peak.step_peak``
+    predicts. The model is built with seed 0 and trained on random tokens on ``device``.
     Args:
-        config (GPTConfig): the model.
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        mode (str): the checkpointing mode.
-        every (int): its stride.
-        precision (str): one of :data:`course_lib.prediction.formulas.PRECISIONS`.
-        device (str or torch.device): where it runs.
-
+        step (Step): a plain AdamW step on one device.
+        device (str or torch.device): where to train.
     Returns:
-        int: bytes.
-
+        int: the peak bytes above what lived before the step.
     Raises:
-        ValueError: naming the argument, for a bad value.
+        ValueError: naming the parameter, for a bad value.
     """
-    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
+    if not isinstance(step, Step):
+        raise WrongTypeError(f"step must be a Step, got {type(step).__name__}")
+    if step != Step(step.config, step.micro_batch_size, step.accumulation_steps, step.seq_len,
+                    step.precision, step.mode, step.every, step.segments, gpu=step.gpu,
+                    first_step=step.first_step, foreach=step.foreach):
+        raise ValueError("step must be a plain AdamW step on one device (no loss_chunk or "
+                         "lecture 08's levers) for measure_peak")
     device = as_device("device", device)
-    model, optimizer = step_setup.build(config, precision=precision, mode=mode, every=every,
-                                        device=device)
-    options = step_setup.train_options(precision, device)
-    x, y = random_tokens(config, batch_size, device=device)
+    model, optimizer = step_setup.build(step.config, precision=step.precision, mode=step.mode,
+                                        every=step.every, segments=step.segments,
+                                        foreach=step.foreach, device=device)
+    options = step_setup.train_options(step.precision, device)
+    x, y = random_tokens(step.config, step.batch_size, step.seq_len, device=device)
+
+    def run():
+        train(model, optimizer, [(x, y)], micro_batch_size=step.micro_batch_size,
+              accumulation_steps=step.accumulation_steps, **options)
+
     if device.type == "cuda":  # cuBLAS allocates its workspace at the first matmul: not the step's
         torch.ones(8, 8, device=device) @ torch.ones(8, 8, device=device)
-    return peak_memory(lambda: train(model, optimizer, [(x, y)], micro_batch_size=batch_size,
-                                     **options), device=device.type)
+    if not step.first_step:
+        run()  # AdamW's states are made in the first step
+    return peak_memory(run, device=device.type)
 
 
 @step_setup.keeps_rng
 def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str = "fp32",
                 device: str | torch.device = "cpu", repeats: int = 5,
                 optimizer: bool = False) -> dict:
-    """Each policy's forward and backward pass (or whole step) timed against no checkpointing's.
+    """Each policy's forward and backward pass timed against no checkpointing's: ``{label: ratio}``.
 
-    With ``optimizer=True`` each run is a whole training step (:func:`course_lib.training.loop.train`
-    with AdamW): what :func:`plan_checkpointing` predicts, so the two compare.
-
-    The models come from :func:`course_lib.prediction.step_setup.build` (seed 0) and run under autocast as
-    the precision asks; :func:`course_lib.measurement.timing.step_times` times them in turn, round after
-    round, after a warm-up (on a GPU the wall clock after synchronizing, elsewhere the process's
-    CPU time); a ratio is the median over the rounds of ``seconds / seconds of none``.
-
+    ``policies``: up to 32 ``(mode, every)`` pairs (``"none"`` first, added if missing); with
+    ``optimizer=True``, whole AdamW steps. A ratio is the median over ``repeats`` rounds of
+    :func:`course_lib.measurement.timing.step_times`.
     Args:
         config (GPTConfig): the model.
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        policies (list or tuple): up to 32 ``(mode, every)`` pairs (``("none", 1)`` is added if
-            missing).
-        precision (str): one of :data:`course_lib.prediction.formulas.PRECISIONS`.
-        device (str or torch.device): where it runs.
-        repeats (int): rounds, from 1 to 100.
-        optimizer (bool): time whole training steps (forward, backward, AdamW's step).
-
+        batch_size, repeats (int): sequences per pass; the rounds timed.
+        policies (Sequence[tuple[str, int]]): up to 32 ``(mode, every)`` pairs.
+        precision (str): the precision of the passes.
+        device (str or torch.device): where to train.
+        optimizer (bool): time whole AdamW steps, not forward and backward passes.
     Returns:
-        dict: ``{label: ratio}`` (1.0: as fast as no checkpointing), labels as
-        :func:`course_lib.training.checkpointing.policy_label` writes them, ``"none"`` first.
-
+        dict: policy label -> seconds over no checkpointing's.
     Raises:
-        ValueError: naming the argument, for a bad value.
+        ValueError: naming the parameter, for a bad value.
     """
     batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     repeats = positive_int("repeats", repeats, maximum=100)
@@ -390,6 +319,7 @@ def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str 
 
 
 def _forward_backward(model, x, y, amp_dtype) -> None:
+    """One forward and backward pass, under autocast to ``amp_dtype`` unless it is None."""
     with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
         loss = model(x, y)[1]
     loss.backward()

@@ -6,7 +6,6 @@ here, the top modules of :mod:`course_lib` and the wings above this one):
 ====================  ==============================================================================
 ``formulas``          01-07: the precisions; the analytic bytes of training, ZeRO-3 during a step
 ``step``              02-08: one training step as a value (``Step``), made and checked once
-``target``            02-08: where a step runs and in which dtypes (``Target``)
 ``activations``       02: the course GPT's saved activations, op by op, on the CPU or a GPU
 ``checkpointed``      04-05: what a checkpointed step keeps and recomputes; its FLOPs
 ``engine``            02-06: the memory engine: one step's peak bytes, any precision, any target

@@ -1,64 +1,43 @@
 """02: exactly which tensors the course GPT saves for backward, op by op, on the CPU or a GPU.
 
-Korthikanti et al. (2022, "Reducing Activation Recomputation in Large Transformer Models",
-section 4.1) count ``s*b*h*(34 + 5*a*s/h)`` bytes per layer for a 16-bit transformer
-(:func:`course_lib.prediction.formulas.transformer_activation_bytes`). This module counts op
-by op for *our* :class:`course_lib.model.gpt.GPT`, so that the prediction equals
-:func:`course_lib.measurement.memory.saved_bytes` to the byte: lists of :class:`Saved`, one
-per distinct storage (a storage several ops save appears once), summed in bytes. The memory
-engine (:mod:`course_lib.prediction.engine`) builds a whole step's peak on these lists.
-
-Shapes: ``b`` batch, ``s`` sequence, ``h`` d_model, ``a`` heads, ``d = h/a``, ``V``
-vocabulary. What each op keeps:
-
-* LayerNorm: its input (``bsh`` elements) and, per token, the mean and 1/std;
-* ``nn.Linear`` (``addmm``, or ``mm`` without bias): its input; the weight is a parameter;
-* GELU: its input (the ``bs4h`` output of the first MLP matmul);
-* dropout (``p > 0``): its mask;
-* explicit attention: copies of ``q`` and ``k`` (``q @ k^T``), the scale as a 0-d float64
-  host tensor (8 bytes), the ``s x s`` causal mask (bool), softmax's output, dropout's mask,
-  the dropped probabilities and a copy of ``v``;
-* fused attention (``F.scaled_dot_product_attention``): as its kernel
-  (:func:`course_lib.model.kernels.sdpa_kernel`).
-
-Where it runs (``gpu``: None for the CPU, a preset of :data:`course_lib.device.GPUS`, "cuda",
-a :class:`~course_lib.device.GPU`) decides the dtypes of masks and LayerNorm statistics and
-the attention kernel (:mod:`course_lib.model.kernels`). Under ``torch.autocast``
-(``autocast=True``, ``dtype`` the autocast dtype) the parameters and residual stream stay
-fp32, every linear keeps a 16-bit copy of its input and of its weight, and on CUDA explicit
-attention's softmax returns fp32.
+Korthikanti et al. (2022) count ``s*b*h*(34 + 5*a*s/h)`` bytes per 16-bit layer; this module
+counts op by op for *our* GPT, as lists of :class:`Saved` (one per storage), equal to
+:func:`course_lib.measurement.memory.saved_bytes` to the byte. The GPU decides the dtypes of
+masks and LayerNorm statistics and the attention kernel; under ``autocast`` (``dtype`` the
+autocast dtype) the residual stream stays fp32 and each linear keeps 16-bit copies of its input
+and weight. The counts take ``config``, ``batch_size``, ``seq_len`` (None: ``config.seq_len``),
+``dtype``, ``gpu`` and ``autocast``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
 import torch
 
 from course_lib.device import GPU, resolve_gpu
-from course_lib.docstrings import fill_doc
 from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_config
-from course_lib.prediction.target import Target
-from course_lib.units import dtype_bytes
-from course_lib.validation import (
-    MAX_BATCH,
-    positive_int,
-)
+from course_lib.prediction.step import Step
+from course_lib.units import as_dtype, dtype_bytes
+from course_lib.validation import MAX_BATCH, boolean, positive_int
 
 _INDEX = torch.int64
 _FP32 = torch.float32
+# The precision whose dtypes a (dtype, autocast) pair names.
+_PRECISION_OF = {(torch.float32, False): "fp32", (torch.bfloat16, False): "bf16",
+                 (torch.float16, False): "fp16-mixed", (torch.bfloat16, True): "autocast-bf16",
+                 (torch.float16, True): "autocast-fp16"}
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
 class Saved:
-    """One storage autograd keeps for backward: which op saves it, what it is, its shape and dtype.
-
-    ``kind`` (:data:`KINDS`): "activation", "input" (token ids and targets, allocated before the
-    step), "weight copy" (autocast's 16-bit weight a matmul saves) or "scalar" (a 0-d host tensor).
-    Made by the engine from checked inputs, tens of thousands per planner search: not checked again.
-    """
+    """One storage autograd keeps for backward: the op, what it is, its shape, dtype and ``kind``
+    (:data:`KINDS`: "input" for token ids and targets, "weight copy" for autocast's, "scalar"
+    for a 0-d host tensor)."""
 
     op: str
     what: str
@@ -84,19 +63,14 @@ def total_bytes(items: list[Saved], kinds: tuple = KINDS, gpu: GPU | None = None
 
     With a ``gpu``, each storage counts as the CUDA allocator holds it (rounded up to 512 bytes,
     :func:`course_lib.model.kernels.allocated`).
-
     Args:
-        items (list of Saved): what a ``*_saved`` function returned.
-        kinds (tuple of str): the kinds to count, of :data:`KINDS`.
-        gpu (str or GPU, optional): None (exact bytes), or what
-            :func:`course_lib.device.resolve_gpu` takes.
-
+        items (list of Saved): the storages.
+        kinds (tuple of str): the kinds counted.
+        gpu (GPU, optional): the device whose allocator rounds (None: exact bytes).
     Returns:
-        int: bytes.
-
+        int: the bytes.
     Raises:
-        ValueError: naming ``items`` (not a list or tuple of :class:`Saved`), ``kinds`` (not a
-            tuple or list of :data:`KINDS`) or ``gpu``.
+        ValueError: naming the parameter, for a bad value.
     """
     if not isinstance(items, list | tuple) or not all(isinstance(i, Saved) for i in items):
         raise ValueError(f"items must be a list of course_lib.prediction.activations.Saved, got "
@@ -108,33 +82,40 @@ def total_bytes(items: list[Saved], kinds: tuple = KINDS, gpu: GPU | None = None
     return sum(kernels.allocated(item.nbytes, gpu) for item in items if item.kind in kinds)
 
 
-# --------------------------------------------------------------------------- validation
+@functools.lru_cache(maxsize=64)
+def _step_of(precision: str, gpu: GPU | None) -> Step:
+    """The Step whose dtypes and device rules the items follow (its precision and GPU)."""
+    return Step(GPTConfig(), precision=precision, gpu=gpu)
+
 
 def prediction_args(config, batch_size, seq_len, dtype, gpu, autocast=False, *,
-                    names=("batch_size", "seq_len")) -> tuple[int, int, Target]:
-    """Every argument of a prediction checked and its :class:`Target` resolved once:
-    ``(batch_size, seq_len, target)``; the prediction wing passes the target inward from here."""
+                    names=("batch_size", "seq_len")) -> tuple[int, int, Step]:
+    """A count's arguments checked: ``(batch_size, seq_len, step)``, the step with the dtypes."""
     check_config(config)
+    seq_len = config.seq_len if seq_len is None else seq_len
     batch_size = positive_int(names[0], batch_size, maximum=MAX_BATCH)  # an int from here: a
     seq_len = positive_int(names[1], seq_len)  # numpy int would overflow in the products below
     if seq_len > config.seq_len:
         raise ValueError(f"{names[1]} must be at most config.seq_len={config.seq_len}, "
                          f"got {seq_len}")
-    return batch_size, seq_len, Target.resolve(dtype, gpu, autocast)
+    dtype = as_dtype(dtype)
+    if dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"dtype must be one of {_FLOAT_DTYPES}, got {dtype!r}")
+    boolean("autocast", autocast)
+    if autocast and dtype == torch.float32:
+        raise ValueError("autocast=True needs a 16-bit dtype (torch.bfloat16 or torch.float16)")
+    return batch_size, seq_len, _step_of(_PRECISION_OF[dtype, autocast], resolve_gpu(gpu))
 
 
-# --------------------------------------------------------------------------- building blocks
-
-def layernorm_items(name: str, b: int, s: int, h: int, t: Target) -> list[Saved]:
-    """``native_layer_norm`` keeps its input (in ``t.stream``) and the per-token mean and 1/std
-    (``rstd``, in ``t.stats``)."""
+def _layernorm_items(name: str, b: int, s: int, h: int, t: Step) -> list[Saved]:
+    """``native_layer_norm`` keeps its input and the per-token mean and 1/std (``rstd``)."""
     return [Saved(name, "input", (b, s, h), t.stream),
             Saved(name, "mean", (b, s, 1), t.stats),
             Saved(name, "rstd", (b, s, 1), t.stats)]
 
 
-def linear_items(name: str, what: str, b: int, s: int, n_in: int, n_out: int,
-                  t: Target) -> list[Saved]:
+def _linear_items(name: str, what: str, b: int, s: int, n_in: int, n_out: int,
+                  t: Step) -> list[Saved]:
     """A linear keeps its input; under autocast a 16-bit copy of it and of its weight."""
     if not t.autocast:
         return [Saved(name, f"input ({what})", (b, s, n_in), t.compute)]
@@ -143,15 +124,13 @@ def linear_items(name: str, what: str, b: int, s: int, n_in: int, n_out: int,
                   kind="weight copy")]
 
 
-def _dropout_saved(name: str, shape: tuple, p: float, dtype: torch.dtype,
-                   t: Target) -> list[Saved]:
-    """Dropout with ``p > 0`` on input of ``dtype`` keeps its mask
-    (:func:`course_lib.model.kernels.mask_dtype`); ``p = 0`` keeps nothing."""
+def _dropout_saved(name: str, shape: tuple, p: float, dtype: torch.dtype, t: Step) -> list[Saved]:
+    """Dropout with ``p > 0`` keeps its mask (:func:`course_lib.model.kernels.mask_dtype`)."""
     return [Saved(name, "mask", shape, t.mask(dtype))] if p > 0 else []
 
 
-def core_items(config: GPTConfig, b: int, s: int, t: Target,
-                kernel: str | None = None) -> list[Saved]:
+def core_items(config: GPTConfig, b: int, s: int, t: Step,
+               kernel: str | None = None) -> list[Saved]:
     """What the attention core keeps for backward (:func:`attention_core_saved`, unchecked)."""
     a, p, h, dtype = config.n_heads, config.dropout, config.d_model, t.compute
     probs = (b, a, s, s)
@@ -208,63 +187,45 @@ def attention_core_saved(config: GPTConfig, b: int, s: int, dtype, gpu=None, *,
                          autocast: bool = False, kernel: str | None = None) -> list[Saved]:
     """What ``CausalSelfAttention.core(q, k, v)`` keeps, for ``config.attention`` and ``config.dropout``.
 
-    The ``q``, ``k``, ``v`` views into the QKV output are ``(b, a, s, d)`` with
-    the heads transposed; a matmul needs them as ``(b*a, s, d)`` batches and
-    copies them (``3*bsh`` elements) unless ``b == 1`` or ``a == 1``, when the
-    batches are views and the one QKV output storage (also ``3*bsh``) is kept.
-
-    Which SDPA kernel runs decides the rest (Dao et al. 2022, FlashAttention: recompute inside
-    a kernel): ``math``, the reference, keeps the ``b*a*s*s`` probabilities (fp32 for 16-bit
-    input); ``flash``, ``efficient`` and ``cudnn`` keep only their output and a per-row
-    log-sum-exp (fp32, ``b*a*s``; padded to 32 rows by ``efficient``), and rebuild the
-    probabilities in their backward pass from q, k, v and the log-sum-exp.
-
+    The head views are copied into ``(b*a, s, d)`` batches for a matmul unless ``b == 1`` or
+    ``a == 1``. ``math`` keeps the ``b*a*s*s`` probabilities (fp32 for 16-bit input); ``flash``,
+    ``efficient`` and ``cudnn`` their output and a per-row fp32 log-sum-exp, and rebuild the
+    probabilities in backward (Dao et al. 2022). ``kernel`` forces one of
+    :data:`course_lib.model.kernels.SDPA_KERNELS` (None: the device's).
     Args:
-        config (GPTConfig): the course GPT's shape.
-        b (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        s (int): tokens per sequence, from 1 to ``config.seq_len``.
-        dtype (torch.dtype or str): fp32, bf16 or fp16 (with ``autocast``, the autocast dtype).
-        gpu (str or GPU, optional): None for the CPU's kernels, or what
-            :func:`course_lib.device.resolve_gpu` takes.
-        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
-        kernel (str, optional): the SDPA kernel to count, one of
-            :data:`course_lib.model.kernels.SDPA_KERNELS` (as ``torch.nn.attention.sdpa_kernel`` forces
-            one); None: the one the target picks (:func:`course_lib.model.kernels.sdpa_kernel`), or the
-            explicit attention for ``config.attention == "explicit"``.
-
+        config, dtype, gpu, autocast: as :func:`block_saved`.
+        b, s (int): sequences, and tokens per sequence.
+        kernel (str, optional): the kernel, as above.
     Returns:
-        list of Saved: the saved storages, in forward order.
-
+        list of Saved: the storages, in forward order.
     Raises:
-        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
-            ``dtype``; ``kernel`` not one of the SDPA kernels, or one that cannot run on this
-            target: :func:`course_lib.model.kernels.forced_kernel`).
+        ValueError: naming the parameter, for a bad value.
     """
-    b, s, t = prediction_args(config, b, s, dtype, gpu, autocast, names=("b", "s"))
+    b, s, t = prediction_args(config, b, positive_int("s", s), dtype, gpu, autocast,
+                              names=("b", "s"))
     return core_items(config, b, s, t, kernels.forced_kernel(kernel, config, t.compute, t.gpu))
 
 
-def runs_fused_mlp(config: GPTConfig, t: Target) -> bool:
-    """Whether the attention's output reaches the out-projection as one storage (a fused SDPA
-    kernel, not the math kernel), so no contiguous copy of the merged heads is kept."""
+def _runs_fused_mlp(config: GPTConfig, t: Step) -> bool:
+    """Whether a fused SDPA kernel's output is the out-projection's input (one storage)."""
     return config.attention == "sdpa" and kernels.sdpa_kernel(config, t.compute, t.gpu) != "math"
 
 
-def block_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
-    """:func:`block_saved` for checked sizes and a resolved target."""
+def block_items(config: GPTConfig, b: int, s: int, t: Step) -> list[Saved]:
+    """:func:`block_saved` for checked sizes."""
     h, p = config.d_model, config.dropout
-    items = layernorm_items("ln1", b, s, h, t)
-    items += linear_items("qkv", "ln1's output", b, s, h, 3 * h, t)
+    items = _layernorm_items("ln1", b, s, h, t)
+    items += _linear_items("qkv", "ln1's output", b, s, h, 3 * h, t)
     items += core_items(config, b, s, t)
-    if not runs_fused_mlp(config, t):  # a fused kernel's output is the out-projection's input (one storage)
-        items += linear_items("attn proj", "the merged heads, contiguous", b, s, h, h, t)
+    if not _runs_fused_mlp(config, t):
+        items += _linear_items("attn proj", "the merged heads, contiguous", b, s, h, h, t)
     elif t.autocast:  # the kernel's output is already 16-bit: only the weight is copied
-        items += linear_items("attn proj", "", b, s, h, h, t)[1:]
+        items += _linear_items("attn proj", "", b, s, h, h, t)[1:]
     # The course's bias-dropout-add keeps its seed, not a mask (config.fused_residual)
     resid_p = 0.0 if config.fused_residual else p
     items += _dropout_saved("attn resid dropout", (b, s, h), resid_p, t.compute, t)
-    items += layernorm_items("ln2", b, s, h, t)
-    items += linear_items("mlp fc", "ln2's output", b, s, h, 4 * h, t)
+    items += _layernorm_items("ln2", b, s, h, t)
+    items += _linear_items("mlp fc", "ln2's output", b, s, h, 4 * h, t)
     if config.fused_mlp:  # the course kernel keeps its inputs: x @ W.T and the bias
         items.append(Saved("bias_gelu", "input x (fc's x @ W.T)", (b, s, 4 * h), t.compute))
         if t.autocast:  # the fp32 bias cast to the 16-bit matmul output's dtype
@@ -272,121 +233,78 @@ def block_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
                                kind="weight copy"))
     else:
         items.append(Saved("gelu", "input (fc's output)", (b, s, 4 * h), t.compute))
-    proj = linear_items("mlp proj", "gelu's output", b, s, 4 * h, h, t)
+    proj = _linear_items("mlp proj", "gelu's output", b, s, 4 * h, h, t)
     items += [replace(proj[0], what="input (gelu's output)"), *proj[1:]]
     items += _dropout_saved("mlp dropout", (b, s, h), resid_p, t.compute, t)
     return items
 
 
-# The shape arguments of every count below, described once (:func:`course_lib.docstrings.fill_doc`).
-_SHAPE_ARGS = """\
-config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
-batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-seq_len (int, optional): tokens per sequence, from 1 to ``config.seq_len`` (None: that).
-dtype (torch.dtype or str): the model's dtype, fp32, bf16 or fp16; with ``autocast``,
-    the autocast dtype (16-bit) of a model kept in fp32.
-gpu (str or GPU, optional): None for the CPU's kernels, or what
-    :func:`course_lib.device.resolve_gpu` takes (a name of :data:`course_lib.device.GPUS`,
-    "cuda", a ``GPU``).
-autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
-"""
-
-
-@fill_doc(shape_args=_SHAPE_ARGS)
 def block_saved(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                 dtype=torch.float32, gpu=None, *, autocast: bool = False) -> list[Saved]:
     """Every storage one transformer ``Block`` keeps for backward, in forward order.
 
-    ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``: LayerNorm 1 (input, mean,
-    rstd); the QKV linear's input; the attention core; the out-projection's
-    input; its dropout mask; LayerNorm 2; the MLP: first linear's input, GELU's
-    input, second linear's input (GELU's output), dropout mask. Residual adds keep nothing.
-    Under autocast each linear also keeps a 16-bit copy of its weight. With
-    ``config.fused_mlp`` the course kernel keeps its input ``x @ W.T`` where GELU kept
-    ``fc``'s output (the same bytes), and under autocast a 16-bit copy of the bias. With
-    ``config.fused_residual`` the two residual dropouts keep no mask (the kernel keeps a seed).
-
+    LayerNorm 1 (input, mean, rstd), the QKV input, the attention core, the out-projection's
+    input, its dropout mask, LayerNorm 2, the MLP's inputs and dropout mask; residual adds keep
+    nothing. ``fused_mlp``: the course kernel keeps ``x @ W.T``; ``fused_residual``: a seed.
     Args:
-        {shape_args}
-
+        config (GPTConfig): the course GPT's shape (its ``attention`` and ``dropout`` too).
+        batch_size, seq_len (int): sequences, and tokens per sequence (None: ``config.seq_len``).
+        dtype (torch.dtype or str): fp32, bf16 or fp16; with ``autocast``, the autocast dtype.
+        gpu (str or GPU, optional): None for the CPU's kernels, or what ``resolve_gpu`` takes.
+        autocast (bool): the forward pass runs under ``torch.autocast`` in ``dtype``.
     Returns:
-        list of Saved: the saved storages of one block.
-
-    Raises:
-        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
-            ``dtype``).
+        list of Saved: the storages, in forward order.
     """
-    seq_len = check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
     return block_items(config, b, s, t)
 
 
-def embedding_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
+def embedding_items(config: GPTConfig, b: int, s: int, t: Step) -> list[Saved]:
     """Token and position embeddings keep their indices (int64); the dropout after them its mask."""
     return [Saved("tok_emb", "token ids (the input)", (b, s), _INDEX, kind="input"),
             Saved("pos_emb", "positions (arange)", (s,), _INDEX),
             *_dropout_saved("emb dropout", (b, s, config.d_model), config.dropout, t.stream, t)]
 
 
-def head_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
-    """Final LayerNorm, the tied LM head's input, and ``cross_entropy(logits.float(), targets)``:
-    ``log_softmax``'s fp32 output, the targets, ``nll_loss``'s 0-d ``total_weight``."""
+def head_items(config: GPTConfig, b: int, s: int, t: Step) -> list[Saved]:
+    """Final LayerNorm, the tied head's input, and the loss's fp32 log-softmax, targets, weight."""
     h, V = config.d_model, config.vocab_size
-    return [*layernorm_items("ln_f", b, s, h, t),
-            *linear_items("lm_head", "ln_f's output", b, s, h, V, t),
+    return [*_layernorm_items("ln_f", b, s, h, t),
+            *_linear_items("lm_head", "ln_f's output", b, s, h, V, t),
             Saved("log_softmax", "output, also nll_loss's input", (b * s, V), _FP32),
             Saved("nll_loss", "targets", (b * s,), _INDEX, kind="input"),
             Saved("nll_loss", "total_weight", (), _FP32)]
 
 
-def _model_items(config: GPTConfig, b: int, s: int, t: Target) -> list[Saved]:
+def _model_items(config: GPTConfig, b: int, s: int, t: Step) -> list[Saved]:
     """Everything the whole GPT keeps for ``loss.backward()``: embeddings, blocks, head, loss."""
     return [*embedding_items(config, b, s, t), *(block_items(config, b, s, t) * config.n_layers),
             *head_items(config, b, s, t)]
 
 
-@fill_doc(shape_args=_SHAPE_ARGS)
 def block_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                       dtype=torch.float32, gpu=None, *, autocast: bool = False) -> int:
-    """Bytes one block keeps for backward: the sum of :func:`block_saved`.
-
+    """Bytes one block keeps for backward: the sum of :func:`block_saved` (exact, not rounded).
     Args:
-        {shape_args}
-
+        config, batch_size, seq_len, dtype, gpu, autocast: as :func:`block_saved`.
     Returns:
-        int: bytes, exact (not rounded to allocator blocks).
-
-    Raises:
-        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
-            ``dtype``).
+        int: the bytes.
     """
     return total_bytes(block_saved(config, batch_size, seq_len, dtype, gpu, autocast=autocast))
 
 
-@fill_doc(shape_args=_SHAPE_ARGS)
 def predict_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                         dtype=torch.float32, gpu=None, *, autocast: bool = False) -> int:
-    """Bytes the whole model keeps for backward, token ids and targets included.
-
-    Equals ``course_lib.measurement.memory.saved_bytes(loss, model.parameters())`` for
-    ``GPT(config).to(dtype)`` in training mode on the CPU (or ``GPT(config)`` under
-    ``torch.autocast("cpu", dtype)`` with ``autocast=True``), to the byte.
-
+    """Bytes the whole model keeps for backward, token ids and targets included: equals
+    ``course_lib.measurement.memory.saved_bytes`` of a training step on the CPU, to the byte.
     Args:
-        {shape_args}
-
+        config, batch_size, seq_len, dtype, gpu, autocast: as :func:`block_saved`.
     Returns:
-        int: bytes, summed over the embeddings, every block (:func:`block_saved`), the head.
-
-    Raises:
-        ValueError: naming the parameter, for a bad value (``autocast=True`` needs a 16-bit
-            ``dtype``).
-
+        int: the bytes.
     Example:
         >>> predict_saved_bytes(GPTConfig(), 2)  # measured: memory.saved_bytes
         1256964
     """
-    seq_len = check_config(config).seq_len if seq_len is None else seq_len
     return total_bytes(_model_items(config, *prediction_args(config, batch_size, seq_len, dtype,
                                                              gpu, autocast)))
 
@@ -395,32 +313,19 @@ def korthikanti_terms(config: GPTConfig, batch_size: int, seq_len: int | None = 
                       dtype=torch.bfloat16, gpu=None) -> dict[str, int]:
     """Where one block departs from Korthikanti et al.'s ``s*b*h*(34 + 5*a*s/h)`` bytes.
 
-    The paper's setting: explicit attention, dropout on, 16-bit activations
-    (``config.attention`` is taken as "explicit"). The differences, in bytes:
-
-    * ``"dropout masks"``: the paper counts 1 byte per mask element (two ``sbh``
-      masks and one ``as^2b``); on the CPU masks have the activation's dtype (2 bytes);
-    * ``"layernorm stats"``: mean and 1/std per token of both LayerNorms (``4sb``
-      values), which the paper leaves out; fp32 on CUDA, the activation dtype on the CPU;
-    * ``"causal mask"``: the ``s^2`` bool mask that ``masked_fill`` keeps;
-    * ``"scale scalar"``: the 8-byte float64 tensor holding ``1/sqrt(d)``.
-
+    The paper's setting: explicit attention (``config.attention`` is taken as "explicit"),
+    ``config.dropout > 0``, a 16-bit ``dtype``. Returns bytes by name: ``"paper"``, then the
+    differences, ``"dropout masks"`` (the paper counts 1 byte per mask element; the CPU's masks
+    take the activation's dtype), ``"layernorm stats"`` (mean and 1/std per token, which the
+    paper leaves out), ``"causal mask"`` (``s^2`` bools), ``"scale scalar"`` (8 bytes), and
+    ``"block"`` (:func:`block_saved_bytes`), with ``paper + differences == block``.
     Args:
-        config (GPTConfig): the course GPT's shape, with ``dropout > 0``.
-        batch_size (int): sequences b, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-        seq_len (int, optional): tokens s, from 1 to ``config.seq_len`` (None: that).
-        dtype (torch.dtype or str): a 16-bit dtype (bf16 or fp16).
-        gpu (str or GPU, optional): None for the CPU's kernels, or what
-            :func:`course_lib.device.resolve_gpu` takes.
-
+        config, batch_size, seq_len, dtype, gpu: as :func:`block_saved`.
     Returns:
-        dict: bytes by name: ``"paper"`` (the formula), each difference above, and ``"block"``
-        (:func:`block_saved_bytes`), with ``paper + differences == block``.
-
+        dict of str to int: the bytes by name, as above.
     Raises:
-        ValueError: naming the parameter for a bad value, or without dropout or with fp32.
+        ValueError: naming the parameter, for a bad value.
     """
-    seq_len = check_config(config).seq_len if seq_len is None else seq_len
     b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu)
     if config.dropout == 0 or dtype_bytes(t.compute) != 2:
         raise ValueError("korthikanti_terms is for the paper's setting: config.dropout > 0 and a "

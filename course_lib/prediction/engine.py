@@ -1,74 +1,15 @@
 """The memory engine: the peak bytes of one training step of the course GPT, on the CPU or a GPU.
 
-Every prediction of the course goes through :func:`course_lib.prediction.predict.predict`,
-which asks this engine for the :func:`moments` of a :class:`~course_lib.prediction.step.Step`:
-the lectures' figures, the widgets, the planners and the exercise checks. Each moment is a
-:class:`StepMemory`, whose fields mean the same everywhere:
-
-* ``parameters``, ``master_weights`` (fp32 copies, mixed precision only) and
-  ``optimizer_state`` (AdamW's ``m`` and ``v``, and its ``step`` counters where
-  they are device memory): the model states;
-* ``gradients``: the weight gradients alive at the worst moment;
-* ``activations``: what autograd keeps for backward at that moment
-  (:mod:`course_lib.prediction.activations`, under checkpointing :mod:`course_lib.training.checkpointing`);
-* ``transient``: gradients in flight between ops and scratch of kernels and of the optimizer;
-* ``total``: their sum, the bytes the device holds at the peak (what
-  ``torch.cuda.max_memory_allocated`` reports for a step from a clean start);
-* ``step_peak``: ``total`` minus what existed before the step, which is what
-  :func:`course_lib.measurement.memory.peak_memory` measures around it.
-
-How it predicts. Three moments of a step compete (the largest is the peak):
-
-* **backward**: all activations the step keeps, then the backward pass replayed
-  node by node: each node allocates its outputs (the gradient it passes down,
-  weight gradients) and then frees its incoming gradient and what it saved.
-  Checkpointed regions are rebuilt when the backward pass reaches them (Chen et
-  al. 2016, "Training Deep Nets with Sublinear Memory Cost"), and a rerun attention
-  core holds its scratch at its end (the QKV output, the masked ``s x s`` scores
-  and the output of explicit attention; SDPA's math kernel's copies) on top of what
-  it saves; a core rerun alone stops at its last saved tensor (``torch.utils.checkpoint``'s
-  early stop), before its output. From the second
-  micro-batch of an accumulated step on, the whole gradient is alive as well;
-  each new weight gradient is added into it and freed, which the engine bounds
-  from above by keeping the first pass's new gradients on top (tight when the
-  pass peaks early, at the loss);
-* **optimizer**: gradients, AdamW's ``m`` and ``v``, and its scratch
-  (:func:`adamw_scratch_bytes`, or one copy of ``v`` for ``foreach``, PyTorch's default on
-  CUDA); in
-  mixed precision the gradients are the fp32 copies of the master weights';
-* **forward**, where SDPA's math kernel runs without checkpointing (the CPU with dropout,
-  bf16 on a T4): the last block's attention scratch; with explicit attention, under every
-  checkpointing mode: the last block's core replayed tensor by tensor
-  (:func:`_explicit_core_peak`). A checkpointed core keeps little, yet builds its
-  ``s x s`` maps one after the other: under a selective policy the cached scores, the masked
-  scores, the probabilities, dropout's mask and its output are alive at once, the step's peak.
-
-Where the step runs (``gpu``: None for the CPU, a preset name of
-:data:`course_lib.device.GPUS`, "cuda" for this kernel's GPU, or a
-:class:`~course_lib.device.GPU`) decides the attention kernel, the dtypes of
-masks and LayerNorm statistics, and the CUDA allocator's 512-byte rounding of
-every tensor (:mod:`course_lib.model.kernels`). The CUDA context, cuBLAS workspaces and
-the allocator's cached but unallocated blocks are outside ``total``: lecture 06
-shows them next to it.
-
-Precisions (:data:`PRECISIONS`, the table of :data:`course_lib.prediction.formulas.PRECISION`, re-exported
-here with :func:`precision_of`; bytes per parameter of model states, gradients included):
-
-=================  ======================================================  ==============
-``"fp32"``         fp32 model and AdamW                                    16
-``"fp16-mixed"``   fp16 model, fp32 master weights and AdamW state,        16
-                   loss scaling (:class:`course_lib.training.mixed_precision.MasterWeightAdamW`)
-``"bf16-mixed"``   bf16 model, fp32 master weights and AdamW state         16
-``"bf16"``         bf16 model and AdamW state ("pure" bf16)                8
-``"autocast-fp16"``  fp32 model under ``torch.autocast(dtype=float16)``,   16, plus 16-bit
-``"autocast-bf16"``  with a GradScaler for fp16                            weight copies
-=================  ======================================================  ==============
-
-Accuracy: on the CPU, exact to the byte for one micro-batch in fp32 and pure 16-bit, with
-or without dropout, under every checkpointing mode (the tests; ``benchmarks/estimator_accuracy.py``);
-the cases within a few % are named in :func:`course_lib.prediction.predict.predict`. On
-CUDA the rules follow PyTorch's documented kernels; the ``gpu`` tests and
-``make gpu-check`` compare them with the allocator.
+:func:`course_lib.prediction.predict.predict` asks it for the :func:`moments` of a
+:class:`~course_lib.prediction.step.Step`, each a :class:`StepMemory` by the categories of
+:data:`course_lib.units.MEMORY_CATEGORIES`; ``total`` is what ``torch.cuda.max_memory_allocated``
+reports from a clean start. Three moments compete: **backward**, every kept activation and then
+the backward pass replayed node by node (checkpointed regions rebuilt where the pass reaches
+them, Chen et al. 2016); **optimizer**, the gradients, AdamW's state and its scratch
+(:func:`adamw_scratch_bytes`); **forward**, the last block's attention where SDPA's math kernel
+or explicit attention builds its ``s x s`` maps. The GPU decides the attention kernel, the
+dtypes of masks and statistics and the allocator's rounding (:mod:`course_lib.model.kernels`).
+Exact to the byte on the CPU for one micro-batch in fp32 and pure 16-bit (the tests).
 """
 
 from __future__ import annotations
@@ -90,7 +31,6 @@ from course_lib.prediction.formulas import (  # noqa: F401 (re-exported)
     precision_of,
 )
 from course_lib.prediction.step import Step
-from course_lib.prediction.target import Target
 from course_lib.training import checkpointing as ckpt
 from course_lib.units import MEMORY_CATEGORIES, dtype_bytes
 from course_lib.validation import MAX_BYTES, integer
@@ -102,23 +42,7 @@ _F32 = torch.float32
 
 @dataclass(frozen=True)
 class StepMemory:
-    """Predicted bytes at one moment of a training step (see the module doc for each field).
-
-    Attributes:
-        moment (str): which moment of the step: "backward", "backward 2+", "optimizer" or
-            "forward" (:func:`moments`).
-        parameters (int): bytes of the model's parameters.
-        master_weights (int): bytes of the fp32 master copies (mixed precision only).
-        optimizer_state (int): bytes of AdamW's ``m`` and ``v`` (and its ``step`` counters where
-            they are device memory).
-        gradients (int): bytes of the weight gradients alive at this moment.
-        activations (int): bytes autograd keeps for backward at this moment.
-        transient (int): bytes of gradients in flight between ops and of kernel and optimizer
-            scratch.
-        first_step (bool): the step is the first of a fresh optimizer (AdamW creates ``m``
-            and ``v`` in it), so before it only the parameters and master weights exist;
-            otherwise (steady state) the optimizer state exists before the step too.
-    """
+    """Predicted bytes at one moment of a step, by category (``first_step``: AdamW's first)."""
 
     moment: str
     parameters: int
@@ -141,19 +65,13 @@ class StepMemory:
 
     @property
     def before_step(self) -> int:
-        """Bytes that existed before the step.
-
-        Parameters, master weights and, in steady state, the optimizer state.
-        """
+        """Parameters, master weights and, in steady state, the optimizer state."""
         return (self.parameters + self.master_weights
                 + (0 if self.first_step else self.optimizer_state))
 
     @property
     def step_peak(self) -> int:
-        """``total - before_step``: what :func:`course_lib.measurement.memory.peak_memory` measures.
-
-        The peak around the step, above what existed before it.
-        """
+        """``total - before_step``: what ``measurement.memory.peak_memory`` measures."""
         return self.total - self.before_step
 
     def as_dict(self) -> dict[str, int]:
@@ -162,16 +80,13 @@ class StepMemory:
 
 
 def breakdown_rows(memory: StepMemory) -> list[tuple[str, int]]:
-    """``(category, bytes)`` of a :class:`StepMemory` for a stacked bar, zero categories left out.
-
+    """``(label, bytes)`` of a :class:`StepMemory`'s nonzero categories, for a stacked bar.
     Args:
-        memory (StepMemory): a prediction.
-
+        memory (StepMemory): a step's bytes by category.
     Returns:
-        list of tuple: ``(label, bytes)``, labels of :data:`course_lib.units.MEMORY_CATEGORIES`.
-
+        list of tuple: ``(label, bytes)`` per nonzero category.
     Raises:
-        ValueError: naming ``memory``, for anything but a :class:`StepMemory`.
+        ValueError: naming ``memory``, when it is not a StepMemory.
     """
     if not isinstance(memory, StepMemory):
         raise ValueError(f"memory must be a course_lib.prediction.engine.StepMemory, got "
@@ -179,20 +94,11 @@ def breakdown_rows(memory: StepMemory) -> list[tuple[str, int]]:
     return [(MEMORY_CATEGORIES[name].label, v) for name, v in memory.as_dict().items() if v]
 
 
-# --------------------------------------------------------------------------- the replay
-
 _GRAD, _ACT, _TMP = "gradients", "activations", "transient"
 
 
 class _Replay:
-    """Live bytes per category while the backward pass is replayed node by node.
-
-    A node first allocates its outputs one by one (the peak is checked after each),
-    then frees what it no longer needs: its incoming gradient and the tensors it saved.
-    ``recompute(label, nbytes, before=labels, scratch=n)`` adds rebuilt activations now, or
-    just before the next node whose label starts with one of ``labels``, with ``n`` bytes of
-    the rerun's own scratch alive at its end (then freed).
-    """
+    """Live bytes per category while the backward pass is replayed node by node."""
 
     def __init__(self, live: dict):
         self.live = dict(live)
@@ -224,8 +130,7 @@ class _Replay:
 
     @classmethod
     def effect(cls, replay) -> _Effect:
-        """Run ``replay(r)`` from nothing: the :class:`_Effect` of that stretch of one block,
-        so that identical blocks are replayed once and then added (:meth:`apply`)."""
+        """Run ``replay(r)`` from nothing: the :class:`_Effect` of that stretch of one block."""
         r = cls(dict.fromkeys((_GRAD, _ACT, _TMP), 0))
         r.best = dict.fromkeys(r.live, -(1 << 62))  # any node beats the start
         replay(r)
@@ -241,10 +146,7 @@ class _Replay:
 
 @dataclass(frozen=True)
 class _Effect:
-    """What a stretch of blocks does to the live bytes, replayed from nothing: ``worst`` (live
-    at its worst node), ``label`` of that node (``{i}`` for its block), ``end`` (live after
-    it), ``offset`` (that block, counted from the stretch's first) and ``blocks`` (its length).
-    Stretches compose: :meth:`then` (one after the other) and :meth:`repeat`."""
+    """A stretch of blocks replayed from nothing: live bytes at its worst node and after it."""
 
     worst: dict
     label: str
@@ -261,9 +163,7 @@ class _Effect:
                        self.blocks + other.blocks)
 
     def repeat(self, times: int) -> _Effect:
-        """``times`` of this stretch in a row: each starts where the last ended, so their worst
-        moments differ by a multiple of the end's total: the first is the worst if the stretch
-        frees more than it keeps, else the last."""
+        """This stretch ``times`` in a row (the first is worst if it frees more than it keeps)."""
         k = times - 1 if sum(self.end.values()) > 0 else 0
         return _Effect({c: self.worst[c] + k * self.end[c] for c in self.end}, self.label,
                        {c: times * self.end[c] for c in self.end}, k * self.blocks + self.offset,
@@ -271,13 +171,7 @@ class _Effect:
 
 
 class _Backward:
-    """The backward pass of the course GPT, node by node, in bytes as the target allocates them.
-
-    ``t`` holds the dtypes (:class:`course_lib.prediction.target.Target`); ``params`` the
-    parameters' dtype. Under autocast each linear's backward produces 16-bit weight
-    gradients that a cast turns into fp32 ones, and 16-bit input gradients that a cast
-    turns back into the fp32 residual stream.
-    """
+    """The backward pass of the course GPT, node by node, in bytes as the device allocates them."""
 
     def __init__(self, config: GPTConfig, b: int, s: int, t, params: torch.dtype):
         self.config, self.b, self.s, self.t, self.params = config, b, s, t, params
@@ -302,8 +196,7 @@ class _Backward:
 
     def linear(self, r: _Replay, label: str, n_in: int, n_out: int, grad_in: int, frees,
                bias: bool | None = None) -> None:
-        """A linear's backward: its input gradient, its weight (and bias) gradient; under autocast
-        in 16 bit, then cast to the fp32 parameters' gradients, freeing the weight copy."""
+        """A linear's backward: input, weight (and bias) gradients; under autocast via 16 bit."""
         bias = self.config.bias if bias is None else bias
         w, bb = n_in * n_out, n_out * bias
         if not self.t.autocast and self.in_region and bb:
@@ -339,12 +232,7 @@ class _Backward:
         self.layernorm(r, "ln_f backward")
 
     def chunked_head(self, r: _Replay, chunk: int) -> None:
-        """The backward pass of :func:`course_lib.training.levers.chunked_cross_entropy` (no autocast).
-
-        It allocates the hidden states' gradient and the head weight's, then rebuilds one
-        chunk's logits at a time (``n x V``, fp32; in 16-bit first in the compute dtype, and
-        cast back for the matmuls), with a few ``n``-sized index and scale tensors.
-        """
+        """The backward of ``levers.chunked_cross_entropy``, chunk by chunk."""
         c, b, s, t = self.config, self.b, self.s, self.t
         h, V, N = c.d_model, c.vocab_size, b * s
         n = min(chunk, N)
@@ -370,11 +258,7 @@ class _Backward:
         self.layernorm(r, "ln_f backward")
 
     def embeddings(self, r: _Replay) -> None:
-        """Below the first block: dropout, then the position and the token embeddings.
-
-        Each embedding's backward builds a dense gradient of its whole table; the token
-        table's is added into the gradient the tied head left there, then freed.
-        """
+        """Below the first block: dropout, then the position and the token embeddings."""
         c, b, s, t = self.config, self.b, self.s, self.t
         h, V = c.d_model, c.vocab_size
         # embeddings run in the stream's dtype (fp32 under autocast)
@@ -399,10 +283,7 @@ class _Backward:
                [(_TMP, self.x_stream), (_ACT, self.x_stream + 2 * self.ln_stat)])
 
     def block(self, r: _Replay) -> None:
-        """One block, top to bottom; enters and leaves with one stream gradient live. With
-        ``config.fused_residual`` the caller has run the MLP's kernel first
-        (:meth:`bias_dropout_add`: it unpacks no saved tensor, so it runs before a checkpointed
-        region is rebuilt)."""
+        """One block, top to bottom (``fused_residual``: the caller ran the MLP's kernel first)."""
         c, b, s, t = self.config, self.b, self.s, self.t
         h, p, ac = c.d_model, c.dropout, t.autocast
         x_compute, x_stream, hidden = self.x_compute, self.x_stream, self.hidden
@@ -443,10 +324,7 @@ class _Backward:
         r.node("residual: gradients added", [(_TMP, x_stream)], [(_TMP, 2 * x_stream)])
 
     def bias_dropout_add(self, r: _Replay, branch: str) -> None:
-        """The course's bias-dropout-add backward (``config.fused_residual``): the branch's
-        gradient, its mask drawn again from the seed (a new tensor even without dropout), and the
-        bias's, summed over the rows in fp32; the stream's gradient passes through. Under
-        autocast the branch's gradient is then cast to 16 bit for the projection's matmul."""
+        """The course's bias-dropout-add backward (``config.fused_residual``)."""
         h, t = self.config.d_model, self.t
         f32 = self.bytes(h, _F32)
         label = f"{branch}: bias_dropout_add backward (course kernel)"
@@ -459,9 +337,7 @@ class _Backward:
             self._cast(r, f"{branch}: gradient cast to 16-bit", self.x_stream, self.x_compute)
 
     def bias_gelu(self, r: _Replay) -> None:
-        """The course kernel's backward (:mod:`course_lib.model.fused`): the input's gradient, then the
-        bias's, summed over the rows in fp32 and cast to the bias's dtype (under autocast, a
-        16-bit gradient that the bias's cast turns into the fp32 parameter's)."""
+        """The course kernel's bias-GELU backward (:mod:`course_lib.model.fused`)."""
         n, hidden, t = 4 * self.config.d_model, self.hidden, self.t
         f32 = self.bytes(n, _F32)
         frees = [(_TMP, hidden), (_ACT, hidden)]  # the incoming gradient, the saved input x
@@ -554,20 +430,15 @@ _CORE_BACKWARD = ("probs @ v backward", "fused attention backward")
 def adamw_scratch_bytes(param_bytes: list[int]) -> int:
     """Largest scratch of PyTorch's single-tensor AdamW (``foreach=False``), in bytes.
 
-    Per parameter ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)``
-    holds two parameter-sized temporaries at once, while the previous parameter's
-    ``denom`` is still referenced: ``max_i(P[i-1] + 2*P[i])``.
-
+    Per parameter ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`` holds two
+    parameter-sized temporaries while the previous parameter's ``denom`` is still referenced:
+    ``max_i(P[i-1] + 2*P[i])`` over ``param_bytes``, the parameters' bytes in the optimizer's order.
     Args:
-        param_bytes (list of int): a non-empty list of byte counts (ints from 0 to
-            :data:`course_lib.validation.MAX_BYTES`), one per parameter in the optimizer's order.
-
+        param_bytes (list of int): the parameters' bytes, in the optimizer's order.
     Returns:
-        int: bytes.
-
+        int: the bytes.
     Raises:
-        ValueError: naming ``param_bytes``, for an empty list, a non-list or a bad count.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> adamw_scratch_bytes([400, 40])  # 2 * 400 for the first parameter
         800
@@ -585,18 +456,9 @@ def _adamw_scratch(param_bytes: tuple[int, ...]) -> int:
     return max((param_bytes[i - 1] if i else 0) + 2 * n for i, n in enumerate(param_bytes))
 
 
-# --------------------------------------------------------------------------- checkpointing
-
 @functools.lru_cache(maxsize=1024)
 def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
-    """``(block, rebuilt, left)`` bytes for one checkpointed region of one block.
-
-    ``block``: what a plain block keeps; ``rebuilt``: what recomputation adds when
-    the backward pass reaches the region; ``left``: what the region holds beyond a plain
-    block once rebuilt (selective: the cached matmul outputs that the rerun consumes;
-    attention: the QKV output its checkpoint held). Depends on one block only: ``config``
-    is the model's with one layer (cached).
-    """
+    """``(block, rebuilt, left)``: a plain block's kept bytes, its rerun's, the region's extra."""
     gpu = t.gpu
     block = act.total_bytes(act.block_items(config, b, s, t), act.STEP_KINDS, gpu)
     h = config.d_model
@@ -614,7 +476,8 @@ def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, 
         fc_out = kernels.allocated(4 * b * s * h * dtype_bytes(t.compute), gpu)  # GELU's input
         # A fused kernel's saved tensors (q, k, v in the QKV output, its output, log-sum-exp)
         # are all kept outputs: none is rebuilt.
-        core = act.core_items(config, b, s, t) if act.runs_fused_mlp(config, t) else []
+        core = (act.core_items(config, b, s, t) if config.attention == "sdpa"
+                and kernels.sdpa_kernel(config, t.compute, gpu) != "math" else [])
         rebuilt = block - x_in - fc_out - act.total_bytes(core, act.STEP_KINDS, gpu)
         if mode == "save-kernel":  # the course kernel's output (the MLP proj's input) is kept
             rebuilt -= fc_out
@@ -622,8 +485,7 @@ def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, 
 
 
 def _chunked_kept(config: GPTConfig, b: int, s: int, t) -> int:
-    """What the chunked loss keeps minus what the plain one keeps: the row-wise log-sum-exps
-    instead of the log-softmax output and ``nll_loss``'s ``total_weight``."""
+    """What the chunked loss keeps minus what the plain one keeps (log-sum-exps for log-softmax)."""
     n = b * s
     return (kernels.allocated(4 * n, t.gpu) - kernels.allocated(4 * n * config.vocab_size, t.gpu)
             - kernels.allocated(4, t.gpu))
@@ -631,9 +493,7 @@ def _chunked_kept(config: GPTConfig, b: int, s: int, t) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def _kept_pieces(one: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int, int]:
-    """``(outside the blocks, a plain block, a checkpointed region's first block)``: bytes kept
-    from forward to backward (:func:`course_lib.prediction.checkpointed.kept_items`), per piece.
-    ``mode`` checkpoints: the one block is a region's first."""
+    """``(outside the blocks, a plain block, a checkpointed region's first block)``: bytes kept."""
     embed, (wrapped,), head, _, block = checkpointed.kept_layout(one, b, mode, 1, None, s, t.compute,
                                                                  t.gpu, t.autocast)
     total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=t.gpu)
@@ -642,16 +502,14 @@ def _kept_pieces(one: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int
 
 @functools.lru_cache(maxsize=4096)
 def _region_counts(n_layers: int, mode: str, every: int, segments: int | None) -> tuple[int, int]:
-    """``(regions, the blocks they cover)`` of
-    :func:`course_lib.training.checkpointing.checkpointed_regions` (cached: a list per block)."""
+    """``(regions, the blocks they cover)`` of :func:`ckpt.checkpointed_regions`."""
     regions = ckpt.checkpointed_regions(n_layers, mode, every, segments)
     return len(regions), sum(len(region) for region in regions)
 
 
 def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
                 segments: int | None) -> int:
-    """:func:`course_lib.prediction.checkpointed.predict_kept_bytes`, from per-piece sums: every region
-    keeps its first block's checkpointed items and nothing of its other blocks."""
+    """:func:`checkpointed.predict_kept_bytes` from per-piece sums."""
     # none, blocks and sqrt keep the same pieces (a region's first block keeps its input)
     piece_mode = "blocks" if mode in ("none", "sqrt") else mode
     outside, block, wrapped = _kept_pieces(_one_layer(config), b, s, t, piece_mode)
@@ -660,11 +518,7 @@ def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
 
 
 def _rerun_core(one: GPTConfig, b: int, s: int, t) -> tuple[int, int] | None:
-    """``(after, scratch)`` for the rerun of a whole block with the explicit core: the bytes
-    the block saves after its core, and what the core holds at its end beyond what it saves
-    (explicit: the QKV output, the masked scores, the causal mask and the output,
-    :func:`_explicit_core_peak` with every saved tensor kept; SDPA's math kernel: its scratch,
-    :func:`_math_scratch`). None for the fused kernels, which save what they hold."""
+    """``(after, scratch)`` of a block's rerun: saved after its core, the core's end scratch."""
     if t.autocast or one.fused_mlp:
         return None
     kernel = kernels.attention_kernel(one, t.compute, t.gpu)
@@ -684,12 +538,7 @@ def _rerun_core(one: GPTConfig, b: int, s: int, t) -> tuple[int, int] | None:
 
 def _selective_rerun(one: GPTConfig, b: int, s: int, t, after: int,
                      scratch: int) -> tuple[int, int, int]:
-    """:func:`_rerun_core`'s ``(after, scratch)`` under the selective policy, and the cached
-    scores' bytes, whose cache holds
-    the QKV output, the core's ``q @ k^T`` and ``probs @ v`` outputs (fp32 in the math kernel)
-    and the MLP's first output (GELU's input): none of them is allocated again by the rerun,
-    and the scores are let go inside the core, once the scaling has read them (no backward
-    formula needs them)."""
+    """:func:`_rerun_core` under the selective policy's cache, plus the cached scores' bytes."""
     n, gpu, e = b * s * one.d_model, t.gpu, dtype_bytes(t.compute)
     inner = 4 if kernels.attention_kernel(one, t.compute, gpu) == "math" else e
     fc_out = kernels.allocated(4 * n * e, gpu)
@@ -700,11 +549,7 @@ def _selective_rerun(one: GPTConfig, b: int, s: int, t, after: int,
 
 
 def _rerun_core_scratch(one: GPTConfig, b: int, s: int, t) -> int:
-    """What a checkpointed attention core holds at the end of its rerun beyond what it saves:
-    :func:`_rerun_core`'s scratch less its inputs (the QKV output, which the checkpoint keeps)
-    and less its output, which the rerun never computes (``torch.utils.checkpoint`` stops a
-    non-reentrant rerun once the last saved tensor, the copy of ``v`` for ``probs @ v``, is
-    rebuilt); 0 for the fused kernels and under autocast."""
+    """What a rerun core holds at its end beyond what it saves, its inputs and its output."""
     core = _rerun_core(one, b, s, t)
     if core is None:
         return 0
@@ -719,8 +564,7 @@ def _rerun_core_scratch(one: GPTConfig, b: int, s: int, t) -> int:
 @functools.lru_cache(maxsize=4096)
 def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: str,
                   rerun: int | None, released: bool, left: int) -> _Effect:
-    """One block's backward pass (:meth:`_Replay.effect`), with its region's recomputation
-    (``rerun`` bytes) before it and what its checkpoint still held (``released``) after it."""
+    """One block's backward pass, after its region's recomputation, before its release."""
     bw = _Backward(one, b, s, t, params)
     bw.in_region = rerun is not None and mode in ("blocks", "sqrt", *ckpt.SELECTIVE_MODES)
 
@@ -816,9 +660,7 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
 
 def _chunked_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
                      segments: int | None, loss_chunk: int) -> dict:
-    """The forward-pass moment of the chunked loss: every activation kept, the last chunk's
-    logits (``n x V`` fp32, and the compute-dtype product they are cast from) and a few
-    ``n``-sized tensors (target indices, picked logits, maxima)."""
+    """The chunked loss's forward moment: every kept activation plus the last chunk's logits."""
     n, V = min(loss_chunk, b * s), config.vocab_size
     kept = (checkpointed.predict_kept_bytes(config, b, mode, every, segments=segments, seq_len=s,
                                     dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
@@ -849,15 +691,7 @@ def _math_scratch(config: GPTConfig, b: int, s: int, t) -> int:
 
 
 def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
-    """The forward-pass moment that can win where SDPA runs its math kernel: the last block's attention.
-
-    The reference kernel's scratch is alive at its end: in 16-bit, fp32 copies of
-    q, k, v and one scaled copy, the additive causal mask (fp32 ``s^2``), a 16-bit
-    copy of the probabilities, the fp32 output and its 16-bit cast
-    (``5*bsh*4 + 4s^2 + bas^2*e + bsh*e``); in fp32 one scaled copy, the mask and
-    the output (``2*bsh*4 + 4s^2``); and the QKV output (``3*bsh*e``) the kernel
-    reads from. Everything saved up to that point is alive too.
-    """
+    """The forward moment where SDPA runs its math kernel: the last block's attention."""
     if config.attention != "sdpa" or kernels.sdpa_kernel(config, t.compute, t.gpu) != "math":
         return None
     gpu = t.gpu
@@ -875,16 +709,7 @@ def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
 
 def _explicit_core_peak(config: GPTConfig, b: int, s: int, t, *, saved: bool,
                         keep_scores: bool) -> int:
-    """Bytes above its start at the worst moment of the explicit attention core's forward pass.
-
-    ``CausalSelfAttention.core`` replayed tensor by tensor (``models.py``): the copies of ``q``
-    and ``k`` for ``q @ k^T``; the scores; the scaled scores; the causal mask (``ones``, its
-    ``tril``, kept by the core to its end, and ``~mask``); the masked scores (the local
-    ``scores``, alive until the core returns); the probabilities; dropout's mask and output;
-    the copy of ``v``; the output. ``saved``: autograd keeps what each op saves (a plain
-    block); else nothing of the core is kept (checkpointed), but with ``keep_scores`` the
-    ``q @ k^T`` and ``probs @ v`` outputs, which a selective policy caches.
-    """
+    """Bytes above its start at the worst moment of the explicit core's forward."""
     a, p, e = config.n_heads, config.dropout, dtype_bytes(t.compute)
     gpu = t.gpu
 
@@ -927,16 +752,7 @@ def _explicit_core_peak(config: GPTConfig, b: int, s: int, t, *, saved: bool,
 @functools.lru_cache(maxsize=1024)
 def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
                       segments: int | None) -> dict | None:
-    """The forward-pass moment of explicit attention: the last block's core at its worst.
-
-    What the embeddings and the blocks below keep under ``mode``, what the last block holds
-    when its core starts (the QKV output, and LayerNorm's and the QKV projection's saved
-    inputs where they are kept), and the core's own peak (:func:`_explicit_core_peak`). A
-    checkpointed region keeps little in the forward pass, but its attention core still builds
-    its ``s x s`` maps one after the other: with a selective policy this moment is the step's
-    peak (the scores are cached while the probabilities, dropout's mask and output are alive).
-    Cached (at most 1024 settings; callers only read the dict).
-    """
+    """The forward moment of explicit attention: the last block's core at its worst."""
     if config.attention != "explicit" or t.autocast:
         return None
     gpu, L, h = t.gpu, config.n_layers, config.d_model
@@ -949,8 +765,7 @@ def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: in
     last_wrapped = last in wrapped
     x_in = kernels.allocated(b * s * h * dtype_bytes(t.stream), gpu)
     qkv_out = kernels.allocated(3 * b * s * h * dtype_bytes(t.compute), gpu)
-    ln_and_input = total(act.layernorm_items("ln1", b, s, h, t)
-                         + act.linear_items("qkv", "", b, s, h, 3 * h, t))
+    ln_and_input = total(act.block_items(config, b, s, t)[:4])  # ln1's and the QKV input
     if not last_wrapped or mode == "attention":
         start = ln_and_input + qkv_out
     else:  # blocks, selective: the block's input, LayerNorm's output (the attention's argument,
@@ -962,8 +777,6 @@ def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: in
     return {"live": {_GRAD: 0, _ACT: below + start, _TMP: core},
             "moment": "last block's attention (forward)"}
 
-
-# --------------------------------------------------------------------------- the step
 
 @functools.lru_cache(maxsize=4096)
 def _one_layer(config: GPTConfig) -> GPTConfig:
@@ -982,10 +795,9 @@ class _Sizes:
 
 
 @functools.lru_cache(maxsize=64)
-def _target(precision: str, gpu: GPU | None) -> Target:
-    """The dtypes and the card of a checked step's predictions (a few per session: cached)."""
-    spec = PRECISION[precision]
-    return Target.resolve(spec.compute, gpu, spec.autocast)
+def _target(precision: str, gpu: GPU | None) -> Step:
+    """The Step whose dtypes and device rules the internals read (only its precision and GPU)."""
+    return Step(GPTConfig(), precision=precision, gpu=gpu)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -997,9 +809,7 @@ def _block_sizes(one: GPTConfig, element_bytes: int, gpu: GPU | None) -> tuple[_
 
 
 def _param_sizes(config: GPTConfig, element_bytes: int, gpu: GPU | None) -> _Sizes:
-    """:class:`_Sizes` of ``config``: every block holds the same tensors, so the sizes of one
-    and of two blocks give the rest (AdamW's scratch looks at neighbours only, and two blocks
-    show every pair of neighbours)."""
+    """:class:`_Sizes` of ``config`` from those of one and two blocks (all blocks are alike)."""
     one, two = _block_sizes(_one_layer(config), element_bytes, gpu)
     if config.n_layers == 1:
         return one
@@ -1009,8 +819,7 @@ def _param_sizes(config: GPTConfig, element_bytes: int, gpu: GPU | None) -> _Siz
 
 
 def _model_states(config: GPTConfig, precision: str, gpu: GPU | None) -> tuple[_Sizes, int, int]:
-    """``(the parameters' sizes, master weights' bytes, optimizer state's bytes)`` of a steady
-    step: AdamW's ``m`` and ``v``, and its step counters where they live on the device."""
+    """``(the parameters' sizes, master weights' bytes, optimizer state's bytes)``."""
     spec = PRECISION[precision]
     params = _param_sizes(config, dtype_bytes(spec.params), gpu)
     states = _param_sizes(config, dtype_bytes(spec.state), gpu)
@@ -1058,8 +867,7 @@ def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every
 @functools.lru_cache(maxsize=4096)
 def _optimizer_moment(config: GPTConfig, precision: str, gpu: GPU | None, foreach: bool,
                       first_step: bool) -> StepMemory:
-    """The optimizer step's moment: the model's and its precision's alone, whatever the batch,
-    the sequence and the checkpointing (cached: a search asks for it at every setting)."""
+    """The optimizer step's moment: the model's and its precision's alone (cached)."""
     spec = PRECISION[precision]
     params, master, state = _model_states(config, precision, gpu)
     optimizer = dict(parameters=params.total, master_weights=master, optimizer_state=state,
@@ -1087,24 +895,20 @@ def _floor(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: 
 
 
 def moments(step: Step) -> dict[str, StepMemory]:
-    """The moments of a checked :class:`Step` that compete for its peak, by name, in the order
-    the step reaches them (its precision, accumulation, checkpointing and chunked loss)."""
+    """The moments of a checked :class:`Step` that compete for its peak, in the step's order."""
     return dict(_moments(step.config, step.micro_batch_size, step.accumulation_steps,
                          step.precision, step.mode, step.every, step.segments, step.seq_len,
                          _card(step), step.first_step, step.runs_foreach, step.loss_chunk))
 
 
 def floor(step: Step) -> int:
-    """A lower bound on a checked :class:`Step`'s peak bytes: the moment its backward pass
-    starts (resident model states, the accumulated gradient, the kept activations, the loss)."""
+    """A lower bound on a :class:`Step`'s peak: the moment its backward pass starts."""
     return _floor(step.config, step.micro_batch_size, step.accumulation_steps, step.precision,
                   step.mode, step.every, step.seq_len, _card(step))
 
 
 def model_floor(step: Step) -> int:
-    """A lower bound on the peak bytes of every step of a checked :class:`Step`'s model and
-    precision where it runs, whatever its batch, sequence and checkpointing: its optimizer
-    step's moment (a plain step's: lecture 08's levers change it)."""
+    """A lower bound on the peak of every step of this model and precision: its optimizer step."""
     return _optimizer_moment(step.config, step.precision, _card(step), step.runs_foreach,
                              False).total
 

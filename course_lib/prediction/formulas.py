@@ -1,8 +1,8 @@
 """Memory of training, in bytes: model states (analytic and measured) and transformer activations.
 
-Model states are what training keeps for every parameter between steps
-(Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
-Parameter Models", section 3.1):
+Model states are what training keeps for every parameter between steps (Rajbhandari et al.
+2020, "ZeRO", section 3.1). Bytes per parameter, from :data:`PRECISION`, the one table of the
+course's precisions that every module reads:
 
 =================  ======  ==============  ==========  ============================
 precision          params  grads           master      each optimizer state tensor
@@ -14,31 +14,13 @@ precision          params  grads           master      each optimizer state tens
 ``"autocast-*"``   4       4               0           4
 =================  ======  ==============  ==========  ============================
 
-SGD keeps no state tensor, SGD with momentum one (the momentum buffer), Adam
-and AdamW two (``m`` and ``v``). Mixed-precision Adam is therefore
-``2 + 2 + 4 + 4 + 4 = 16`` bytes per parameter, the paper's ``K = 12`` bytes of
-optimizer state (master weights, m, v) on top of 16-bit weights and gradients.
-With an fp32 gradient buffer (Megatron-LM's ``main_grad``; its distributed optimizer's
-table): bf16 parameters add each 16-bit gradient into the fp32 buffer and free it,
-``2 + 4 + 4 + 4 + 4 = 18``; fp16 parameters keep their fp16 gradients and the optimizer
-copies them into fp32 main gradients, ``2 + 2 + 4 + 4 + 4 + 4 = 20``.
-fp32 Adam is also 16 (``4 + 4 + 8``), SGD 8, SGD with momentum 12.
-
-The table is :data:`PRECISION`'s, whose dtypes every module reads (the memory engine,
-the training set-up of :mod:`course_lib.prediction.step_setup`, the planners): one
-:class:`Precision` per name, from which the bytes above are derived.
-
-``"mixed"`` here is the recipe of Megatron-LM and DeepSpeed: a 16-bit model plus
-an fp32 master copy. ``torch.autocast`` is different: it keeps the parameters in
-fp32 and casts them per op, so its model states are those of ``"fp32"``.
-
-ZeRO data parallelism over ``N`` ranks shards, per stage, the optimizer states
-and master weights (stage 1), also the gradients (stage 2), also the parameters
-(stage 3). Per device, mixed-precision Adam: stage 1 ``4P + 12P/N``, stage 2
-``2P + 14P/N``, stage 3 ``16P/N`` bytes. A sharded tensor of ``P`` elements holds
-``ceil(P/N)`` elements per rank (the flat buffer is padded to a multiple of N, as
-DeepSpeed and FSDP do), so the figures are exact integers. That is between steps; during one,
-FSDP2 also holds whole units (:func:`zero3_memory`, lectures 07 and 08).
+Adam keeps two state tensors (``m``, ``v``), SGD with momentum one, SGD none: mixed-precision
+Adam is ``2 + 2 + 4 + 4 + 4 = 16`` bytes per parameter, the paper's ``K = 12``; Megatron-LM's
+fp32 gradient buffer makes it 18 (bf16) or 20 (fp16). ``torch.autocast`` keeps fp32 parameters
+and casts per op, so its model states are those of ``"fp32"``. ZeRO over ``N`` ranks shards the
+optimizer states and master weights (stage 1), the gradients (2), the parameters (3), each
+tensor padded to ``ceil(P/N)`` elements per rank; during a step FSDP2 also holds whole units
+(:func:`zero3_memory`).
 """
 
 from __future__ import annotations
@@ -67,11 +49,9 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 STATE_TENSORS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
 
 
-
 @dataclass(frozen=True)
-class Precision:
-    """A precision's dtypes: parameters (and gradients), compute, AdamW's states; whether it keeps
-    fp32 master weights, runs under ``torch.autocast``, scales the loss (``GradScaler``)."""
+class _Precision:
+    """A precision's dtypes and whether it keeps master weights, autocasts, scales the loss."""
 
     name: str
     params: torch.dtype
@@ -91,40 +71,29 @@ class Precision:
 _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
 #: Every precision of the course by name: the one table of its dtypes (see the module doc).
 PRECISION = {
-    "fp32": Precision("fp32", _F32, _F32, False, _F32, False, False),
-    "fp16-mixed": Precision("fp16-mixed", _F16, _F16, True, _F32, False, True),
-    "bf16-mixed": Precision("bf16-mixed", _BF16, _BF16, True, _F32, False, False),
-    "bf16": Precision("bf16", _BF16, _BF16, False, _BF16, False, False),
+    "fp32": _Precision("fp32", _F32, _F32, False, _F32, False, False),
+    "fp16-mixed": _Precision("fp16-mixed", _F16, _F16, True, _F32, False, True),
+    "bf16-mixed": _Precision("bf16-mixed", _BF16, _BF16, True, _F32, False, False),
+    "bf16": _Precision("bf16", _BF16, _BF16, False, _BF16, False, False),
     # torch.autocast keeps the model in fp32; its 16-bit weight copies are activations
-    "autocast-fp16": Precision("autocast-fp16", _F32, _F16, False, _F32, True, True),
-    "autocast-bf16": Precision("autocast-bf16", _F32, _BF16, False, _F32, True, False),
+    "autocast-fp16": _Precision("autocast-fp16", _F32, _F16, False, _F32, True, True),
+    "autocast-bf16": _Precision("autocast-bf16", _F32, _BF16, False, _F32, True, False),
 }
 PRECISIONS = tuple(PRECISION)
 
 
-def precision_of(precision: str, name: str = "precision") -> Precision:
-    """The :class:`Precision` named ``precision`` (of :data:`PRECISIONS`; else a ValueError naming
-    ``name``)."""
+def precision_of(precision: str, name: str = "precision") -> _Precision:
+    """The record of :data:`PRECISION` named ``precision`` (else a ValueError naming ``name``)."""
     return PRECISION[choice(name, precision, PRECISIONS)]
 
 
 def mixed_precision_for(gpu=None) -> str:
-    """The mixed precision of :data:`PRECISIONS` a device trains in.
-
-    ``"fp16-mixed"`` (with a GradScaler) on a GPU without bf16 tensor cores (a T4),
-    ``"bf16-mixed"`` on Ampere and newer and on the CPU (which has no fp16 speed to speak of);
-    :func:`course_lib.device.pick_dtype` decides.
-
+    """The mixed precision a device trains in: ``"fp16-mixed"`` (with a GradScaler) on a GPU
+    without bf16 tensor cores, else ``"bf16-mixed"`` (:func:`course_lib.device.pick_dtype`).
     Args:
-        gpu (str or GPU, optional): None (the CPU), a name of :data:`course_lib.device.GPUS`, "cuda"
-            (this kernel's GPU) or a :class:`~course_lib.device.GPU`.
-
+        gpu (str or GPU, optional): what :func:`course_lib.device.resolve_gpu` takes (None: CPU).
     Returns:
         str: ``"fp16-mixed"`` or ``"bf16-mixed"``.
-
-    Raises:
-        ValueError: naming ``gpu``, for anything else.
-
     Example:
         >>> mixed_precision_for("T4"), mixed_precision_for("A100 80GB")
         ('fp16-mixed', 'bf16-mixed')
@@ -135,20 +104,12 @@ def mixed_precision_for(gpu=None) -> str:
     return "fp16-mixed" if pick_dtype(card) == torch.float16 else "bf16-mixed"
 
 
-
 @dataclass(frozen=True)
 class TrainingMemory:
-    """Bytes of model states on one device; ``total`` is the sum of the four parts.
-
-    The fields are four of the course's memory categories, :data:`course_lib.units.MEMORY_CATEGORIES`.
-
+    """Bytes of model states on one device, four of :data:`course_lib.units.MEMORY_CATEGORIES`
+    (``gradients`` with the fp32 accumulation buffer when there is one), and their ``total``.
     Attributes:
-        parameters (int): bytes of the parameters.
-        gradients (int): bytes of the gradients, with the fp32 gradient-accumulation buffer when
-            there is one.
-        optimizer_state (int): bytes of the optimizer's state tensors (AdamW's m and v).
-        master_weights (int): bytes of the fp32 master copies (mixed precision).
-        total (int): the sum of the four, computed (not an argument).
+        parameters, gradients, optimizer_state, master_weights, total (int): the bytes.
     """
 
     parameters: int
@@ -163,10 +124,8 @@ class TrainingMemory:
 
     def as_dict(self) -> dict[str, int]:
         """The five fields by name, in bytes (``dataclasses.asdict``).
-
         Returns:
-            dict: ``{"parameters": ..., "gradients": ..., "optimizer_state": ...,
-            "master_weights": ..., "total": ...}``.
+            dict of str to int: the bytes by field name.
         """
         return asdict(self)
 
@@ -179,6 +138,7 @@ def _count(name: str, value, maximum: int = MAX_PARAMS) -> int:
 
 
 def _choice(name: str, value, allowed: tuple):
+    """``value`` if it is one of ``allowed`` (an int, never a bool, for numbers)."""
     if all(isinstance(a, int) for a in allowed):  # numbers: an int (numpy's too), never a bool
         try:
             value = integer(name, value)
@@ -198,35 +158,17 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
                     fp32_grad_buffer: bool = False) -> TrainingMemory:
     """Bytes per device of parameters, gradients, optimizer states and master weights.
 
-    ``zero_stage`` 0-3 over ``world_size`` data-parallel ranks follows the ZeRO paper
-    (Rajbhandari et al. 2020, section 5): stage 1 shards optimizer states and master weights,
-    stage 2 also gradients, stage 3 also parameters; stage 0 replicates all. A sharded tensor
-    holds ``ceil(P / N)`` elements per rank.
-
-    Mixed-precision AdamW: ``training_memory(P, precision="bf16-mixed").total == 16 * P``.
-    Activations, temporaries and allocator overhead are not model states and are
-    not counted (see :func:`transformer_activation_bytes` for activations).
-
+    ZeRO ``zero_stage`` over ``world_size`` ranks (Rajbhandari et al. 2020, section 5) shards
+    ``ceil(P / N)`` elements per rank. ``fp32_grad_buffer``: 16-bit parameters accumulate into
+    an fp32 buffer, as Megatron-LM does (bf16 gradients are freed into it, fp16 ones kept).
     Args:
-        n_params (int): parameters P, an int (or a whole float such as ``7e9``) from 1 to
-            :data:`MAX_PARAMS`.
-        optimizer (str): one of :data:`OPTIMIZERS`.
-        precision (str): one of :data:`PRECISIONS` (see the module table).
-        zero_stage (int): 0, 1, 2 or 3.
-        world_size (int): data-parallel ranks N, from 1 to :data:`MAX_WORLD_SIZE` (a whole
-            float is accepted).
-        fp32_grad_buffer (bool): give 16-bit parameters an fp32 gradient buffer (counted in
-            ``gradients``), as Megatron-LM accumulates in: bf16 gradients are added into it and
-            freed (4 bytes/param instead of 2), fp16 gradients are kept beside it (2 + 4); with
-            fp32 gradients (``"fp32"``, autocast) they already are that buffer and nothing
-            changes.
-
+        n_params, zero_stage, world_size (int): parameters P; the ZeRO stage, 0 to 3; ranks N.
+        optimizer, precision (str): one of :data:`OPTIMIZERS`; one of :data:`PRECISIONS`.
+        fp32_grad_buffer (bool): 16-bit gradients accumulate in fp32, as above.
     Returns:
-        TrainingMemory: bytes of each model state on one device, and their ``total``.
-
+        TrainingMemory: the bytes per device.
     Raises:
         ValueError: naming the parameter, for a bad value.
-
     Example:
         >>> training_memory(7_000_000_000, precision="bf16-mixed").total  # 16 bytes * 7e9
         112000000000
@@ -259,9 +201,7 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
 
 @functools.lru_cache(maxsize=64)
 def _fsdp_units(config) -> tuple[int, int, int]:
-    """Elements of ``GPT(config)``, of its root unit and of its largest block unit (the units of
-    ``fully_shard`` on each block, then on the model), read from a one-block model on ``meta``
-    (every block is alike)."""
+    """Elements of ``GPT(config)``, of its root unit and of one block unit (read on ``meta``)."""
     with torch.device("meta"):
         model = GPT(replace(config, n_layers=1))
     block = sum(p.numel() for p in model.blocks[0].parameters())
@@ -271,41 +211,26 @@ def _fsdp_units(config) -> tuple[int, int, int]:
 
 def zero3_memory(config, *, optimizer: str = "adamw", precision: str = "fp32", world_size: int = 1,
                  during_step: bool = True) -> TrainingMemory:
-    """07-08: model states per rank under ZeRO-3 / FSDP2, between steps or during one.
+    """07-08: model states per rank under ZeRO-3 / FSDP2, between steps or ``during_step``.
 
-    Between steps a rank keeps ``1/N`` of every state: ``training_memory(P, zero_stage=3,
-    world_size=N)``, ``16P/N`` for mixed-precision AdamW (Rajbhandari et al. 2020, section 5).
-    During a step it also holds whole units (PyTorch's FSDP2 docs, ``fully_shard``; Zhao et al.
-    2023): with ``fully_shard`` on each block and then on the model, the units are the blocks
-    and the root (embeddings, final norm, the tied head)::
+    Between steps a rank keeps ``1/N`` of every state (:func:`training_memory`, stage 3). During
+    one, with ``fully_shard`` on each block and then on the model (FSDP2's defaults), it also
+    holds whole units, the root (embeddings, final norm, tied head) gathered throughout::
 
         parameters += (root + 2 * block) * param_bytes
             # all-gathered: the root, the block that runs, the next one (prefetched)
         gradients  += (root + max(root, 2 * block)) * grad_bytes
             # unsharded: the root's, and a unit's with their copy in the reduce-scatter buffer
 
-    Assumptions, FSDP2's defaults: ``reshard_after_forward=True`` for the blocks (a block is
-    gathered again for its backward), the root kept gathered from forward to backward (FSDP2
-    does not reshard the root after forward), one unit prefetched; the root's gradients live
-    from the head's backward (the first) to the root's reduce-scatter (the last). ``block`` is
-    the largest block. An upper bound: it counts every gradient shard (they all exist only
-    once the backward pass is over) and adds the largest gathered parameters and gradients of
-    different moments. Activations are not model states and are not counted.
-
+    An upper bound: every gradient shard is counted, and gathered units of different moments.
     Args:
-        config (GPTConfig): the model (:class:`course_lib.model.gpt.GPTConfig`).
-        optimizer (str): one of :data:`OPTIMIZERS`.
-        precision (str): one of :data:`PRECISIONS`.
-        world_size (int): data-parallel ranks N, from 1 to :data:`MAX_WORLD_SIZE`.
-        during_step (bool): add the gathered units (True) or only the shards (False).
-
+        config (GPTConfig): the course GPT's shape.
+        optimizer, precision, world_size: as :func:`training_memory`.
+        during_step (bool): add the units gathered during a step.
     Returns:
-        TrainingMemory: bytes per rank of each model state.
-
+        TrainingMemory: the bytes per rank.
     Raises:
-        TypeError: naming ``config`` (not a ``GPTConfig``) or ``during_step`` (not a bool).
-        ValueError: naming the parameter, as :func:`training_memory`.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> from course_lib.model.gpt import GPTConfig
         >>> gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
@@ -327,19 +252,11 @@ def zero3_memory(config, *, optimizer: str = "adamw", precision: str = "fp32", w
 
 def bytes_per_param(optimizer: str = "adamw", precision: str = "fp32", *,
                     fp32_grad_buffer: bool = False) -> int:
-    """Bytes of model states per parameter without sharding (mixed-precision Adam: 16).
-
+    """Bytes of model states per parameter without sharding: ``training_memory(1, ...).total``.
     Args:
-        optimizer (str): one of :data:`OPTIMIZERS`.
-        precision (str): one of :data:`PRECISIONS`.
-        fp32_grad_buffer (bool): as for :func:`training_memory` (bf16-mixed: 18, fp16-mixed: 20).
-
+        optimizer, precision, fp32_grad_buffer: as :func:`training_memory`.
     Returns:
-        int: ``training_memory(1, ...).total``.
-
-    Raises:
-        ValueError: naming the parameter, as :func:`training_memory` does.
-
+        int: the bytes per parameter.
     Example:
         >>> bytes_per_param("adamw", "bf16-mixed"), bytes_per_param("sgd", "fp32")
         (16, 8)
@@ -352,33 +269,19 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
                       master_params=(), include_step: bool = True) -> TrainingMemory:
     """Measured model states: the storage bytes of what a training step keeps alive.
 
-    * ``parameters``: the model's parameters (a tied weight counts once);
-    * ``gradients``: their ``.grad`` tensors, and those of the master weights;
-    * ``master_weights``: fp32 copies of the parameters that the optimizer updates (mixed
-      precision, as Megatron-LM and DeepSpeed do it): the ``master`` list of an optimizer
-      that keeps one (:class:`course_lib.training.mixed_precision.MasterWeightAdamW`), and
-      ``master_params``, for copies made by hand;
-    * ``optimizer_state``: every tensor in ``optimizer.state``. AdamW also keeps a
-      scalar ``step`` tensor per parameter tensor (4 bytes each, a counter, not a
-      per-element state); ``include_step=False`` leaves those out.
-
-    Each storage counts once (:func:`course_lib.units.storage_bytes`). Works on real tensors
-    and on the ``meta`` device (storages there have a size but no memory), so a 70B optimizer
-    step can be "measured" without allocating.
-
+    ``gradients`` include the master weights'; ``master_weights`` are an optimizer's ``master``
+    list (:class:`~course_lib.training.mixed_precision.MasterWeightAdamW`) plus ``master_params``;
+    ``optimizer_state`` every tensor in ``optimizer.state`` (AdamW's ``step`` counters unless
+    ``include_step=False``). Each storage counts once, on the ``meta`` device too.
     Args:
-        model (torch.nn.Module): the model whose parameters and gradients are counted.
-        optimizer (torch.optim.Optimizer, optional): its optimizer, for the states (and the
-            master weights of a :class:`~course_lib.training.mixed_precision.MasterWeightAdamW`).
-        master_params (iterable of torch.Tensor): master copies made by hand.
-        include_step (bool): count AdamW's per-tensor ``step`` counters.
-
+        model (torch.nn.Module): the trained model.
+        optimizer (torch.optim.Optimizer, optional): its optimizer (None: no state).
+        master_params (iterable of Tensor): master weights kept outside the optimizer.
+        include_step (bool): count AdamW's ``step`` counters.
     Returns:
-        TrainingMemory: the measured bytes of each model state.
-
+        TrainingMemory: the measured bytes.
     Raises:
-        ValueError: naming ``model`` (not an ``nn.Module``), ``optimizer`` (not a
-            ``torch.optim.Optimizer`` or None) or ``master_params`` (not tensors).
+        ValueError: naming the parameter, for a bad value.
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -408,31 +311,17 @@ def transformer_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_
                                  n_layers: int = 1, recompute: str = "none") -> int:
     """Activation bytes a GPT-style transformer keeps for backward (Korthikanti et al. 2022).
 
-    Per layer, with 16-bit activations, 1-byte dropout masks and a 4h GELU MLP
-    ("Reducing Activation Recomputation in Large Transformer Models", eqs. 1-2, no
-    tensor or sequence parallelism), ``s`` = seq_len, ``b`` = batch_size,
-    ``h`` = d_model, ``a`` = n_heads:
-
-    * ``recompute="none"``: ``s*b*h*(34 + 5*a*s/h)`` bytes, of which ``5*a*s*s*b``
-      are the attention scores, softmax output and its dropout mask;
-    * ``recompute="selective"`` (recompute the attention core): ``34*s*b*h``;
-    * ``recompute="full"`` (keep only each layer's input): ``2*s*b*h``.
-
+    Per layer with 16-bit activations, 1-byte dropout masks and a 4h MLP (eqs. 1-2, no tensor or
+    sequence parallelism): ``s*b*h*(34 + 5*a*s/h)`` (``recompute="none"``; ``5*a*s*s*b`` are the
+    scores, the softmax output and its mask), ``34*s*b*h`` (``"selective"``: the attention core
+    recomputed), ``2*s*b*h`` (``"full"``: only each layer's input); times ``n_layers``.
     Args:
-        seq_len (int): s, tokens per sequence, >= 1.
-        batch_size (int): b, sequences per micro-batch, >= 1.
-        d_model (int): h, the hidden size, >= 1.
-        n_heads (int): a, attention heads, >= 1.
-        n_layers (int): transformer layers, >= 1.
+        seq_len, batch_size, d_model, n_heads, n_layers (int): s, b, h, a, and the layers.
         recompute (str): ``"none"``, ``"selective"`` or ``"full"``.
-
     Returns:
-        int: the per-layer bytes times ``n_layers``.
-
+        int: the bytes.
     Raises:
-        ValueError: naming the parameter, for a non-positive or non-integer size or an unknown
-            ``recompute``.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> transformer_activation_bytes(2048, 1, 12288, 96, recompute="selective")  # 34*s*b*h
         855638016

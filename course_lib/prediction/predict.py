@@ -1,10 +1,8 @@
 """02-08: ``predict(step)``: what one training step will hold, moment by moment, and how long it takes.
 
 The memory engine (:mod:`course_lib.prediction.engine`) replays the step's precision,
-accumulation, checkpointing and chunked loss; closed forms then adjust each of its moments for
-the levers of lecture 08 (:func:`_lever_moments`); the time model
-(:mod:`course_lib.prediction.time_model`) prices it. Planners search by replacing a
-:class:`Step`'s fields; views draw a :class:`Prediction`.
+accumulation, checkpointing and chunked loss; closed forms adjust each moment for the levers
+of lecture 08; the time model (:mod:`course_lib.prediction.time_model`) prices it.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from course_lib.prediction import activations as act, engine, time_model
 from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.formulas import zero3_memory
 from course_lib.prediction.step import Step
-from course_lib.prediction.time_model import DeviceSpeed, StepTime
+from course_lib.prediction.time_model import DeviceSpeed
 from course_lib.training import levers
 from course_lib.units import dtype_bytes
 from course_lib.validation import WrongTypeError
@@ -25,15 +23,10 @@ from course_lib.validation import WrongTypeError
 
 @dataclass(frozen=True, eq=False)
 class Prediction:
-    """What :func:`predict` says of a :class:`Step`.
-
-    Attributes:
-        step (Step): the step.
-        moments (dict): moment name -> :class:`~course_lib.prediction.engine.StepMemory`, in
-            the order the step reaches them ("forward" where an attention kernel peaks in it,
-            "backward", "backward 2+" for later micro-batches, "optimizer"): bytes by category.
-        speed (DeviceSpeed or None): the figures :attr:`time` uses (None: the step's GPU's).
-    """
+    """What :func:`predict` says of a :class:`Step`: ``moments``, moment name ->
+    :class:`~course_lib.prediction.engine.StepMemory` in the order the step reaches them
+    ("forward" where attention peaks in it, "backward", "backward 2+", "optimizer"); ``speed``
+    the figures :attr:`time` uses (None: the step's device's)."""
 
     step: Step
     moments: dict
@@ -51,15 +44,14 @@ class Prediction:
 
     @property
     def phases(self) -> dict[str, int]:
-        """Bytes at each phase: ``"between steps"`` (the model states that stay from one step
-        to the next), then each moment's total, in order."""
+        """Bytes at each phase: ``"between steps"`` (the model states kept from step to step),
+        then each moment's total."""
         between = next(iter(self.moments.values())).before_step
         return {"between steps": between, **{n: m.total for n, m in self.moments.items()}}
 
     @functools.cached_property
-    def time(self) -> StepTime:
-        """The step's seconds by term (:func:`course_lib.prediction.time_model.step_time`),
-        computed when first asked for."""
+    def time(self):
+        """The step's seconds by term (:func:`course_lib.prediction.time_model.step_time`)."""
         return time_model.step_time(self.step, self.speed)
 
     @property
@@ -71,26 +63,14 @@ class Prediction:
 def predict(step: Step, speed: DeviceSpeed | None = None) -> Prediction:
     """Predicted bytes, by moment and category, and time of one training step.
 
+    ``speed`` (None: the step's GPU's datasheet, or this device measured) prices the time. On the
+    CPU one micro-batch in fp32 or pure 16-bit is exact to the byte under every checkpointing
+    mode; under autocast within 5 %; more micro-batches an upper bound.
     Args:
-        step (Step): the step, checked when it was made.
-        speed (DeviceSpeed, optional): the figures the time uses; None: the datasheet of the
-            step's GPU preset, or rates measured on this device for the CPU and "cuda"
-            (:func:`course_lib.prediction.time_model.device_speed`).
-
+        step (Step): the training step to predict.
+        speed (DeviceSpeed, optional): the device's speeds (None: as above).
     Returns:
-        Prediction: ``total`` the peak bytes, ``peak`` its categories, ``moments`` and
-        ``phases`` the step moment by moment, ``time`` and ``seconds`` its time.
-
-    Raises:
-        TypeError: for a ``step`` that is not a :class:`Step` or a ``speed`` that is not a
-            :class:`~course_lib.prediction.time_model.DeviceSpeed`.
-
-    Accuracy on the CPU (``benchmarks/estimator_accuracy.py``, the tests): one micro-batch in
-    fp32 or pure 16-bit is exact to the byte under every checkpointing mode, with or without
-    dropout, the fused MLP and the fused residual included; under autocast within 5 %; more
-    micro-batches an upper bound. The levers of lecture 08 are closed forms over the engine's
-    moments (:func:`_lever_moments`).
-
+        Prediction: the step's peak, its moments and phases, and its time.
     Example:
         >>> cfg = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=2)
         >>> p = predict(Step(cfg, 4, precision="bf16-mixed", gpu="A100 80GB"))
@@ -114,20 +94,8 @@ _PLAIN = dict(in_backward=False, state_bits=32, offload_activations=False,
 
 
 def _lever_moments(step: Step) -> dict[str, StepMemory]:
-    """The engine's moments adjusted for lecture 08's levers, each a closed form:
-
-    * optimizer in backward: a moment's gradients shrink to the largest parameter's, and the
-      optimizer moment holds that one gradient and its AdamW scratch;
-    * 8-/4-bit states: :func:`course_lib.training.levers.low_bit_state_bytes`;
-    * activation offloading: the device keeps what one block (or the head) needs at a time, the
-      larger of the two (an upper bound when the copies keep pace);
-    * optimizer offloading: states and master weights on the host, the step there;
-    * LoRA of rank ``r``: the frozen base keeps its weights only; gradients, states and master
-      weights are the adapters'; activations stay, plus each adapter's ``b x s x r``;
-    * ZeRO 1/2/3 over ``N`` GPUs: states and master weights, then gradients, then parameters
-      divided by ``N`` (Rajbhandari et al. 2020); stage 3 plus the units FSDP2 gathers
-      (:func:`course_lib.prediction.formulas.zero3_memory`, lecture 07's model).
-    """
+    """The engine's moments adjusted for lecture 08's levers and ZeRO, each a closed form
+    (Rajbhandari et al. 2020; FSDP2's gathered units: :func:`formulas.zero3_memory`)."""
     moments = engine.moments(step)
     if all(getattr(step, k) == v for k, v in _PLAIN.items()):
         return moments
@@ -157,8 +125,7 @@ def _lever_moments(step: Step) -> dict[str, StepMemory]:
              if step.state_bits != 32 or r else None)  # None: the engine's count
     resident_acts = None
     if step.offload_activations:  # on the device: what the op being differentiated needs
-        b_, s_, t = act.prediction_args(config, b, s, spec.compute, step.gpu, spec.autocast)
-        resident_acts = max(act.total_bytes(items(config, b_, s_, t), act.STEP_KINDS, t.gpu)
+        resident_acts = max(act.total_bytes(items(config, b, s, step), act.STEP_KINDS, step.gpu)
                             for items in (act.block_items, act.head_items))
     N, z = step.world_size, step.zero_stage
     if z >= 3:  # the one model of ZeRO-3 / FSDP2, also lecture 07's
@@ -199,4 +166,4 @@ def _lever_moments(step: Step) -> dict[str, StepMemory]:
     return out
 
 
-__all__ = ["Step", "Prediction", "predict"]
+__all__ = ["Prediction", "predict"]

@@ -1,14 +1,15 @@
-"""02-08: one training step as a value: what every prediction of the course is about.
+"""02-08: one training step as a value, made and checked once: what every prediction is about.
 
-A :class:`Step` is made and checked once, where a notebook cell or a widget's controls make
-it; :func:`course_lib.prediction.predict.predict` returns its memory and time, and the
-planners search by replacing its fields (``dataclasses.replace(step, micro_batch_size=2)``,
-which checks the new value again). Everything inward trusts it.
+:func:`course_lib.prediction.predict.predict` returns a :class:`Step`'s memory and time;
+planners search with ``dataclasses.replace(step, micro_batch_size=2)``, which checks the new
+value again. Everything inward trusts it, and reads its dtypes and device rules from it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from course_lib.device import GPU, resolve_gpu
 from course_lib.model import kernels
@@ -31,14 +32,11 @@ class Step:
     """One optimizer step of ``GPT(config)`` with AdamW: how it is run, and where.
 
     The defaults are the plain step: fp32, one micro-batch, nothing checkpointed, offloaded or
-    sharded. Each field below says what it changes.
-
+    sharded. A bad field raises as CONTRIBUTING.md says, and so does a combination that does not
+    run (a kernel mode without the fused MLP, the optimizer in backward with accumulation, the
+    chunked loss under autocast, ``seq_len`` over ``config.seq_len``).
     Raises:
-        TypeError: for a field of the wrong type (a ``WrongTypeError``, also a ``ValueError``).
-        ValueError: naming the field, for a value out of range or a combination that does not
-            run (a kernel mode without the fused MLP, the optimizer in backward with
-            accumulation, the chunked loss under autocast, ``seq_len`` over ``config.seq_len``).
-
+        ValueError: naming the field, for a bad value or a combination that does not run.
     Example:
         >>> from dataclasses import replace
         >>> step = Step(GPTConfig(n_layers=2), micro_batch_size=4, precision="bf16-mixed", gpu="T4")
@@ -130,14 +128,42 @@ class Step:
 
     @property
     def runs_foreach(self) -> bool:
-        """Whether AdamW steps as one multi-tensor op: ``foreach``, else PyTorch's default where
-        the step runs (:func:`course_lib.model.kernels.adamw_foreach`: on a GPU)."""
+        """Whether AdamW steps as one multi-tensor op (None ``foreach``: on a GPU, as PyTorch)."""
         return kernels.adamw_foreach(self.gpu) if self.foreach is None else self.foreach
 
     @property
     def spec(self):
-        """The precision's :class:`~course_lib.prediction.formulas.Precision` record."""
+        """The precision's record in :data:`course_lib.prediction.formulas.PRECISION`."""
         return PRECISION[self.precision]
+
+    @property
+    def compute(self) -> torch.dtype:
+        """The dtype activations are computed in (under autocast, the autocast dtype)."""
+        return self.spec.compute
+
+    @property
+    def autocast(self) -> bool:
+        """Whether the forward pass runs under ``torch.autocast``."""
+        return self.spec.autocast
+
+    @property
+    def stream(self) -> torch.dtype:
+        """The residual stream's dtype: fp32 under autocast, else the compute dtype."""
+        return torch.float32 if self.autocast else self.compute
+
+    @property
+    def stats(self) -> torch.dtype:
+        """LayerNorm's saved mean and 1/std (:func:`course_lib.model.kernels.stats_dtype`)."""
+        return kernels.stats_dtype(self.stream, self.gpu)
+
+    def mask(self, dtype: torch.dtype) -> torch.dtype:
+        """Dropout's saved mask on input of ``dtype`` (``kernels.mask_dtype``).
+        Args:
+            dtype (torch.dtype): the dropout input's dtype.
+        Returns:
+            torch.dtype: the mask's dtype.
+        """
+        return kernels.mask_dtype(dtype, self.gpu)
 
 
 __all__ = ["Step"]

@@ -8,26 +8,11 @@ A step of ``K`` micro-batches of ``b`` sequences takes, in seconds (:func:`step_
                                           checkpointed regions' own work
   + B_host / link_host + B_peer / link_peer    transfers: offloading, ZeRO
 
-* ``F``: :func:`course_lib.prediction.checkpointed.step_flops` (as ``FlopCounterMode`` counts
-  them, the recomputation included; on the CPU the flash kernel's attention as on a GPU);
-  ``R[dtype]`` the matmul rate of the compute dtype, ``u`` the share of it reached.
-* ``B_pointwise``: what LayerNorm, GELU, softmax, dropout, the residual
-  adds and their gradients read and write, proportional to the activations a step saves; the
-  recomputation of a checkpointed region writes and reads its dropped activations again. In
-  16-bit these bytes halve, no more: that is why fp16-mixed is not 8x faster on a T4 whose
-  tensor cores are 8x its fp32 rate.
-* ``B_optimizer``: AdamW's reads and writes (and, for 8- and 4-bit
-  states, their dequantisation and quantisation).
-* ``n_ops``: the operators a step runs, recorded once for a tiny model of the same structure
-  (:data:`OP_COUNTS`); ``c`` each one's fixed cost; ``r`` what
-  ``torch.utils.checkpoint`` costs per region beyond the operators it reruns (measured only; 0
-  on a datasheet).
-
-Where the figures come from (:class:`DeviceSpeed`, its ``basis``): a GPU preset uses its datasheet
-(:data:`course_lib.device.GPUS`) and the assumed :data:`UTILISATION` and :data:`OP_SECONDS`;
-this kernel's device is measured (:func:`measure_speed`: a matmul, a copy, and a tiny model's
-operators, timed through :func:`course_lib.measurement.timing.step_times`), once per process
-(:func:`device_speed`). ``tests/test_time_model.py`` compares the model with measured CPU steps.
+``F`` is :func:`course_lib.prediction.checkpointed.step_flops`; ``B_pointwise`` what the
+pointwise ops read and write, proportional to the saved activations (halved in 16-bit, no more:
+why fp16-mixed is not 8x faster on a T4); ``n_ops`` from :data:`OP_COUNTS`. A GPU preset's
+:class:`DeviceSpeed` comes from its datasheet and the assumptions below; this kernel's device is
+measured once per process (:func:`device_speed`).
 """
 
 from __future__ import annotations
@@ -62,30 +47,22 @@ from course_lib.validation import (
     positive_int,
 )
 
-#: Fraction of the datasheet's peak FLOP/s that a training step's matmuls reach on a GPU
-#: preset's 16-bit tensor cores. An assumption, not a measurement: the best published model
-#: FLOPs utilisations are 46.2 % (PaLM 540B on TPU v4, Chowdhery et al. 2022) and 52 % of the
-#: A100's peak (a 175B GPT on 3072 A100s, Narayanan et al. 2021, "Efficient Large-Scale Language
-#: Model Training on GPU Clusters Using Megatron-LM"); one GPU training a GPT-2-sized model in
-#: eager PyTorch reaches less, so 40 %. On this kernel's device the rate is measured instead.
+#: Share of a GPU preset's 16-bit tensor-core peak that a step's matmuls reach, assumed: the best
+#: published utilisations are 46.2 % (PaLM on TPU v4, Chowdhery et al. 2022) and 52 % (a 175B GPT
+#: on A100s, Narayanan et al. 2021); one GPU in eager PyTorch on a GPT-2-sized model reaches less.
 UTILISATION = 0.4
-#: The same for fp32 matmuls on CUDA cores (no tensor cores: PyTorch leaves TF32 off for
-#: matmuls). An assumption: cuBLAS's SGEMM runs large square matrices near its peak, and CUDA
-#: cores are far easier to keep fed than tensor cores (8 to 16 times fewer FLOPs per byte
-#: loaded), so a step's smaller matmuls reach 70 %.
+#: The same for fp32 matmuls on CUDA cores (PyTorch leaves TF32 off), assumed: CUDA cores need 8
+#: to 16 times fewer bytes per FLOP than tensor cores, so a step's matmuls get nearer their peak.
 FP32_UTILISATION = 0.7
-#: Seconds each operator costs on a GPU whatever its size. An assumption for the presets, not a
-#: measurement: PyTorch's eager dispatch on the CPU plus one kernel launch, which alone costs a
-#: few microseconds (NVIDIA, "Getting Started with CUDA Graphs", 2019), of the order of 10
-#: microseconds together. :func:`measure_speed` measures it on this kernel's device.
+#: Seconds each operator costs on a GPU preset, assumed: eager dispatch plus one kernel launch (a
+#: few microseconds alone: NVIDIA, "Getting Started with CUDA Graphs", 2019).
 OP_SECONDS = 10e-6
-#: Host memory bandwidth (bytes/s) for an optimizer step offloaded to the CPU. An assumption:
-#: two channels of DDR5-4800 peak at 76.8 GB/s (JEDEC JESD79-5), and a stream of reads and
-#: writes reaches about two thirds of it.
-HOST_BANDWIDTH = 50e9
-# Passes over the saved activations' bytes that pointwise work makes, an assumption: forward, an
-# op writes its output and the next reads it (2); backward, a gradient reads the saved tensor and
-# the incoming gradient and writes the outgoing one (3). Lecture 05's companion measures it.
+# Host memory bandwidth (bytes/s) of an offloaded optimizer step, assumed: two thirds of two
+# DDR5-4800 channels' 76.8 GB/s peak (JEDEC JESD79-5).
+_HOST_BANDWIDTH = 50e9
+# Passes over the saved activations' bytes that pointwise work makes, assumed: forward, an op
+# writes its output and the next reads it (2); backward, a gradient reads the saved tensor and
+# the incoming gradient and writes the outgoing one (3).
 _FORWARD_PASSES, _BACKWARD_PASSES = 2, 3
 # AdamW reads the weight, the gradient, m and v, and writes the weight, m and v.
 _ADAMW_VALUES = 7
@@ -155,12 +132,8 @@ class DeviceSpeed:
         return rates[dtype]
 
     def checkpoint_seconds(self, mode: str) -> float:
-        """Seconds per checkpointed region and micro-batch in ``mode`` (0 where unknown);
-        ``sqrt`` segments cost as ``blocks`` regions do."""
+        """Seconds per checkpointed region and micro-batch in ``mode`` (0 where unknown)."""
         return dict(self.region_seconds).get("blocks" if mode == "sqrt" else mode, 0.0)
-
-
-# --------------------------------------------------------------------------- the figures
 
 
 def _preset_of(gpu: GPU) -> GPU | None:
@@ -178,49 +151,25 @@ def _datasheet_speed(card: GPU) -> DeviceSpeed:
                          f"chip among {list(GPUS)}: measure it with measure_speed('cuda')")
     bf16 = sheet.tensor_flops if card.has_native_bf16 else sheet.fp32_flops
     return DeviceSpeed(card.name, sheet.fp32_flops, sheet.tensor_flops, bf16,
-                       sheet.memory_bandwidth, OP_SECONDS, False, sheet.datasheet,
+                       sheet.memory_bandwidth, OP_SECONDS, False, f"the {sheet.name} datasheet",
                        host_link=sheet.host_link, peer_link=sheet.peer_link)
-
-
-def _median_seconds(steps: dict, repeats: int, device: torch.device) -> dict:
-    """Median seconds of each step, interleaved (:func:`course_lib.measurement.timing.step_times`):
-    the process's CPU time on the CPU (steadier on a shared machine), the wall clock on a GPU."""
-    return step_times(steps, repeats=repeats, device=device).median("auto")
 
 
 def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None = None,
                   repeats: int = 5) -> DeviceSpeed:
-    """This kernel's device, measured: its :class:`DeviceSpeed`.
+    """This kernel's device, measured: its :class:`DeviceSpeed` (about two seconds on a CPU).
 
-    Each figure is the median of ``repeats`` interleaved runs of
-    :func:`course_lib.measurement.timing.step_times` (process CPU time on the CPU, wall clock on a GPU):
-
-    * matmul FLOP/s per dtype: ``2 n^3`` over the time of an ``n x n`` matmul (``n`` 256 on the
-      CPU, 4096 on a GPU);
-    * bandwidth: the bytes read and written by a GELU over 4 MiB (CPU) or 256 MiB (GPU) of fp32,
-      the typical pointwise op of a step (one read and one write per element and a little
-      arithmetic: at the memory bandwidth on a GPU; on a CPU the arithmetic costs too, which a
-      plain copy, twice as fast there, would miss);
-    * operator seconds: one training step (AdamW) of a tiny course GPT (1 sequence of 8 tokens,
-      width 8, 2 layers), whose FLOPs and bytes are negligible, over the operators it runs
-      (:data:`OP_COUNTS`): an empty operator's launch and dispatch as a training step pays it
-      (autograd included, which a bare ``torch.add`` would leave out);
-    * per mode, a checkpointed region's own cost: the tiny step with every block checkpointed,
-      minus the plain step and its extra operators, per region.
-
-    About two seconds on a CPU. Links are the preset's of the same chip, if any (a CPU has none).
-
+    Medians of interleaved runs of: an ``n x n`` matmul per dtype (``2 n^3`` FLOPs); a GELU over
+    fp32, the typical pointwise op (a copy would miss its arithmetic on a CPU); a tiny GPT's
+    training step, whose FLOPs and bytes are negligible, over its operators (:data:`OP_COUNTS`);
+    that step with every block checkpointed, per region. Links are the same chip's preset's.
     Args:
-        device (str or torch.device): a cpu or cuda device.
-        matmul_size (int, optional): ``n`` of the timed matmul, from 16 to 16384.
-        repeats (int): rounds of each timing, from 1 to 100.
-
+        device (torch.device or str): a CPU or CUDA device.
+        matmul_size, repeats (int): ``n`` (None: 4096 on a GPU, 256 on a CPU), and the runs.
     Returns:
-        DeviceSpeed: with ``measured=True``.
-
+        DeviceSpeed: the measured speeds.
     Raises:
-        ValueError: naming the parameter: a device other than cpu or cuda, a bad ``repeats`` or
-            ``matmul_size``.
+        ValueError: naming the parameter, for a bad value.
     """
     device = as_device("device", device)
     if device.type not in ("cpu", "cuda"):
@@ -230,15 +179,15 @@ def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None
          else 4096 if device.type == "cuda" else 256)
     mats = {dtype: torch.randn(n, n, device=device).to(dtype)
             for dtype in (torch.float32, torch.float16, torch.bfloat16)}
-    times = _median_seconds({str(d): (lambda a=a: a @ a) for d, a in mats.items()}, repeats,
-                            device)
+    timed = functools.partial(step_times, repeats=repeats, device=device)
+    times = timed({str(d): (lambda a=a: a @ a) for d, a in mats.items()}).median("auto")
     rates = {d: 2 * n**3 / times[str(d)] for d in mats}
     block = torch.randn((64 if device.type == "cuda" else 1) * 2**20, device=device)
     gelu = {"gelu": lambda: torch.nn.functional.gelu(block)}
-    bandwidth = 2 * block.nbytes / _median_seconds(gelu, repeats, device)["gelu"]
+    bandwidth = 2 * block.nbytes / timed(gelu).median("auto")["gelu"]
     tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=2)
     steps = {mode: _tiny_steps(tiny, mode, "fp32", device)[1] for mode in CHECKPOINTING}
-    tiny_times = _median_seconds(steps, repeats, device)
+    tiny_times = timed(steps).median("auto")
     plain = tiny_times["none"]
     # the tiny steps ran PyTorch's default AdamW: foreach on a GPU, per tensor on the CPU
     foreach = adamw_foreach(resolve_gpu("cuda") if device.type == "cuda" else None)
@@ -261,29 +210,20 @@ def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None
 
 @functools.lru_cache(maxsize=8)
 def _measured(device_type: str, threads: int) -> DeviceSpeed:
-    """This device measured once per process and thread count (on the CPU, a step's speed and
-    its process time depend on the threads ``torch.set_num_threads`` allows)."""
+    """This device measured once per process and thread count (they change the CPU's speed)."""
     return measure_speed(device_type)
 
 
 def device_speed(gpu=None) -> DeviceSpeed:
     """The :class:`DeviceSpeed` a prediction for ``gpu`` uses: a datasheet, or this device measured.
 
-    A preset (or a :class:`course_lib.device.GPU` that is not live) is read from its datasheet
-    ; the CPU (None, "cpu") and this kernel's GPU ("cuda", a live card)
-    are measured once per process (:func:`measure_speed`) and the figures kept (on the CPU, once
-    per number of threads).
-
+    A preset (or a :class:`course_lib.device.GPU` that is not live) is read from its datasheet;
+    the CPU (None, "cpu") and this kernel's GPU ("cuda") are measured once per process
+    (:func:`measure_speed`; on the CPU once per number of threads).
     Args:
-        gpu (str or GPU, optional): None or "cpu", a name of :data:`course_lib.device.GPUS`,
-            "cuda", or a ``GPU``.
-
+        gpu (str or GPU, optional): what :func:`course_lib.device.resolve_gpu` takes (None: CPU).
     Returns:
-        DeviceSpeed: its ``basis`` says which.
-
-    Raises:
-        ValueError: as :func:`course_lib.device.resolve_gpu` does, or for a GPU with no datasheet.
-
+        DeviceSpeed: the device's speeds.
     Example:
         >>> device_speed("T4").basis
         'from the datasheet'
@@ -294,9 +234,6 @@ def device_speed(gpu=None) -> DeviceSpeed:
     if card.live:
         return _measured("cuda", 1)
     return _datasheet_speed(card)
-
-
-# --------------------------------------------------------------------------- the counts
 
 
 class _OpCounter(TorchDispatchMode):
@@ -313,9 +250,7 @@ class _OpCounter(TorchDispatchMode):
 
 def _tiny_steps(config: GPTConfig, mode: str, precision: str, device,
                 foreach: bool | None = None) -> dict[int, Callable[[], None]]:
-    """One optimizer step of ``K`` micro-batches of one sequence, for ``K`` of 1 and 2, as a
-    training script runs it (forward, ``loss / K``, backward, the optimizer's step), on one
-    model and optimizer."""
+    """Steps of ``K`` = 1 and 2 micro-batches of one sequence, as a training script runs them."""
     model, optimizer = build(config, precision=precision, mode=mode, device=device)
     if foreach is not None:  # AdamW reads its group's flag at each step
         for group in optimizer.param_groups:
@@ -345,8 +280,7 @@ def _tiny_steps(config: GPTConfig, mode: str, precision: str, device,
 
 def count_step_ops(n_layers: int, dropout: bool, attention: str, bias: bool, mode: str,
                    precision: str, foreach: bool = False) -> tuple[int, int]:
-    """``(per micro-batch, per optimizer step)`` operators of a tiny GPT of this structure,
-    counted on the CPU after a first step: what :data:`OP_COUNTS` records."""
+    """``(per micro-batch, per step)`` operators of a tiny GPT of this structure, counted."""
     tiny = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=n_layers,
                      dropout=0.1 if dropout else 0.0, attention=attention, bias=bias)
     counts = []
@@ -376,8 +310,7 @@ OP_COUNTS = json.loads((Path(__file__).parent / "op_counts.json").read_text())
 
 def _step_ops(config: GPTConfig, mode: str = "none", precision: str = "fp32",
               foreach: bool = False) -> tuple[int, int]:
-    """``(per micro-batch, per optimizer step)`` operators of ``GPT(config)``, from
-    :data:`OP_COUNTS` (linear in the layers; widths and batches change nothing)."""
+    """``(per micro-batch, per step)`` operators of ``GPT(config)`` from :data:`OP_COUNTS`."""
     key = (config.dropout > 0, config.attention, config.bias, mode, precision, foreach)
     one, two = (OP_COUNTS["counts"][op_count_key(n, *key)] for n in (1, 2))
     L = config.n_layers
@@ -385,14 +318,12 @@ def _step_ops(config: GPTConfig, mode: str = "none", precision: str = "fp32",
 
 
 def _counted(mode: str) -> str:
-    """The mode whose operators :func:`step_time` counts for ``mode``: ``sqrt`` segments rerun
-    whole blocks, as ``blocks`` does."""
+    """The mode whose operators count for ``mode`` (``sqrt`` segments rerun whole blocks)."""
     return "blocks" if mode == "sqrt" else mode
 
 
 def _matmul_flops(config, b, mode, every, seq_len, spec, card) -> tuple[int, int]:
-    """``(flops, recomputed)`` of one micro-batch (:func:`checkpointed.step_flops`); on the CPU
-    the flash kernel's attention counts as on a GPU (``FlopCounterMode`` counts it 0)."""
+    """``(flops, recomputed)`` of a micro-batch; the CPU's flash attention counted as a GPU's."""
     if card is None and attention_kernel(config, spec.compute, None) == "flash":
         card = GPUS["A100 80GB"]
     return checkpointed.step_flops(config, b, mode, every, seq_len=seq_len,
@@ -400,8 +331,7 @@ def _matmul_flops(config, b, mode, every, seq_len, spec, card) -> tuple[int, int
 
 
 def _pointwise_bytes(config, b, mode, every, seq_len, spec, card) -> int:
-    """``(F + B) A + F (A - A_mode)``: ``F``, ``B`` the passes, ``A`` the bytes a plain step saves,
-    ``A_mode`` those ``mode`` keeps (:func:`checkpointed.predict_kept_bytes`)."""
+    """``(F + B) A + F (A - A_mode)``: passes over a plain step's saved bytes, plus the rerun."""
     kw = dict(seq_len=seq_len, dtype=spec.compute, gpu=card, autocast=spec.autocast)
     plain = checkpointed.predict_kept_bytes(config, b, "none", 1, **kw)
     kept = plain if mode == "none" else checkpointed.predict_kept_bytes(config, b, mode, every,
@@ -410,8 +340,7 @@ def _pointwise_bytes(config, b, mode, every, seq_len, spec, card) -> int:
 
 
 def _optimizer_bytes(n_params: int, spec, state_bits: int) -> int:
-    """AdamW's bytes: ``7 s`` per parameter (``s`` bytes a state value), ``2e + 8`` more with fp32
-    master weights; 8-/4-bit states replace each state's ``2 s`` by :func:`_low_bit_bytes_moved`."""
+    """AdamW's bytes moved: ``7 s`` per parameter, ``2e + 8`` more with master weights."""
     s, e = dtype_bytes(spec.state), dtype_bytes(spec.params)
     per = _ADAMW_VALUES * s + (2 * e + 8 if spec.master else 0)
     if state_bits != 32:
@@ -420,38 +349,29 @@ def _optimizer_bytes(n_params: int, spec, state_bits: int) -> int:
 
 
 def _low_bit_bytes_moved(state_bits: int) -> int:
-    """Bytes torchao's eager 8-/4-bit AdamW moves per value of ``m`` or ``v``
-    (``torchao/optim/quant_utils.py``): dequantise ``bits/8 + 4``, update 8, scale 12, ``bits``
-    search rounds of 40 (an estimate), round 60; an upper bound where a compiled step fuses them."""
+    """Bytes torchao's eager 8-/4-bit AdamW moves per state value (an estimate, an upper bound)."""
+    # dequantise, update, scale, 40 per search round, round (torchao/optim/quant_utils.py)
     return -(-state_bits // 8) + 4 + 8 + 12 + 40 * state_bits + 60
 
 
 #: Operators per quantised tensor and state of the eager low-bit step: five per binary-search
 #: round (an add, a gather, a compare, a where, an add), about 25 more to dequantise, scale,
 #: round and update (counted from torchao 0.18's ``quant_utils``; an estimate).
-LOW_BIT_OPS_PER_ROUND, LOW_BIT_OPS = 5, 25
+_LOW_BIT_OPS_PER_ROUND, _LOW_BIT_OPS = 5, 25
 #: torchao quantises a state tensor of at least this many elements (bitsandbytes' rule).
-LOW_BIT_MIN_NUMEL = 4096
+_LOW_BIT_MIN_NUMEL = 4096
 
 
 def transfer_seconds(nbytes: int, bytes_per_second: float) -> float:
-    """Seconds to move ``nbytes`` over a link of ``bytes_per_second``: ``nbytes / bandwidth``.
-
-    A lower bound: real copies reach less than a link's theoretical rate, from pinned memory,
-    and less still from pageable memory (the driver stages them through a pinned buffer).
-
+    """Seconds to move ``nbytes`` over a link of ``bytes_per_second``: a lower bound (real copies
+    reach less than a link's rate, from pinned memory, and less still from pageable memory).
     Args:
-        nbytes (int): bytes, from 0 to :data:`course_lib.validation.MAX_BYTES`.
-        bytes_per_second (float): the link's bandwidth, a finite positive number.
-
+        nbytes (int): the bytes to move.
+        bytes_per_second (float): the link's rate.
     Returns:
-        float: seconds.
-
+        float: the seconds.
     Raises:
-        ValueError: ``nbytes`` negative, not an int or above
-            :data:`course_lib.validation.MAX_BYTES`; ``bytes_per_second`` not a finite
-            positive number.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> transfer_seconds(63_000_000_000, 63e9)  # a PCIe 5.0 x16 link for a second
         1.0
@@ -460,11 +380,8 @@ def transfer_seconds(nbytes: int, bytes_per_second: float) -> float:
     return nbytes / number("bytes_per_second", bytes_per_second, above=0.0)
 
 
-# --------------------------------------------------------------------------- the model
-
-
 @dataclass(frozen=True)
-class StepTime:
+class _StepTime:
     """One optimizer step's predicted seconds, by term (:func:`step_time`)."""
 
     flops: int
@@ -492,19 +409,13 @@ class StepTime:
         return self.speed.basis
 
 
-def step_time(step: Step, speed: DeviceSpeed | None = None) -> StepTime:
-    """The five terms of a checked :class:`Step`'s time (module doc); ``speed`` None: the
-    :func:`device_speed` of its GPU. Its levers enter as: the chunked loss ``+ 2 N h V`` FLOPs
-    (its second head matmul); LoRA ``+ 6 N`` FLOPs per adapter parameter less the frozen
-    weights' gradient matmuls, the optimizer stepping the adapters only; 8-/4-bit states their
-    quantisation's bytes and operators (:data:`LOW_BIT_OPS_PER_ROUND` per bit and
-    :data:`LOW_BIT_OPS` per state of a tensor of :data:`LOW_BIT_MIN_NUMEL` elements or more); an
-    offloaded optimizer its bytes at :data:`HOST_BANDWIDTH`; offloading and ZeRO their transfers."""
+def step_time(step: Step, speed: DeviceSpeed | None = None) -> _StepTime:
+    """The five terms of a checked :class:`Step`'s time (``speed`` None: :func:`device_speed`)."""
     return _step_time(step, device_speed(step.gpu) if speed is None else speed)
 
 
 @functools.lru_cache(maxsize=1024)
-def _step_time(step: Step, speed: DeviceSpeed) -> StepTime:
+def _step_time(step: Step, speed: DeviceSpeed) -> _StepTime:
     """:func:`step_time`, cached: widgets call it on every slider move."""
     config, b, K, mode, every = (step.config, step.micro_batch_size, step.accumulation_steps,
                                  step.mode, step.every)
@@ -531,11 +442,11 @@ def _step_time(step: Step, speed: DeviceSpeed) -> StepTime:
     shard = step.world_size if step.zero_stage >= 1 else 1
     opt_bytes = -(-_optimizer_bytes(trained, spec, step.state_bits) // shard)
     if step.state_bits != 32:  # the eager quantisation's operators, per large state tensor
-        tensors = (sum(n >= LOW_BIT_MIN_NUMEL for n in param_numels(config)) if trained == P
+        tensors = (sum(n >= _LOW_BIT_MIN_NUMEL for n in param_numels(config)) if trained == P
                    else 8 * L)  # LoRA: A and B beside each of a block's four linears
-        per_step += 2 * tensors * (LOW_BIT_OPS_PER_ROUND * step.state_bits + LOW_BIT_OPS)
+        per_step += 2 * tensors * (_LOW_BIT_OPS_PER_ROUND * step.state_bits + _LOW_BIT_OPS)
     opt_seconds = per_step * speed.op_seconds + (
-        opt_bytes / (HOST_BANDWIDTH if step.offload_optimizer and speed.host_link else
+        opt_bytes / (_HOST_BANDWIDTH if step.offload_optimizer and speed.host_link else
                      speed.memory_bandwidth))
     link = 0.0
     pb = dtype_bytes(spec.params)
@@ -550,46 +461,33 @@ def _step_time(step: Step, speed: DeviceSpeed) -> StepTime:
     if step.zero_stage and speed.peer_link:
         link += (3 if step.zero_stage == 3 else 2) * P * pb / speed.peer_link
     u = speed.reached(spec.compute)
-    return StepTime(flops, K * recomputed, moved, opt_bytes, K * per_micro + per_step,
+    return _StepTime(flops, K * recomputed, moved, opt_bytes, K * per_micro + per_step,
                     compute_seconds=flops / (speed.flops(spec.compute) * u),
                     pointwise_seconds=moved / speed.memory_bandwidth,
                     launch_seconds=launch, optimizer_seconds=opt_seconds,
                     transfer_seconds=link, speed=speed, utilisation=float(u))
 
 
-# --------------------------------------------------------------------------- calibration
-
-
 def calibrate(speed: DeviceSpeed, split, step: Step, *, seconds: float | None = None
               ) -> DeviceSpeed:
     """``speed`` with its matmul rate and memory bandwidth fitted to one measured step's split.
 
-    ``split`` is the :class:`course_lib.measurement.timing.TimeSplit` of a step of this setting
+    ``split``: the :class:`course_lib.measurement.timing.TimeSplit` of ``step``
     (:func:`course_lib.measurement.timing.profile_step`). The operators keep
-    ``speed.op_seconds``; the matmul rate becomes the step's FLOPs (:attr:`StepTime.flops`) over
-    its "matmul" and "attention" time, the bandwidth its pointwise and optimizer bytes
-    (:class:`StepTime`) over the other classes' time less the operators' cost (floored at a
-    tenth of it). On a busy CPU the profiler's wall times run up to twice too long: pass
-    :func:`course_lib.measurement.timing.step_times`' time as ``seconds`` and the split gives
-    only the shares. The calibrated model prices the other settings of the same model with the
-    rates the step reached (lecture 05's companion compares both with measured steps).
-
+    ``speed.op_seconds``; the matmul rate becomes the step's FLOPs over its "matmul" and
+    "attention" time, the bandwidth its pointwise and optimizer bytes over the other classes'
+    time less the operators' (floored at a tenth of it). On a busy CPU the profiler's wall times
+    run up to twice too long: pass :func:`course_lib.measurement.timing.step_times`' time as
+    ``seconds`` and the split gives only the shares.
     Args:
-        speed (DeviceSpeed): the device's figures (:func:`device_speed`); its operator and
-            region costs are kept.
-        split (TimeSplit): the measured step, by kernel class.
-        step (Step): the step that ran; its ``gpu`` says whose kernels ran it (None for the
-            CPU's, "cuda" for this kernel's GPU: the saved bytes, hence the pointwise bytes,
-            depend on them).
-        seconds (float, optional): the step's measured time; None: the split's total.
-
+        speed (DeviceSpeed): the speeds to fit.
+        split (TimeSplit): ``step``'s time by class, as above.
+        step (Step): the step measured.
+        seconds (float, optional): the step's measured time (None: the split's total).
     Returns:
-        DeviceSpeed: measured, with the fitted rate and bandwidth and a ``source`` that says so.
-
+        DeviceSpeed: ``speed`` fitted.
     Raises:
-        ValueError: naming ``speed`` or ``split`` (not a DeviceSpeed or a TimeSplit, or a split
-            with no matmul or no other time).
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> from course_lib.measurement.timing import TimeSplit
         >>> split = TimeSplit({"matmul": 0.02, "attention": 0.0, "fused kernel": 0.0,
@@ -608,7 +506,6 @@ def calibrate(speed: DeviceSpeed, split, step: Step, *, seconds: float | None = 
         raise ValueError(f"split must be a TimeSplit (profile_step), got {type(split).__name__}")
     if not isinstance(step, Step):
         raise WrongTypeError(f"step must be a Step, got {type(step).__name__}")
-    spec, mode = step.spec, step.mode
     plain = step_time(step, replace(speed, utilisation=1.0))
     by_class = {name: number(f"split.seconds[{name!r}]", split.seconds.get(name, 0.0),
                              minimum=0.0, maximum=1e6) for name in split.seconds}
@@ -622,20 +519,15 @@ def calibrate(speed: DeviceSpeed, split, step: Step, *, seconds: float | None = 
     operators = plain.launch_seconds + (plain.optimizer_seconds
                                         - plain.optimizer_bytes / speed.memory_bandwidth)
     moving = max(rest - operators, rest / 10)
-    rate = plain.flops / matmul
-    rates = {torch.float32: speed.fp32_flops, torch.float16: speed.fp16_flops,
-             torch.bfloat16: speed.bf16_flops}
-    rates[spec.compute] = min(rate, MAX_FLOPS)
-    return DeviceSpeed(speed.name, rates[torch.float32], rates[torch.float16],
-                       rates[torch.bfloat16],
-                       min((plain.pointwise_bytes + plain.optimizer_bytes) / moving, MAX_BANDWIDTH),
-                       speed.op_seconds, True,
-                       f"{speed.source}; rates fitted to a measured {mode} step by kernel class "
-                       f"({split.clock} time)", speed.region_seconds, speed.host_link,
-                       speed.peer_link, 1.0)
+    rate = {torch.float32: "fp32_flops", torch.float16: "fp16_flops",
+            torch.bfloat16: "bf16_flops"}[step.compute]
+    return replace(speed, **{rate: min(plain.flops / matmul, MAX_FLOPS)},
+                   memory_bandwidth=min((plain.pointwise_bytes + plain.optimizer_bytes) / moving,
+                                        MAX_BANDWIDTH),
+                   measured=True, utilisation=1.0,
+                   source=f"{speed.source}; rates fitted to a measured {step.mode} step by kernel "
+                          f"class ({split.clock} time)")
 
 
-__all__ = ["UTILISATION", "FP32_UTILISATION", "OP_SECONDS", "HOST_BANDWIDTH", "CHECKPOINTING",
-           "DeviceSpeed", "measure_speed", "device_speed", "calibrate",
-           "LOW_BIT_OPS_PER_ROUND", "LOW_BIT_OPS", "LOW_BIT_MIN_NUMEL", "transfer_seconds",
-           "StepTime", "step_time"]
+__all__ = ["UTILISATION", "FP32_UTILISATION", "OP_SECONDS", "CHECKPOINTING", "DeviceSpeed",
+           "measure_speed", "device_speed", "calibrate", "transfer_seconds", "step_time"]

@@ -1,20 +1,16 @@
 """Gradient accumulation: one batch's gradient, computed micro-batch by micro-batch.
 
-A batch of ``B`` samples is cut into ``K = B / b`` micro-batches; each runs forward and backward
-on its own and their gradients add up before one optimizer step, so activation memory follows
-``b``, not ``B``. The result is the full batch's gradient up to float rounding **if** each
-micro-batch's loss carries the right weight (``normalize``):
+A batch of ``B`` samples is cut into ``K = B / b`` micro-batches whose gradients add up before one
+optimizer step, so activation memory follows ``b``, not ``B``. The sum is the full batch's
+gradient only if each micro-batch's loss carries the right weight (``normalize``):
 
-* ``"tokens"`` (correct): each micro-batch's summed token loss over ``N``, the whole batch's
-  non-ignored tokens: the total is ``(1/N) sum_i l_i`` whatever the padding.
-* ``"mean-of-means"``: each micro-batch's mean over ``K``: right only when every micro-batch
-  holds as many tokens; with padding it over-weights short micro-batches. Hugging Face
-  ``transformers``' Trainer did this until v4.46 (October 2024; pull request #34191).
+* ``"tokens"`` (correct): each micro-batch's summed token loss over ``N``, the batch's tokens;
+* ``"mean-of-means"``: each micro-batch's mean over ``K``: with padding it over-weights short
+  micro-batches (Hugging Face ``transformers``' Trainer until v4.46, pull request #34191);
 * ``"sum-of-means"``: the means summed, the division by ``K`` forgotten: ``K`` times too large.
 
-The losses are cross-entropy over ``model(inputs)`` logits (a tuple's first item),
-``ignore_index`` targets skipped; a course GPT switched to the chunked loss
-(:func:`course_lib.training.levers.use_chunked_loss`) gives its own mean, ``model(inputs, targets)``.
+The losses are cross-entropy over ``model(inputs)`` logits (a tuple's first item); a course GPT on
+the chunked loss (:func:`course_lib.training.levers.use_chunked_loss`) gives its own mean.
 """
 
 from __future__ import annotations
@@ -34,21 +30,9 @@ NORMALIZATIONS = ("tokens", "mean-of-means", "sum-of-means")
 INT64 = (-(2**63), 2**63 - 1)
 
 
-def _check_normalize(normalize: str) -> None:
-    choice("normalize", normalize, NORMALIZATIONS)
-
-
 def _token_id(name: str, value) -> int:
     """An int64 token id or ``ignore_index`` (a bool, a float or 2**63 is refused)."""
     return integer(name, value, minimum=INT64[0], maximum=INT64[1])
-
-
-def _check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> None:
-    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise ValueError("inputs and targets must be tensors")
-    if inputs.dim() == 0 or targets.dim() == 0 or inputs.size(0) != targets.size(0):
-        raise ValueError(f"inputs and targets must share their batch size (leading dimension), "
-                         f"got shapes {tuple(inputs.shape)} and {tuple(targets.shape)}")
 
 
 def _check_model(model) -> list[tuple[str, nn.Parameter]]:
@@ -59,36 +43,22 @@ def _check_model(model) -> list[tuple[str, nn.Parameter]]:
 
 
 def _logits(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """``model(inputs)``, or its first item."""
     out = model(inputs)
     return out[0] if isinstance(out, tuple | list) else out
 
 
-def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: int):
-    """``[(inputs_k, targets_k)]``: the ``K = B / micro_batch_size`` micro-batches of a batch, in
-    order (views)."""
-    _check_batch(inputs, targets)
-    micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
-    batch = inputs.size(0)
-    if batch % micro_batch_size:
-        raise ValueError(f"micro_batch_size must divide the batch size {batch}, "
-                         f"got {micro_batch_size}")
-    return list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
-
-
 def token_counts(targets: torch.Tensor, micro_batch_size: int, ignore_index: int = -100) -> list[int]:
-    """Non-ignored targets in each micro-batch (one device sync for all of them).
+    """``[n_0, ..., n_{K-1}]``: the non-ignored targets of each micro-batch (one device sync).
 
     Args:
         targets (torch.Tensor): ``(B, ...)`` integer targets.
         micro_batch_size (int): samples per micro-batch; must divide ``B``.
-        ignore_index (int): the target value that is not a token (an int, never a bool).
-
+        ignore_index (int): the target value that is not a token.
     Returns:
-        ``[n_0, ..., n_{K-1}]``, the tokens of each micro-batch.
-
+        list: the tokens of each micro-batch.
     Raises:
         ValueError: naming the parameter, for a bad value.
-
     Example:
         >>> token_counts(torch.tensor([[1, -100], [2, 3]]), 1)
         [1, 2]
@@ -114,14 +84,9 @@ def _on_device(count) -> bool:
 def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
                      normalize: str = "tokens", total_tokens: int | None = None,
                      accumulation_steps: int = 1, ignore_index: int = -100) -> torch.Tensor:
-    """The loss whose ``backward()`` adds this micro-batch's share of the batch gradient.
-
-    With ``S_k`` the summed cross-entropy of micro-batch ``k`` (``n_k`` tokens), ``N`` =
-    ``total_tokens``, ``K`` = ``accumulation_steps``: ``"tokens"``: ``S_k / N``;
-    ``"mean-of-means"``: ``(S_k / n_k) / K``; ``"sum-of-means"``: ``S_k / n_k`` (the
-    divide-by-K bug).
-    """
-    _check_normalize(normalize)
+    """The loss whose ``backward()`` adds this micro-batch's share: ``S_k / N`` (``"tokens"``),
+    ``(S_k / n_k) / K`` (``"mean-of-means"``) or ``S_k / n_k`` (``"sum-of-means"``)."""
+    choice("normalize", normalize, NORMALIZATIONS)
     accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
     ignore_index = _token_id("ignore_index", ignore_index)
     if normalize == "tokens" and total_tokens is None:
@@ -156,37 +121,28 @@ def accumulated_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch
                           ignore_index: int = -100) -> dict[str, torch.Tensor]:
     """``{parameter name: gradient}`` of the whole batch's loss, computed micro-batch by micro-batch.
 
-    ``K = B / micro_batch_size`` forward and backward passes, each weighted as
-    :func:`micro_batch_loss` says for ``normalize``. With ``"tokens"`` the
-    result equals the gradient of the full batch's mean loss over its
-    non-ignored tokens (up to float rounding). The gradients are accumulated in
-    separate tensors through ``torch.autograd.grad``: the model's own ``.grad``
-    are left untouched. Parameters that do not take part get a zero gradient;
-    frozen ones (``requires_grad=False``) are left out. A weight shared by two
-    modules (the course GPT's tied embedding) appears once, under its first name.
-
+    ``K = B / micro_batch_size`` forward and backward passes, each weighted as ``normalize`` (one of
+    :data:`NORMALIZATIONS`) says; with ``"tokens"`` the result is the full batch's gradient (to
+    float rounding). ``model(inputs)`` returns logits (or a tuple of them first); ``.grad`` is
+    untouched; unused parameters get zeros, frozen ones are left out, a tied weight appears once.
     Args:
-        model (torch.nn.Module): returns logits (or a tuple whose first item is the logits)
-            from ``model(inputs)``.
-        inputs (torch.Tensor): ``(B, ...)`` inputs.
-        targets (torch.Tensor): ``(B, ...)`` integer targets.
+        model (torch.nn.Module): gives logits, or a tuple of them first, from ``model(inputs)``.
+        inputs, targets (torch.Tensor): ``(B, ...)`` token ids and target ids.
         micro_batch_size (int): samples per micro-batch; must divide ``B``.
         normalize (str): one of :data:`NORMALIZATIONS`.
-        ignore_index (int): the target value that is not a token (an int64).
-
+        ignore_index (int): the target value that is not a token.
     Returns:
-        dict: parameter name -> gradient tensor.
-
+        dict: parameter name -> gradient.
     Raises:
-        ValueError: when ``micro_batch_size`` is below 1 or does not divide the
-            batch, when ``normalize`` is unknown, or when the batch has no target token.
+        ValueError: naming the parameter, for a bad value.
     """
     named = _check_model(model)
-    _check_normalize(normalize)
+    choice("normalize", normalize, NORMALIZATIONS)
     ignore_index = _token_id("ignore_index", ignore_index)
-    micro_batches = split_batch(inputs, targets, micro_batch_size)
-    counts = token_counts(targets, micro_batch_size, ignore_index)
-    total = sum(counts)
+    check_batch(model, inputs, targets, ignore_index=ignore_index)
+    micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
+    total = sum(token_counts(targets, micro_batch_size, ignore_index))
+    micro_batches = list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
     if total == 0:
         raise ValueError("targets must hold at least one token that is not ignore_index")
     grads = {name: torch.zeros_like(p) for name, p in named}
@@ -204,25 +160,18 @@ def full_batch_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.
                          ignore_index: int = -100) -> dict[str, torch.Tensor]:
     """The reference: ``{name: gradient}`` of the mean token loss of one forward pass over the batch.
 
-    Written independently of :func:`micro_batch_loss` (``F.cross_entropy`` with
-    its default mean reduction); ``.grad`` is left untouched.
-
+    Written independently of :func:`micro_batch_loss` (``F.cross_entropy``'s mean); ``.grad`` is
+    untouched, parameters that take no part get zeros.
     Args:
-        model (torch.nn.Module): returns logits (or a tuple whose first item is the logits)
-            from ``model(inputs)``.
-        inputs (torch.Tensor): ``(B, ...)`` inputs.
-        targets (torch.Tensor): ``(B, ...)`` integer targets.
-        ignore_index (int): the target value that is not a token (an int64).
-
+        model (torch.nn.Module): gives logits, or a tuple of them first, from ``model(inputs)``.
+        inputs, targets (torch.Tensor): ``(B, ...)`` token ids and target ids.
+        ignore_index (int): the target value that is not a token.
     Returns:
-        dict: parameter name -> gradient tensor (zeros for parameters that take no part).
-
+        dict: parameter name -> gradient.
     Raises:
-        ValueError: naming ``model``, ``inputs``/``targets`` (not tensors of one batch size,
-            or targets with no token but ``ignore_index``) or ``ignore_index``.
+        ValueError: naming the parameter, for a bad value.
     """
     named = _check_model(model)
-    _check_batch(inputs, targets)
     ignore_index = _token_id("ignore_index", ignore_index)
     check_batch(model, inputs, targets, ignore_index=ignore_index)
     if not bool((targets != ignore_index).any()):  # the mean over no token is NaN, not 0
@@ -236,6 +185,7 @@ def full_batch_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.
 
 
 def _same_names(a: dict, b: dict) -> None:
+    """Two non-empty ``{name: tensor}`` dicts with the same names and shapes."""
     for name, value in (("a", a), ("b", b)):
         if not isinstance(value, dict) or not all(isinstance(t, torch.Tensor)
                                                   for t in value.values()):
@@ -251,21 +201,8 @@ def _same_names(a: dict, b: dict) -> None:
                          f"{tuple(a[k].shape)} and {tuple(b[k].shape)}")
 
 
-def max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """``max |a - b|`` over all entries of two ``{name: tensor}`` dicts with the same keys.
-
-    Args:
-        a (dict): name -> tensor.
-        b (dict): name -> tensor of the same shape, same names.
-
-    Returns:
-        float: the largest absolute difference, computed in fp64; NaN if any difference is NaN
-        (a NaN against a number, or infinities of one sign).
-
-    Raises:
-        ValueError: naming ``a`` or ``b`` (not a non-empty dict of tensors), or when their
-            names or their tensors' shapes differ.
-    """
+def _max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """``max |a - b|`` over two ``{name: tensor}`` dicts, in fp64; NaN if any difference is NaN."""
     _same_names(a, b)
     # Python's max() would drop a NaN that does not come first (NaN > x is False): NaN wins here
     gaps = [(a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].numel()]
@@ -273,18 +210,12 @@ def max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
 
 
 def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """``||a - b|| / ||b||`` over all parameters together (Euclidean norm of the flattened dicts).
-
+    """``||a - b|| / ||b||`` over two ``{name: tensor}`` dicts of the same names and shapes, as
+    one flattened vector each, in fp64 (``b`` is the reference).
     Args:
-        a (dict): name -> tensor.
-        b (dict): the reference, name -> tensor, same names.
-
+        a, b (dict): parameter name -> tensor; ``b`` is the reference.
     Returns:
-        float: the relative difference, computed in fp64.
-
-    Raises:
-        ValueError: naming ``a`` or ``b`` (not a non-empty dict of tensors), or when their
-            names differ.
+        float: the relative difference.
     """
     _same_names(a, b)
     diff = sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a) ** 0.5
@@ -294,26 +225,20 @@ def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 def pad_to_lengths(inputs: torch.Tensor, targets: torch.Tensor, lengths, *, pad_token: int = 0,
                    ignore_index: int = -100):
-    """Padded copies of ``(inputs, targets)``: sequence ``i`` keeps its first ``lengths[i]`` tokens.
+    """Padded copies of ``(B, T)`` ``(inputs, targets)``: row ``i`` keeps its first ``lengths[i]``.
 
-    Positions from ``lengths[i]`` on get ``pad_token`` as input and
-    ``ignore_index`` as target, as a data collator pads a batch of documents of
-    different lengths. With a causal model the padding cannot change the
-    logits of the kept positions.
+    The rest gets ``pad_token`` as input and ``ignore_index`` as target, as a data collator pads
+    documents of different lengths (``lengths``: ``B`` ints in ``[0, T]``, a list or a tensor).
 
     Args:
-        inputs (torch.Tensor): ``(B, T)`` token ids.
-        targets (torch.Tensor): ``(B, T)`` target ids.
-        lengths: ``B`` ints in ``[0, T]`` (a list, or an integer tensor); no bool, float or NaN.
-        pad_token (int): the input id of a padded position (an int64 int).
-        ignore_index (int): the target of a padded position (an int64 int).
-
+        inputs, targets (torch.Tensor): ``(B, T)`` token ids and target ids.
+        lengths (list or torch.Tensor): ``B`` ints in ``[0, T]``, the tokens each row keeps.
+        pad_token (int): the input id of a padded position.
+        ignore_index (int): the target of a padded position.
     Returns:
-        ``(padded inputs, padded targets)``, new tensors.
-
+        tuple: the padded ``(inputs, targets)``, new tensors.
     Raises:
         ValueError: naming the parameter, for a bad value.
-
     Example:
         >>> inputs, targets = torch.arange(8).reshape(2, 4), torch.arange(1, 9).reshape(2, 4)
         >>> x, y = pad_to_lengths(inputs, targets, [4, 2])
@@ -329,8 +254,8 @@ def pad_to_lengths(inputs: torch.Tensor, targets: torch.Tensor, lengths, *, pad_
     if inputs.dim() != 2 or inputs.shape != targets.shape:
         raise ValueError(f"inputs and targets must be (B, T) of the same shape, got "
                          f"{tuple(inputs.shape)} and {tuple(targets.shape)}")
-    pad_token, ignore_index = _token_id("pad_token", pad_token), _token_id("ignore_index",
-                                                                          ignore_index)
+    pad_token = _token_id("pad_token", pad_token)
+    ignore_index = _token_id("ignore_index", ignore_index)
     B, T = inputs.shape
     if isinstance(lengths, torch.Tensor):
         tensor("lengths", lengths, integral=True, dim=1)
@@ -344,27 +269,14 @@ def pad_to_lengths(inputs: torch.Tensor, targets: torch.Tensor, lengths, *, pad_
 
 
 def weight_gap(a: nn.Module, b: nn.Module) -> float:
-    """``max |w_a - w_b|`` over the parameters of two models of the same architecture.
-
-    How far two training runs that started from the same weights ended apart: lecture 03
-    compares accumulated with big-batch training with it.
-
+    """``max |w_a - w_b|`` over the parameters of two models of the same names and shapes, in fp64
+    (NaN if a difference is NaN): how far apart two runs from the same weights ended.
     Args:
-        a (torch.nn.Module): a model.
-        b (torch.nn.Module): a model with parameters of the same names and shapes.
-
+        a, b (torch.nn.Module): two models with parameters of the same names and shapes.
     Returns:
-        float: the largest absolute difference of any weight, computed in fp64 (NaN if a
-        difference is NaN).
-
+        float: the largest absolute difference of any weight.
     Raises:
-        ValueError: naming ``a`` or ``b`` (not an ``nn.Module`` with parameters), or when their
-            parameters' names or shapes differ.
-
-    Example:
-        >>> model = nn.Linear(4, 2)
-        >>> weight_gap(model, model)
-        0.0
+        ValueError: naming the parameter, for a bad value.
     """
     named = {}
     for name, model in (("a", a), ("b", b)):
@@ -376,7 +288,7 @@ def weight_gap(a: nn.Module, b: nn.Module) -> float:
     shapes = [{n: tuple(p.shape) for n, p in named[k].items()} for k in ("a", "b")]
     if shapes[0] != shapes[1]:
         raise ValueError("a and b must have parameters of the same names and shapes")
-    return max_abs_difference(named["a"], named["b"])
+    return _max_abs_difference(named["a"], named["b"])
 
 
 #: The ``GradScaler`` methods :func:`count_scaler_calls` counts.
@@ -386,20 +298,16 @@ SCALER_METHODS = ("scale", "unscale_", "step", "update")
 def count_scaler_calls(scaler) -> dict[str, int]:
     """Count, from now on, how often a training loop calls ``scaler``'s methods.
 
-    The methods of :data:`SCALER_METHODS` of this one ``torch.amp.GradScaler`` are wrapped (in
-    place, on the instance) so that each call adds one to its entry of the returned dict. With
-    accumulation a right loop scales every micro-batch's loss and unscales, steps and updates
-    once per effective batch (PyTorch's AMP examples, "Gradient accumulation").
+    Wraps :data:`SCALER_METHODS` of this one ``GradScaler`` in place; returns ``{method: calls}``,
+    updated as the loop runs. With accumulation a right loop scales every micro-batch's loss and
+    unscales, steps and updates once per effective batch (PyTorch's AMP examples).
 
     Args:
-        scaler: a ``torch.amp.GradScaler`` (anything with the four methods).
-
+        scaler (torch.amp.GradScaler): the scaler the loop uses (anything with the four methods).
     Returns:
-        dict: method name -> calls so far, updated as the loop runs.
-
+        dict: method name -> calls so far.
     Raises:
-        ValueError: naming ``scaler``, when it lacks one of the methods.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> scaler = torch.amp.GradScaler("cpu")
         >>> calls = count_scaler_calls(scaler)

@@ -1,37 +1,13 @@
 """Activation checkpointing of the course GPT: which activations to keep, which to recompute.
 
-A checkpointed region keeps only its inputs in the forward pass and reruns its forward in the
-backward pass (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"), here with
-``torch.utils.checkpoint`` and ``use_reentrant=False``. :func:`enable_checkpointing` switches a
-GPT between five modes (lecture 04 teaches the first three, lecture 05 the others):
-
-==============  ===========================================================  ==================
-mode            what is checkpointed                                         stored per layer
-==============  ===========================================================  ==================
-``none``        nothing                                                      all its activations
-``blocks``      every ``every``-th transformer block (``every=1``: all)      its input
-``sqrt``        ``checkpoint_sequential`` in ``k`` segments                  O(sqrt(n)), right k
-``selective``   every ``every``-th block under an op-level policy            input, matmul and
-                                                                             attention outputs
-``attention``   the attention core of every ``every``-th block (Megatron)    all but the core's
-==============  ===========================================================  ==================
-
-Two more, lecture 05's "one op to a policy", need the fused MLP kernel
-(``GPTConfig(fused_mlp=True)``, :mod:`course_lib.model.fused`): ``save-kernel`` is ``selective``
-that also saves the kernel's output (``4*b*s*h`` more elements per block), ``recompute-kernel``
-is ``selective`` itself. :data:`KERNEL_POLICIES` names their ops; :data:`MODES` leaves them out.
-
-``sqrt`` takes ``round(sqrt(n))`` segments unless told (:func:`sqrt_segments`);
-:func:`best_segments` gives the count with the least memory for a block that keeps ``A/X``
-times its input (:func:`course_lib.prediction.checkpointed.block_ratio`), about
-``sqrt(n * A / X)``. ``selective`` saves the outputs of the matmuls and fused attention
-kernels (:data:`SAVE_OPS`, torchtitan's default op policy) and recomputes the rest, the MLP's
-output included unless dropout follows it (:class:`SelectiveContext`). ``attention`` is the
-"selective activation recomputation" of Korthikanti et al. 2022: only the core
-``softmax(QK^T) V``, whose ``a*s*s`` intermediates dominate at long sequences, is recomputed.
-
-``torch.utils.checkpoint`` restores the RNG state for the rerun: dropout draws the same mask
-and the gradients match those without checkpointing (bitwise on the CPU).
+A checkpointed region keeps only its inputs and reruns its forward in the backward pass (Chen et
+al. 2016), here ``torch.utils.checkpoint(use_reentrant=False)``, which restores the RNG state.
+:func:`enable_checkpointing`'s modes: ``none``; ``blocks`` (every ``every``-th block keeps only
+its input); ``sqrt`` (``checkpoint_sequential`` in ``k`` segments); ``selective`` (blocks under an
+op-level policy that saves :data:`SAVE_OPS`, torchtitan's default, and recomputes the rest, the
+MLP's output included unless dropout follows it); ``attention`` (only ``softmax(QK^T) V`` is
+recomputed, Korthikanti et al. 2022). The :data:`KERNEL_MODES` need ``GPTConfig(fused_mlp=True)``:
+``save-kernel`` also saves the fused kernel's output, ``recompute-kernel`` is ``selective``.
 """
 
 from __future__ import annotations
@@ -58,38 +34,28 @@ from course_lib.model.gpt import BLOCK_SHAPES, CONFIG_MAXIMUM, check_batch
 from course_lib.units import storage_bytes
 from course_lib.validation import MAX_COUNT, WrongTypeError, choice, number, positive_int, tensor
 
-#: The most blocks a model has (:data:`course_lib.model.gpt.CONFIG_MAXIMUM`).
+#: The most blocks a model has.
 MAX_LAYERS = CONFIG_MAXIMUM["n_layers"]
-
 #: The checkpointing modes of :func:`enable_checkpointing`.
 MODES = ("none", "blocks", "sqrt", "selective", "attention")
 
 _aten = torch.ops.aten
-#: The matmul ops of the course GPT: ``mm`` (a linear without bias, the LM head),
-#: ``addmm`` (a linear with bias), ``bmm`` (``q @ k^T`` and ``probs @ v``).
+#: The course GPT's matmuls: ``mm`` (no bias, the LM head), ``addmm`` (bias), ``bmm`` (attention).
 MATMULS = (_aten.mm.default, _aten.addmm.default, _aten.bmm.default)
 #: The ops of a linear layer: ``mm`` (no bias) and ``addmm`` (with a bias).
 LINEAR_OPS = (_aten.mm.default, _aten.addmm.default)
-#: The fused attention kernels ``F.scaled_dot_product_attention`` dispatches as one op each (the
-#: CPU's flash kernel; CUDA's flash, memory-efficient and cuDNN kernels; MPS's; other backends'
-#: overridable one). Its math kernel is no op of its own: it dispatches ``bmm`` and ``softmax``,
-#: which a policy sees instead.
+#: The fused kernels ``F.scaled_dot_product_attention`` dispatches as one op each, on every
+#: backend; its math kernel is no op of its own (a policy sees its ``bmm`` and ``softmax``).
 ATTENTION_OPS = tuple(getattr(_aten, name).default for name in (
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
     "_scaled_dot_product_attention_math_for_mps", "_scaled_dot_product_fused_attention_overrideable")
     if hasattr(_aten, name))
-#: What ``selective`` mode saves: the matmuls and the attention kernels' outputs, as the default
-#: op-level policy of torchtitan (``_op_sac_save_list`` in its Llama ``parallelize.py``) does.
+#: What ``selective`` saves: torchtitan's default (``_op_sac_save_list``, Llama ``parallelize.py``).
 SAVE_OPS = MATMULS + ATTENTION_OPS
-#: The course's own fused kernel as a policy names it (``torch.ops.course.bias_gelu.default``,
-#: :data:`course_lib.model.fused.OPS`): one op, however many lines of Triton it has inside.
+#: The course's fused kernel as a policy names it (:data:`course_lib.model.fused.OPS`): one op.
 KERNEL_OPS = tuple(op for op, _, _ in fused.OPS.values())
-#: The two policies for a model with the fused MLP (``GPTConfig(fused_mlp=True)``), by mode:
-#: save the kernel's output too (:data:`SAVE_OPS` and :data:`KERNEL_OPS`: the kernel does not run
-#: in the backward pass), or recompute it (:data:`SAVE_OPS`, ``selective`` mode's own: it runs
-#: once more there). Each recomputes the block's last linear as ``selective`` does
-#: (:class:`SelectiveContext`).
+#: The policies for a model with the fused MLP, by mode: save the kernel's output too, or rerun it.
 KERNEL_POLICIES = {"save-kernel": SAVE_OPS + KERNEL_OPS, "recompute-kernel": SAVE_OPS}
 #: The modes of :data:`KERNEL_POLICIES`, for a model with the fused MLP only.
 KERNEL_MODES = tuple(KERNEL_POLICIES)
@@ -97,13 +63,12 @@ KERNEL_MODES = tuple(KERNEL_POLICIES)
 SELECTIVE_MODES = ("selective", *KERNEL_MODES)
 #: Every mode :func:`enable_checkpointing` and the predictions take.
 ALL_MODES = MODES + KERNEL_MODES
-#: The linears of a course GPT block (:data:`course_lib.model.gpt.BLOCK_SHAPES`): QKV, attention
-#: output projection, MLP up- and down-projection, the last the block's last matmul.
+#: The linears of a course GPT block; the last (the MLP's output) is the block's last matmul.
 BLOCK_LINEARS = len(BLOCK_SHAPES)
 
 
 @dataclass(frozen=True)
-class CheckpointSettings:
+class _CheckpointSettings:
     """What :func:`enable_checkpointing` installed on a model (``model.checkpointing``)."""
 
     mode: str = "none"
@@ -114,8 +79,7 @@ class CheckpointSettings:
 
 
 def _check_ops(ops: Sequence, name: str = "ops") -> tuple:
-    """``ops`` as a tuple of ``OpOverload`` s (``torch.ops.aten.mm.default``): a packet
-    (``torch.ops.aten.mm``) never equals the overload that runs, so it is refused."""
+    """``ops`` as a tuple of ``OpOverload`` s; a packet (``aten.mm``) never matches, so is refused."""
     if isinstance(ops, str) or not isinstance(ops, Sequence):
         raise ValueError(f"{name} must be a list of OpOverloads, got {ops!r}")
     for op in ops:
@@ -127,33 +91,25 @@ def _check_ops(ops: Sequence, name: str = "ops") -> tuple:
 
 
 class SelectiveContext:
-    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` that saves the outputs of ``ops``.
+    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` that saves the outputs of ``ops``
+    (``OpOverload`` s such as :data:`SAVE_OPS`) and recomputes every other op.
 
-    Every other op of the region is recomputed in the backward pass (``PREFER_RECOMPUTE``). With
-    ``recompute_linear=n`` the ``n``-th linear (``mm`` or ``addmm``) of each region is recomputed
-    too, whatever ``ops`` says: in a course GPT block the 4th (:data:`BLOCK_LINEARS`) is the MLP's
-    output, which only the residual add reads, and the add's backward needs neither input; without
-    dropout after it the recomputation stops before it, so saving it buys nothing. Each call (one
-    per checkpointed region) makes a fresh policy that counts the region's linears, apart in the
-    forward pass and in the recomputation (``ctx.is_recompute``), so that both make the same
-    choice, as torchtitan's policy that recomputes every second ``mm`` does.
+    ``recompute_linear=n`` also recomputes the ``n``-th linear of each region (from 1): in a course
+    GPT block the 4th (:data:`BLOCK_LINEARS`) is the MLP's output, which only the residual add
+    reads, so saving it buys nothing without dropout. Linears are counted apart in the forward pass
+    and the rerun (``ctx.is_recompute``), as torchtitan's policy that recomputes every second ``mm``.
 
     Args:
-        ops (sequence): ``OpOverload`` s such as :data:`SAVE_OPS`.
-        recompute_linear (int, optional): the linear to recompute, counted from 1 in each region.
-
+        ops (sequence): the ``OpOverload`` s whose outputs are saved.
+        recompute_linear (int, optional): the linear of each region to recompute (from 1).
     Raises:
-        ValueError: naming ``ops`` (a packet or anything but ``OpOverload`` s) or
-            ``recompute_linear`` (not a positive int).
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> layer = nn.Linear(4, 4)
         >>> x = torch.randn(2, 4, requires_grad=True)
         >>> y = checkpoint(lambda t: torch.relu(layer(t)), x, use_reentrant=False,
         ...                context_fn=SelectiveContext(SAVE_OPS))  # saves addmm, recomputes relu
         >>> y.sum().backward()
-        >>> x.grad.shape
-        torch.Size([2, 4])
     """
 
     def __init__(self, ops: Sequence = SAVE_OPS, recompute_linear: int | None = None):
@@ -163,11 +119,9 @@ class SelectiveContext:
         self.recompute_linear = recompute_linear
 
     def policy(self) -> Callable:
-        """A fresh policy function for one region.
-
+        """A fresh policy function ``(ctx, op, *args, **kwargs) -> CheckpointPolicy`` for one region.
         Returns:
-            callable: ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``, as
-            ``create_selective_checkpoint_contexts`` takes it.
+            callable: the policy, with its own count of linears.
         """
         saved, n = frozenset(self.ops), self.recompute_linear
         seen = {False: 0, True: 0}  # linears met in the forward pass and in the recomputation
@@ -192,35 +146,27 @@ class SelectiveContext:
 
 def sqrt_segments(n_layers: int) -> int:
     """The segment count of ``sqrt`` mode: ``round(sqrt(n_layers))``, at least 1 (Chen et al. 2016).
-
     Args:
-        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
-
+        n_layers (int): the model's blocks.
     Returns:
-        int: the number of segments.
-
+        int: the segment count.
     Raises:
-        ValueError: naming ``n_layers``, for a value out of range.
+        ValueError: naming the parameter, for a bad value.
     """
     n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     return max(1, round(math.sqrt(n_layers)))
 
 
 def checkpointed_blocks(n_layers: int, every: int = 1) -> list[int]:
-    """Indices of the blocks that ``blocks``/``selective``/``attention`` mode wrap: 0, every, 2*every, ...
-
-    ``every=1`` wraps all ``n_layers`` blocks; ``every=k`` wraps ``ceil(n_layers / k)`` of them.
+    """The blocks that ``blocks``, ``selective`` and ``attention`` wrap: 0, every, 2*every, ...
 
     Args:
-        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
-        every (int): the stride, a positive int.
-
+        n_layers (int): the model's blocks.
+        every (int): the step between wrapped blocks.
     Returns:
-        list of int: the block indices.
-
+        list: the indices of the wrapped blocks.
     Raises:
-        ValueError: naming ``n_layers`` or ``every``, for a value out of range.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> checkpointed_blocks(5, every=2)
         [0, 2, 4]
@@ -231,8 +177,8 @@ def checkpointed_blocks(n_layers: int, every: int = 1) -> list[int]:
 
 
 def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
-    """The blocks of each segment as ``torch.utils.checkpoint.checkpoint_sequential`` cuts them:
-    ``segments - 1`` of ``n_layers // segments`` blocks, then the rest *without* checkpointing."""
+    """The blocks of each segment as ``checkpoint_sequential`` cuts them: ``segments - 1`` of
+    ``n_layers // segments`` blocks, then the rest *without* checkpointing."""
     n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
     segments = positive_int("segments", segments)
     if segments > n_layers:
@@ -243,35 +189,27 @@ def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
 
 
 def _segments_memory(n: int, k: int, ratio: float) -> float:
-    """Block inputs ``checkpoint_sequential`` keeps at its peak: ``(k - 1) + m * A / X`` (Chen et
-    al. 2016), the last segment's ``m = n - (k - 1) * (n // k)`` blocks not checkpointed."""
+    """Block inputs ``checkpoint_sequential`` keeps at its peak: ``(k - 1) + m * A / X``."""
     return (k - 1) + (n - (k - 1) * (n // k)) * ratio
 
 
 def best_segments(n_layers: int, block_ratio: float) -> int:
     """The segment count with the least memory, ``(k - 1) + m * A / X`` block inputs (the fewer
-    on a tie), the last segment's ``m`` blocks not checkpointed.
+    on a tie), the last segment's ``m = n - (k - 1) * (n // k)`` blocks not checkpointed.
 
-    Near ``sqrt(n * A / X)``, but counted with ``checkpoint_sequential``'s real cut
-    (:func:`sequential_segments`), whose last segment takes what ``n // k`` leaves over (with 36 blocks, 24 segments leave 13 blocks in the
-    last one). ``round(sqrt(n))`` (:func:`sqrt_segments`) is the best count only when a block
-    keeps as much as its input (``A = X``); a transformer block keeps many times more. It is the
-    best count for ``checkpoint_sequential``, not a verdict against per-block checkpointing:
-    ``k = n`` segments leave the last block unchecked, alive beside the head and the loss at the
-    start of the backward pass, a constant above per-block at every depth, so at small depths
-    per-block checkpointing peaks lower. Lecture 04, section 3.
+    ``block_ratio`` is ``A / X``, a block's kept bytes over its input's
+    (:func:`course_lib.prediction.checkpointed.block_ratio`). Near ``sqrt(n * A / X)``, counted
+    with ``checkpoint_sequential``'s real cut (:func:`sequential_segments`); ``round(sqrt(n))`` is
+    best only when ``A = X``. No verdict against per-block checkpointing: ``k = n`` leaves the last
+    block unchecked, so at small depths per-block peaks lower (lecture 04, section 3).
 
     Args:
-        n_layers (int): blocks, from 1 to :data:`MAX_LAYERS`.
-        block_ratio (float): ``A / X``, the bytes a block keeps over its input's
-            (:func:`course_lib.prediction.checkpointed.block_ratio`).
-
+        n_layers (int): the model's blocks.
+        block_ratio (float): ``A / X``, a block's kept bytes over its input's.
     Returns:
-        int: the number of segments.
-
+        int: the segment count ``k``.
     Raises:
-        ValueError: naming ``n_layers`` or ``block_ratio``.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> best_segments(64, 16.0)  # segments of 2 blocks
         32
@@ -286,41 +224,27 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
                          policy: Sequence | Callable | None = None) -> nn.Module:
     """Switch the course GPT ``model`` to checkpointing ``mode`` (see the module doc); returns it.
 
-    The change is per instance (``model.run_blocks`` and each block's
-    ``attn.core`` are replaced), idempotent, and reversible: a later call
-    replaces the previous mode, ``mode="none"`` restores the plain model.
-    ``model.checkpointing`` holds the :class:`CheckpointSettings` in force.
+    Per instance, idempotent and reversible (``mode="none"`` restores the plain model);
+    ``model.checkpointing`` holds the settings in force.
 
     Args:
-        model (torch.nn.Module): a course GPT (a module with a ``blocks`` ModuleList).
-        mode (str): one of :data:`ALL_MODES` (the kernel modes for a model with
-            ``config.fused_mlp`` only).
-        every (int): in ``blocks``, ``selective``, ``attention`` and the kernel modes, wrap blocks
-            0, every, 2*every, ... (:func:`checkpointed_blocks`).
-        segments (int, optional): in ``sqrt`` mode, the number of segments (default
-            :func:`sqrt_segments`).
-        policy (sequence or callable, optional): in ``selective`` mode, what to save: a list of
-            ``OpOverload`` such as ``torch.ops.aten.mm.default``, or a policy function
-            ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``. Default: :data:`SAVE_OPS`, with
-            the block's last linear recomputed unless dropout follows it
-            (:class:`SelectiveContext`), the policy the predictions describe.
+        model (torch.nn.Module): a course GPT.
+        mode (str): one of :data:`ALL_MODES` (:data:`KERNEL_MODES` need ``config.fused_mlp``).
+        every (int): wrap blocks 0, every, 2*every, ... (:func:`checkpointed_blocks`).
+        segments (int, optional): ``sqrt`` mode's segments (default :func:`sqrt_segments`).
+        policy (sequence or callable, optional): ``selective`` mode's ops to save (a list, not one
+            op alone), or a policy function ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``;
+            default :data:`SAVE_OPS` with the MLP's output recomputed (:class:`SelectiveContext`).
 
     Returns:
         torch.nn.Module: ``model`` itself.
-
     Raises:
-        ValueError: naming the parameter: a model without ``blocks``, an unknown ``mode``, a bad
-            ``every`` or ``segments``, ``segments`` outside ``sqrt`` mode, ``policy`` outside
-            ``selective`` mode, a policy that is neither OpOverloads nor callable, or a kernel
-            mode for a model without the fused MLP.
-        TypeError: for a ``policy`` that is one op alone (pass a list of it).
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> from course_lib.model.gpt import GPT, GPTConfig
         >>> model = enable_checkpointing(GPT(GPTConfig()), "blocks", every=2)
-        >>> model.checkpointing
-        CheckpointSettings(mode='blocks', every=2, segments=None, policy=None,
-                           recompute_linear=None)
+        >>> model.checkpointing.mode, model.checkpointing.every
+        ('blocks', 2)
         >>> enable_checkpointing(model, "none").checkpointing.mode  # back to the plain model
         'none'
     """
@@ -328,8 +252,7 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
     if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
         raise ValueError(f"model must be a course GPT (with a .blocks ModuleList), got {type(model)}")
     segments = check_mode(mode, every, segments, len(blocks))
-    if mode in KERNEL_MODES:
-        check_kernel_mode(mode, getattr(model, "config", None))
+    check_kernel_mode(mode, getattr(model, "config", None))
     if policy is not None and mode != "selective":
         raise ValueError(f"policy applies to mode='selective' only, got mode={mode!r}")
     recompute_linear = None
@@ -342,7 +265,7 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
     model.__dict__.pop("run_blocks", None)
     for block in blocks:
         block.attn.__dict__.pop("core", None)
-    model.checkpointing = CheckpointSettings(mode, every, segments, policy, recompute_linear)
+    model.checkpointing = _CheckpointSettings(mode, every, segments, policy, recompute_linear)
     if mode == "attention":
         for i in checkpointed_blocks(len(blocks), every):
             attn = blocks[i].attn
@@ -354,8 +277,7 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
 
 
 def check_policy(policy, name: str = "policy"):
-    """``policy`` as selective checkpointing takes it: a policy function, or the tuple of
-    ``OpOverload`` s of a list; one op alone is refused (``TypeError``)."""
+    """``policy`` as selective checkpointing takes it: a function, or a tuple of ``OpOverload`` s."""
     if isinstance(policy, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
         op = f"torch.ops.{policy}" + ("" if isinstance(policy, torch._ops.OpOverload) else ".default")
         raise TypeError(f"{name} must be a list of OpOverloads or a policy function, got one op: "
@@ -364,6 +286,7 @@ def check_policy(policy, name: str = "policy"):
 
 
 def _checkpointed_run_blocks(self, x: torch.Tensor) -> torch.Tensor:
+    """The GPT's blocks, run under its ``checkpointing`` settings."""
     settings = self.checkpointing
     if not torch.is_grad_enabled():  # nothing is saved for a backward pass: run plainly
         return type(self).run_blocks(self, x)
@@ -394,13 +317,12 @@ def _dropout_after_mlp(block: nn.Module) -> bool:
 
 
 def _checkpointed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The attention core, checkpointed when a backward pass will follow."""
     core = type(self).core
     if not torch.is_grad_enabled():
         return core(self, q, k, v)
     return checkpoint(core, self, q, k, v, use_reentrant=False)
 
-
-# --------------------------------------------------------------------------- checks
 
 def check_kernel_mode(mode: str, config) -> None:
     """A kernel mode needs a model whose MLP runs the fused kernel (``config.fused_mlp``)."""
@@ -412,7 +334,7 @@ def check_kernel_mode(mode: str, config) -> None:
 def check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> int | None:
     """``mode``, ``every`` and ``segments`` checked together; the segment count ``sqrt`` uses."""
     choice("mode", mode, ALL_MODES)
-    every = positive_int("every", every, maximum=MAX_COUNT)
+    positive_int("every", every, maximum=MAX_COUNT)
     if segments is not None and mode != "sqrt":
         raise ValueError(f"segments applies to mode='sqrt' only, got mode={mode!r}")
     if mode == "sqrt":
@@ -422,7 +344,7 @@ def check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> in
 
 
 def checkpointed_regions(n_layers: int, mode: str, every: int = 1,
-             segments: int | None = None) -> list[list[int]]:
+                         segments: int | None = None) -> list[list[int]]:
     """The checkpointed regions of checked arguments (:func:`check_mode`), as lists of block
     indices (attention mode: the blocks whose core is checkpointed)."""
     if mode == "none":
@@ -434,47 +356,35 @@ def checkpointed_regions(n_layers: int, mode: str, every: int = 1,
 
 
 def policy_label(mode: str, every: int = 1) -> str:
-    """A checkpointing policy as the tables print it: ``"blocks/2"`` (``mode/every``).
-
-    The mode alone for ``none`` and ``sqrt``, where ``every`` does not apply.
-
+    """A checkpointing policy as the tables print it: ``"blocks/2"``; ``none`` and ``sqrt`` alone.
     Args:
         mode (str): one of :data:`ALL_MODES`.
-        every (int): a positive int.
-
+        every (int): the step between wrapped blocks.
     Returns:
         str: the label.
-
     Raises:
-        ValueError: naming ``mode`` or ``every``.
+        ValueError: naming the parameter, for a bad value.
     """
     choice("mode", mode, ALL_MODES)
     every = positive_int("every", every, maximum=MAX_COUNT)
     return mode if mode in ("none", "sqrt") else f"{mode}/{every}"
 
 
-# --------------------------------------------------------------------------- measurement
-
 def measure_kept_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> int:
     """Measured bytes the step holds between forward and backward, logits and loss excluded.
 
-    Runs ``model(inputs, targets)`` under :class:`course_lib.measurement.memory.LiveTensorTracker`
-    (exact tensor bytes on every device) and subtracts the outputs; the graph is
-    then dropped without a backward. Compare with :func:`course_lib.prediction.checkpointed.predict_kept_bytes`.
-    (``measure.saved_bytes`` cannot do this under checkpointing: reading a saved
-    tensor of a checkpointed region through ``grad_fn._saved_*`` recomputes it.)
-
+    ``model(inputs, targets) -> (logits, loss)`` on ``(B, T)`` ids, under
+    :class:`course_lib.measurement.memory.LiveTensorTracker` (exact on every device), the graph
+    dropped without a backward; compare with
+    :func:`course_lib.prediction.checkpointed.predict_kept_bytes`. (``saved_bytes`` cannot: reading
+    a checkpointed region's saved tensor recomputes it.)
     Args:
-        model (torch.nn.Module): returns ``(logits, loss)`` from ``model(inputs, targets)``.
-        inputs (torch.Tensor): ``(B, T)`` token ids.
-        targets (torch.Tensor): ``(B, T)`` token ids.
-
+        model (torch.nn.Module): a course GPT.
+        inputs, targets (torch.Tensor): ``(B, T)`` token ids and target ids.
     Returns:
-        int: bytes.
-
+        int: the bytes kept.
     Raises:
-        ValueError: naming ``model`` (not a module), ``inputs`` or ``targets`` (not 2-d integer
-            tensors of one shape).
+        ValueError: naming the parameter, for a bad value.
     """
     if not isinstance(model, nn.Module):
         raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

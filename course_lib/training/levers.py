@@ -1,24 +1,9 @@
-"""08: the other levers: optimizer step in backward, chunked loss, offloading, small optimizer states.
+"""08: the other levers, beyond the precision, accumulation, checkpointing and sharding of 01-07.
 
-The tested code of the levers lecture 08 measures side by side, beyond the precision,
-accumulation, checkpointing and sharding of lectures 01-07:
-
-* :func:`optimizer_in_backward`: each parameter is updated, and its gradient freed, as soon as
-  its gradient is complete (``Tensor.register_post_accumulate_grad_hook``; PyTorch tutorial
-  "How to save memory by fusing the optimizer step into the backward pass"; Lv et al. 2023,
-  LOMO);
-* :func:`chunked_cross_entropy`: the loss without the whole ``(tokens, vocab)`` logits, chunk
-  by chunk (Liger Kernel's fused linear cross-entropy; Wijmans et al. 2024, "Cut Your Losses in
-  Large-Vocabulary Language Models"); :func:`use_chunked_loss` switches the course GPT to it;
-* :class:`OffloadSavedTensors`: a ``saved_tensors_hooks`` pair that moves what autograd saves to
-  the host (the idea behind ``torch.autograd.graph.save_on_cpu``) and counts the bytes;
-  :func:`course_lib.prediction.time_model.transfer_seconds` converts them into time at a link's bandwidth;
-* :func:`optimizer_state_bytes` (measured) and :func:`low_bit_state_bytes` (predicted) for 8-
-  and 4-bit AdamW (torchao's ``AdamW8bit``/``AdamW4bit``, :func:`low_bit_adamw`; Dettmers et al.
-  2022; Li et al. 2023, "Memory Efficient Optimizers with 4-bit States");
-* :func:`lora_parameter_count`: the trainable parameters of LoRA adapters (Hu et al. 2021).
-
-:func:`course_lib.planning.fit_ladder.ladder` ranks all of them for a model and a GPU.
+The optimizer step in the backward pass (PyTorch tutorial "How to save memory by fusing the
+optimizer step into the backward pass"; Lv et al. 2023, LOMO), the chunked loss (Liger Kernel;
+Wijmans et al. 2024, "Cut Your Losses"), offloading what autograd saves, 8- and 4-bit AdamW states
+(torchao; Dettmers et al. 2022; Li et al. 2023) and LoRA (Hu et al. 2021).
 """
 
 from __future__ import annotations
@@ -32,8 +17,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from course_lib.model.gpt import BLOCK_SHAPES, GPTConfig, check_config
-from course_lib.units import storage_bytes, storage_key
+from course_lib.model.gpt import BLOCK_SHAPES, CONFIG_MAXIMUM, GPTConfig, check_config
+from course_lib.units import dtype_bytes, storage_bytes, storage_key
 from course_lib.validation import (
     MAX_COUNT,
     WrongTypeError,
@@ -41,16 +26,16 @@ from course_lib.validation import (
     boolean,
     integer,
     items,
+    optional_positive_int,
     positive_int,
+    tensor as check_tensor,
 )
 
 #: The largest tokens or chunk rows any function here takes.
 MAX_TOKENS = MAX_COUNT
 
-# --------------------------------------------------------------------------- optimizer in backward
 
-
-class OptimizerInBackward:
+class _OptimizerInBackward:
     """What :func:`optimizer_in_backward` installed: one optimizer and one hook per parameter."""
 
     def __init__(self, optimizers: dict, handles: list):
@@ -69,47 +54,27 @@ class OptimizerInBackward:
         """True until :meth:`remove` is called."""
         return bool(self._handles)
 
-    def state_dict(self) -> dict:
-        """Each optimizer's ``state_dict()``, in parameter order (for checkpoints)."""
-        return {i: opt.state_dict() for i, opt in enumerate(self.optimizers.values())}
-
 
 def optimizer_in_backward(model: nn.Module,
                           make_optimizer: Callable[[list], torch.optim.Optimizer]
-                          ) -> OptimizerInBackward:
+                          ) -> _OptimizerInBackward:
     """Update each parameter, and free its gradient, as soon as its gradient is complete.
 
-    For every parameter ``p`` of ``model`` that requires a gradient (a tied weight
-    once), ``make_optimizer([p])`` builds an optimizer over ``p`` alone, and
-    ``p.register_post_accumulate_grad_hook`` runs ``optimizer.step()`` then
-    ``optimizer.zero_grad(set_to_none=True)`` right after autograd has accumulated
-    ``p``'s gradient of the backward pass. After ``loss.backward()`` the step is done
-    and no gradient is left: call neither ``optimizer.step()`` nor ``zero_grad()``.
+    ``make_optimizer([p])`` builds an optimizer for each trainable parameter ``p``, and
+    ``p.register_post_accumulate_grad_hook`` steps it and zeroes ``p.grad``. After
+    ``loss.backward()`` the step is done: call neither ``step()`` nor ``zero_grad()``. The peak
+    loses up to the whole gradient (``P x bytes per gradient``). Same update as one optimizer for
+    per-parameter rules (SGD, AdamW); no accumulation, no clipping by the global norm.
 
-    Memory: an ordinary step holds every gradient (``P`` elements) between the
-    backward pass and ``optimizer.step()``; here at most a few parameters'
-    gradients are alive at once, so the peak loses up to the whole gradient,
-    ``P x bytes per gradient``. Per-parameter optimizers give the same update as one
-    optimizer over all parameters when the update of a parameter depends on its own
-    gradient only (SGD, Adam, AdamW); see lecture 08 for what it cannot do as is:
-    gradient accumulation (each backward pass steps) and clipping by the global
-    gradient norm (no moment has all the gradients).
+    Returns a handle: ``handle.steps`` counts the steps, ``handle.remove()`` removes the hooks.
 
     Args:
-        model (nn.Module): the module whose parameters to train.
-        make_optimizer (callable): ``make_optimizer(params)`` with ``params`` a list of one
-            parameter, returning a ``torch.optim.Optimizer`` (or any object with
-            ``step()`` and ``zero_grad(set_to_none=...)``), e.g.
-            ``lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False)``.
-
+        model (torch.nn.Module): the model whose trainable parameters update in backward.
+        make_optimizer (callable): ``make_optimizer([p])`` -> an optimizer for ``p``.
     Returns:
-        An :class:`OptimizerInBackward` handle; ``handle.remove()`` removes the hooks.
-
+        the handle (``steps``, ``remove()``).
     Raises:
-        ValueError: if ``model`` is not an ``nn.Module`` with a parameter that
-            requires a gradient, ``make_optimizer`` is not callable, or it returns
-            something without ``step`` and ``zero_grad``.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> model = nn.Linear(4, 2)
         >>> handle = optimizer_in_backward(model, lambda ps: torch.optim.SGD(ps, lr=0.1))
@@ -122,12 +87,12 @@ def optimizer_in_backward(model: nn.Module,
         raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not callable(make_optimizer):
         raise WrongTypeError(f"make_optimizer must be callable as make_optimizer([param]), "
-                         f"got {make_optimizer!r}")
+                             f"got {make_optimizer!r}")
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("model must have at least one parameter that requires grad")
     optimizers, handles = {}, []
-    handle = OptimizerInBackward(optimizers, handles)
+    handle = _OptimizerInBackward(optimizers, handles)
     for p in params:  # every optimizer made before any hook, so a refusal leaves none behind
         opt = make_optimizer([p])
         if not (callable(getattr(opt, "step", None)) and callable(getattr(opt, "zero_grad", None))):
@@ -145,24 +110,12 @@ def optimizer_in_backward(model: nn.Module,
     return handle
 
 
-# --------------------------------------------------------------------------- chunked cross-entropy
-
-
-def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The loss's dtype: fp32 for 16-bit inputs (as the course GPT's loss), fp64 stays fp64."""
-    return torch.promote_types(dtype, torch.float32)
-
-
 class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``, ``chunk`` rows at a time.
-
-    Forward keeps its inputs and each row's fp32 log-sum-exp; backward recomputes each chunk's
-    logits into ``softmax - one_hot`` in place and adds the chunk's share to both gradients.
-    """
+    """Mean cross-entropy of ``hidden @ weight.T``, ``chunk`` rows at a time (log-sum-exp kept)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk, ignore_index):
-        n, wide = hidden.size(0), _loss_dtype(hidden.dtype)
+        n, wide = hidden.size(0), torch.promote_types(hidden.dtype, torch.float32)
         valid = targets != ignore_index
         count = int(valid.sum())
         lse = torch.empty(n, dtype=wide, device=hidden.device)
@@ -208,33 +161,24 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
                           chunk_size: int, ignore_index: int = -100) -> torch.Tensor:
     """Cross-entropy of the logits ``hidden @ weight.T`` without ever holding all of them.
 
-    ``F.cross_entropy(hidden @ weight.T, targets, ignore_index=ignore_index)`` keeps
-    the ``(N, V)`` logits' log-softmax (fp32, ``4 N V`` bytes) for its backward pass
-    and allocates two more ``N x V`` fp32 buffers in it: at a 128k vocabulary and 8k
-    tokens that is 4 GiB each. Here the rows go through in chunks of ``chunk_size``:
-    the forward pass keeps only each row's log-sum-exp (``4 N`` bytes); the backward
-    pass recomputes one chunk's logits at a time (``chunk_size x V``) and turns them
-    into the gradient ``(softmax - one_hot) / n_valid``. Same loss, same gradients
-    (to float rounding), for one more ``hidden @ weight.T`` (``2 N h V`` FLOPs).
+    ``F.cross_entropy`` keeps the ``(N, V)`` log-softmax (fp32, ``4 N V`` bytes) and allocates two
+    more such buffers in its backward pass. Here the forward pass keeps each row's log-sum-exp
+    (``4 N`` bytes) and the backward pass recomputes ``chunk_size x V`` logits at a time: same
+    loss and gradients, for one more ``hidden @ weight.T`` (``2 N h V`` FLOPs).
+
+    ``hidden`` is ``(N, h)`` or ``(B, T, h)``, ``weight`` the ``(V, h)`` LM head's, ``targets``
+    ``(N,)`` or ``(B, T)`` ids; returns the 0-d mean (fp32, or fp64), nan if all are ignored.
 
     Args:
-        hidden (torch.Tensor): ``(N, h)`` or ``(B, T, h)`` final hidden states (any float dtype; the
-            log-softmax runs in fp32).
-        weight (torch.Tensor): ``(V, h)`` output embedding (the LM head's weight), same dtype as
-            ``hidden``.
-        targets (torch.Tensor): ``(N,)`` or ``(B, T)`` integer class ids; ``ignore_index`` marks
-            positions left out of the mean.
-        chunk_size (int): rows per chunk, a positive int; ``>= N`` means one chunk.
-        ignore_index (int): target value to leave out (default -100, as ``F.cross_entropy``).
-
+        hidden (torch.Tensor): ``(N, h)`` or ``(B, T, h)`` final hidden states.
+        weight (torch.Tensor): the ``(V, h)`` LM head weight.
+        targets (torch.Tensor): ``(N,)`` or ``(B, T)`` target ids.
+        chunk_size (int): rows of logits computed at a time.
+        ignore_index (int): the target value that is not a token.
     Returns:
-        The 0-d mean (fp32; fp64 for fp64 inputs) over non-ignored targets (nan if all are ignored, as
-        ``F.cross_entropy``), differentiable with respect to ``hidden`` and ``weight``.
-
+        torch.Tensor: the 0-d mean loss.
     Raises:
-        ValueError: naming the argument: ``chunk_size`` not a positive int; shapes that
-            do not match; ``targets`` not an integer tensor; dtypes that differ.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> import torch.nn.functional as F
         >>> h, w = torch.randn(6, 4), torch.randn(10, 4)
@@ -243,10 +187,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
         ...                F.cross_entropy(h @ w.T, t))
         True
     """
-    if (not isinstance(chunk_size, int) or isinstance(chunk_size, bool)
-            or not 1 <= chunk_size <= MAX_TOKENS):
-        raise ValueError(f"chunk_size must be a positive int (rows per chunk) of at most "
-                         f"{MAX_TOKENS:,}, got {chunk_size!r}")
+    chunk_size = positive_int("chunk_size", chunk_size, maximum=MAX_TOKENS)
     if not isinstance(hidden, torch.Tensor) or hidden.dim() not in (2, 3) \
             or not hidden.is_floating_point():
         raise ValueError("hidden must be a float tensor of shape (N, h) or (B, T, h), got "
@@ -257,9 +198,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
                          f"{tuple(getattr(weight, 'shape', ())) or type(weight).__name__}")
     if weight.dtype != hidden.dtype:
         raise ValueError(f"weight must have hidden's dtype {hidden.dtype}, got {weight.dtype}")
-    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() \
-            or targets.is_complex() or targets.dtype == torch.bool:
-        raise ValueError("targets must be an integer tensor of class ids")
+    check_tensor("targets", targets, integral=True)
     if targets.shape != hidden.shape[:-1]:
         raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])} (hidden's without "
                          f"its last dimension), got {tuple(targets.shape)}")
@@ -284,86 +223,55 @@ def _chunked_forward(model, idx, targets=None, ignore_index=-100):
 
 
 def use_chunked_loss(model: nn.Module, chunk_size: int | None) -> nn.Module:
-    """Switch the course GPT ``model`` to :func:`chunked_cross_entropy`; None switches back.
-
-    With targets ``model(idx, targets)`` returns ``(None, loss)`` (no logits exist); per
-    instance, like :func:`course_lib.training.checkpointing.enable_checkpointing`;
-    ``model.loss_chunk`` holds the chunk.
-    """
+    """Switch a course GPT, per instance, to :func:`chunked_cross_entropy` (None: back);
+    ``model(idx, targets)`` then returns ``(None, loss)``."""
     if not isinstance(model, nn.Module) or not hasattr(model, "lm_head") \
             or not hasattr(model, "ln_f"):
         raise ValueError(f"model must be a course GPT (with lm_head and ln_f), got {type(model)}")
-    if chunk_size is not None:
-        chunk_size = positive_int("chunk_size", chunk_size, maximum=MAX_TOKENS)
+    chunk_size = optional_positive_int("chunk_size", chunk_size, maximum=MAX_TOKENS)
     model.__dict__.pop("forward", None)
-    model.loss_chunk = None
-    if chunk_size is None:
-        return model
     model.loss_chunk = chunk_size
-    model.forward = _chunked_forward.__get__(model)
+    if chunk_size is not None:
+        model.forward = _chunked_forward.__get__(model)
     return model
 
 
 def logits_bytes(n_tokens: int, vocab_size: int, dtype=torch.float32) -> int:
     """Bytes of one ``(n_tokens, vocab_size)`` logits tensor in ``dtype``: ``N x V x bytes``.
 
-    The plain loss of the course GPT holds several tensors of this size at its worst
-    moment (lecture 08 counts them; the memory engine replays them).
-
     Args:
-        n_tokens (int): N, from 1 to :data:`MAX_TOKENS`.
-        vocab_size (int): V, from 1 to ``CONFIG_MAXIMUM["vocab_size"]``.
-        dtype (torch.dtype or str): the logits' dtype.
-
+        n_tokens (int): rows of the logits.
+        vocab_size (int): columns of the logits.
+        dtype (torch.dtype): the logits' dtype.
     Returns:
-        int: bytes.
-
+        int: the bytes.
     Raises:
-        ValueError: for a count that is not a positive int in range, or a bad ``dtype``.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> logits_bytes(8 * 1024, 50257)  # 1.5 GiB of fp32 logits
         1646821376
     """
-    from course_lib.model.gpt import CONFIG_MAXIMUM
-    from course_lib.units import dtype_bytes
-
     return positive_int("n_tokens", n_tokens, maximum=MAX_TOKENS) * positive_int(
         "vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"]) * dtype_bytes(dtype)
-
-
-# --------------------------------------------------------------------------- offloading
-
 
 
 class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
     """Move what autograd saves to ``device`` in the forward pass, back when backward needs it.
 
-    A hand-written version of ``torch.autograd.graph.save_on_cpu``: ``pack`` copies
-    each saved tensor to ``device`` (pinned host memory when ``pin_memory`` and CUDA
-    is there), ``unpack`` copies it back to where it came from. Each storage is packed once,
-    however many tensors view it.
+    A hand-written ``torch.autograd.graph.save_on_cpu`` that counts: each storage is counted once
+    however many tensors view it. On a CPU-only machine nothing moves, and the counts say what
+    would move from a GPU.
 
-    On a CPU-only machine the tensors already are on the host: nothing moves, and the
-    counts say what would move from a GPU.
-
+    ``pin_memory`` copies into pinned host memory where CUDA is available, on the current stream
+    as ``save_on_cpu``; ``skip_parameters`` leaves parameters (and views of them) in place, which
+    ``save_on_cpu`` copies every step. Counts: ``packed_bytes`` (distinct storages: what the device
+    no longer holds), ``moved_bytes`` (tensor by tensor), ``packed`` and ``skipped`` tensors.
     Args:
-        device (str or torch.device): where saved tensors go (the host, ``"cpu"``).
-        pin_memory (bool): copy into pinned host memory (faster copies that do not block the
-            CPU); only where CUDA is available. Like ``save_on_cpu``'s, the copies are issued on
-            the current CUDA stream: they run between the compute kernels, not beside them.
-        skip_parameters (bool): leave parameters (and views of them) where they are
-            (``save_on_cpu`` copies them too, every step).
-
-    Attributes:
-        packed_bytes: bytes of the distinct storages packed: what the device no longer
-            has to hold between the forward and the backward pass.
-        moved_bytes: bytes copied to the host, tensor by tensor (a storage that two ops
-            save is copied twice, as ``save_on_cpu`` does); they come back in the backward pass.
-        packed: number of tensors packed; skipped: parameters (and views of them) left in place.
-
+        device (str or torch.device): where saved tensors wait for the backward pass.
+        pin_memory (bool): copy into pinned host memory (where CUDA is available).
+        skip_parameters (bool): leave parameters and their views in place.
     Raises:
-        ValueError: naming ``device``, ``pin_memory`` or ``skip_parameters``, for a bad value.
+        ValueError: naming the parameter, for a bad value.
     """
 
     def __init__(self, device: str | torch.device = "cpu", *, pin_memory: bool = True,
@@ -408,9 +316,6 @@ class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
         return tensor.to(device, non_blocking=self.pin_memory)
 
 
-# --------------------------------------------------------------------------- optimizer states
-
-
 def _flat_tensors(value) -> list[torch.Tensor]:
     """The plain tensors that hold ``value``: a tensor subclass's inner tensors, recursively."""
     if not isinstance(value, torch.Tensor):
@@ -425,21 +330,15 @@ def _flat_tensors(value) -> list[torch.Tensor]:
 def optimizer_state_bytes(optimizer) -> int:
     """Bytes of an optimizer's state, measured from its tensors, each storage once.
 
-    Walks ``optimizer.state`` (and ``optimizer.master``, where a
-    :class:`course_lib.training.mixed_precision.MasterWeightAdamW` keeps fp32 copies, which count here
-    too) and sums ``untyped_storage().nbytes()`` over distinct storages. A quantized
-    state (torchao's ``OptimState8bit``/``OptimState4bit``) is a tensor subclass: its
-    inner tensors are counted (codes, scales, quantization map), not its nominal
-    shape. Step counters are included (4 bytes each for AdamW).
-
+    ``optimizer.state`` and ``optimizer.master`` (the fp32 copies of
+    :class:`course_lib.training.mixed_precision.MasterWeightAdamW`); a quantized state (torchao's
+    ``OptimState8bit``) counts its inner tensors (codes, scales, map); step counters included.
     Args:
-        optimizer (torch.optim.Optimizer): any optimizer with a ``state`` mapping.
-
+        optimizer (torch.optim.Optimizer): the optimizer, after its first step.
     Returns:
-        int: bytes.
-
+        int: the bytes of its state.
     Raises:
-        ValueError: for an object without a ``state`` mapping.
+        ValueError: naming the parameter, for a bad value.
     """
     state = getattr(optimizer, "state", None)
     if not hasattr(state, "values"):
@@ -456,44 +355,32 @@ _LOW_BIT = {8: {"block": 256, "qmap": 256}, 4: {"block": 128, "qmap": 16}}
 def low_bit_state_bytes(numels: list[int], bits: int, *, param_bytes: int = 4) -> int:
     """Predicted bytes of AdamW's ``m`` and ``v`` (and step counters) with ``bits``-bit states.
 
-    torchao (``torchao.optim.AdamW8bit``/``AdamW4bit``) quantizes a state tensor
-    only when it has at least 4096 elements and its block size divides them
-    (following bitsandbytes); each such tensor then holds ``n x bits / 8`` bytes of
-    codes, one fp32 scale per block (``4 n / block``; block 256 for 8-bit, 128 for
-    4-bit) and its own fp32 quantization map (256 or 16 entries). Smaller tensors keep
-    ``m`` and ``v`` in the parameter's dtype (``param_bytes``). ``bits=32`` gives
-    plain AdamW, ``2 x param_bytes x n`` per tensor (fp32: 8 bytes per parameter).
-    Each parameter also has a 4-byte fp32 ``step`` counter.
+    torchao (``AdamW8bit``/``AdamW4bit``) quantizes a state tensor of at least 4096 elements whose
+    block size divides them: ``n x bits / 8`` bytes of codes, an fp32 scale per block (256 for
+    8-bit, 128 for 4-bit) and an fp32 map (256 or 16 entries). Smaller tensors keep ``m`` and
+    ``v`` in ``param_bytes``; ``bits=32`` is plain AdamW. Each tensor adds a 4-byte ``step``. Per
+    large parameter: 8-bit 2.03 bytes, 4-bit 1.06, fp32 8.
 
-    So per parameter of a large tensor: 8-bit ``2 x (1 + 4/256)`` = 2.03 bytes plus
-    the maps, 4-bit ``2 x (0.5 + 4/128)`` = 1.06 bytes, against 8 for fp32 AdamW.
-
+    ``numels``: each parameter tensor's elements; the bytes are what
+    :func:`optimizer_state_bytes` measures after the first step.
     Args:
-        numels (list of int): elements of each parameter tensor.
+        numels (list): each parameter tensor's elements.
         bits (int): 32, 8 or 4.
-        param_bytes (int): bytes per element of the parameters (4 for fp32).
-
+        param_bytes (int): bytes per element of a state kept unquantized.
     Returns:
-        Bytes, as :func:`optimizer_state_bytes` measures after the first step.
-
+        int: the predicted bytes.
     Raises:
-        ValueError: for ``bits`` not in (32, 8, 4), ``numels`` not a list of positive ints
-            (each at most :data:`course_lib.validation.MAX_COUNT`), or ``param_bytes`` not an
-            int from 1 to 8.
+        ValueError: naming the parameter, for a bad value.
     """
     if not isinstance(bits, int) or isinstance(bits, bool) or bits not in (32, 8, 4):
         raise ValueError(f"bits must be one of (32, 8, 4), got {bits!r}")
     param_bytes = positive_int("param_bytes", param_bytes, maximum=8)
-    numels = items("numels", numels)
     total = 0
-    for n in numels:
+    for n in items("numels", numels):
         n = positive_int("numels", n, maximum=MAX_COUNT)  # an int: the sum stays exact
         total += 4  # the step counter
-        if bits == 32:
-            total += 2 * n * param_bytes
-            continue
-        spec = _LOW_BIT[bits]
-        if n >= 4096 and n % spec["block"] == 0:
+        spec = _LOW_BIT.get(bits)
+        if spec and n >= 4096 and n % spec["block"] == 0:
             total += 2 * (n * bits // 8 + 4 * (n // spec["block"]) + 4 * spec["qmap"])
         else:
             total += 2 * n * param_bytes
@@ -503,22 +390,15 @@ def low_bit_state_bytes(numels: list[int], bits: int, *, param_bytes: int = 4) -
 def low_bit_adamw(bits: int):
     """torchao's ``AdamW8bit`` (``bits=8``) or ``AdamW4bit`` (``bits=4``) class.
 
-    Imported on first use, with torchao's import-time messages about CUDA-only
-    extensions it cannot load on a CPU machine silenced (they do not concern these
-    optimizers). torchao's step is ``torch.compile``-d per parameter shape (tens of
-    seconds per shape on a small CPU); lecture 08 runs it eagerly
-    (``torch.compiler.set_stance("force_eager")``, :func:`eager_compile`), which computes the
-    same update.
-
+    Imported on first use, its import-time messages about CUDA-only extensions silenced (an
+    ``ImportError`` without torchao). Its step is ``torch.compile``-d per shape; lecture 08 runs it
+    eagerly (:func:`eager_compile`).
     Args:
         bits (int): 8 or 4.
-
     Returns:
         type: the optimizer class.
-
     Raises:
-        ValueError: for ``bits`` other than 8 or 4.
-        ImportError: when torchao is not installed (``pip install torchao``).
+        ValueError: naming the parameter, for a bad value.
     """
     if not isinstance(bits, int) or isinstance(bits, bool) or bits not in (8, 4):
         raise ValueError(f"bits must be 8 or 4, got {bits!r}")
@@ -543,12 +423,11 @@ def low_bit_adamw(bits: int):
 def eager_compile():
     """Run ``torch.compile``-d functions eagerly inside the block (torchao's low-bit step):
     ``torch.compiler.set_stance("force_eager")``, or dynamo disabled on torch < 2.6.
-
     Yields:
-        None; the block runs eagerly.
+        None: while the block runs eagerly.
     """
     set_stance = getattr(torch.compiler, "set_stance", None)
-    if set_stance is None:  # torch < 2.6: fall back to disabling dynamo
+    if set_stance is None:
         with torch._dynamo.config.patch(disable=True):
             yield
         return
@@ -556,33 +435,27 @@ def eager_compile():
         yield
 
 
-# --------------------------------------------------------------------------- LoRA
-
 #: The linear layers of a course GPT block LoRA can adapt (:data:`course_lib.model.gpt.BLOCK_SHAPES`).
-LORA_TARGETS = tuple(name for name, _, _ in BLOCK_SHAPES)
+_LORA_TARGETS = tuple(name for name, _, _ in BLOCK_SHAPES)
 
 
 def lora_parameter_count(config: GPTConfig, rank: int,
-                         targets: tuple[str, ...] = LORA_TARGETS) -> int:
+                         targets: tuple[str, ...] = _LORA_TARGETS) -> int:
     """Trainable parameters of LoRA adapters of ``rank`` on every block's ``targets`` linears.
 
-    An adapter beside a frozen ``W`` (``out x in``) adds ``B @ A`` with ``A``
-    ``(rank x in)`` and ``B`` ``(out x rank)``: ``rank x (in + out)`` parameters
-    (Hu et al. 2021, section 4.1). Per block of the course GPT with all four linears:
-    ``rank x (h + 3h + h + h + h + 4h + 4h + h)`` = ``16 h rank``.
+    An adapter beside a frozen ``W`` (``out x in``) adds ``B @ A``: ``rank x (in + out)``
+    parameters (Hu et al. 2021, section 4.1); ``16 h rank`` per block with all four linears.
+
+    ``rank`` is at most ``config.d_model``; ``targets`` are names of ``BLOCK_SHAPES``.
 
     Args:
-        config (GPTConfig): the model.
-        rank (int): the adapters' rank r, an int from 1 to ``config.d_model`` (a larger rank is
-            no low-rank adapter).
-        targets (tuple of str): the block linears adapted, of :data:`LORA_TARGETS`.
-
+        config (GPTConfig): the model's shape.
+        rank (int): the adapters' rank.
+        targets (tuple): the adapted linears of each block.
     Returns:
-        int: adapter parameters, all layers.
-
+        int: the trainable parameters.
     Raises:
-        ValueError: bad ``config``, ``rank`` or a target that is not one of :data:`LORA_TARGETS`.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> lora_parameter_count(GPTConfig(d_model=64, n_layers=2), 8)  # 2 * 16 * 64 * 8
         16384
@@ -590,8 +463,8 @@ def lora_parameter_count(config: GPTConfig, rank: int,
     check_config(config)
     rank = positive_int("rank", rank, maximum=config.d_model)
     if (not isinstance(targets, tuple | list) or not targets
-            or any(not isinstance(t, str) or t not in LORA_TARGETS for t in targets)):
-        raise ValueError(f"targets must be a non-empty tuple of {LORA_TARGETS}, got {targets!r}")
+            or any(not isinstance(t, str) or t not in _LORA_TARGETS for t in targets)):
+        raise ValueError(f"targets must be a non-empty tuple of {_LORA_TARGETS}, got {targets!r}")
     h = config.d_model
     per_block = sum(rank * (i * h + o * h) for name, i, o in BLOCK_SHAPES if name in targets)
     return config.n_layers * per_block
@@ -600,27 +473,16 @@ def lora_parameter_count(config: GPTConfig, rank: int,
 def frozen_linear_flops(config: GPTConfig, n_tokens: int) -> int:
     """FLOPs a frozen model skips in its backward pass: the weight gradients of its matmuls.
 
-    Each linear ``(in x out)`` computes ``2 N in out`` FLOPs for the weight gradient;
-    per block ``2 N x 12 h^2``, and ``2 N h V`` for the tied LM head.
-
+    ``2 N in out`` per linear: ``2 N x 12 h^2`` per block, ``2 N h V`` for the tied LM head.
     Args:
-        config (GPTConfig): the model.
-        n_tokens (int): tokens N in the batch, from 1 to :data:`MAX_TOKENS`.
-
+        config (GPTConfig): the model's shape.
+        n_tokens (int): tokens in the batch.
     Returns:
-        int: FLOPs.
-
+        int: the FLOPs skipped.
     Raises:
-        ValueError: bad ``config`` or ``n_tokens``.
+        ValueError: naming the parameter, for a bad value.
     """
     check_config(config)
     N, h = positive_int("n_tokens", n_tokens, maximum=MAX_TOKENS), config.d_model
     per_block = sum(i * o for _, i, o in BLOCK_SHAPES) * h * h  # 12 h^2
     return 2 * N * (config.n_layers * per_block + h * config.vocab_size)
-
-
-__all__ = ["OptimizerInBackward", "optimizer_in_backward", "chunked_cross_entropy",
-           "use_chunked_loss", "logits_bytes",
-           "OffloadSavedTensors", "optimizer_state_bytes", "low_bit_state_bytes",
-           "low_bit_adamw", "eager_compile", "LORA_TARGETS", "lora_parameter_count",
-           "frozen_linear_flops"]

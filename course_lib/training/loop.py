@@ -1,39 +1,14 @@
 """The training loop the lectures share: micro-batches, accumulation, mixed precision, DDP.
 
-:func:`train` runs one optimizer step per batch it is given. Each batch of
-``micro_batch_size * accumulation_steps`` samples is cut into micro-batches
-that run forward and backward one after the other (their gradients add up in
-``.grad``), then the optimizer steps once. The loss of each micro-batch is
-weighted by :func:`course_lib.training.accumulation.micro_batch_loss` (``normalize``:
-``"tokens"`` is correct with padding, see that module). Options:
+:func:`train` takes one optimizer step per batch of ``micro_batch_size * accumulation_steps``
+samples: the micro-batches run forward and backward one after the other, weighted by
+:func:`course_lib.training.accumulation.micro_batch_loss`. With fp16 a ``GradScaler`` scales every
+micro-batch's loss and unscales, steps and updates once per effective batch (Micikevicius et al.
+2018; PyTorch's AMP examples, "Gradient accumulation"); ``no_sync`` all-reduces once per step.
 
-* ``amp_dtype``: run the forward passes under ``torch.autocast`` in bf16 or
-  fp16 (:func:`course_lib.device.pick_dtype` chooses). With fp16 a
-  ``torch.amp.GradScaler`` multiplies every micro-batch's loss by the same
-  scale; ``unscale_``, ``step`` and ``update`` run once per *effective* batch,
-  so an overflow in any micro-batch skips the whole step and halves the scale
-  (Micikevicius et al. 2018, "Mixed Precision Training"; PyTorch's AMP
-  examples, "Gradient accumulation").
-* ``no_sync``: for a ``DistributedDataParallel`` model, all micro-batches but
-  the last run inside ``model.no_sync()``, so the gradients are all-reduced
-  once per step instead of once per micro-batch (PyTorch DDP docs).
-* ``max_grad_norm``: clip the accumulated gradient (after unscaling).
-* ``progress``: a ``tqdm.auto`` bar over optimizer steps showing the loss.
-
-The last partial window. When an epoch's micro-batches are not a multiple of
-``K``, its last batch holds fewer than ``micro_batch_size * K`` samples
-(:func:`batches_of` with ``drop_last=False``). That step is weighted by what it
-holds: the token normalisation divides by the tokens of that batch, and
-``"mean-of-means"`` divides each micro-batch's mean by the number of
-micro-batches actually in the window, not by ``K``. Dividing by ``K`` there
-scales the last step's gradient by ``k / K`` for a window of ``k`` micro-batches,
-a bug reported against PyTorch Lightning (issue #19987, 2024) and fixed in
-Hugging Face ``transformers``' Trainer in 2025 (pull request #39659,
-``current_gradient_accumulation_steps``) and in trainers built on it in 2026
-(ms-swift #10084, LlamaFactory #10705).
-
-The data the lectures train on, a toy language with a known loss floor, is
-:mod:`course_lib.model.toy_data`.
+An epoch's last partial window (:func:`batches_of` with ``drop_last=False``) is weighted by what
+it holds: dividing by ``K`` there scales its gradient by ``k / K``, a bug reported against PyTorch
+Lightning (#19987) and fixed in Hugging Face's Trainer (#39659, 2025).
 """
 
 from __future__ import annotations
@@ -47,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from course_lib.model.gpt import check_batch
-from course_lib.training.accumulation import NORMALIZATIONS, micro_batch_loss
+from course_lib.training.accumulation import INT64, NORMALIZATIONS, micro_batch_loss
 from course_lib.validation import MAX_COUNT, WrongTypeError, choice, integer, number, positive_int
 
 #: The autocast dtypes :func:`train` takes (None: no autocast).
@@ -55,56 +30,31 @@ AMP_DTYPES = (None, torch.float16, torch.bfloat16)
 
 
 def make_grad_scaler(device_type: str = "cuda", **kwargs):
-    """A ``GradScaler`` for ``device_type`` ("cuda" or "cpu"), on any torch >= 2.4.
-
-    ``torch.amp.GradScaler(device)`` is the current spelling; older releases
-    only have ``torch.cuda.amp.GradScaler`` (CUDA) and ``torch.cpu.amp.GradScaler``.
-
+    """``torch.amp.GradScaler(device_type, **kwargs)``, ``device_type`` ``"cuda"`` or ``"cpu"``.
     Args:
         device_type (str): ``"cuda"`` or ``"cpu"``.
-        **kwargs: passed on to the scaler (``init_scale``, ``growth_interval``, ...).
-
+        **kwargs: ``torch.amp.GradScaler``'s other arguments.
     Returns:
-        The ``GradScaler``.
-
+        torch.amp.GradScaler: the scaler.
     Raises:
-        ValueError: naming ``device_type``, for another value, or when this torch has no
-            GradScaler for it.
+        ValueError: naming the parameter, for a bad value.
     """
     if device_type not in ("cuda", "cpu"):
         raise ValueError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
-    try:
-        return torch.amp.GradScaler(device_type, **kwargs)
-    except (AttributeError, TypeError, RuntimeError):
-        legacy = torch.cuda.amp if device_type == "cuda" else getattr(torch.cpu, "amp", None)
-        if legacy is None or not hasattr(legacy, "GradScaler"):
-            raise ValueError(f"this torch ({torch.__version__}) has no GradScaler for "
-                             f"{device_type}") from None
-        return legacy.GradScaler(**kwargs)
+    return torch.amp.GradScaler(device_type, **kwargs)
 
 
 @dataclass
-class TrainLog:
-    """What :func:`train` did: one entry per optimizer step (losses are Python floats).
-
-    Attributes:
-        losses (list of float): the loss of each effective batch.
-        tokens (list of int): non-ignored targets per step.
-        micro_batches (list of int): micro-batches per step (K, or fewer in a last partial
-            window).
-        skipped (list of bool): True where the GradScaler skipped the step (inf or NaN found).
-        scales (list of float): the GradScaler's scale after each step (empty without one).
-        micro_steps (int): forward and backward passes in total.
-        seconds (float): wall-clock seconds spent in :func:`train`, summed over calls.
-    """
+class _TrainLog:
+    """What :func:`train` did: one entry per optimizer step (losses are Python floats)."""
 
     losses: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
-    micro_batches: list[int] = field(default_factory=list)
-    skipped: list[bool] = field(default_factory=list)
-    scales: list[float] = field(default_factory=list)
+    micro_batches: list[int] = field(default_factory=list)  # K, or fewer in a last window
+    skipped: list[bool] = field(default_factory=list)  # the GradScaler found an inf or NaN
+    scales: list[float] = field(default_factory=list)  # the GradScaler's scale after each step
     micro_steps: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall-clock, summed over calls
 
     @property
     def steps(self) -> int:
@@ -117,54 +67,38 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
           accumulation_steps: int = 1, normalize: str = "tokens", ignore_index: int = -100,
           amp_dtype: torch.dtype | None = None, grad_scaler="auto", no_sync: bool = False,
           max_grad_norm: float | None = None, progress: bool = False,
-          on_step: Callable[[int, float], None] | None = None, log: TrainLog | None = None) -> TrainLog:
+          on_step: Callable[[int, float], None] | None = None,
+          log: _TrainLog | None = None) -> _TrainLog:
     """One optimizer step per ``(inputs, targets)`` batch of ``micro_batch_size * accumulation_steps``.
 
-    The last batch may hold fewer samples (an epoch's last partial window): it is
-    cut into ``k = ceil(n / micro_batch_size)`` micro-batches and weighted by what
-    it holds (see the module doc), so its step gets the mean gradient of its own
-    samples, as one batch of ``n`` would. Every other batch must hold exactly
-    ``micro_batch_size * accumulation_steps`` samples.
-
-    With ``normalize="tokens"``, ``N`` is the batch's own token count. Under DDP
-    each rank divides by its own ``N`` and DDP averages the ranks' gradients:
-    the global token mean only when every rank holds the same number of tokens.
-    A micro-batch of padding only still runs (its loss is 0), so that with
-    ``no_sync`` the last micro-batch always triggers the all-reduce.
+    Only the last batch may hold fewer samples: it is cut into ``ceil(n / micro_batch_size)``
+    micro-batches and gets the mean gradient of its own samples. With ``"tokens"`` each batch
+    divides by its own token count (under DDP, each rank by its own).
 
     Args:
-        model (torch.nn.Module): returns logits (or a tuple whose first item is the logits)
-            from ``model(inputs)``.
-        optimizer (torch.optim.Optimizer): steps the parameters; a
-            :class:`~course_lib.training.mixed_precision.MasterWeightAdamW` gets its ``prepare_grads``
+        model (torch.nn.Module): gives logits, or a tuple of them first.
+        optimizer (torch.optim.Optimizer): a ``MasterWeightAdamW`` gets its ``prepare_grads``
             called before clipping and unscaling.
-        batches (iterable of tuple): ``(inputs, targets)`` batches (:func:`batches_of`).
-        micro_batch_size (int): samples per forward and backward pass, a positive int.
-        accumulation_steps (int): micro-batches K per optimizer step, a positive int.
-        normalize (str): one of :data:`course_lib.training.accumulation.NORMALIZATIONS` (see
-            :func:`course_lib.training.accumulation.micro_batch_loss`); ``"tokens"`` is correct.
-        ignore_index (int): the target value that is not a token (an int64).
-        amp_dtype (torch.dtype, optional): None, ``torch.float16`` or ``torch.bfloat16``: the
-            forward pass under ``torch.autocast`` in it.
-        grad_scaler: ``"auto"`` makes one (:func:`make_grad_scaler`) when ``amp_dtype`` is
-            fp16 and uses none otherwise; pass a ``GradScaler`` to use (and inspect) your own.
-            A step counts as skipped when the scaler lowered its scale (it found an inf or
-            NaN). ``None`` uses none, even in fp16 (to show what loss scaling prevents).
-        no_sync (bool): skip DDP's all-reduce on every micro-batch but the last (the model
-            must have ``no_sync()``, as ``DistributedDataParallel``).
-        max_grad_norm (float, optional): clip the gradients' total norm to it (> 0), on the
-            true (unscaled, fp32 master) gradients.
-        progress (bool): show a tqdm progress bar.
-        on_step (callable, optional): ``on_step(step, loss)``, called after each optimizer step.
-        log (TrainLog, optional): a log to append to (to continue a run).
+        batches (iterable): ``(inputs, targets)`` pairs, such as :func:`batches_of` gives.
+        micro_batch_size (int): samples per micro-batch.
+        accumulation_steps (int): micro-batches per optimizer step.
+        normalize (str): one of :data:`course_lib.training.accumulation.NORMALIZATIONS`.
+        ignore_index (int): the target value that is not a token.
+        amp_dtype (torch.dtype, optional): ``torch.autocast`` in ``float16`` or ``bfloat16``.
+        grad_scaler: ``"auto"`` (one for fp16, :func:`make_grad_scaler`), your own ``GradScaler``,
+            or ``None`` (none, even in fp16). A step is skipped when the scaler lowers its scale.
+        no_sync (bool): skip DDP's all-reduce on all micro-batches but the last.
+        max_grad_norm (float, optional): clip the true (unscaled, fp32) gradients' norm to it.
+        progress (bool): show a progress bar with the loss.
+        on_step (callable, optional): ``on_step(step, loss)`` after each optimizer step.
+        log (optional): the log of an earlier call, to continue a run.
 
     Returns:
-        TrainLog: ``log`` (or a new one), with one entry per optimizer step.
+        The log: ``losses``, ``tokens``, ``micro_batches``, ``skipped``, ``scales`` (per step),
+        ``steps``, ``micro_steps`` and ``seconds``.
 
     Raises:
-        ValueError: naming the parameter, for a bad value; ``no_sync=True`` for a model
-            without ``no_sync()``; a batch of the wrong size.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> _ = torch.manual_seed(0)
         >>> model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))  # logits over 16 tokens
@@ -178,11 +112,11 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
         raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise WrongTypeError(f"optimizer must be a torch.optim.Optimizer, got "
-                         f"{type(optimizer).__name__}")
+                             f"{type(optimizer).__name__}")
     micro_batch_size = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_COUNT)
     accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
     choice("normalize", normalize, NORMALIZATIONS)
-    ignore_index = integer("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)
+    ignore_index = integer("ignore_index", ignore_index, minimum=INT64[0], maximum=INT64[1])
     if amp_dtype not in AMP_DTYPES:
         raise ValueError(f"amp_dtype must be one of {AMP_DTYPES}, got {amp_dtype!r}")
     if no_sync and not callable(getattr(model, "no_sync", None)):
@@ -199,7 +133,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
     elif grad_scaler is not None and not all(
             hasattr(grad_scaler, m) for m in ("scale", "unscale_", "step", "update")):
         raise ValueError(f"grad_scaler must be 'auto', None or a GradScaler, got {grad_scaler!r}")
-    log = TrainLog() if log is None else log
+    log = _TrainLog() if log is None else log
     batch_size = micro_batch_size * accumulation_steps
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if progress:
@@ -267,7 +201,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
                     torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            pending.append((step_loss, total))  # read once, after the run: no wait per step
+            pending.append((step_loss, total))
             log.micro_batches.append(window)
             log.skipped.append(skipped)
             if progress or on_step is not None:  # asked for the loss now: the host waits for it
@@ -300,23 +234,18 @@ def _with_last(items: Iterable):
 
 def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, *,
                drop_last: bool = True):
-    """The consecutive ``(inputs, targets)`` batches of ``batch_size``.
+    """``[(inputs_i, targets_i), ...]``: the consecutive batches of ``batch_size`` along dim 0 (views).
 
+    ``drop_last`` drops a shorter remainder (as ``DataLoader(drop_last=True)``); with False it is
+    the last partial window that :func:`train` weights by what it holds.
     Args:
-        inputs (torch.Tensor): the samples along dimension 0.
-        targets (torch.Tensor): their targets, along dimension 0.
+        inputs, targets (torch.Tensor): ``(B, ...)`` token ids and target ids.
         batch_size (int): samples per batch.
-        drop_last (bool): drop a remainder of fewer than ``batch_size`` samples (the default, as
-            ``torch.utils.data.DataLoader(drop_last=True)``); with False it is a last, shorter
-            batch: the last partial window that :func:`train` weights by what it holds.
-
+        drop_last (bool): drop a shorter remainder.
     Returns:
-        list of tuple: ``[(inputs_i, targets_i), ...]``, slices (views) of the tensors.
-
+        list: ``(inputs, targets)`` pairs.
     Raises:
-        ValueError: if ``inputs`` or ``targets`` is not a tensor, they hold different numbers
-            of samples, ``batch_size`` is not a positive int, ``drop_last`` not a bool, or no
-            whole batch fits while ``drop_last`` is True.
+        ValueError: naming the parameter, for a bad value.
     """
     batch_size = positive_int("batch_size", batch_size)
     if not isinstance(drop_last, bool):

@@ -1,8 +1,7 @@
 """01: mixed precision's optimizer: AdamW on fp32 master copies of a 16-bit model.
 
-Lecture 01 counts its bytes (2 + 2 + 4 + 4 + 4 = 16 per parameter); lectures 02, 06 and
-08 train and measure with it (:func:`course_lib.prediction.step_setup.build` picks it for the mixed
-precisions of :data:`course_lib.prediction.formulas.PRECISIONS`).
+Lecture 01 counts its bytes (2 + 2 + 4 + 4 + 4 = 16 per parameter); lectures 02, 06 and 08 train
+and measure with it (:func:`course_lib.prediction.step_setup.build` picks it).
 """
 
 from __future__ import annotations
@@ -15,38 +14,20 @@ import torch
 class MasterWeightAdamW(torch.optim.AdamW):
     """AdamW on fp32 master copies of a 16-bit model's parameters (mixed precision, Megatron-style).
 
-    The model holds fp16 or bf16 parameters and gets 16-bit gradients; this optimizer keeps an
-    fp32 copy of every parameter (the master weights, :attr:`master`) and AdamW's ``m`` and
-    ``v`` in fp32: 2 + 2 + 4 + 4 + 4 = 16 bytes per parameter (Micikevicius et al. 2018, "Mixed
-    Precision Training"; Rajbhandari et al. 2020, ZeRO, section 3.1). It is a
-    ``torch.optim.AdamW`` whose parameters (``param_groups``) are the master weights, so
-    ``optimizer.state`` holds their ``m``, ``v`` and ``step``, and whatever takes an optimizer
-    takes it. One step:
-
-    1. :meth:`prepare_grads`: each 16-bit gradient becomes an fp32 gradient of its master copy,
-       and the 16-bit one is freed;
-    2. AdamW updates the master weights, in fp32;
-    3. the new weights, rounded to 16 bits, are copied into the model, and the fp32 gradients
-       are freed.
-
-    While step 2 runs, the fp32 gradients make it 18 bytes per parameter.
-    :func:`course_lib.training.loop.train` calls :meth:`prepare_grads` itself before clipping and
-    before a ``GradScaler`` unscales, so both see the fp32 master gradients: that is how fp16
-    training with loss scaling works here (``GradScaler.unscale_`` refuses fp16 gradients).
-    bf16 needs no loss scaling. :meth:`state_dict` also holds the master weights, which the
-    model's own 16-bit ``state_dict`` has only rounded.
+    The model holds fp16 or bf16 parameters and gradients; this optimizer keeps fp32 master
+    weights (:attr:`master`, its ``param_groups``) and AdamW's ``m`` and ``v`` in fp32:
+    2 + 2 + 4 + 4 + 4 = 16 bytes per parameter (Micikevicius et al. 2018; ZeRO, section 3.1),
+    18 while the fp32 gradients live. One step: :meth:`prepare_grads` turns each 16-bit gradient
+    into its master's fp32 one; AdamW updates the masters; they are copied, rounded, into the
+    model. :func:`course_lib.training.loop.train` calls :meth:`prepare_grads` before clipping and
+    before a ``GradScaler`` unscales (``unscale_`` refuses fp16 gradients).
 
     Args:
-        params: the 16-bit model's parameters (``model.parameters()``); those that do not
-            require grad are left out.
-        **adamw_kwargs: ``torch.optim.AdamW``'s (``lr``, ``betas``, ``weight_decay``, ...);
-            ``foreach`` is left to PyTorch's default (per tensor on the CPU, foreach on a GPU),
-            which :func:`course_lib.prediction.predict.predict` predicts by default.
+        params: the 16-bit model's parameters; those that do not require grad are left out.
+        **adamw_kwargs: ``torch.optim.AdamW``'s (``lr``, ``betas``, ``weight_decay``, ...).
 
     Raises:
-        ValueError: naming ``params``, for anything but distinct tensors, at least one requiring
-            grad.
-
+        ValueError: naming the parameter, for a bad value.
     Example:
         >>> from course_lib.model.gpt import GPT, GPTConfig, random_tokens
         >>> model = GPT(GPTConfig()).to(torch.bfloat16)
@@ -85,23 +66,18 @@ class MasterWeightAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure=None):
         """One AdamW step on the master weights, then the model's 16-bit weights from them.
-
-        Calls :meth:`prepare_grads` first (nothing to move if it was called already), and frees the
-        fp32 gradients after the copy.
-
         Args:
-            closure (callable, optional): re-evaluates the model and returns the loss, as for any
-                ``torch.optim`` optimizer.
-
+            closure (callable, optional): reevaluates the model and returns the loss.
         Returns:
-            The closure's loss, or None without a closure.
+            the closure's loss, or None.
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self.prepare_grads()
-        _adamw_step(self)
+        # AdamW.step without the profiler record torch.optim wraps around it: step records its own
+        inspect.unwrap(torch.optim.AdamW.step, stop=lambda f: not getattr(f, "hooked", False))(self)
         for p, master in zip(self.model_params, self.master):
             p.copy_(master)
             master.grad = None
@@ -109,10 +85,8 @@ class MasterWeightAdamW(torch.optim.AdamW):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The gradients of the master weights and of the model, both.
-
         Args:
-            set_to_none (bool): set them to None (frees their memory, the default) rather than
-                zeroing them in place.
+            set_to_none (bool): drop the gradients rather than fill them with zeros.
         """
         # Not Optimizer.zero_grad: it adds a profiler record, which step_ops would count as an
         # operator of every step.
@@ -124,17 +98,14 @@ class MasterWeightAdamW(torch.optim.AdamW):
                     t.grad.zero_()
 
     def __getstate__(self) -> dict:
-        # torch.optim.Optimizer keeps only its defaults, state and param groups: copies
-        # (copy.deepcopy, pickle) also need the model's parameters and the master list.
+        # Optimizer keeps only its defaults, state and groups: copies need the two lists too.
         return {**super().__getstate__(), "model_params": self.model_params,
                 "master": self.master}
 
     def state_dict(self) -> dict:
-        """AdamW's state dict and the fp32 master weights (``"master_weights"``, in order).
-
+        """AdamW's state dict with the fp32 master weights (``"master_weights"``, detached).
         Returns:
-            dict: ``torch.optim.AdamW.state_dict()`` with a ``"master_weights"`` list of tensors
-            (detached, not copied).
+            dict: the state.
         """
         return {**super().state_dict(), "master_weights": [m.detach() for m in self.master]}
 
@@ -142,13 +113,10 @@ class MasterWeightAdamW(torch.optim.AdamW):
         """Load :meth:`state_dict`: AdamW's state, and the master weights if it holds them.
 
         The model's 16-bit parameters are not changed: load the model's own ``state_dict`` too.
-
         Args:
-            state_dict (dict): what :meth:`state_dict` returned (a plain AdamW state dict, without
-                ``"master_weights"``, loads AdamW's state only).
-
+            state_dict (dict): what :meth:`state_dict` returned.
         Raises:
-            ValueError: naming ``state_dict``, for master weights of other shapes.
+            ValueError: naming the parameter, for a bad value.
         """
         state_dict = dict(state_dict)
         saved = state_dict.pop("master_weights", None)
@@ -163,13 +131,3 @@ class MasterWeightAdamW(torch.optim.AdamW):
             with torch.no_grad():
                 for master, value in zip(self.master, saved):
                     master.copy_(value)
-
-
-def _adamw_step(optimizer: MasterWeightAdamW) -> None:
-    """``torch.optim.AdamW.step`` without the profiler record ``torch.optim`` wraps around it:
-    :meth:`MasterWeightAdamW.step` records its own."""
-    inspect.unwrap(torch.optim.AdamW.step, stop=lambda f: not getattr(f, "hooked", False))(
-        optimizer)
-
-
-__all__ = ["MasterWeightAdamW"]

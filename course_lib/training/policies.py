@@ -1,26 +1,12 @@
 """05: op-level checkpoint policies, and what a policy really keeps and recomputes.
 
-Selective activation checkpointing (``torch.utils.checkpoint`` with
-``context_fn=functools.partial(create_selective_checkpoint_contexts, policy)``) decides op by
-op, at the ``aten`` level, whether an op's output inside a checkpointed region is saved or
-recomputed. A policy is a list of ops to save or a function
-``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy``. Two facts bite:
-
-* ``op`` is an ``OpOverload`` (``torch.ops.aten.addmm.default``), never an
-  ``OpOverloadPacket`` (``torch.ops.aten.addmm``): a policy comparing with a packet never
-  matches, silently;
-* ``nn.Linear`` with a bias dispatches ``aten.addmm``, not ``aten.mm`` (batched ``q @ k^T``:
-  ``bmm``), so saving only ``aten.mm.default`` saves nothing in a model with biases.
-
-Saving only the matmuls reruns a fused attention kernel (one op, not a matmul):
-:data:`SAVE_OPS` adds the kernels' outputs (:data:`ATTENTION_OPS`), as torchtitan's default
-does, and ``selective`` mode's default
-(:class:`course_lib.training.checkpointing.SelectiveContext`) also leaves out the MLP's output,
-which no backward formula reads. :data:`KERNEL_POLICIES` save or recompute the course's fused
-kernel (``GPTConfig(fused_mlp=True)``); :func:`backward_ops` counts what the backward pass runs.
-
-:func:`dispatched_ops` shows what code dispatches; :func:`policy_cost` measures what a policy
-keeps, its peak and what runs again; :class:`BytesMoved` counts the bytes ops read and write.
+A selective-checkpointing policy decides op by op, at the ``aten`` level, whether an output inside
+a checkpointed region is saved or recomputed. Two facts bite: ``op`` is an ``OpOverload``
+(``aten.addmm.default``), never a packet (``aten.addmm``), so a policy comparing with a packet
+never matches; ``nn.Linear`` with a bias dispatches ``addmm``, not ``mm``. :func:`dispatched_ops`
+and :func:`backward_ops` show what runs; :func:`policy_cost` measures what a policy keeps and
+reruns; :class:`BytesMoved` counts bytes read and written. The saved ops, :data:`KERNEL_POLICIES`
+and :class:`SelectiveContext` are :mod:`course_lib.training.checkpointing`'s.
 """
 
 from __future__ import annotations
@@ -42,8 +28,6 @@ from torch.utils.checkpoint import (
 from torch.utils.flop_counter import flop_registry
 
 from course_lib.measurement.memory import LiveTensorTracker
-
-# The saved ops, the op check and the policy of selective mode are checkpointing's.
 from course_lib.training.checkpointing import (
     ATTENTION_OPS as ATTENTION_OPS,
     BLOCK_LINEARS as BLOCK_LINEARS,
@@ -55,7 +39,7 @@ from course_lib.training.checkpointing import (
     SelectiveContext as SelectiveContext,
     check_policy,
 )
-from course_lib.validation import WrongTypeError, fields
+from course_lib.validation import WrongTypeError
 
 _aten = torch.ops.aten
 #: ``policy_cost`` policies given by name: no checkpoint, or a checkpoint that saves nothing.
@@ -74,9 +58,8 @@ def _context_fn_for(policy) -> Callable:
 
 
 class _OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched while active, and their FLOPs by ``FlopCounterMode``'s
-    rules (which cannot itself run in a selective-checkpoint backward: it breaks the replayed
-    op order)."""
+    """Counts the aten ops dispatched while active and their FLOPs by ``FlopCounterMode``'s rules
+    (which cannot run in a selective-checkpoint backward: it breaks the replayed op order)."""
 
     def __init__(self):
         super().__init__()
@@ -96,19 +79,11 @@ class _OpCounter(TorchDispatchMode):
 def dispatched_ops(fn: Callable, *args, **kwargs) -> Counter:
     """``Counter`` of the ``OpOverload`` s that ``fn(*args, **kwargs)`` dispatches, in order seen.
 
-    ``dispatched_ops(nn.Linear(8, 16), x)`` holds ``aten.addmm.default``:
-    that is the name a policy must use.
-
+    ``dispatched_ops(nn.Linear(8, 16), x)`` holds ``aten.addmm.default``: the name a policy uses.
     Args:
-        fn (callable): the work.
-        *args: its positional arguments.
-        **kwargs: its keyword arguments.
-
+        fn (callable): what to run.
     Returns:
-        collections.Counter: ``OpOverload`` -> times dispatched.
-
-    Raises:
-        ValueError: naming ``fn``, if it is not callable.
+        collections.Counter: op -> calls.
     """
     if not callable(fn):
         raise WrongTypeError(f"fn must be callable, got {fn!r}")
@@ -120,18 +95,14 @@ def dispatched_ops(fn: Callable, *args, **kwargs) -> Counter:
 def backward_ops(loss: torch.Tensor) -> Counter:
     """``Counter`` of the ``OpOverload`` s that ``loss.backward()`` dispatches (it runs it).
 
-    Recomputation included: ``backward_ops(loss)[torch.ops.course.bias_gelu.default]`` is how
-    many times the course kernel runs again in the backward pass (0 under a policy that saves its
-    output, once per checkpointed block under one that recomputes it).
-
+    Recomputation included: ``backward_ops(loss)[torch.ops.course.bias_gelu.default]`` counts the
+    course kernel's reruns (0 under a policy that saves its output).
     Args:
-        loss (torch.Tensor): a scalar with a graph (``requires_grad``).
-
+        loss (torch.Tensor): a loss whose graph is still there.
     Returns:
-        collections.Counter: ``OpOverload`` -> times dispatched.
-
+        collections.Counter: op -> calls.
     Raises:
-        ValueError: naming ``loss``, for anything but a scalar tensor that requires grad.
+        ValueError: naming the parameter, for a bad value.
     """
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
         raise ValueError(f"loss must be a scalar tensor with a graph, got {loss!r}"[:200])
@@ -140,13 +111,8 @@ def backward_ops(loss: torch.Tensor) -> Counter:
     return counter.ops
 
 
-def _is_bookkeeping(op) -> bool:
-    # Views and metadata-only ops compute nothing: leave them out of "recomputed".
-    return not moves_bytes(op)
-
-
 @dataclass(frozen=True)
-class PolicyCost:
+class _PolicyCost:
     """What running ``fn`` under a checkpoint policy costs, measured (bytes, FLOPs, op counts)."""
 
     policy: str
@@ -154,14 +120,6 @@ class PolicyCost:
     peak_bytes: int
     recomputed: Counter
     recompute_flops: int
-
-    def __post_init__(self):
-        fields(self, policy=str, kept_bytes=int, peak_bytes=int, recomputed=Counter,
-               recompute_flops=int)
-        if not all(isinstance(op, torch._ops.OpOverload) and type(n) is int and n > 0
-                   for op, n in self.recomputed.items()):
-            raise ValueError(f"PolicyCost.recomputed must count OpOverloads (op -> times > 0), "
-                             f"got {self.recomputed!r:.120}")
 
     def recomputes(self, op) -> int:
         """How many times ``op`` (an OpOverload) runs again in the backward pass."""
@@ -178,6 +136,8 @@ class PolicyCost:
 
 
 def _run(fn, inputs, context_fn):
+    """Kept bytes, peak bytes, backward ops and FLOPs of ``fn(*inputs)`` and ``out.sum()``'s
+    backward, under ``context_fn`` (None: no checkpoint)."""
     wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
     if isinstance(fn, nn.Module):
         wrt += [p for p in fn.parameters() if p.requires_grad]
@@ -214,27 +174,23 @@ def _policy_name(policy) -> str:
     return "save " + ", ".join(str(op) for op in policy)
 
 
-def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:
+def policy_cost(fn: Callable, *inputs, policy="none") -> _PolicyCost:
     """Measure ``fn(*inputs)`` (forward, then backward of ``out.sum()``) under ``policy``.
 
-    The recomputed ops and FLOPs are the backward pass's minus those of the same backward
-    without a checkpoint, so ``fn`` runs twice. Bytes come from the live-tensor tracker
-    (:class:`course_lib.measurement.memory.LiveTensorTracker`), exact on every device.
+    The recomputed ops and FLOPs are the backward pass's minus those of the same backward without a
+    checkpoint (``fn`` runs twice); bytes come from the live-tensor tracker, exact on every device.
 
+    ``policy``: ``"none"`` (no checkpoint), ``"full"`` (save nothing inside), a list of
+    ``OpOverload`` s to save, a policy function, or a :class:`SelectiveContext`. Returns
+    ``kept_bytes``, ``peak_bytes``, ``recomputed`` (a ``Counter`` of ops), ``recompute_flops``,
+    ``recomputes(op)`` and ``reruns()`` (in words).
     Args:
-        fn (callable): the region, ``fn(*inputs)`` returns a tensor.
-        *inputs: its inputs.
-        policy: ``"none"`` (no checkpoint), ``"full"`` (checkpoint, save nothing
-            inside), a list of ``OpOverload`` s to save, a policy function
-            ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``, or a :class:`SelectiveContext`.
-
+        fn (callable): what to measure, on ``inputs``.
+        policy: ``"none"``, ``"full"``, a list of ops, a policy function or a SelectiveContext.
     Returns:
-        PolicyCost: kept and peak bytes, recomputed ops and their FLOPs.
-
+        the cost (``kept_bytes``, ``peak_bytes``, ``recomputed``, ``recompute_flops``).
     Raises:
-        ValueError: naming ``fn`` (not callable) or ``policy`` (an unknown name, or a list of
-            anything but ``OpOverload`` s).
-        TypeError: naming ``policy``, for one op alone (pass a list of it).
+        ValueError: naming the parameter, for a bad value.
     """
     if not callable(fn):
         raise WrongTypeError(f"fn must be callable, got {fn!r}")
@@ -244,10 +200,10 @@ def policy_cost(fn: Callable, *inputs, policy="none") -> PolicyCost:
     label = _policy_name(policy)  # checks a list, or one op alone, before fn runs
     plain = _run(fn, inputs, None)
     if isinstance(policy, str) and policy == "none":
-        return PolicyCost("none", plain[0], plain[1], Counter(), 0)
+        return _PolicyCost("none", plain[0], plain[1], Counter(), 0)
     kept, peak, ops, flops = _run(fn, inputs, _context_fn_for(policy))
-    recomputed = Counter({op: n for op, n in (ops - plain[2]).items() if not _is_bookkeeping(op)})
-    return PolicyCost(label, kept, peak, recomputed, flops - plain[3])
+    recomputed = Counter({op: n for op, n in (ops - plain[2]).items() if moves_bytes(op)})
+    return _PolicyCost(label, kept, peak, recomputed, flops - plain[3])
 
 
 #: Ops that relabel or allocate a storage without reading or writing its bytes, although
@@ -259,16 +215,12 @@ METADATA_OPS = tuple(getattr(_aten, name).default for name in (
 
 
 def moves_bytes(op) -> bool:
-    """Whether ``op`` reads or writes tensor bytes: not a view, not a metadata-only op.
-
+    """Whether ``op`` (an ``OpOverload``) reads or writes tensor bytes: False for views
+    (``op.is_view``) and :data:`METADATA_OPS`.
     Args:
-        op (torch._ops.OpOverload): such as ``torch.ops.aten.gelu.default``.
-
+        op (torch._ops.OpOverload): the op.
     Returns:
-        bool: False for views (``op.is_view``) and :data:`METADATA_OPS`.
-
-    Raises:
-        ValueError: naming ``op``, for anything but an ``OpOverload``.
+        bool: whether it moves tensor bytes.
     """
     if not isinstance(op, torch._ops.OpOverload):
         raise WrongTypeError(f"op must be an OpOverload like torch.ops.aten.gelu.default, got {op!r}")
@@ -278,10 +230,9 @@ def moves_bytes(op) -> bool:
 class BytesMoved(TorchDispatchMode):
     """Bytes the ops dispatched while active read and write, per op (:func:`moves_bytes` ops only).
 
-    Each op that moves bytes counts its tensor arguments (read) and outputs (written), whole
-    tensors: the traffic of a pointwise op, which a GPU's memory bandwidth bounds. Works on the
-    ``meta`` device (shapes only). ``with BytesMoved() as m: work()`` then ``m.moved`` (a
-    ``Counter`` by op) and ``m.total``.
+    Whole tensor arguments (read) and outputs (written): a pointwise op's traffic, which memory
+    bandwidth bounds. Works on the ``meta`` device. ``with BytesMoved() as m: work()``, then
+    ``m.moved`` (a ``Counter`` by op) and ``m.total``.
     """
 
     def __init__(self):

@@ -1,7 +1,6 @@
 """Views: each lecture's figures and widgets, thin views over the wings above.
 
-Its modules, in the order they build on one another (a module imports only the ones above it
-here, the top modules of :mod:`course_lib` and the wings above this one):
+Each module imports only the ones above it, the top modules and the wings above this one:
 
 ====================  ==============================================================================
 ``widgets``           01-08: ``live_plot``, the thin ipywidgets view every widget uses

@@ -1,17 +1,5 @@
-"""02: lecture 02's figures and its out-of-memory widget.
-
-* :func:`scaling_figure`: gradient bytes against activation bytes as the batch grows, and
-  activation bytes as the sequence grows, one curve per attention kernel (measured values).
-* :func:`step_figure`: the memory of one training step, allocation by allocation, by category
-  (:func:`course_lib.measurement.memory.step_breakdown`), for a few steps side by side.
-* :func:`oom_threshold` (pure): a :class:`~course_lib.prediction.step.Step`'s predicted memory
-  on its GPU at batch sizes 1, 2, ... and the largest batch that fits;
-  :func:`threshold_figure` draws it once, :func:`oom_widget` under controls.
-
-The figures are matplotlib ``Figure`` s on their own Agg canvas (no pyplot); :func:`show`
-displays one in a notebook. The widget draws through :func:`course_lib.views.widgets.live_plot`'s
-``setup``/``draw`` pair: its artists are made once, and a change only sets their data.
-"""
+"""02: lecture 02's figures (on their own Agg canvas, no pyplot; :func:`show` displays one)
+and its out-of-memory widget over :func:`oom_threshold`."""
 
 from __future__ import annotations
 
@@ -33,13 +21,12 @@ from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.predict import Step, predict
 from course_lib.units import MEMORY_CATEGORIES, GiB, MiB, format_bytes
 from course_lib.validation import MAX_BATCH, WrongTypeError, choice, positive_int
-from course_lib.views.widgets import live_plot
+from course_lib.views.widgets import check_figure, live_plot
 
-#: The widget's model widths: label -> (d_model, heads), GPT-2's sizes (50,257 tokens).
+# the widget's model widths: label -> (d_model, heads), GPT-2's sizes (50,257 tokens)
 _WIDTHS = {"768 (GPT-2 small)": (768, 12), "1024 (GPT-2 medium)": (1024, 16),
           "1280 (GPT-2 large)": (1280, 20), "1600 (GPT-2 XL)": (1600, 25),
           "2560 (2.7B-wide)": (2560, 32)}
-#: Most batch sizes a figure draws.
 _MAX_SHOWN = 128
 
 
@@ -50,21 +37,16 @@ def _figure(figsize: tuple) -> Figure:
 
 
 def show(fig: Figure):
-    """A figure of this module as an image a notebook displays (the cell's last expression).
+    """A figure of this module as a PNG ``IPython.display.Image`` (a cell's last expression).
 
     Args:
         fig (matplotlib.figure.Figure): what a ``*_figure`` function returned.
-
     Returns:
         IPython.display.Image: the figure as a PNG.
-
-    Raises:
-        ValueError: naming ``fig``, for anything but a matplotlib ``Figure``.
     """
     from IPython.display import Image
 
-    if not isinstance(fig, Figure):
-        raise ValueError(f"fig must be a matplotlib Figure, got {type(fig).__name__}")
+    check_figure("fig", fig)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     return Image(buffer.getvalue())
@@ -83,20 +65,16 @@ def _series(name: str, values, length: int | None = None) -> list[float]:
 
 def scaling_figure(batches, gradients, activations, seq_lens, curves: dict, *,
                    figsize: tuple = (9.5, 3.2)) -> Figure:
-    """Two panels: bytes against the batch size (gradients, activations); activations against
-    the sequence length, one curve per label of ``curves``.
+    """Measured bytes: gradients and saved activations against the batch size; activations
+    against the sequence length, one curve per label of ``curves`` (label -> bytes per seq_len).
 
     Args:
-        batches (list of int): the batch sizes measured.
-        gradients (list of int): gradient bytes at each batch size.
-        activations (list of int): saved activation bytes at each batch size.
-        seq_lens (list of int): the sequence lengths measured.
-        curves (dict): label -> list of saved activation bytes, one per sequence length.
+        batches, seq_lens (list of int): the batch sizes and the sequence lengths measured.
+        gradients, activations (list of int): the bytes at each batch size.
+        curves (dict): label -> saved activation bytes, one per sequence length.
         figsize (tuple): inches.
-
     Returns:
         matplotlib.figure.Figure: with an Agg canvas (:func:`show` displays it).
-
     Raises:
         ValueError: naming the argument, for lists that are not byte counts of the right length.
     """
@@ -124,15 +102,14 @@ def scaling_figure(batches, gradients, activations, seq_lens, curves: dict, *,
 
 
 def step_figure(steps: dict, *, figsize: tuple = (9.5, 3.2)) -> Figure:
-    """One panel per training step: the bytes live after each allocation or free, by category.
+    """One panel per training step: the bytes live after each allocation or free, by category
+    (``steps``: title -> :class:`course_lib.measurement.memory.StepBreakdown`).
 
     Args:
         steps (dict): panel title -> :class:`course_lib.measurement.memory.StepBreakdown`.
         figsize (tuple): inches.
-
     Returns:
         matplotlib.figure.Figure: with an Agg canvas (:func:`show` displays it).
-
     Raises:
         ValueError: naming ``steps``, for anything but a non-empty dict of ``StepBreakdown``.
     """
@@ -162,18 +139,9 @@ def step_figure(steps: dict, *, figsize: tuple = (9.5, 3.2)) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------- the threshold
-
 @dataclass(frozen=True)
-class Threshold:
-    """A step's predicted memory on its card at batch sizes 1, 2, ..., and where it stops fitting.
-
-    Attributes:
-        step (Step): the step; its ``micro_batch_size`` is the batch a figure outlines.
-        memory (tuple of StepMemory): the predicted peak at batch 1, 2, ..., ``len(memory)``.
-        largest (int): the largest batch whose predicted ``total`` fits the card's
-            :attr:`~course_lib.device.GPU.capacity`; 0 if none.
-    """
+class _Threshold:
+    """A step's predicted peaks at batch 1, 2, ..., and the ``largest`` batch that fits."""
 
     step: Step
     memory: tuple
@@ -186,38 +154,29 @@ class Threshold:
 
     @property
     def kernel(self) -> str:
-        """The step's attention kernel (:func:`course_lib.model.kernels.attention_kernel`)."""
+        """The step's attention kernel."""
         return kernels.attention_kernel(self.step.config, self.step.spec.compute, self.step.gpu)
 
     @property
     def parts_at_largest(self) -> dict[str, int]:
-        """Bytes of the largest fitting batch's peak (batch 1's if none fits), by what holds them:
-        activations, the step's buffers in flight, model states."""
+        """The largest fitting batch's peak (batch 1's if none fits) by what holds it."""
         m = self.memory[max(self.largest, 1) - 1]
         return {"activations": m.activations, "in flight": m.transient,
                 "model states": m.model_states}
 
 
-def oom_threshold(step: Step) -> Threshold:
-    """A step's predicted memory at batch sizes 1, 2, ... on its GPU, and the largest batch that
-    fits the card's :attr:`~course_lib.device.GPU.capacity`.
-
-    Each batch is ``predict(replace(step, micro_batch_size=b))``: ``total`` counts everything
-    the card holds at the step's peak. The largest batch is found by doubling, then bisection
-    (the total never shrinks as the batch grows). Left out, as by the engine: the CUDA context,
-    cuBLAS workspaces and the allocator's fragmentation (lecture 06). The batches kept for a
-    figure: 16, 32, 64 or 128, enough for ``step.micro_batch_size`` and the threshold.
+def oom_threshold(step: Step) -> _Threshold:
+    """``predict(replace(step, micro_batch_size=b)).peak`` at b = 1 to 16, 32, 64 or 128
+    (``memory``), and the ``largest`` b that fits the card's capacity (doubling, then bisection:
+    the total never shrinks with b). Left out, as by the engine: the CUDA context, cuBLAS
+    workspaces and fragmentation (lecture 06).
 
     Args:
         step (Step): the step on a GPU (a preset, "cuda" or a :class:`~course_lib.device.GPU`).
-
     Returns:
-        Threshold: the predictions and the threshold.
-
+        Threshold: the predictions (``memory``) and the ``largest`` batch that fits.
     Raises:
-        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
         ValueError: naming ``gpu``, for a step on the CPU (no card to fill).
-
     Example:
         >>> gpt2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
         >>> oom_threshold(Step(gpt2, 8, precision="fp16-mixed", gpu="T4")).largest > 0
@@ -247,12 +206,11 @@ def oom_threshold(step: Step) -> Threshold:
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         largest = lo
     shown = _shown(step.micro_batch_size, largest + 1)
-    return Threshold(step, tuple(peak(b) for b in range(1, shown + 1)), largest)
+    return _Threshold(step, tuple(peak(b) for b in range(1, shown + 1)), largest)
 
 
 def _setup_threshold(fig: Figure, animated: bool = True) -> dict:
-    """The threshold figure's artists, made once: a filled step curve per part, the capacity line
-    and its label, the OOM line and its label, the chosen batch's outline, two title lines."""
+    """The threshold figure's artists, made once."""
     fig.subplots_adjust(left=0.075, right=0.80, bottom=0.14, top=0.82)
     ax = fig.subplots()
     a = {"ax": ax, "parts": [ax.stairs([0], [0.5, 1.5], baseline=[0], fill=True,
@@ -278,7 +236,7 @@ def _setup_threshold(fig: Figure, animated: bool = True) -> dict:
     return a
 
 
-def _draw_threshold(a: dict, t: Threshold, title: str) -> None:
+def _draw_threshold(a: dict, t: _Threshold, title: str) -> None:
     batch = t.step.micro_batch_size
     n = len(t.memory)
     edges = [k - 0.5 for k in range(1, n + 2)]  # one step per batch size
@@ -318,7 +276,7 @@ def _draw_threshold(a: dict, t: Threshold, title: str) -> None:
     a["verdict"].set_color(colour)
 
 
-def _title(t: Threshold) -> str:
+def _title(t: _Threshold) -> str:
     step, c = t.step, t.step.config
     foreach = kernels.adamw_foreach(step.gpu) if step.foreach is None else step.foreach
     return (f"d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, sequence "
@@ -326,23 +284,19 @@ def _title(t: Threshold) -> str:
             f"{'foreach' if foreach else 'per-tensor'} AdamW")
 
 
-def threshold_figure(t: Threshold, *, title: str | None = None,
+def threshold_figure(t: _Threshold, *, title: str | None = None,
                      figsize: tuple = (9.5, 3.6)) -> Figure:
-    """The widget's picture of one setting as a static figure, ``t.step``'s batch outlined.
+    """The widget's picture of :func:`oom_threshold`'s ``t``, ``t.step``'s batch outlined
+    (``title``: the first line, by default the setting as the widget shows it).
 
     Args:
         t (Threshold): what :func:`oom_threshold` returned.
-        title (str, optional): the first line above the plot (default: the setting, as the
-            widget shows it).
+        title (str, optional): the first line (default: the setting, as the widget shows it).
         figsize (tuple): inches.
-
     Returns:
         matplotlib.figure.Figure: with an Agg canvas (:func:`show` displays it).
-
-    Raises:
-        TypeError: for a ``t`` that is not a :class:`Threshold` or a ``title`` not a str.
     """
-    if not isinstance(t, Threshold):
+    if not isinstance(t, _Threshold):
         raise WrongTypeError(f"t must be a Threshold (oom_threshold), got {type(t).__name__}")
     if title is not None and not isinstance(title, str):
         raise WrongTypeError(f"title must be a str or None, got {title!r}")
@@ -358,55 +312,44 @@ def _shown(batch: int, oom: int) -> int:
 
 
 def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8) -> widgets.VBox:
-    """The out-of-memory widget: a GPT's predicted step memory per batch size against a card.
-
-    Controls: the GPU (the presets of :data:`course_lib.device.GPUS` at the memory PyTorch
-    reports, and on a CUDA runtime this GPU with what is free on it, read once), the model's
-    width (:data:`_WIDTHS`) and depth, the sequence length, the attention (SDPA or explicit),
-    the precision, AdamW's implementation and the batch size outlined. Dropout 0.1, 50,257
-    tokens.
+    """The out-of-memory widget: a GPT's predicted step memory per batch size against a card
+    (:data:`course_lib.device.GPUS`, or on CUDA this GPU's free memory, read once), for its width,
+    depth, sequence, attention, precision, AdamW and the batch outlined (1 to 64).
 
     Args:
         gpu (str): the GPU shown first, a name of :data:`course_lib.device.GPUS`.
-        precision (str): the precision shown first, one of :data:`course_lib.prediction.engine.PRECISIONS`.
+        precision (str): shown first, one of :data:`course_lib.prediction.engine.PRECISIONS`.
         batch (int): the batch size outlined first, 1 to 64.
-
     Returns:
         ipywidgets.VBox: :func:`course_lib.views.widgets.live_plot`'s box.
-
     Raises:
         ValueError: naming the argument, for a bad value.
     """
-    gpus = {name: card for name, card in GPUS.items()}
+    gpus = dict(GPUS)
     choice("gpu", gpu, tuple(gpus))
     engine.precision_of(precision)
     batch = positive_int("batch", batch, maximum=64)
     if torch.cuda.is_available():
         here = live_gpu()
         gpus[f"this GPU ({here.name}, free)"] = here
-    style = {"description_width": "initial"}
 
-    def box(width: str) -> widgets.Layout:
-        return widgets.Layout(width=width)
+    def kw(description: str, width: str = "230px") -> dict:
+        return dict(description=description, style={"description_width": "initial"},
+                    layout=widgets.Layout(width=width))
 
     controls = {
-        "gpu": widgets.Dropdown(options=list(gpus), value=gpu, description="GPU", style=style,
-                                layout=box("230px")),
-        "width": widgets.Dropdown(options=list(_WIDTHS), value=next(iter(_WIDTHS)),
-                                  description="width", style=style, layout=box("230px")),
-        "layers": widgets.IntSlider(value=12, min=1, max=64, description="layers", style=style,
-                                    layout=box("230px")),
+        "gpu": widgets.Dropdown(options=list(gpus), value=gpu, **kw("GPU")),
+        "width": widgets.Dropdown(options=list(_WIDTHS), value=next(iter(_WIDTHS)), **kw("width")),
+        "layers": widgets.IntSlider(value=12, min=1, max=64, **kw("layers")),
         "seq": widgets.Dropdown(options=[256, 512, 1024, 2048, 4096, 8192], value=1024,
-                                description="sequence", style=style, layout=box("180px")),
+                                **kw("sequence", "180px")),
         "attention": widgets.Dropdown(options=["sdpa", "explicit"], value="sdpa",
-                                      description="attention", style=style, layout=box("230px")),
+                                      **kw("attention")),
         "precision": widgets.Dropdown(options=list(engine.PRECISIONS), value=precision,
-                                      description="precision", style=style, layout=box("230px")),
+                                      **kw("precision")),
         "foreach": widgets.Dropdown(options=[("foreach (GPU default)", True),
-                                             ("per tensor", False)], value=True,
-                                    description="AdamW", style=style, layout=box("230px")),
-        "batch": widgets.IntSlider(value=batch, min=1, max=64, description="batch size",
-                                   style=style, layout=box("180px")),
+                                             ("per tensor", False)], value=True, **kw("AdamW")),
+        "batch": widgets.IntSlider(value=batch, min=1, max=64, **kw("batch size", "180px")),
     }
 
     def draw(a, gpu, width, layers, seq, attention, precision, foreach, batch):
@@ -418,7 +361,3 @@ def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8
         _draw_threshold(a, t, _title(t))
 
     return live_plot(draw, controls, figsize=(9.5, 3.6), columns=4, setup=_setup_threshold)
-
-
-__all__ = ["Threshold", "show", "scaling_figure", "step_figure",
-           "oom_threshold", "threshold_figure", "oom_widget"]

@@ -1,29 +1,11 @@
-"""01: model states against a GPU's memory: the figures of lecture 01 and its calculator.
-
-Every figure here draws :class:`course_lib.prediction.formulas.TrainingMemory` values as stacked bars
-(:data:`course_lib.units.MEMORY_CATEGORIES`' first four) against the memory of GPUs as
-PyTorch reports it (:attr:`course_lib.device.GPU.capacity`, the budget a model must fit in). Each
-GPU is a line labelled with its :attr:`~course_lib.device.GPU.capacity_label`: that figure and,
-below it, ``nvidia-smi``'s total, the one learners see first. The labels stand in a column
-right of the axes, spread apart where cards are close
-(an A100 80GB and an H100 80GB differ by 32 MiB), each joined to its line:
-
-* :func:`states_figure`: a few bars side by side (lecture 01's opening question, the
-  corrected "14 + 14 + 56 GB" count);
-* :func:`zero_figure`: the bytes per GPU of ZeRO stages 0-3 against the number of GPUs;
-* :func:`calculator`: the widget, a model size, an optimizer, a precision, a ZeRO stage and a
-  number of GPUs over one bar, redrawn by :func:`course_lib.views.widgets.live_plot`;
-  :func:`calculator_figure` is its picture of one setting.
-
-Two figures without GPUs: :func:`bytes_per_param_figure` (what each precision keeps per
-parameter) and :func:`activations_figure` (what the forward pass keeps for the backward pass,
-by dtype). Drawing only: the numbers come from :mod:`course_lib.prediction.formulas` and the lecture's
-measurements.
-"""
+"""01: model states (``TrainingMemory``) against a GPU's memory as PyTorch reports it: the
+figures of lecture 01 and its calculator. Each card is a line labelled right of the axes, the
+labels spread apart where cards are close (an A100 80GB and an H100 80GB differ by 32 MiB)."""
 
 from __future__ import annotations
 
 import ipywidgets as widgets
+from IPython import get_ipython
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -32,44 +14,30 @@ from course_lib.model.zoo import PRESETS
 from course_lib.prediction.formulas import MAX_PARAMS, OPTIMIZERS, TrainingMemory, training_memory
 from course_lib.units import GB, MEMORY_CATEGORIES, GiB, MiB, format_bytes
 from course_lib.validation import choice, items, number, positive_int, text
-from course_lib.views.widgets import live_plot, nice_ceiling, render_png
+from course_lib.views.widgets import check_figsize, live_plot, nice_ceiling, render_png
 
 _PARTS = {name: c for name, c in MEMORY_CATEGORIES.items()  # the four model states
           if name in TrainingMemory.__dataclass_fields__}
-#: The precisions the calculator offers, by the label its menu shows.
-CALCULATOR_PRECISIONS = {"fp32": "fp32", "bf16-mixed (fp32 master)": "bf16-mixed",
-                         "fp16-mixed (fp32 master)": "fp16-mixed",
-                         "autocast (fp32 model)": "autocast-bf16", "pure bf16": "bf16"}
+_PRECISIONS = {"fp32": "fp32", "bf16-mixed (fp32 master)": "bf16-mixed",  # menu label -> value
+               "fp16-mixed (fp32 master)": "fp16-mixed", "autocast (fp32 model)": "autocast-bf16",
+               "pure bf16": "bf16"}
 #: The numbers of data-parallel GPUs the calculator and the ZeRO figure offer.
 WORLD_SIZES = tuple(2**i for i in range(11))
-#: Where the axes sit in every figure of this module (figure fractions): room above for the
-#: title and the legend, right of them for the column of GPU labels.
+# the axes (figure fractions): room above for the title and legend, right for the GPU labels
 _AXES = (0.08, 0.13, 0.50, 0.62)
 _LABEL_X = 1.04   # the column of GPU labels, in axes fractions
 _LABEL_PT = 8     # their font size
 _FITS, _SHORT = "#1a7f37", "#6e7781"
 
 
-def _label(gpu: GPU) -> str:
-    """The GPU's :attr:`~course_lib.device.GPU.capacity_label` on two lines, nvidia-smi's below."""
-    return gpu.capacity_label.replace(" (", "\n(", 1)
-
-
-def _gpu(gpu, name: str = "gpu") -> GPU:
-    if isinstance(gpu, GPU):
-        return gpu
-    return GPUS[choice(name, gpu, tuple(GPUS))]
-
-
 def _gpus(gpus) -> list[GPU]:
-    cards = [_gpu(g, "gpus") for g in items("gpus", tuple(GPUS) if gpus is None else gpus,
-                                            min_len=1, max_len=12)]
+    cards = [g if isinstance(g, GPU) else GPUS[choice("gpus", g, tuple(GPUS))]
+             for g in items("gpus", tuple(GPUS) if gpus is None else gpus, min_len=1, max_len=12)]
     return sorted(cards, key=lambda g: g.capacity)
 
 
 def _spread(fractions: list[float], gap: float) -> list[float]:
-    """Label heights (axes fractions) near ``fractions`` (ascending), at least ``gap`` apart
-    and inside [0, 1] where there is room: pushed up from the bottom, then down from the top."""
+    """Label heights near ascending ``fractions``, ``gap`` apart, inside [0, 1] if there is room."""
     placed = []
     for f in fractions:
         placed.append(max(f, placed[-1] + gap) if placed else max(f, 0.0))
@@ -90,39 +58,18 @@ def _bars(name: str, bars) -> dict:
 
 def _new_figure(figsize) -> Figure:
     """A Figure on its own Agg canvas, which a notebook shows as a PNG when a cell returns it."""
-    if not (isinstance(figsize, tuple | list) and len(figsize) == 2 and all(
-            isinstance(x, int | float) and not isinstance(x, bool) and 1 <= x <= 30
-            for x in figsize)):
-        raise ValueError(f"figsize must be two numbers of inches from 1 to 30, got {figsize!r}")
-    fig = Figure(figsize=figsize)
+    fig = Figure(figsize=check_figsize(figsize))
     FigureCanvasAgg(fig)
-    _show_figures_in_notebooks()
+    shell = get_ipython()
+    if shell is not None:  # the inline backend shows only pyplot's figures
+        shell.display_formatter.formatters["image/png"].for_type(Figure, render_png)
     return fig
 
 
-def _show_figures_in_notebooks() -> None:
-    """Teach IPython to show a ``Figure`` as a PNG: matplotlib's inline backend does only once
-    pyplot is imported, and these figures never go through pyplot."""
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython ships with every notebook
-        return
-    shell = get_ipython()
-    if shell is not None:
-        shell.display_formatter.formatters["image/png"].for_type(Figure, render_png)
-
-
 def _setup_lines(fig, ax, cards: list[GPU], animated: bool) -> dict:
-    """A line per GPU and its label in the column right of the axes, joined by a leader.
-
-    In a widget (``animated``) the lines are drawn over the bar on every change; the labels
-    stay in the kept picture of the axes (:class:`course_lib.views.widgets.Backgrounds`, whose key
-    holds their positions and colours): they move only with the axis limit and change colour
-    only where the model states cross a card's memory, and redrawing their text on every
-    change was most of the calculator's time.
-    """
+    """A line per GPU and its label right of the axes; only the lines are ever animated."""
     lines = [ax.axhline(g.capacity / GiB, color=_SHORT, ls="--", lw=1) for g in cards]
-    labels = [ax.annotate(_label(g), xy=(1.0, g.capacity / GiB),
+    labels = [ax.annotate(g.capacity_label.replace(" (", "\n(", 1), xy=(1.0, g.capacity / GiB),
                           xycoords=("axes fraction", "data"), xytext=(_LABEL_X, 0.5),
                           textcoords="axes fraction", va="center", fontsize=_LABEL_PT,
                           color=_SHORT, annotation_clip=False,
@@ -170,8 +117,7 @@ def _setup_bars(fig, names: list[str], animated: bool, rect: tuple = _AXES) -> d
 
 
 def _set_bars(a: dict, states: list[TrainingMemory], scale: float = GiB) -> float:
-    """Stack each bar's parts, in units of ``scale`` bytes; with one bar, the legend gives each
-    part's size in GiB. Returns the tallest bar's height."""
+    """Stack each bar's parts in ``scale`` bytes (one bar: sizes in the legend); the tallest."""
     bottoms = [0.0] * len(states)
     for (part, (label, _)), texts in zip(_PARTS.items(), a["legend"].get_texts()):
         for i, (patch, m) in enumerate(zip(a["bars"][part], states)):
@@ -186,29 +132,19 @@ def _set_bars(a: dict, states: list[TrainingMemory], scale: float = GiB) -> floa
 
 def states_figure(bars: dict, *, gpus=None, title: str = "",
                   figsize: tuple = (8.4, 4.4)) -> Figure:
-    """Model states as stacked bars, side by side, against the memory of GPUs.
+    """Model states as stacked bars (``bars``: label -> ``TrainingMemory``, one to six) against
+    the memory of ``gpus`` (names of :data:`course_lib.device.GPUS` or ``GPU`` s; None: all).
+    A ``Figure`` on an Agg canvas, which a notebook shows as its cell's value.
 
     Args:
-        bars (dict): maps each bar's label (a str, ``"\\n"`` for a second line) to a
-            :class:`~course_lib.prediction.formulas.TrainingMemory`; one to six bars.
-        gpus (list, optional): names of :data:`course_lib.device.GPUS` (or ``GPU`` s) to draw
-            as labelled lines; None for all of them.
+        bars (dict): label -> ``TrainingMemory``, one to six.
+        gpus (list, optional): the cards drawn as labelled lines; None for all of them.
         title (str): the figure's title (two lines at most read well).
         figsize (tuple): inches.
-
     Returns:
-        matplotlib.figure.Figure: with an Agg canvas; a notebook shows it as its cell's value.
-
+        matplotlib.figure.Figure: with an Agg canvas.
     Raises:
-        ValueError: naming ``bars`` (not a dict of str to TrainingMemory, or more than six),
-            ``gpus`` or ``title``.
-
-    Example:
-        >>> fig = states_figure({"7B, mixed AdamW": training_memory(7e9, precision="bf16-mixed")},
-        ...                     gpus=["T4", "A100 80GB"])
-        >>> print(fig.axes[0].texts[1].get_text())  # each card's line, labelled
-        A100 80GB: 79.15 GiB as PyTorch reports it
-        (nvidia-smi: 81,920 MiB)
+        ValueError: naming ``bars``, ``gpus`` or ``title``, for a bad value.
     """
     _bars("bars", bars)
     cards = _gpus(gpus)
@@ -229,22 +165,18 @@ def states_figure(bars: dict, *, gpus=None, title: str = "",
 
 def bytes_per_param_figure(rows: dict, n_params: int, *, title: str = "",
                            figsize: tuple = (6.4, 3.6)) -> Figure:
-    """Model states per parameter as stacked bars: what each recipe keeps, byte by byte.
+    """Model states per parameter as stacked bars: what each recipe keeps, byte by byte
+    (``rows``: label -> ``TrainingMemory`` of ``n_params`` parameters, one to six).
 
     Args:
-        rows (dict): maps each bar's label to a :class:`~course_lib.prediction.formulas.TrainingMemory` of
-            ``n_params`` parameters; one to six bars.
-        n_params (int): the parameters the rows count, from 1 to
-            :data:`course_lib.prediction.formulas.MAX_PARAMS`.
+        rows (dict): label -> ``TrainingMemory`` of ``n_params`` parameters, one to six.
+        n_params (int): the parameters the rows count, from 1.
         title (str): the figure's title.
         figsize (tuple): inches.
-
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
-
     Raises:
         ValueError: naming ``rows``, ``n_params`` or ``title``, for a bad value.
-
     Example:
         >>> fig = bytes_per_param_figure({"fp32": training_memory(10),
         ...                               "bf16-mixed": training_memory(10, precision="bf16-mixed"),
@@ -266,32 +198,23 @@ def bytes_per_param_figure(rows: dict, n_params: int, *, title: str = "",
     return fig
 
 
-#: Colours of the dtypes :func:`activations_figure` draws.
 _DTYPE_COLOURS = {"float32": "#4c72b0", "bfloat16": "#55a868", "float16": "#dd8452",
                  "int64": "#8c8c8c"}
 
 
 def activations_figure(saved: dict, *, title: str = "", figsize: tuple = (8.4, 2.8)) -> Figure:
-    """What autograd keeps for the backward pass, by dtype: one horizontal bar per recipe.
-
-    Each bar is labelled with its total and its ratio to the first bar.
+    """What autograd keeps for the backward pass, by dtype: one horizontal bar per recipe,
+    labelled with its total and its ratio to the first (``saved``: label -> ``{"float32":
+    bytes, ...}``, one to six recipes).
 
     Args:
-        saved (dict): maps each recipe's label to ``{dtype name: bytes}`` (names as
-            ``str(dtype)`` without ``"torch."``); one to six recipes, the first the reference.
+        saved (dict): label -> ``{dtype name: bytes}``, one to six, the first the reference.
         title (str): the figure's title.
         figsize (tuple): inches.
-
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
-
     Raises:
         ValueError: naming ``saved`` or ``title``, for a bad value.
-
-    Example:
-        >>> fig = activations_figure({"fp32": {"float32": 4096}, "bf16": {"bfloat16": 2048}})
-        >>> [label.get_text().strip() for label in fig.axes[0].texts]  # the first bar on top
-        ['2.00 KiB  (0.500x)', '4.00 KiB  (1.000x)']
     """
     if not (isinstance(saved, dict) and 1 <= len(saved) <= 6 and all(
             isinstance(k, str) and isinstance(v, dict) and v and all(
@@ -328,26 +251,21 @@ def activations_figure(saved: dict, *, title: str = "", figsize: tuple = (8.4, 2
 def zero_figure(n_params: int, *, precision: str = "bf16-mixed", optimizer: str = "adamw",
                 world_sizes=WORLD_SIZES, gpus=None, title: str = "",
                 figsize: tuple = (8.4, 4.4)) -> Figure:
-    """Model states per GPU under ZeRO stages 0-3 against the number of data-parallel GPUs.
-
-    Log-log: stage 3 falls as ``1/N``; stages 1 and 2 level off at the part they do not shard.
+    """Model states per GPU under ZeRO stages 0-3 (Rajbhandari et al. 2020) against the number
+    of data-parallel GPUs, log-log: stage 3 falls as ``1/N``; stages 1 and 2 level off at the
+    part they do not shard. ``gpus`` as for :func:`states_figure`.
 
     Args:
-        n_params (int): parameters P, as for :func:`course_lib.prediction.formulas.training_memory`.
-        precision (str): as for :func:`~course_lib.prediction.formulas.training_memory`.
-        optimizer (str): as for :func:`~course_lib.prediction.formulas.training_memory`.
+        n_params (int): parameters, as for ``training_memory``.
+        precision, optimizer (str): as for ``training_memory``.
         world_sizes (list of int): the numbers of GPUs on the x axis, at least two.
-        gpus (list, optional): names of :data:`course_lib.device.GPUS` drawn as labelled lines;
-            None for all of them.
+        gpus (list, optional): as for :func:`states_figure`.
         title (str): the figure's title.
         figsize (tuple): inches.
-
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
-
     Raises:
-        ValueError: naming the parameter, for a bad value.
-
+        ValueError: naming the argument, for a bad value.
     Example:
         >>> fig = zero_figure(6_738_415_616, gpus=["T4", "A100 80GB"])  # Llama 2 7B
         >>> [f"{line.get_ydata()[-1]:.1f}" for line in fig.axes[0].lines[:4]]  # GiB, 1024 GPUs
@@ -379,10 +297,6 @@ def zero_figure(n_params: int, *, precision: str = "bf16-mixed", optimizer: str 
     return fig
 
 
-def _billions(billions: float) -> str:
-    return f"{billions:,.0f}B" if billions >= 100 else f"{billions:.3g}B"
-
-
 def _setup_calculator(fig, animated: bool = True) -> dict:
     a = _setup_bars(fig, ["per GPU"], animated)
     a.update(_setup_lines(fig, a["ax"], _gpus(None), animated))
@@ -399,35 +313,21 @@ def _draw_calculator(a: dict, billions: float, optimizer: str, precision: str, z
     a["ax"].set_ylim(0, nice_ceiling(1.1 * max(top, a["cards"][-1].capacity / GiB)))
     _place_labels(a["fig"], a["ax"], a, fits=lambda card: m.total <= card.capacity)
     fitting = [g.name for g in a["cards"] if m.total <= g.capacity]
-    shown = next(k for k, v in CALCULATOR_PRECISIONS.items() if v == precision)
+    shown = next(k for k, v in _PRECISIONS.items() if v == precision)
+    size = f"{billions:,.0f}B" if billions >= 100 else f"{billions:.3g}B"
     gpus = f"ZeRO stage {zero_stage} on {world_size} GPU" + ("s" if world_size > 1 else "")
     a["title"].set_text(
-        f"{_billions(billions)} parameters, {optimizer}, {shown}, {gpus}\n"
+        f"{size} parameters, {optimizer}, {shown}, {gpus}\n"
         f"model states {m.total / GiB:,.1f} GiB per GPU: "
         + ("fit on every GPU here" if len(fitting) == len(a["cards"])
            else f"fit on {', '.join(fitting)}" if fitting else "fit on none of these GPUs"))
 
 
-def calculator_figure(billions: float, *, optimizer: str = "adamw",
-                      precision: str = "bf16-mixed", zero_stage: int = 0, world_size: int = 1,
-                      figsize: tuple = (8.4, 4.4)) -> Figure:
-    """The calculator's picture of one setting, as a static figure.
-
-    Args:
-        billions (float): parameters, in billions (from 1e-9 up).
-        optimizer (str): one of :data:`course_lib.prediction.formulas.OPTIMIZERS`.
-        precision (str): a value of :data:`CALCULATOR_PRECISIONS`.
-        zero_stage (int): 0 to 3.
-        world_size (int): data-parallel GPUs.
-        figsize (tuple): inches.
-
-    Returns:
-        matplotlib.figure.Figure: with an Agg canvas.
-
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    """
-    choice("precision", precision, tuple(CALCULATOR_PRECISIONS.values()))
+def _calculator_figure(billions: float, *, optimizer: str = "adamw",
+                       precision: str = "bf16-mixed", zero_stage: int = 0, world_size: int = 1,
+                       figsize: tuple = (8.4, 4.4)) -> Figure:
+    """The calculator's picture of one setting, as a static figure."""
+    choice("precision", precision, tuple(_PRECISIONS.values()))
     fig = _new_figure(figsize)
     _draw_calculator(_setup_calculator(fig, animated=False), billions, optimizer, precision,
                      zero_stage, world_size)
@@ -439,26 +339,18 @@ def _width(pixels: int) -> widgets.Layout:
 
 
 def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> widgets.VBox:
-    """Lecture 01's calculator: the model states per GPU of a model, against every GPU preset.
-
-    A menu of published models (:data:`course_lib.model.zoo.PRESETS`) sets a size slider in
-    billions of parameters (0.1 to 1000, 20 steps a decade, plus every preset's exact size);
-    moving the slider away from a preset makes the size custom. Menus choose the optimizer, the
-    precision, the ZeRO stage and the number of data-parallel GPUs. The bar is
-    :func:`course_lib.prediction.formulas.training_memory` per GPU, in its four parts; each GPU's line
-    turns green where the model states fit the memory PyTorch reports for it.
+    """Lecture 01's calculator: :func:`course_lib.prediction.formulas.training_memory` per GPU
+    for a model size (a preset or 0.1 to 1000 billion), optimizer, precision, ZeRO stage and
+    data-parallel GPUs, against every GPU preset (green where it fits). ``box.view``: the
+    :func:`~course_lib.views.widgets.live_plot` box.
 
     Args:
         preset (str): the model shown first, a name of :data:`course_lib.model.zoo.PRESETS`.
         figsize (tuple): inches.
-
     Returns:
-        ipywidgets.VBox: the preset menu above :func:`course_lib.views.widgets.live_plot`'s view
-        (``box.view``; its ``controls``, ``redraw`` and ``artists``).
-
+        ipywidgets.VBox: the preset menu above the view (``box.view``).
     Raises:
         ValueError: naming ``preset``, for an unknown model.
-
     Example:
         >>> box = calculator("Llama 2 70B")
         >>> box.view.controls["zero_stage"].value = 3
@@ -493,7 +385,7 @@ def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> wi
         "billions": size,
         "optimizer": widgets.Dropdown(options=list(OPTIMIZERS), value="adamw",
                                       description="optimizer", style=wide, layout=_width(220)),
-        "precision": widgets.Dropdown(options=list(CALCULATOR_PRECISIONS.items()),
+        "precision": widgets.Dropdown(options=list(_PRECISIONS.items()),
                                       value="bf16-mixed", description="precision", style=wide,
                                       layout=_width(300)),
         "zero_stage": widgets.Dropdown(options=[0, 1, 2, 3], value=0, description="ZeRO stage",
@@ -505,8 +397,3 @@ def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> wi
     box = widgets.VBox([menu, view])
     box.view = view
     return box
-
-
-__all__ = ["CALCULATOR_PRECISIONS", "WORLD_SIZES", "activations_figure",
-           "bytes_per_param_figure", "calculator", "calculator_figure",
-           "states_figure", "zero_figure"]

@@ -1,19 +1,4 @@
-"""04: the figures of lecture 04 and its explorer.
-
-* :func:`plot_timelines`: memory over one forward + backward, one curve per checkpointing
-  mode (:mod:`course_lib.measurement.timeline`).
-* :func:`plot_depths`: the peak of forward + backward against depth on log-log axes, measured
-  (solid) and the memory engine's (dashed).
-* :func:`lecture_sizes`: the lecture's models and batches for the device it runs on.
-* :func:`explorer`: a GPT-2-small-sized model on a GPU preset, without checkpointing, with
-  per-block checkpointing, or with ``checkpoint_sequential`` in ``k`` segments: the memory
-  engine's step peak by category against the card's memory, and the step's compute
-  (:func:`course_lib.prediction.checkpointed.checkpoint_cost`) against no checkpointing.
-  :func:`explore` is its pure back end.
-
-The explorer draws with :func:`course_lib.views.widgets.live_plot`'s ``setup``/``draw`` pair: the
-bars and texts are made once, a change only sets their heights and texts.
-"""
+"""04: the figures of lecture 04, and its explorer of checkpointing modes on a GPU preset."""
 
 from __future__ import annotations
 
@@ -29,46 +14,36 @@ from course_lib.model.gpt import GPTConfig
 from course_lib.prediction import checkpointed, engine
 from course_lib.prediction.predict import Prediction, Step, predict
 from course_lib.training import checkpointing as ckpt
-from course_lib.units import MEMORY_CATEGORIES, format_bytes
+from course_lib.units import MEMORY_CATEGORIES, GiB, MiB, format_bytes
 from course_lib.validation import MAX_BATCH, choice, integer, items, number, positive_int
 from course_lib.views.widgets import live_plot
 
-#: The checkpointing modes of lecture 04's explorer (of
-#: :func:`course_lib.training.checkpointing.enable_checkpointing`) -> how its menu names them.
-CHOICES = {"none": "none", "blocks": "per-block", "sqrt": "segments"}
-#: The explorer's model: GPT-2 small's width, heads, sequence and vocabulary.
-GPT2_SMALL = dict(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12)
-#: The most layers the explorer offers.
-MAX_EXPLORER_LAYERS = 96
-#: Colours of the curves of :func:`plot_depths`.
-COLORS = {"none": "#c44e52", "per-block": "#4c72b0", "√n segments": "#8c8c8c",
-          "best segments": "#55a868"}
-
-
-#: Lecture 04's sizes on a CPU: ``(config, batch, sweep, sweep_batch)`` of :func:`lecture_sizes`.
-CPU_SIZES = (GPTConfig(vocab_size=64, seq_len=64, d_model=64, n_heads=4, n_layers=8,
-                       attention="explicit"), 8,
-             dict(vocab_size=32, seq_len=64, d_model=16, n_heads=2), 16)
+# The explorer's checkpointing modes (of enable_checkpointing) -> how its menu names them.
+_CHOICES = {"none": "none", "blocks": "per-block", "sqrt": "segments"}
+# The explorer's model: GPT-2 small's width, heads, sequence and vocabulary.
+_GPT2_SMALL = dict(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12)
+_MAX_LAYERS = 96
+_COLORS = {"none": "#c44e52", "per-block": "#4c72b0", "√n segments": "#8c8c8c",
+           "best segments": "#55a868"}
+# Lecture 04's sizes on a CPU, quick on one thread: (config, batch, sweep, sweep_batch).
+_CPU_SIZES = (GPTConfig(vocab_size=64, seq_len=64, d_model=64, n_heads=4, n_layers=8,
+                        attention="explicit"), 8,
+              dict(vocab_size=32, seq_len=64, d_model=16, n_heads=2), 16)
 
 
 def lecture_sizes(device) -> tuple[GPTConfig, int, dict, int]:
     """``(config, batch, sweep, sweep_batch)``: lecture 04's model and its depth sweep's.
 
-    ``config`` is the model of sections 1, 2 and 4, its attention written as matmuls so that
-    ``FlopCounterMode`` counts it on every device; ``sweep`` the keyword arguments of
-    ``GPTConfig`` but ``n_layers``, narrow with long sequences so that activations outweigh the
-    weights. On a CPU :data:`CPU_SIZES`, quick on one thread; on CUDA a model of real size in
-    fp32, each batch the largest power of two whose step the memory engine predicts within a
-    third (``config``) or half (``sweep`` at 64 layers, no checkpointing) of the free memory.
+    On CUDA each batch is the largest power of two whose predicted step takes at most a third
+    (``config``) or half (``sweep`` at 64 layers) of the free memory.
 
     Args:
         device (torch.device): where the lecture runs.
-
     Returns:
         tuple: the config, its batch, the sweep's keyword arguments and the sweep's batch.
     """
     if torch.device(device).type != "cuda":
-        return CPU_SIZES
+        return _CPU_SIZES
     gpu = live_gpu()
     config = GPTConfig(vocab_size=8192, seq_len=1024, d_model=512, n_heads=8, n_layers=12,
                        attention="explicit")
@@ -83,16 +58,15 @@ def lecture_sizes(device) -> tuple[GPTConfig, int, dict, int]:
 
 
 def _color(name: str, i: int) -> str:
-    return COLORS.get(name, f"C{i}")
+    return _COLORS.get(name, f"C{i}")
 
 
 def plot_timelines(ax, timelines: dict[str, Timeline]) -> None:
-    """Draw each :class:`~course_lib.measurement.timeline.Timeline` on ``ax``, labelled with its peak.
+    """Draw each labelled :class:`~course_lib.measurement.timeline.Timeline`, with its peak.
 
     Args:
         ax (matplotlib.axes.Axes): where to draw.
-        timelines (dict): label -> ``Timeline`` (from ``track_timeline`` or ``record_timeline``).
-
+        timelines (dict): label -> ``Timeline``.
     Raises:
         ValueError: naming ``timelines``, if it is empty or holds anything but timelines.
     """
@@ -100,7 +74,7 @@ def plot_timelines(ax, timelines: dict[str, Timeline]) -> None:
             isinstance(t, Timeline) for t in timelines.values()):
         raise ValueError(f"timelines must be a non-empty dict of Timeline, got {timelines!r}")
     for i, (name, t) in enumerate(timelines.items()):
-        ax.plot(t.clock, np.array(t.allocated) / 2**20, color=_color(name, i), lw=1.2,
+        ax.plot(t.clock, np.array(t.allocated) / MiB, color=_color(name, i), lw=1.2,
                 label=f"{name}: peak {format_bytes(t.peak)}")
     unit = next(iter(timelines.values())).unit
     ax.set_xlabel("time (µs)" if unit == "µs" else "allocations and frees, in order")
@@ -109,15 +83,13 @@ def plot_timelines(ax, timelines: dict[str, Timeline]) -> None:
 
 
 def loglog_slope(depths, values) -> float:
-    """The slope of ``log(values)`` against ``log(depths)``, fitted: ``p`` of ``values ~ n^p``.
+    """The fitted slope of ``log(values)`` against ``log(depths)``: ``p`` of ``values ~ n^p``.
 
     Args:
         depths (sequence of int): at least two positive depths.
         values (sequence of float): one positive value per depth.
-
     Returns:
         float: the fitted exponent.
-
     Raises:
         ValueError: naming ``depths`` or ``values``.
     """
@@ -132,17 +104,12 @@ def loglog_slope(depths, values) -> float:
 
 
 def plot_depths(ax, depths, measured: dict, predicted: dict | None = None) -> None:
-    """Peak bytes against depth on log-log axes: a line per mode, the engine's dashed over it.
-
-    Each label gives the fitted exponent :func:`loglog_slope` (``n^p`` is a line of slope ``p``)
-    and the slope between the two deepest points, where a linear term shows first.
+    """Peak bytes against depth (log-log) per label, the engine's dashed; slopes in the legend.
 
     Args:
         ax (matplotlib.axes.Axes): where to draw.
         depths (sequence of int): the layers measured.
-        measured (dict): label -> bytes per depth.
-        predicted (dict, optional): label -> the engine's bytes per depth, drawn dashed.
-
+        measured, predicted (dict): label -> bytes per depth (``predicted`` optional, dashed).
     Raises:
         ValueError: naming ``depths``, ``measured`` or ``predicted``.
     """
@@ -152,14 +119,14 @@ def plot_depths(ax, depths, measured: dict, predicted: dict | None = None) -> No
         raise ValueError("predicted must be a dict with the labels of measured, or None")
     for i, (name, values) in enumerate(measured.items()):
         deep = loglog_slope(depths[-2:], values[-2:])
-        ax.loglog(depths, np.array(values) / 2**20, "o-", color=_color(name, i), ms=4, lw=2.5,
+        ax.loglog(depths, np.array(values) / MiB, "o-", color=_color(name, i), ms=4, lw=2.5,
                   label=f"{name}: slope {loglog_slope(depths, values):.2f}, "
                         f"{deep:.2f} at {depths[-2]}-{depths[-1]}")
     for name, values in (predicted or {}).items():
-        ax.loglog(depths, np.array(values) / 2**20, "--", color="k", lw=0.9,
+        ax.loglog(depths, np.array(values) / MiB, "--", color="k", lw=0.9,
                   label="the memory engine" if name == next(iter(predicted)) else None)
-    low = min(min(v) for v in measured.values()) / 2**20
-    high = max(max(v) for v in measured.values()) / 2**20
+    low = min(min(v) for v in measured.values()) / MiB
+    high = max(max(v) for v in measured.values()) / MiB
     ticks = [t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
                          10000, 20000, 50000) if low / 1.5 <= t <= high * 1.5]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
@@ -170,27 +137,9 @@ def plot_depths(ax, depths, measured: dict, predicted: dict | None = None) -> No
     ax.legend(fontsize=8.5, loc="upper left")
 
 
-def _precision(card: GPU) -> str:
-    """How the lecture trains on ``card``: autocast in the dtype :func:`pick_dtype` gives it."""
-    return "autocast-bf16" if pick_dtype(card) == torch.bfloat16 else "autocast-fp16"
-
-
 @dataclass(frozen=True)
-class Setting:
-    """One setting of the explorer, predicted (:func:`explore`).
-
-    Attributes:
-        gpu (GPU): the card.
-        precision (str): how the step trains there (autocast in the card's dtype).
-        layers (int): blocks of the model.
-        mode (str): a key of :data:`CHOICES`.
-        segments (int or None): ``k``, for ``"sqrt"`` only.
-        best_segments (int): the count with the least memory
-            (:func:`course_lib.training.checkpointing.best_segments`).
-        memory (Prediction): the step with this checkpointing.
-        plain (Prediction): the same step without checkpointing.
-        flop_ratio (float): the step's FLOPs over those without checkpointing.
-    """
+class _Setting:
+    """One setting of the explorer, predicted; ``segments`` is ``k`` for ``"sqrt"`` only."""
 
     gpu: GPU
     precision: str
@@ -208,45 +157,25 @@ class Setting:
         return self.memory.total <= self.gpu.capacity
 
 
-def explore(gpu: str = "T4", layers: int = 48, mode: str = "blocks",
-            segments: int = 8, batch_size: int = 6) -> Setting:
-    """Predict one steady-state AdamW step of a GPT-2-small-sized model on a GPU preset.
-
-    The model is :data:`GPT2_SMALL` with ``layers`` blocks, trained under ``torch.autocast`` in
-    the dtype the card gets (bf16 from compute capability 8.0, fp16 on a T4); memory from
-    :func:`course_lib.prediction.predict.predict`, compute from
-    :func:`course_lib.prediction.checkpointed.checkpoint_cost`.
-
-    Args:
-        gpu (str): a name of :data:`course_lib.device.GPUS`.
-        layers (int): from 1 to :data:`MAX_EXPLORER_LAYERS`.
-        mode (str): a key of :data:`CHOICES`.
-        segments (int): ``k`` for ``"sqrt"``, at least 1; more than ``layers`` counts as
-            ``layers``. Ignored otherwise.
-        batch_size (int): sequences, from 1 to :data:`course_lib.validation.MAX_BATCH`.
-
-    Returns:
-        Setting: the prediction.
-
-    Raises:
-        ValueError: naming the parameter, for a value out of range.
-    """
+def _explore(gpu: str = "T4", layers: int = 48, mode: str = "blocks",
+             segments: int = 8, batch_size: int = 6) -> _Setting:
+    """Predict one AdamW step of the explorer's model under autocast in the card's dtype."""
     choice("gpu", gpu, tuple(GPUS))
-    layers = positive_int("layers", layers, maximum=MAX_EXPLORER_LAYERS)
-    choice("mode", mode, tuple(CHOICES))
-    segments = positive_int("segments", segments, maximum=MAX_EXPLORER_LAYERS)
+    layers = positive_int("layers", layers, maximum=_MAX_LAYERS)
+    choice("mode", mode, tuple(_CHOICES))
+    segments = positive_int("segments", segments, maximum=_MAX_LAYERS)
     batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     card = GPUS[gpu]
-    precision = _precision(card)
-    config = GPTConfig(**GPT2_SMALL, n_layers=layers)
+    precision = "autocast-bf16" if pick_dtype(card) == torch.bfloat16 else "autocast-fp16"
+    config = GPTConfig(**_GPT2_SMALL, n_layers=layers)
     k = min(segments, layers) if mode == "sqrt" else None
     kernel = dict(dtype=pick_dtype(card), gpu=card, autocast=True)
     plain = Step(config, batch_size, precision=precision, gpu=card)
     memory = predict(replace(plain, mode=mode, segments=k))
     cost = checkpointed.checkpoint_cost(config, batch_size, mode, segments=k, **kernel)
     best = ckpt.best_segments(layers, checkpointed.block_ratio(config, batch_size, **kernel))
-    return Setting(card, precision, layers, mode, k, best, memory, predict(plain),
-                   cost.flop_ratio)
+    return _Setting(card, precision, layers, mode, k, best, memory, predict(plain),
+                    cost.flop_ratio)
 
 
 def _setup(fig) -> dict:
@@ -285,21 +214,20 @@ def _setup(fig) -> dict:
 
 def _draw(a: dict, gpu: str, layers: int, mode: str, segments: int,
           batch_size: int) -> None:
-    s = explore(gpu, layers, mode, segments, batch_size)
-    gib = 2**30
-    top = 1.15 * max(s.plain.total, s.memory.total, s.gpu.capacity) / gib
+    s = _explore(gpu, layers, mode, segments, batch_size)
+    top = 1.15 * max(s.plain.total, s.memory.total, s.gpu.capacity) / GiB
     a["mem"].set_ylim(0, top)
-    a["plain"].set_height(s.plain.total / gib)
+    a["plain"].set_height(s.plain.total / GiB)
     bottom = 0.0
     rows = dict(engine.breakdown_rows(s.memory.peak))
     for name, bar in a["parts"].items():
         bar.set_y(bottom)
-        bar.set_height(rows.get(name, 0) / gib)
-        bottom += rows.get(name, 0) / gib
+        bar.set_height(rows.get(name, 0) / GiB)
+        bottom += rows.get(name, 0) / GiB
     for text, m, x in zip(a["labels"], (s.plain, s.memory), (0, 1)):
-        text.set_position((x, min(m.total / gib, 0.93 * top)))
+        text.set_position((x, min(m.total / GiB, 0.93 * top)))
         text.set_text(format_bytes(m.total))
-    cap = s.gpu.capacity / gib
+    cap = s.gpu.capacity / GiB
     a["card"].set_ydata([cap, cap])
     a["card_text"].set_position((3.15, cap))
     a["card_text"].set_text(s.gpu.capacity_label.replace(" (", "\n(", 1))
@@ -319,40 +247,34 @@ def _draw(a: dict, gpu: str, layers: int, mode: str, segments: int,
 
 def explorer(*, gpu: str = "T4", layers: int = 48, mode: str = "blocks",
              segments: int = 8, batch_size: int = 6) -> widgets.VBox:
-    """The explorer of lecture 04 (see the module doc): controls over :func:`explore`'s figure.
+    """Lecture 04's explorer: a GPT-2-small-sized model's predicted peak and compute per mode.
+
+    ``mode``: ``"none"``, ``"blocks"`` or ``"sqrt"`` (``segments`` of them); ``layers`` 4 to 96.
 
     Args:
         gpu (str): the preset shown first, a name of :data:`course_lib.device.GPUS`.
-        layers (int): the depth shown first, from 4 to :data:`MAX_EXPLORER_LAYERS`.
-        mode (str): a key of :data:`CHOICES`.
-        segments (int): ``k`` shown first, from 1 to :data:`MAX_EXPLORER_LAYERS`.
+        layers, segments (int): the depth and ``k`` shown first.
+        mode (str): the mode shown first.
         batch_size (int): the batch shown first, from 1 to 32.
-
     Returns:
-        ipywidgets.VBox: from :func:`course_lib.views.widgets.live_plot`.
-
+        ipywidgets.VBox: :func:`course_lib.views.widgets.live_plot`'s box.
     Raises:
-        ValueError: naming the parameter, for a value :func:`explore` refuses or outside the
-            sliders' ranges.
+        ValueError: naming the argument, for a value outside the sliders' ranges.
     """
-    explore(gpu, layers, mode, segments, batch_size)  # checks the arguments
-    for name, value, low, high in (("layers", layers, 4, MAX_EXPLORER_LAYERS),
+    _explore(gpu, layers, mode, segments, batch_size)  # checks the arguments
+    for name, value, low, high in (("layers", layers, 4, _MAX_LAYERS),
                                    ("batch_size", batch_size, 1, 32)):
         integer(name, value, minimum=low, maximum=high)  # the slider's range
     style = {"description_width": "initial"}
     controls = {
         "gpu": widgets.Dropdown(options=list(GPUS), value=gpu, description="GPU"),
-        "layers": widgets.IntSlider(value=layers, min=4, max=MAX_EXPLORER_LAYERS,
+        "layers": widgets.IntSlider(value=layers, min=4, max=_MAX_LAYERS,
                                     description="layers", style=style),
-        "mode": widgets.Dropdown(options=[(label, m) for m, label in CHOICES.items()], value=mode,
-                                 description="checkpointing", style=style),
-        "segments": widgets.IntSlider(value=segments, min=1, max=MAX_EXPLORER_LAYERS,
+        "mode": widgets.Dropdown(options=[(label, m) for m, label in _CHOICES.items()],
+                                 value=mode, description="checkpointing", style=style),
+        "segments": widgets.IntSlider(value=segments, min=1, max=_MAX_LAYERS,
                                       description="segments k", style=style),
         "batch_size": widgets.IntSlider(value=batch_size, min=1, max=32,
                                         description="batch", style=style),
     }
     return live_plot(_draw, controls, setup=_setup, figsize=(8.4, 3.8))
-
-
-__all__ = ["CHOICES", "CPU_SIZES", "GPT2_SMALL", "Setting", "explore", "explorer",
-           "lecture_sizes", "loglog_slope", "plot_depths", "plot_timelines"]

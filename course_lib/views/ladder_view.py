@@ -1,25 +1,8 @@
-"""08: the pictures of lecture 08: where a step's bytes are, and the fit ladder's widget.
-
-* :func:`peak_parts_figure`: the opening figure. For a few jobs, the predicted peak of the
-  plain step split into what holds it (:data:`PARTS`), against a card's memory: which part is
-  largest decides which lever helps.
-* :func:`chunked_loss_figure`, :func:`offload_price_figure` and :func:`loss_curves_figure`:
-  sections 2 to 4, a step's peak against the vocabulary with and without the chunked loss, the
-  time activation offloading adds to a step on a few cards, and the loss curves of fp32 and
-  low-bit AdamW.
-* :func:`ladder_figure` and :func:`ladder_explorer`: each lever of the course alone, as the
-  predicted peak of the step with it (:func:`course_lib.planning.fit_ladder.ladder`), its rank by
-  bytes saved per time paid and the time it pays, against the card's memory; the widget
-  lets a learner pick the model, the card, the tokens per sequence and the batch.
-
-A card's memory is drawn as its :attr:`~course_lib.device.GPU.capacity`, the budget a step must
-fit in, and labelled with its :attr:`~course_lib.device.GPU.capacity_label`: in the opening
-figure on the chart, in the ladder's under it (:func:`climb_text`), where the chart's line
-carries the card's name and PyTorch's figure only, short enough to stand on one side of the line.
-"""
+"""08: where a step's bytes are, the figures of sections 2 to 4, and the fit ladder's widget."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import ipywidgets as widgets
@@ -37,29 +20,21 @@ from course_lib.units import MEMORY_CATEGORIES, GiB, MiB, format_bytes
 from course_lib.validation import WrongTypeError, choice, items, number, positive_int
 from course_lib.views.widgets import check_figsize, check_figure, live_plot
 
+_GPT = functools.partial(GPTConfig, vocab_size=50257, seq_len=8192)
 #: The explorer's models: the course GPT at the shapes of GPT-2 small to XL (Radford et al.
-#: 2019) and of a 1.2B model with Llama 3's 128k vocabulary; ``seq_len`` is the longest the
-#: explorer offers.
+#: 2019) and of a 1.2B model with Llama 3's 128k vocabulary; ``seq_len`` is the longest offered.
 LADDER_MODELS = {
-    "GPT-2 small (124M)": GPTConfig(vocab_size=50257, seq_len=8192, d_model=768, n_heads=12,
-                                    n_layers=12),
-    "GPT-2 medium (350M)": GPTConfig(vocab_size=50257, seq_len=8192, d_model=1024, n_heads=16,
-                                     n_layers=24),
-    "GPT-2 large (774M)": GPTConfig(vocab_size=50257, seq_len=8192, d_model=1280, n_heads=20,
-                                    n_layers=36),
-    "GPT-2 XL (1.5B)": GPTConfig(vocab_size=50257, seq_len=8192, d_model=1600, n_heads=25,
-                                 n_layers=48),
-    "1.2B, 128k vocabulary": GPTConfig(vocab_size=128256, seq_len=8192, d_model=2048,
-                                       n_heads=16, n_layers=16),
+    "GPT-2 small (124M)": _GPT(d_model=768, n_heads=12, n_layers=12),
+    "GPT-2 medium (350M)": _GPT(d_model=1024, n_heads=16, n_layers=24),
+    "GPT-2 large (774M)": _GPT(d_model=1280, n_heads=20, n_layers=36),
+    "GPT-2 XL (1.5B)": _GPT(d_model=1600, n_heads=25, n_layers=48),
+    "1.2B, 128k vocabulary": _GPT(vocab_size=128256, d_model=2048, n_heads=16, n_layers=16),
 }
-#: The explorer's choices of tokens per sequence and of sequences per optimizer step.
-SEQ_LENS = (512, 1024, 2048, 4096, 8192)
-BATCHES = (1, 2, 4, 8, 16, 32, 64)
-
-#: The parts of a step's memory in the opening figure: groups of
-#: :data:`~course_lib.units.MEMORY_CATEGORIES`, each drawn in its last category's colour.
-PARTS = (("parameters",), ("master_weights", "optimizer_state"), ("gradients",), ("activations",),
-         ("transient",))
+_SEQ_LENS = (512, 1024, 2048, 4096, 8192)
+_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+# The opening figure's parts: groups of MEMORY_CATEGORIES, each in its last category's colour.
+_PARTS = (("parameters",), ("master_weights", "optimizer_state"), ("gradients",),
+          ("activations",), ("transient",))
 _FREE, _PAID, _NOTHING, _PLAIN = "#55a868", "#dd8452", "#c8c8c8", "0.45"
 _LADDER_FIGSIZE = (9.5, 4.2)  # inches: the widget, its controls and its climb in one screen
 
@@ -72,22 +47,17 @@ def _figure(figsize) -> Figure:
 
 def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | None = None,
                       figsize: tuple = (9.5, 2.9)) -> Figure:
-    """One bar per job: its predicted peak split into :data:`PARTS`, and the card's memory.
+    """One bar per job (label -> ``predict(step).peak``, at most 4) by part, against ``gpu``.
 
     Args:
-        jobs (dict): a label per job -> its peak (``predict(step).peak``), at most 4 jobs.
-        gpu (str): the preset whose memory the dashed line shows, labelled with its
-            :attr:`~course_lib.device.GPU.capacity_label`.
-        fig (Figure, optional): an empty figure to draw on (in a notebook
-            ``plt.figure(figsize=...)``, then ``plt.show()``); None makes one with an Agg canvas.
+        jobs (dict): a label per job -> its ``predict(step).peak``, at most 4 jobs.
+        gpu (str): the preset whose memory the dashed line shows.
+        fig (Figure, optional): an empty figure to draw on; None makes one with an Agg canvas.
         figsize (tuple): inches, for a figure made here.
-
     Returns:
         matplotlib.figure.Figure: the figure drawn on.
-
     Raises:
-        ValueError: for no jobs, more than 4, a value that is not a ``StepMemory``, or an
-            unknown ``gpu``.
+        ValueError: naming the argument, for a bad value.
     """
     if not isinstance(jobs, dict) or not 1 <= len(jobs) <= 4 or not all(
             isinstance(k, str) and isinstance(v, StepMemory) for k, v in jobs.items()):
@@ -99,7 +69,7 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
     fig.subplots_adjust(left=0.2, right=0.97, top=0.9, bottom=0.42)
     rows = list(jobs.items())
     left = [0.0] * len(rows)
-    for fields in PARTS:
+    for fields in _PARTS:
         width = [sum(getattr(m, f) for f in fields) / GiB for _, m in rows]
         held = [f for f in fields if any(getattr(m, f) for _, m in rows)] or fields  # fp32: no masters
         ax.barh(range(len(rows)), width, left=left, color=MEMORY_CATEGORIES[fields[-1]].colour,
@@ -132,21 +102,16 @@ def _curves(name: str, value, length: int | None = None) -> dict[str, list[float
 
 def chunked_loss_figure(vocabs, measured: dict, predicted: dict, *,
                         figsize: tuple = (6.5, 2.8)) -> Figure:
-    """The peak of a step against the vocabulary: measured as dots, predicted as lines.
+    """A step's peak against the vocabulary (log x), per loss: measured dots, predicted lines.
 
     Args:
-        vocabs (list of int): the vocabulary sizes, the x axis (log scale).
-        measured (dict): each loss's label (``"plain"``, ``"chunked"``) -> bytes per vocabulary.
-        predicted (dict): the same labels -> the engine's bytes.
+        vocabs (list of int): the vocabulary sizes, the x axis.
+        measured, predicted (dict): each loss's label -> bytes per vocabulary.
         figsize (tuple): inches.
-
     Returns:
-        matplotlib.figure.Figure: with an Agg canvas; a notebook shows it as its cell's value.
-
+        matplotlib.figure.Figure: with an Agg canvas.
     Raises:
-        ValueError: naming ``vocabs``, ``measured`` or ``predicted`` (lists of another length,
-            labels that differ) or ``figsize``.
-
+        ValueError: naming the argument, for lists of another length or labels that differ.
     Example:
         >>> fig = chunked_loss_figure([16384, 32768], {"plain": [3e6, 5e6]}, {"plain": [3e6, 5e6]})
         >>> [line.get_label() for line in fig.axes[0].lines]
@@ -177,25 +142,18 @@ def chunked_loss_figure(vocabs, measured: dict, predicted: dict, *,
 
 
 def offload_price_figure(seconds: dict, *, figsize: tuple = (6.5, 2.1)) -> Figure:
-    """Per card, one step's predicted time: the plain step, and what activation offloading adds.
+    """Per card, one step's predicted seconds: plain, plus what activation offloading adds.
 
-    One bar per card, the plain step's seconds in grey and offloading's extra in orange, its
-    price (``offloaded / plain - 1``) written after the bar; each card's link to the host
-    (:attr:`course_lib.device.GPU.host_link`) under its name.
+    ``seconds`` maps one to six GPU presets to ``(plain, offloaded)`` seconds; each card's link to
+    the host (:attr:`course_lib.device.GPU.host_link`) is written under its name.
 
     Args:
-        seconds (dict): a preset of :data:`course_lib.device.GPUS` (one to six) ->
-            ``(plain, offloaded)``, the seconds of one step without and with offloading
-            (``predict(step).seconds``).
+        seconds (dict): a preset -> ``(plain, offloaded)`` seconds of one step.
         figsize (tuple): inches.
-
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
-
     Raises:
-        ValueError: naming ``seconds`` (no cards, a card that is not a preset, a time that is
-            not a positive number, or offloading faster than the plain step) or ``figsize``.
-
+        ValueError: naming ``seconds`` or ``figsize``, for a bad value.
     Example:
         >>> fig = offload_price_figure({"T4": (5.5, 8.8), "H100 80GB": (0.66, 1.5)})
         >>> [label.get_text() for label in fig.axes[0].texts]  # after each bar: the price
@@ -231,20 +189,16 @@ def offload_price_figure(seconds: dict, *, figsize: tuple = (6.5, 2.1)) -> Figur
 
 
 def loss_curves_figure(curves: dict, floor: float, *, figsize: tuple = (6.5, 3.6)) -> Figure:
-    """Loss curves of a few runs over the best possible loss; the legend below the axes.
+    """Loss curves of one to six runs (label -> loss per step) over ``floor``, the best possible.
 
     Args:
-        curves (dict): each run's label (one to six) -> its loss per optimizer step.
-        floor (float): the best possible loss, a dotted line (the toy language's entropy).
+        curves (dict): each run's label -> its loss per optimizer step.
+        floor (float): the best possible loss (the toy language's entropy), dotted.
         figsize (tuple): inches.
-
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
-
     Raises:
-        ValueError: naming ``curves`` (no runs, runs of different lengths), ``floor`` or
-            ``figsize``.
-
+        ValueError: naming ``curves``, ``floor`` or ``figsize``, for a bad value.
     Example:
         >>> fig = loss_curves_figure({"fp32 AdamW": [2.0, 1.2, 0.9]}, floor=0.69)
         >>> fig.axes[0].get_legend_handles_labels()[1]
@@ -309,7 +263,7 @@ def _setup(fig, animated: bool = True) -> dict:
 
 
 def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
-    """Set the chart's numbers for one :class:`course_lib.planning.fit_ladder.Ladder`."""
+    """Set the chart's numbers for one ladder."""
     rungs = list(result.listed)
     names = ["plain step"] + [r.lever for r in rungs]
     peaks = [result.baseline.total / GiB] + [r.memory.total / GiB for r in rungs]
@@ -353,7 +307,7 @@ def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
         a["ax"].set_yticks(range(a["rows"]), ticks)
         a["ticks"] = ticks
     a["budget"].set_xdata([result.budget_bytes / GiB] * 2)
-    # A few words, on the roomier side of the line, so that the line never crosses them
+    # A few words on the roomier side of the line, so that the line never crosses them
     # (nvidia-smi's figure is in the climb printed under the chart).
     words = f"{result.gpu}: {format_bytes(result.budget_bytes)}"
     beside = where(budget) < 0.5
@@ -364,25 +318,25 @@ def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
                         f"{result.gpu}: each lever alone")
 
 
-def climb_text(result: fit_ladder.Ladder) -> str:
-    """The ladder's combination in words, one rung a line (each under 100 characters).
-
-    Args:
-        result (Ladder): what :func:`course_lib.planning.fit_ladder.ladder` returned.
-
-    Returns:
-        str: the rungs taken, the peak after each, and whether the step fits.
-
-    Raises:
-        TypeError: naming ``result``, for anything but a ``Ladder``.
-    """
+def _check_ladder(result) -> None:
     if not isinstance(result, fit_ladder.Ladder):
         raise WrongTypeError(f"result must be a course_lib.planning.fit_ladder.Ladder, got "
                              f"{type(result).__name__}")
+
+
+def climb_text(result: fit_ladder.Ladder) -> str:
+    """The ladder's combination in words: a rung a line, the peak after each, and the verdict.
+
+    Args:
+        result (Ladder): what :func:`course_lib.planning.fit_ladder.ladder` returned.
+    Returns:
+        str: the rungs taken, the peak after each, and whether the step fits.
+    """
+    _check_ladder(result)
     lines = [f"the plain step: {format_bytes(result.baseline.total)}; "
              f"{result.step.gpu.capacity_label}"]
     lines += [f"  + {lever:41s} -> {format_bytes(m.total):>10s}, time {paid:+.0%}"
-              for lever, m, paid in result.steps]
+              for lever, m, paid in result.climb]
     lines.append(("fits" if result.fits else "does not fit, with every rung that helps")
                  + f": {format_bytes(result.memory.total)}")
     return "\n".join(lines)
@@ -390,23 +344,17 @@ def climb_text(result: fit_ladder.Ladder) -> str:
 
 def ladder_figure(result: fit_ladder.Ladder, model: str = "", *, fig: Figure | None = None,
                   figsize: tuple = _LADDER_FIGSIZE) -> Figure:
-    """The explorer's chart of one :class:`course_lib.planning.fit_ladder.Ladder`, as a static figure.
+    """The explorer's chart of one ladder as a static figure, ``model`` named in its title.
 
     Args:
         result (Ladder): what :func:`course_lib.planning.fit_ladder.ladder` returned.
         model (str): the model's name in the title.
         fig (Figure, optional): an empty figure to draw on; None makes one with an Agg canvas.
         figsize (tuple): inches, for a figure made here.
-
     Returns:
         matplotlib.figure.Figure: the figure drawn on.
-
-    Raises:
-        TypeError: naming ``result``, for anything but a ``Ladder``.
     """
-    if not isinstance(result, fit_ladder.Ladder):
-        raise WrongTypeError(f"result must be a course_lib.planning.fit_ladder.Ladder, got "
-                             f"{type(result).__name__}")
+    _check_ladder(result)
     fig = _figure(figsize) if fig is None else check_figure("fig", fig)
     _draw(_setup(fig, animated=False), result, model or "the model")
     return fig
@@ -415,22 +363,17 @@ def ladder_figure(result: fit_ladder.Ladder, model: str = "", *, fig: Figure | N
 def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
                     model: str = "GPT-2 medium (350M)", gpu: str = "T4", seq_len: int = 1024,
                     batch_size: int = 16) -> widgets.VBox:
-    """Lecture 08's widget: the fit ladder for a model, a card, tokens and batch of one's choice.
+    """Lecture 08's widget: :func:`ladder_figure` and :func:`climb_text` for the chosen setting.
 
-    Every change calls :func:`course_lib.planning.fit_ladder.ladder` and redraws the chart of
-    :func:`ladder_figure`; below it, :func:`climb_text` prints the combination that fits.
+    ``models`` (default :data:`LADDER_MODELS`) must each allow ``seq_len`` 8192.
 
     Args:
-        models (dict, optional): name -> ``GPTConfig`` (default :data:`LADDER_MODELS`); each
-            config's ``seq_len`` must allow the longest of :data:`SEQ_LENS` offered.
-        model (str): the model first shown.
-        gpu (str): the preset first shown.
-        seq_len (int): tokens per sequence first shown, one of :data:`SEQ_LENS`.
-        batch_size (int): sequences per optimizer step first shown, one of :data:`BATCHES`.
-
+        models (dict, optional): name -> ``GPTConfig``.
+        model, gpu (str): the model and the preset first shown.
+        seq_len (int): tokens per sequence first shown, a power of two, 512 to 8192.
+        batch_size (int): sequences per optimizer step first shown, a power of two, 1 to 64.
     Returns:
-        The :func:`course_lib.views.widgets.live_plot` box.
-
+        ipywidgets.VBox: :func:`course_lib.views.widgets.live_plot`'s box.
     Raises:
         ValueError: naming the argument, for a choice that is not offered.
     """
@@ -439,21 +382,19 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
         raise ValueError(f"models must map at least one name to a GPTConfig, got {models!r:.80}")
     for name, config in models.items():
         check_config(config, f"models[{name!r}]")
-        if config.seq_len < max(SEQ_LENS):  # the slider offers every length to every model
-            raise ValueError(f"models[{name!r}] must allow seq_len {max(SEQ_LENS)} (the slider's "
+        if config.seq_len < max(_SEQ_LENS):  # the slider offers every length to every model
+            raise ValueError(f"models[{name!r}] must allow seq_len {max(_SEQ_LENS)} (the slider's "
                              f"longest), got config.seq_len={config.seq_len}")
     choice("model", model, tuple(models))
     choice("gpu", gpu, tuple(GPUS))
-    for name, value, options in (("seq_len", seq_len, SEQ_LENS),
-                                 ("batch_size", batch_size, BATCHES)):
+    for name, value, options in (("seq_len", seq_len, _SEQ_LENS),
+                                 ("batch_size", batch_size, _BATCHES)):
         if isinstance(value, bool) or value not in options:
             raise ValueError(f"{name} must be one of {options}, got {value!r}")
     wide = {"description_width": "initial"}
 
     def draw(artists, model, gpu, seq_len, batch_size):
-        config = models[model]
-        seq_len = positive_int("seq_len", seq_len, maximum=config.seq_len)
-        result = fit_ladder.ladder(config, gpu, batch_size=batch_size, seq_len=seq_len)
+        result = fit_ladder.ladder(models[model], gpu, batch_size=batch_size, seq_len=seq_len)
         _draw(artists, result, model)
         print(climb_text(result))
 
@@ -461,15 +402,9 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
         "model": widgets.Dropdown(options=list(models), value=model, description="model",
                                   style=wide),
         "gpu": widgets.Dropdown(options=list(GPUS), value=gpu, description="GPU", style=wide),
-        "seq_len": widgets.SelectionSlider(options=list(SEQ_LENS), value=seq_len,
+        "seq_len": widgets.SelectionSlider(options=list(_SEQ_LENS), value=seq_len,
                                            description="tokens per sequence", style=wide),
-        "batch_size": widgets.SelectionSlider(options=list(BATCHES), value=batch_size,
+        "batch_size": widgets.SelectionSlider(options=list(_BATCHES), value=batch_size,
                                               description="sequences per step", style=wide),
     }
     return live_plot(draw, controls, setup=_setup, columns=2, figsize=_LADDER_FIGSIZE)
-
-
-__all__ = ["LADDER_MODELS", "SEQ_LENS", "BATCHES", "PARTS",
-           "peak_parts_figure", "chunked_loss_figure", "offload_price_figure",
-           "loss_curves_figure", "climb_text",
-           "ladder_figure", "ladder_explorer"]

@@ -1,10 +1,4 @@
-"""05: the figures of lecture 05 and its planner widget (drawing only; the numbers are given).
-
-Each ``draw_*`` function draws on a matplotlib ``Axes`` it is given, with text of at least
-:data:`_FONT` points, and returns nothing; :func:`planner_widget` is the lecture's widget, a
-:func:`course_lib.views.widgets.live_plot` over :func:`course_lib.planning.planner.plan_checkpointing`.
-:func:`_place_labels` puts point labels where they cover no other label, marker, line or legend.
-"""
+"""05: the figures of lecture 05 (text of 8 points or more) and its planner widget."""
 
 from __future__ import annotations
 
@@ -20,13 +14,10 @@ from course_lib.units import GiB, MiB, format_bytes
 from course_lib.validation import integer, number
 from course_lib.views.widgets import live_plot
 
-#: The smallest text the figures draw, in points (readable at 1280 px with the sidebar open).
-_FONT = 8
-#: The half-width of the space kept free around each labelled point, in points.
-MARKER = 5
-#: Colours by policy family.
+_FONT = 8  # points: readable at 1280 px with the sidebar open
+_MARKER = 5  # points: the half-width kept free around each labelled point
 _COLOURS = {"none": "0.2", "blocks": "C1", "sqrt": "C4", "selective": "C0", "attention": "C2"}
-#: Where a label may go around its point, in points: right, left, above, below, then farther.
+# Where a label may go around its point, in points: right, left, above, below, then farther.
 _OFFSETS = [(6, 3), (-6, 3), (6, -11), (-6, -11), (0, 9), (0, -17), (10, 12), (-10, 12),
            (10, -20), (-10, -20), (0, 20), (0, -28)]
 
@@ -34,10 +25,6 @@ _OFFSETS = [(6, 3), (-6, 3), (6, -11), (-6, -11), (0, 9), (0, -17), (10, 12), (-
 def _unit(largest: int) -> tuple[int, str]:
     """GiB for figures that reach 2 GiB, else MiB: ``(bytes per unit, its name)``."""
     return (GiB, "GiB") if largest >= 2 * GiB else (MiB, "MiB")
-
-
-def _family(label: str) -> str:
-    return label.split("/")[0]
 
 
 def _overlap(a, b) -> float:
@@ -48,8 +35,7 @@ def _overlap(a, b) -> float:
 
 
 def _obstacles(ax: Axes, renderer, pad: float) -> tuple[list, np.ndarray]:
-    """What a label must not cover: boxes (the legend, every marker) and the drawn lines,
-    as display points about a pixel apart."""
+    """What a label must not cover: boxes (legend, markers) and lines as points a pixel apart."""
     boxes = [ax.get_legend().get_window_extent(renderer)] if ax.get_legend() else []
     samples = [np.empty((0, 2))]
     for line in ax.lines:
@@ -64,25 +50,7 @@ def _obstacles(ax: Axes, renderer, pad: float) -> tuple[list, np.ndarray]:
 
 
 def _place_labels(ax: Axes, points, labels, *, fontsize: float = _FONT) -> list:
-    """Label each point where the label covers no other label, no marker, no drawn line and no
-    legend, and stays in the axes; points that coincide share one label (theirs, joined).
-
-    Tries :data:`_OFFSETS` in order for each point (after the axes' limits are set and
-    everything else is drawn: call it last) and keeps the first free place, else the least
-    crowded one.
-
-    Args:
-        ax (matplotlib.axes.Axes): the axes, limits final.
-        points (list): ``(x, y)`` in data coordinates.
-        labels (list of str): one per point.
-        fontsize (float): points, at least :data:`_FONT`.
-
-    Returns:
-        list: the ``Annotation`` s, one per distinct point.
-
-    Raises:
-        ValueError: naming ``labels`` (not one per point) or ``fontsize`` (below :data:`_FONT`).
-    """
+    """Label each point at the first free place of _OFFSETS, else the least crowded (call last)."""
     points, labels = list(points), list(labels)
     if len(points) != len(labels):
         raise ValueError(f"labels must be one per point: {len(labels)} for {len(points)} points")
@@ -93,7 +61,7 @@ def _place_labels(ax: Axes, points, labels, *, fontsize: float = _FONT) -> list:
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)
-    pad = MARKER * fig.dpi / 72  # the points' markers, and a little room around them
+    pad = _MARKER * fig.dpi / 72  # the points' markers, and a little room around them
     taken, lines = _obstacles(ax, renderer, pad)
     for x, y in shared:
         px, py = ax.transData.transform((x, y))
@@ -125,12 +93,11 @@ def _place_labels(ax: Axes, points, labels, *, fontsize: float = _FONT) -> list:
 
 
 def draw_question(ax: Axes, none: tuple, full: tuple) -> None:
-    """The lecture's opening figure: no checkpointing and every block checkpointed, and the gap.
+    """The opening figure: ``(extra FLOPs in %, peak bytes)`` of no and of full checkpointing.
 
     Args:
         ax (matplotlib.axes.Axes): where to draw.
-        none (tuple): ``(extra FLOPs in %, peak bytes)`` of no checkpointing.
-        full (tuple): the same for every block checkpointed.
+        none, full (tuple): ``(extra FLOPs in %, peak bytes)``.
     """
     unit, name = _unit(none[1])
     xs, ys = [none[0], full[0]], [none[1] / unit, full[1] / unit]
@@ -151,16 +118,13 @@ def draw_question(ax: Axes, none: tuple, full: tuple) -> None:
 
 
 def draw_every_k(ax: Axes, fractions, memory, flops, labels, predicted=None) -> None:
-    """Memory saving and recomputed FLOPs of every k-th block, as shares of every block's.
+    """Memory saved and FLOPs recomputed per share of blocks checkpointed, a label per policy.
 
     Args:
         ax (matplotlib.axes.Axes): where to draw.
-        fractions (list of float): the share of the blocks checkpointed, one per policy.
-        memory (list of float): the memory saving of each, as a share of every block's.
-        flops (list of float): the recomputed FLOPs of each, as a share of every block's.
-        labels (list of str): one per policy, beside its memory point.
-        predicted (list of float, optional): the predicted memory saving of each, drawn as a
-            cross over its measured point.
+        fractions, memory, flops (list of float): per policy, shares of every block's.
+        labels (list of str): one per policy.
+        predicted (list of float, optional): the predicted memory saving, a cross per policy.
     """
     ax.plot([0, 1], [0, 1], color="0.75", lw=1, label="the share of blocks itself")
     ax.plot(fractions, flops, "s", color="C1", ms=7, mfc="none", label="FLOPs recomputed (counted)")
@@ -175,12 +139,11 @@ def draw_every_k(ax: Axes, fractions, memory, flops, labels, predicted=None) -> 
 
 
 def draw_policy_costs(ax: Axes, kept: dict, reruns: dict) -> None:
-    """One bar per policy: the bytes a block keeps; beside it, what its backward pass reruns.
+    """One bar per policy (top to bottom): the bytes a block keeps, and the text of what reruns.
 
     Args:
         ax (matplotlib.axes.Axes): where to draw.
-        kept (dict): ``{policy name: bytes kept}``, top to bottom.
-        reruns (dict): ``{policy name: short text}`` (what runs again).
+        kept, reruns (dict): policy name -> bytes kept, and -> what runs again.
     """
     names = list(kept)
     ys = range(len(names))[::-1]
@@ -198,16 +161,16 @@ def draw_policy_costs(ax: Axes, kept: dict, reruns: dict) -> None:
 
 
 def draw_frontier(ax: Axes, points, front_labels) -> None:
-    """Measured peak against measured time, one point per policy, the frontier joined.
+    """``(peak bytes, time ratio, label)`` per policy; those in ``front_labels`` joined, dashed.
 
     Args:
         ax (matplotlib.axes.Axes): where to draw.
         points (list): ``(peak bytes, time ratio, label)`` per policy.
-        front_labels (collection of str): the labels on the frontier, joined by a dashed line.
+        front_labels (collection of str): the labels on the frontier.
     """
     unit, name = _unit(max(p[0] for p in points))
     for peak, ratio, label in points:
-        ax.plot(peak / unit, ratio, "o", color=_COLOURS[_family(label)], ms=6)
+        ax.plot(peak / unit, ratio, "o", color=_COLOURS[label.split("/")[0]], ms=6)
     front = sorted((p for p in points if p[2] in front_labels), key=lambda p: p[0])
     ax.plot([p[0] / unit for p in front], [p[1] for p in front], "k--", lw=1,
             label="frontier: nothing both smaller and faster")
@@ -222,23 +185,14 @@ def draw_frontier(ax: Axes, points, front_labels) -> None:
 
 
 def planner_widget(step, *, percent: int = 60) -> widgets.VBox:
-    """The planner for a budget given as a share of the peak without checkpointing.
-
-    One bar per policy the planner can pick (:func:`course_lib.planning.planner.choices`),
-    labelled with its predicted step time against no checkpointing's, fastest at the top; the
-    ones whose predicted peak fits the budget are green, the planner's choice (the fastest that
-    fits) is outlined and named in the title with the FLOPs it recomputes.
+    """The planner's pick for a budget, ``percent`` of the peak without checkpointing at first.
 
     Args:
-        step (Step): the step to plan, as :func:`course_lib.planning.planner.plan_checkpointing`
-            takes it.
+        step (Step): the step to plan.
         percent (int): the budget shown first, from 10 to 100.
-
     Returns:
-        ipywidgets.VBox: the :func:`course_lib.views.widgets.live_plot` widget.
-
+        ipywidgets.VBox: :func:`course_lib.views.widgets.live_plot`'s box.
     Raises:
-        TypeError: for a ``step`` that is not a :class:`~course_lib.prediction.step.Step`.
         ValueError: naming ``percent``, for a value out of range.
     """
     percent = integer("percent", percent, minimum=10, maximum=100)
@@ -281,9 +235,8 @@ def planner_widget(step, *, percent: int = 60) -> widgets.VBox:
             plan = None
             title.set_text("nothing fits: a smaller batch or more memory")
         for bar, c in zip(bars, shown):
-            picked = c is plan
             bar.set_facecolor("C2" if c.peak_bytes <= budget_bytes else "0.85")
-            bar.set_edgecolor("k" if picked else "none")
+            bar.set_edgecolor("k" if c is plan else "none")
         x = budget_bytes / unit
         line.set_xdata([x, x])
         note.set_text(f" budget {format_bytes(budget_bytes)}")

@@ -1,26 +1,6 @@
-"""03: the widgets of lecture 03, each a thin view over one back end.
+"""03: the widgets of lecture 03 (the trade-off explorer, the step-through, the playground).
 
-* :func:`tradeoff_explorer`: one optimizer step's two costs at a glance. A model, a card, a
-  precision, the micro-batch ``b`` and the accumulation steps ``K`` set two panels, each
-  comparing ``K`` micro-batches of ``b`` with one batch of ``b K`` in one pass (the step that
-  accumulation replaces): the **peak memory** in bytes, against the card's capacity
-  (:attr:`course_lib.device.GPU.capacity` and its label), with the verdict, fits or does not
-  fit; and the **time per optimizer step**. The controls make one
-  :class:`~course_lib.prediction.step.Step`, :func:`tradeoff` predicts it and the one-batch step,
-  and a button measures it on this device (:func:`course_lib.views.playground.measure_step_cost`).
-* :func:`step_through`: one optimizer step of ``K`` micro-batches, frame by frame (an
-  ``ipywidgets.Play`` and a slider), with the training loop above the figure and its current
-  line highlighted: the gradient buffer fills micro-batch by micro-batch (the real gradient
-  norms of a recorded run, :func:`record_accumulation_step`), the weights move only at
-  ``optimizer.step()``, ``zero_grad`` empties the buffer. Two wrong loops show where their
-  gradient goes wrong.
-* :func:`playground_view`: the sliders of a :class:`course_lib.views.playground.Playground`, its loss
-  curves against the samples seen, and one step's peak memory, predicted and measured.
-
-All draw with :func:`course_lib.views.widgets.live_plot`'s ``setup``/``draw`` pair: the axes, bars and
-texts are made once, and a change only sets their heights and texts. Figures are at most 8.6
-inches wide and their text at least 8 points, so that they read without scaling at 1280-1440
-pixels with JupyterLab's sidebar open.
+Figures are at most 8.6 inches wide, their text at least 8 points (1280-1440 pixels, sidebar open).
 """
 
 from __future__ import annotations
@@ -33,7 +13,9 @@ from dataclasses import dataclass, replace
 
 import ipywidgets as widgets
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
+from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from course_lib.device import GPUS, resolve_gpu
@@ -62,31 +44,23 @@ from course_lib.views.playground import (
     measure_step_cost,
 )
 from course_lib.views.widgets import (
-    check_chosen,
     check_figsize,
+    chosen_values,
     live_plot,
     nice_ceiling,
     show_error,
 )
 
-# --------------------------------------------------------------------------- shared
-
 
 def format_duration(seconds: float) -> str:
-    """Seconds as people read them: ``"850 µs"``, ``"742 ms"``, ``"1.86 s"``, ``"31.0 min"``.
-
-    Three significant digits up to a minute; minutes with one decimal up to an hour, hours
-    beyond.
+    """Seconds as people read them: three digits up to a minute, then minutes, then hours.
 
     Args:
         seconds (float): a finite number of seconds, at least 0.
-
     Returns:
         str: the duration with its unit.
-
     Raises:
         ValueError: naming ``seconds``, for a negative or non-finite value.
-
     Example:
         >>> format_duration(1860.0), format_duration(0.0421)
         ('31.0 min', '42.1 ms')
@@ -124,7 +98,8 @@ def _animate(artists: dict, *names: str) -> None:
     """Mark the artists a draw function changes: drawn over the still picture of the rest."""
     for name in names:
         items = artists[name]
-        for item in items if isinstance(items, (list, tuple)) or hasattr(items, "patches") else [items]:
+        many = isinstance(items, (list, tuple)) or hasattr(items, "patches")
+        for item in items if many else [items]:
             for artist in getattr(item, "patches", [item]):
                 artist.set_animated(True)
 
@@ -138,19 +113,13 @@ def _on_top(text, x: float, value: float, top: float, words: str) -> None:
     text.set_text(("↑ " if over else "") + words)
 
 
-# --------------------------------------------------------------------------- the trade-off
-
-#: The checkpointing modes the explorer offers when asked to (lecture 04 teaches them), as its
-#: menu labels them: mode of :mod:`course_lib.training.checkpointing` -> label.
+#: The checkpointing modes the explorer offers (lecture 04's): mode -> menu label.
 CHECKPOINT_CHOICES = {"none": "none", "blocks": "every block", "selective": "selective"}
-#: Longest the "measure here" button may block, in seconds: it declines a setting predicted to
-#: take longer, and stops (at the first op past its share of the limit) a step that runs slower
-#: than predicted, as on a machine busy with other work.
+#: Longest the "measure here" button may block, in seconds (it declines or stops what is slower).
 MEASURE_LIMIT_SECONDS = 20.0
 #: The micro-batch sizes and accumulation steps the explorer's sliders offer.
 SIZES = (1, 2, 4, 8, 16, 32, 64)
-#: The time bars' parts: label, seconds of a StepTime, colour ("operators": the micro-batches'
-#: pointwise bytes, launches and transfers).
+# the time bars' parts: label, seconds of a StepTime, colour
 _PARTS = (("compute", lambda t: t.compute_seconds, "#4c72b0"),
           ("operators", lambda t: t.pointwise_seconds + t.launch_seconds + t.transfer_seconds,
            "#dd8452"),
@@ -159,16 +128,15 @@ _FITS, _TOO_BIG, _NO_LIMIT = "#55a868", "#c44e52", "#8c8c8c"
 
 
 @dataclass(frozen=True)
-class Tradeoff:
-    """The explorer's two predictions: ``K`` micro-batches of ``b`` (:attr:`accumulated`) and one
-    batch of ``b K`` in one pass without checkpointing (:attr:`plain`), on the same card."""
+class _Tradeoff:
+    """Two predictions on one card: ``K`` micro-batches of ``b``, one batch of ``b K``."""
 
     accumulated: Prediction
     plain: Prediction
 
     @property
     def capacity(self) -> int | None:
-        """The bytes a step may use (:attr:`course_lib.device.GPU.capacity`); None on the CPU."""
+        """The bytes a step may use on the card; None on the CPU."""
         gpu = self.accumulated.step.gpu
         return None if gpu is None else gpu.capacity
 
@@ -195,17 +163,15 @@ class Tradeoff:
                 f"one batch of {B}: {word[self.plain_fits]}")
 
 
-def tradeoff(step: Step, speed: DeviceSpeed | None = None) -> Tradeoff:
-    """``step`` and the one-batch step it replaces (``b K`` in one pass, no checkpointing),
-    predicted.
+def tradeoff(step: Step, speed: DeviceSpeed | None = None) -> _Tradeoff:
+    """``step`` (``accumulated``) and the one-batch step it replaces (``plain``: ``b K`` in one
+    pass, no checkpointing), predicted, and whether each fits (``fits``, ``plain_fits``).
 
     Args:
         step (Step): the accumulated step.
         speed (DeviceSpeed, optional): as :func:`course_lib.prediction.predict.predict`'s.
-
     Returns:
         Tradeoff: both predictions and whether each fits the step's GPU.
-
     Example:
         >>> t = tradeoff(Step(GPTConfig(n_layers=2), 4, 8, precision="bf16-mixed", gpu="T4"))
         >>> t.plain.step.micro_batch_size, t.fits
@@ -216,20 +182,20 @@ def tradeoff(step: Step, speed: DeviceSpeed | None = None) -> Tradeoff:
                              f"{type(step).__name__}")
     plain = replace(step, micro_batch_size=step.batch_size, accumulation_steps=1, mode="none",
                     every=1, segments=None)
-    return Tradeoff(predict(step, speed), predict(plain, speed))
+    return _Tradeoff(predict(step, speed), predict(plain, speed))
 
 
-def _memory_top(t: Tradeoff, largest: int = max(SIZES)) -> int:
-    """The memory panel's top in bytes, fixed for a card, a model and a precision: a quarter
-    above the card's capacity, or on the CPU above one batch of ``largest`` sequences; a 1, 2 or
-    5 times a power of ten of the panel's unit."""
-    if not isinstance(t, Tradeoff):
-        raise WrongTypeError(f"t must be a Tradeoff (tradeoff(...)), got {type(t).__name__}")
-    largest = positive_int("largest", largest, maximum=MAX_BATCH)
+def _memory_top(t: _Tradeoff, largest: int = max(SIZES)) -> int:
+    """The memory panel's top in bytes, fixed for a card, a model and a precision."""
     if t.capacity is not None:
         top = 1.25 * t.capacity
     else:
         top = 1.15 * predict(replace(t.plain.step, micro_batch_size=largest)).total
+    return _rounded(top)
+
+
+def _rounded(top: float) -> int:
+    """``top`` bytes rounded up to 1, 2 or 5 times a power of ten of its unit."""
     unit, _ = _byte_unit(top)
     return int(nice_ceiling(top / unit) * unit)
 
@@ -252,7 +218,6 @@ def _setup_tradeoff(fig, animated: bool = True) -> dict:
     for ax, title in ((mem, "peak memory of one optimizer step"),
                       (tim, "time per optimizer step (a model)")):
         ax.set_xlim(-0.5, 2.5)
-        ax.set_xticks([0, 1], ["one batch\nof b K", "K x b\naccumulated"])
         ax.tick_params(labelsize=8.5)
         ax.set_title(title, fontsize=10)
     tim.yaxis.set_major_formatter(FuncFormatter(_duration_tick))
@@ -265,7 +230,7 @@ def _setup_tradeoff(fig, animated: bool = True) -> dict:
     return a
 
 
-def _draw_tradeoff(a: dict, t: Tradeoff, measured: MeasuredStep | None, what: str,
+def _draw_tradeoff(a: dict, t: _Tradeoff, measured: MeasuredStep | None, what: str,
                    top: int) -> None:
     step, plain = t.accumulated, t.plain
     b, K, B = step.step.micro_batch_size, step.step.accumulation_steps, step.step.batch_size
@@ -314,40 +279,23 @@ def _draw_tradeoff(a: dict, t: Tradeoff, measured: MeasuredStep | None, what: st
     a["time_measured"].set_ydata([measured.seconds if measured else math.nan])
 
 
-def tradeoff_figure(t: Tradeoff, what: str, *, figsize: tuple = (8.6, 3.7)):
-    """The explorer's picture of one setting as a static ``Figure`` (for a page or a file).
+def tradeoff_figure(t: _Tradeoff, what: str, *, figsize: tuple = (8.6, 3.7)):
+    """The explorer's picture of :func:`tradeoff`'s ``t`` as a static ``Figure`` on an Agg canvas
+    (``what``: the title's first line, the model, precision and card).
 
     Args:
         t (Tradeoff): what :func:`tradeoff` returned.
         what (str): the title's first line: the model, precision and card.
-        figsize (tuple): the figure's size in inches.
-
+        figsize (tuple): inches.
     Returns:
         matplotlib.figure.Figure: with an Agg canvas, not shown.
-
-    Raises:
-        TypeError: for a ``t`` that is not a :class:`Tradeoff`.
-        ValueError: naming ``figsize``.
-
-    Example:
-        >>> t = tradeoff(Step(GPTConfig(n_layers=2), 4, 8, precision="bf16-mixed", gpu="A100 80GB"))
-        >>> fig = tradeoff_figure(t, "a 2-layer GPT on an A100 80GB")
-        >>> [ax.get_title() for ax in fig.axes]
-        ['peak memory of one optimizer step', 'time per optimizer step (a model)']
-        >>> print(fig.texts[1].get_text())
-        8 micro-batches of 4: fits in the A100 80GB's 79.15 GiB;  one batch of 32: fits
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    if not isinstance(t, Tradeoff):
+    if not isinstance(t, _Tradeoff):
         raise WrongTypeError(f"t must be a Tradeoff (tradeoff(...)), got {type(t).__name__}")
     fig = Figure(figsize=check_figsize(figsize))
     FigureCanvasAgg(fig)
-    top = int(1.25 * t.capacity if t.capacity is not None else
-              1.3 * max(t.accumulated.total, t.plain.total))
-    unit, _ = _byte_unit(top)
-    top = int(nice_ceiling(top / unit) * unit)
+    top = _rounded(int(1.25 * t.capacity if t.capacity is not None else
+                       1.3 * max(t.accumulated.total, t.plain.total)))
     _draw_tradeoff(_setup_tradeoff(fig, animated=False), t, None, what, top)
     return fig
 
@@ -357,29 +305,25 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
                       gpu: str | None = None, precision: str = "fp32",
                       micro_batch_size: int = 4, accumulation_steps: int = 4,
                       checkpointing_menu: bool = False) -> widgets.VBox:
-    """The trade-off widget of lecture 03 (see the module doc).
+    """The trade-off widget of lecture 03: :func:`tradeoff`'s peak memory against the card and
+    time per step, for ``models`` (name -> config), a card (``speed``: this device's), a
+    precision (``"fp32"`` or ``"mixed"``), ``b`` and ``K`` in :data:`SIZES` and, with
+    ``checkpointing_menu``, :data:`CHECKPOINT_CHOICES`; "measure here" runs it on ``device``.
+    Returns a ``VBox`` with ``view``, ``button``, ``status``, ``measured`` (setting ->
+    :class:`~course_lib.views.playground.MeasuredStep`) and ``measure()``.
 
     Args:
         models (dict): the model menu, name -> config.
-        speed (DeviceSpeed): this device's measured speed
-            (:func:`course_lib.prediction.time_model.measure_speed`).
-        device (torch.device or str): this kernel's device: the GPU menu's "(here)" entry, and
-            where the button measures.
+        speed (DeviceSpeed): this device's measured speed.
+        device (torch.device or str): this kernel's device, where the button measures.
         model, gpu (str, optional): the menus' first values (default: the first model, "here").
         precision (str): the precision menu's first value, ``"fp32"`` or ``"mixed"``.
-        micro_batch_size, accumulation_steps (int): the sliders' first values, among
-            :data:`SIZES`.
-        checkpointing_menu (bool): offer a menu of checkpointing modes (lecture 04's,
-            :data:`CHECKPOINT_CHOICES`); without it every step runs without checkpointing.
-
+        micro_batch_size, accumulation_steps (int): the sliders' first values, in :data:`SIZES`.
+        checkpointing_menu (bool): offer a menu of checkpointing modes.
     Returns:
-        A ``VBox`` with ``view`` (the :func:`course_lib.views.widgets.live_plot` box), ``button``,
-        ``status`` (an ``Output``), ``measured`` (setting -> :class:`MeasuredStep`) and
-        ``measure()`` (what the button does).
-
+        ipywidgets.VBox: with ``view``, ``button``, ``status``, ``measured`` and ``measure()``.
     Raises:
-        ValueError: for an empty ``models`` or one that maps a name to anything but a
-            ``GPTConfig``, or a first value that is not among the choices.
+        ValueError: naming the argument, for a bad value.
     """
     if not isinstance(models, dict) or not models:
         raise ValueError(f"models must map at least one name to a GPTConfig, got {models!r:.80}")
@@ -426,7 +370,7 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     measured: dict[tuple, MeasuredStep] = {}
     tops: dict[tuple, int] = {}
 
-    def settings(values: dict) -> tuple[Tradeoff, tuple]:
+    def settings(values: dict) -> tuple[_Tradeoff, tuple]:
         card = targets[values["gpu"]]
         precision = (mixed_precision_for(card) if values["precision"] == "mixed"
                      else values["precision"])
@@ -437,13 +381,9 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
         return t, (values["model"], precision, step.micro_batch_size,
                    step.accumulation_steps, step.mode)
 
-    def draw(artists, model, gpu, precision, micro_batch_size, accumulation_steps,
-             mode="none"):
-        values = dict(model=model, gpu=gpu, precision=precision,
-                      micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
-                      mode=mode)
+    def draw(artists, **values):
         t, key = settings(values)
-        precision = key[1]
+        model, gpu, precision = values["model"], values["gpu"], key[1]
         scale = (model, gpu, precision)  # the memory axis: fixed for a model, card, precision
         if scale not in tops:
             tops[scale] = _memory_top(t)
@@ -461,7 +401,7 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
         status.clear_output()
         with status:
             try:
-                done = _measure_within_limit(controls, here, settings, models, device, measured)
+                done = _measure_within_limit(controls, here, settings, device, measured)
             except Exception as exc:  # a button must show a message, never a traceback
                 show_error(exc)
                 return
@@ -475,24 +415,15 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     return box
 
 
-#: Steps a measurement runs, in units of one plain step: two for memory (under the tracker,
-#: slower), one warm-up and three timed.
+# steps a measurement runs, in plain steps: two for memory (slower under the tracker), one
+# warm-up and three timed
 _MEASURED_STEPS = 8
 
 
-def _measure_within_limit(controls, here, settings, models, device, measured) -> bool:
-    """The explorer's button: measure the setting here unless it would block past
-    :data:`MEASURE_LIMIT_SECONDS`; print what happened; whether a measurement was added.
-
-    The prediction may be many times too low on a loaded machine, so it only declines what is
-    hopeless at once. Then one step (building the model, paying one-off costs) runs under
-    :func:`course_lib.measurement.timing.within_seconds`, stopped at a third of the limit, and a second one
-    runs plainly (it is no slower than the first); the measurement (two steps under the memory
-    tracker, as slow as the first, and four plain ones) runs only if it fits in what is left.
-    """
+def _measure_within_limit(controls, here, settings, device, measured) -> bool:
+    """The explorer's button: measure here unless too slow; whether it measured."""
     controls["gpu"].value = here  # what is measured here is compared with this device
-    values = {name: c.value for name, c in controls.items()}
-    check_chosen(controls, values)
+    values = chosen_values(controls)
     t, key = settings(values)
     model_name, p = values["model"], t.accumulated
     step, config = p.step, p.step.config
@@ -536,9 +467,7 @@ def _measure_within_limit(controls, here, settings, models, device, measured) ->
     return True
 
 
-# --------------------------------------------------------------------------- the step-through
-
-#: The loops the step-through shows: mode -> lines of code. Frame lines refer to their roles.
+#: The loops the step-through shows: mode -> lines of code.
 LOOPS = {
     "right": ["optimizer.zero_grad()",
               "for x, y in batch.split(b):       # K micro-batches",
@@ -559,21 +488,11 @@ LOOPS = {
                                     "optimizer.step()",
                                     "optimizer.zero_grad()"],
 }
-_WRONG_LINE = {"right": None, "no / K (bug)": 3, "zero_grad in the loop (bug)": 1}
 
 
 @dataclass(frozen=True)
-class Frame:
-    """One moment of the step: the code lines running, and the state they leave.
-
-    Attributes:
-        lines (tuple of int): indices into the loop's code (:data:`LOOPS`).
-        caption (str): what happens, in words.
-        micro_batch (int or None): the micro-batch running (0-based), None outside the loop.
-        done (int): micro-batches whose backward has run.
-        grad (tuple of float): per group: ``||.grad|| / ||full-batch gradient||``.
-        moved (tuple of float): per group: ``||w - w_before|| / ||w_before||``.
-    """
+class _Frame:
+    """One moment of the step: the lines running and, per group, ``.grad`` and the weights."""
 
     lines: tuple[int, ...]
     caption: str
@@ -584,41 +503,18 @@ class Frame:
 
 
 @dataclass(frozen=True)
-class StepRecording:
-    """A recorded optimizer step of ``K`` micro-batches, as frames (one loop ``mode``).
-
-    Attributes:
-        mode (str): the loop, a key of :data:`LOOPS`.
-        groups (tuple of str): the parameter groups (:func:`_parameter_groups`).
-        K (int): micro-batches.
-        micro_batch_size (int): sequences per micro-batch.
-        frames (tuple of Frame): the moments, in order.
-    """
+class _StepRecording:
+    """A recorded optimizer step of ``K`` micro-batches with the loop ``mode``, as frames."""
 
     mode: str
     groups: tuple[str, ...]
     K: int
     micro_batch_size: int
-    frames: tuple[Frame, ...]
+    frames: tuple[_Frame, ...]
 
 
 def _parameter_groups(model: torch.nn.Module) -> dict[str, list[str]]:
-    """Group name -> parameter names, for the step-through's bars.
-
-    The embeddings, each block's attention and MLP, and the LayerNorms (all of them, one
-    group).
-
-    Args:
-        model (torch.nn.Module): a course GPT (names as ``GPT.named_parameters()``).
-
-    Returns:
-        dict: group name -> list of parameter names, embeddings first, LayerNorms last.
-
-    Raises:
-        ValueError: naming ``model``, for anything but a course GPT.
-    """
-    if not isinstance(model, GPT):
-        raise ValueError(f"model must be a course_lib.model.gpt.GPT, got {type(model).__name__}")
+    """Group name -> parameter names: embeddings, each block's attention and MLP, LayerNorms."""
     groups: dict[str, list[str]] = {}
     for name, _ in model.named_parameters():
         parts = name.split(".")
@@ -640,33 +536,22 @@ def _norms(tensors: dict[str, torch.Tensor | None], groups: dict[str, list[str]]
 
 def record_accumulation_step(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                              micro_batch_size: int, mode: str = "right",
-                             lr: float = 1e-2) -> StepRecording:
-    """Run and record one AdamW step of ``K = B / micro_batch_size`` micro-batches.
-
-    It runs on a copy of ``model`` with the loop ``mode`` of :data:`LOOPS`, recording
-    ``.grad`` after every line.
-
-    Each group's gradient norm is divided by that group's norm of the whole batch's gradient
-    (one forward and backward pass over ``inputs``), so a right loop ends at 1 in every
-    group; the weights' change is relative to their norm before the step. ``model`` itself is
-    not changed.
+                             lr: float = 1e-2) -> _StepRecording:
+    """Run one AdamW step of ``K = B / micro_batch_size`` micro-batches (2 or more) on a copy of
+    the course GPT ``model`` with the loop ``mode`` of :data:`LOOPS`, recording after every line
+    each group's ``.grad`` norm over the whole batch's (1 at the end of a right loop) and the
+    weights' change over their norm, for :func:`step_through`.
 
     Args:
-        model (torch.nn.Module): ``model(x, y)`` must return ``(logits, loss)`` with the loss a
-            mean, as the course GPT does.
-        inputs (torch.Tensor): ``(B, T)`` token ids.
-        targets (torch.Tensor): ``(B, T)`` targets.
+        model (torch.nn.Module): a course GPT.
+        inputs, targets (torch.Tensor): ``(B, T)`` token ids.
         micro_batch_size (int): must divide ``B`` into 2 or more micro-batches.
         mode (str): a key of :data:`LOOPS`.
         lr (float): AdamW's learning rate.
-
     Returns:
         StepRecording: the frames of the step.
-
     Raises:
-        ValueError: naming the parameter: a ``model`` that is not a course GPT, a batch it cannot
-            train on, an unknown ``mode``, an ``lr`` not in ``(0, 10]`` or a
-            ``micro_batch_size`` that does not divide the batch into 2 or more.
+        ValueError: naming the argument, for a bad value.
     """
     choice("mode", mode, tuple(LOOPS))
     if not isinstance(model, GPT):
@@ -699,33 +584,32 @@ def record_accumulation_step(model: torch.nn.Module, inputs: torch.Tensor, targe
     right, no_k, inside = mode == "right", mode == "no / K (bug)", mode.startswith("zero_grad")
     frames = []
     optimizer.zero_grad()
-    frames.append(Frame((0,), "the loop starts: the batch is cut into K micro-batches" if inside
+    frames.append(_Frame((0,), "the loop starts: the batch is cut into K micro-batches" if inside
                         else "optimizer.zero_grad(): the gradient buffer starts empty",
                         None, 0, zero, zero))
-    forward, backward = (2, 3)
     for k, (x, y) in enumerate(zip(inputs.split(b), targets.split(b))):
-        lines = (1, forward) if not inside else (0, 1, forward)
+        lines = (1, 2) if not inside else (0, 1, 2)  # the loop's line and the forward's
         if inside:
             optimizer.zero_grad()
         _, loss = model(x, y)
         caption = (f"micro-batch {k + 1} of {K}: forward pass, loss {loss.item():.3f}"
                    + ("; zero_grad() has just emptied the buffer" if inside and k else ""))
-        frames.append(Frame(lines, caption, k, k, grads() if not inside else zero, moved()))
+        frames.append(_Frame(lines, caption, k, k, grads() if not inside else zero, moved()))
         (loss if no_k else loss / K).backward()
         share = "all of its gradient" if no_k else f"1/{K} of its gradient"
-        frames.append(Frame((backward,), f"micro-batch {k + 1}: backward adds {share} to .grad",
+        frames.append(_Frame((3,), f"micro-batch {k + 1}: backward adds {share} to .grad",
                             k, k + 1, grads(), moved()))
     at_step = grads()
     optimizer.step()
     verdict = ("= the whole batch's gradient" if right else
                f"= {K} x the whole batch's gradient" if no_k else
                "= the last micro-batch's share only")
-    frames.append(Frame((4,), f"optimizer.step(): the weights move once, with .grad {verdict}",
+    frames.append(_Frame((4,), f"optimizer.step(): the weights move once, with .grad {verdict}",
                         None, K, at_step, moved()))
     optimizer.zero_grad()
-    frames.append(Frame((5,), "optimizer.zero_grad(): the buffer is empty for the next step",
+    frames.append(_Frame((5,), "optimizer.zero_grad(): the buffer is empty for the next step",
                         None, K, zero, moved()))
-    return StepRecording(mode, tuple(groups), K, b, tuple(frames))
+    return _StepRecording(mode, tuple(groups), K, b, tuple(frames))
 
 
 def _code_html(mode: str, lines: tuple[int, ...]) -> str:
@@ -733,7 +617,7 @@ def _code_html(mode: str, lines: tuple[int, ...]) -> str:
     rows = []
     for i, text in enumerate(LOOPS[mode]):
         style = "background:#ffe9a8;" if i in lines else ""
-        if i == _WRONG_LINE[mode]:
+        if "BUG" in text:
             style += "color:#c0392b;font-weight:bold;"
         rows.append(f'<div style="{style}padding:0 6px">{html.escape(text) or "&nbsp;"}</div>')
     return ('<pre style="font-size:12px;line-height:1.5;margin:4px 0;border:1px solid #ddd;'
@@ -741,28 +625,23 @@ def _code_html(mode: str, lines: tuple[int, ...]) -> str:
             + "".join(rows) + "</pre>")
 
 
-def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900) -> widgets.VBox:
-    """The step-through widget of lecture 03 (see the module doc).
+def step_through(recordings: dict[str, _StepRecording], *, interval_ms: int = 900
+                 ) -> widgets.VBox:
+    """The step-through widget of lecture 03: ``recordings`` (loop mode ->
+    :func:`record_accumulation_step` of one batch) frame by frame, the loop's current line
+    highlighted; what ``optimizer.step()`` reads is printed from its frame on only. A ``VBox``
+    with ``view`` (the :func:`~course_lib.views.widgets.live_plot` box), ``play`` and ``code``.
 
     Args:
-        recordings (dict): loop mode -> :func:`record_accumulation_step` of the same batch, each
-            with the same number of frames (the modes of :data:`LOOPS`).
+        recordings (dict): loop mode -> recording, each with the same number of frames.
         interval_ms (int): the Play widget's time per frame.
-
-    The frames count from 1, as the caption does. What ``optimizer.step()`` reads is printed
-    from its frame on only: before it, the reader is asked where the bars will end.
-
     Returns:
-        A ``VBox``: a Play button, a frame slider (linked in the browser) and the loop menu; the
-        code, its current line highlighted, across the page's width; the figure under it. With
-        ``view`` (the :func:`course_lib.views.widgets.live_plot` box), ``play`` and ``code``
-        attributes.
-
+        ipywidgets.VBox: with ``view``, ``play`` and ``code``.
     Raises:
         ValueError: for no recordings, an unknown mode, or recordings of different lengths.
     """
     if (not isinstance(recordings, dict) or not recordings
-            or any(m not in LOOPS or not isinstance(r, StepRecording)
+            or any(m not in LOOPS or not isinstance(r, _StepRecording)
                    for m, r in recordings.items())):
         raise ValueError(f"recordings must map modes of {list(LOOPS)} to recordings "
                          f"(record_accumulation_step), got {recordings!r:.80}")
@@ -826,8 +705,8 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
             bar.set_height(value)
         for bar, value in zip(a["moved"], f.moved):
             bar.set_height(value)
-        a["unmoved"].set_text("" if max(f.moved) else "0 in every group:\nevery micro-batch so far\n"
-                              "runs on the same weights")
+        a["unmoved"].set_text("" if max(f.moved) else "0 in every group:\nevery micro-batch "
+                              "so far\nruns on the same weights")
         a["caption"].set_text(f"frame {frame}/{len(rec.frames)}: {f.caption}")
         stepped = len(rec.frames) - 1  # the frame of optimizer.step()
         end = rec.frames[stepped - 1].grad  # .grad as optimizer.step() used it
@@ -837,44 +716,30 @@ def step_through(recordings: dict[str, StepRecording], *, interval_ms: int = 900
             f"optimizer.step() reads .grad at frame {stepped}: where will the bars be then?")
 
     view = live_plot(draw, {"frame": frame, "mode": mode}, setup=setup, figsize=(8.2, 4.0))
-    controls_row = view.children[0]
-    box = widgets.VBox([widgets.HBox([play, *controls_row.children]), code, view.image,
+    box = widgets.VBox([widgets.HBox([play, *view.children[0].children]), code, view.image,
                         view.output])
     box.view, box.play, box.code = view, play, code
     return box
-
-
-# --------------------------------------------------------------------------- the playground
 
 
 def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
                     steps: tuple = (1, 2, 4, 8), micro_batch_size: int = 8,
                     accumulation_steps: int = 4, mode: str | None = None
                     ) -> widgets.VBox:
-    """The playground widget of lecture 03: sliders, live loss curves and one step's memory.
-
-    The left panel draws the loss of every optimizer step against the samples seen, for the
-    setting on the sliders (the other cached runs in grey) and the toy language's floor,
-    ln 2 (:func:`course_lib.model.toy_data.markov_entropy`); the right one the peak memory of one
-    step, predicted by the memory engine and measured. **train this setting** trains the run
-    the sliders name (:meth:`Playground.run`), its loss shown step by step under the button.
+    """The playground widget of lecture 03: each run's loss against the samples seen (the toy
+    language's floor ln 2) and one step's peak memory, predicted and measured; "train this
+    setting" runs :meth:`Playground.run`. ``mode`` ``"none"`` or ``"blocks"`` adds a "checkpoint
+    every block" checkbox (lecture 04). A ``VBox`` with ``view``, ``button``, ``status``.
 
     Args:
         playground (Playground): the runs' back end (its cache is what the view shows).
-        sizes, steps (tuple of int): the micro-batch sizes and accumulation steps the sliders
-            offer (positive ints, ascending).
+        sizes, steps (tuple of int): the values the sliders offer (ascending positive ints).
         micro_batch_size, accumulation_steps (int): the sliders' first values.
-        mode (str, optional): None: no checkbox, every run without checkpointing; ``"none"`` or
-            ``"blocks"`` (:data:`course_lib.views.playground.PLAYGROUND_MODES`): a "checkpoint
-            every block" checkbox (lecture 04), first unticked or ticked.
-
+        mode (str, optional): None: no checkbox; ``"none"`` or ``"blocks"``: unticked, ticked.
     Returns:
-        A ``VBox`` with ``view`` (the :func:`course_lib.views.widgets.live_plot` box), ``button``,
-        ``status`` (a ``Label``) and ``train()`` (what the button does).
-
+        ipywidgets.VBox: with ``view``, ``button``, ``status`` and ``train()``.
     Raises:
-        ValueError: naming the argument: not a :class:`Playground`, sliders' values that are not
-            ascending positive ints, a first value not among them, a bad ``mode``.
+        ValueError: naming the argument, for a bad value.
     """
     if not isinstance(playground, Playground):
         raise ValueError(f"playground must be a course_lib.views.playground.Playground, got "
@@ -892,23 +757,20 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
         if firsts[first_name] not in options:
             raise ValueError(f"{first_name} must be one of {name} {list(options)}, "
                              f"got {first!r}")
-    micro_batch_size, accumulation_steps = (firsts["micro_batch_size"],
-                                            firsts["accumulation_steps"])
     if mode is not None:
         choice("mode", mode, PLAYGROUND_MODES)
     wide = {"style": {"description_width": "initial"}}
     controls = {
-        "micro_batch_size": widgets.SelectionSlider(options=list(sizes), value=micro_batch_size,
-                                                    description="micro-batch b", **wide),
-        "accumulation_steps": widgets.SelectionSlider(options=list(steps),
-                                                      value=accumulation_steps,
-                                                      description="accumulation steps K",
-                                                      **wide),
+        "micro_batch_size": widgets.SelectionSlider(
+            options=list(sizes), value=firsts["micro_batch_size"], description="micro-batch b",
+            **wide),
+        "accumulation_steps": widgets.SelectionSlider(
+            options=list(steps), value=firsts["accumulation_steps"],
+            description="accumulation steps K", **wide),
     }
     if mode is not None:
         controls["every_block"] = widgets.Checkbox(value=mode == "blocks",
-                                                     description="checkpoint every block",
-                                                     **wide)
+                                                   description="checkpoint every block", **wide)
     modes = PLAYGROUND_MODES if mode is not None else ("none",)
     top = max(playground.predict_peak(b, K, m) for b in sizes for K in steps for m in modes)
     unit, unit_name = _byte_unit(top)
@@ -952,17 +814,15 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
             bar.set_height(value / unit)
             label.set_position((label.get_position()[0], value / unit))
             label.set_text(format_bytes(value) if value else "?")
-        a["mode"].set_text("checkpointing every block" if every_block else
-                           "one step's memory")
+        a["mode"].set_text("checkpointing every block" if every_block else "one step's memory")
 
     view = live_plot(draw, controls, setup=setup, figsize=(8.6, 3.5))
     button = widgets.Button(description="train this setting", layout=widgets.Layout(width="auto"))
     status = widgets.Label()
 
     def train(_=None) -> None:
-        values = {name: c.value for name, c in controls.items()}
         try:  # a button must show a message, never a traceback
-            check_chosen(controls, values)
+            values = chosen_values(controls)
             b, K = values["micro_batch_size"], values["accumulation_steps"]
             steps_total = playground.samples // (b * K)
             start = time.perf_counter()
