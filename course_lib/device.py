@@ -54,15 +54,11 @@ def pick_device(prefer: str | None = None) -> torch.device:
     if prefer is not None:
         if not isinstance(prefer, str) or prefer not in _KINDS:
             raise ValueError(f"prefer must be one of {_KINDS} or None, got {prefer!r}")
-        available = {"cuda": torch.cuda.is_available(), "mps": _mps_available(), "cpu": True}
-        if not available[prefer]:
+        if not {"cuda": torch.cuda.is_available(), "mps": _mps_available(), "cpu": True}[prefer]:
             raise ValueError(f"prefer={prefer!r} but this machine has no {prefer} device")
         return torch.device(prefer)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if _mps_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    return torch.device("cuda" if torch.cuda.is_available()
+                        else "mps" if _mps_available() else "cpu")
 
 
 #: The largest FLOP/s a :class:`GPU` may state (an H200's dense 16-bit tensor cores: about 1e15).
@@ -110,8 +106,7 @@ class GPU:
 
     def __post_init__(self):
         text("name", self.name)
-        if (not isinstance(self.total_memory, int) or isinstance(self.total_memory, bool)
-                or not 1 <= self.total_memory <= MAX_BYTES):
+        if type(self.total_memory) is not int or not 1 <= self.total_memory <= MAX_BYTES:
             raise ValueError(f"total_memory must be a positive int of bytes (at most "
                              f"{MAX_BYTES:,}), got {self.total_memory!r}")
         cap = self.capability
@@ -156,16 +151,6 @@ class GPU:
     def has_native_bf16(self) -> bool:
         """bf16 tensor cores: compute capability 8.0 and newer (not a T4)."""
         return self.capability >= (8, 0)
-
-    def peak_flops(self, dtype) -> float | None:
-        """Datasheet peak dense matmul FLOP/s in ``dtype`` (fp32, and bf16 on a T4: the fp32 rate);
-        None where unknown."""
-        dtype = as_dtype(dtype)
-        if dtype == torch.float16 or (dtype == torch.bfloat16 and self.has_native_bf16):
-            return self.tensor_flops
-        if dtype in (torch.float32, torch.bfloat16):
-            return self.fp32_flops
-        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
 
 
 #: Host links, theoretical bytes/s per direction (PCI-SIG: 8, 16, 32 GT/s per lane, 128b/130b
@@ -237,12 +222,8 @@ def resolve_gpu(gpu) -> GPU | None:
     name, this kernel's GPU for "cuda" (:func:`live_gpu`), or ``gpu`` itself if it is a GPU."""
     if gpu is None or isinstance(gpu, GPU):
         return gpu
-    if isinstance(gpu, str) and gpu == "cpu":
-        return None
-    if isinstance(gpu, str) and gpu == "cuda":
-        return live_gpu()
-    if isinstance(gpu, str) and gpu in GPUS:
-        return GPUS[gpu]
+    if isinstance(gpu, str) and gpu in ("cpu", "cuda", *GPUS):
+        return None if gpu == "cpu" else live_gpu() if gpu == "cuda" else GPUS[gpu]
     raise ValueError(f"gpu must be None, 'cpu', 'cuda', a GPU or one of {list(GPUS)}, got {gpu!r}")
 
 
@@ -358,17 +339,15 @@ class _DeviceInfo:
     def summary(self) -> str:
         """The six lines :func:`print_summary` prints."""
         mem = format_bytes(self.total_memory) if self.total_memory else "n/a (host memory)"
-        dtype = str(self.dtype).replace("torch.", "")
         scaler = " with GradScaler" if self.grad_scaler else ""
-        lines = [
+        return "\n".join([
             f"device        : {self.device} ({self.name})",
             f"device memory : {mem}",
-            f"training dtype: {dtype}{scaler}",
+            f"training dtype: {str(self.dtype).replace('torch.', '')}{scaler}",
             f"torch         : {self.torch_version}",
             f"python        : {platform.python_version()}",
             f"running in    : {'Google Colab' if self.in_colab else 'local Jupyter / Python'}",
-        ]
-        return "\n".join(lines)
+        ])
 
 
 def print_summary(device: torch.device | str | None = None) -> _DeviceInfo:
@@ -385,10 +364,7 @@ def print_summary(device: torch.device | str | None = None) -> _DeviceInfo:
     device = pick_device() if device is None else as_device("device", device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r} but this machine has no CUDA device")
-    if device.type not in _KINDS:
-        raise ValueError(f"device must be a cuda, mps or cpu device, got {device}")
-    dtype = pick_dtype(device)
-    total = None
+    dtype, total = pick_dtype(device), None
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name, total = props.name, int(props.total_memory)

@@ -95,11 +95,7 @@ def boolean(name: str, value) -> bool:
 
 def choice(name: str, value, options) -> str:
     """``value`` if it is a str and one of ``options``."""
-    try:
-        ok = isinstance(value, str) and value in options
-    except TypeError:
-        ok = False
-    if not ok:
+    if not (isinstance(value, str) and value in options):
         error = ValueError if isinstance(value, str) else WrongTypeError
         raise error(f"{name} must be one of {tuple(options)}, got {value!r}")
     return value

@@ -111,15 +111,6 @@ CASES = {
                                       "micro_batch_size", st.one_of(BOOLS, NON_FINITE, FRACTIONS,
                                                                     OTHERS,
                                                                     st.integers(max_value=0))),
-    "micro_batch_loss.total_tokens": (
-        lambda v: accumulation.micro_batch_loss(MODEL, X, Y, total_tokens=v), "total_tokens",
-        not_an_int(1, validation.MAX_COUNT)),
-    "micro_batch_loss.ignore_index": (
-        lambda v: accumulation.micro_batch_loss(MODEL, X, Y, total_tokens=4, ignore_index=v),
-        "ignore_index", not_an_int(*INT64)),
-    "micro_batch_loss.normalize": (
-        lambda v: accumulation.micro_batch_loss(MODEL, X, Y, total_tokens=4, normalize=v),
-        "normalize", not_one_of(accumulation.NORMALIZATIONS)),
     "pad_to_lengths.lengths": (lambda v: accumulation.pad_to_lengths(X, Y, [2, 2, v, 2]),
                                "lengths", not_an_int(0, CFG.seq_len)),
     "pad_to_lengths.pad_token": (lambda v: accumulation.pad_to_lengths(X, Y, [2] * 4,
@@ -191,12 +182,6 @@ def test_bad_values_are_refused_naming_the_parameter(case, data):
 
 
 # --- the values the issue found, one by one ---------------------------------------------------
-
-@pytest.mark.parametrize("total_tokens", [math.nan, math.inf, 1.5, True, 2.0, 0, 2**63])
-def test_micro_batch_loss_refuses_a_token_count_that_is_not_a_positive_int(total_tokens):
-    with pytest.raises(ValueError, match="total_tokens"):
-        accumulation.micro_batch_loss(MODEL, X, Y, total_tokens=total_tokens)
-
 
 @pytest.mark.parametrize("lengths,name", [([math.nan, 2, 2, 2], "lengths"),
                                           ([2.5, 2, 2, 2], "lengths"),

@@ -104,11 +104,6 @@ def _step(**kwargs):
                              | {k: (v if w is None else w) for k, w in kwargs.items()}))
 
 
-def _reading_with(name):
-    base = dict(allocated=0, reserved=0, free=0, total=0)
-    return lambda v: allocator._Reading(**(base | {name: v}))
-
-
 # --- (function of the value, the parameter it names, the values it must refuse) --------------
 
 CASES = {
@@ -496,8 +491,6 @@ CASES = {
                                      st.integers(min_value=1024),
                                      st.lists(st.integers(), max_size=1),
                                      st.sampled_from(["gpu", "cuda:x", "", "tpu0"]))),
-    **{f"Reading.{name}": (_reading_with(name), name, not_an_int(0))
-       for name in ("allocated", "reserved", "free", "total")},
     "read.device": (lambda v: allocator._read(v), "device",
                     st.one_of(BOOLS, st.floats(), st.sampled_from(["gpu", "cuda:x", ""]))),
     "step_report.fn": (lambda v: allocator.step_report(v, predicted=0, resident=0), "fn",

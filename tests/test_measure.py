@@ -104,7 +104,7 @@ def test_tracker_peak_is_the_maximum_of_running_live_bytes(ops):
 @pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")
 def test_peak_memory_refuses_a_device_this_machine_lacks():
     for kind in ("mps",) + (() if torch.cuda.is_available() else ("cuda",)):
-        with pytest.raises(ValueError, match=f"device='{kind}' but this machine has no"):
+        with pytest.raises(ValueError, match=f"device='{kind}', but this machine has no"):
             peak_memory(lambda: None, device=kind)
 
 

@@ -50,10 +50,6 @@ def test_labels_of_crowded_points_do_not_overlap():
     for t in texts:
         box = t.get_window_extent(fig.canvas.get_renderer())
         assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 <= inside.y1
-    with pytest.raises(ValueError, match="labels"):
-        policy_views._place_labels(ax, points, ["one"])
-    with pytest.raises(ValueError, match="fontsize"):
-        policy_views._place_labels(ax, points[:1], ["a"], fontsize=6)
 
 
 def _crossed(box, line, renderer):

@@ -56,7 +56,6 @@ def _check_importable(worker) -> tuple[str, str]:
     return module, name
 
 
-
 def _current(module, stamps: dict):
     """``module``, imported again if its file has changed since this rank last imported it."""
     path = getattr(module, "__file__", None)

@@ -22,8 +22,7 @@ class _AllReduceCounter:
     """A DDP communication hook that counts the all-reduces (one per bucket) and their bytes."""
 
     def __init__(self, ddp_model):
-        self.calls = 0
-        self.bytes = 0
+        self.calls = self.bytes = 0
         ddp_model.register_comm_hook(self, _AllReduceCounter._hook)
 
     def reset(self) -> None:
@@ -82,9 +81,7 @@ def _state_row(params: list[torch.Tensor], optimizer_states: Iterable[torch.Tens
         logical[part], row[part] = _local_bytes(tensors)
     if grads is not None:
         row["gradients"] = grads
-    row["total"] = row["parameters"] + row["gradients"] + row["optimizer_state"]
-    row["logical"] = logical
-    return row
+    return dict(row, total=sum(row.values()), logical=logical)
 
 
 def _moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

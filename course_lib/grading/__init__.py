@@ -286,7 +286,9 @@ def grader(body: Callable[..., None]) -> Callable[..., bool]:
         say(f"{PASS} {name}: passed.")
         return True
 
-    check.__doc__ = _with_check_doc(body)
+    if body.__doc__ is not None:  # python -OO drops docstrings
+        fn = next(iter(inspect.signature(body).parameters))
+        check.__doc__ = f"{inspect.cleandoc(body.__doc__)}\n\n{CHECK_DOC.format(fn=fn)}"
     check.is_check = True
     CHECKS[body.__name__] = check
     return check
@@ -304,14 +306,6 @@ Returns:
     bool: True when every case passed. One line is printed (✓, ✗ with a hint, or … not done
     yet); nothing is raised into the notebook.
 """
-
-
-def _with_check_doc(body: Callable) -> str | None:
-    """``body``'s docstring with :data:`CHECK_DOC` appended, naming its parameter."""
-    if body.__doc__ is None:  # python -OO
-        return None
-    fn = next(iter(inspect.signature(body).parameters))
-    return f"{inspect.cleandoc(body.__doc__)}\n\n{CHECK_DOC.format(fn=fn)}"
 
 
 def _load_lecture_checks() -> None:

@@ -53,14 +53,6 @@ def _hook_truth(build) -> int:
     return storage_bytes(t for t in seen if storage_key(t) not in weights)
 
 
-def _sequential():
-    torch.default_generator.manual_seed(0)
-    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(),
-                          nn.Linear(24, 6))
-    x = torch.randn(5, 12, requires_grad=True)
-    return model(x), list(model.parameters())
-
-
 def _mlp_with_dropout():
     torch.default_generator.manual_seed(0)
     mlp = MLP(GPTConfig(d_model=16, n_heads=1, dropout=0.1)).train()
@@ -77,17 +69,6 @@ def _gpt_sdpa():
     return model(x, y)[1], list(model.parameters())
 
 
-_BUILDS = {"nn.Sequential(Linear, ReLU, Linear, Tanh, Linear)": _sequential,
-           "the course MLP with dropout": _mlp_with_dropout,
-           "a bf16 GPT with sdpa attention": _gpt_sdpa}
-
-
-def _distinct_answer(fn, name: str):
-    """The learner's answer for the graph ``name`` builds (run beside the learner's code)."""
-    out, params = _BUILDS[name]()
-    return fn(out, params)
-
-
 def _drawn_sequential(widths: list[int], acts: list[str], batch: int, seed: int):
     """A ``nn.Sequential`` of Linear layers of ``widths`` with the activations ``acts`` between
     them (``"relu"``, ``"tanh"``, ``"gelu"``), run on a seeded batch: ``(output, params)``."""
@@ -99,6 +80,17 @@ def _drawn_sequential(widths: list[int], acts: list[str], batch: int, seed: int)
             layers.append({"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}[acts[i]]())
     model = nn.Sequential(*layers)
     return model(torch.randn(batch, widths[0], requires_grad=True)), list(model.parameters())
+
+
+_BUILDS = {"nn.Sequential(Linear, ReLU, Linear, Tanh, Linear)":
+           lambda: _drawn_sequential([12, 24, 24, 6], ["relu", "tanh"], 5, 0),
+           "the course MLP with dropout": _mlp_with_dropout,
+           "a bf16 GPT with sdpa attention": _gpt_sdpa}
+
+
+def _distinct_answer(fn, name: str):
+    """The learner's answer for the graph ``name`` builds (run beside the learner's code)."""
+    return fn(*_BUILDS[name]())
 
 
 def _drawn_distinct_answer(fn, widths, acts, batch, seed):

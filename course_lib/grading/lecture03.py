@@ -41,34 +41,27 @@ def _flat(grads) -> torch.Tensor:
     return torch.cat([g.flatten() for g in grads])
 
 
-def _full_batch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
-    """The reference ``(flat gradient, loss)``: one pass, mean over the targets but -100."""
-    model = copy.deepcopy(model)
-    logits = model(x)
-    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
-    return _flat(torch.autograd.grad(loss, list(model.parameters()))), loss.item()
-
-
-def _micro_batch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
-    """The reference flat gradient of accumulation: each micro-batch's summed token loss over the
-    batch's targets that are not -100."""
+def _reference_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int):
+    """The reference ``(flat gradient, loss)`` of accumulation: each micro-batch's summed token
+    loss over the batch's targets that are not -100 (``micro`` the batch size: one pass)."""
     model = copy.deepcopy(model)
     params = list(model.parameters())
     grads = [torch.zeros_like(p) for p in params]
-    tokens = (y != -100).sum()
+    tokens, total = (y != -100).sum(), 0.0
     for i in range(0, x.size(0), micro):
         logits = model(x[i:i + micro])
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y[i:i + micro].reshape(-1),
                                ignore_index=-100, reduction="sum") / tokens
+        total += loss.item()
         for g, d in zip(grads, torch.autograd.grad(loss, params)):
             g += d
-    return _flat(grads)
+    return _flat(grads), total
 
 
 def _whole_batch_at_once(grads, model: nn.Module, x, y) -> None:
     """Fail when ``grads`` are those of one pass over the whole batch through the coupled model."""
-    expect(not torch.allclose(_flat(grads), _full_batch_grads(model, x, y)[0], rtol=1e-4,
-                              atol=1e-6),
+    one_pass = _reference_grads(model, x, y, x.size(0))[0]
+    expect(not torch.allclose(_flat(grads), one_pass, rtol=1e-4, atol=1e-6),
            "the gradients are those of one forward pass over the whole batch (this model couples "
            "the sequences of a forward pass, as BatchNorm does, so its gradient tells)",
            hint="run the model on one micro-batch at a time, model(inputs[i:i + "
@@ -138,7 +131,7 @@ def check_accumulate_gradients(fn):
     """``fn(model, inputs, targets, micro_batch_size)``: accumulated ``.grad``; returns the loss."""
     for batch, micro, seed in ((8, 2, 0), (8, 4, 1), (6, 1, 2), (4, 4, 3)):
         x, y = _tokens(batch, seed)
-        reference, ref_loss = _full_batch_grads(_gpt(seed), x, y)
+        reference, ref_loss = _reference_grads(_gpt(seed), x, y, x.size(0))
         run = observe(_accumulate_run, fn, batch, micro, seed)
         loss, sizes = run["loss"], run["sizes"]
         K = batch // micro
@@ -156,7 +149,7 @@ def check_accumulate_gradients(fn):
     # What ran, told by the gradient itself: a model that couples the sequences of a pass.
     batch, micro, seed = 8, 2, 4
     x, y = _tokens(batch, seed)
-    reference = _micro_batch_grads(_gpt(seed, coupled=True), x, y, micro)
+    reference = _reference_grads(_gpt(seed, coupled=True), x, y, micro)[0]
     grads = observe(_accumulate_run, fn, batch, micro, seed, coupled=True)["grads"]
     expect(all(g is not None for g in grads), "after a batch of 8 in micro-batches of 2, some "
            "parameters have no .grad", hint="call .backward() on each micro-batch's loss")
@@ -179,7 +172,7 @@ def check_accumulate_padded(fn):
              ([8, 5, 0, 0, 2, 8, 4, 1], 2, 2))   # one micro-batch is all padding
     for lengths, micro, seed in cases:
         x, y = _padded_tokens(lengths, seed)
-        reference, ref_loss = _full_batch_grads(_gpt(seed), x, y)
+        reference, ref_loss = _reference_grads(_gpt(seed), x, y, x.size(0))
         run = observe(_accumulate_run, fn, len(lengths), micro, seed, list(lengths))
         loss, grads = run["loss"], run["grads"]
         what = f"sequences of lengths {lengths} in micro-batches of {micro}"
@@ -201,7 +194,7 @@ def check_accumulate_padded(fn):
                     "losses (reduction='sum') and divide the total by the batch's real tokens")
     lengths, micro, seed = [8, 3, 0, 5, 8, 1], 2, 5
     x, y = _padded_tokens(lengths, seed)
-    reference = _micro_batch_grads(_gpt(seed, coupled=True), x, y, micro)
+    reference = _reference_grads(_gpt(seed, coupled=True), x, y, micro)[0]
     grads = observe(_accumulate_run, fn, len(lengths), micro, seed, lengths, coupled=True)["grads"]
     expect(all(g is not None and bool(torch.isfinite(g).all()) for g in grads),
            f"for sequences of lengths {lengths}, some gradients are missing or not finite",
@@ -292,31 +285,21 @@ def check_batch_coupled_modules(fn):
                     "BatchNorm alone")
 
 
-class _StepRecorder:
-    """SGD with a learning rate of 0 (the weights stay put) that keeps the flat gradient each
-    ``step()`` reads; ``None`` entries of ``.grad`` count as zeros."""
-
-    def __init__(self, model: nn.Module):
-        self.params = list(model.parameters())
-        self.optimizer = torch.optim.SGD(self.params, lr=0.0)
-        self.seen: list[torch.Tensor] = []
-        self.optimizer.register_step_pre_hook(lambda o, args, kwargs: self.seen.append(torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
-             for p in self.params]).clone()))
-
-
 def _epoch_run(fn, n: int, micro: int, K: int, coupled: bool = False) -> dict:
     """Train one epoch with ``fn`` (beside the learner's code): the gradient each optimizer
     step saw and the batch size of every forward call."""
     model = _gpt(n, coupled)
     x, y = _tokens(n, n)
-    recorder = _StepRecorder(model)
+    params, seen = list(model.parameters()), []
+    optimizer = torch.optim.SGD(params, lr=0.0)  # the weights stay put
+    optimizer.register_step_pre_hook(lambda *_: seen.append(torch.cat(  # no .grad counts as zeros
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])))
     sizes, handle = _record_sizes(model)
     try:
-        fn(model, recorder.optimizer, x, y, micro, K)
+        fn(model, optimizer, x, y, micro, K)
     finally:
         handle.remove()
-    return {"sizes": sizes, "seen": recorder.seen}
+    return {"sizes": sizes, "seen": seen}
 
 
 @grader
@@ -350,11 +333,11 @@ def check_epoch_windows(fn):
                else "step once per window of K micro-batches, not once per micro-batch")
         for number, (window, seen) in enumerate(zip(windows, seen_steps), start=1):
             first, last = window[0] * micro, (window[-1] + 1) * micro
-            ref = _micro_batch_grads(model, x[first:last], y[first:last], micro)
+            ref = _reference_grads(model, x[first:last], y[first:last], micro)[0]
             if torch.allclose(seen, ref, rtol=1e-4, atol=1e-6):
                 continue
-            if coupled and torch.allclose(seen, _full_batch_grads(
-                    model, x[first:last], y[first:last])[0], rtol=1e-4, atol=1e-6):
+            if coupled and torch.allclose(seen, _reference_grads(
+                    model, x[first:last], y[first:last], last - first)[0], rtol=1e-4, atol=1e-6):
                 expect(False, f"for {what}, optimizer step {number} saw the gradient of one "
                        "forward pass over its whole window (this model couples the sequences of "
                        "a forward pass, as BatchNorm does, so its gradient tells)",

@@ -16,9 +16,14 @@ _SAVE = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
 _RECOMPUTE = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
 
 
-def _one_of(got, policies) -> bool:
-    """Whether ``got`` is one of ``policies`` (enum members: by identity, not by ``==``)."""
-    return any(exactly(got, policy) for policy in policies)
+def _expect_policy(policy, ops, allowed, expected: str, hint: str) -> None:
+    """Fail unless ``policy`` returns one of ``allowed`` (enum members: by identity, not by
+    ``==``) for every op of ``ops``."""
+    ctx = SelectiveCheckpointContext(is_recompute=False)
+    for op in ops:
+        got = policy(ctx, op)
+        expect(any(exactly(got, a) for a in allowed),
+               f"for {op} your policy returned {got!r}, expected {expected}", hint=hint)
 
 
 @grader
@@ -29,24 +34,18 @@ def check_selective_policy(policy):
     from course_lib.training.checkpointing import ATTENTION_OPS
     from course_lib.training.policies import policy_cost
 
-    ctx = SelectiveCheckpointContext(is_recompute=False)
-    for op in (_aten.mm.default, _aten.addmm.default, _aten.bmm.default):
-        got = policy(ctx, op)
-        expect(_one_of(got, _SAVE), f"for {op} your policy returned {got!r}, expected MUST_SAVE",
-               hint="nn.Linear with a bias dispatches aten.addmm, without one aten.mm, and a "
-                    "batched q @ k^T aten.bmm; `op` is an OpOverload such as "
-                    "torch.ops.aten.addmm.default, and it never equals the packet torch.ops.aten.addmm")
-    for op in ATTENTION_OPS:
-        got = policy(ctx, op)
-        expect(_one_of(got, _SAVE), f"for {op} your policy returned {got!r}, expected MUST_SAVE",
-               hint="F.scaled_dot_product_attention dispatches one fused op, not a matmul: save "
-                    "its output too, or the backward pass runs the attention forward again")
-    for op in (_aten.gelu.default, _aten._softmax.default, _aten.native_layer_norm.default,
-               _aten.add.Tensor, _aten.mul.Tensor):
-        got = policy(ctx, op)
-        expect(_one_of(got, _RECOMPUTE),
-               f"for {op} your policy returned {got!r}, expected PREFER_RECOMPUTE",
-               hint="pointwise ops, LayerNorm and softmax are cheap to rerun: recompute them")
+    _expect_policy(policy, (_aten.mm.default, _aten.addmm.default, _aten.bmm.default), _SAVE,
+                   "MUST_SAVE", "nn.Linear with a bias dispatches aten.addmm, without one aten.mm,"
+                   " and a batched q @ k^T aten.bmm; `op` is an OpOverload such as "
+                   "torch.ops.aten.addmm.default, and it never equals the packet "
+                   "torch.ops.aten.addmm")
+    _expect_policy(policy, ATTENTION_OPS, _SAVE, "MUST_SAVE",
+                   "F.scaled_dot_product_attention dispatches one fused op, not a matmul: save "
+                   "its output too, or the backward pass runs the attention forward again")
+    _expect_policy(policy, (_aten.gelu.default, _aten._softmax.default,
+                            _aten.native_layer_norm.default, _aten.add.Tensor, _aten.mul.Tensor),
+                   _RECOMPUTE, "PREFER_RECOMPUTE",
+                   "pointwise ops, LayerNorm and softmax are cheap to rerun: recompute them")
     # End to end on one block of the course GPT (linears with bias), with either attention.
     for attention in ("explicit", "sdpa"):
         torch.default_generator.manual_seed(0)
@@ -174,18 +173,14 @@ def check_kernel_policy(policy):
     from course_lib.training.policies import backward_ops
 
     kernel = torch.ops.course.bias_dropout_add.default
-    ctx = SelectiveCheckpointContext(is_recompute=False)
-    got = policy(ctx, kernel)
-    expect(_one_of(got, _SAVE), f"for {kernel} your policy returned {got!r}, expected MUST_SAVE",
-           hint="the op a policy sees is the OpOverload torch.ops.course.bias_dropout_add.default;"
-                " the packet torch.ops.course.bias_dropout_add never equals it")
-    for op in (_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.gelu.default,
-               _aten.native_layer_norm.default, _aten.add.Tensor, _aten.native_dropout.default,
-               *ATTENTION_OPS):
-        got = policy(ctx, op)
-        expect(_one_of(got, _RECOMPUTE), f"for {op} your policy returned {got!r}, expected "
-               "PREFER_RECOMPUTE", hint="save the kernel's output only: every other op, the "
-                                        "matmuls included, runs again in the backward pass")
+    _expect_policy(policy, (kernel,), _SAVE, "MUST_SAVE",
+                   "the op a policy sees is the OpOverload torch.ops.course.bias_dropout_add."
+                   "default; the packet torch.ops.course.bias_dropout_add never equals it")
+    _expect_policy(policy, (_aten.mm.default, _aten.addmm.default, _aten.bmm.default,
+                            _aten.gelu.default, _aten.native_layer_norm.default, _aten.add.Tensor,
+                            _aten.native_dropout.default, *ATTENTION_OPS), _RECOMPUTE,
+                   "PREFER_RECOMPUTE", "save the kernel's output only: every other op, the "
+                   "matmuls included, runs again in the backward pass")
     batch, seq, width = 2, 8, 16
     kept, runs = {}, {}
     for name, each in (("yours", policy), ("nothing saved", _recompute_all)):

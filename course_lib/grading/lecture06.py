@@ -90,28 +90,20 @@ def check_largest_micro_batch(fn):
            hint="raise ValueError: no setting of the batch makes this model fit")
 
 
-class _Big:
-    """A tensor-holding object whose death can be observed."""
-
-    def __init__(self):
-        self.tensor = torch.zeros(1024)
-
-
-def _failing(make_error, refs: list):
-    """Work that raises ``make_error()``, with a weak reference to its tensors in ``refs``."""
+def _failing(kind, args, refs: list):
+    """Work that raises ``kind(*args)``, with a weak reference to its tensors in ``refs``."""
     def work():
-        big = _Big()  # held by this frame, so by the traceback, until the error is dropped
+        big = torch.zeros(1024)  # held by this frame, so by the traceback, till the error dies
         refs.append(weakref.ref(big))
-        raise make_error()  # made here: nothing outside holds the error or its traceback
+        raise kind(*args)  # made here: nothing outside holds the error or its traceback
     return work
 
 
-_ERRORS = {"OutOfMemoryError": lambda: _OOM("CUDA out of memory. Tried to allocate 2.00 GiB"),
-           "MemoryBudgetExceeded": lambda: MemoryBudgetExceeded(3 << 30, 2 << 30, "training"),
-           "ValueError": lambda: ValueError("a bug"),
-           "RuntimeError": lambda: RuntimeError("mat1 and mat2 shapes cannot be multiplied")}
-_KINDS = {"OutOfMemoryError": _OOM, "MemoryBudgetExceeded": MemoryBudgetExceeded,
-          "ValueError": ValueError, "RuntimeError": RuntimeError}
+#: The errors the work raises, by name: ``(kind, its arguments)``.
+_ERRORS = {"OutOfMemoryError": (_OOM, ("CUDA out of memory. Tried to allocate 2.00 GiB",)),
+           "MemoryBudgetExceeded": (MemoryBudgetExceeded, (3 << 30, 2 << 30, "training")),
+           "ValueError": (ValueError, ("a bug",)),
+           "RuntimeError": (RuntimeError, ("mat1 and mat2 shapes cannot be multiplied",))}
 
 
 def _report_run(fn, error: str) -> dict:
@@ -119,11 +111,12 @@ def _report_run(fn, error: str) -> dict:
     whether it collected garbage and emptied the CUDA cache, whether the work's tensors died."""
     refs: list = []
     escaped, got = False, None
+    kind, args = _ERRORS[error]
     with mock.patch.object(gc, "collect", wraps=gc.collect) as collect, \
             mock.patch.object(torch.cuda, "empty_cache", wraps=torch.cuda.empty_cache) as empty:
         try:
-            got = fn(_failing(_ERRORS[error], refs))
-        except _KINDS[error]:
+            got = fn(_failing(kind, args, refs))
+        except kind:
             escaped = True
     return {"escaped": escaped, "is_str": isinstance(got, str),
             "message": got if isinstance(got, str) else "", "got": repr(got)[:300],
@@ -157,12 +150,10 @@ def check_train_or_report(fn):
                "the tensors of the failed work are still alive after your function returned",
                hint="do not keep the exception (it holds the work's frames, and their tensors): "
                     "return a message built from it")
-    for kind, text in ((ValueError, "a bug"),
-                       (RuntimeError, "mat1 and mat2 shapes cannot be multiplied")):
-        run = observe(_report_run, fn, kind.__name__)
-        if run["escaped"] is True:
-            continue
-        expect(False, f"a {kind.__name__} ({text}) was turned into {run['got']}",
+    for name in ("ValueError", "RuntimeError"):
+        run = observe(_report_run, fn, name)
+        expect(run["escaped"] is True,
+               f"a {name} ({_ERRORS[name][1][0]}) was turned into {run['got']}",
                hint="catch only the out-of-memory errors: a bug must still raise")
 
 

@@ -46,15 +46,19 @@ def check_ddp_accumulation_plan(fn):
                     "no_sync() skips all but the last micro-batch's, it does not skip the last")
 
 
-class _SimulatedGroup:
-    """``world_size`` threads that sum tensors in place, like ``dist.all_reduce(t)`` (SUM)."""
+def _average_run(fn, world_size: int, grads: list[list]) -> list[list]:
+    """Run ``fn(params, all_reduce_sum, world_size)`` on one thread per rank (beside the learner's
+    code), ``all_reduce_sum`` summing in place over the ranks as ``dist.all_reduce(t)`` does:
+    each rank's ``p.grad`` afterwards."""
+    barrier = threading.Barrier(world_size, timeout=_BARRIER_TIMEOUT)
+    slots: list = [None] * world_size
+    params = [[torch.nn.Parameter(torch.zeros(2) if g is None else torch.zeros_like(g))
+               for g in rank_grads] for rank_grads in grads]
+    for p, g in zip(sum(params, []), sum(grads, [])):
+        p.grad = None if g is None else g.clone()
+    errors: list = [None] * world_size
 
-    def __init__(self, world_size: int):
-        self.barrier = threading.Barrier(world_size, timeout=_BARRIER_TIMEOUT)
-        self.slots: list = [None] * world_size
-
-    def all_reduce_sum_for(self, rank: int):
-        """The ``all_reduce_sum`` of rank ``rank``."""
+    def body(rank: int) -> None:
         def all_reduce_sum(tensor, *args, **kwargs):
             if not isinstance(tensor, torch.Tensor):
                 raise CheckFailed(f"all_reduce_sum was given {type(tensor).__name__}, not a "
@@ -63,32 +67,17 @@ class _SimulatedGroup:
                 raise CheckFailed("all_reduce_sum was given more than the tensor",
                                   hint="all_reduce_sum(tensor) sums over the ranks, in place; "
                                        "it takes no other argument")
-            self.slots[rank] = tensor
-            self.barrier.wait()  # every rank has put its tensor down
-            total = sum(t.detach().clone() for t in self.slots)
-            self.barrier.wait()  # every rank has read every tensor: now they may change
+            slots[rank] = tensor
+            barrier.wait()  # every rank has put its tensor down
+            total = sum(t.detach().clone() for t in slots)
+            barrier.wait()  # every rank has read every tensor: now they may change
             tensor.copy_(total)
 
-        return all_reduce_sum
-
-
-def _average_run(fn, world_size: int, grads: list[list]) -> list[list]:
-    """Run ``fn(params, all_reduce_sum, world_size)`` on one thread per rank (beside the learner's
-    code): each rank's ``p.grad`` afterwards."""
-    group = _SimulatedGroup(world_size)
-    params = [[torch.nn.Parameter(torch.zeros_like(g) if g is not None else torch.zeros(2))
-               for g in rank_grads] for rank_grads in grads]
-    for rank_params, rank_grads in zip(params, grads):
-        for p, g in zip(rank_params, rank_grads):
-            p.grad = None if g is None else g.clone()
-    errors: list = [None] * world_size
-
-    def body(rank: int) -> None:
         try:
-            fn(params[rank], group.all_reduce_sum_for(rank), world_size)
+            fn(params[rank], all_reduce_sum, world_size)
         except BaseException as exc:  # report it, and free the ranks waiting for this one
             errors[rank] = exc
-            group.barrier.abort()
+            barrier.abort()
 
     threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world_size)]
     for t in threads:

@@ -17,7 +17,7 @@ import torch
 
 from course_lib import validation
 from course_lib.units import MiB, format_bytes
-from course_lib.validation import WrongTypeError, boolean, fields, integer, number
+from course_lib.validation import boolean, function, integer, number
 
 #: The largest request :func:`probe` makes, in MiB (1 TiB), and the longest it waits, in seconds.
 MAX_PROBE_MIB = 2**20
@@ -75,15 +75,6 @@ class _Reading:
     peak_allocated: int = 0
     peak_reserved: int = 0
 
-    def __post_init__(self):
-        for name, value in asdict(self).items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int of bytes, got {value!r}")
-        if self.free > self.total:
-            raise ValueError(f"free must be at most total={self.total}, got {self.free}")
-        if self.allocated > self.reserved:
-            raise ValueError(f"allocated must be at most reserved={self.reserved}, got {self.allocated}")
-
     @property
     def used(self) -> int:
         """``total - free``: nvidia-smi's "Memory-Usage" (all processes)."""
@@ -102,8 +93,7 @@ class _Reading:
 
 def _read(device: torch.device | str | int | None = None) -> _Reading | _NotOnCUDA:
     """The allocator's and the driver's figures for ``device`` now."""
-    missing = _not_on_cuda(device)
-    if missing is not None:
+    if (missing := _not_on_cuda(device)) is not None:
         return missing
     device = _device(device)
     torch.cuda.synchronize(device)
@@ -131,8 +121,6 @@ def _parse_smi(output: str) -> _SmiReading:
     except ValueError:
         raise ValueError(f"output must start with a line of three integers (MiB) separated by "
                          f"commas, got {output!r}") from None
-    if min(total, used, free) < 0:
-        raise ValueError(f"output must hold non-negative MiB, got {output!r}")
     return _SmiReading(total * MiB, used * MiB, free * MiB)
 
 
@@ -149,8 +137,7 @@ def smi_reading(device: torch.device | str | int | None = None, *,
         ValueError: naming ``device`` or ``timeout``, for a value out of range.
     """
     number("timeout", timeout, above=0.0, maximum=MAX_PROBE_SECONDS)
-    missing = _not_on_cuda(device)
-    if missing is not None:
+    if (missing := _not_on_cuda(device)) is not None:
         return missing
     dev = _device(device)
     index = torch.cuda.current_device() if dev.index is None else dev.index
@@ -174,9 +161,6 @@ class _StepReport:
     resident: int
     before: _Reading
     after: _Reading
-
-    def __post_init__(self):
-        fields(self, predicted=int, resident=int, before=_Reading, after=_Reading)
 
     @property
     def measured(self) -> int:
@@ -214,13 +198,11 @@ def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
     Raises:
         ValueError: naming ``predicted``, ``resident`` (ints >= 0) or ``device``.
     """
-    if not callable(fn):
-        raise WrongTypeError(f"fn must be callable with no arguments, got {fn!r}")
+    function("fn", fn)
     for name, value in (("predicted", predicted), ("resident", resident)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be a non-negative int of bytes, got {value!r}")
-    missing = _not_on_cuda(device)
-    if missing is not None:
+    if (missing := _not_on_cuda(device)) is not None:
         return missing
     device = _device(device)
     gc.collect()
@@ -318,11 +300,8 @@ class _Probe:
     @classmethod
     def from_dict(cls, data: Mapping) -> _Probe:
         """The probe of the JSON object the probing process prints."""
-        try:
-            stages = tuple((str(name), _Reading(**reading)) for name, reading in data["stages"])
-            return cls(bool(data["expandable_segments"]), int(data["free_before_init"]), stages)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"data must be a probe's JSON object, got {data!r}") from exc
+        stages = tuple((str(name), _Reading(**reading)) for name, reading in data["stages"])
+        return cls(bool(data["expandable_segments"]), int(data["free_before_init"]), stages)
 
 
 def probe(expandable_segments: bool = False, *, device: int = 0,
@@ -347,8 +326,7 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
         raise ValueError(f"device must be a CUDA device index (an int >= 0), got {device!r}")
     sizes = _check_sizes(sizes_mib)
     number("timeout", timeout, above=0.0, maximum=MAX_PROBE_SECONDS)
-    missing = _not_on_cuda(device)
-    if missing is not None:
+    if (missing := _not_on_cuda(device)) is not None:
         return missing
     # Read before the child starts: this process must not allocate meanwhile (it waits).
     free_before, _ = torch.cuda.mem_get_info(device)
@@ -376,15 +354,13 @@ def _check_sizes(sizes_mib) -> tuple[int, ...]:
 
 def _measure(free_before_init: int, device: int, sizes_mib: Sequence[int]) -> dict:
     """The probing process's work (see :func:`probe`); returns its JSON object."""
-    missing = _not_on_cuda(device)
-    if missing is not None:
+    if (missing := _not_on_cuda(device)) is not None:
         return {"available": False, "reason": missing.reason}
     dev = torch.device("cuda", device)
     stages = []
 
     def stage(name):
-        reading = _read(dev)
-        stages.append((name, asdict(reading)))
+        stages.append((name, asdict(_read(dev))))
 
     torch.cuda.init()
     torch.cuda.mem_get_info(dev)  # creates the device's context
@@ -414,7 +390,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--sizes-mib", default=",".join(map(str, FRAGMENTING_SIZES_MIB)))
     args = parser.parse_args(argv)
-    sizes = _check_sizes([int(s) for s in args.sizes_mib.split(",")])
+    sizes = [int(s) for s in args.sizes_mib.split(",")]  # checked by probe(), which runs this
     print(json.dumps(_measure(args.free_before_init, args.device, sizes)))
     return 0
 

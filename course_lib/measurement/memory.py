@@ -23,6 +23,7 @@ from course_lib.model.gpt import GPTConfig, check_batch, check_config
 from course_lib.units import MEMORY_CATEGORIES, as_dtype, format_bytes, storage_bytes, storage_key
 from course_lib.validation import (
     WrongTypeError,
+    available_device,
     device as as_device,
     fields,
     function,
@@ -130,19 +131,6 @@ def _storage_of(tensor: torch.Tensor):
         return None
 
 
-def _device_kind(device) -> str | None:
-    """``"cuda"``, ``"cpu"``, ``"mps"`` or None, from :func:`peak_memory`'s ``device``."""
-    if device is None:
-        return None
-    try:
-        kind = torch.device(device).type if isinstance(device, str | torch.device) else None
-    except (RuntimeError, TypeError, ValueError):
-        kind = None
-    if kind not in ("cuda", "cpu", "mps"):
-        raise ValueError(f"device must be 'cuda', 'cpu', 'mps' or None, got {device!r}")
-    return kind
-
-
 def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None = None) -> int:
     """Peak bytes allocated while ``fn()`` runs, above what was live when it started.
 
@@ -160,13 +148,10 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
     >>> peak_memory(lambda: torch.zeros(1024, 1024), device="cpu")  # 4 MiB of fp32
     4194304
     """
-    if not callable(fn):
-        raise WrongTypeError(f"fn must be callable with no arguments, got {fn!r}")
-    kind = _device_kind(device)
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but this machine has no CUDA device")
-    if kind == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device='mps' but this machine has no MPS device")
+    function("fn", fn)
+    kind = None if device is None else available_device("device", device).type
+    if kind not in (None, "cuda", "cpu", "mps"):
+        raise ValueError(f"device must be 'cuda', 'cpu', 'mps' or None, got {device!r}")
     use_cuda = kind == "cuda" or (kind is None and torch.cuda.is_available())
     if use_cuda:
         # Earlier work's garbage (reference cycles) collected during fn would lower the figure
@@ -179,8 +164,7 @@ def peak_memory(fn: Callable[[], object], *, device: str | torch.device | None =
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - start
-    tracker = LiveTensorTracker()
-    with tracker:
+    with LiveTensorTracker() as tracker:
         fn()
     if use_cuda:
         torch.cuda.synchronize()
@@ -290,10 +274,8 @@ def saved_bytes(output: torch.Tensor, params=(), *, include_parameters: bool = F
     """
     if not isinstance(include_parameters, bool):
         raise WrongTypeError(f"include_parameters must be True or False, got {include_parameters!r}")
-    unique = {}
-    for row in saved_tensors(output, params):
-        if include_parameters or not row.is_parameter:
-            unique[row.storage_id] = row.nbytes
+    unique = {row.storage_id: row.nbytes for row in saved_tensors(output, params)
+              if include_parameters or not row.is_parameter}
     return sum(unique.values())
 
 
@@ -403,6 +385,14 @@ CATEGORIES = tuple(name for name in MEMORY_CATEGORIES if name != "master_weights
 PHASES = ("forward", "backward", "optimizer")
 
 
+def _check_model(model, optimizer) -> None:
+    """Refuse a ``model`` that is not a module or an ``optimizer`` that is not an optimizer."""
+    if not isinstance(model, torch.nn.Module):
+        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise WrongTypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+
+
 def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   inputs: torch.Tensor, targets: torch.Tensor, *,
                   on_phase: Callable[[str, torch.Tensor | None], None] | None = None) -> float:
@@ -420,10 +410,7 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     Raises:
         ValueError: naming the argument, for a batch the model cannot train on.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise WrongTypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    _check_model(model, optimizer)
     check_batch(model, inputs, targets)
     hook = function("on_phase", on_phase, optional=True) or (lambda name, loss: None)
     hook("forward", None)
@@ -454,13 +441,10 @@ def resident_bytes(model: torch.nn.Module, optimizer) -> int:
     >>> resident_bytes(model, torch.optim.AdamW(model.parameters()))  # no state before a step
     4198400
     """
-    if not isinstance(model, torch.nn.Module):
-        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _check_model(model, optimizer)
     first = next(model.parameters(), None)
     if first is None:
         raise ValueError("model must have at least one parameter, got a module with none")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise WrongTypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     device = first.device
     tensors = [*model.parameters(), *getattr(optimizer, "master", ()),
                *_optimizer_tensors(optimizer)]
@@ -525,11 +509,7 @@ def step_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     Returns:
         StepBreakdown: the bytes by category at the peak, and each phase's peak.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise WrongTypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    check_batch(model, inputs, targets)
+    _check_model(model, optimizer)  # training_step checks the batch
     params = list(model.parameters())
     baseline = dict.fromkeys(CATEGORIES, 0)
     baseline["parameters"] = storage_bytes(params)

@@ -11,7 +11,7 @@ import torch
 
 from course_lib.measurement.memory import LiveTensorTracker
 from course_lib.model.kernels import CUDA_BLOCK
-from course_lib.validation import WrongTypeError
+from course_lib.validation import WrongTypeError, function
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,7 @@ def record_timeline(fn: Callable[[], object], *, max_entries: int = 1_000_000) -
     Raises:
         ValueError: on a machine without CUDA.
     """
-    if not callable(fn):
-        raise WrongTypeError(f"fn must be callable with no arguments, got {fn!r}")
+    function("fn", fn)
     if not torch.cuda.is_available():
         raise ValueError("record_timeline needs a CUDA device; this machine has none")
     torch.cuda.synchronize()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import importlib.util
 import inspect
 import math
 import textwrap
@@ -34,8 +33,6 @@ _KERNELS: dict | None = None
 @functools.cache
 def _triton_installed() -> bool:
     """Whether Triton imports here (a wheel built for another platform may be installed and fail)."""
-    if importlib.util.find_spec("triton") is None:
-        return False
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -53,11 +50,9 @@ _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 def _backend(device: torch.device | str) -> str:
     """How the kernels run on ``device``: "triton", "interpreter" (the CPU) or "reference"."""
     kind = as_device("device", device).type
-    if not _triton_installed():
+    if not _triton_installed() or kind not in ("cuda", "cpu"):
         return "reference"
-    if kind == "cuda":
-        return "triton"
-    return "interpreter" if kind == "cpu" else "reference"
+    return "triton" if kind == "cuda" else "interpreter"
 
 
 def _forward(x_ptr, b_ptr, out_ptr, n_elements, n_cols, BLOCK: tl.constexpr):

@@ -259,22 +259,11 @@ class GPT(nn.Module):
         Raises:
             ValueError: naming ``idx`` or ``targets``, for a wrong shape, dtype or id.
         """
-        B, T = tensor("idx", idx, integral=True, dim=2).shape
-        if T > self.config.seq_len:
-            raise ValueError(f"sequence length {T} exceeds config.seq_len={self.config.seq_len}")
-        if B == 0 or T == 0:  # the mean loss of no tokens would be NaN
-            raise ValueError(f"idx must hold at least one token, got shape {tuple(idx.shape)}")
-        if idx.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"idx must hold int64 (or int32) token ids, got {idx.dtype}")
-        if targets is not None:
-            tensor("targets", targets, integral=True)
-            if targets.shape != idx.shape or targets.dtype != torch.int64:
-                raise ValueError(f"targets must be int64 of idx's shape {tuple(idx.shape)}, got "
-                                 f"{targets.dtype} of shape {tuple(targets.shape)}")
+        _check_tokens(self.config, idx, targets, ("idx", "targets"))
         vocab = self.config.vocab_size
         if self.check_ids:
             _check_ids(idx, targets, vocab, ignore_index)
-        pos = torch.arange(T, device=idx.device)
+        pos = torch.arange(idx.size(1), device=idx.device)
         try:
             x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         except IndexError:
@@ -315,18 +304,27 @@ def check_batch(model, inputs, targets, *, names: tuple = ("inputs", "targets"),
                              f"dimension), got shapes {tuple(inputs.shape)} and "
                              f"{tuple(targets.shape)}")
         return
-    config = model.config
-    B, T = tensor(x_name, inputs, integral=True, dim=2).shape
-    if B == 0 or T == 0 or T > config.seq_len or inputs.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"{x_name} must be a non-empty (batch, tokens) int64 tensor of at most "
-                         f"{config.seq_len} tokens (config.seq_len), got {inputs.dtype} of shape "
-                         f"{tuple(inputs.shape)}")
-    tensor(y_name, targets, integral=True)
-    if targets.shape != inputs.shape or targets.dtype != torch.int64:
-        raise ValueError(f"{y_name} must be int64 of {x_name}'s shape {tuple(inputs.shape)}, got "
-                         f"{targets.dtype} of shape {tuple(targets.shape)}")
+    _check_tokens(model.config, inputs, targets, names)
     if inputs.device.type == "cpu" and targets.device.type == "cpu":
-        _check_ids(inputs, targets, config.vocab_size, ignore_index, names)
+        _check_ids(inputs, targets, model.config.vocab_size, ignore_index, names)
+
+
+def _check_tokens(config: GPTConfig, idx, targets, names: tuple) -> None:
+    """Refuse ids (and targets) of a shape or dtype ``GPT(config)`` cannot take."""
+    x_name, y_name = names
+    B, T = tensor(x_name, idx, integral=True, dim=2).shape
+    if T > config.seq_len:
+        raise ValueError(f"sequence length {T} of {x_name} exceeds config.seq_len="
+                         f"{config.seq_len}")
+    if B == 0 or T == 0:  # the mean loss of no tokens would be NaN
+        raise ValueError(f"{x_name} must hold at least one token, got shape {tuple(idx.shape)}")
+    if idx.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{x_name} must hold int64 (or int32) token ids, got {idx.dtype}")
+    if targets is not None:
+        tensor(y_name, targets, integral=True)
+        if targets.shape != idx.shape or targets.dtype != torch.int64:
+            raise ValueError(f"{y_name} must be int64 of {x_name}'s shape {tuple(idx.shape)}, "
+                             f"got {targets.dtype} of shape {tuple(targets.shape)}")
 
 
 def _check_ids(idx, targets, vocab: int, ignore_index: int,

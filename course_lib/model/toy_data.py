@@ -52,10 +52,9 @@ def markov_tokens(n_sequences: int, seq_len: int, vocab_size: int = 64, *, branc
         >>> y[0]
         tensor([11,  7,  4,  2, 13, 12, 11,  3])
     """
-    n_sequences, seq_len, vocab_size = (
-        positive_int(name, value, maximum=maximum) for name, value, maximum in (
-            ("n_sequences", n_sequences, 2**24), ("seq_len", seq_len, MAX_SEQ_LEN),
-            ("vocab_size", vocab_size, 2**18)))
+    n_sequences = positive_int("n_sequences", n_sequences, maximum=2**24)
+    seq_len = positive_int("seq_len", seq_len, maximum=MAX_SEQ_LEN)
+    vocab_size = positive_int("vocab_size", vocab_size, maximum=2**18)
     if n_sequences * seq_len > MAX_TOKENS:
         raise ValueError(f"n_sequences * seq_len must be at most {MAX_TOKENS:,} tokens, got "
                          f"{n_sequences} x {seq_len}")

@@ -26,10 +26,7 @@ from course_lib.validation import (
 
 #: The largest value of each size of a Llama config (the course GPT's maxima, and a SwiGLU
 #: width of up to 2**20; Llama 3.1 405B has 53,248).
-LLAMA_MAXIMUM = {"vocab_size": CONFIG_MAXIMUM["vocab_size"], "d_model": CONFIG_MAXIMUM["d_model"],
-                 "n_layers": CONFIG_MAXIMUM["n_layers"], "n_heads": CONFIG_MAXIMUM["n_heads"],
-                 "n_kv_heads": CONFIG_MAXIMUM["n_heads"], "d_ff": 2**20,
-                 "seq_len": CONFIG_MAXIMUM["seq_len"]}
+LLAMA_MAXIMUM = {**CONFIG_MAXIMUM, "n_kv_heads": CONFIG_MAXIMUM["n_heads"], "d_ff": 2**20}
 #: The largest RoPE base a config takes, far above any published one (Llama 3: 500,000).
 MAX_ROPE_BASE = 2.0**40
 

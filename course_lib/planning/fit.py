@@ -82,9 +82,9 @@ def _check_step(step) -> Step:
 
 def _check_speed(speed) -> DeviceSpeed | None:
     """``speed`` checked: a DeviceSpeed or None."""
-    if speed is not None and not isinstance(speed, DeviceSpeed):
-        raise WrongTypeError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
-    return speed
+    if speed is None or isinstance(speed, DeviceSpeed):
+        return speed
+    raise WrongTypeError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
 
 
 def _fits(step: Step, budget: int) -> bool:
@@ -126,8 +126,7 @@ def largest_batch(step: Step, budget_bytes: int, *,
                   max_batch: int = 1 << 16) -> list[_BatchFit]:
     """For each checkpointing policy, the largest micro-batch of ``step`` that fits ``budget_bytes``.
 
-    Predicted peak memory grows with the micro-batch: doubling, then bisection, over
-    ``1 .. max_batch``. Returns one record per policy (``mode``, ``every``, ``label``,
+    Predicted peak memory grows with the micro-batch: bisection over ``1 .. max_batch``. Returns one record per policy (``mode``, ``every``, ``label``,
     ``micro_batch_size``, ``memory``: the peak moment, ``recompute_fraction``).
     Args:
         step (Step): a plain steady step; its micro-batch and policy are replaced.
@@ -145,13 +144,8 @@ def largest_batch(step: Step, budget_bytes: int, *,
     for mode, every in _check_policies(policies):
         policy = replace(step, mode=mode, every=every)
 
-        def fits(b, policy=policy):
-            return _fits(replace(policy, micro_batch_size=b), budget)
-
-        top = 1  # doubling, then bisection of the last interval
-        while top < max_batch and fits(min(2 * top, max_batch)):
-            top = min(2 * top, max_batch)
-        b = _largest(fits, range(top, min(2 * top, max_batch + 1)))
+        b = _largest(lambda b, policy=policy: _fits(replace(policy, micro_batch_size=b), budget),
+                     range(1, max_batch + 1))
         out.append(_BatchFit(mode, every, b,
                              predict(replace(policy, micro_batch_size=b)).peak if b else None,
                              recompute_fraction(policy)))
@@ -246,8 +240,7 @@ def _settings(step: Step, budget: int, policies: tuple, max_accumulation_steps: 
         fitting = [b for b in below if b <= largest]
         if below is not micro and _fits(at(n), budget):  # no accumulated gradient to hold
             fitting.append(n)
-        if fitting:
-            recompute = recompute_fraction(at(fitting[0]))
+        recompute = recompute_fraction(at(fitting[0])) if fitting else None
         for b in fitting:
             p = predict(at(b), speed)
             rows.append(((p.seconds, recompute, -b, mode, every), Fit(p, budget, recompute)))
@@ -322,11 +315,7 @@ def _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size) -
     positive_int("head_size", head_size, maximum=CONFIG_MAXIMUM["d_model"])
     for name, values, maximum in (("widths", widths, CONFIG_MAXIMUM["d_model"]),
                                   ("depths", depths, CONFIG_MAXIMUM["n_layers"])):
-        if (isinstance(values, str) or not isinstance(values, Sequence) or not values
-                or len(values) > MAX_SEARCH_VALUES):
-            raise ValueError(f"{name} must be a non-empty sequence of at most "
-                             f"{MAX_SEARCH_VALUES} positive ints, got {values!r}")
-        for v in values:
+        for v in items(name, values, min_len=1, max_len=MAX_SEARCH_VALUES):
             positive_int(name, v, maximum=maximum)
     if len(widths) * len(depths) > MAX_SEARCH_PAIRS:
         raise ValueError(f"widths and depths must make at most {MAX_SEARCH_PAIRS:,} pairs "

@@ -21,10 +21,6 @@ from course_lib.training import checkpointing as ckpt
 from course_lib.units import format_bytes
 from course_lib.validation import MAX_BATCH, MAX_BYTES, MAX_COUNT, choice, number, positive_int
 
-# The levers' groups: one setting per group is in force at a time.
-_LADDER_GROUPS = ("precision", "accumulation", "checkpointing", "chunked loss",
-                 "optimizer in backward", "optimizer states", "offload activations",
-                 "offload optimizer", "LoRA", "ZeRO")
 #: Groups that change the job rather than how it runs: LoRA trains other parameters, ZeRO
 #: needs more GPUs. The ladder tries them last.
 JOB_CHANGING = ("LoRA", "ZeRO")
@@ -170,13 +166,12 @@ def _ladder(plain: Step, budget: int, loss_chunk: int, lora_rank: int, world_siz
             speed: time_model.DeviceSpeed | None) -> Ladder:
     """:func:`ladder` of checked arguments, cached: a widget asks again for settings seen."""
     base = predict(plain, speed)
-    base_time = base.seconds
     rungs, fields = [], {}
     for lever, group, change in _levers(plain, loss_chunk, lora_rank, world_size):
         p = predict(replace(plain, **change), speed)
         fields[lever] = change
         rungs.append(_Rung(lever, group, p.step, p.peak, base.total - p.total,
-                           p.seconds / base_time - 1,
+                           p.seconds / base.seconds - 1,
                            "engine" if group in _ENGINE_GROUPS else "engine + formula"))
     listed = tuple(rungs)
     rungs.sort(key=rank_key)
@@ -191,7 +186,7 @@ def _ladder(plain: Step, budget: int, loss_chunk: int, lora_rank: int, world_siz
             continue
         if trial.total < current.total:
             current = trial
-            climbed.append((rung.lever, trial.peak, trial.seconds / base_time - 1))
+            climbed.append((rung.lever, trial.peak, trial.seconds / base.seconds - 1))
     return Ladder(plain.config, plain.gpu.name, budget, plain.batch_size, plain.seq_len,
                   base.peak, tuple(rungs), tuple(climbed), current.step, current.total <= budget,
                   listed)

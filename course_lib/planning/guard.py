@@ -86,16 +86,12 @@ class BudgetTracker(LiveTensorTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.live > self.budget_bytes:
-            error = MemoryBudgetExceeded(self.live, self.budget_bytes, self.what, at=_op_name(func))
+            # the op's name as a reader knows it: aten.gelu.default -> gelu
+            op = getattr(getattr(func, "overloadpacket", None), "__name__", None) or str(func)
+            error = MemoryBudgetExceeded(self.live, self.budget_bytes, self.what, at=op)
             self.breach = self.breach or error
             raise error
         return out
-
-
-def _op_name(func) -> str:
-    """An op's name as a reader knows it: ``aten.gelu.default`` -> ``gelu``."""
-    packet = getattr(func, "overloadpacket", None)
-    return getattr(packet, "__name__", None) or str(func)
 
 
 @dataclass
@@ -130,9 +126,8 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
     function("fn", fn)
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
     text("what", what)
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = as_device("device", device)
+    device = as_device("device", device if device is not None
+                       else "cuda" if torch.cuda.is_available() else "cpu")
     kind = device.type
     failure = None
     if kind == "cuda":

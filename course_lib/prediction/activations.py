@@ -5,8 +5,7 @@ counts op by op for *our* GPT, as lists of :class:`Saved` (one per storage), equ
 :func:`course_lib.measurement.memory.saved_bytes` to the byte. The GPU decides the dtypes of
 masks and LayerNorm statistics and the attention kernel; under ``autocast`` (``dtype`` the
 autocast dtype) the residual stream stays fp32 and each linear keeps 16-bit copies of its input
-and weight. The counts take ``config``, ``batch_size``, ``seq_len`` (None: ``config.seq_len``),
-``dtype``, ``gpu`` and ``autocast``.
+and weight.
 """
 
 from __future__ import annotations
@@ -206,18 +205,14 @@ def attention_core_saved(config: GPTConfig, b: int, s: int, dtype, gpu=None, *,
     return core_items(config, b, s, t, kernels.forced_kernel(kernel, config, t.compute, t.gpu))
 
 
-def _runs_fused_mlp(config: GPTConfig, t: Step) -> bool:
-    """Whether a fused SDPA kernel's output is the out-projection's input (one storage)."""
-    return config.attention == "sdpa" and kernels.sdpa_kernel(config, t.compute, t.gpu) != "math"
-
-
 def block_items(config: GPTConfig, b: int, s: int, t: Step) -> list[Saved]:
     """:func:`block_saved` for checked sizes."""
     h, p = config.d_model, config.dropout
     items = _layernorm_items("ln1", b, s, h, t)
     items += _linear_items("qkv", "ln1's output", b, s, h, 3 * h, t)
     items += core_items(config, b, s, t)
-    if not _runs_fused_mlp(config, t):
+    # a fused SDPA kernel's output is the out-projection's input (one storage)
+    if config.attention != "sdpa" or kernels.sdpa_kernel(config, t.compute, t.gpu) == "math":
         items += _linear_items("attn proj", "the merged heads, contiguous", b, s, h, h, t)
     elif t.autocast:  # the kernel's output is already 16-bit: only the weight is copied
         items += _linear_items("attn proj", "", b, s, h, h, t)[1:]

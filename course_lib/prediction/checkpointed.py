@@ -3,9 +3,7 @@
 For a mode of :data:`course_lib.training.checkpointing.ALL_MODES` (the modes themselves are
 training tools), the tensors each block keeps between the forward and the backward pass (exact
 bytes, from :mod:`course_lib.prediction.activations`) and the FLOPs a step runs with its
-recompute. The functions take ``config``, ``batch_size``, ``mode``, ``every`` (checkpoint blocks
-0, every, 2*every, ...), ``segments`` (``sqrt`` mode only), ``seq_len``, ``dtype`` (with
-``autocast``, the autocast dtype), ``gpu`` and ``autocast``.
+recompute.
 """
 
 from __future__ import annotations
@@ -16,19 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
-from course_lib.device import resolve_gpu
 from course_lib.model import kernels
 from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.prediction import activations as act
 from course_lib.training.checkpointing import (
-    ALL_MODES,
     SELECTIVE_MODES,
     check_kernel_mode,
     check_mode,
     checkpointed_regions,
 )
 from course_lib.units import dtype_bytes
-from course_lib.validation import fields
 
 
 def _selective_outputs(config: GPTConfig, b: int, s: int, t, mode: str = "selective") -> list:
@@ -120,7 +115,6 @@ def predict_kept_bytes(config: GPTConfig, batch_size: int, mode: str = "none", e
     Returns:
         int: the bytes.
     """
-    gpu = resolve_gpu(gpu)
     embed, per_block, head, _, _ = kept_layout(config, batch_size, mode, every, segments, seq_len,
                                                dtype, gpu, autocast)
     # Blocks of one kind share one list of items: sum each kind once (planners call this often).
@@ -145,9 +139,8 @@ def block_ratio(config: GPTConfig, batch_size: int, *, seq_len: int | None = Non
     check_config(config)
     kw = dict(seq_len=seq_len, dtype=dtype, gpu=gpu, autocast=autocast)
     one = dataclasses.replace(config, n_layers=1)
-    gpu = resolve_gpu(gpu)
-    plain = act.total_bytes(kept_by_block(one, batch_size, "none", **kw)[0], act.STEP_KINDS, gpu)
-    kept = act.total_bytes(kept_by_block(one, batch_size, "blocks", **kw)[0], act.STEP_KINDS, gpu)
+    plain, kept = (act.total_bytes(kept_by_block(one, batch_size, mode, **kw)[0], act.STEP_KINDS,
+                                   gpu) for mode in ("none", "blocks"))
     return plain / kept
 
 
@@ -159,12 +152,6 @@ class _CheckpointCost:
     kept_bytes: int
     flops: int
     flops_plain: int
-
-    def __post_init__(self):
-        fields(self, mode=ALL_MODES, kept_bytes=int, flops=int, flops_plain=int)
-        if not 0 < self.flops_plain <= self.flops:  # a step computes; recomputing adds to it
-            raise ValueError(f"_CheckpointCost.flops_plain must be from 1 to flops={self.flops}, "
-                             f"got {self.flops_plain}")
 
     @property
     def flop_ratio(self) -> float:
@@ -188,11 +175,9 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
     Returns:
         tuple of int: ``(flops, recomputed)``.
     """
-    check_config(config)
-    L = config.n_layers
-    segments = check_mode(mode, every, segments, L)
     b, s, t = act.prediction_args(config, batch_size, seq_len, dtype, gpu, autocast)
-    h = config.d_model
+    L, h = config.n_layers, config.d_model
+    segments = check_mode(mode, every, segments, L)
     kernel = kernels.attention_kernel(config, t.compute, t.gpu)
     linears, core, head = 24 * b * s * h * h, 4 * b * s * s * h, 2 * b * s * h * config.vocab_size
     core_backward = 2 * core if kernel in ("explicit", "math") else 5 * core // 2
@@ -200,13 +185,12 @@ def step_flops(config: GPTConfig, batch_size: int, mode: str = "none", every: in
         core = core_backward = 0
     plain = L * (3 * linears + core + core_backward) + 3 * head
     regions = checkpointed_regions(L, mode, every, segments)
+    extra = 0  # none; selective keeps every matmul and attention output it would rerun
     if mode in ("blocks", "sqrt"):
         tail = 0 if config.dropout > 0 else 8 * b * s * h * h
         extra = sum(len(r) * (linears + core) - tail for r in regions)
     elif mode == "attention":
         extra = len(regions) * (core // 2 if kernel in ("explicit", "math") else core)
-    else:  # none; selective keeps every matmul and attention output it would rerun
-        extra = 0
     return plain + extra, extra
 
 

@@ -121,13 +121,6 @@ class _Replay:
         for category, nbytes in frees:
             self.live[category] -= nbytes
 
-    def recompute(self, label: str, nbytes: int, before: tuple | None = None,
-                  scratch: int = 0) -> None:
-        if before is None:
-            self._node(label, [(_ACT, nbytes), (_TMP, scratch)], [(_TMP, scratch)])
-        else:
-            self.pending = (label, nbytes, before, scratch)
-
     @classmethod
     def effect(cls, replay) -> _Effect:
         """Run ``replay(r)`` from nothing: the :class:`_Effect` of that stretch of one block."""
@@ -173,8 +166,8 @@ class _Effect:
 class _Backward:
     """The backward pass of the course GPT, node by node, in bytes as the device allocates them."""
 
-    def __init__(self, config: GPTConfig, b: int, s: int, t, params: torch.dtype):
-        self.config, self.b, self.s, self.t, self.params = config, b, s, t, params
+    def __init__(self, config: GPTConfig, b: int, s: int, t):
+        self.config, self.b, self.s, self.t, self.params = config, b, s, t, t.spec.params
         #: Replaying a checkpointed region: ``torch.utils.checkpoint`` drops a recomputed tensor
         #: from its store as the backward pass unpacks it, so a saved input goes with its last
         #: use (before a linear's bias gradient) rather than when its node is done.
@@ -199,21 +192,16 @@ class _Backward:
         """A linear's backward: input, weight (and bias) gradients; under autocast via 16 bit."""
         bias = self.config.bias if bias is None else bias
         w, bb = n_in * n_out, n_out * bias
-        if not self.t.autocast and self.in_region and bb:
-            saved = [f for f in frees if f[0] == _ACT]  # gone after the weight gradient's matmul
-            r.node(label, [(_TMP, grad_in), (_GRAD, self.bytes(w, self.params))], saved)
-            r.node(label + ": bias gradient", [(_GRAD, self.bytes(bb, self.params))],
-                   [f for f in frees if f[0] != _ACT])
-            return
-        if not self.t.autocast:
-            r.node(label, [(_TMP, grad_in), (_GRAD, self.bytes(w, self.params)),
-                           (_GRAD, self.bytes(bb, self.params))], frees)
-            return
-        w16, b16 = self.bytes(w, self.t.compute), self.bytes(bb, self.t.compute)
-        r.node(label, [(_TMP, grad_in), (_TMP, w16), (_TMP, b16)], [*frees, (_ACT, w16)])
-        r.node(label + ": weight gradients cast to fp32",
-               [(_GRAD, self.bytes(w, self.params)), (_GRAD, self.bytes(bb, self.params))],
-               [(_TMP, w16 + b16)])
+        w_grad, b_grad = (_GRAD, self.bytes(w, self.params)), (_GRAD, self.bytes(bb, self.params))
+        if self.t.autocast:
+            w16, b16 = self.bytes(w, self.t.compute), self.bytes(bb, self.t.compute)
+            r.node(label, [(_TMP, grad_in), (_TMP, w16), (_TMP, b16)], [*frees, (_ACT, w16)])
+            r.node(label + ": weight gradients cast to fp32", [w_grad, b_grad], [(_TMP, w16 + b16)])
+        elif self.in_region and bb:  # the saved input goes after the weight gradient's matmul
+            r.node(label, [(_TMP, grad_in), w_grad], [f for f in frees if f[0] == _ACT])
+            r.node(label + ": bias gradient", [b_grad], [f for f in frees if f[0] != _ACT])
+        else:
+            r.node(label, [(_TMP, grad_in), w_grad, b_grad], frees)
 
     def head(self, r: _Replay) -> None:
         c, b, s = self.config, self.b, self.s
@@ -339,19 +327,17 @@ class _Backward:
     def bias_gelu(self, r: _Replay) -> None:
         """The course kernel's bias-GELU backward (:mod:`course_lib.model.fused`)."""
         n, hidden, t = 4 * self.config.d_model, self.hidden, self.t
-        f32 = self.bytes(n, _F32)
+        f32, e = self.bytes(n, _F32), self.bytes(n, t.compute)
         frees = [(_TMP, hidden), (_ACT, hidden)]  # the incoming gradient, the saved input x
+        label = "bias_gelu backward (course kernel)"
         if t.compute == _F32:
-            r.node("bias_gelu backward (course kernel)", [(_TMP, hidden), (_GRAD, f32)], frees)
-            return
-        e = self.bytes(n, t.compute)
-        if not t.autocast:
-            r.node("bias_gelu backward (course kernel)", [(_TMP, hidden), (_TMP, f32), (_GRAD, e)],
-                   [(_TMP, f32), *frees])
-            return
-        r.node("bias_gelu backward (course kernel)", [(_TMP, hidden), (_TMP, f32), (_TMP, e)],
-               [(_TMP, f32), *frees, (_ACT, e)])  # and the saved 16-bit copy of the bias
-        r.node("bias cast backward", [(_GRAD, self.bytes(n, self.params))], [(_TMP, e)])
+            r.node(label, [(_TMP, hidden), (_GRAD, f32)], frees)
+        elif not t.autocast:
+            r.node(label, [(_TMP, hidden), (_TMP, f32), (_GRAD, e)], [(_TMP, f32), *frees])
+        else:
+            r.node(label, [(_TMP, hidden), (_TMP, f32), (_TMP, e)],
+                   [(_TMP, f32), *frees, (_ACT, e)])  # and the saved 16-bit copy of the bias
+            r.node("bias cast backward", [(_GRAD, self.bytes(n, self.params))], [(_TMP, e)])
 
     def attention(self, r: _Replay, g_in: int) -> None:
         """From the out-projection's backward to the concatenated q, k, v gradient (3 X, live)."""
@@ -500,21 +486,15 @@ def _kept_pieces(one: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, int
     return total(embed) + total(head), total(block), total(wrapped)
 
 
-@functools.lru_cache(maxsize=4096)
-def _region_counts(n_layers: int, mode: str, every: int, segments: int | None) -> tuple[int, int]:
-    """``(regions, the blocks they cover)`` of :func:`ckpt.checkpointed_regions`."""
-    regions = ckpt.checkpointed_regions(n_layers, mode, every, segments)
-    return len(regions), sum(len(region) for region in regions)
-
-
 def _kept_bytes(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
                 segments: int | None) -> int:
     """:func:`checkpointed.predict_kept_bytes` from per-piece sums."""
     # none, blocks and sqrt keep the same pieces (a region's first block keeps its input)
     piece_mode = "blocks" if mode in ("none", "sqrt") else mode
     outside, block, wrapped = _kept_pieces(_one_layer(config), b, s, t, piece_mode)
-    regions, covered = _region_counts(config.n_layers, mode, every, segments)
-    return outside + (config.n_layers - covered) * block + regions * wrapped
+    regions = ckpt.checkpointed_regions(config.n_layers, mode, every, segments)
+    covered = sum(len(region) for region in regions)
+    return outside + (config.n_layers - covered) * block + len(regions) * wrapped
 
 
 def _rerun_core(one: GPTConfig, b: int, s: int, t) -> tuple[int, int] | None:
@@ -553,8 +533,7 @@ def _rerun_core_scratch(one: GPTConfig, b: int, s: int, t) -> int:
     core = _rerun_core(one, b, s, t)
     if core is None:
         return 0
-    n, gpu = b * s * one.d_model, t.gpu
-    e = dtype_bytes(t.compute)
+    n, gpu, e = b * s * one.d_model, t.gpu, dtype_bytes(t.compute)
     out = kernels.allocated(n * e, gpu)
     if kernels.attention_kernel(one, t.compute, gpu) == "math" and e != 4:
         out += kernels.allocated(4 * n, gpu)  # the fp32 output, then its 16-bit cast
@@ -562,10 +541,10 @@ def _rerun_core_scratch(one: GPTConfig, b: int, s: int, t) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: str,
-                  rerun: int | None, released: bool, left: int) -> _Effect:
+def _block_effect(one: GPTConfig, b: int, s: int, t, mode: str, rerun: int | None,
+                  released: bool, left: int) -> _Effect:
     """One block's backward pass, after its region's recomputation, before its release."""
-    bw = _Backward(one, b, s, t, params)
+    bw = _Backward(one, b, s, t)
     bw.in_region = rerun is not None and mode in ("blocks", "sqrt", *ckpt.SELECTIVE_MODES)
 
     # With dropout a selective policy caches the MLP's projection output for a rerun of the
@@ -583,7 +562,6 @@ def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: 
                 r.node("block {i}: cached outputs consumed", [], [(_ACT, left - held)])
             if core is not None:  # the rerun's attention core at its end, then the block's rest
                 after, scratch = core
-                scores = 0
                 if mode == "selective":  # its QKV output, its output and the MLP's are cached
                     after, scratch, scores = _selective_rerun(one, b, s, t, after, scratch)
                     r.node("block {i}: cached scores consumed", [], [(_ACT, scores)])
@@ -594,27 +572,26 @@ def _block_effect(one: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: 
                     r.node("block {i}: cached outputs consumed", [],
                            [(_ACT, left - scores - held)])
                 r.node("block {i}: recomputation", [(_ACT, after)])
-            elif mode == "attention":  # the core alone, with its scratch (the QKV output is kept)
-                r.recompute("block {i}: recomputation", rerun, before=_CORE_BACKWARD,
-                            scratch=_rerun_core_scratch(one, b, s, t))
+            elif mode == "attention":  # the core alone, with its scratch (the QKV output is kept),
+                # rerun when the backward pass reaches it
+                r.pending = ("block {i}: recomputation", rerun, _CORE_BACKWARD,
+                             _rerun_core_scratch(one, b, s, t))
             else:
-                r.recompute("block {i}: recomputation", rerun)
+                r.node("block {i}: recomputation", [(_ACT, rerun)])
         bw.block(r)
-        if released and mode == "attention":  # what its checkpoint still held
-            r.node("block {i}: region released", [], [(_ACT, left)])
-        if released and held:
-            r.node("block {i}: region released", [], [(_ACT, held)])
+        if released and (mode == "attention" or held):  # what its checkpoint still held
+            r.node("block {i}: region released", [], [(_ACT, held or left)])
 
     return _Replay.effect(one_block)
 
 
-def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, mode: str,
-                     every: int, segments: int | None, loss_chunk: int | None = None) -> dict:
+def _backward_moment(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
+                     segments: int | None, loss_chunk: int | None) -> dict:
     """``{"live": ..., "moment": ...}`` at the worst moment of one micro-batch's backward pass."""
     kept = _kept_bytes(config, b, s, t, mode, every, segments)
     if loss_chunk is not None:
         kept += _chunked_kept(config, b, s, t)
-    bw = _Backward(config, b, s, t, params)
+    bw = _Backward(config, b, s, t)
     r = _Replay({_GRAD: 0, _ACT: kept, _TMP: bw.bytes(1, _F32)})  # the loss
     if loss_chunk is None:
         bw.head(r)
@@ -624,9 +601,7 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
     last = {region[-1]: region for region in regions}
     first = {region[0] for region in regions}
     one = _one_layer(config)  # every block is alike: one is replayed (cached)
-    block = rebuilt = left = 0
-    if regions:
-        block, rebuilt, left = _block_terms(one, b, s, t, mode)
+    block, rebuilt, left = _block_terms(one, b, s, t, mode) if regions else (0, 0, 0)
 
     def kind_of(i: int) -> tuple:
         rerun = rebuilt + (len(last[i]) - 1) * block if i in last else None
@@ -639,7 +614,7 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
             itertools.groupby(reversed(range(config.n_layers)), key=kind_of)]
 
     def run_effect(kind, n) -> _Effect:
-        return _block_effect(one, b, s, t, params, mode, *kind, left).repeat(n)
+        return _block_effect(one, b, s, t, mode, *kind, left).repeat(n)
 
     top, i = config.n_layers - 1, 0
     while i < len(runs):
@@ -661,11 +636,10 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, params: torch.dtype, 
 def _chunked_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
                      segments: int | None, loss_chunk: int) -> dict:
     """The chunked loss's forward moment: every kept activation plus the last chunk's logits."""
-    n, V = min(loss_chunk, b * s), config.vocab_size
+    n, V, gpu = min(loss_chunk, b * s), config.vocab_size, t.gpu
     kept = (checkpointed.predict_kept_bytes(config, b, mode, every, segments=segments, seq_len=s,
-                                    dtype=t.compute, gpu=t.gpu, autocast=t.autocast)
+                                    dtype=t.compute, gpu=gpu, autocast=t.autocast)
             + _chunked_kept(config, b, s, t))
-    gpu = t.gpu
     z = kernels.allocated(4 * n * V, gpu)
     if t.compute == _F32:  # the logits, the clamped target ids, the picked logits
         peak = z + kernels.allocated(8 * n, gpu) + kernels.allocated(4 * n, gpu)
@@ -677,8 +651,7 @@ def _chunked_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: int
 
 def _math_scratch(config: GPTConfig, b: int, s: int, t) -> int:
     """What SDPA's math kernel holds at its end beyond what it saves (:func:`_math_forward`)."""
-    gpu, e, h, a = t.gpu, dtype_bytes(t.compute), config.d_model, config.n_heads
-    n = b * s * h
+    gpu, e, a, n = t.gpu, dtype_bytes(t.compute), config.n_heads, b * s * config.d_model
 
     def al(numel, nbytes):
         return kernels.allocated(numel * nbytes, gpu)
@@ -695,7 +668,6 @@ def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
     if config.attention != "sdpa" or kernels.sdpa_kernel(config, t.compute, t.gpu) != "math":
         return None
     gpu = t.gpu
-    scratch = _math_scratch(config, b, s, t)
     block = act.block_items(config, b, s, t)
     last_core = max(i for i, item in enumerate(block) if item.op.startswith("sdpa"))
     head = act.head_items(config, b, s, t)
@@ -703,7 +675,7 @@ def _math_forward(config: GPTConfig, b: int, s: int, t) -> dict | None:
              + act.total_bytes(head, act.STEP_KINDS, gpu))
     whole = [*act.embedding_items(config, b, s, t), *(block * config.n_layers), *head]
     saved = act.total_bytes(whole, act.STEP_KINDS, gpu) - after
-    return {"live": {_GRAD: 0, _ACT: saved, _TMP: scratch},
+    return {"live": {_GRAD: 0, _ACT: saved, _TMP: _math_scratch(config, b, s, t)},
             "moment": "last block's attention (forward)"}
 
 
@@ -720,33 +692,19 @@ def _explicit_core_peak(config: GPTConfig, b: int, s: int, t, *, saved: bool,
     S = al(b * a * s * s, e)
     M = al(b * a * s * s, dtype_bytes(t.mask(t.compute)))
     B = al(s * s, 1)
-    live = worst = 0
-
-    def alloc(*sizes):
-        nonlocal live, worst
-        for n in sizes:
-            live += n
-            worst = max(worst, live)
-
-    def free(*sizes):
-        nonlocal live
-        live -= sum(sizes)
-
-    alloc(X, X, S)                                   # q, k copies; q @ k^T
-    alloc(S)                                         # * 1/sqrt(d)
-    free(*(() if saved else (X, X)), *(() if keep_scores else (S,)))
-    alloc(B, B)                                      # ones, tril (the local mask)
-    free(B)
-    alloc(B, S)                                      # ~mask, masked_fill
-    free(S, *(() if saved else (B,)))                # the scaled scores; ~mask unless saved
-    alloc(S)                                         # softmax
+    # Allocations and (negative) frees in order; the peak is the largest running sum.
+    sizes = [X, X, S,                                # q, k copies; q @ k^T
+             S,                                      # * 1/sqrt(d)
+             -(0 if saved else 2 * X) - (0 if keep_scores else S),
+             B, B, -B,                               # ones, tril (the local mask)
+             B, S,                                   # ~mask, masked_fill
+             -S - (0 if saved else B),               # the scaled scores; ~mask unless saved
+             S]                                      # softmax
     if p > 0:
-        alloc(M, S)                                  # dropout: its mask, its output
-        if not saved:
-            free(S, M)                               # the probabilities and the mask
-    alloc(X)                                         # v copy
-    alloc(al(b * s * config.d_model, e))             # probs @ v
-    return worst
+        sizes += [M, S, -(0 if saved else S + M)]    # dropout: its mask, its output
+    sizes += [X,                                     # v copy
+              al(b * s * config.d_model, e)]         # probs @ v
+    return max(itertools.accumulate(sizes, initial=0))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -761,8 +719,7 @@ def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: in
     total = functools.partial(act.total_bytes, kinds=act.STEP_KINDS, gpu=gpu)
     below = total(embed) + sum(total(items) for items in per_block[:L - 1])
     wrapped = {region[0] for region in regions}
-    last = L - 1 if mode != "sqrt" else None  # sqrt leaves the last segment plain
-    last_wrapped = last in wrapped
+    last_wrapped = mode != "sqrt" and L - 1 in wrapped  # sqrt leaves the last segment plain
     x_in = kernels.allocated(b * s * h * dtype_bytes(t.stream), gpu)
     qkv_out = kernels.allocated(3 * b * s * h * dtype_bytes(t.compute), gpu)
     ln_and_input = total(act.block_items(config, b, s, t)[:4])  # ln1's and the QKV input
@@ -771,8 +728,7 @@ def _explicit_forward(config: GPTConfig, b: int, s: int, t, mode: str, every: in
     else:  # blocks, selective: the block's input, LayerNorm's output (the attention's argument,
         # alive until the attention returns) and the QKV output (cached or not)
         start = 2 * x_in + qkv_out
-    saved = not last_wrapped
-    core = _explicit_core_peak(config, b, s, t, saved=saved,
+    core = _explicit_core_peak(config, b, s, t, saved=not last_wrapped,
                                keep_scores=last_wrapped and mode in ckpt.SELECTIVE_MODES)
     return {"live": {_GRAD: 0, _ACT: below + start, _TMP: core},
             "moment": "last block's attention (forward)"}
@@ -832,7 +788,6 @@ def _model_states(config: GPTConfig, precision: str, gpu: GPU | None) -> tuple[_
 def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every: int,
              segments: int | None, s: int, gpu: GPU | None, first_step: bool,
              foreach: bool, loss_chunk: int | None = None) -> dict[str, StepMemory]:
-    spec = PRECISION[precision]
     t = _target(precision, gpu)
     params, master, state = _model_states(config, precision, gpu)
     P = params.total
@@ -848,7 +803,7 @@ def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every
         chunked = _chunked_forward(config, b, s, t, mode, every, segments, loss_chunk)
         if forward is None or sum(chunked["live"].values()) > sum(forward["live"].values()):
             forward = chunked
-    backward = _backward_moment(config, b, s, t, spec.params, mode, every, segments, loss_chunk)
+    backward = _backward_moment(config, b, s, t, mode, every, segments, loss_chunk)
     for name, found in (("forward", forward), ("backward", backward)):
         if found is None:
             continue

@@ -17,10 +17,8 @@ precision          params  grads           master      each optimizer state tens
 Adam keeps two state tensors (``m``, ``v``), SGD with momentum one, SGD none: mixed-precision
 Adam is ``2 + 2 + 4 + 4 + 4 = 16`` bytes per parameter, the paper's ``K = 12``; Megatron-LM's
 fp32 gradient buffer makes it 18 (bf16) or 20 (fp16). ``torch.autocast`` keeps fp32 parameters
-and casts per op, so its model states are those of ``"fp32"``. ZeRO over ``N`` ranks shards the
-optimizer states and master weights (stage 1), the gradients (2), the parameters (3), each
-tensor padded to ``ceil(P/N)`` elements per rank; during a step FSDP2 also holds whole units
-(:func:`zero3_memory`).
+and casts per op, so its model states are those of ``"fp32"``. ZeRO shards them over ranks
+(:func:`training_memory`); during a step FSDP2 also holds whole units (:func:`zero3_memory`).
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ MAX_WORLD_SIZE = 2**24
 #: The optimizers and ZeRO stages the model-state formulas cover.
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
 ZERO_STAGES = (0, 1, 2, 3)
-RECOMPUTE_MODES = ("none", "selective", "full")
 
 #: State tensors per parameter tensor that each optimizer keeps (momentum buffer; Adam's m, v).
 STATE_TENSORS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
@@ -99,9 +96,7 @@ def mixed_precision_for(gpu=None) -> str:
         ('fp16-mixed', 'bf16-mixed')
     """
     card = resolve_gpu(gpu)
-    if card is None:
-        return "bf16-mixed"
-    return "fp16-mixed" if pick_dtype(card) == torch.float16 else "bf16-mixed"
+    return "fp16-mixed" if card is not None and pick_dtype(card) == torch.float16 else "bf16-mixed"
 
 
 @dataclass(frozen=True)
@@ -137,22 +132,6 @@ def _count(name: str, value, maximum: int = MAX_PARAMS) -> int:
     return positive_int(name, value, maximum=maximum)
 
 
-def _choice(name: str, value, allowed: tuple):
-    """``value`` if it is one of ``allowed`` (an int, never a bool, for numbers)."""
-    if all(isinstance(a, int) for a in allowed):  # numbers: an int (numpy's too), never a bool
-        try:
-            value = integer(name, value)
-        except ValueError:
-            raise ValueError(f"{name} must be one of {allowed}, got {value!r}") from None
-    try:
-        ok = value in allowed
-    except TypeError:
-        ok = False
-    if isinstance(value, bool | float) or not ok:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    return value
-
-
 def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str = "fp32",
                     zero_stage: int = 0, world_size: int = 1,
                     fp32_grad_buffer: bool = False) -> TrainingMemory:
@@ -177,26 +156,21 @@ def training_memory(n_params: int, *, optimizer: str = "adamw", precision: str =
         14000000000
     """
     P = _count("n_params", n_params)
-    _choice("optimizer", optimizer, OPTIMIZERS)
-    _choice("precision", precision, PRECISIONS)
-    stage = _choice("zero_stage", zero_stage, ZERO_STAGES)
+    choice("optimizer", optimizer, OPTIMIZERS)
+    choice("precision", precision, PRECISIONS)
+    try:  # numbers: an int (numpy's too), never a bool or a float
+        stage = integer("zero_stage", zero_stage, minimum=0, maximum=3)
+    except ValueError:
+        raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {zero_stage!r}") from None
     N = _count("world_size", world_size, MAX_WORLD_SIZE)
-    if not isinstance(fp32_grad_buffer, bool):
-        raise ValueError(f"fp32_grad_buffer must be True or False, got {fp32_grad_buffer!r}")
+    boolean("fp32_grad_buffer", fp32_grad_buffer)
     param_b, grad_b, master_b, state_b = PRECISION[precision].element_bytes
     if fp32_grad_buffer and grad_b == 2:
         grad_b = 6 if precision == "fp16-mixed" else 4
-    shard = -(-P // N) if stage else P  # ceil(P / N) in exact integers
-
-    def elements(sharded_from: int) -> int:
-        return shard if stage >= sharded_from else P
-
-    return TrainingMemory(
-        parameters=param_b * elements(3),
-        gradients=grad_b * elements(2),
-        optimizer_state=STATE_TENSORS[optimizer] * state_b * elements(1),
-        master_weights=master_b * elements(1),
-    )
+    # elements per rank of what stage 1, 2, 3 shard: ceil(P / N) in exact integers
+    states, grads, params = (-(-P // N) if stage >= k else P for k in (1, 2, 3))
+    return TrainingMemory(param_b * params, grad_b * grads,
+                          STATE_TENSORS[optimizer] * state_b * states, master_b * states)
 
 
 @functools.lru_cache(maxsize=64)
@@ -329,12 +303,6 @@ def transformer_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_
     s, b, h, a, L = (positive_int(n, v, maximum=MAX_COUNT) for n, v in (
         ("seq_len", seq_len), ("batch_size", batch_size), ("d_model", d_model),
         ("n_heads", n_heads), ("n_layers", n_layers)))
-    if recompute not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
-    if recompute == "full":
-        per_layer = 2 * s * b * h
-    elif recompute == "selective":
-        per_layer = 34 * s * b * h
-    else:
-        per_layer = 34 * s * b * h + 5 * a * s * s * b
-    return per_layer * L
+    per_layer = {"none": 34 * s * b * h + 5 * a * s * s * b, "selective": 34 * s * b * h,
+                 "full": 2 * s * b * h}
+    return per_layer[choice("recompute", recompute, per_layer)] * L

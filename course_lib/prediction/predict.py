@@ -89,20 +89,13 @@ def predict(step: Step, speed: DeviceSpeed | None = None) -> Prediction:
     return Prediction(step, _lever_moments(step), speed)
 
 
-_PLAIN = dict(in_backward=False, state_bits=32, offload_activations=False,
-              offload_optimizer=False, lora_rank=None, zero_stage=0)
-
-
 def _lever_moments(step: Step) -> dict[str, StepMemory]:
     """The engine's moments adjusted for lecture 08's levers and ZeRO, each a closed form
     (Rajbhandari et al. 2020; FSDP2's gathered units: :func:`formulas.zero3_memory`)."""
     moments = engine.moments(step)
-    if all(getattr(step, k) == v for k, v in _PLAIN.items()):
-        return moments
     config, b, s = step.config, step.micro_batch_size, step.seq_len
-    spec = step.spec
     numels = param_numels(config)
-    pb, _, mb, sb = spec.element_bytes  # params, grads, master weights, each state tensor
+    pb, _, mb, sb = step.spec.element_bytes  # params, grads, master weights, each state tensor
     if step.in_backward:
         largest = max(numels)
         opt = moments.pop("optimizer")
@@ -113,17 +106,13 @@ def _lever_moments(step: Step) -> dict[str, StepMemory]:
         scratch = engine.adamw_scratch_bytes([largest * sb] * 2) + largest * mb
         moments["optimizer"] = replace(opt, moment="optimizer step in backward (largest tensor)",
                                        gradients=largest * pb, transient=scratch)
-    r = step.lora_rank
-    if r:  # A (r x in) and B (out x r) beside every block linear
-        h = config.d_model
-        trained = [n for _ in range(config.n_layers) for _, i, o in BLOCK_SHAPES
-                   for n in (r * i * h, o * h * r)]
-    else:
-        trained = numels
+    r, h = step.lora_rank, config.d_model
+    # with LoRA, A (r x in) and B (out x r) beside every block linear are trained
+    trained = [n for _ in range(config.n_layers) for _, i, o in BLOCK_SHAPES
+               for n in (r * i * h, o * h * r)] if r else numels
     trainable = sum(trained)
     state = (levers.low_bit_state_bytes(trained, step.state_bits, param_bytes=sb)
              if step.state_bits != 32 or r else None)  # None: the engine's count
-    resident_acts = None
     if step.offload_activations:  # on the device: what the op being differentiated needs
         resident_acts = max(act.total_bytes(items(config, b, s, step), act.STEP_KINDS, step.gpu)
                             for items in (act.block_items, act.head_items))
@@ -138,30 +127,25 @@ def _lever_moments(step: Step) -> dict[str, StepMemory]:
             f["parameters"] = m.parameters + trainable * pb
             f["master_weights"] = trainable * mb
             f["gradients"] = min(m.gradients, trainable * pb)
-            f["activations"] = m.activations + (
-                4 * config.n_layers * b * s * r * dtype_bytes(spec.compute) if m.activations
-                else 0)
+            if m.activations:
+                f["activations"] += 4 * config.n_layers * b * s * r * dtype_bytes(step.compute)
             if name == "optimizer":  # the adapters' AdamW scratch
                 f["transient"] = engine.adamw_scratch_bytes([n * sb for n in trained])
         if state is not None and m.optimizer_state:
             f["optimizer_state"] = state
-        if resident_acts is not None:
+        if step.offload_activations:
             f["activations"] = min(m.activations, resident_acts)
         if step.offload_optimizer:
             f["optimizer_state"] = f["master_weights"] = 0
             if name == "optimizer":  # the step runs on the host
                 f["transient"] = 0
-        if z >= 1:
-            f["optimizer_state"] = -(-f["optimizer_state"] // N)
-            f["master_weights"] = -(-f["master_weights"] // N)
-        if z >= 2:
-            f["gradients"] = -(-f["gradients"] // N)
-        if z >= 3:  # sharded, plus the units FSDP2 gathers while the passes run
-            f["parameters"] = -(-f["parameters"] // N)
-            if name != "optimizer":
-                f["parameters"] += gathered.parameters - sharded.parameters
-            if name.startswith("backward"):
-                f["gradients"] += gathered.gradients - sharded.gradients
+        # ZeRO stage z >= 1 shards the first z + 1 of these, each to ceil(bytes / N)
+        for key in ("optimizer_state", "master_weights", "gradients", "parameters")[:z and z + 1]:
+            f[key] = -(-f[key] // N)
+        if z >= 3 and name != "optimizer":  # plus the units FSDP2 gathers while passes run
+            f["parameters"] += gathered.parameters - sharded.parameters
+        if z >= 3 and name.startswith("backward"):
+            f["gradients"] += gathered.gradients - sharded.gradients
         out[name] = StepMemory(m.moment, **f, first_step=m.first_step)
     return out
 

@@ -89,14 +89,14 @@ class Step:
     def __post_init__(self):
         config = check_config(self.config)
         put = object.__setattr__  # frozen: the checked values are stored as plain ints
-        put(self, "micro_batch_size", positive_int("micro_batch_size", self.micro_batch_size,
-                                                   maximum=MAX_BATCH))
-        put(self, "accumulation_steps", positive_int("accumulation_steps",
-                                                     self.accumulation_steps, maximum=MAX_BATCH))
+        for name, most in (("micro_batch_size", MAX_BATCH), ("accumulation_steps", MAX_BATCH),
+                           ("every", MAX_COUNT), ("world_size", MAX_WORLD_SIZE)):
+            put(self, name, positive_int(name, getattr(self, name), maximum=most))
+        for name, most in (("loss_chunk", MAX_COUNT), ("lora_rank", config.d_model)):
+            put(self, name, optional_positive_int(name, getattr(self, name), maximum=most))
         put(self, "seq_len", config.seq_len if self.seq_len is None else positive_int(
             "seq_len", self.seq_len, maximum=config.seq_len))
         spec = precision_of(self.precision)
-        put(self, "every", positive_int("every", self.every, maximum=MAX_COUNT))
         ckpt.check_mode(self.mode, self.every, self.segments, config.n_layers)
         ckpt.check_kernel_mode(self.mode, config)
         put(self, "gpu", resolve_gpu(self.gpu))
@@ -104,19 +104,13 @@ class Step:
             boolean(name, getattr(self, name))
         if self.foreach is not None:
             boolean("foreach", self.foreach)
-        put(self, "loss_chunk", optional_positive_int("loss_chunk", self.loss_chunk,
-                                                      maximum=MAX_COUNT))
         if self.loss_chunk is not None and spec.autocast:
             raise ValueError(f"loss_chunk is predicted without autocast only, got "
                              f"precision={self.precision!r}")
         if self.state_bits not in (32, 8, 4) or type(self.state_bits) is not int:
             raise (ValueError if type(self.state_bits) is int else WrongTypeError)(
                 f"state_bits must be one of (32, 8, 4), got {self.state_bits!r}")
-        put(self, "lora_rank", optional_positive_int("lora_rank", self.lora_rank,
-                                                     maximum=config.d_model))
         put(self, "zero_stage", integer("zero_stage", self.zero_stage, minimum=0, maximum=3))
-        put(self, "world_size", positive_int("world_size", self.world_size,
-                                             maximum=MAX_WORLD_SIZE))
         if self.in_backward and self.accumulation_steps > 1:
             raise ValueError("in_backward cannot be combined with accumulation_steps > 1: the "
                              "optimizer would step after every micro-batch")

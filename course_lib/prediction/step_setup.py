@@ -8,9 +8,6 @@ them and measures its peak, which lectures 02, 03, 06 and 08 put beside ``predic
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
 import torch
 
 from course_lib.measurement.memory import peak_memory, resident_bytes
@@ -63,14 +60,9 @@ def build(config: GPTConfig, *, precision: str = "fp32", mode: str = "none", eve
     return model, torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
 
 
-def keeps_rng(measure: Callable) -> Callable:
-    """``measure`` on a fork of the global RNG, so that a measurement that seeds it (:func:`build`)
-    leaves the caller's random numbers alone."""
-    @functools.wraps(measure)
-    def measured(*args, **kwargs):
-        with torch.random.fork_rng():
-            return measure(*args, **kwargs)
-    return measured
+#: Decorates a measurement to run on a fork of the global RNG, so that one that seeds it
+#: (:func:`build`) leaves the caller's random numbers alone (a ``contextmanager`` decorates).
+keeps_rng = torch.random.fork_rng()
 
 
 def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
@@ -88,10 +80,8 @@ def train_options(precision: str, device: str | torch.device = "cpu") -> dict:
     """
     spec = precision_of(precision)
     device = as_device("device", device)
-    options = {"amp_dtype": spec.compute if spec.autocast else None, "grad_scaler": None}
-    if spec.grad_scaler:
-        options["grad_scaler"] = make_grad_scaler(device.type)
-    return options
+    return {"amp_dtype": spec.compute if spec.autocast else None,
+            "grad_scaler": make_grad_scaler(device.type) if spec.grad_scaler else None}
 
 
 #: The levers a measured step runs without, each with the value that leaves it out.

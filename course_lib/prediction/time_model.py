@@ -27,7 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_lib.device import GPU, GPUS, MAX_BANDWIDTH, MAX_FLOPS, resolve_gpu
-from course_lib.measurement.timing import step_times
+from course_lib.measurement.timing import TimeSplit, step_times
 from course_lib.model.gpt import GPTConfig, gpt_param_count, param_numels
 from course_lib.model.kernels import adamw_foreach, attention_kernel
 from course_lib.prediction import checkpointed
@@ -69,7 +69,8 @@ _ADAMW_VALUES = 7
 
 #: The checkpointing modes whose operators :data:`OP_COUNTS` records (every block alike).
 CHECKPOINTING = ("none", "blocks", "selective", "attention")
-_BASES = ("from rates measured on this device", "from the datasheet")
+_FLOPS_FIELDS = {torch.float32: "fp32_flops", torch.float16: "fp16_flops",
+                 torch.bfloat16: "bf16_flops"}
 
 
 @dataclass(frozen=True)
@@ -102,16 +103,15 @@ class DeviceSpeed:
                 for r in self.region_seconds):
             raise ValueError(f"region_seconds must be a tuple of (mode, seconds) pairs, got "
                              f"{self.region_seconds!r:.80}")
-        for name in ("host_link", "peer_link"):
+        for name, maximum in (("host_link", MAX_BANDWIDTH), ("peer_link", MAX_BANDWIDTH),
+                              ("utilisation", 1.0)):
             if getattr(self, name) is not None:
-                number(name, getattr(self, name), above=0.0, maximum=MAX_BANDWIDTH)
-        if self.utilisation is not None:
-            number("utilisation", self.utilisation, above=0.0, maximum=1.0)
+                number(name, getattr(self, name), above=0.0, maximum=maximum)
 
     @property
     def basis(self) -> str:
         """Where the figures come from: "from rates measured on this device" or "from the datasheet"."""
-        return _BASES[0] if self.measured else _BASES[1]
+        return "from rates measured on this device" if self.measured else "from the datasheet"
 
     def reached(self, dtype: torch.dtype) -> float:
         """The share of ``dtype``'s matmul rate a step reaches: ``utilisation`` if set; else 1
@@ -125,11 +125,9 @@ class DeviceSpeed:
 
     def flops(self, dtype: torch.dtype) -> float:
         """FLOP/s of a matmul in ``dtype`` (fp32, fp16 or bf16)."""
-        rates = {torch.float32: self.fp32_flops, torch.float16: self.fp16_flops,
-                 torch.bfloat16: self.bf16_flops}
-        if dtype not in rates:
-            raise ValueError(f"dtype must be one of {list(rates)}, got {dtype!r}")
-        return rates[dtype]
+        if dtype not in _FLOPS_FIELDS:
+            raise ValueError(f"dtype must be one of {list(_FLOPS_FIELDS)}, got {dtype!r}")
+        return getattr(self, _FLOPS_FIELDS[dtype])
 
     def checkpoint_seconds(self, mode: str) -> float:
         """Seconds per checkpointed region and micro-batch in ``mode`` (0 where unknown)."""
@@ -198,10 +196,8 @@ def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None
                    / tiny.n_layers))
         for mode in CHECKPOINTING[1:])
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "this CPU"
-    links = (None, None)
-    if device.type == "cuda":
-        sheet = _preset_of(resolve_gpu("cuda"))
-        links = (sheet.host_link, sheet.peer_link) if sheet else (None, None)
+    sheet = _preset_of(resolve_gpu("cuda")) if device.type == "cuda" else None
+    links = (sheet.host_link, sheet.peer_link) if sheet else (None, None)
     return DeviceSpeed(name, rates[torch.float32], rates[torch.float16], rates[torch.bfloat16],
                        bandwidth, op_seconds, True,
                        f"measured on {device}: {n}x{n} matmuls, a GELU, a tiny GPT's steps",
@@ -317,28 +313,6 @@ def _step_ops(config: GPTConfig, mode: str = "none", precision: str = "fp32",
     return tuple(a + (L - 1) * (b - a) for a, b in zip(one, two))
 
 
-def _counted(mode: str) -> str:
-    """The mode whose operators count for ``mode`` (``sqrt`` segments rerun whole blocks)."""
-    return "blocks" if mode == "sqrt" else mode
-
-
-def _matmul_flops(config, b, mode, every, seq_len, spec, card) -> tuple[int, int]:
-    """``(flops, recomputed)`` of a micro-batch; the CPU's flash attention counted as a GPU's."""
-    if card is None and attention_kernel(config, spec.compute, None) == "flash":
-        card = GPUS["A100 80GB"]
-    return checkpointed.step_flops(config, b, mode, every, seq_len=seq_len,
-                                   dtype=spec.compute, gpu=card, autocast=spec.autocast)
-
-
-def _pointwise_bytes(config, b, mode, every, seq_len, spec, card) -> int:
-    """``(F + B) A + F (A - A_mode)``: passes over a plain step's saved bytes, plus the rerun."""
-    kw = dict(seq_len=seq_len, dtype=spec.compute, gpu=card, autocast=spec.autocast)
-    plain = checkpointed.predict_kept_bytes(config, b, "none", 1, **kw)
-    kept = plain if mode == "none" else checkpointed.predict_kept_bytes(config, b, mode, every,
-                                                                        **kw)
-    return (_FORWARD_PASSES + _BACKWARD_PASSES) * plain + _FORWARD_PASSES * max(0, plain - kept)
-
-
 def _optimizer_bytes(n_params: int, spec, state_bits: int) -> int:
     """AdamW's bytes moved: ``7 s`` per parameter, ``2e + 8`` more with master weights."""
     s, e = dtype_bytes(spec.state), dtype_bytes(spec.params)
@@ -427,16 +401,26 @@ def _step_time(step: Step, speed: DeviceSpeed) -> _StepTime:
     if step.lora_rank:
         trained = levers.lora_parameter_count(config, step.lora_rank)
         extra += 6 * tokens * trained - levers.frozen_linear_flops(config, tokens)
-    flops, recomputed = _matmul_flops(config, b, mode, every, step.seq_len, spec, gpu)
+    kw = dict(seq_len=step.seq_len, dtype=spec.compute, autocast=spec.autocast)
+    # the CPU's flash attention counted as a GPU's
+    flash_on_cpu = gpu is None and attention_kernel(config, spec.compute, None) == "flash"
+    card = GPUS["A100 80GB"] if flash_on_cpu else gpu
+    flops, recomputed = checkpointed.step_flops(config, b, mode, every, gpu=card, **kw)
     flops = K * flops + extra
-    moved = K * _pointwise_bytes(config, b, mode, every, step.seq_len, spec, gpu)
+    # (F + B) A + F (A - A_mode): passes over a plain step's saved bytes, plus the rerun
+    plain = checkpointed.predict_kept_bytes(config, b, "none", 1, gpu=gpu, **kw)
+    kept = plain if mode == "none" else checkpointed.predict_kept_bytes(config, b, mode, every,
+                                                                        gpu=gpu, **kw)
+    moved = K * ((_FORWARD_PASSES + _BACKWARD_PASSES) * plain
+                 + _FORWARD_PASSES * max(0, plain - kept))
     # operators: every block runs the same ones, so a mode checkpointing some blocks reruns
     # its per-block extra in those only; ``sqrt`` segments rerun whole blocks
     regions = ckpt.checkpointed_regions(L, mode, every)
     foreach = step.runs_foreach
     per_micro, per_step = _step_ops(config, "none", step.precision, foreach)
     if mode != "none":
-        extra_ops = _step_ops(config, _counted(mode), step.precision, foreach)[0] - per_micro
+        counted = "blocks" if mode == "sqrt" else mode
+        extra_ops = _step_ops(config, counted, step.precision, foreach)[0] - per_micro
         per_micro += round(extra_ops * sum(len(r) for r in regions) / L)
     launch = K * (per_micro * speed.op_seconds + len(regions) * speed.checkpoint_seconds(mode))
     shard = step.world_size if step.zero_stage >= 1 else 1
@@ -452,9 +436,6 @@ def _step_time(step: Step, speed: DeviceSpeed) -> _StepTime:
     pb = dtype_bytes(spec.params)
     if speed.host_link:  # a GPU: what leaves it crosses the host link
         if step.offload_activations:
-            kept = checkpointed.predict_kept_bytes(config, b, mode, every, seq_len=step.seq_len,
-                                                   dtype=spec.compute, gpu=gpu,
-                                                   autocast=spec.autocast)
             link += 2 * K * kept / speed.host_link
         if step.offload_optimizer:
             link += 2 * trained * pb / speed.host_link
@@ -498,8 +479,6 @@ def calibrate(speed: DeviceSpeed, split, step: Step, *, seconds: float | None = 
         >>> round(t.compute_seconds, 6), round(t.seconds, 6)
         (0.02, 0.08)
     """
-    from course_lib.measurement.timing import TimeSplit
-
     if not isinstance(speed, DeviceSpeed):
         raise ValueError(f"speed must be a DeviceSpeed, got {type(speed).__name__}")
     if not isinstance(split, TimeSplit):
@@ -519,9 +498,7 @@ def calibrate(speed: DeviceSpeed, split, step: Step, *, seconds: float | None = 
     operators = plain.launch_seconds + (plain.optimizer_seconds
                                         - plain.optimizer_bytes / speed.memory_bandwidth)
     moving = max(rest - operators, rest / 10)
-    rate = {torch.float32: "fp32_flops", torch.float16: "fp16_flops",
-            torch.bfloat16: "bf16_flops"}[step.compute]
-    return replace(speed, **{rate: min(plain.flops / matmul, MAX_FLOPS)},
+    return replace(speed, **{_FLOPS_FIELDS[step.compute]: min(plain.flops / matmul, MAX_FLOPS)},
                    memory_bandwidth=min((plain.pointwise_bytes + plain.optimizer_bytes) / moving,
                                         MAX_BANDWIDTH),
                    measured=True, utilisation=1.0,

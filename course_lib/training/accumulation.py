@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.model.gpt import check_batch
-from course_lib.validation import MAX_COUNT, WrongTypeError, choice, integer, positive_int, tensor
+from course_lib.validation import WrongTypeError, choice, integer, positive_int, tensor
 
 #: How a loss over micro-batches is normalised: by tokens (right), or two of the bugs.
 NORMALIZATIONS = ("tokens", "mean-of-means", "sum-of-means")
@@ -75,28 +75,11 @@ def token_counts(targets: torch.Tensor, micro_batch_size: int, ignore_index: int
     return kept.sum(dim=1).tolist()
 
 
-def _on_device(count) -> bool:
-    """A 0-d integer tensor off the CPU: a token count left on the accelerator, trusted unread."""
-    return (isinstance(count, torch.Tensor) and count.ndim == 0 and count.device.type != "cpu"
-            and not count.dtype.is_floating_point and count.dtype != torch.bool)
-
-
 def micro_batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
                      normalize: str = "tokens", total_tokens: int | None = None,
                      accumulation_steps: int = 1, ignore_index: int = -100) -> torch.Tensor:
-    """The loss whose ``backward()`` adds this micro-batch's share: ``S_k / N`` (``"tokens"``),
-    ``(S_k / n_k) / K`` (``"mean-of-means"``) or ``S_k / n_k`` (``"sum-of-means"``)."""
-    choice("normalize", normalize, NORMALIZATIONS)
-    accumulation_steps = positive_int("accumulation_steps", accumulation_steps, maximum=MAX_COUNT)
-    ignore_index = _token_id("ignore_index", ignore_index)
-    if normalize == "tokens" and total_tokens is None:
-        raise ValueError("total_tokens must be a positive int for normalize='tokens', got None")
-    if _on_device(total_tokens):
-        pass  # counted where the targets are (train() does): reading it would wait for the device
-    elif total_tokens is not None:
-        total_tokens = integer("total_tokens", total_tokens, minimum=1, maximum=MAX_COUNT)
-    _check_model(model)
-    check_batch(model, inputs, targets, ignore_index=ignore_index)
+    """The share of checked arguments whose ``backward()`` adds this micro-batch's gradient:
+    ``S_k / N`` (``"tokens"``), ``(S_k / n_k) / K`` (``"mean-of-means"``) or ``S_k / n_k``."""
     if getattr(model, "loss_chunk", None) is not None:  # no (N, V) logits: the model's own mean
         mean = model(inputs, targets, ignore_index=ignore_index)[1]
         summed = mean * (targets != ignore_index).sum()

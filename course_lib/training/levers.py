@@ -49,11 +49,6 @@ class _OptimizerInBackward:
             handle.remove()
         self._handles = []
 
-    @property
-    def active(self) -> bool:
-        """True until :meth:`remove` is called."""
-        return bool(self._handles)
-
 
 def optimizer_in_backward(model: nn.Module,
                           make_optimizer: Callable[[list], torch.optim.Optimizer]
@@ -66,13 +61,11 @@ def optimizer_in_backward(model: nn.Module,
     loses up to the whole gradient (``P x bytes per gradient``). Same update as one optimizer for
     per-parameter rules (SGD, AdamW); no accumulation, no clipping by the global norm.
 
-    Returns a handle: ``handle.steps`` counts the steps, ``handle.remove()`` removes the hooks.
-
     Args:
         model (torch.nn.Module): the model whose trainable parameters update in backward.
         make_optimizer (callable): ``make_optimizer([p])`` -> an optimizer for ``p``.
     Returns:
-        the handle (``steps``, ``remove()``).
+        the handle: ``steps`` counts the steps, ``remove()`` removes the hooks.
     Raises:
         ValueError: naming the parameter, for a bad value.
     Example:
@@ -166,9 +159,6 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     (``4 N`` bytes) and the backward pass recomputes ``chunk_size x V`` logits at a time: same
     loss and gradients, for one more ``hidden @ weight.T`` (``2 N h V`` FLOPs).
 
-    ``hidden`` is ``(N, h)`` or ``(B, T, h)``, ``weight`` the ``(V, h)`` LM head's, ``targets``
-    ``(N,)`` or ``(B, T)`` ids; returns the 0-d mean (fp32, or fp64), nan if all are ignored.
-
     Args:
         hidden (torch.Tensor): ``(N, h)`` or ``(B, T, h)`` final hidden states.
         weight (torch.Tensor): the ``(V, h)`` LM head weight.
@@ -176,7 +166,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
         chunk_size (int): rows of logits computed at a time.
         ignore_index (int): the target value that is not a token.
     Returns:
-        torch.Tensor: the 0-d mean loss.
+        torch.Tensor: the 0-d mean loss (fp32, or fp64), nan if all targets are ignored.
     Raises:
         ValueError: naming the parameter, for a bad value.
     Example:
@@ -258,18 +248,15 @@ def logits_bytes(n_tokens: int, vocab_size: int, dtype=torch.float32) -> int:
 class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
     """Move what autograd saves to ``device`` in the forward pass, back when backward needs it.
 
-    A hand-written ``torch.autograd.graph.save_on_cpu`` that counts: each storage is counted once
-    however many tensors view it. On a CPU-only machine nothing moves, and the counts say what
-    would move from a GPU.
-
-    ``pin_memory`` copies into pinned host memory where CUDA is available, on the current stream
-    as ``save_on_cpu``; ``skip_parameters`` leaves parameters (and views of them) in place, which
-    ``save_on_cpu`` copies every step. Counts: ``packed_bytes`` (distinct storages: what the device
-    no longer holds), ``moved_bytes`` (tensor by tensor), ``packed`` and ``skipped`` tensors.
+    A hand-written ``torch.autograd.graph.save_on_cpu`` that counts: ``packed_bytes`` (distinct
+    storages: what the device no longer holds), ``moved_bytes`` (tensor by tensor), ``packed`` and
+    ``skipped`` tensors. On a CPU-only machine nothing moves: the counts say what would move.
     Args:
         device (str or torch.device): where saved tensors wait for the backward pass.
-        pin_memory (bool): copy into pinned host memory (where CUDA is available).
-        skip_parameters (bool): leave parameters and their views in place.
+        pin_memory (bool): copy into pinned host memory where CUDA is available, on the current
+            stream as ``save_on_cpu``.
+        skip_parameters (bool): leave parameters and their views in place (``save_on_cpu`` copies
+            them every step).
     Raises:
         ValueError: naming the parameter, for a bad value.
     """
@@ -359,10 +346,8 @@ def low_bit_state_bytes(numels: list[int], bits: int, *, param_bytes: int = 4) -
     block size divides them: ``n x bits / 8`` bytes of codes, an fp32 scale per block (256 for
     8-bit, 128 for 4-bit) and an fp32 map (256 or 16 entries). Smaller tensors keep ``m`` and
     ``v`` in ``param_bytes``; ``bits=32`` is plain AdamW. Each tensor adds a 4-byte ``step``. Per
-    large parameter: 8-bit 2.03 bytes, 4-bit 1.06, fp32 8.
-
-    ``numels``: each parameter tensor's elements; the bytes are what
-    :func:`optimizer_state_bytes` measures after the first step.
+    large parameter: 8-bit 2.03 bytes, 4-bit 1.06, fp32 8, as :func:`optimizer_state_bytes`
+    measures after the first step.
     Args:
         numels (list): each parameter tensor's elements.
         bits (int): 32, 8 or 4.
@@ -402,20 +387,14 @@ def low_bit_adamw(bits: int):
     """
     if not isinstance(bits, int) or isinstance(bits, bool) or bits not in (8, 4):
         raise ValueError(f"bits must be 8 or 4, got {bits!r}")
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [lg.level for lg in loggers]
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
     try:
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            try:
-                from torchao.optim import AdamW4bit, AdamW8bit
-            except ImportError:  # torchao < 0.10 kept them in the prototype namespace
-                from torchao.prototype.low_bit_optim import AdamW4bit, AdamW8bit
+            from torchao.optim import AdamW4bit, AdamW8bit
     finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+        logging.disable(previous)
     return AdamW8bit if bits == 8 else AdamW4bit
 
 
@@ -427,11 +406,8 @@ def eager_compile():
         None: while the block runs eagerly.
     """
     set_stance = getattr(torch.compiler, "set_stance", None)
-    if set_stance is None:
-        with torch._dynamo.config.patch(disable=True):
-            yield
-        return
-    with set_stance("force_eager"):
+    with (set_stance("force_eager") if set_stance
+          else torch._dynamo.config.patch(disable=True)):
         yield
 
 
@@ -446,12 +422,10 @@ def lora_parameter_count(config: GPTConfig, rank: int,
     An adapter beside a frozen ``W`` (``out x in``) adds ``B @ A``: ``rank x (in + out)``
     parameters (Hu et al. 2021, section 4.1); ``16 h rank`` per block with all four linears.
 
-    ``rank`` is at most ``config.d_model``; ``targets`` are names of ``BLOCK_SHAPES``.
-
     Args:
         config (GPTConfig): the model's shape.
-        rank (int): the adapters' rank.
-        targets (tuple): the adapted linears of each block.
+        rank (int): the adapters' rank, at most ``config.d_model``.
+        targets (tuple): the adapted linears of each block, names of ``BLOCK_SHAPES``.
     Returns:
         int: the trainable parameters.
     Raises:

@@ -14,6 +14,7 @@ Lightning (#19987) and fixed in Hugging Face's Trainer (#39659, 2025).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from course_lib.validation import MAX_COUNT, WrongTypeError, choice, integer, nu
 
 #: The autocast dtypes :func:`train` takes (None: no autocast).
 AMP_DTYPES = (None, torch.float16, torch.bfloat16)
+_END = object()  # after the last batch: train looks one batch ahead, to know the last one
 
 
 def make_grad_scaler(device_type: str = "cuda", **kwargs):
@@ -144,7 +146,8 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
     optimizer.zero_grad(set_to_none=True)
     pending: list = []  # (loss, tokens) of each step, read after the run: no wait per step
     try:
-        for batch, last in _with_last(batches):
+        for batch, following in itertools.pairwise(itertools.chain(batches, [_END])):
+            last = following is _END
             if not isinstance(batch, tuple | list) or len(batch) != 2:
                 raise ValueError(f"batches must yield (inputs, targets) pairs, got "
                                  f"{type(batch).__name__}")
@@ -185,10 +188,11 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
             prepare = getattr(optimizer, "prepare_grads", None)
             if callable(prepare):  # mixed precision: fp32 master gradients, for clipping and unscaling
                 prepare()
-            if grad_scaler is not None:
-                if max_grad_norm is not None:
+            if max_grad_norm is not None:
+                if grad_scaler is not None:
                     grad_scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            if grad_scaler is not None:
                 # step() reads found_inf on the host anyway (to skip or not): reading the scale
                 # around it adds no wait for the device
                 scale = grad_scaler.get_scale()
@@ -197,8 +201,6 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
                 skipped = grad_scaler.get_scale() < scale
                 log.scales.append(grad_scaler.get_scale())
             else:
-                if max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             pending.append((step_loss, total))
@@ -217,19 +219,6 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer,
             log.tokens += [int(t) for t in tokens]
     log.seconds += time.perf_counter() - start
     return log
-
-
-def _with_last(items: Iterable):
-    """``(item, is_last)`` for each item, looking one ahead (works on generators too)."""
-    iterator = iter(items)
-    try:
-        current = next(iterator)
-    except StopIteration:
-        return
-    for following in iterator:
-        yield current, False
-        current = following
-    yield current, True
 
 
 def batches_of(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, *,

@@ -47,12 +47,11 @@ NAMED_POLICIES = ("none", "full")
 
 
 def _context_fn_for(policy) -> Callable:
-    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for ``policy``."""
-    if isinstance(policy, str) and policy == "full":
+    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for a checked ``policy``."""
+    if isinstance(policy, str):  # "full"
         return noop_context_fn
     if isinstance(policy, SelectiveContext):
         return policy
-    policy = check_policy(policy)
     return functools.partial(create_selective_checkpoint_contexts,
                              policy if callable(policy) else list(policy))
 
@@ -144,10 +143,8 @@ def _run(fn, inputs, context_fn):
     if not wrt:
         raise ValueError("inputs or fn's parameters must require grad: nothing to differentiate")
     with LiveTensorTracker() as tracker:
-        if context_fn is None:
-            out = fn(*inputs)
-        else:
-            out = checkpoint(fn, *inputs, use_reentrant=False, context_fn=context_fn)
+        out = (fn(*inputs) if context_fn is None
+               else checkpoint(fn, *inputs, use_reentrant=False, context_fn=context_fn))
         if not isinstance(out, torch.Tensor) or out.grad_fn is None:
             raise ValueError("fn must return a tensor that requires grad")
         kept = tracker.live - out.untyped_storage().nbytes()
@@ -180,15 +177,13 @@ def policy_cost(fn: Callable, *inputs, policy="none") -> _PolicyCost:
     The recomputed ops and FLOPs are the backward pass's minus those of the same backward without a
     checkpoint (``fn`` runs twice); bytes come from the live-tensor tracker, exact on every device.
 
-    ``policy``: ``"none"`` (no checkpoint), ``"full"`` (save nothing inside), a list of
-    ``OpOverload`` s to save, a policy function, or a :class:`SelectiveContext`. Returns
-    ``kept_bytes``, ``peak_bytes``, ``recomputed`` (a ``Counter`` of ops), ``recompute_flops``,
-    ``recomputes(op)`` and ``reruns()`` (in words).
     Args:
         fn (callable): what to measure, on ``inputs``.
-        policy: ``"none"``, ``"full"``, a list of ops, a policy function or a SelectiveContext.
+        policy: ``"none"`` (no checkpoint), ``"full"`` (save nothing inside), a list of
+            ``OpOverload`` s to save, a policy function, or a :class:`SelectiveContext`.
     Returns:
-        the cost (``kept_bytes``, ``peak_bytes``, ``recomputed``, ``recompute_flops``).
+        the cost: ``kept_bytes``, ``peak_bytes``, ``recomputed`` (a ``Counter`` of ops),
+        ``recompute_flops``, ``recomputes(op)`` and ``reruns()`` (in words).
     Raises:
         ValueError: naming the parameter, for a bad value.
     """

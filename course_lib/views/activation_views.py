@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 
 import ipywidgets as widgets
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from course_lib.device import GPUS, live_gpu
@@ -21,19 +20,13 @@ from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.predict import Step, predict
 from course_lib.units import MEMORY_CATEGORIES, GiB, MiB, format_bytes
 from course_lib.validation import MAX_BATCH, WrongTypeError, choice, positive_int
-from course_lib.views.widgets import check_figure, live_plot
+from course_lib.views.widgets import agg_figure, check_figure, live_plot
 
 # the widget's model widths: label -> (d_model, heads), GPT-2's sizes (50,257 tokens)
 _WIDTHS = {"768 (GPT-2 small)": (768, 12), "1024 (GPT-2 medium)": (1024, 16),
           "1280 (GPT-2 large)": (1280, 20), "1600 (GPT-2 XL)": (1600, 25),
           "2560 (2.7B-wide)": (2560, 32)}
 _MAX_SHOWN = 128
-
-
-def _figure(figsize: tuple) -> Figure:
-    fig = Figure(figsize=figsize)
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def show(fig: Figure):
@@ -65,8 +58,7 @@ def _series(name: str, values, length: int | None = None) -> list[float]:
 
 def scaling_figure(batches, gradients, activations, seq_lens, curves: dict, *,
                    figsize: tuple = (9.5, 3.2)) -> Figure:
-    """Measured bytes: gradients and saved activations against the batch size; activations
-    against the sequence length, one curve per label of ``curves`` (label -> bytes per seq_len).
+    """Measured bytes: gradients and saved activations per batch size; activations per sequence.
 
     Args:
         batches, seq_lens (list of int): the batch sizes and the sequence lengths measured.
@@ -84,7 +76,7 @@ def scaling_figure(batches, gradients, activations, seq_lens, curves: dict, *,
     seqs = _series("seq_lens", seq_lens)
     if not isinstance(curves, dict) or not curves:
         raise ValueError(f"curves must be a non-empty dict of label -> bytes, got {curves!r}")
-    fig = _figure(figsize)
+    fig = agg_figure(figsize)
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.88, wspace=0.22)
     left, right = fig.subplots(1, 2)
     left.plot(batches, grads, "o-", color=MEMORY_CATEGORIES["gradients"].colour, label="gradients")
@@ -102,8 +94,7 @@ def scaling_figure(batches, gradients, activations, seq_lens, curves: dict, *,
 
 
 def step_figure(steps: dict, *, figsize: tuple = (9.5, 3.2)) -> Figure:
-    """One panel per training step: the bytes live after each allocation or free, by category
-    (``steps``: title -> :class:`course_lib.measurement.memory.StepBreakdown`).
+    """One panel per training step: the bytes live after each allocation or free, by category.
 
     Args:
         steps (dict): panel title -> :class:`course_lib.measurement.memory.StepBreakdown`.
@@ -116,7 +107,7 @@ def step_figure(steps: dict, *, figsize: tuple = (9.5, 3.2)) -> Figure:
     if not isinstance(steps, dict) or not steps or not all(
             isinstance(s, StepBreakdown) for s in steps.values()):
         raise ValueError(f"steps must be a non-empty dict of title -> StepBreakdown, got {steps!r}")
-    fig = _figure(figsize)
+    fig = agg_figure(figsize)
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.27, top=0.9, wspace=0.12)
     axes = fig.subplots(1, len(steps), sharey=True, squeeze=False)[0]
     top = max(max(map(sum, zip(*s.series.values()))) for s in steps.values()) / MiB
@@ -229,10 +220,9 @@ def _setup_threshold(fig: Figure, animated: bool = True) -> dict:
     ax.set_xlabel("batch size")
     ax.set_ylabel("GiB")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    if animated:
-        for artist in (*a["parts"], a["capacity"], a["capacity_label"], a["oom"], a["oom_label"],
-                       a["batch"], a["title"], a["verdict"]):
-            artist.set_animated(True)
+    for artist in (*a["parts"], a["capacity"], a["capacity_label"], a["oom"], a["oom_label"],
+                   a["batch"], a["title"], a["verdict"]):
+        artist.set_animated(animated)
     return a
 
 
@@ -269,8 +259,8 @@ def _draw_threshold(a: dict, t: _Threshold, title: str) -> None:
         verdict, colour = (f"batch {batch} does NOT fit: out of memory from batch {t.oom}",
                            "#b00020")
     peak = t.memory[b - 1]
-    where = "the optimizer step" if peak.moment.startswith("optimizer") or \
-        peak.moment.startswith("AdamW") else peak.moment.split(",")[0]
+    where = ("the optimizer step" if peak.moment.startswith(("optimizer", "AdamW"))
+             else peak.moment.split(",")[0])
     a["verdict"].set_text(f"{verdict}   (peak of batch {b}: {format_bytes(peak.total)}, "
                           f"in {where})")
     a["verdict"].set_color(colour)
@@ -286,8 +276,7 @@ def _title(t: _Threshold) -> str:
 
 def threshold_figure(t: _Threshold, *, title: str | None = None,
                      figsize: tuple = (9.5, 3.6)) -> Figure:
-    """The widget's picture of :func:`oom_threshold`'s ``t``, ``t.step``'s batch outlined
-    (``title``: the first line, by default the setting as the widget shows it).
+    """The widget's picture of :func:`oom_threshold`'s ``t``, ``t.step``'s batch outlined.
 
     Args:
         t (Threshold): what :func:`oom_threshold` returned.
@@ -300,7 +289,7 @@ def threshold_figure(t: _Threshold, *, title: str | None = None,
         raise WrongTypeError(f"t must be a Threshold (oom_threshold), got {type(t).__name__}")
     if title is not None and not isinstance(title, str):
         raise WrongTypeError(f"title must be a str or None, got {title!r}")
-    fig = _figure(figsize)
+    fig = agg_figure(figsize)
     _draw_threshold(_setup_threshold(fig, animated=False), t, _title(t) if title is None else title)
     return fig
 
@@ -313,8 +302,7 @@ def _shown(batch: int, oom: int) -> int:
 
 def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8) -> widgets.VBox:
     """The out-of-memory widget: a GPT's predicted step memory per batch size against a card
-    (:data:`course_lib.device.GPUS`, or on CUDA this GPU's free memory, read once), for its width,
-    depth, sequence, attention, precision, AdamW and the batch outlined (1 to 64).
+    (a preset, or on CUDA this GPU's free memory, read once), the batch outlined.
 
     Args:
         gpu (str): the GPU shown first, a name of :data:`course_lib.device.GPUS`.

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 from IPython import get_ipython
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from course_lib.device import GPU, GPUS
@@ -14,7 +13,7 @@ from course_lib.model.zoo import PRESETS
 from course_lib.prediction.formulas import MAX_PARAMS, OPTIMIZERS, TrainingMemory, training_memory
 from course_lib.units import GB, MEMORY_CATEGORIES, GiB, MiB, format_bytes
 from course_lib.validation import choice, items, number, positive_int, text
-from course_lib.views.widgets import check_figsize, live_plot, nice_ceiling, render_png
+from course_lib.views.widgets import agg_figure, live_plot, nice_ceiling, render_png
 
 _PARTS = {name: c for name, c in MEMORY_CATEGORIES.items()  # the four model states
           if name in TrainingMemory.__dataclass_fields__}
@@ -58,8 +57,7 @@ def _bars(name: str, bars) -> dict:
 
 def _new_figure(figsize) -> Figure:
     """A Figure on its own Agg canvas, which a notebook shows as a PNG when a cell returns it."""
-    fig = Figure(figsize=check_figsize(figsize))
-    FigureCanvasAgg(fig)
+    fig = agg_figure(figsize)
     shell = get_ipython()
     if shell is not None:  # the inline backend shows only pyplot's figures
         shell.display_formatter.formatters["image/png"].for_type(Figure, render_png)
@@ -132,13 +130,12 @@ def _set_bars(a: dict, states: list[TrainingMemory], scale: float = GiB) -> floa
 
 def states_figure(bars: dict, *, gpus=None, title: str = "",
                   figsize: tuple = (8.4, 4.4)) -> Figure:
-    """Model states as stacked bars (``bars``: label -> ``TrainingMemory``, one to six) against
-    the memory of ``gpus`` (names of :data:`course_lib.device.GPUS` or ``GPU`` s; None: all).
-    A ``Figure`` on an Agg canvas, which a notebook shows as its cell's value.
+    """Model states as stacked bars against the memory of ``gpus``, shown as a cell's value.
 
     Args:
         bars (dict): label -> ``TrainingMemory``, one to six.
-        gpus (list, optional): the cards drawn as labelled lines; None for all of them.
+        gpus (list, optional): names of :data:`course_lib.device.GPUS` or ``GPU`` s, drawn as
+            labelled lines; None for all of them.
         title (str): the figure's title (two lines at most read well).
         figsize (tuple): inches.
     Returns:
@@ -150,7 +147,7 @@ def states_figure(bars: dict, *, gpus=None, title: str = "",
     cards = _gpus(gpus)
     fig = _new_figure(figsize)
     a = _setup_bars(fig, list(bars), animated=False)
-    a.update(_setup_lines(fig, a["ax"], cards, animated=False))
+    a |= _setup_lines(fig, a["ax"], cards, animated=False)
     top = _set_bars(a, list(bars.values()))
     if len(bars) > 1:  # the parts' sizes differ per bar: the labels above the bars say totals
         for i, m in enumerate(bars.values()):
@@ -165,8 +162,7 @@ def states_figure(bars: dict, *, gpus=None, title: str = "",
 
 def bytes_per_param_figure(rows: dict, n_params: int, *, title: str = "",
                            figsize: tuple = (6.4, 3.6)) -> Figure:
-    """Model states per parameter as stacked bars: what each recipe keeps, byte by byte
-    (``rows``: label -> ``TrainingMemory`` of ``n_params`` parameters, one to six).
+    """Model states per parameter as stacked bars: what each recipe keeps, byte by byte.
 
     Args:
         rows (dict): label -> ``TrainingMemory`` of ``n_params`` parameters, one to six.
@@ -203,9 +199,8 @@ _DTYPE_COLOURS = {"float32": "#4c72b0", "bfloat16": "#55a868", "float16": "#dd84
 
 
 def activations_figure(saved: dict, *, title: str = "", figsize: tuple = (8.4, 2.8)) -> Figure:
-    """What autograd keeps for the backward pass, by dtype: one horizontal bar per recipe,
-    labelled with its total and its ratio to the first (``saved``: label -> ``{"float32":
-    bytes, ...}``, one to six recipes).
+    """What autograd keeps for the backward pass, by dtype: a bar per recipe, its total and its
+    ratio to the first.
 
     Args:
         saved (dict): label -> ``{dtype name: bytes}``, one to six, the first the reference.
@@ -252,8 +247,7 @@ def zero_figure(n_params: int, *, precision: str = "bf16-mixed", optimizer: str 
                 world_sizes=WORLD_SIZES, gpus=None, title: str = "",
                 figsize: tuple = (8.4, 4.4)) -> Figure:
     """Model states per GPU under ZeRO stages 0-3 (Rajbhandari et al. 2020) against the number
-    of data-parallel GPUs, log-log: stage 3 falls as ``1/N``; stages 1 and 2 level off at the
-    part they do not shard. ``gpus`` as for :func:`states_figure`.
+    of data-parallel GPUs, log-log: stage 3 falls as ``1/N``; stages 1 and 2 level off.
 
     Args:
         n_params (int): parameters, as for ``training_memory``.
@@ -299,8 +293,7 @@ def zero_figure(n_params: int, *, precision: str = "bf16-mixed", optimizer: str 
 
 def _setup_calculator(fig, animated: bool = True) -> dict:
     a = _setup_bars(fig, ["per GPU"], animated)
-    a.update(_setup_lines(fig, a["ax"], _gpus(None), animated))
-    return a
+    return a | _setup_lines(fig, a["ax"], _gpus(None), animated)
 
 
 def _draw_calculator(a: dict, billions: float, optimizer: str, precision: str, zero_stage: int,
@@ -339,16 +332,14 @@ def _width(pixels: int) -> widgets.Layout:
 
 
 def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> widgets.VBox:
-    """Lecture 01's calculator: :func:`course_lib.prediction.formulas.training_memory` per GPU
-    for a model size (a preset or 0.1 to 1000 billion), optimizer, precision, ZeRO stage and
-    data-parallel GPUs, against every GPU preset (green where it fits). ``box.view``: the
-    :func:`~course_lib.views.widgets.live_plot` box.
+    """Lecture 01's calculator: ``training_memory`` per GPU for a model size (0.1 to 1000
+    billion), optimizer, precision, ZeRO stage and GPUs, against every GPU (green: it fits).
 
     Args:
         preset (str): the model shown first, a name of :data:`course_lib.model.zoo.PRESETS`.
         figsize (tuple): inches.
     Returns:
-        ipywidgets.VBox: the preset menu above the view (``box.view``).
+        ipywidgets.VBox: the preset menu above the view (``box.view``, a ``live_plot`` box).
     Raises:
         ValueError: naming ``preset``, for an unknown model.
     Example:

@@ -57,10 +57,6 @@ def lecture_sizes(device) -> tuple[GPTConfig, int, dict, int]:
     return config, largest(config, 3), sweep, largest(GPTConfig(**sweep, n_layers=64), 2)
 
 
-def _color(name: str, i: int) -> str:
-    return _COLORS.get(name, f"C{i}")
-
-
 def plot_timelines(ax, timelines: dict[str, Timeline]) -> None:
     """Draw each labelled :class:`~course_lib.measurement.timeline.Timeline`, with its peak.
 
@@ -74,7 +70,7 @@ def plot_timelines(ax, timelines: dict[str, Timeline]) -> None:
             isinstance(t, Timeline) for t in timelines.values()):
         raise ValueError(f"timelines must be a non-empty dict of Timeline, got {timelines!r}")
     for i, (name, t) in enumerate(timelines.items()):
-        ax.plot(t.clock, np.array(t.allocated) / MiB, color=_color(name, i), lw=1.2,
+        ax.plot(t.clock, np.array(t.allocated) / MiB, color=_COLORS.get(name, f"C{i}"), lw=1.2,
                 label=f"{name}: peak {format_bytes(t.peak)}")
     unit = next(iter(timelines.values())).unit
     ax.set_xlabel("time (µs)" if unit == "µs" else "allocations and frees, in order")
@@ -119,7 +115,7 @@ def plot_depths(ax, depths, measured: dict, predicted: dict | None = None) -> No
         raise ValueError("predicted must be a dict with the labels of measured, or None")
     for i, (name, values) in enumerate(measured.items()):
         deep = loglog_slope(depths[-2:], values[-2:])
-        ax.loglog(depths, np.array(values) / MiB, "o-", color=_color(name, i), ms=4, lw=2.5,
+        ax.loglog(depths, np.array(values) / MiB, "o-", color=_COLORS.get(name, f"C{i}"), ms=4, lw=2.5,
                   label=f"{name}: slope {loglog_slope(depths, values):.2f}, "
                         f"{deep:.2f} at {depths[-2]}-{depths[-1]}")
     for name, values in (predicted or {}).items():
@@ -183,10 +179,8 @@ def _setup(fig) -> dict:
     fig.subplots_adjust(left=0.09, right=0.98, bottom=0.12, top=0.74, wspace=0.36)
     a = {"mem": mem, "title": fig.text(0.5, 0.975, "", ha="center", va="top", fontsize=10)}
     a["plain"] = mem.bar([0], [0], width=0.6, color="0.8")[0]
-    a["parts"] = {c.label: mem.bar([1], [0], width=0.6, color=c.colour)[0]
+    a["parts"] = {c.label: mem.bar([1], [0], width=0.6, color=c.colour, label=[c.label])[0]
                   for c in MEMORY_CATEGORIES.values()}
-    for name, patch in a["parts"].items():
-        patch.set_label(name)
     a["labels"] = [mem.text(i, 0, "", ha="center", va="bottom", fontsize=9) for i in (0, 1)]
     a["card"] = mem.axhline(0, color="k", ls="--", lw=1)
     a["card_text"] = mem.text(3.15, 0, "", ha="right", va="bottom", fontsize=8.5)
@@ -249,12 +243,10 @@ def explorer(*, gpu: str = "T4", layers: int = 48, mode: str = "blocks",
              segments: int = 8, batch_size: int = 6) -> widgets.VBox:
     """Lecture 04's explorer: a GPT-2-small-sized model's predicted peak and compute per mode.
 
-    ``mode``: ``"none"``, ``"blocks"`` or ``"sqrt"`` (``segments`` of them); ``layers`` 4 to 96.
-
     Args:
         gpu (str): the preset shown first, a name of :data:`course_lib.device.GPUS`.
-        layers, segments (int): the depth and ``k`` shown first.
-        mode (str): the mode shown first.
+        layers, segments (int): the depth (4 to 96) and ``k`` shown first.
+        mode (str): the mode shown first: ``"none"``, ``"blocks"`` or ``"sqrt"`` (``k`` segments).
         batch_size (int): the batch shown first, from 1 to 32.
     Returns:
         ipywidgets.VBox: :func:`course_lib.views.widgets.live_plot`'s box.

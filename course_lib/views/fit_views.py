@@ -6,6 +6,7 @@ import functools
 from collections.abc import Mapping, Sequence
 
 import ipywidgets as widgets
+import torch
 
 from course_lib.device import GPU, GPUS, live_gpu
 from course_lib.planning import fit
@@ -13,22 +14,16 @@ from course_lib.prediction import engine
 from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.formulas import mixed_precision_for
 from course_lib.prediction.predict import Step, predict
-from course_lib.units import GB, MEMORY_CATEGORIES, GiB, MiB, format_bytes
+from course_lib.units import GB, MEMORY_CATEGORIES, format_bytes
 from course_lib.validation import MAX_BYTES, choice, positive_int, text
-from course_lib.views.widgets import check_figure, live_plot
+from course_lib.views.widgets import live_plot, unit_of
 
 # The colour of each label of engine.breakdown_rows, in stacking order.
 _COLORS = {c.label: c.colour for c in MEMORY_CATEGORIES.values()}
 _SEQ_LENS = (256, 512, 1024, 2048, 4096, 8192)
 _EFFECTIVE_BATCHES = (8, 16, 32, 64, 128, 256, 512)
-_THIS_GPU = "this GPU (free now)"
 # The explorer's two bars, top to bottom, and their rows on the axes.
 _EXPLORER_ROWS = {"planned": 1, "trained naively": 0}
-
-
-def _unit_of(nbytes: int) -> tuple[int, str]:
-    """``(bytes per unit, name)`` to show ``nbytes`` in: GiB from 2 GiB on, else MiB."""
-    return (GiB, "GiB") if nbytes >= 2 * GiB else (MiB, "MiB")
 
 
 def _axes(name, ax):
@@ -42,18 +37,15 @@ def draw_steps(ax, steps: Mapping[str, StepMemory], *, budget: int | None = None
                legend: bool = True) -> tuple[int, str]:
     """One bar per step (label -> ``StepMemory``, top to bottom), stacked by category.
 
-    ``budget`` (bytes) is a dashed line, ``measured`` (label -> bytes) a tick across a bar. Returns
-    the x axis's ``(bytes per unit, unit name)`` (GiB from 2 GiB on, else MiB).
-
     Args:
         ax (matplotlib.axes.Axes): where to draw.
         steps (mapping): bar label -> :class:`course_lib.prediction.engine.StepMemory`.
         budget (int, optional): bytes, a dashed line labelled ``budget_label``; None: no line.
         budget_label (str): the line's label in the legend.
-        measured (mapping, optional): bar label -> measured peak in bytes.
+        measured (mapping, optional): bar label -> measured peak in bytes, a tick across it.
         legend (bool): draw the legend above the axes.
     Returns:
-        tuple: the x axis's ``(bytes per unit, unit name)``.
+        tuple: the x axis's ``(bytes per unit, unit name)``: GiB from 2 GiB on, else MiB.
     Raises:
         ValueError: naming the argument, for a bad value.
     """
@@ -70,7 +62,7 @@ def draw_steps(ax, steps: Mapping[str, StepMemory], *, budget: int | None = None
             raise ValueError(f"measured names a bar that steps does not have: {label!r}")
         positive_int("measured", value, maximum=MAX_BYTES)
     top = max([m.total for m in steps.values()] + [budget or 0] + list(measured.values()))
-    scale, unit = _unit_of(top)
+    scale, unit = unit_of(top)
     labels = list(steps)
     rows = range(len(labels))[::-1]  # the first label on top
     drawn = set()
@@ -133,14 +125,13 @@ def draw_timeline(ax, clock: Sequence, allocated: Sequence[int], *, clock_unit: 
                   budget_label: str = "budget") -> None:
     """Allocated bytes over one step, with the budget, the predicted peak and the resident bytes.
 
-    ``clock_unit`` is "µs" or "event"; ``resident`` bytes stay between steps (model states).
-
     Args:
         ax (matplotlib.axes.Axes): where to draw.
         clock (sequence): when each point happened, in ``clock_unit``.
         allocated (sequence of int): bytes allocated at each point, the resident bytes included.
         clock_unit (str): "µs" or "event".
-        budget, predicted, resident (int): bytes: dashed, dotted and thin grey lines.
+        budget, predicted, resident (int): bytes: dashed, dotted and thin grey lines (resident:
+            what stays between steps, the model states).
         budget_label (str): the budget line's label.
     Raises:
         ValueError: naming the argument, for a bad value or ``clock`` and ``allocated`` of
@@ -154,7 +145,7 @@ def draw_timeline(ax, clock: Sequence, allocated: Sequence[int], *, clock_unit: 
     if len(clock) != len(allocated) or not len(clock):
         raise ValueError(f"clock and allocated must be non-empty and of one length, got "
                          f"{len(clock)} and {len(allocated)}")
-    scale, unit = _unit_of(max(int(max(allocated)), budget, predicted))
+    scale, unit = unit_of(max(int(max(allocated)), budget, predicted))
     ax.plot(clock, [a / scale for a in allocated], lw=1, color="C0", label="allocated")
     ax.axhline(budget / scale, color="k", ls="--", lw=1.2, label=budget_label)
     ax.axhline(predicted / scale, color="C1", ls=":", lw=1.5, label="predicted peak")
@@ -166,15 +157,9 @@ def draw_timeline(ax, clock: Sequence, allocated: Sequence[int], *, clock_unit: 
 
 def _explorer_gpus(live: bool | None = None) -> dict[str, GPU]:
     """The presets, then this kernel's GPU with its free memory if ``live`` (None: if CUDA)."""
-    import torch
-
-    if live is None:
-        live = torch.cuda.is_available()
-    if not isinstance(live, bool):
-        raise ValueError(f"live must be True, False or None, got {live!r}")
     gpus = dict(GPUS)
-    if live:
-        gpus[_THIS_GPU] = live_gpu()
+    if torch.cuda.is_available() if live is None else live:
+        gpus["this GPU (free now)"] = live_gpu()
     return gpus
 
 
@@ -193,7 +178,6 @@ def _plan(target: GPU, budget: int, seq_len: int, effective_batch: int
 
 def _setup_explorer(fig, animated: bool = True) -> dict:
     """The explorer's axes and artists, made once: a zero-wide bar per category and row."""
-    check_figure("fig", fig)
     ax = fig.subplots()
     fig.subplots_adjust(left=0.15, right=0.98, bottom=0.36, top=0.8)
     # the bars first, row by row (as draw_steps stacks them), then the lines and the text
@@ -227,7 +211,7 @@ def _draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: in
     ax = a["ax"]
     steps = {"planned": plan.memory, "trained naively": naive}
     top = max(plan.memory.total, naive.total, budget)
-    scale, unit = _unit_of(top)
+    scale, unit = unit_of(top)
     drawn = {}  # category -> its first bar, in the order draw_steps draws them: the legend's
     for label, m in steps.items():
         left, values = 0.0, dict(engine.breakdown_rows(m))
@@ -274,10 +258,8 @@ def _draw_explorer(fig, gpu: str, usable: int, seq_len: int, effective_batch: in
 
 def explorer_widget(*, gpu: str = "T4", seq_len: int = 1024,
                     effective_batch: int = 64) -> widgets.VBox:
-    """The widget "what fits on which GPU": the largest GPT a card trains, and its step.
-
-    :func:`course_lib.planning.fit.fit_model` with a share of the card's memory as the budget;
-    beside it, the same model trained naively (fp32, the whole batch, no checkpointing).
+    """The widget "what fits on which GPU": the largest GPT a card trains (``fit_model`` with a
+    share of its memory as the budget), beside it trained naively (fp32, whole batch).
 
     Args:
         gpu (str): the GPU shown first, a name of :data:`course_lib.device.GPUS`.

@@ -6,7 +6,6 @@ import functools
 import math
 
 import ipywidgets as widgets
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -18,7 +17,7 @@ from course_lib.planning import fit_ladder
 from course_lib.prediction.engine import StepMemory
 from course_lib.units import MEMORY_CATEGORIES, GiB, MiB, format_bytes
 from course_lib.validation import WrongTypeError, choice, items, number, positive_int
-from course_lib.views.widgets import check_figsize, check_figure, live_plot
+from course_lib.views.widgets import agg_figure, check_figure, live_plot
 
 _GPT = functools.partial(GPTConfig, vocab_size=50257, seq_len=8192)
 #: The explorer's models: the course GPT at the shapes of GPT-2 small to XL (Radford et al.
@@ -37,12 +36,6 @@ _PARTS = (("parameters",), ("master_weights", "optimizer_state"), ("gradients",)
           ("activations",), ("transient",))
 _FREE, _PAID, _NOTHING, _PLAIN = "#55a868", "#dd8452", "#c8c8c8", "0.45"
 _LADDER_FIGSIZE = (9.5, 4.2)  # inches: the widget, its controls and its climb in one screen
-
-
-def _figure(figsize) -> Figure:
-    fig = Figure(figsize=check_figsize(figsize))
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | None = None,
@@ -64,7 +57,7 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
         raise ValueError(f"jobs must map 1 to 4 labels to StepMemory peaks, got {jobs!r:.80}")
     card = GPUS[choice("gpu", gpu, tuple(GPUS))]
     budget = card.capacity
-    fig = _figure(figsize) if fig is None else check_figure("fig", fig)
+    fig = agg_figure(figsize) if fig is None else check_figure("fig", fig)
     ax = fig.subplots()
     fig.subplots_adjust(left=0.2, right=0.97, top=0.9, bottom=0.42)
     rows = list(jobs.items())
@@ -125,7 +118,7 @@ def chunked_loss_figure(vocabs, measured: dict, predicted: dict, *,
     if set(predicted) != set(measured):
         raise ValueError(f"predicted must have measured's labels {sorted(measured)}, "
                          f"got {sorted(predicted)}")
-    fig = _figure(figsize)
+    fig = agg_figure(figsize)
     ax = fig.subplots()
     fig.subplots_adjust(left=0.11, right=0.97, top=0.95, bottom=0.19)
     for i, name in enumerate(measured):
@@ -142,13 +135,11 @@ def chunked_loss_figure(vocabs, measured: dict, predicted: dict, *,
 
 
 def offload_price_figure(seconds: dict, *, figsize: tuple = (6.5, 2.1)) -> Figure:
-    """Per card, one step's predicted seconds: plain, plus what activation offloading adds.
-
-    ``seconds`` maps one to six GPU presets to ``(plain, offloaded)`` seconds; each card's link to
-    the host (:attr:`course_lib.device.GPU.host_link`) is written under its name.
+    """Per card, one step's predicted seconds: plain, plus what activation offloading adds;
+    each card's link to the host (:attr:`course_lib.device.GPU.host_link`) under its name.
 
     Args:
-        seconds (dict): a preset -> ``(plain, offloaded)`` seconds of one step.
+        seconds (dict): one to six presets -> ``(plain, offloaded)`` seconds of one step.
         figsize (tuple): inches.
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
@@ -171,7 +162,7 @@ def offload_price_figure(seconds: dict, *, figsize: tuple = (6.5, 2.1)) -> Figur
             raise ValueError(f"seconds[{gpu!r}] must not be faster with offloading, got "
                              f"{plain} then {offloaded}")
         rows.append((f"{gpu}\n{GPUS[gpu].host_link / 1e9:.0f} GB/s to the host", plain, offloaded))
-    fig = _figure(figsize)
+    fig = agg_figure(figsize)
     ax = fig.subplots()
     fig.subplots_adjust(left=0.22, right=0.97, top=0.97, bottom=0.36)
     y = range(len(rows))
@@ -206,7 +197,7 @@ def loss_curves_figure(curves: dict, floor: float, *, figsize: tuple = (6.5, 3.6
     """
     curves = _curves("curves", curves)
     floor = number("floor", floor, minimum=0.0)
-    fig = _figure(figsize)
+    fig = agg_figure(figsize)
     ax = fig.subplots()
     # The legend sits under the axes: the curves meet near the floor, where it would cover them.
     fig.subplots_adjust(left=0.1, right=0.97, top=0.96, bottom=0.42)
@@ -256,9 +247,8 @@ def _setup(fig, animated: bool = True) -> dict:
                               label="the card's memory, as PyTorch reports it")],
               loc="upper center", bbox_to_anchor=(0.288, -0.115), ncol=5, fontsize=8,
               frameon=False, handlelength=1.6, columnspacing=1.2)
-    if animated:
-        for artist in (*a["bars"], *a["labels"], a["title"]):
-            artist.set_animated(True)
+    for artist in (*a["bars"], *a["labels"], a["title"]):
+        artist.set_animated(animated)
     return a
 
 
@@ -355,7 +345,7 @@ def ladder_figure(result: fit_ladder.Ladder, model: str = "", *, fig: Figure | N
         matplotlib.figure.Figure: the figure drawn on.
     """
     _check_ladder(result)
-    fig = _figure(figsize) if fig is None else check_figure("fig", fig)
+    fig = agg_figure(figsize) if fig is None else check_figure("fig", fig)
     _draw(_setup(fig, animated=False), result, model or "the model")
     return fig
 
@@ -365,10 +355,9 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
                     batch_size: int = 16) -> widgets.VBox:
     """Lecture 08's widget: :func:`ladder_figure` and :func:`climb_text` for the chosen setting.
 
-    ``models`` (default :data:`LADDER_MODELS`) must each allow ``seq_len`` 8192.
-
     Args:
-        models (dict, optional): name -> ``GPTConfig``.
+        models (dict, optional): name -> ``GPTConfig`` allowing ``seq_len`` 8192 (default
+            :data:`LADDER_MODELS`).
         model, gpu (str): the model and the preset first shown.
         seq_len (int): tokens per sequence first shown, a power of two, 512 to 8192.
         batch_size (int): sequences per optimizer step first shown, a power of two, 1 to 64.

@@ -156,13 +156,9 @@ class Playground:
         measured = resident_bytes(model, opt) + peak_memory(
             lambda: train(model, opt, batches[1:2], log=log, **kw))
         train(model, opt, batches[2:], log=log, **kw)
-        result = Run(micro_batch_size, accumulation_steps, mode, b, steps,
-                     measured_peak=measured,
-                     predicted_peak=self.predict_peak(*key),
-                     samples_seen=tuple(b * (i + 1) for i in range(log.steps)),
-                     losses=tuple(log.losses))
-        self.cache[key] = result
-        return result
+        self.cache[key] = Run(*key, b, steps, measured, self.predict_peak(*key),
+                              tuple(b * (i + 1) for i in range(log.steps)), tuple(log.losses))
+        return self.cache[key]
 
 
 @dataclass(frozen=True)
@@ -206,5 +202,4 @@ def measure_step_cost(step: Step, *, device: torch.device | str = "cpu", steps: 
                                             accumulation_steps=K,
                                             **train_options(step.precision, device))},
                        repeats=steps, device=device)
-    seconds = timed.best(clock)["fn"]
-    return MeasuredStep(peak, seconds, str(device))
+    return MeasuredStep(peak, timed.best(clock)["fn"], str(device))

@@ -10,9 +10,9 @@ from matplotlib.axes import Axes
 from matplotlib.transforms import Bbox
 
 from course_lib.planning import planner
-from course_lib.units import GiB, MiB, format_bytes
-from course_lib.validation import integer, number
-from course_lib.views.widgets import live_plot
+from course_lib.units import format_bytes
+from course_lib.validation import integer
+from course_lib.views.widgets import live_plot, unit_of
 
 _FONT = 8  # points: readable at 1280 px with the sidebar open
 _MARKER = 5  # points: the half-width kept free around each labelled point
@@ -20,11 +20,6 @@ _COLOURS = {"none": "0.2", "blocks": "C1", "sqrt": "C4", "selective": "C0", "att
 # Where a label may go around its point, in points: right, left, above, below, then farther.
 _OFFSETS = [(6, 3), (-6, 3), (6, -11), (-6, -11), (0, 9), (0, -17), (10, 12), (-10, 12),
            (10, -20), (-10, -20), (0, 20), (0, -28)]
-
-
-def _unit(largest: int) -> tuple[int, str]:
-    """GiB for figures that reach 2 GiB, else MiB: ``(bytes per unit, its name)``."""
-    return (GiB, "GiB") if largest >= 2 * GiB else (MiB, "MiB")
 
 
 def _overlap(a, b) -> float:
@@ -49,12 +44,8 @@ def _obstacles(ax: Axes, renderer, pad: float) -> tuple[list, np.ndarray]:
     return boxes, np.concatenate(samples)
 
 
-def _place_labels(ax: Axes, points, labels, *, fontsize: float = _FONT) -> list:
+def _place_labels(ax: Axes, points, labels) -> list:
     """Label each point at the first free place of _OFFSETS, else the least crowded (call last)."""
-    points, labels = list(points), list(labels)
-    if len(points) != len(labels):
-        raise ValueError(f"labels must be one per point: {len(labels)} for {len(points)} points")
-    number("fontsize", fontsize, minimum=_FONT)
     shared: dict = {}
     for point, label in zip(points, labels):
         shared.setdefault(tuple(point), []).append(label)
@@ -71,7 +62,7 @@ def _place_labels(ax: Axes, points, labels, *, fontsize: float = _FONT) -> list:
         best, best_cost = None, math.inf
         for dx, dy in _OFFSETS:
             text = ax.annotate(", ".join(names), (x, y), xytext=(dx, dy),
-                               textcoords="offset points", fontsize=fontsize,
+                               textcoords="offset points", fontsize=_FONT,
                                ha="left" if dx > 0 else "right" if dx < 0 else "center",
                                va="bottom")
             box = text.get_window_extent(renderer).expanded(1.04, 1.1)
@@ -99,7 +90,7 @@ def draw_question(ax: Axes, none: tuple, full: tuple) -> None:
         ax (matplotlib.axes.Axes): where to draw.
         none, full (tuple): ``(extra FLOPs in %, peak bytes)``.
     """
-    unit, name = _unit(none[1])
+    unit, name = unit_of(none[1])
     xs, ys = [none[0], full[0]], [none[1] / unit, full[1] / unit]
     ax.plot(xs, ys, ":", color="0.7")
     ax.plot(xs, ys, "o", color="C3", ms=7)
@@ -147,7 +138,7 @@ def draw_policy_costs(ax: Axes, kept: dict, reruns: dict) -> None:
     """
     names = list(kept)
     ys = range(len(names))[::-1]
-    unit, unit_name = _unit(max(kept.values()))
+    unit, unit_name = unit_of(max(kept.values()))
     values = [kept[n] / unit for n in names]
     ax.barh(ys, values, color=["0.6" if i < 2 else "C0" for i in range(len(names))], height=0.6)
     right = max(values)
@@ -168,7 +159,7 @@ def draw_frontier(ax: Axes, points, front_labels) -> None:
         points (list): ``(peak bytes, time ratio, label)`` per policy.
         front_labels (collection of str): the labels on the frontier.
     """
-    unit, name = _unit(max(p[0] for p in points))
+    unit, name = unit_of(max(p[0] for p in points))
     for peak, ratio, label in points:
         ax.plot(peak / unit, ratio, "o", color=_COLOURS[label.split("/")[0]], ms=6)
     front = sorted((p for p in points if p[2] in front_labels), key=lambda p: p[0])
@@ -200,7 +191,7 @@ def planner_widget(step, *, percent: int = 60) -> widgets.VBox:
     shown = planner.choices(options)
     none = next(c for c in options if c.step.mode == "none")
     plain, plain_s = none.peak_bytes, none.seconds
-    unit, unit_name = _unit(plain)
+    unit, unit_name = unit_of(plain)
 
     height = max(3.2, 1.3 + 0.26 * len(shown))  # inches: about 0.26 in (19 pt) a bar
 

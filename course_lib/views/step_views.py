@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import ipywidgets as widgets
 import torch
+from matplotlib import cbook
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
@@ -70,12 +71,12 @@ def format_duration(seconds: float) -> str:
         return f"{seconds / 3600:.1f} h"
     if seconds >= 59.95:  # what would print as "60.0 s"
         return f"{seconds / 60:.1f} min"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        value = seconds / scale
-        if value >= 0.9995 or unit == "µs":  # 0.9995 prints as "1.00", not "1000" below
-            digits = 0 if value >= 99.95 else 1 if value >= 9.995 else 2
-            return f"{value:.{digits}f} {unit}"
-    raise AssertionError("unreachable")
+    # 0.9995 prints as "1.00", not "1000" in the unit below
+    value, unit = next((seconds / scale, unit) for scale, unit in
+                       ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
+                       if seconds / scale >= 0.9995 or unit == "µs")
+    digits = 0 if value >= 99.95 else 1 if value >= 9.995 else 2
+    return f"{value:.{digits}f} {unit}"
 
 
 def _duration_tick(seconds: float, _=None) -> str:
@@ -88,20 +89,14 @@ def _duration_tick(seconds: float, _=None) -> str:
 
 def _byte_unit(n: float) -> tuple[int, str]:
     """The binary unit a memory axis up to ``n`` bytes is labelled in."""
-    for size, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
-        if n >= size:
-            return size, name
-    return 1, "bytes"
+    return next(((size, name) for size, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB"))
+                 if n >= size), (1, "bytes"))
 
 
-def _animate(artists: dict, *names: str) -> None:
+def _animate(*artists) -> None:
     """Mark the artists a draw function changes: drawn over the still picture of the rest."""
-    for name in names:
-        items = artists[name]
-        many = isinstance(items, (list, tuple)) or hasattr(items, "patches")
-        for item in items if many else [items]:
-            for artist in getattr(item, "patches", [item]):
-                artist.set_animated(True)
+    for artist in cbook.flatten(artists):
+        artist.set_animated(True)
 
 
 def _on_top(text, x: float, value: float, top: float, words: str) -> None:
@@ -129,26 +124,14 @@ _FITS, _TOO_BIG, _NO_LIMIT = "#55a868", "#c44e52", "#8c8c8c"
 
 @dataclass(frozen=True)
 class _Tradeoff:
-    """Two predictions on one card: ``K`` micro-batches of ``b``, one batch of ``b K``."""
+    """``K`` micro-batches of ``b`` and one batch of ``b K``, predicted; the card's bytes and
+    whether each fits them (None on the CPU)."""
 
     accumulated: Prediction
     plain: Prediction
-
-    @property
-    def capacity(self) -> int | None:
-        """The bytes a step may use on the card; None on the CPU."""
-        gpu = self.accumulated.step.gpu
-        return None if gpu is None else gpu.capacity
-
-    @property
-    def fits(self) -> bool | None:
-        """Whether the accumulated step's peak is within :attr:`capacity` (None on the CPU)."""
-        return None if self.capacity is None else self.accumulated.total <= self.capacity
-
-    @property
-    def plain_fits(self) -> bool | None:
-        """Whether the one-batch step's peak is within :attr:`capacity` (None on the CPU)."""
-        return None if self.capacity is None else self.plain.total <= self.capacity
+    capacity: int | None
+    fits: bool | None
+    plain_fits: bool | None
 
     def verdict(self) -> str:
         """One line: does each step fit, in words."""
@@ -180,18 +163,21 @@ def tradeoff(step: Step, speed: DeviceSpeed | None = None) -> _Tradeoff:
     if not isinstance(step, Step):
         raise WrongTypeError(f"step must be a course_lib.prediction.step.Step, got "
                              f"{type(step).__name__}")
-    plain = replace(step, micro_batch_size=step.batch_size, accumulation_steps=1, mode="none",
-                    every=1, segments=None)
-    return _Tradeoff(predict(step, speed), predict(plain, speed))
+    accumulated = predict(step, speed)
+    plain = predict(replace(step, micro_batch_size=step.batch_size, accumulation_steps=1,
+                            mode="none", every=1, segments=None), speed)
+    if step.gpu is None:
+        return _Tradeoff(accumulated, plain, None, None, None)
+    capacity = step.gpu.capacity
+    return _Tradeoff(accumulated, plain, capacity, accumulated.total <= capacity,
+                     plain.total <= capacity)
 
 
-def _memory_top(t: _Tradeoff, largest: int = max(SIZES)) -> int:
+def _memory_top(t: _Tradeoff) -> int:
     """The memory panel's top in bytes, fixed for a card, a model and a precision."""
     if t.capacity is not None:
-        top = 1.25 * t.capacity
-    else:
-        top = 1.15 * predict(replace(t.plain.step, micro_batch_size=largest)).total
-    return _rounded(top)
+        return _rounded(1.25 * t.capacity)
+    return _rounded(1.15 * predict(replace(t.plain.step, micro_batch_size=max(SIZES))).total)
 
 
 def _rounded(top: float) -> int:
@@ -207,16 +193,14 @@ def _setup_tradeoff(fig, animated: bool = True) -> dict:
     a["mem_bars"] = mem.bar([0, 1], [0, 0], width=0.6, color=[_NO_LIMIT, _NO_LIMIT])
     a["cap"] = mem.axhline(math.nan, color="k", ls="--", lw=1)
     a["cap_text"] = mem.text(2.45, 0, "", ha="right", va="bottom", fontsize=8.5)
-    a["mem_labels"] = [mem.text(i, 0, "", ha="center", va="bottom", fontsize=8.5)
-                       for i in (0, 1)]
     a["mem_measured"], = mem.plot([1], [math.nan], "k_", ms=34, mew=2.5)
     a["time_bars"] = [tim.bar([0, 1], [0, 0], width=0.6, color=color, label=label)
                       for label, _, color in _PARTS]
     a["time_measured"], = tim.plot([1], [math.nan], "k_", ms=34, mew=2.5, label="measured")
-    a["time_labels"] = [tim.text(i, 0, "", ha="center", va="bottom", fontsize=8.5)
-                        for i in (0, 1)]
-    for ax, title in ((mem, "peak memory of one optimizer step"),
-                      (tim, "time per optimizer step (a model)")):
+    for ax, name, title in ((mem, "mem", "peak memory of one optimizer step"),
+                            (tim, "time", "time per optimizer step (a model)")):
+        a[f"{name}_labels"] = [ax.text(i, 0, "", ha="center", va="bottom", fontsize=8.5)
+                               for i in (0, 1)]
         ax.set_xlim(-0.5, 2.5)
         ax.tick_params(labelsize=8.5)
         ax.set_title(title, fontsize=10)
@@ -225,8 +209,7 @@ def _setup_tradeoff(fig, animated: bool = True) -> dict:
     a["title"] = fig.text(0.5, 0.985, "", ha="center", va="top", fontsize=10)
     a["verdict"] = fig.text(0.5, 0.895, "", ha="center", va="top", fontsize=9.5)
     if animated:
-        _animate(a, "mem_bars", "cap", "cap_text", "mem_labels", "mem_measured", "time_bars",
-                 "time_measured", "time_labels", "title", "verdict")
+        _animate(*(v for k, v in a.items() if k not in ("mem", "time")))
     return a
 
 
@@ -234,8 +217,7 @@ def _draw_tradeoff(a: dict, t: _Tradeoff, measured: MeasuredStep | None, what: s
                    top: int) -> None:
     step, plain = t.accumulated, t.plain
     b, K, B = step.step.micro_batch_size, step.step.accumulation_steps, step.step.batch_size
-    mode = step.step.mode
-    ckpt = "" if mode == "none" else f", checkpointing {mode}"
+    ckpt = "" if step.step.mode == "none" else f", checkpointing {step.step.mode}"
     a["title"].set_text(f"{what}\n{K} micro-batch{'es' if K > 1 else ''} of {b}{ckpt} "
                         f"(= {B} sequences per step) against one batch of {B}")
     a["verdict"].set_text(t.verdict())
@@ -253,13 +235,11 @@ def _draw_tradeoff(a: dict, t: _Tradeoff, measured: MeasuredStep | None, what: s
         extra = (f"\nmeasured {format_bytes(measured.peak_bytes)}" if measured and i else "")
         _on_top(a["mem_labels"][i], i, cost.total / unit, top / unit,
                 format_bytes(cost.total) + extra)
-    if t.capacity is None:
-        a["cap"].set_ydata([math.nan] * 2)
-        a["cap_text"].set_text("")
-    else:
-        a["cap"].set_ydata([t.capacity / unit] * 2)
-        a["cap_text"].set_position((2.45, t.capacity / unit))
-        a["cap_text"].set_text(step.step.gpu.capacity_label.replace(" (", "\n(", 1))
+    cap = math.nan if t.capacity is None else t.capacity / unit
+    a["cap"].set_ydata([cap] * 2)
+    a["cap_text"].set_position((2.45, cap))
+    a["cap_text"].set_text("" if t.capacity is None else
+                           step.step.gpu.capacity_label.replace(" (", "\n(", 1))
     a["mem_measured"].set_ydata([min(measured.peak_bytes, top) / unit if measured else math.nan])
     seconds = [plain.seconds, step.seconds] + ([measured.seconds] if measured else [])
     time_top = nice_ceiling(1.3 * max(seconds))
@@ -280,8 +260,7 @@ def _draw_tradeoff(a: dict, t: _Tradeoff, measured: MeasuredStep | None, what: s
 
 
 def tradeoff_figure(t: _Tradeoff, what: str, *, figsize: tuple = (8.6, 3.7)):
-    """The explorer's picture of :func:`tradeoff`'s ``t`` as a static ``Figure`` on an Agg canvas
-    (``what``: the title's first line, the model, precision and card).
+    """The explorer's picture of :func:`tradeoff`'s ``t`` as a static ``Figure`` on an Agg canvas.
 
     Args:
         t (Tradeoff): what :func:`tradeoff` returned.
@@ -306,11 +285,8 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
                       micro_batch_size: int = 4, accumulation_steps: int = 4,
                       checkpointing_menu: bool = False) -> widgets.VBox:
     """The trade-off widget of lecture 03: :func:`tradeoff`'s peak memory against the card and
-    time per step, for ``models`` (name -> config), a card (``speed``: this device's), a
-    precision (``"fp32"`` or ``"mixed"``), ``b`` and ``K`` in :data:`SIZES` and, with
-    ``checkpointing_menu``, :data:`CHECKPOINT_CHOICES`; "measure here" runs it on ``device``.
-    Returns a ``VBox`` with ``view``, ``button``, ``status``, ``measured`` (setting ->
-    :class:`~course_lib.views.playground.MeasuredStep`) and ``measure()``.
+    time per step; "measure here" runs the setting on ``device`` and adds it to ``measured``
+    (setting -> :class:`~course_lib.views.playground.MeasuredStep`).
 
     Args:
         models (dict): the model menu, name -> config.
@@ -581,7 +557,7 @@ def record_accumulation_step(model: torch.nn.Module, inputs: torch.Tensor, targe
         return tuple(d / s for d, s in zip(now, size))
 
     zero = tuple(0.0 for _ in groups)
-    right, no_k, inside = mode == "right", mode == "no / K (bug)", mode.startswith("zero_grad")
+    no_k, inside = mode == "no / K (bug)", mode.startswith("zero_grad")
     frames = []
     optimizer.zero_grad()
     frames.append(_Frame((0,), "the loop starts: the batch is cut into K micro-batches" if inside
@@ -601,7 +577,7 @@ def record_accumulation_step(model: torch.nn.Module, inputs: torch.Tensor, targe
                             k, k + 1, grads(), moved()))
     at_step = grads()
     optimizer.step()
-    verdict = ("= the whole batch's gradient" if right else
+    verdict = ("= the whole batch's gradient" if mode == "right" else
                f"= {K} x the whole batch's gradient" if no_k else
                "= the last micro-batch's share only")
     frames.append(_Frame((4,), f"optimizer.step(): the weights move once, with .grad {verdict}",
@@ -625,18 +601,16 @@ def _code_html(mode: str, lines: tuple[int, ...]) -> str:
             + "".join(rows) + "</pre>")
 
 
-def step_through(recordings: dict[str, _StepRecording], *, interval_ms: int = 900
-                 ) -> widgets.VBox:
-    """The step-through widget of lecture 03: ``recordings`` (loop mode ->
-    :func:`record_accumulation_step` of one batch) frame by frame, the loop's current line
-    highlighted; what ``optimizer.step()`` reads is printed from its frame on only. A ``VBox``
-    with ``view`` (the :func:`~course_lib.views.widgets.live_plot` box), ``play`` and ``code``.
+def step_through(recordings: dict[str, _StepRecording]) -> widgets.VBox:
+    """The step-through widget of lecture 03: ``recordings`` frame by frame, the loop's current
+    line highlighted; what ``optimizer.step()`` reads is printed from its frame on only.
 
     Args:
-        recordings (dict): loop mode -> recording, each with the same number of frames.
-        interval_ms (int): the Play widget's time per frame.
+        recordings (dict): loop mode -> :func:`record_accumulation_step` of one batch, each with
+            the same number of frames.
     Returns:
-        ipywidgets.VBox: with ``view``, ``play`` and ``code``.
+        ipywidgets.VBox: with ``view`` (the :func:`~course_lib.views.widgets.live_plot` box),
+        ``play`` and ``code``.
     Raises:
         ValueError: for no recordings, an unknown mode, or recordings of different lengths.
     """
@@ -645,7 +619,6 @@ def step_through(recordings: dict[str, _StepRecording], *, interval_ms: int = 90
                    for m, r in recordings.items())):
         raise ValueError(f"recordings must map modes of {list(LOOPS)} to recordings "
                          f"(record_accumulation_step), got {recordings!r:.80}")
-    interval_ms = positive_int("interval_ms", interval_ms, maximum=60_000)
     lengths = {len(r.frames) for r in recordings.values()}
     if len(lengths) != 1:
         raise ValueError(f"recordings must have the same number of frames, got {sorted(lengths)}")
@@ -653,7 +626,7 @@ def step_through(recordings: dict[str, _StepRecording], *, interval_ms: int = 90
     n, groups, K = lengths.pop(), first.groups, first.K
     frame = widgets.IntSlider(value=1, min=1, max=n, description="frame")
     mode = widgets.Dropdown(options=list(recordings), value=first.mode, description="loop")
-    play = widgets.Play(value=1, min=1, max=n, interval=interval_ms, description="play")
+    play = widgets.Play(value=1, min=1, max=n, interval=900, description="play")
     widgets.jslink((play, "value"), (frame, "value"))
     code = widgets.HTML(_code_html(first.mode, first.frames[0].lines))
     top = max(max(f.grad) for r in recordings.values() for f in r.frames)
@@ -677,22 +650,20 @@ def step_through(recordings: dict[str, _StepRecording], *, interval_ms: int = 90
         a["reference_label"] = ax.text(
             len(groups) - 0.5, 1.04, "the whole batch's gradient", ha="right", va="bottom",
             fontsize=8.5, zorder=5, bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none"))
-        ax.set(ylim=(0, 1.15 * max(top, 1.0)), xticks=x)
-        ax.set_xticklabels(groups, rotation=25, ha="right", fontsize=8)
-        ax.tick_params(axis="y", labelsize=8)
         ax.set_ylabel("|.grad| / |whole batch's|", fontsize=8.5)
-        ax.set_title(".grad: the gradient buffer, per parameter group", fontsize=9.5)
         a["moved"] = wax.bar(x, [0] * len(groups), color="#c44e52")
-        wax.set(ylim=(0, 1.2 * top_moved), xticks=x)
-        wax.set_xticklabels(groups, rotation=40, ha="right", fontsize=8)
-        wax.tick_params(axis="y", labelsize=8)
-        wax.set_title("the weights: |w - w0| / |w0|", fontsize=9.5)
+        for axes, height, rotation, title in (
+                (ax, 1.15 * max(top, 1.0), 25, ".grad: the gradient buffer, per parameter group"),
+                (wax, 1.2 * top_moved, 40, "the weights: |w - w0| / |w0|")):
+            axes.set(ylim=(0, height), xticks=x)
+            axes.set_xticklabels(groups, rotation=rotation, ha="right", fontsize=8)
+            axes.tick_params(axis="y", labelsize=8)
+            axes.set_title(title, fontsize=9.5)
         a["unmoved"] = wax.text(0.5, 0.5, "", ha="center", va="center", fontsize=8.5,
                                 transform=wax.transAxes)
         a["caption"] = fig.text(0.5, 0.015, "", ha="center", fontsize=9)
         a["verdict"] = fig.text(0.5, 0.955, "", ha="center", fontsize=9.5)
-        _animate(a, "boxes", "grad", "reference", "reference_label", "moved", "unmoved",
-                 "caption", "verdict")
+        _animate(*a.values())
         return a
 
     def draw(a, frame, mode):
@@ -728,8 +699,7 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
                     ) -> widgets.VBox:
     """The playground widget of lecture 03: each run's loss against the samples seen (the toy
     language's floor ln 2) and one step's peak memory, predicted and measured; "train this
-    setting" runs :meth:`Playground.run`. ``mode`` ``"none"`` or ``"blocks"`` adds a "checkpoint
-    every block" checkbox (lecture 04). A ``VBox`` with ``view``, ``button``, ``status``.
+    setting" runs :meth:`Playground.run`.
 
     Args:
         playground (Playground): the runs' back end (its cache is what the view shows).
@@ -744,31 +714,24 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
     if not isinstance(playground, Playground):
         raise ValueError(f"playground must be a course_lib.views.playground.Playground, got "
                          f"{type(playground).__name__}")
-    firsts = {}
-    for name, options, first_name, first in (
-            ("sizes", sizes, "micro_batch_size", micro_batch_size),
-            ("steps", steps, "accumulation_steps", accumulation_steps)):
+    wide = {"style": {"description_width": "initial"}}
+    controls = {}
+    for name, options, first_name, first, label in (
+            ("sizes", sizes, "micro_batch_size", micro_batch_size, "micro-batch b"),
+            ("steps", steps, "accumulation_steps", accumulation_steps, "accumulation steps K")):
         if not (isinstance(options, tuple | list) and 1 <= len(options) <= 16
                 and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_BATCH
                         for v in options) and list(options) == sorted(set(options))):
             raise ValueError(f"{name} must be 1 to 16 ascending ints from 1 to {MAX_BATCH:,}, "
                              f"got {options!r:.80}")
-        firsts[first_name] = positive_int(first_name, first, maximum=MAX_BATCH)
-        if firsts[first_name] not in options:
+        value = positive_int(first_name, first, maximum=MAX_BATCH)
+        if value not in options:
             raise ValueError(f"{first_name} must be one of {name} {list(options)}, "
                              f"got {first!r}")
+        controls[first_name] = widgets.SelectionSlider(options=list(options), value=value,
+                                                       description=label, **wide)
     if mode is not None:
         choice("mode", mode, PLAYGROUND_MODES)
-    wide = {"style": {"description_width": "initial"}}
-    controls = {
-        "micro_batch_size": widgets.SelectionSlider(
-            options=list(sizes), value=firsts["micro_batch_size"], description="micro-batch b",
-            **wide),
-        "accumulation_steps": widgets.SelectionSlider(
-            options=list(steps), value=firsts["accumulation_steps"],
-            description="accumulation steps K", **wide),
-    }
-    if mode is not None:
         controls["every_block"] = widgets.Checkbox(value=mode == "blocks",
                                                    description="checkpoint every block", **wide)
     modes = PLAYGROUND_MODES if mode is not None else ("none",)
@@ -796,7 +759,7 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
         ax2.set_ylabel(f"peak memory of a step ({unit_name})", fontsize=9)
         for ax in (ax1, ax2):
             ax.tick_params(labelsize=8.5)
-        _animate(a, "others", "run", "missing", "title", "mode", "bars", "labels")
+        _animate(*a.values())
         return a
 
     def draw(a, micro_batch_size, accumulation_steps, every_block=False):

@@ -20,6 +20,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from course_lib.units import GiB, MiB
 from course_lib.validation import number
 
 #: The widest or tallest figure ``live_plot`` draws, in inches.
@@ -56,6 +57,18 @@ def check_figure(name: str, fig) -> Figure:
     if not isinstance(fig, Figure):
         raise ValueError(f"{name} must be a matplotlib Figure, got {type(fig).__name__}")
     return fig
+
+
+def agg_figure(figsize) -> Figure:
+    """A Figure of ``figsize`` inches (checked) on its own Agg canvas, without pyplot."""
+    fig = Figure(figsize=check_figsize(figsize))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def unit_of(nbytes: int) -> tuple[int, str]:
+    """``(bytes per unit, name)`` to show ``nbytes`` in: GiB from 2 GiB on, else MiB."""
+    return (GiB, "GiB") if nbytes >= 2 * GiB else (MiB, "MiB")
 
 
 def show_error(exc: Exception) -> None:
@@ -115,10 +128,7 @@ def nice_ceiling(x: float) -> float:
     """The smallest 1, 2 or 5 times a power of ten >= ``x`` (few limits: backgrounds reused)."""
     x = number("x", x, above=0.0)
     power = 10.0 ** math.floor(math.log10(x))
-    for step in (1, 2, 5, 10):
-        if step * power >= x * (1 - 1e-12):
-            return float(step * power)
-    raise AssertionError("unreachable")
+    return float(next(s * power for s in (1, 2, 5, 10) if s * power >= x * (1 - 1e-12)))
 
 
 def render_png(fig: Figure, backgrounds: _Backgrounds | None = None) -> bytes:
@@ -166,8 +176,6 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
     once, ``draw(artists, **values)`` only sets their data, and the artists marked
     ``set_animated(True)`` are drawn over a kept picture of the rest (blitting; see
     ``benchmarks/widget_latency.py``). ``layout=None`` is fastest (``fig.subplots_adjust``).
-    Returns a ``VBox`` with ``redraw()``, ``figure``, ``image``, ``output``, ``controls``,
-    ``artists`` and ``backgrounds``.
 
     Args:
         draw (callable): ``draw(fig, **values)``; with ``setup``, ``draw(artists, **values)``.
@@ -177,7 +185,8 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
         columns (int): controls per row.
         setup (callable, optional): ``setup(fig) -> artists``.
     Returns:
-        ipywidgets.VBox: with the attributes named above.
+        ipywidgets.VBox: with ``redraw()``, ``figure``, ``image``, ``output``, ``controls``,
+            ``artists`` and ``backgrounds``.
     Raises:
         ValueError: naming the argument, for a bad value.
     Example:
