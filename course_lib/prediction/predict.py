@@ -93,6 +93,9 @@ def _lever_moments(step: Step) -> dict[str, StepMemory]:
     """The engine's moments adjusted for lecture 08's levers and ZeRO, each a closed form
     (Rajbhandari et al. 2020; FSDP2's gathered units: :func:`formulas.zero3_memory`)."""
     moments = engine.moments(step)
+    if not (step.in_backward or step.lora_rank or step.state_bits != 32 or step.zero_stage
+            or step.offload_activations or step.offload_optimizer):
+        return moments  # the plain step: the engine's count as it is (a widget's common case)
     config, b, s = step.config, step.micro_batch_size, step.seq_len
     numels = param_numels(config)
     pb, _, mb, sb = step.spec.element_bytes  # params, grads, master weights, each state tensor
