@@ -76,7 +76,7 @@ def _learner_worker(rank, world_size):
 
 
 def _fsdp_learner_worker(rank, world_size):
-    """Lecture 07's FSDP2 worker as a learner writes it: two AdamW steps of the ODD GPT."""
+    """Lecture 07's FSDP2 worker as a learner writes it: four AdamW steps of the ODD GPT."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -87,7 +87,7 @@ def _fsdp_learner_worker(rank, world_size):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    for step in range(2):
+    for step in range(4):
         x, y = random_tokens(ODD, MICRO, seed=10 * step + rank)
         model(x, y)[1].backward()
         optimizer.step()
@@ -200,16 +200,18 @@ def test_sharded_states_against_the_zero_formulas(ranks_results):
 
 
 def test_fsdp_step_holds_the_gathered_units_of_zero3_memory(ranks_results):
-    """During the second step: the root and two blocks gathered (a padded row per tensor at
-    most), two blocks' gradients (unsharded, and their reduce-scatter copy); the root's
-    gradients are the tracker's temporaries until their reduce-scatter."""
+    """During a step after the first (the least over three): the root and two blocks gathered
+    (a padded row per tensor at most), two blocks' gradients (unsharded, and their
+    reduce-scatter copy); the root's gradients are the tracker's temporaries until their
+    reduce-scatter."""
     between = zero3_memory(ODD, world_size=WORLD, during_step=False)
     during = zero3_memory(ODD, world_size=WORLD)
     root = sum(p.numel() for n, p in GPT(ODD).named_parameters() if not n.startswith("blocks."))
     rows = 4 * ODD.d_model * len(list(GPT(ODD).parameters()))
     for steps in ranks_results["fsdp"]:
-        assert "during" not in steps[0]  # the first step is not watched
-        held, states = steps[1]["during"], steps[1]["states"]["total"]
+        assert "during" not in steps[0] and all("during" in s for s in steps[1:])
+        held = {k: min(s["during"][k] for s in steps[1:]) for k in steps[1]["during"]}
+        states = steps[-1]["states"]["total"]
         assert 0 <= held["gathered"] - (during.parameters - between.parameters) <= rows
         assert held["unsharded gradients"] == during.gradients - between.gradients - 4 * root
         assert states < held["held"] <= during.total and held["held"] < held["peak"]

@@ -250,7 +250,7 @@ def _start_watching(rank: int, world_size: int) -> None:
                       "bytes": sum(c.bytes for c in counters)})
         for c in counters:
             c.reset()
-        if "tracker" in _watch:  # the second step's forward and backward passes are over
+        if "tracker" in _watch:  # this step's forward and backward passes are over
             tracker = _watch.pop("tracker")
             tracker.__exit__(None, None, None)
             steps[-1]["during"] = tracker.most
@@ -259,7 +259,7 @@ def _start_watching(rank: int, world_size: int) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         steps[-1]["params"] = torch.cat([local(p) for p in params])
         steps[-1]["states"] = _state_row(params, _moments(optimizer))
-        if len(steps) == 1 and "root" in fsdp:  # watch the next step, AdamW's states made
+        if "root" in fsdp:  # watch the next step: AdamW's states exist from now on
             _watch["tracker"] = _fsdp_tracker(fsdp["root"], optimizer).__enter__()
 
     _watch.update(steps=steps, handles=[
@@ -283,8 +283,10 @@ def record_steps(ranks, worker: Callable, **kwargs) -> list[list[dict]]:
 
     Per rank, one dict per step: ``grads`` used, ``all_reduces`` and ``bytes`` DDP sent since the
     last step, ``params`` after it (flat fp32, this rank's shard), ``states`` (a row of
-    :func:`sharded_states`); for FSDP2, the second step's ``during``: the most bytes of each group
-    of :data:`FSDP_GROUPS` held at once (to set against ``formulas.zero3_memory``).
+    :func:`sharded_states`); for FSDP2, from the second step on, ``during``: the most bytes of
+    each group of :data:`FSDP_GROUPS` held at once (to set against ``formulas.zero3_memory``).
+    Take the least over steps: gloo may free an all-gather buffer from its own thread after the
+    next unit is gathered, and that step then counts a unit twice.
     Args:
         ranks (Ranks): the ranks to run on.
         worker (Callable): as :meth:`~course_lib.distributed.ranks.Ranks.run` takes it.
