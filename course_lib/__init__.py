@@ -33,8 +33,8 @@ lecture modules its notebooks import (the lecture, its companion, its exercises)
         prediction.activations, prediction.engine, prediction.formulas, prediction.predict,
         prediction.step_setup, units, views.activation_views
 03      claims, device, grading, measurement.memory, measurement.timing, model.gpt,
-        model.toy_data, model.zoo, prediction.predict, prediction.time_model,
-        training.accumulation, training.loop, units, views.playground, views.step_views
+        model.toy_data, model.zoo, prediction.predict, prediction.time_model, training.loop,
+        units, views.playground, views.step_views
 04      claims, device, grading, measurement.memory, measurement.timeline, measurement.timing,
         model.gpt, prediction.checkpointed, prediction.predict, training.checkpointing,
         training.loop, units, views.checkpoint_views

@@ -10,8 +10,6 @@ laptop; :func:`live_gpu` reads the same facts from this kernel's GPU.
 
 from __future__ import annotations
 
-import platform
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -20,11 +18,6 @@ from .units import MiB, as_dtype, format_bytes
 from .validation import MAX_BYTES, boolean, device as as_device, integer, number, text
 
 _KINDS = ("cuda", "mps", "cpu")
-
-
-def _in_colab() -> bool:
-    """True inside Google Colab (its ``google.colab`` module is loaded)."""
-    return "google.colab" in sys.modules
 
 
 def _mps_available() -> bool:
@@ -322,58 +315,3 @@ def tolerance(device: torch.device | str) -> _Tolerance:
     if kind not in _TOLERANCES:
         raise ValueError(f"device must be a cpu, cuda or mps device, got {device!r}")
     return _TOLERANCES[kind]
-
-
-@dataclass(frozen=True)
-class _DeviceInfo:
-    """What :func:`print_summary` found about a device."""
-
-    device: torch.device
-    dtype: torch.dtype
-    grad_scaler: bool
-    name: str
-    total_memory: int | None
-    in_colab: bool
-    torch_version: str
-
-    def summary(self) -> str:
-        """The six lines :func:`print_summary` prints."""
-        mem = format_bytes(self.total_memory) if self.total_memory else "n/a (host memory)"
-        scaler = " with GradScaler" if self.grad_scaler else ""
-        return "\n".join([
-            f"device        : {self.device} ({self.name})",
-            f"device memory : {mem}",
-            f"training dtype: {str(self.dtype).replace('torch.', '')}{scaler}",
-            f"torch         : {self.torch_version}",
-            f"python        : {platform.python_version()}",
-            f"running in    : {'Google Colab' if self.in_colab else 'local Jupyter / Python'}",
-        ])
-
-
-def print_summary(device: torch.device | str | None = None) -> _DeviceInfo:
-    """Print the device, its memory (CUDA), its training dtype and the versions; return them.
-
-    Args:
-        device (torch.device or str, optional): default :func:`pick_device`.
-
-    Returns:
-        _DeviceInfo: what was printed.
-    Raises:
-        ValueError: for a ``device`` that is not cuda, mps or cpu, or CUDA on a machine without it.
-    """
-    device = pick_device() if device is None else as_device("device", device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(device)!r} but this machine has no CUDA device")
-    dtype, total = pick_dtype(device), None
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        name, total = props.name, int(props.total_memory)
-    elif device.type == "mps":
-        name = "Apple GPU (MPS)"
-    else:
-        name = platform.processor() or platform.machine() or "CPU"
-    info = _DeviceInfo(device=device, dtype=dtype, grad_scaler=needs_grad_scaler(dtype),
-                       name=name, total_memory=total, in_colab=_in_colab(),
-                       torch_version=torch.__version__)
-    print(info.summary())
-    return info

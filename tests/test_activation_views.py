@@ -65,8 +65,8 @@ def test_bad_threshold_arguments():
         views.oom_threshold(Step(GPT2))
     with pytest.raises(TypeError, match="step must be"):
         views.oom_threshold(GPT2)
-    with pytest.raises(TypeError, match="t must be a Threshold"):
-        views.threshold_figure(GPT2)
+    with pytest.raises(TypeError, match="title must be"):
+        views.oom_threshold(Step(GPT2, gpu="T4")).figure(title=3)
 
 
 def _disjoint(a, b) -> bool:
@@ -75,7 +75,7 @@ def _disjoint(a, b) -> bool:
 
 def test_the_threshold_figure_keeps_its_legend_and_labels_off_the_bars():
     t = views.oom_threshold(Step(GPT2, 8, precision="fp16-mixed", gpu="T4"))
-    fig = views.threshold_figure(t, title="GPT-2 small")
+    fig = t.figure(title="GPT-2 small")
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     ax = fig.axes[0]

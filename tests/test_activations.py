@@ -69,7 +69,7 @@ def test_block_items_match_the_storages_autograd_keeps(attention, dropout, dtype
     measured = sorted({r.storage_id: r.nbytes for r in rows}.values())
     predicted = sorted(item.nbytes for item in act.block_saved(cfg, 3, 9, dtype))
     assert measured == predicted
-    assert act.block_saved_bytes(cfg, 3, 9, dtype) == saved_bytes(out, block.parameters())
+    assert act.total_bytes(act.block_saved(cfg, 3, 9, dtype)) == saved_bytes(out, block.parameters())
 
 
 def test_the_sdpa_kernel_is_the_one_the_graph_shows():
@@ -88,7 +88,7 @@ def test_fused_attention_drops_the_quadratic_term_only_without_cpu_dropout():
 
     def per_block(attention, dropout, s, gpu=None, dtype=torch.bfloat16):
         c = dataclasses.replace(base, attention=attention, dropout=dropout)
-        return act.block_saved_bytes(c, 2, s, dtype, gpu)
+        return act.total_bytes(act.block_saved(c, 2, s, dtype, gpu))
 
     for attention, dropout, gpu, dtype, quadratic in [
             ("explicit", 0.1, None, torch.bfloat16, True),
@@ -106,7 +106,9 @@ def test_fused_attention_drops_the_quadratic_term_only_without_cpu_dropout():
 
 # --------------------------------------------------------------------------- Korthikanti et al.
 
-def test_korthikanti_terms_add_up_to_the_measured_block():
+def test_the_block_is_the_paper_plus_what_it_leaves_out():
+    """Korthikanti et al.'s eq. 1 plus the terms lecture 02 names: the masks' dtype beyond the
+    paper's 1 byte, LayerNorm's mean and 1/std, the causal mask and the 8-byte scalar."""
     cfg = GPTConfig(vocab_size=16, seq_len=128, d_model=64, n_heads=4, n_layers=1, dropout=0.1,
                     attention="explicit")
     s, b, h, a = 128, 2, 64, 4
@@ -114,18 +116,13 @@ def test_korthikanti_terms_add_up_to_the_measured_block():
     block = Block(cfg).to(torch.bfloat16)
     x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
     measured = saved_bytes(block(x), block.parameters())  # what autograd keeps, on the CPU
-    for gpu in (None, "A100 80GB"):
-        terms = act.korthikanti_terms(cfg, b, s, torch.bfloat16, gpu)
-        total = terms.pop("block")
-        assert terms["paper"] == s * b * h * 34 + 5 * a * s * s * b  # the paper's eq. 1
-        assert sum(terms.values()) == total
-        if gpu is None:
-            assert total == measured
-    cpu = act.korthikanti_terms(cfg, b, s, torch.bfloat16)
-    assert cpu["dropout masks"] == 2 * s * b * h + a * s * s * b   # 2-byte masks, not 1
-    assert cpu["layernorm stats"] == 4 * s * b * 2
-    cuda = act.korthikanti_terms(cfg, b, s, torch.bfloat16, "H100 80GB")
-    assert cuda["dropout masks"] == 0 and cuda["layernorm stats"] == 4 * s * b * 4
+    paper = s * b * h * 34 + 5 * a * s * s * b
+    # the CPU: 2-byte bf16 masks (the paper counts 1), bf16 statistics
+    cpu = paper + (2 * s * b * h + a * s * s * b) + 2 * 2 * s * b * 2 + s * s + 8
+    assert act.total_bytes(act.block_saved(cfg, b, s, torch.bfloat16)) == cpu == measured
+    for gpu in ("A100 80GB", "H100 80GB"):  # CUDA: 1-byte masks, fp32 statistics
+        predicted = act.total_bytes(act.block_saved(cfg, b, s, torch.bfloat16, gpu))
+        assert predicted == paper + 2 * 2 * s * b * 4 + s * s + 8
 
 
 def test_on_cuda_the_course_block_is_the_paper_for_gpt3():
@@ -133,17 +130,9 @@ def test_on_cuda_the_course_block_is_the_paper_for_gpt3():
     cfg = GPTConfig(vocab_size=16, seq_len=2048, d_model=12288, n_heads=96, n_layers=1,
                     dropout=0.1, attention="explicit")
     paper = 2048 * 12288 * (34 + 5 * 96 * 2048 // 12288)
-    ours = act.block_saved_bytes(cfg, 1, 2048, torch.bfloat16, "A100 80GB")
+    ours = act.total_bytes(act.block_saved(cfg, 1, 2048, torch.bfloat16, "A100 80GB"))
     assert ours - paper == 16 * 2048 + 2048**2 + 8    # LayerNorm stats, causal mask, the scalar
     assert abs(ours / paper - 1) < 0.002
-
-
-def test_korthikanti_terms_need_the_papers_setting():
-    cfg = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, dropout=0.1)
-    with pytest.raises(ValueError, match="dropout"):
-        act.korthikanti_terms(dataclasses.replace(cfg, dropout=0.0), 1, 8)
-    with pytest.raises(ValueError, match="16-bit"):
-        act.korthikanti_terms(cfg, 1, 8, torch.float32)
 
 
 # --------------------------------------------------------------------------- autocast

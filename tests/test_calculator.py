@@ -94,16 +94,18 @@ def test_zero_figure_draws_each_stage_against_the_formula():
         calc.zero_figure(0)
 
 
-def test_bytes_per_param_figure_divides_by_the_parameters():
+def test_states_figure_per_param_divides_by_the_parameters():
     rows = {"fp32": training_memory(1000), "mixed": training_memory(1000, precision="bf16-mixed"),
             "pure": training_memory(1000, precision="bf16")}
-    fig = calc.bytes_per_param_figure(rows, 1000)
+    fig = calc.states_figure(rows, per_param=1000)
     tops = [t.get_text() for t in fig.axes[0].texts]
     assert tops == ["16 bytes", "16 bytes", "8 bytes"]
-    with pytest.raises(ValueError, match="n_params"):
-        calc.bytes_per_param_figure(rows, 0)
-    with pytest.raises(ValueError, match="rows must be a dict"):
-        calc.bytes_per_param_figure({"x": 1}, 10)
+    with pytest.raises(ValueError, match="per_param"):
+        calc.states_figure(rows, per_param=0)
+    with pytest.raises(ValueError, match="bars must be a dict"):
+        calc.states_figure({"x": 1}, per_param=10)
+    with pytest.raises(ValueError, match="gpus must be None"):
+        calc.states_figure(rows, per_param=1000, gpus=["T4"])
 
 
 def test_activations_figure_gives_each_recipe_against_the_first():

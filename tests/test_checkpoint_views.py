@@ -7,7 +7,6 @@ matplotlib.use("Agg")
 from dataclasses import replace  # noqa: E402
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from course_lib.device import GPUS  # noqa: E402
@@ -30,21 +29,6 @@ def test_explore_predicts_the_setting_and_the_plain_step():
     assert 1 < s.flop_ratio < 4 / 3 and s.segments is None
     assert views._explore("A100 80GB", 24, "none").precision == "autocast-bf16"
     assert views._explore("T4", 24, "none").flop_ratio == 1.0
-
-
-def test_lecture_sizes_on_the_cpu_are_small_and_counted_by_flopcountermode():
-    config, batch, sweep, sweep_batch = views.lecture_sizes(torch.device("cpu"))
-    assert (config, batch, sweep, sweep_batch) == views._CPU_SIZES
-    assert config.attention == "explicit" and config.dropout == 0  # matmuls: every device counts
-    assert GPTConfig(**sweep, n_layers=64).n_layers == 64 and "n_layers" not in sweep
-
-
-@pytest.mark.gpu
-def test_lecture_sizes_on_cuda_fit_the_free_memory():
-    config, batch, sweep, sweep_batch = views.lecture_sizes(torch.device("cuda"))
-    assert config.attention == "explicit" and config.seq_len == sweep["seq_len"] == 1024
-    assert predict(Step(config, batch, gpu="cuda")).total < torch.cuda.mem_get_info()[0]
-    assert batch >= 1 and sweep_batch >= 1
 
 
 def test_explore_segments_clips_k_and_names_the_best_count():
@@ -102,7 +86,6 @@ def test_plots_draw_and_label_what_they_are_given():
     views.plot_depths(ax, depths, measured, predicted=measured)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels[0] == "none: slope 1.00, 1.00 at 16-64" and "the memory engine" in labels
-    assert views.loglog_slope([1, 10], [3, 30]) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("call,name", [
@@ -110,8 +93,8 @@ def test_plots_draw_and_label_what_they_are_given():
     (lambda ax: views.plot_timelines(ax, {"x": [1, 2]}), "timelines"),
     (lambda ax: views.plot_depths(ax, [1, 2], {}), "measured"),
     (lambda ax: views.plot_depths(ax, [1, 2], {"a": [1, 2]}, {"b": [1, 2]}), "predicted"),
-    (lambda ax: views.loglog_slope([1], [1]), "depths"),
-    (lambda ax: views.loglog_slope([1, 2], [1, 0]), "values"),
+    (lambda ax: views.plot_depths(ax, [1], {"a": [1]}), "depths"),
+    (lambda ax: views.plot_depths(ax, [1, 2], {"a": [1, 0]}), "measured"),
 ])
 def test_plots_name_a_bad_argument(call, name):
     with pytest.raises(ValueError, match=name):

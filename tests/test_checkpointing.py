@@ -84,7 +84,7 @@ def test_regions_and_labels_of_each_policy():
 
 def test_sqrt_segments_follow_checkpoint_sequential():
     assert [ckpt.sqrt_segments(n) for n in (1, 4, 9, 10, 16, 64)] == [1, 2, 3, 3, 4, 8]
-    assert ckpt.sequential_segments(10, 3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    assert ckpt._sequential_segments(10, 3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
     # Count block calls: checkpointed segments run twice, the last segment once.
     config = GPTConfig(**{**SMALL, "n_layers": 10})
     model = GPT(config)

@@ -311,13 +311,10 @@ def test_other_errors_are_not_taken_for_out_of_memory():
         guard.run_within_budget(bug, MiB, device="cpu")
 
 
-def test_check_budget():
-    m = _peak(SMALL, 2)
-    guard.check_budget(m, m.total)
-    with pytest.raises(guard.MemoryBudgetExceeded, match="over the budget") as info:
-        guard.check_budget(m, m.total - 1, what="the step")
-    assert info.value.needed_bytes == m.total and info.value.budget_bytes == m.total - 1
-    guard.check_budget(10, 10)
+def test_memory_budget_exceeded_says_how_far_over():
+    error = guard.MemoryBudgetExceeded(3 * MiB, 2 * MiB, "the step")
+    assert str(error) == "the step needs 3.00 MiB, 1.00 MiB over the budget of 2.00 MiB"
+    assert isinstance(error, RuntimeError) and error.at is None
 
 
 def test_breakdown_rows_sum_to_the_total():
@@ -356,8 +353,6 @@ def test_breakdown_rows_sum_to_the_total():
     (lambda: fit.search_space(seq_len=0), "seq_len"),
     (lambda: fit.fit_model(1000, space=[SMALL]), "budget_bytes"),
     (lambda: fit.search_space(widths=[48], head_size=32, aspect_ratio=None), "search space"),
-    (lambda: guard.check_budget(10, 0), "budget_bytes"),
-    (lambda: guard.check_budget("a lot", 10), "needed"),
     (lambda: guard.run_within_budget("train", MiB), "fn"),
     (lambda: guard.run_within_budget(lambda: None, 0), "budget_bytes"),
     (lambda: guard.BudgetTracker(-1), "budget_bytes"),

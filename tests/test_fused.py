@@ -187,6 +187,23 @@ def _dropout_example(device="cpu", dtype=torch.float32):
     return [x, bias, residual.requires_grad_(), 0.25, 1234]
 
 
+def _mask(x, p, seed):
+    """The mask the kernel draws for ``x``'s shape, ``p`` and ``seed`` (True: kept): the kernel run
+    on ones with nothing added, so that the reference drops exactly what the kernel drops."""
+    ones = torch.ones_like(x, memory_format=torch.contiguous_format)
+    zeros = torch.zeros_like(ones)
+    return fused.bias_dropout_add(ones, zeros[(0,) * (x.dim() - 1)], zeros, p, seed) != 0
+
+
+def _unfused(x, bias, residual, p, seed=None):
+    """``F.dropout(x + bias, p) + residual``, the ops the kernel replaces; with ``seed``, applied
+    with the kernel's own mask."""
+    if seed is None:
+        return torch.nn.functional.dropout(x + bias, p) + residual
+    scale = 1 / (1 - p) if p < 1 else 0.0
+    return (x + bias) * (_mask(x, p, seed) * scale).to(x.dtype) + residual
+
+
 def _dropout_grads(fn, x, bias, residual, p, seed):
     out = fn(x, bias, residual, p, seed)
     weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(out.dtype)
@@ -198,25 +215,25 @@ def _dropout_grads(fn, x, bias, residual, p, seed):
 def test_bias_dropout_add_matches_the_unfused_ops_with_its_mask(dtype, tol):
     x, bias, residual, p, seed = _dropout_example("cpu", dtype)
     got = _dropout_grads(fused.bias_dropout_add, x, bias, residual, p, seed)
-    want = _dropout_grads(fused.unfused_bias_dropout_add, x, bias, residual, p, seed)
+    want = _dropout_grads(_unfused, x, bias, residual, p, seed)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g.float(), w.float(), atol=tol, rtol=tol)
-    keep = fused.dropout_mask(x, p, seed)
+    keep = _mask(x, p, seed)
     assert 0.6 < keep.float().mean() < 0.9  # p = 0.25
     assert torch.equal(got[1] == 0, ~keep)  # x's gradient is zero exactly where it is dropped
 
 
 def test_the_mask_is_the_seeds_own():
     x = torch.empty(4, 300)
-    assert torch.equal(fused.dropout_mask(x, 0.5, 7), fused.dropout_mask(x, 0.5, 7))
-    assert not torch.equal(fused.dropout_mask(x, 0.5, 7), fused.dropout_mask(x, 0.5, 8))
+    assert torch.equal(_mask(x, 0.5, 7), _mask(x, 0.5, 7))
+    assert not torch.equal(_mask(x, 0.5, 7), _mask(x, 0.5, 8))
 
 
 def test_the_kernel_keeps_no_tensor_where_the_unfused_ops_keep_the_mask():
     x, bias, residual, p, seed = _dropout_example()
     kept = fused.bias_dropout_add(x, bias, residual, p, seed)
-    unfused = fused.unfused_bias_dropout_add(x, bias, residual, p)  # F.dropout's own mask
+    unfused = _unfused(x, bias, residual, p)  # F.dropout's own mask
     mask_bytes = x.numel() * x.element_size()  # on the CPU the mask has x's dtype
     assert saved_tensors(kept) == []
     assert saved_bytes(kept) == 0 == saved_bytes(unfused) - mask_bytes
@@ -246,11 +263,11 @@ def test_without_triton_the_op_draws_its_mask_from_a_seeded_generator(monkeypatc
     x, bias, residual, p, seed = _dropout_example()
     monkeypatch.setattr(fused, "_backend", lambda device: "reference")
     keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)) >= p
-    assert torch.equal(fused.dropout_mask(x, p, seed), keep)
+    assert torch.equal(_mask(x, p, seed), keep)
     out = fused.bias_dropout_add(x, bias, residual, p, seed)
     assert saved_bytes(out) == 0  # the same contract: a seed kept, a mask redrawn
     got = _dropout_grads(fused.bias_dropout_add, x, bias, residual, p, seed)
-    want = _dropout_grads(fused.unfused_bias_dropout_add, x, bias, residual, p, seed)
+    want = _dropout_grads(_unfused, x, bias, residual, p, seed)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
 
@@ -316,6 +333,6 @@ def test_the_compiled_dropout_kernel_matches_the_unfused_ops_on_a_gpu(dtype):
     x, bias, residual, p, seed = (t.detach().cuda().requires_grad_() if isinstance(t, torch.Tensor)
                                   else t for t in _dropout_example("cpu", dtype))
     got = _dropout_grads(fused.bias_dropout_add, x, bias, residual, p, seed)
-    want = _dropout_grads(fused.unfused_bias_dropout_add, x, bias, residual, p, seed)
+    want = _dropout_grads(_unfused, x, bias, residual, p, seed)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.float(), w.float(), atol=2e-2, rtol=2e-2)

@@ -4,7 +4,7 @@ that used to slip through: bools where ints are meant, NaN and the infinities, f
 are meant (2.5, and whole ones such as 2.0), sizes past their stated maximum (2**63), strings,
 None, containers, and device names torch does not know ("gpu").
 
-Modules: validation, units, memory, models, accumulation, toy_data, training, measure,
+Modules: validation, units, memory, models, toy_data, training, measure,
 memory_timeline, policies, ranks, distributed, widgets. The others (activations, kernels, engine,
 checkpointing, planner, fit, playground, device, model_zoo, levers, allocator, grading) are in
 test_inputs_planning.py; the strategies are in input_strategies.py.
@@ -20,7 +20,6 @@ from input_strategies import (
     BOOLS,
     FRACTIONS,
     HUGE,
-    INT64,
     NON_FINITE,
     NOT_A_BOOL,
     NOT_A_DEVICE,
@@ -38,7 +37,7 @@ from course_lib.measurement import memory
 from course_lib.model import gpt, toy_data
 from course_lib.planning import planner
 from course_lib.prediction import formulas, step_setup
-from course_lib.training import accumulation, loop, policies
+from course_lib.training import loop, policies
 from course_lib.views import widgets
 
 torch.manual_seed(0)
@@ -104,23 +103,6 @@ CASES = {
     "random_tokens.device": (lambda v: gpt.random_tokens(CFG, 2, device=v), "device",
                              NOT_A_DEVICE),
     "gpt_param_count.config": (lambda v: gpt.gpt_param_count(v), "config", OTHERS),
-    # accumulation
-    "token_counts.ignore_index": (lambda v: accumulation.token_counts(Y, 2, v), "ignore_index",
-                                  not_an_int(*INT64)),
-    "token_counts.micro_batch_size": (lambda v: accumulation.token_counts(Y, v),
-                                      "micro_batch_size", st.one_of(BOOLS, NON_FINITE, FRACTIONS,
-                                                                    OTHERS,
-                                                                    st.integers(max_value=0))),
-    "pad_to_lengths.lengths": (lambda v: accumulation.pad_to_lengths(X, Y, [2, 2, v, 2]),
-                               "lengths", not_an_int(0, CFG.seq_len)),
-    "pad_to_lengths.pad_token": (lambda v: accumulation.pad_to_lengths(X, Y, [2] * 4,
-                                                                       pad_token=v),
-                                 "pad_token", not_an_int(*INT64)),
-    "pad_to_lengths.ignore_index": (lambda v: accumulation.pad_to_lengths(X, Y, [2] * 4,
-                                                                          ignore_index=v),
-                                    "ignore_index", not_an_int(*INT64)),
-    "max_abs_difference.a": (lambda v: accumulation._max_abs_difference(v, {"w": torch.ones(1)}),
-                             "a", OTHERS),
     # toy_data
     "markov_tokens.seed": (lambda v: toy_data.markov_tokens(2, 4, seed=v), "seed",
                            not_an_int(0, gpt.MAX_SEED)),
@@ -183,26 +165,6 @@ def test_bad_values_are_refused_naming_the_parameter(case, data):
 
 # --- the values the issue found, one by one ---------------------------------------------------
 
-@pytest.mark.parametrize("lengths,name", [([math.nan, 2, 2, 2], "lengths"),
-                                          ([2.5, 2, 2, 2], "lengths"),
-                                          ([True, 2, 2, 2], "lengths"),
-                                          (torch.tensor([2.0, 2, 2, 2]), "lengths")])
-def test_pad_to_lengths_refuses_lengths_that_are_not_ints(lengths, name):
-    with pytest.raises(ValueError, match=name):
-        accumulation.pad_to_lengths(X, Y, lengths)
-
-
-@pytest.mark.parametrize("pad_token", [0.5, 1.0, True, math.nan])
-def test_pad_to_lengths_refuses_a_pad_token_that_is_not_an_int(pad_token):
-    with pytest.raises(ValueError, match="pad_token"):
-        accumulation.pad_to_lengths(X, Y, [2] * 4, pad_token=pad_token)
-
-
-def test_token_counts_refuses_a_bool_ignore_index():
-    with pytest.raises(ValueError, match="ignore_index"):
-        accumulation.token_counts(Y, 2, ignore_index=True)
-
-
 @pytest.mark.parametrize("kwargs,name", [({"bias": "no"}, "bias"), ({"n_layers": 2**63},
                                                                      "n_layers"),
                                          ({"dropout": False}, "dropout")])
@@ -219,17 +181,6 @@ def test_a_device_torch_does_not_know_is_a_value_error_naming_it(call):
 
 
 # --- good values still work ------------------------------------------------------------------
-
-@SETTINGS
-@given(lengths=st.lists(st.integers(0, CFG.seq_len), min_size=4, max_size=4),
-       pad=st.integers(0, CFG.vocab_size - 1))
-def test_pad_to_lengths_keeps_exactly_the_first_lengths_tokens(lengths, pad):
-    x, y = accumulation.pad_to_lengths(X, Y, lengths, pad_token=pad)
-    for row, n in enumerate(lengths):
-        assert torch.equal(x[row, :n], X[row, :n]) and bool((x[row, n:] == pad).all())
-        assert bool((y[row, n:] == -100).all())
-    assert accumulation.token_counts(y, 1) == lengths
-
 
 @SETTINGS
 @given(value=st.one_of(st.integers(0, 10), st.integers(0, 10).map(torch.tensor)))

@@ -131,12 +131,8 @@ CASES = {
                                "b", not_an_int(1, MAX_BATCH)),
     "attention_core_saved.s": (lambda v: activations.attention_core_saved(CFG, 1, v, "fp32"),
                                "s", not_an_int(1, CFG.seq_len)),
-    "block_saved_bytes.batch_size": (lambda v: activations.block_saved_bytes(CFG, v),
-                                     "batch_size", not_an_int(1, MAX_BATCH)),
     "predict_saved_bytes.seq_len": (lambda v: activations.predict_saved_bytes(CFG, 1, v),
                                     "seq_len", given_value(not_an_int(1, CFG.seq_len))),
-    "korthikanti_terms.gpu": (lambda v: activations.korthikanti_terms(CFG, 1, gpu=v), "gpu",
-                              NOT_A_GPU),
     # kernels
     "mask_dtype.dtype": (lambda v: kernels.mask_dtype(v), "dtype", NOT_A_DTYPE),
     "mask_dtype.gpu": (lambda v: kernels.mask_dtype("fp32", v), "gpu", NOT_A_GPU),
@@ -154,14 +150,6 @@ CASES = {
     "kernels.sdpa_kernel.gpu": (lambda v: kernels.sdpa_kernel(CFG, "fp32", v), "gpu", NOT_A_GPU),
     "attention_kernel.config": (lambda v: kernels.attention_kernel(v, "fp32"), "config",
                                 NOT_A_CONFIG),
-    "detect_sdpa_kernel.batch_size": (
-        lambda v: kernels.detect_sdpa_kernel(CFG, "fp32", v, device="cpu"), "batch_size",
-        not_an_int(1, kernels.MAX_DETECT_ELEMENTS)),
-    "detect_sdpa_kernel.seq_len": (
-        lambda v: kernels.detect_sdpa_kernel(CFG, "fp32", 1, v, device="cpu"), "seq_len",
-        given_value(not_an_int(1, CFG.seq_len))),
-    "detect_sdpa_kernel.device": (lambda v: kernels.detect_sdpa_kernel(CFG, "fp32", device=v),
-                                  "device", NOT_A_DEVICE),
     # engine
     "precision_of.precision": (lambda v: engine.precision_of(v), "precision",
                                st.one_of(not_one_of(engine.PRECISIONS),
@@ -195,12 +183,6 @@ CASES = {
     # checkpointing
     "sqrt_segments.n_layers": (lambda v: checkpointing.sqrt_segments(v), "n_layers",
                                not_an_int(1, checkpointing.MAX_LAYERS)),
-    "checkpointed_blocks.n_layers": (lambda v: checkpointing.checkpointed_blocks(v), "n_layers",
-                                     not_an_int(1, checkpointing.MAX_LAYERS)),
-    "checkpointed_blocks.every": (lambda v: checkpointing.checkpointed_blocks(4, v), "every",
-                                  not_an_int(1, MAX_COUNT)),
-    "sequential_segments.segments": (lambda v: checkpointing.sequential_segments(4, v),
-                                     "segments", not_an_int(1, 4)),
     "enable_checkpointing.model": (lambda v: checkpointing.enable_checkpointing(v), "model",
                                    st.one_of(OTHERS, st.just(torch.nn.Linear(2, 2)))),
     "enable_checkpointing.mode": (lambda v: checkpointing.enable_checkpointing(MODEL, v), "mode",
@@ -341,12 +323,6 @@ CASES = {
                                  st.one_of(OTHERS, NOT_A_CONFIG)),
     "measure_step_memory.device": (lambda v: step_setup.measure_step_memory(Step(CFG, 1), device=v),
                                    "device", NOT_A_DEVICE),
-    "check_budget.budget_bytes": (lambda v: guard.check_budget(1, v), "budget_bytes",
-                                  not_an_int(1, MAX_BYTES)),
-    "check_budget.needed": (lambda v: guard.check_budget(v, 10), "needed",
-                            st.one_of(BOOLS, st.floats(), st.text(max_size=2), st.none(),
-                                      st.integers(max_value=-1))),
-    "check_budget.what": (lambda v: guard.check_budget(1, 10, v), "what", NOT_A_STR),
     "BudgetTracker.budget_bytes": (lambda v: guard.BudgetTracker(v), "budget_bytes",
                                    not_an_int(1, MAX_BYTES)),
     "BudgetTracker.what": (lambda v: guard.BudgetTracker(10, v), "what", NOT_A_STR),
@@ -361,9 +337,9 @@ CASES = {
                                  st.one_of(BOOLS, st.integers(), st.none(), st.text(max_size=3),
                                            st.lists(st.integers(), max_size=2))),
     # playground
-    "effective_batch.micro_batch_size": (lambda v: playground.effective_batch(v, 1),
+    "effective_batch.micro_batch_size": (lambda v: playground._effective_batch(v, 1),
                                          "micro_batch_size", not_an_int(1, MAX_BATCH)),
-    "effective_batch.accumulation_steps": (lambda v: playground.effective_batch(1, v),
+    "effective_batch.accumulation_steps": (lambda v: playground._effective_batch(1, v),
                                            "accumulation_steps", not_an_int(1, MAX_BATCH)),
     "Playground.config": (lambda v: playground.Playground(v), "config",
                           given_value(NOT_A_CONFIG)),
@@ -406,8 +382,6 @@ CASES = {
                                     NOT_A_CUDA_DEVICE),
     "pick_dtype.device": (lambda v: device.pick_dtype(v), "device", NOT_A_DEVICE),
     "needs_grad_scaler.dtype": (lambda v: device.needs_grad_scaler(v), "dtype", NOT_A_DTYPE),
-    "print_summary.device": (lambda v: device.print_summary(v), "device",
-                             given_value(NOT_A_DEVICE)),
     # model_zoo
     **{f"LlamaConfig.{name}": (_llama_with(name), name, not_an_int(1, maximum))
        for name, maximum in zoo.LLAMA_MAXIMUM.items()},
@@ -415,17 +389,12 @@ CASES = {
                               st.one_of(not_a_number(0.0, zoo.MAX_ROPE_BASE), st.just(0.0))),
     "LlamaConfig.tie_embeddings": (_llama_with("tie_embeddings"), "tie_embeddings", NOT_A_BOOL),
     "Llama.config": (lambda v: zoo._Llama(v), "config", NOT_A_CONFIG),
-    "param_count.config": (lambda v: zoo.param_count(v), "config", OTHERS),
     "build_model.config": (lambda v: zoo.build_model(v), "config", OTHERS),
     "build_model.device": (lambda v: zoo.build_model(CFG, device=v), "device",
                            NOT_A_DEVICE),
     "build_model.dtype": (lambda v: zoo.build_model(CFG, dtype=v), "dtype",
                           st.one_of(OTHERS, st.just(torch.int64), st.just("fp32"))),
     # levers
-    "optimizer_in_backward.model": (lambda v: levers.optimizer_in_backward(v, lambda ps: None),
-                                    "model", OTHERS),
-    "optimizer_in_backward.make_optimizer": (lambda v: levers.optimizer_in_backward(
-        torch.nn.Linear(1, 1), v), "make_optimizer", NOT_A_CALLABLE),
     "chunked_cross_entropy.chunk_size": (
         lambda v: levers.chunked_cross_entropy(torch.ones(2, 4), torch.ones(3, 4),
                                                torch.zeros(2, dtype=torch.long), v),
@@ -445,22 +414,11 @@ CASES = {
     "use_chunked_loss.model": (lambda v: levers.use_chunked_loss(v, 4), "model", OTHERS),
     "use_chunked_loss.chunk_size": (lambda v: levers.use_chunked_loss(MODEL, v), "chunk_size",
                                     given_value(not_an_int(1, levers.MAX_TOKENS))),
-    "logits_bytes.n_tokens": (lambda v: levers.logits_bytes(v, 8), "n_tokens",
-                              not_an_int(1, levers.MAX_TOKENS)),
-    "logits_bytes.vocab_size": (lambda v: levers.logits_bytes(8, v), "vocab_size",
-                                not_an_int(1, CONFIG_MAXIMUM["vocab_size"])),
-    "logits_bytes.dtype": (lambda v: levers.logits_bytes(8, 8, v), "dtype", NOT_A_DTYPE),
     "transfer_seconds.nbytes": (lambda v: time_model.transfer_seconds(v, 1e9), "nbytes",
                                 not_an_int(0, MAX_BYTES)),
     "transfer_seconds.bytes_per_second": (lambda v: time_model.transfer_seconds(8, v),
                                           "bytes_per_second",
                                           st.one_of(not_a_number(0.0), st.just(0.0))),
-    "OffloadSavedTensors.device": (lambda v: levers.OffloadSavedTensors(v), "device",
-                                   NOT_A_DEVICE),
-    "OffloadSavedTensors.pin_memory": (lambda v: levers.OffloadSavedTensors(pin_memory=v),
-                                       "pin_memory", NOT_A_BOOL),
-    "OffloadSavedTensors.skip_parameters": (
-        lambda v: levers.OffloadSavedTensors(skip_parameters=v), "skip_parameters", NOT_A_BOOL),
     "optimizer_state_bytes.optimizer": (lambda v: levers.optimizer_state_bytes(v), "optimizer",
                                         OTHERS),
     "low_bit_state_bytes.numels": (lambda v: levers.low_bit_state_bytes(v, 8), "numels",
@@ -493,14 +451,6 @@ CASES = {
                                      st.sampled_from(["gpu", "cuda:x", "", "tpu0"]))),
     "read.device": (lambda v: allocator._read(v), "device",
                     st.one_of(BOOLS, st.floats(), st.sampled_from(["gpu", "cuda:x", ""]))),
-    "step_report.fn": (lambda v: allocator.step_report(v, predicted=0, resident=0), "fn",
-                       NOT_A_CALLABLE),
-    "step_report.predicted": (lambda v: allocator.step_report(lambda: None, predicted=v,
-                                                              resident=0), "predicted",
-                              not_an_int(0)),
-    "step_report.device": (lambda v: allocator.step_report(lambda: None, predicted=0, resident=0,
-                                                           device=v), "device",
-                           st.one_of(BOOLS, st.floats(), st.sampled_from(["gpu", "cuda:x"]))),
     "Probe.stage.name": (lambda v: PROBE.stage(v), "name",
                          st.one_of(NOT_A_STR, st.text(max_size=4))),
     "probe.expandable_segments": (lambda v: allocator.probe(v), "expandable_segments",
@@ -549,11 +499,8 @@ def test_pareto_front_refuses_a_point_that_is_not_finite(point):
         planner.pareto_front([(1.0, 2.0, "a"), point])
 
 
-@pytest.mark.parametrize("call", [lambda: kernels.detect_sdpa_kernel(CFG, "fp32", device="gpu"),
-                                  lambda: device.print_summary("gpu"),
-                                  lambda: step_setup.build(CFG, device="gpu"),
-                                  lambda: zoo.build_model(CFG, device="gpu"),
-                                  lambda: levers.OffloadSavedTensors("gpu")])
+@pytest.mark.parametrize("call", [lambda: step_setup.build(CFG, device="gpu"),
+                                  lambda: zoo.build_model(CFG, device="gpu")])
 def test_a_device_torch_does_not_know_is_a_value_error_naming_it(call):
     with pytest.raises(ValueError, match="device"):
         call()
@@ -612,20 +559,18 @@ def test_fit_model_takes_a_large_effective_batch(effective_batch):
     lambda: kernels.allocated(2**70, "H100 80GB"),
     lambda: predict(Step(CFG, MAX_BATCH, MAX_BATCH, every=MAX_COUNT, loss_chunk=MAX_COUNT,
                          mode="blocks", gpu="T4")).total,
-    lambda: checkpointing.checkpointed_blocks(checkpointing.MAX_LAYERS, MAX_COUNT),
+    lambda: checkpointing.checkpointed_regions(checkpointing.MAX_LAYERS, "blocks", MAX_COUNT),
     lambda: checkpointing.sqrt_segments(checkpointing.MAX_LAYERS),
     lambda: planner.plan_checkpointing(Step(CFG, 1), MAX_BYTES),
     lambda: predict(Step(CFG, 1, MAX_BATCH, every=MAX_COUNT, loss_chunk=MAX_COUNT, gpu="H200",
                          lora_rank=CFG.d_model, zero_stage=3, world_size=MAX_WORLD_SIZE)).seconds,
     lambda: fit.largest_batch(Step(CFG), MAX_BYTES, max_batch=MAX_BATCH),
-    lambda: guard.check_budget(MAX_BYTES, MAX_BYTES),
     lambda: step_setup.build(CFG, lr=0, seed=MAX_SEED),
-    lambda: playground.effective_batch(MAX_BATCH, 1),
+    lambda: playground._effective_batch(MAX_BATCH, 1),
     lambda: device.GPU("big", MAX_BYTES, (99, 99), free_memory=MAX_BYTES),
     lambda: zoo._LlamaConfig(d_ff=zoo.LLAMA_MAXIMUM["d_ff"], rope_base=0.5),
     lambda: time_model.transfer_seconds(MAX_BYTES, 1),
     lambda: levers.low_bit_state_bytes([MAX_COUNT], 4, param_bytes=8),
-    lambda: levers.logits_bytes(levers.MAX_TOKENS, CONFIG_MAXIMUM["vocab_size"]),
     lambda: allocator._Reading(allocated=2**70, reserved=2**70, free=0, total=0),
 ], ids=itertools.count())
 def test_the_stated_maxima_are_accepted(call):

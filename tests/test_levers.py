@@ -1,7 +1,8 @@
 """course_lib.training.levers: each lever against an independent derivation: the chunked loss against
-``F.cross_entropy`` and its gradients, the optimizer in backward against the ordinary step, the
-offload hooks against the saved tensors autograd reports, quantized state bytes against
-torchao's own tensors; the memory engine's chunked-loss term against the tracker."""
+``F.cross_entropy`` and its gradients, quantized state bytes against torchao's own tensors; the
+memory engine's chunked-loss term against the tracker. The hooks lecture 08 writes (the optimizer
+in backward, saved-tensor hooks that offload), written here too, against the ordinary step, the
+saved tensors autograd reports and the engine's predictions."""
 
 import dataclasses
 import functools
@@ -159,17 +160,27 @@ def test_a_step_rejects_a_bad_loss_chunk():
         Step(TINY, 2, loss_chunk="4")
 
 
-def test_logits_bytes():
-    assert levers.logits_bytes(8192, 128256) == 8192 * 128256 * 4
-    assert levers.logits_bytes(2, 3, torch.bfloat16) == 12
-    with pytest.raises(ValueError, match="vocab_size"):
-        levers.logits_bytes(2, 0)
-
-
 # --------------------------------------------------------------------------- optimizer in backward
 
 def _adamw(params):
     return torch.optim.AdamW(params, lr=1e-2, foreach=False)
+
+
+def _in_backward(model):
+    """Lecture 08's optimizer in backward: an AdamW per parameter, stepped by its hook."""
+    optimizers = {p: _adamw([p]) for p in model.parameters()}
+
+    def step_now(p):
+        optimizers[p].step()
+        optimizers[p].zero_grad(set_to_none=True)
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(step_now)
+    return optimizers
+
+
+def _steps(optimizers):
+    return sum(int(opt.state[p]["step"]) for p, opt in optimizers.items())
 
 
 def test_optimizer_in_backward_gives_the_ordinary_steps_weights():
@@ -177,7 +188,7 @@ def test_optimizer_in_backward_gives_the_ordinary_steps_weights():
     ordinary, fused = GPT(TINY), GPT(TINY)
     fused.load_state_dict(ordinary.state_dict())
     optimizer = _adamw(ordinary.parameters())
-    handle = levers.optimizer_in_backward(fused, _adamw)
+    optimizers = _in_backward(fused)
     for step in range(4):
         x, y = random_tokens(TINY, 3, seed=step)
         ordinary(x, y)[1].backward()
@@ -185,13 +196,9 @@ def test_optimizer_in_backward_gives_the_ordinary_steps_weights():
         optimizer.zero_grad(set_to_none=True)
         fused(x, y)[1].backward()
         assert all(p.grad is None for p in fused.parameters())
-    n_params = len(list(fused.parameters()))
-    assert handle.steps == 4 * n_params == 4 * len(param_numels(TINY))
+    assert _steps(optimizers) == 4 * len(param_numels(TINY))
     for a, b in zip(ordinary.parameters(), fused.parameters()):
         assert torch.equal(a, b)  # per-tensor AdamW: the same arithmetic, bit for bit
-    handle.remove()
-    fused(x, y)[1].backward()
-    assert all(p.grad is not None for p in fused.parameters())
 
 
 def test_optimizer_in_backward_lowers_the_measured_peak_by_about_the_gradients():
@@ -200,7 +207,7 @@ def test_optimizer_in_backward_lowers_the_measured_peak_by_about_the_gradients()
     a, b = GPT(cfg), GPT(cfg)
     b.load_state_dict(a.state_dict())
     opt = _adamw(a.parameters())
-    levers.optimizer_in_backward(b, _adamw)
+    _in_backward(b)
     x, y = random_tokens(cfg, 1)
 
     def ordinary():
@@ -219,22 +226,11 @@ def test_optimizer_in_backward_lowers_the_measured_peak_by_about_the_gradients()
 def test_accumulation_steps_every_micro_batch_under_optimizer_in_backward():
     torch.manual_seed(0)
     model = GPT(TINY)
-    handle = levers.optimizer_in_backward(model, _adamw)
+    optimizers = _in_backward(model)
     x, y = random_tokens(TINY, 4)
     for xk, yk in zip(x.split(2), y.split(2)):
         (model(xk, yk)[1] / 2).backward()
-    assert handle.steps == 2 * len(param_numels(TINY))  # two steps, not one
-
-
-@pytest.mark.parametrize("model,make,match", [
-    ("not a module", _adamw, "model"),
-    (nn.Linear(2, 2), "adamw", "make_optimizer"),
-    (nn.Linear(2, 2), lambda ps: object(), "make_optimizer"),
-    (nn.Linear(2, 2).requires_grad_(False), _adamw, "requires grad"),
-])
-def test_optimizer_in_backward_validates(model, make, match):
-    with pytest.raises(ValueError, match=match):
-        levers.optimizer_in_backward(model, make)
+    assert _steps(optimizers) == 2 * len(param_numels(TINY))  # two steps, not one
 
 
 # --------------------------------------------------------------------------- offloading
@@ -248,17 +244,24 @@ def test_offload_hooks_pack_exactly_what_autograd_saves_and_change_nothing():
     loss.backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
-    with levers.OffloadSavedTensors() as off:
+    storages, weights = {}, []  # every storage stays alive while counted: addresses are unique
+
+    def pack(t):  # lecture 08's hooks: parameters stay, the rest goes to the host
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+            weights.append(t)
+            return t
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t.device, t.cpu()
+
+    def unpack(packed):
+        return packed if isinstance(packed, torch.Tensor) else packed[1].to(packed[0])
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         loss = model(x, y)[1]
     loss.backward()
-    assert off.packed_bytes == kept == act.predict_saved_bytes(TINY, 2)
-    assert off.moved_bytes >= off.packed_bytes and off.skipped > 0
+    assert sum(storages.values()) == kept == act.predict_saved_bytes(TINY, 2) and weights
     for g, p in zip(grads, model.parameters()):
         assert torch.equal(g, p.grad)
-    with levers.OffloadSavedTensors(skip_parameters=False) as everything:
-        model(x, y)
-    assert everything.packed_bytes - off.packed_bytes >= 4 * sum(
-        n for n in param_numels(TINY)[2:] if n > TINY.d_model)  # the weights it would copy
 
 
 def test_transfer_seconds():
@@ -293,7 +296,7 @@ def test_low_bit_state_bytes_equal_torchaos_tensors(bits):
     model = GPT(cfg)
     opt = levers.low_bit_adamw(bits)(model.parameters(), lr=1e-3)
     model(*random_tokens(cfg, 2))[1].backward()
-    with levers.eager_compile():
+    with torch.compiler.set_stance("force_eager"):  # torchao compiles its step
         opt.step()
     numels = param_numels(cfg)
     measured = levers.optimizer_state_bytes(opt)
@@ -469,10 +472,10 @@ def test_optimizer_in_backward_step_against_the_measured_step():
     cfg = GPTConfig(vocab_size=256, seq_len=16, d_model=128, n_heads=4, n_layers=2)
     torch.manual_seed(0)
     model = GPT(cfg)
-    handle = levers.optimizer_in_backward(model, _adamw)
+    optimizers = _in_backward(model)
     x, y = random_tokens(cfg, 1)
     model(x, y)[1].backward()  # the states exist now
-    states = sum(levers.optimizer_state_bytes(o) for o in handle.optimizers.values())
+    states = sum(levers.optimizer_state_bytes(o) for o in optimizers.values())
     measured = 4 * sum(param_numels(cfg)) + states + peak_memory(lambda: model(x, y)[1].backward())
     predicted = predict(Step(cfg, in_backward=True)).total
     assert abs(predicted - measured) <= 0.05 * measured

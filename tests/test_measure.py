@@ -341,14 +341,15 @@ def test_saved_tensors_skips_checkpointed_regions_without_recomputing():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sdpa_saved_measures_what_each_kernel_keeps_as_predicted(dropout, dtype):
     """FlashAttention keeps its output and a log-sum-exp per row; the math kernel the s x s maps."""
+    from test_kernels import asked  # PyTorch's dispatcher, asked directly
+
     from course_lib.measurement import memory
     from course_lib.model import kernels
     from course_lib.prediction import activations
 
     cfg = GPTConfig(vocab_size=16, seq_len=64, d_model=32, n_heads=4, dropout=dropout)
     chosen = memory.sdpa_saved(cfg, 2, dtype)
-    assert chosen.kernel == kernels.sdpa_kernel(cfg, dtype) == kernels.detect_sdpa_kernel(
-        cfg, dtype, 2, device="cpu")
+    assert chosen.kernel == kernels.sdpa_kernel(cfg, dtype) == asked(cfg, dtype, 2, 64, "cpu")
     for kernel in ("math", "flash") if dropout == 0 else ("math",):
         got = memory.sdpa_saved(cfg, 2, dtype, kernel=kernel)
         predicted = activations.attention_core_saved(cfg, 2, 64, dtype, kernel=kernel)

@@ -4,19 +4,28 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from course_lib.model.gpt import GPT, GPTConfig, random_tokens
+from course_lib.model.gpt import GPT, GPTConfig, gpt_param_count, random_tokens
 from course_lib.model.zoo import (
     PRESETS,
     _Llama as Llama,
-    _llama_param_count,
     _LlamaConfig as LlamaConfig,
     build_model,
-    param_count,
 )
 
 
 def count_parameters(model):
     return sum(p.numel() for p in model.parameters())
+
+
+def llama_param_count(config) -> int:
+    """Closed form: ``V*h*(1 or 2) + L*(2h^2 + 2h*kv + 3h*f + 2h) + h``, ``kv = n_kv_heads * d_head``."""
+    h, kv, f = config.d_model, config.n_kv_heads * config.d_head, config.d_ff
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+    return config.vocab_size * h * (1 if config.tie_embeddings else 2) + config.n_layers * per_layer + h
+
+
+def param_count(config) -> int:
+    return gpt_param_count(config) if isinstance(config, GPTConfig) else llama_param_count(config)
 
 
 # Exact counts of the published checkpoints (transformers' num_parameters()).
@@ -45,7 +54,7 @@ def test_llama_2_7b_by_hand():
     """Llama 2 7B: V=32000, h=4096, L=32, MHA, f=11008, untied head (Touvron et al. 2023)."""
     h, f, V, L = 4096, 11008, 32000, 32
     per_layer = 4 * h * h + 3 * h * f + 2 * h
-    assert _llama_param_count(PRESETS["Llama 2 7B"].config) == 2 * V * h + L * per_layer + h
+    assert llama_param_count(PRESETS["Llama 2 7B"].config) == 2 * V * h + L * per_layer + h
 
 
 def test_build_model_dtype_and_device():
@@ -58,8 +67,6 @@ def test_build_model_dtype_and_device():
         build_model({"d_model": 64})
     with pytest.raises(ValueError, match="dtype must be a floating-point torch.dtype"):
         build_model(config, dtype=torch.int8)
-    with pytest.raises(ValueError, match="config must be a GPTConfig or a LlamaConfig"):
-        param_count("Llama 2 7B")
 
 
 @settings(max_examples=25, deadline=None)
@@ -70,7 +77,7 @@ def test_closed_form_equals_module_count(heads, head_dim, n_layers, d_ff, vocab,
     n_heads, n_kv = heads
     config = LlamaConfig(vocab_size=vocab, d_model=n_heads * head_dim, n_layers=n_layers,
                          n_heads=n_heads, n_kv_heads=n_kv, d_ff=d_ff, tie_embeddings=tie)
-    assert count_parameters(build_model(config)) == _llama_param_count(config)
+    assert count_parameters(build_model(config)) == llama_param_count(config)
 
 
 def test_small_llama_trains_on_cpu():
@@ -95,7 +102,7 @@ def test_small_llama_trains_on_cpu():
 def test_tied_llama_counts_the_embedding_once():
     tied = LlamaConfig(tie_embeddings=True)
     untied = LlamaConfig(tie_embeddings=False)
-    assert _llama_param_count(untied) - _llama_param_count(tied) == tied.vocab_size * tied.d_model
+    assert llama_param_count(untied) - llama_param_count(tied) == tied.vocab_size * tied.d_model
     model = Llama(tied)
     assert model.lm_head.weight is model.tok_emb.weight
 

@@ -4,7 +4,6 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from course_lib.measurement import timing
 from course_lib.measurement.memory import peak_memory, training_step
 from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.planning import planner
@@ -187,34 +186,4 @@ def test_choices_keep_the_candidates_some_budget_picks_worked_by_hand():
     for bad in ([], "ab", [1, 2]):
         with pytest.raises(ValueError, match="options"):
             planner.choices(bad)
-
-
-def test_time_ratios_are_medians_of_rounds_and_each_policy_really_reruns(monkeypatch):
-    """Clocks stubbed with known seconds: each ratio is the median over rounds of
-    seconds / seconds of none (worked by hand). The steps themselves run, and a block's forward
-    starts twice in a checkpointed step (once more in its backward), once without."""
-    config = GPTConfig(**SMALL)
-    seconds = {"none": [2.0, 1.0, 4.0], "blocks/1": [3.0, 1.5, 4.4], "selective/2": [2.0, 1.3, 9.0]}
-    forwards = {}
-
-    def stubbed(steps, *, repeats, device):
-        for name, step in steps.items():
-            model = step.args[0]
-            forwards[name] = 0
-            # a pre-hook: the rerun stops early (nothing after the last saved tensor is rerun),
-            # so the block's forward never returns a second time and a forward hook sees one run
-            hook = model.blocks[1].register_forward_pre_hook(
-                lambda *_, name=name: forwards.__setitem__(name, forwards[name] + 1))
-            step()
-            hook.remove()
-        return timing._StepTimes(wall=seconds, cpu=seconds, device="cpu")
-
-    monkeypatch.setattr(planner.timing, "step_times", stubbed)
-    ratios = planner.time_ratios(config, 2, [("blocks", 1), ("selective", 2)], repeats=3)
-    # per round 1.5, 1.5, 1.1 -> 1.5; and 1.0, 1.3, 2.25 -> 1.3
-    assert ratios == {"none": 1.0, "blocks/1": pytest.approx(1.5), "selective/2": pytest.approx(1.3)}
-    # block 1: checkpointed under blocks/1, not under selective/2 (blocks 0, 2 only)
-    assert forwards == {"none": 1, "blocks/1": 2, "selective/2": 1}
-    with pytest.raises(ValueError, match="repeats"):
-        planner.time_ratios(config, 2, [], repeats=0)
 

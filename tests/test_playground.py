@@ -24,9 +24,9 @@ def playground():
 
 
 def test_effective_batch_and_steps():
-    assert pgm.effective_batch(4, 8) == 32
+    assert pgm._effective_batch(4, 8) == 32
     with pytest.raises(ValueError, match="accumulation_steps"):
-        pgm.effective_batch(4, 0)
+        pgm._effective_batch(4, 0)
 
 
 def test_resident_bytes_counts_weights_and_adam_state_once():
@@ -134,7 +134,7 @@ def test_smaller_micro_batches_cost_time_at_a_fixed_effective_batch_and_save_mem
 
 
 def test_measured_speed_and_step_on_this_cpu():
-    speed = tm.measure_speed("cpu", repeats=2, matmul_size=128)
+    speed = tm._measure_speed("cpu", repeats=2, matmul_size=128)
     assert predict(Step(CFG, 2, 2), speed).time.utilisation == 1.0  # measured on a matmul
     run = pgm.measure_step_cost(Step(CFG, 2, 1), steps=1)
     assert run.peak_bytes == predict(Step(CFG, 2, 1)).total  # one micro-batch: to the byte

@@ -1,8 +1,11 @@
 """course_lib.training.policies: op-level checkpoint policies, the mm/addmm pitfall, measured costs."""
 
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 from course_lib.model.gpt import GPT, GPTConfig, random_tokens
@@ -12,6 +15,24 @@ from course_lib.prediction.formulas import PRECISION
 from course_lib.training import checkpointing, policies
 
 aten = torch.ops.aten
+
+
+class _Ops(TorchDispatchMode):
+    """The aten ops dispatched while active, counted: the recorder lecture 05 writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, op, types, args=(), kwargs=None):
+        self.ops[op] += 1
+        return op(*args, **(kwargs or {}))
+
+
+def _dispatched(fn, *args):
+    with _Ops() as seen:
+        fn(*args)
+    return seen.ops
 
 
 def _block_and_input(attention="explicit", b=2, s=16, h=32, a=4):
@@ -24,12 +45,12 @@ def _block_and_input(attention="explicit", b=2, s=16, h=32, a=4):
 
 def test_linear_with_bias_dispatches_addmm_and_without_bias_mm():
     x = torch.randn(2, 3, 8)
-    with_bias = policies.dispatched_ops(nn.Linear(8, 4), x)
-    without = policies.dispatched_ops(nn.Linear(8, 4, bias=False), x)
+    with_bias = _dispatched(nn.Linear(8, 4), x)
+    without = _dispatched(nn.Linear(8, 4, bias=False), x)
     assert with_bias[aten.addmm.default] == 1 and aten.mm.default not in with_bias
     assert without[aten.mm.default] == 1 and aten.addmm.default not in without
     q = torch.randn(2, 4, 8, 16)
-    assert policies.dispatched_ops(torch.matmul, q, q.transpose(-2, -1))[aten.bmm.default] == 1
+    assert _dispatched(torch.matmul, q, q.transpose(-2, -1))[aten.bmm.default] == 1
 
 
 def test_ops_must_be_overloads_not_packets():
@@ -105,8 +126,6 @@ def test_bad_arguments():
         policies.policy_cost(block, x, policy="some")
     with pytest.raises(ValueError, match="fn"):
         policies.policy_cost("block", x)
-    with pytest.raises(ValueError, match="fn"):
-        policies.dispatched_ops(None)
     with pytest.raises(ValueError, match="grad"):
         policies.policy_cost(lambda t: t.detach() * 2, torch.randn(3))
     with pytest.raises(ValueError, match="policy must hold OpOverloads"):
@@ -123,7 +142,7 @@ def test_gpt_tokens_helper_still_runs_under_the_recorder():
     config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=1)
     model = GPT(config)
     idx, _ = random_tokens(config, 2)
-    ops = policies.dispatched_ops(model, idx)
+    ops = _dispatched(model, idx)
     assert ops[aten.embedding.default] == 2 and ops[aten.mm.default] == 1  # the tied LM head
 
 
@@ -148,18 +167,8 @@ def test_saving_the_attention_kernel_stops_its_rerun_and_the_mlp_output_is_waste
 
 
 def test_only_ops_that_move_bytes_are_counted():
-    assert not policies.moves_bytes(aten._unsafe_view.default)
-    assert not policies.moves_bytes(aten.view.default) and policies.moves_bytes(aten.gelu.default)
-    with pytest.raises(ValueError, match="op"):
-        policies.moves_bytes(aten.gelu)
-    x = torch.randn(4, 8, device="meta")
-    w = torch.randn(8, 16, device="meta")
-    with policies.BytesMoved() as moved:
-        y = (x @ w).view(2, 2, 16)  # mm reads x and w and writes y; the reshape moves nothing
-        torch.nn.functional.gelu(y)
-    assert moved.moved[aten.mm.default] == 4 * (32 + 128 + 64)
-    assert moved.moved[aten.gelu.default] == 4 * (64 + 64)
-    assert moved.total == sum(moved.moved.values()) and len(moved.moved) == 2
+    assert not policies._moves_bytes(aten._unsafe_view.default)
+    assert not policies._moves_bytes(aten.view.default) and policies._moves_bytes(aten.gelu.default)
 
 
 def test_a_block_dispatches_no_unsafe_view_in_the_recomputed_list():
@@ -178,18 +187,12 @@ def test_the_kernel_runs_in_backward_only_where_a_policy_recomputes_it(mode, run
                        fused_mlp=True)
     torch.manual_seed(0)
     model = enable_checkpointing(GPT(config), mode)
-    ran = policies.backward_ops(model(*random_tokens(config, 2))[1])
+    ran = _dispatched(model(*random_tokens(config, 2))[1].backward)
     kernel, = policies.KERNEL_OPS
     assert kernel is torch.ops.course.bias_gelu.default
     assert ran[kernel] == runs  # once per checkpointed block that recomputes it
     assert ran[torch.ops.course.bias_gelu_backward.default] == 2  # its backward, once per block
     assert policies.KERNEL_POLICIES["save-kernel"] == (*policies.SAVE_OPS, kernel)
-
-
-def test_backward_ops_wants_a_loss_with_a_graph():
-    for bad in (torch.ones(()), torch.ones(2, requires_grad=True), 1.0):
-        with pytest.raises(ValueError, match="loss"):
-            policies.backward_ops(bad)
 
 
 def test_kernel_policies_measure_and_predict_both_side_by_side():
@@ -207,7 +210,7 @@ def test_kernel_policies_measure_and_predict_both_side_by_side():
             with torch.autocast("cpu", dtype=spec.compute, enabled=spec.autocast,
                                 cache_enabled=False):
                 kept[mode] = checkpointing.measure_kept_bytes(model, x, y)
-                runs[mode] = policies.backward_ops(model(x, y)[1])[kernel]
+                runs[mode] = _dispatched(model(x, y)[1].backward)[kernel]
             assert kept[mode] == predict_kept_bytes(config, 2, mode, dtype=spec.compute,
                                                     autocast=spec.autocast)
         assert (runs["save-kernel"], runs["recompute-kernel"]) == (0, 2)

@@ -138,9 +138,9 @@ def test_the_datasheet_speeds_of_the_presets():
     assert t4.flops(torch.float16) == 65e12 and t4.flops(torch.bfloat16) == 8.1e12  # no bf16 cores
     assert a100.flops(torch.bfloat16) == a100.flops(torch.float16) == 312e12
     assert a100.flops(torch.float32) == 19.5e12 and a100.basis == "from the datasheet"
-    assert a100.reached(torch.float32) == tm.FP32_UTILISATION
-    assert a100.reached(torch.bfloat16) == tm.UTILISATION
-    assert t4.reached(torch.bfloat16) == tm.FP32_UTILISATION  # the T4's bf16 runs on CUDA cores
+    assert a100.reached(torch.float32) == 0.7 and a100.reached(torch.bfloat16) == 0.4
+    assert t4.reached(torch.bfloat16) == 0.7  # the T4's bf16 runs on CUDA cores
+    assert a100.op_seconds == t4.op_seconds == 10e-6  # the assumptions the companion prints
     assert (a100.host_link, a100.peer_link) == (GPUS["A100 80GB"].host_link, 300e9)
     live = GPU("NVIDIA A100-SXM4-40GB", 40 * 2**30, (8, 0), live=True)
     assert tm._datasheet_speed(live).memory_bandwidth == 1555e9  # the preset of the same chip
@@ -213,9 +213,6 @@ def test_the_counts_are_a_training_step_s_not_a_loop_s():
     (lambda: step_time({"n_layers": 2}, 1), "config"),
     (lambda: tm.transfer_seconds(-1, 1e9), "nbytes"),
     (lambda: tm.transfer_seconds(1, 0), "bytes_per_second"),
-    (lambda: tm.measure_speed("meta"), "device"),
-    (lambda: tm.measure_speed("cpu", repeats=0), "repeats"),
-    (lambda: tm.measure_speed("cpu", matmul_size=8), "matmul_size"),
     (lambda: tm.DeviceSpeed("x", 0, 1, 1, 1, 1, True, "x"), "fp32_flops"),
     (lambda: tm.DeviceSpeed("x", 1, 1, 1, 1, 1, True, "x").flops(torch.float64), "dtype"),
 ])
@@ -252,7 +249,7 @@ def _steps(cases):
         K = case.get("accumulation_steps", 1)
 
         def step(model=model, optimizer=optimizer, K=K):
-            with levers.eager_compile():  # torchao's step as lecture 08 runs it
+            with torch.compiler.set_stance("force_eager"):  # torchao's step as lecture 08 runs it
                 train(model, optimizer, [(x, y)], micro_batch_size=BATCH // K,
                       accumulation_steps=K)
 
@@ -306,61 +303,18 @@ def test_the_planner_returns_the_fastest_policy_that_fits(one_torch_thread):
 
 # --------------------------------------------------------------------------- calibration
 
-def _split(matmul, pointwise, optimizer, attention=0.0, fused=0.0):
-    from course_lib.measurement.timing import TimeSplit
-
-    return TimeSplit({"matmul": matmul, "attention": attention, "fused kernel": fused,
-                      "other pointwise": pointwise, "optimizer": optimizer}, "device")
-
-
-def test_calibrate_gives_each_class_the_time_it_took():
-    sheet = tm.device_speed("A100 80GB")
-    split = _split(matmul=0.030, attention=0.010, pointwise=0.050, optimizer=0.010)
-    fitted = tm.calibrate(sheet, split, Step(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB"))
-    t = step_time(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB", speed=fitted)
-    flops = matmul_flops(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB")[0]
-    assert fitted.bf16_flops == pytest.approx(flops / 0.040)  # the step's FLOPs in its matmul time
-    assert fitted.fp32_flops == sheet.fp32_flops and fitted.fp16_flops == sheet.fp16_flops
-    assert t.compute_seconds == pytest.approx(0.040)
-    # the operators keep the datasheet's cost; bytes take the rest of the measured time
-    assert t.launch_seconds == step_time(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB",
-                                            speed=sheet).launch_seconds
-    assert t.seconds == pytest.approx(split.total)
-    # given the step's measured time, the split only shares it out
-    half = tm.calibrate(sheet, split, Step(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB"),
-                        seconds=split.total / 2)
-    t = step_time(GPT2, 4, precision="bf16-mixed", gpu="A100 80GB", speed=half)
-    assert t.compute_seconds == pytest.approx(0.020) and t.seconds == pytest.approx(split.total / 2)
-    assert fitted.basis == "from rates measured on this device" and fitted.utilisation == 1.0
-    assert "fitted to a measured none step" in fitted.source
-
-
-def test_calibrate_floors_the_bytes_time_where_operators_seem_to_take_it_all():
-    sheet = tm.device_speed("T4")
-    operators = step_time(SMALL, 1, gpu="T4", speed=sheet)
-    operators = operators.launch_seconds + operators.optimizer_seconds - (
-        operators.optimizer_bytes / sheet.memory_bandwidth)
-    rest = operators / 2  # less than the operators alone: a tenth of it is left for the bytes
-    fitted = tm.calibrate(sheet, _split(1e-3, rest / 2, rest / 2), Step(SMALL, 1, gpu="T4"))
-    t = step_time(SMALL, 1, gpu="T4", speed=fitted)
-    assert t.pointwise_seconds + t.optimizer_bytes / fitted.memory_bandwidth == pytest.approx(
-        rest / 10)
-
-
-@pytest.mark.parametrize("call,match", [
-    (lambda: tm.calibrate("A100", _split(1, 1, 1), Step(SMALL, 1)), "speed"),
-    (lambda: tm.calibrate(tm.device_speed("T4"), {"matmul": 1}, Step(SMALL, 1)), "split"),
-    (lambda: tm.calibrate(tm.device_speed("T4"), _split(0, 1, 1), Step(SMALL, 1)), "split"),
-    (lambda: tm.calibrate(tm.device_speed("T4"), _split(1, 0, 0), Step(SMALL, 1)), "split"),
-    (lambda: tm.calibrate(tm.device_speed("T4"), _split(1, -1, 3), Step(SMALL, 1)),
-     "TimeSplit.seconds"),  # refused where the split is built
-    (lambda: tm.calibrate(tm.device_speed("T4"), _split(1, 1, 1), SMALL), "step must be"),
-    (lambda: tm.calibrate(tm.device_speed("T4"), _split(1, 1, 1), Step(SMALL, 1), seconds=0),
-     "seconds"),
-])
-def test_calibrate_names_a_bad_argument(call, match):
-    with pytest.raises(ValueError, match=match):
-        call()
+def _calibrate(speed, split, step, seconds):
+    """``speed`` fitted to one profiled step, as companion 05 section 8 fits it: the matmul rate
+    is the step's FLOPs over its share of matmul and attention time, the bandwidth its bytes over
+    the rest less the operators' cost (at least a tenth of the rest)."""
+    plain = tm.step_time(step, replace(speed, utilisation=1.0))
+    share = (split.seconds["matmul"] + split.seconds["attention"]) / split.total
+    matmul, rest = seconds * share, seconds * (1 - share)
+    operators = plain.launch_seconds + plain.optimizer_seconds - (
+        plain.optimizer_bytes / speed.memory_bandwidth)
+    return replace(speed, fp32_flops=plain.flops / matmul, measured=True, utilisation=1.0,
+                   memory_bandwidth=(plain.pointwise_bytes + plain.optimizer_bytes)
+                   / max(rest - operators, rest / 10))
 
 
 def test_a_calibrated_model_predicts_the_other_policies_measured_on_this_cpu(one_torch_thread):
@@ -374,8 +328,8 @@ def test_a_calibrated_model_predicts_the_other_policies_measured_on_this_cpu(one
         {m: dict(mode=m) for m in ("none", "blocks", "selective", "attention")}).items()}
     steps["none"]()
     measured = step_times(steps, repeats=5).median("cpu")
-    fitted = tm.calibrate(tm.device_speed(None), profile_step(steps["none"]),
-                          Step(LECTURE05, BATCH), seconds=measured["none"])
+    fitted = _calibrate(tm.device_speed(None), profile_step(steps["none"]),
+                        Step(LECTURE05, BATCH), measured["none"])
     assert step_seconds(LECTURE05, BATCH, speed=fitted) == pytest.approx(measured["none"])
     ratios = {m: step_seconds(LECTURE05, BATCH, mode=m, speed=fitted) / measured[m]
               for m in steps}

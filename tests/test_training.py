@@ -11,9 +11,15 @@ import torch.nn as nn
 from course_lib.model.gpt import GPT, GPTConfig
 from course_lib.model.toy_data import markov_tokens
 from course_lib.training import loop as tr
-from course_lib.training.accumulation import micro_batch_loss, pad_to_lengths
+from course_lib.training.accumulation import micro_batch_loss
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
+
+
+def pad_to_lengths(x, y, lengths):
+    """Row i keeps its first lengths[i] tokens; then input 0 and target -100, as a collator pads."""
+    past = torch.arange(x.size(1)) >= torch.as_tensor(lengths)[:, None]
+    return x.masked_fill(past, 0), y.masked_fill(past, -100)
 
 
 def _setup(dtype=torch.float64, lr=1e-2):

@@ -131,25 +131,6 @@ def test_t4_capability_has_no_native_bf16(monkeypatch):
     assert device._cuda_has_native_bf16()
 
 
-def test_colab_detection_and_summary(monkeypatch):
-    import sys
-    import types
-
-    assert not device._in_colab()
-    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    assert device._in_colab()
-    text = device.print_summary("cpu").summary()
-    for field in ("device", "training dtype", "float32", torch.__version__, "Google Colab"):
-        assert field in text
-
-
-@pytest.mark.gpu
-def test_cuda_summary_reports_allocator_memory():
-    info = device.print_summary("cuda")
-    assert info.total_memory == torch.cuda.get_device_properties(0).total_memory
-    assert info.dtype in (torch.bfloat16, torch.float16)
-
-
 # --------------------------------------------------------------------------- GPU presets
 
 def test_gpu_presets_hold_the_memory_pytorch_reports():

@@ -164,13 +164,8 @@ def check_kernel_policy(policy):
     (the first kernel's output; the second's is the region's output), rerun no kernel, and rerun
     every matmul.
     """
-    import functools
-
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
-
-    from course_lib.measurement.memory import LiveTensorTracker
     from course_lib.training.checkpointing import ATTENTION_OPS
-    from course_lib.training.policies import backward_ops
+    from course_lib.training.policies import policy_cost
 
     kernel = torch.ops.course.bias_dropout_add.default
     _expect_policy(policy, (kernel,), _SAVE, "MUST_SAVE",
@@ -186,12 +181,8 @@ def check_kernel_policy(policy):
     for name, each in (("yours", policy), ("nothing saved", _recompute_all)):
         torch.default_generator.manual_seed(0)
         blocks = _residual_blocks(width, 0.25)
-        x = torch.randn(batch, seq, width, requires_grad=True)
-        context = functools.partial(create_selective_checkpoint_contexts, each)
-        with LiveTensorTracker() as tracker:
-            out = checkpoint(blocks, x, use_reentrant=False, context_fn=context)
-            kept[name] = tracker.live - out.untyped_storage().nbytes()
-        runs[name] = backward_ops(out.sum())
+        cost = policy_cost(blocks, torch.randn(batch, seq, width, requires_grad=True), policy=each)
+        kept[name], runs[name] = cost.kept_bytes, cost.recomputed
     # Independent of the engine: the first kernel's output is b x s x h fp32 elements.
     output_bytes = batch * seq * width * 4
     extra = kept["yours"] - kept["nothing saved"]

@@ -5,19 +5,18 @@ cached blocks, the CUDA context, cuBLAS' workspace, fragmentation (PyTorch's "CU
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
 from course_lib import validation
 from course_lib.units import MiB, format_bytes
-from course_lib.validation import boolean, function, integer, number
+from course_lib.validation import boolean, integer, number
 
 #: The largest request :func:`probe` makes, in MiB (1 TiB), and the longest it waits, in seconds.
 MAX_PROBE_MIB = 2**20
@@ -102,115 +101,6 @@ def _read(device: torch.device | str | int | None = None) -> _Reading | _NotOnCU
                     reserved=torch.cuda.memory_reserved(device), free=int(free), total=int(total),
                     peak_allocated=torch.cuda.max_memory_allocated(device),
                     peak_reserved=torch.cuda.max_memory_reserved(device))
-
-
-@dataclass(frozen=True)
-class _SmiReading:
-    """``nvidia-smi``'s figures for one card, in bytes (MiB x 2**20)."""
-
-    total: int
-    used: int
-    free: int
-
-
-def _parse_smi(output: str) -> _SmiReading:
-    """``nvidia-smi``'s ``"15360, 1234, 14126"`` (total, used, free MiB) in bytes."""
-    line = output.strip().splitlines()[0] if output.strip() else ""
-    try:
-        total, used, free = (int(x.strip()) for x in line.split(","))
-    except ValueError:
-        raise ValueError(f"output must start with a line of three integers (MiB) separated by "
-                         f"commas, got {output!r}") from None
-    return _SmiReading(total * MiB, used * MiB, free * MiB)
-
-
-def smi_reading(device: torch.device | str | int | None = None, *,
-                timeout: float = 30) -> _SmiReading | _NotOnCUDA:
-    """``nvidia-smi``'s ``total``, ``used`` and ``free`` bytes for the card of ``device`` (named
-    by its UUID), or a falsy result whose ``reason`` says why.
-    Args:
-        device (torch.device or str or int, optional): a CUDA device; None is the current one.
-        timeout (float): seconds to wait for ``nvidia-smi``.
-    Returns:
-        the reading (``total``, ``used``, ``free``), or a falsy result with its ``reason``.
-    Raises:
-        ValueError: naming ``device`` or ``timeout``, for a value out of range.
-    """
-    number("timeout", timeout, above=0.0, maximum=MAX_PROBE_SECONDS)
-    if (missing := _not_on_cuda(device)) is not None:
-        return missing
-    dev = _device(device)
-    index = torch.cuda.current_device() if dev.index is None else dev.index
-    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    card = f"GPU-{uuid}" if uuid is not None else str(index)
-    try:
-        done = subprocess.run(["nvidia-smi", f"--id={card}",
-                               "--query-gpu=memory.total,memory.used,memory.free",
-                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                              timeout=timeout, check=True)
-        return _parse_smi(done.stdout)
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        return _NotOnCUDA(f"no nvidia-smi: it could not be read here ({type(exc).__name__})")
-
-
-@dataclass(frozen=True)
-class _StepReport:
-    """A step's memory as the engine counts it and as the allocator and driver see it."""
-
-    predicted: int
-    resident: int
-    before: _Reading
-    after: _Reading
-
-    @property
-    def measured(self) -> int:
-        """``resident`` plus the step's own peak: what the prediction is compared with."""
-        return self.resident + self.after.peak_allocated - self.before.allocated
-
-    def rows(self) -> list[tuple[str, int]]:
-        """``(what, bytes)`` from the prediction to what ``nvidia-smi`` shows."""
-        return [
-            ("predicted: the step's tensors, model states included", self.predicted),
-            ("measured: model states + the step's max_memory_allocated", self.measured),
-            ("max_memory_allocated (+ earlier cells' tensors, cuBLAS)", self.after.peak_allocated),
-            ("max_memory_reserved (+ blocks the allocator caches)", self.after.peak_reserved),
-            ("memory_reserved after the step (cached blocks stay)", self.after.reserved),
-            ("used on the device as nvidia-smi shows it (+ CUDA context)", self.after.used),
-        ]
-
-    def table(self) -> str:
-        """:meth:`rows` as aligned text, binary units beside exact bytes."""
-        return "\n".join(f"{what:60s} {format_bytes(n):>11s} {n:>15,d} B" for what, n in self.rows())
-
-
-def step_report(fn: Callable[[], object], *, predicted: int, resident: int,
-                device: torch.device | str | int | None = None) -> _StepReport | _NotOnCUDA:
-    """Run one steady-state step ``fn()``: the engine's ``predicted`` bytes beside the allocator's
-    books, ``resident`` the model states' bytes before it (``memory.resident_bytes``). Without
-    CUDA, ``fn`` is not run and a falsy result's ``reason`` says why.
-    Args:
-        fn (callable): the step, without arguments (run one before it, for AdamW's state).
-        predicted (int): the engine's peak bytes for the step.
-        resident (int): the model states' bytes before it.
-        device (torch.device or str or int, optional): a CUDA device; None is the current one.
-    Returns:
-        the report (``measured``, ``rows()``, ``table()``), or a falsy result with its ``reason``.
-    Raises:
-        ValueError: naming ``predicted``, ``resident`` (ints >= 0) or ``device``.
-    """
-    function("fn", fn)
-    for name, value in (("predicted", predicted), ("resident", resident)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int of bytes, got {value!r}")
-    if (missing := _not_on_cuda(device)) is not None:
-        return missing
-    device = _device(device)
-    gc.collect()
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = _read(device)
-    fn()
-    return _StepReport(predicted, resident, before, _read(device))
 
 
 def _parse_alloc_conf(value: str) -> dict[str, str]:

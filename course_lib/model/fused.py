@@ -382,33 +382,6 @@ def bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float,
     return torch.ops.course.bias_dropout_add(x, bias, residual, float(p), seed)
 
 
-def dropout_mask(x: Tensor, p: float, seed: int) -> Tensor:
-    """The mask :func:`bias_dropout_add` draws for ``x``'s shape, ``p`` and ``seed`` (True: kept),
-    drawn by the kernel itself, so that a reference drops exactly what the kernel drops."""
-    ones = torch.ones_like(x, memory_format=torch.contiguous_format)
-    zeros = torch.zeros_like(ones)
-    with torch.no_grad():
-        return bias_dropout_add(ones, zeros[(0,) * (x.dim() - 1)], zeros, p, seed) != 0
-
-
-def unfused_bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float,
-                             seed: int | None = None) -> Tensor:
-    """The PyTorch ops :func:`bias_dropout_add` replaces, ``F.dropout(x + bias, p) + residual``.
-
-    With ``seed``, the mask is the op's own (:func:`dropout_mask`), applied by the same three ops:
-    the reference the kernel is tested against. Without, ``F.dropout`` draws its own.
-    Args:
-        x, bias, residual, p, seed: as :func:`bias_dropout_add`.
-    Returns:
-        Tensor: ``F.dropout(x + bias, p) + residual``.
-    """
-    _check_dropout(x, bias, residual, p, 0 if seed is None else seed)
-    if seed is None:
-        return torch.nn.functional.dropout(x + bias, p) + residual
-    scale = 1 / (1 - p) if p < 1 else 0.0
-    return (x + bias) * (dropout_mask(x, p, seed) * scale).to(x.dtype) + residual
-
-
 #: The course's fused ops: ``name -> (op, reference, example)``.
 OPS: dict[str, tuple[torch._ops.OpOverload, Callable, Callable]] = {
     "bias_gelu": (torch.ops.course.bias_gelu.default, _reference, _example),
@@ -416,5 +389,4 @@ OPS: dict[str, tuple[torch._ops.OpOverload, Callable, Callable]] = {
 _KERNEL_FUNCTIONS = {"forward": _forward, "backward": _backward, "dropout_add": _dropout_add,
                      "dropout_backward": _dropout_backward}
 
-__all__ = ["OPS", "bias_dropout_add", "bias_gelu", "dropout_mask", "source",
-           "unfused_bias_dropout_add"]
+__all__ = ["OPS", "bias_dropout_add", "bias_gelu", "source"]

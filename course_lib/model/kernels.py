@@ -25,7 +25,7 @@ import torch
 from course_lib.device import GPU, resolve_gpu
 from course_lib.model.gpt import GPTConfig, check_config
 from course_lib.units import as_dtype
-from course_lib.validation import available_device as as_device, integer, positive_int
+from course_lib.validation import integer
 
 #: The attention kernels ``F.scaled_dot_product_attention`` can pick.
 SDPA_KERNELS = ("flash", "cudnn", "efficient", "math")
@@ -33,7 +33,7 @@ SDPA_KERNELS = ("flash", "cudnn", "efficient", "math")
 CUDA_BLOCK = 512
 
 _HALF = (torch.float16, torch.bfloat16)
-#: The most elements :func:`detect_sdpa_kernel` allocates for its q, k, v (1 GiB in fp32).
+#: The most elements a measurement allocates for q, k, v or the scores (1 GiB in fp32).
 MAX_DETECT_ELEMENTS = 2**28
 
 
@@ -56,7 +56,14 @@ def mask_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
 
 
 def stats_dtype(dtype, gpu: GPU | None = None) -> torch.dtype:
-    """The dtype of LayerNorm's saved mean and 1/std for input of ``dtype`` (see the table)."""
+    """The dtype of LayerNorm's saved mean and 1/std for input of ``dtype``: fp32 on CUDA for
+    16-bit input (its accumulation type), ``dtype`` on the CPU.
+    Args:
+        dtype (torch.dtype or str): the input's dtype.
+        gpu (GPU or str, optional): what :func:`course_lib.device.resolve_gpu` takes; None: the CPU.
+    Returns:
+        torch.dtype: the statistics' dtype.
+    """
     dtype = as_dtype(dtype)
     return torch.float32 if _gpu(gpu) is not None and dtype in _HALF else dtype
 
@@ -192,37 +199,3 @@ def attention_kernel(config: GPTConfig, dtype, gpu=None) -> str:
         resolve_gpu(gpu)
         return "explicit"
     return sdpa_kernel(config, dtype, gpu)
-
-
-def detect_sdpa_kernel(config: GPTConfig, dtype, batch_size: int = 1,
-                       seq_len: int | None = None, device: str = "cuda") -> str:
-    """The kernel SDPA picks here, asked of PyTorch itself (``torch._fused_sdp_choice``).
-
-    q, k, v are built as the course GPT builds them (views of one QKV output that requires
-    grad), at most :data:`MAX_DETECT_ELEMENTS` elements; the tests compare the answer with
-    :func:`sdpa_kernel`.
-    Args:
-        config, dtype: as :func:`sdpa_kernel`.
-        batch_size (int): sequences in q, k and v.
-        seq_len (int, optional): tokens, at most ``config.seq_len`` (default: that).
-        device (str): where to ask, ``"cuda"`` by default.
-    Returns:
-        str: one of :data:`SDPA_KERNELS`.
-    Raises:
-        ValueError: naming the argument, for a value out of range or a missing CUDA device.
-    """
-    check_config(config)
-    dtype = _sdpa_dtype(dtype)
-    batch_size = positive_int("batch_size", batch_size, maximum=MAX_DETECT_ELEMENTS)
-    s = config.seq_len if seq_len is None else positive_int("seq_len", seq_len,
-                                                            maximum=config.seq_len)
-    device = as_device("device", device)
-    h, a = config.d_model, config.n_heads
-    if batch_size * s * 3 * h > MAX_DETECT_ELEMENTS:
-        raise ValueError(f"batch_size * seq_len * 3 * d_model must be at most "
-                         f"{MAX_DETECT_ELEMENTS:,} elements, got batch_size={batch_size}, "
-                         f"seq_len={s}, d_model={h}")
-    qkv = torch.zeros(batch_size, s, 3 * h, device=device, dtype=dtype, requires_grad=True)
-    q, k, v = (t.view(batch_size, s, a, h // a).transpose(1, 2) for t in qkv.split(h, dim=2))
-    choice = int(torch._fused_sdp_choice(q, k, v, None, config.dropout, True))
-    return {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}.get(choice, "math")

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib.model.gpt import CONFIG_MAXIMUM, GPT, GPTConfig, gpt_param_count
+from course_lib.model.gpt import CONFIG_MAXIMUM, GPT, GPTConfig
 from course_lib.validation import (
     WrongTypeError,
     available_device as as_device,
@@ -135,30 +135,6 @@ class _Llama(nn.Module):
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
         return logits, loss
-
-
-def _llama_param_count(config: _LlamaConfig) -> int:
-    """Closed form: ``V*h*(1 or 2) + L*(2h^2 + 2h*kv + 3h*f + 2h) + h``, ``kv = n_kv_heads * d_head``."""
-    h, kv, f = config.d_model, config.n_kv_heads * config.d_head, config.d_ff
-    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
-    embeddings = config.vocab_size * h * (1 if config.tie_embeddings else 2)
-    return embeddings + config.n_layers * per_layer + h
-
-
-def param_count(config) -> int:
-    """Parameters of a course GPT or Llama config (a preset's ``config``), by closed form.
-    Args:
-        config (GPTConfig or LlamaConfig): the model's shape.
-    Returns:
-        int: the parameter count.
-    Raises:
-        ValueError: for another ``config``.
-    """
-    if isinstance(config, GPTConfig):
-        return gpt_param_count(config)
-    if isinstance(config, _LlamaConfig):
-        return _llama_param_count(config)
-    raise ValueError(f"config must be a GPTConfig or a LlamaConfig, got {config!r}")
 
 
 def build_model(config, *, device: str | torch.device = "meta",

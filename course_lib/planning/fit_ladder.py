@@ -107,17 +107,9 @@ def _levers(plain: Step, loss_chunk: int, lora_rank: int, world_size: int) -> li
 _ENGINE_GROUPS = ("precision", "accumulation", "checkpointing", "chunked loss")
 
 
-def rank_key(rung: _Rung) -> tuple:
-    """Where a rung stands on the ladder: sort rungs by this key, best first.
-
-    Levers that save bytes at no time (the most time gained, then the most bytes), then those
-    that cost time by bytes saved per time paid, then those that save nothing; the
-    job-changing levers (:data:`JOB_CHANGING`) last, in the same order among themselves.
-    Args:
-        rung (_Rung): a rung of :attr:`Ladder.rungs`.
-    Returns:
-        tuple: the sort key, the best rung's smallest.
-    """
+def _rank_key(rung: _Rung) -> tuple:
+    """Free levers (most time gained, then most bytes), then bytes saved per time paid, then
+    those that save nothing; the same again for :data:`JOB_CHANGING` levers, after the rest."""
     free = round(rung.time_paid, 6) <= 0  # rounded: float noise around 0 is no time paid
     return (rung.group in JOB_CHANGING, rung.bytes_saved <= 0, not free,
             round(rung.time_paid, 6) if free else -rung.bytes_per_time, -rung.bytes_saved)
@@ -130,7 +122,8 @@ def ladder(config: GPTConfig, gpu: str, *, batch_size: int = 8, seq_len: int | N
 
     The plain step is fp32 AdamW on the whole batch at once, nothing checkpointed, offloaded or
     sharded: the baseline of every saving and price. Each lever alone is the plain step with a
-    field replaced, ranked by bytes saved per time paid (:func:`rank_key`). The combination
+    field replaced, ranked by bytes saved per time paid, free levers first and
+    :data:`JOB_CHANGING` levers last (``rungs`` is in that order). The combination
     adds them in that order, each only if it lowers the predicted peak, until the step fits
     ``budget_bytes`` (default the GPU's :attr:`~course_lib.device.GPU.capacity`). ``lora_rank``
     defaults to 16 (at most ``d_model``); ``world_size`` is the ZeRO rungs' GPUs;
@@ -174,7 +167,7 @@ def _ladder(plain: Step, budget: int, loss_chunk: int, lora_rank: int, world_siz
                            p.seconds / base.seconds - 1,
                            "engine" if group in _ENGINE_GROUPS else "engine + formula"))
     listed = tuple(rungs)
-    rungs.sort(key=rank_key)
+    rungs.sort(key=_rank_key)
 
     current, climbed = base, []
     for rung in rungs:

@@ -1,4 +1,4 @@
-"""06: the guard: a memory budget checked before a step runs and enforced while it runs."""
+"""06: the guard: a memory budget enforced while a step runs (the allocator's cap, or a tracker)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.measurement.memory import LiveTensorTracker, peak_memory
-from course_lib.prediction.engine import StepMemory
 from course_lib.units import format_bytes
 from course_lib.validation import (
     MAX_BYTES,
     available_device as as_device,
     function,
-    integer,
     positive_int,
     text,
 )
@@ -24,8 +22,7 @@ _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 class MemoryBudgetExceeded(RuntimeError):
-    """More memory than the budget: predicted (:func:`check_budget`), or live in the op ``at``
-    (:class:`BudgetTracker`).
+    """More memory than the budget: needed, or live in the op ``at`` (:class:`BudgetTracker`).
     Args:
         needed_bytes, budget_bytes (int): the bytes needed (or live) and the budget.
         what, at (str): what ran out of memory; the op it did it in (None: predicted).
@@ -42,28 +39,6 @@ class MemoryBudgetExceeded(RuntimeError):
             message = (f"{what} went over the budget of {format_bytes(budget_bytes)} in {at} "
                        f"({format_bytes(needed_bytes)} live)")
         super().__init__(message)
-
-
-def check_budget(needed, budget_bytes: int, what: str = "the step") -> None:
-    """Raise :class:`MemoryBudgetExceeded` if ``needed`` (bytes, or a StepMemory's ``total``)
-    is over ``budget_bytes``: the planner's verdict before anything runs.
-    Args:
-        needed, budget_bytes (int): bytes needed (or a StepMemory) and bytes available.
-        what (str): what needs them, for the message.
-    Raises:
-        MemoryBudgetExceeded: if ``needed`` is over the budget.
-        ValueError: naming the parameter, for a bad value.
-    """
-    budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
-    text("what", what)
-    needed = needed.total if isinstance(needed, StepMemory) else needed
-    try:
-        needed = integer("needed", needed, minimum=0, maximum=MAX_BYTES)
-    except ValueError:
-        raise ValueError(f"needed must be a StepMemory or an int of bytes from 0 to "
-                         f"{MAX_BYTES:,}, got {needed!r}") from None
-    if needed > budget:
-        raise MemoryBudgetExceeded(needed, budget, what)
 
 
 class BudgetTracker(LiveTensorTracker):

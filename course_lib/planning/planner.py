@@ -14,23 +14,18 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from course_lib.measurement import timing
 from course_lib.measurement.memory import peak_memory
-from course_lib.model.gpt import GPTConfig, random_tokens
+from course_lib.model.gpt import random_tokens
 from course_lib.prediction import checkpointed, step_setup
-from course_lib.prediction.formulas import precision_of
 from course_lib.prediction.predict import Step, predict
 from course_lib.prediction.time_model import DeviceSpeed
 from course_lib.training import checkpointing as ckpt
 from course_lib.training.loop import train
 from course_lib.units import format_bytes
 from course_lib.validation import (
-    MAX_BATCH,
     MAX_BYTES,
     WrongTypeError,
     available_device as as_device,
-    boolean,
-    items,
     positive_int,
 )
 
@@ -273,54 +268,3 @@ def measure_peak(step: Step, *, device: str | torch.device = "cpu") -> int:
     if not step.first_step:
         run()  # AdamW's states are made in the first step
     return peak_memory(run, device=device.type)
-
-
-@step_setup.keeps_rng
-def time_ratios(config: GPTConfig, batch_size: int, policies, *, precision: str = "fp32",
-                device: str | torch.device = "cpu", repeats: int = 5,
-                optimizer: bool = False) -> dict:
-    """Each policy's forward and backward pass timed against no checkpointing's: ``{label: ratio}``.
-
-    ``policies``: up to 32 ``(mode, every)`` pairs (``"none"`` first, added if missing); with
-    ``optimizer=True``, whole AdamW steps. A ratio is the median over ``repeats`` rounds of
-    :func:`course_lib.measurement.timing.step_times`.
-    Args:
-        config (GPTConfig): the model.
-        batch_size, repeats (int): sequences per pass; the rounds timed.
-        policies (Sequence[tuple[str, int]]): up to 32 ``(mode, every)`` pairs.
-        precision (str): the precision of the passes.
-        device (str or torch.device): where to train.
-        optimizer (bool): time whole AdamW steps, not forward and backward passes.
-    Returns:
-        dict: policy label -> seconds over no checkpointing's.
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    """
-    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
-    repeats = positive_int("repeats", repeats, maximum=100)
-    boolean("optimizer", optimizer)
-    device = as_device("device", device)
-    spec = precision_of(precision)
-    x, y = random_tokens(config, batch_size, device=device)
-    steps = {}
-    policies = [tuple(p) if isinstance(p, tuple | list) and len(p) == 2 else None
-                for p in items("policies", policies, max_len=32)]
-    if None in policies:
-        raise ValueError("policies must be (mode, every) pairs")
-    for mode, every in [("none", 1), *(p for p in policies if p != ("none", 1))]:
-        model, adamw = step_setup.build(config, precision=precision, mode=mode, every=every,
-                                        device=device)
-        steps[ckpt.policy_label(mode, every)] = functools.partial(
-            train, model, adamw, [(x, y)], micro_batch_size=batch_size,
-            **step_setup.train_options(precision, device)) if optimizer else functools.partial(
-            _forward_backward, model, x, y, spec.compute if spec.autocast else None)
-    times = timing.step_times(steps, repeats=repeats, device=device)
-    return {name: times.ratio(name, "none") for name in steps}
-
-
-def _forward_backward(model, x, y, amp_dtype) -> None:
-    """One forward and backward pass, under autocast to ``amp_dtype`` unless it is None."""
-    with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        loss = model(x, y)[1]
-    loss.backward()
-    model.zero_grad(set_to_none=True)

@@ -277,17 +277,6 @@ def _model_items(config: GPTConfig, b: int, s: int, t: Step) -> list[Saved]:
             *head_items(config, b, s, t)]
 
 
-def block_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None = None,
-                      dtype=torch.float32, gpu=None, *, autocast: bool = False) -> int:
-    """Bytes one block keeps for backward: the sum of :func:`block_saved` (exact, not rounded).
-    Args:
-        config, batch_size, seq_len, dtype, gpu, autocast: as :func:`block_saved`.
-    Returns:
-        int: the bytes.
-    """
-    return total_bytes(block_saved(config, batch_size, seq_len, dtype, gpu, autocast=autocast))
-
-
 def predict_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None = None,
                         dtype=torch.float32, gpu=None, *, autocast: bool = False) -> int:
     """Bytes the whole model keeps for backward, token ids and targets included: equals
@@ -302,35 +291,3 @@ def predict_saved_bytes(config: GPTConfig, batch_size: int, seq_len: int | None 
     """
     return total_bytes(_model_items(config, *prediction_args(config, batch_size, seq_len, dtype,
                                                              gpu, autocast)))
-
-
-def korthikanti_terms(config: GPTConfig, batch_size: int, seq_len: int | None = None,
-                      dtype=torch.bfloat16, gpu=None) -> dict[str, int]:
-    """Where one block departs from Korthikanti et al.'s ``s*b*h*(34 + 5*a*s/h)`` bytes.
-
-    The paper's setting: explicit attention (``config.attention`` is taken as "explicit"),
-    ``config.dropout > 0``, a 16-bit ``dtype``. Returns bytes by name: ``"paper"``, then the
-    differences, ``"dropout masks"`` (the paper counts 1 byte per mask element; the CPU's masks
-    take the activation's dtype), ``"layernorm stats"`` (mean and 1/std per token, which the
-    paper leaves out), ``"causal mask"`` (``s^2`` bools), ``"scale scalar"`` (8 bytes), and
-    ``"block"`` (:func:`block_saved_bytes`), with ``paper + differences == block``.
-    Args:
-        config, batch_size, seq_len, dtype, gpu: as :func:`block_saved`.
-    Returns:
-        dict of str to int: the bytes by name, as above.
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    """
-    b, s, t = prediction_args(config, batch_size, seq_len, dtype, gpu)
-    if config.dropout == 0 or dtype_bytes(t.compute) != 2:
-        raise ValueError("korthikanti_terms is for the paper's setting: config.dropout > 0 and a "
-                         f"16-bit dtype, got dropout={config.dropout}, dtype={t.compute}")
-    h, a = config.d_model, config.n_heads
-    mask_extra = dtype_bytes(t.mask(t.compute)) - 1
-    terms = {"paper": s * b * h * 34 + 5 * a * s * s * b,
-             "dropout masks": (2 * s * b * h + a * s * s * b) * mask_extra,
-             "layernorm stats": 4 * s * b * dtype_bytes(t.stats),
-             "causal mask": s * s,
-             "scale scalar": 8}
-    terms["block"] = block_saved_bytes(replace(config, attention="explicit"), b, s, t.compute, t.gpu)
-    return terms

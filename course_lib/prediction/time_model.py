@@ -20,14 +20,14 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_lib.device import GPU, GPUS, MAX_BANDWIDTH, MAX_FLOPS, resolve_gpu
-from course_lib.measurement.timing import TimeSplit, step_times
+from course_lib.measurement.timing import step_times
 from course_lib.model.gpt import GPTConfig, gpt_param_count, param_numels
 from course_lib.model.kernels import adamw_foreach, attention_kernel
 from course_lib.prediction import checkpointed
@@ -39,24 +39,21 @@ from course_lib.training.loop import make_grad_scaler
 from course_lib.units import dtype_bytes
 from course_lib.validation import (
     MAX_BYTES,
-    WrongTypeError,
     boolean,
-    device as as_device,
     integer,
     number,
-    positive_int,
 )
 
-#: Share of a GPU preset's 16-bit tensor-core peak that a step's matmuls reach, assumed: the best
-#: published utilisations are 46.2 % (PaLM on TPU v4, Chowdhery et al. 2022) and 52 % (a 175B GPT
-#: on A100s, Narayanan et al. 2021); one GPU in eager PyTorch on a GPT-2-sized model reaches less.
-UTILISATION = 0.4
-#: The same for fp32 matmuls on CUDA cores (PyTorch leaves TF32 off), assumed: CUDA cores need 8
-#: to 16 times fewer bytes per FLOP than tensor cores, so a step's matmuls get nearer their peak.
-FP32_UTILISATION = 0.7
-#: Seconds each operator costs on a GPU preset, assumed: eager dispatch plus one kernel launch (a
-#: few microseconds alone: NVIDIA, "Getting Started with CUDA Graphs", 2019).
-OP_SECONDS = 10e-6
+# Share of a GPU preset's 16-bit tensor-core peak that a step's matmuls reach, assumed: the best
+# published utilisations are 46.2 % (PaLM on TPU v4, Chowdhery et al. 2022) and 52 % (a 175B GPT
+# on A100s, Narayanan et al. 2021); one GPU in eager PyTorch on a GPT-2-sized model reaches less.
+_UTILISATION = 0.4
+# The same for fp32 matmuls on CUDA cores (PyTorch leaves TF32 off), assumed: CUDA cores need 8
+# to 16 times fewer bytes per FLOP than tensor cores, so a step's matmuls get nearer their peak.
+_FP32_UTILISATION = 0.7
+# Seconds each operator costs on a GPU preset, assumed: eager dispatch plus one kernel launch (a
+# few microseconds alone: NVIDIA, "Getting Started with CUDA Graphs", 2019).
+_OP_SECONDS = 10e-6
 # Host memory bandwidth (bytes/s) of an offloaded optimizer step, assumed: two thirds of two
 # DDR5-4800 channels' 76.8 GB/s peak (JEDEC JESD79-5).
 _HOST_BANDWIDTH = 50e9
@@ -115,13 +112,13 @@ class DeviceSpeed:
 
     def reached(self, dtype: torch.dtype) -> float:
         """The share of ``dtype``'s matmul rate a step reaches: ``utilisation`` if set; else 1
-        when measured, and on a datasheet :data:`FP32_UTILISATION` at the fp32 rate (a T4's
-        bf16 too), :data:`UTILISATION` on tensor cores."""
+        when measured, and on a datasheet 0.7 at the fp32 rate (a T4's bf16 too), 0.4 on tensor
+        cores (assumed, with their sources, in this module)."""
         if self.utilisation is not None:
             return self.utilisation
         if self.measured:
             return 1.0
-        return FP32_UTILISATION if self.flops(dtype) <= self.fp32_flops else UTILISATION
+        return _FP32_UTILISATION if self.flops(dtype) <= self.fp32_flops else _UTILISATION
 
     def flops(self, dtype: torch.dtype) -> float:
         """FLOP/s of a matmul in ``dtype`` (fp32, fp16 or bf16)."""
@@ -146,35 +143,21 @@ def _datasheet_speed(card: GPU) -> DeviceSpeed:
     sheet = card if card.tensor_flops else _preset_of(card)
     if sheet is None or not sheet.tensor_flops:
         raise ValueError(f"gpu {card.name!r} has no datasheet speeds and no preset of the same "
-                         f"chip among {list(GPUS)}: measure it with measure_speed('cuda')")
+                         f"chip among {list(GPUS)}: measure it with device_speed('cuda')")
     bf16 = sheet.tensor_flops if card.has_native_bf16 else sheet.fp32_flops
     return DeviceSpeed(card.name, sheet.fp32_flops, sheet.tensor_flops, bf16,
-                       sheet.memory_bandwidth, OP_SECONDS, False, f"the {sheet.name} datasheet",
+                       sheet.memory_bandwidth, _OP_SECONDS, False, f"the {sheet.name} datasheet",
                        host_link=sheet.host_link, peer_link=sheet.peer_link)
 
 
-def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None = None,
-                  repeats: int = 5) -> DeviceSpeed:
-    """This kernel's device, measured: its :class:`DeviceSpeed` (about two seconds on a CPU).
-
-    Medians of interleaved runs of: an ``n x n`` matmul per dtype (``2 n^3`` FLOPs); a GELU over
-    fp32, the typical pointwise op (a copy would miss its arithmetic on a CPU); a tiny GPT's
-    training step, whose FLOPs and bytes are negligible, over its operators (:data:`OP_COUNTS`);
-    that step with every block checkpointed, per region. Links are the same chip's preset's.
-    Args:
-        device (torch.device or str): a CPU or CUDA device.
-        matmul_size, repeats (int): ``n`` (None: 4096 on a GPU, 256 on a CPU), and the runs.
-    Returns:
-        DeviceSpeed: the measured speeds.
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    """
-    device = as_device("device", device)
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be a cpu or cuda device, got {device}")
-    repeats = positive_int("repeats", repeats, maximum=100)
-    n = (integer("matmul_size", matmul_size, minimum=16, maximum=16384) if matmul_size is not None
-         else 4096 if device.type == "cuda" else 256)
+def _measure_speed(device_type: str, *, matmul_size: int | None = None,
+                   repeats: int = 5) -> DeviceSpeed:
+    """This kernel's CPU or CUDA device measured (about two seconds on a CPU): medians of an
+    ``n x n`` matmul per dtype (``2 n^3`` FLOPs; ``n`` 4096 on a GPU, 256 on a CPU), a GELU (the
+    typical pointwise op), a tiny GPT's steps over their operators (:data:`OP_COUNTS`) and per
+    checkpointed region. Links are the same chip's preset's."""
+    device = torch.device(device_type)
+    n = matmul_size or (4096 if device.type == "cuda" else 256)
     mats = {dtype: torch.randn(n, n, device=device).to(dtype)
             for dtype in (torch.float32, torch.float16, torch.bfloat16)}
     timed = functools.partial(step_times, repeats=repeats, device=device)
@@ -207,7 +190,7 @@ def measure_speed(device: torch.device | str = "cpu", *, matmul_size: int | None
 @functools.lru_cache(maxsize=8)
 def _measured(device_type: str, threads: int) -> DeviceSpeed:
     """This device measured once per process and thread count (they change the CPU's speed)."""
-    return measure_speed(device_type)
+    return _measure_speed(device_type)
 
 
 def device_speed(gpu=None) -> DeviceSpeed:
@@ -215,7 +198,7 @@ def device_speed(gpu=None) -> DeviceSpeed:
 
     A preset (or a :class:`course_lib.device.GPU` that is not live) is read from its datasheet;
     the CPU (None, "cpu") and this kernel's GPU ("cuda") are measured once per process
-    (:func:`measure_speed`; on the CPU once per number of threads).
+    (on the CPU once per number of threads).
     Args:
         gpu (str or GPU, optional): what :func:`course_lib.device.resolve_gpu` takes (None: CPU).
     Returns:
@@ -449,62 +432,4 @@ def _step_time(step: Step, speed: DeviceSpeed) -> _StepTime:
                     transfer_seconds=link, speed=speed, utilisation=float(u))
 
 
-def calibrate(speed: DeviceSpeed, split, step: Step, *, seconds: float | None = None
-              ) -> DeviceSpeed:
-    """``speed`` with its matmul rate and memory bandwidth fitted to one measured step's split.
-
-    ``split``: the :class:`course_lib.measurement.timing.TimeSplit` of ``step``
-    (:func:`course_lib.measurement.timing.profile_step`). The operators keep
-    ``speed.op_seconds``; the matmul rate becomes the step's FLOPs over its "matmul" and
-    "attention" time, the bandwidth its pointwise and optimizer bytes over the other classes'
-    time less the operators' (floored at a tenth of it). On a busy CPU the profiler's wall times
-    run up to twice too long: pass :func:`course_lib.measurement.timing.step_times`' time as
-    ``seconds`` and the split gives only the shares.
-    Args:
-        speed (DeviceSpeed): the speeds to fit.
-        split (TimeSplit): ``step``'s time by class, as above.
-        step (Step): the step measured.
-        seconds (float, optional): the step's measured time (None: the split's total).
-    Returns:
-        DeviceSpeed: ``speed`` fitted.
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    Example:
-        >>> from course_lib.measurement.timing import TimeSplit
-        >>> split = TimeSplit({"matmul": 0.02, "attention": 0.0, "fused kernel": 0.0,
-        ...                    "other pointwise": 0.05, "optimizer": 0.01}, "cpu")
-        >>> cpu = device_speed("T4")
-        >>> step = Step(GPTConfig(n_layers=2), 4)
-        >>> t = step_time(step, calibrate(cpu, split, step))
-        >>> round(t.compute_seconds, 6), round(t.seconds, 6)
-        (0.02, 0.08)
-    """
-    if not isinstance(speed, DeviceSpeed):
-        raise ValueError(f"speed must be a DeviceSpeed, got {type(speed).__name__}")
-    if not isinstance(split, TimeSplit):
-        raise ValueError(f"split must be a TimeSplit (profile_step), got {type(split).__name__}")
-    if not isinstance(step, Step):
-        raise WrongTypeError(f"step must be a Step, got {type(step).__name__}")
-    plain = step_time(step, replace(speed, utilisation=1.0))
-    by_class = {name: number(f"split.seconds[{name!r}]", split.seconds.get(name, 0.0),
-                             minimum=0.0, maximum=1e6) for name in split.seconds}
-    matmul = by_class.get("matmul", 0.0) + by_class.get("attention", 0.0)
-    rest = sum(by_class.values()) - matmul
-    if matmul <= 0 or rest <= 0:
-        raise ValueError(f"split must hold matmul and other time, got {split.seconds!r:.120}")
-    if seconds is not None:  # the split's shares of the measured time
-        scale = number("seconds", seconds, above=0.0, maximum=1e6) / (matmul + rest)
-        matmul, rest = matmul * scale, rest * scale
-    operators = plain.launch_seconds + (plain.optimizer_seconds
-                                        - plain.optimizer_bytes / speed.memory_bandwidth)
-    moving = max(rest - operators, rest / 10)
-    return replace(speed, **{_FLOPS_FIELDS[step.compute]: min(plain.flops / matmul, MAX_FLOPS)},
-                   memory_bandwidth=min((plain.pointwise_bytes + plain.optimizer_bytes) / moving,
-                                        MAX_BANDWIDTH),
-                   measured=True, utilisation=1.0,
-                   source=f"{speed.source}; rates fitted to a measured {step.mode} step by kernel "
-                          f"class ({split.clock} time)")
-
-
-__all__ = ["UTILISATION", "FP32_UTILISATION", "OP_SECONDS", "CHECKPOINTING", "DeviceSpeed",
-           "measure_speed", "device_speed", "calibrate", "transfer_seconds", "step_time"]
+__all__ = ["CHECKPOINTING", "DeviceSpeed", "device_speed", "transfer_seconds", "step_time"]

@@ -9,6 +9,6 @@ here, the top modules of :mod:`course_lib` and the wings above this one):
 ``loop``              03-07: the shared training loop (accumulation, AMP, no_sync)
 ``checkpointing``     04-05: the checkpointing modes and segment counts, applied to a model
 ``policies``          05: op-level selective-checkpointing policies and what they really keep
-``levers``            08: optimizer in backward, chunked loss, offloading, low-bit states, LoRA
+``levers``            08: the chunked loss, low-bit optimizer states, LoRA's parameters and FLOPs
 ====================  ==============================================================================
 """

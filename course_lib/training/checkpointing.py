@@ -157,26 +157,7 @@ def sqrt_segments(n_layers: int) -> int:
     return max(1, round(math.sqrt(n_layers)))
 
 
-def checkpointed_blocks(n_layers: int, every: int = 1) -> list[int]:
-    """The blocks that ``blocks``, ``selective`` and ``attention`` wrap: 0, every, 2*every, ...
-
-    Args:
-        n_layers (int): the model's blocks.
-        every (int): the step between wrapped blocks.
-    Returns:
-        list: the indices of the wrapped blocks.
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    Example:
-        >>> checkpointed_blocks(5, every=2)
-        [0, 2, 4]
-    """
-    n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
-    every = positive_int("every", every, maximum=MAX_COUNT)
-    return list(range(0, n_layers, every))
-
-
-def sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
+def _sequential_segments(n_layers: int, segments: int) -> list[list[int]]:
     """The blocks of each segment as ``checkpoint_sequential`` cuts them: ``segments - 1`` of
     ``n_layers // segments`` blocks, then the rest *without* checkpointing."""
     n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
@@ -199,7 +180,7 @@ def best_segments(n_layers: int, block_ratio: float) -> int:
 
     ``block_ratio`` is ``A / X``, a block's kept bytes over its input's
     (:func:`course_lib.prediction.checkpointed.block_ratio`). Near ``sqrt(n * A / X)``, counted
-    with ``checkpoint_sequential``'s real cut (:func:`sequential_segments`); ``round(sqrt(n))`` is
+    with ``checkpoint_sequential``'s real cut; ``round(sqrt(n))`` is
     best only when ``A = X``. No verdict against per-block checkpointing: ``k = n`` leaves the last
     block unchecked, so at small depths per-block peaks lower (lecture 04, section 3).
 
@@ -230,7 +211,7 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
     Args:
         model (torch.nn.Module): a course GPT.
         mode (str): one of :data:`ALL_MODES` (:data:`KERNEL_MODES` need ``config.fused_mlp``).
-        every (int): wrap blocks 0, every, 2*every, ... (:func:`checkpointed_blocks`).
+        every (int): wrap blocks 0, every, 2*every, ...
         segments (int, optional): ``sqrt`` mode's segments (default :func:`sqrt_segments`).
         policy (sequence or callable, optional): ``selective`` mode's ops to save (a list, not one
             op alone), or a policy function ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``;
@@ -267,7 +248,7 @@ def enable_checkpointing(model: nn.Module, mode: str = "blocks", every: int = 1,
         block.attn.__dict__.pop("core", None)
     model.checkpointing = _CheckpointSettings(mode, every, segments, policy, recompute_linear)
     if mode == "attention":
-        for i in checkpointed_blocks(len(blocks), every):
+        for i in range(0, len(blocks), every):
             attn = blocks[i].attn
             attn.core = types.MethodType(_checkpointed_core, attn)
     elif mode != "none":
@@ -339,7 +320,7 @@ def check_mode(mode: str, every: int, segments: int | None, n_layers: int) -> in
         raise ValueError(f"segments applies to mode='sqrt' only, got mode={mode!r}")
     if mode == "sqrt":
         segments = sqrt_segments(n_layers) if segments is None else segments
-        sequential_segments(n_layers, segments)
+        _sequential_segments(n_layers, segments)
     return segments
 
 
@@ -351,8 +332,8 @@ def checkpointed_regions(n_layers: int, mode: str, every: int = 1,
         return []
     if mode == "sqrt":
         segments = sqrt_segments(n_layers) if segments is None else segments
-        return sequential_segments(n_layers, segments)[:-1]
-    return [[i] for i in checkpointed_blocks(n_layers, every)]
+        return _sequential_segments(n_layers, segments)[:-1]
+    return [[i] for i in range(0, n_layers, every)]
 
 
 def policy_label(mode: str, every: int = 1) -> str:

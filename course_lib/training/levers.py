@@ -1,29 +1,22 @@
 """08: the other levers, beyond the precision, accumulation, checkpointing and sharding of 01-07.
 
-The optimizer step in the backward pass (PyTorch tutorial "How to save memory by fusing the
-optimizer step into the backward pass"; Lv et al. 2023, LOMO), the chunked loss (Liger Kernel;
-Wijmans et al. 2024, "Cut Your Losses"), offloading what autograd saves, 8- and 4-bit AdamW states
-(torchao; Dettmers et al. 2022; Li et al. 2023) and LoRA (Hu et al. 2021).
+The chunked loss (Liger Kernel; Wijmans et al. 2024, "Cut Your Losses"), 8- and 4-bit AdamW
+states (torchao; Dettmers et al. 2022; Li et al. 2023) and LoRA (Hu et al. 2021). The optimizer
+step in backward and activation offloading are hooks a learner writes: lecture 08 writes them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import warnings
-import weakref
-from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 
-from course_lib.model.gpt import BLOCK_SHAPES, CONFIG_MAXIMUM, GPTConfig, check_config
-from course_lib.units import dtype_bytes, storage_bytes, storage_key
+from course_lib.model.gpt import BLOCK_SHAPES, GPTConfig, check_config
+from course_lib.units import storage_bytes
 from course_lib.validation import (
     MAX_COUNT,
-    WrongTypeError,
-    available_device as as_device,
-    boolean,
     integer,
     items,
     optional_positive_int,
@@ -33,74 +26,6 @@ from course_lib.validation import (
 
 #: The largest tokens or chunk rows any function here takes.
 MAX_TOKENS = MAX_COUNT
-
-
-class _OptimizerInBackward:
-    """What :func:`optimizer_in_backward` installed: one optimizer and one hook per parameter."""
-
-    def __init__(self, optimizers: dict, handles: list):
-        self.optimizers = optimizers
-        self._handles = handles
-        self.steps = 0
-
-    def remove(self) -> None:
-        """Remove every hook: later backward passes leave the gradients in ``.grad`` again."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-
-def optimizer_in_backward(model: nn.Module,
-                          make_optimizer: Callable[[list], torch.optim.Optimizer]
-                          ) -> _OptimizerInBackward:
-    """Update each parameter, and free its gradient, as soon as its gradient is complete.
-
-    ``make_optimizer([p])`` builds an optimizer for each trainable parameter ``p``, and
-    ``p.register_post_accumulate_grad_hook`` steps it and zeroes ``p.grad``. After
-    ``loss.backward()`` the step is done: call neither ``step()`` nor ``zero_grad()``. The peak
-    loses up to the whole gradient (``P x bytes per gradient``). Same update as one optimizer for
-    per-parameter rules (SGD, AdamW); no accumulation, no clipping by the global norm.
-
-    Args:
-        model (torch.nn.Module): the model whose trainable parameters update in backward.
-        make_optimizer (callable): ``make_optimizer([p])`` -> an optimizer for ``p``.
-    Returns:
-        the handle: ``steps`` counts the steps, ``remove()`` removes the hooks.
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    Example:
-        >>> model = nn.Linear(4, 2)
-        >>> handle = optimizer_in_backward(model, lambda ps: torch.optim.SGD(ps, lr=0.1))
-        >>> model(torch.ones(3, 4)).sum().backward()
-        >>> model.weight.grad is None, handle.steps
-        (True, 2)
-        >>> handle.remove()
-    """
-    if not isinstance(model, nn.Module):
-        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not callable(make_optimizer):
-        raise WrongTypeError(f"make_optimizer must be callable as make_optimizer([param]), "
-                             f"got {make_optimizer!r}")
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("model must have at least one parameter that requires grad")
-    optimizers, handles = {}, []
-    handle = _OptimizerInBackward(optimizers, handles)
-    for p in params:  # every optimizer made before any hook, so a refusal leaves none behind
-        opt = make_optimizer([p])
-        if not (callable(getattr(opt, "step", None)) and callable(getattr(opt, "zero_grad", None))):
-            raise ValueError(f"make_optimizer must return an optimizer (with step() and "
-                             f"zero_grad()), got {type(opt).__name__}")
-        optimizers[p] = opt
-    for p, opt in optimizers.items():
-
-        def hook(param, opt=opt):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            handle.steps += 1
-
-        handles.append(p.register_post_accumulate_grad_hook(hook))
-    return handle
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
@@ -226,83 +151,6 @@ def use_chunked_loss(model: nn.Module, chunk_size: int | None) -> nn.Module:
     return model
 
 
-def logits_bytes(n_tokens: int, vocab_size: int, dtype=torch.float32) -> int:
-    """Bytes of one ``(n_tokens, vocab_size)`` logits tensor in ``dtype``: ``N x V x bytes``.
-
-    Args:
-        n_tokens (int): rows of the logits.
-        vocab_size (int): columns of the logits.
-        dtype (torch.dtype): the logits' dtype.
-    Returns:
-        int: the bytes.
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    Example:
-        >>> logits_bytes(8 * 1024, 50257)  # 1.5 GiB of fp32 logits
-        1646821376
-    """
-    return positive_int("n_tokens", n_tokens, maximum=MAX_TOKENS) * positive_int(
-        "vocab_size", vocab_size, maximum=CONFIG_MAXIMUM["vocab_size"]) * dtype_bytes(dtype)
-
-
-class OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
-    """Move what autograd saves to ``device`` in the forward pass, back when backward needs it.
-
-    A hand-written ``torch.autograd.graph.save_on_cpu`` that counts: ``packed_bytes`` (distinct
-    storages: what the device no longer holds), ``moved_bytes`` (tensor by tensor), ``packed`` and
-    ``skipped`` tensors. On a CPU-only machine nothing moves: the counts say what would move.
-    Args:
-        device (str or torch.device): where saved tensors wait for the backward pass.
-        pin_memory (bool): copy into pinned host memory where CUDA is available, on the current
-            stream as ``save_on_cpu``.
-        skip_parameters (bool): leave parameters and their views in place (``save_on_cpu`` copies
-            them every step).
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    """
-
-    def __init__(self, device: str | torch.device = "cpu", *, pin_memory: bool = True,
-                 skip_parameters: bool = True):
-        self.device = as_device("device", device)
-        self.pin_memory = boolean("pin_memory", pin_memory) and torch.cuda.is_available()
-        self.skip_parameters = boolean("skip_parameters", skip_parameters)
-        self.packed_bytes, self.moved_bytes, self.packed, self.skipped = 0, 0, 0, 0
-        self._seen: dict = {}
-        super().__init__(self._pack, self._unpack)
-
-    def __enter__(self):
-        super().__enter__()
-        return self
-
-    def _pack(self, tensor: torch.Tensor):
-        # A linear saves its weight as a transposed view: a parameter all the same.
-        if self.skip_parameters and (isinstance(tensor, nn.Parameter)
-                                     or isinstance(tensor._base, nn.Parameter)):
-            self.skipped += 1
-            return tensor
-        self.packed += 1
-        self.moved_bytes += tensor.numel() * tensor.element_size()
-        storage = tensor.untyped_storage()
-        seen = self._seen.get(storage_key(tensor))
-        # A weak reference: holding the storage would keep on the device what is offloaded,
-        # and a freed storage's key may come back for a new one, which counts again.
-        if seen is None or seen() is not storage:
-            self._seen[storage_key(tensor)] = weakref.ref(storage)
-            self.packed_bytes += storage.nbytes()
-        if tensor.device == self.device:
-            return tensor.device, tensor  # already there: nothing to move
-        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
-                           pin_memory=self.pin_memory)
-        host.copy_(tensor, non_blocking=self.pin_memory)
-        return tensor.device, host
-
-    def _unpack(self, packed):
-        if isinstance(packed, torch.Tensor):
-            return packed
-        device, tensor = packed
-        return tensor.to(device, non_blocking=self.pin_memory)
-
-
 def _flat_tensors(value) -> list[torch.Tensor]:
     """The plain tensors that hold ``value``: a tensor subclass's inner tensors, recursively."""
     if not isinstance(value, torch.Tensor):
@@ -320,6 +168,7 @@ def optimizer_state_bytes(optimizer) -> int:
     ``optimizer.state`` and ``optimizer.master`` (the fp32 copies of
     :class:`course_lib.training.mixed_precision.MasterWeightAdamW`); a quantized state (torchao's
     ``OptimState8bit``) counts its inner tensors (codes, scales, map); step counters included.
+
     Args:
         optimizer (torch.optim.Optimizer): the optimizer, after its first step.
     Returns:
@@ -377,7 +226,7 @@ def low_bit_adamw(bits: int):
 
     Imported on first use, its import-time messages about CUDA-only extensions silenced (an
     ``ImportError`` without torchao). Its step is ``torch.compile``-d per shape; lecture 08 runs it
-    eagerly (:func:`eager_compile`).
+    eagerly, under ``torch.compiler.set_stance("force_eager")``.
     Args:
         bits (int): 8 or 4.
     Returns:
@@ -396,19 +245,6 @@ def low_bit_adamw(bits: int):
     finally:
         logging.disable(previous)
     return AdamW8bit if bits == 8 else AdamW4bit
-
-
-@contextlib.contextmanager
-def eager_compile():
-    """Run ``torch.compile``-d functions eagerly inside the block (torchao's low-bit step):
-    ``torch.compiler.set_stance("force_eager")``, or dynamo disabled on torch < 2.6.
-    Yields:
-        None: while the block runs eagerly.
-    """
-    set_stance = getattr(torch.compiler, "set_stance", None)
-    with (set_stance("force_eager") if set_stance
-          else torch._dynamo.config.patch(disable=True)):
-        yield
 
 
 #: The linear layers of a course GPT block LoRA can adapt (:data:`course_lib.model.gpt.BLOCK_SHAPES`).

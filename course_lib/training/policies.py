@@ -3,10 +3,9 @@
 A selective-checkpointing policy decides op by op, at the ``aten`` level, whether an output inside
 a checkpointed region is saved or recomputed. Two facts bite: ``op`` is an ``OpOverload``
 (``aten.addmm.default``), never a packet (``aten.addmm``), so a policy comparing with a packet
-never matches; ``nn.Linear`` with a bias dispatches ``addmm``, not ``mm``. :func:`dispatched_ops`
-and :func:`backward_ops` show what runs; :func:`policy_cost` measures what a policy keeps and
-reruns; :class:`BytesMoved` counts bytes read and written. The saved ops, :data:`KERNEL_POLICIES`
-and :class:`SelectiveContext` are :mod:`course_lib.training.checkpointing`'s.
+never matches; ``nn.Linear`` with a bias dispatches ``addmm``, not ``mm``. :func:`policy_cost`
+measures what a policy keeps and reruns. The saved ops, :data:`KERNEL_POLICIES` and
+:class:`SelectiveContext` are :mod:`course_lib.training.checkpointing`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import (
     checkpoint,
     create_selective_checkpoint_contexts,
@@ -73,41 +71,6 @@ class _OpCounter(TorchDispatchMode):
         if count is not None:
             self.flops += count(*args, **kwargs, out_val=out)
         return out
-
-
-def dispatched_ops(fn: Callable, *args, **kwargs) -> Counter:
-    """``Counter`` of the ``OpOverload`` s that ``fn(*args, **kwargs)`` dispatches, in order seen.
-
-    ``dispatched_ops(nn.Linear(8, 16), x)`` holds ``aten.addmm.default``: the name a policy uses.
-    Args:
-        fn (callable): what to run.
-    Returns:
-        collections.Counter: op -> calls.
-    """
-    if not callable(fn):
-        raise WrongTypeError(f"fn must be callable, got {fn!r}")
-    with _OpCounter() as counter:
-        fn(*args, **kwargs)
-    return counter.ops
-
-
-def backward_ops(loss: torch.Tensor) -> Counter:
-    """``Counter`` of the ``OpOverload`` s that ``loss.backward()`` dispatches (it runs it).
-
-    Recomputation included: ``backward_ops(loss)[torch.ops.course.bias_gelu.default]`` counts the
-    course kernel's reruns (0 under a policy that saves its output).
-    Args:
-        loss (torch.Tensor): a loss whose graph is still there.
-    Returns:
-        collections.Counter: op -> calls.
-    Raises:
-        ValueError: naming the parameter, for a bad value.
-    """
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
-        raise ValueError(f"loss must be a scalar tensor with a graph, got {loss!r}"[:200])
-    with _OpCounter() as counter:
-        loss.backward()
-    return counter.ops
 
 
 @dataclass(frozen=True)
@@ -197,52 +160,18 @@ def policy_cost(fn: Callable, *inputs, policy="none") -> _PolicyCost:
     if isinstance(policy, str) and policy == "none":
         return _PolicyCost("none", plain[0], plain[1], Counter(), 0)
     kept, peak, ops, flops = _run(fn, inputs, _context_fn_for(policy))
-    recomputed = Counter({op: n for op, n in (ops - plain[2]).items() if moves_bytes(op)})
+    recomputed = Counter({op: n for op, n in (ops - plain[2]).items() if _moves_bytes(op)})
     return _PolicyCost(label, kept, peak, recomputed, flops - plain[3])
 
 
-#: Ops that relabel or allocate a storage without reading or writing its bytes, although
-#: PyTorch does not mark them as views (``_unsafe_view`` is the reshape of a matmul's output).
-METADATA_OPS = tuple(getattr(_aten, name).default for name in (
+# Ops that relabel or allocate a storage without reading or writing its bytes, although PyTorch
+# does not mark them as views (``_unsafe_view`` is the reshape of a matmul's output).
+_METADATA_OPS = tuple(getattr(_aten, name).default for name in (
     "_unsafe_view", "_reshape_alias", "alias", "lift_fresh", "empty_like", "new_empty",
     "new_empty_strided") if hasattr(_aten, name)) + (_aten.empty.memory_format,
                                                     _aten.empty_strided.default)
 
 
-def moves_bytes(op) -> bool:
-    """Whether ``op`` (an ``OpOverload``) reads or writes tensor bytes: False for views
-    (``op.is_view``) and :data:`METADATA_OPS`.
-    Args:
-        op (torch._ops.OpOverload): the op.
-    Returns:
-        bool: whether it moves tensor bytes.
-    """
-    if not isinstance(op, torch._ops.OpOverload):
-        raise WrongTypeError(f"op must be an OpOverload like torch.ops.aten.gelu.default, got {op!r}")
-    return not op.is_view and op not in METADATA_OPS
-
-
-class BytesMoved(TorchDispatchMode):
-    """Bytes the ops dispatched while active read and write, per op (:func:`moves_bytes` ops only).
-
-    Whole tensor arguments (read) and outputs (written): a pointwise op's traffic, which memory
-    bandwidth bounds. Works on the ``meta`` device. ``with BytesMoved() as m: work()``, then
-    ``m.moved`` (a ``Counter`` by op) and ``m.total``.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.moved: Counter = Counter()
-
-    @property
-    def total(self) -> int:
-        """All the bytes counted."""
-        return sum(self.moved.values())
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if moves_bytes(func):
-            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-            self.moved[func] += sum(t.numel() * t.element_size() for t in tensors)
-        return out
+def _moves_bytes(op) -> bool:
+    """Whether ``op`` (an ``OpOverload``) reads or writes tensor bytes: not a view or a relabel."""
+    return not op.is_view and op not in _METADATA_OPS

@@ -1,5 +1,5 @@
 """02: lecture 02's figures (on their own Agg canvas, no pyplot; :func:`show` displays one)
-and its out-of-memory widget over :func:`oom_threshold`."""
+and its out-of-memory widget over :func:`oom_threshold`, whose result draws the widget's picture."""
 
 from __future__ import annotations
 
@@ -155,6 +155,16 @@ class _Threshold:
         return {"activations": m.activations, "in flight": m.transient,
                 "model states": m.model_states}
 
+    def figure(self, *, title: str | None = None, figsize: tuple = (9.5, 3.6)) -> Figure:
+        """The widget's picture of this threshold, the step's batch outlined; ``title`` is the
+        first line (default: the setting, as the widget shows it). :func:`show` displays it."""
+        if title is not None and not isinstance(title, str):
+            raise WrongTypeError(f"title must be a str or None, got {title!r}")
+        fig = agg_figure(figsize)
+        _draw_threshold(_setup_threshold(fig, animated=False), self,
+                        _title(self) if title is None else title)
+        return fig
+
 
 def oom_threshold(step: Step) -> _Threshold:
     """``predict(replace(step, micro_batch_size=b)).peak`` at b = 1 to 16, 32, 64 or 128
@@ -272,26 +282,6 @@ def _title(t: _Threshold) -> str:
     return (f"d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, sequence "
             f"{step.seq_len}, {step.precision}, {t.kernel} attention, "
             f"{'foreach' if foreach else 'per-tensor'} AdamW")
-
-
-def threshold_figure(t: _Threshold, *, title: str | None = None,
-                     figsize: tuple = (9.5, 3.6)) -> Figure:
-    """The widget's picture of :func:`oom_threshold`'s ``t``, ``t.step``'s batch outlined.
-
-    Args:
-        t (Threshold): what :func:`oom_threshold` returned.
-        title (str, optional): the first line (default: the setting, as the widget shows it).
-        figsize (tuple): inches.
-    Returns:
-        matplotlib.figure.Figure: with an Agg canvas (:func:`show` displays it).
-    """
-    if not isinstance(t, _Threshold):
-        raise WrongTypeError(f"t must be a Threshold (oom_threshold), got {type(t).__name__}")
-    if title is not None and not isinstance(title, str):
-        raise WrongTypeError(f"title must be a str or None, got {title!r}")
-    fig = agg_figure(figsize)
-    _draw_threshold(_setup_threshold(fig, animated=False), t, _title(t) if title is None else title)
-    return fig
 
 
 def _shown(batch: int, oom: int) -> int:

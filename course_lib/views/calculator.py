@@ -128,22 +128,44 @@ def _set_bars(a: dict, states: list[TrainingMemory], scale: float = GiB) -> floa
     return max(bottoms)
 
 
-def states_figure(bars: dict, *, gpus=None, title: str = "",
+def states_figure(bars: dict, *, gpus=None, per_param: int | None = None, title: str = "",
                   figsize: tuple = (8.4, 4.4)) -> Figure:
-    """Model states as stacked bars against the memory of ``gpus``, shown as a cell's value.
+    """Model states as stacked bars against the memory of ``gpus``, shown as a cell's value; with
+    ``per_param``, in bytes per parameter: what each recipe keeps, byte by byte.
 
     Args:
         bars (dict): label -> ``TrainingMemory``, one to six.
         gpus (list, optional): names of :data:`course_lib.device.GPUS` or ``GPU`` s, drawn as
-            labelled lines; None for all of them.
+            labelled lines; None for all of them (none with ``per_param``).
+        per_param (int, optional): the parameters the bars count, from 1.
         title (str): the figure's title (two lines at most read well).
         figsize (tuple): inches.
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
     Raises:
-        ValueError: naming ``bars``, ``gpus`` or ``title``, for a bad value.
+        ValueError: naming ``bars``, ``gpus``, ``per_param`` or ``title``, for a bad value.
+    Example:
+        >>> fig = states_figure({"fp32": training_memory(10),
+        ...                      "bf16-mixed": training_memory(10, precision="bf16-mixed"),
+        ...                      "bf16": training_memory(10, precision="bf16")}, per_param=10)
+        >>> [label.get_text() for label in fig.axes[0].texts]  # above each bar
+        ['16 bytes', '16 bytes', '8 bytes']
     """
     _bars("bars", bars)
+    if per_param is not None:
+        n = positive_int("per_param", per_param, maximum=MAX_PARAMS)
+        if gpus is not None:
+            raise ValueError("gpus must be None with per_param: bytes per parameter have no GPU lines")
+        fig = _new_figure(figsize)
+        a = _setup_bars(fig, list(bars), animated=False, rect=(0.1, 0.13, 0.86, 0.62))
+        top = _set_bars(a, list(bars.values()), scale=n)
+        for i, m in enumerate(bars.values()):
+            a["ax"].text(i, m.total / n, f"{m.total / n:g} bytes", ha="center", va="bottom",
+                         fontsize=8)
+        a["ax"].set_ylim(0, 1.2 * top)
+        a["ax"].set_ylabel("bytes per parameter", fontsize=9)
+        a["title"].set_text(text("title", title))
+        return fig
     cards = _gpus(gpus)
     fig = _new_figure(figsize)
     a = _setup_bars(fig, list(bars), animated=False)
@@ -157,40 +179,6 @@ def states_figure(bars: dict, *, gpus=None, title: str = "",
     a["ax"].set_ylim(0, nice_ceiling(1.1 * max(top, cards[-1].capacity / GiB)))
     a["title"].set_text(text("title", title))
     _place_labels(fig, a["ax"], a)
-    return fig
-
-
-def bytes_per_param_figure(rows: dict, n_params: int, *, title: str = "",
-                           figsize: tuple = (6.4, 3.6)) -> Figure:
-    """Model states per parameter as stacked bars: what each recipe keeps, byte by byte.
-
-    Args:
-        rows (dict): label -> ``TrainingMemory`` of ``n_params`` parameters, one to six.
-        n_params (int): the parameters the rows count, from 1.
-        title (str): the figure's title.
-        figsize (tuple): inches.
-    Returns:
-        matplotlib.figure.Figure: with an Agg canvas.
-    Raises:
-        ValueError: naming ``rows``, ``n_params`` or ``title``, for a bad value.
-    Example:
-        >>> fig = bytes_per_param_figure({"fp32": training_memory(10),
-        ...                               "bf16-mixed": training_memory(10, precision="bf16-mixed"),
-        ...                               "bf16": training_memory(10, precision="bf16")}, 10)
-        >>> [label.get_text() for label in fig.axes[0].texts]  # above each bar
-        ['16 bytes', '16 bytes', '8 bytes']
-    """
-    _bars("rows", rows)
-    n = positive_int("n_params", n_params, maximum=MAX_PARAMS)
-    fig = _new_figure(figsize)
-    a = _setup_bars(fig, list(rows), animated=False, rect=(0.1, 0.13, 0.86, 0.62))
-    top = _set_bars(a, list(rows.values()), scale=n)
-    for i, m in enumerate(rows.values()):
-        a["ax"].text(i, m.total / n, f"{m.total / n:g} bytes", ha="center", va="bottom",
-                     fontsize=8)
-    a["ax"].set_ylim(0, 1.2 * top)
-    a["ax"].set_ylabel("bytes per parameter", fontsize=9)
-    a["title"].set_text(text("title", title))
     return fig
 
 

@@ -8,14 +8,14 @@ import ipywidgets as widgets
 import numpy as np
 import torch
 
-from course_lib.device import GPU, GPUS, live_gpu, pick_dtype
+from course_lib.device import GPU, GPUS, pick_dtype
 from course_lib.measurement.timeline import Timeline
 from course_lib.model.gpt import GPTConfig
 from course_lib.prediction import checkpointed, engine
 from course_lib.prediction.predict import Prediction, Step, predict
 from course_lib.training import checkpointing as ckpt
 from course_lib.units import MEMORY_CATEGORIES, GiB, MiB, format_bytes
-from course_lib.validation import MAX_BATCH, choice, integer, items, number, positive_int
+from course_lib.validation import MAX_BATCH, choice, integer, positive_int
 from course_lib.views.widgets import live_plot
 
 # The explorer's checkpointing modes (of enable_checkpointing) -> how its menu names them.
@@ -25,36 +25,6 @@ _GPT2_SMALL = dict(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12)
 _MAX_LAYERS = 96
 _COLORS = {"none": "#c44e52", "per-block": "#4c72b0", "√n segments": "#8c8c8c",
            "best segments": "#55a868"}
-# Lecture 04's sizes on a CPU, quick on one thread: (config, batch, sweep, sweep_batch).
-_CPU_SIZES = (GPTConfig(vocab_size=64, seq_len=64, d_model=64, n_heads=4, n_layers=8,
-                        attention="explicit"), 8,
-              dict(vocab_size=32, seq_len=64, d_model=16, n_heads=2), 16)
-
-
-def lecture_sizes(device) -> tuple[GPTConfig, int, dict, int]:
-    """``(config, batch, sweep, sweep_batch)``: lecture 04's model and its depth sweep's.
-
-    On CUDA each batch is the largest power of two whose predicted step takes at most a third
-    (``config``) or half (``sweep`` at 64 layers) of the free memory.
-
-    Args:
-        device (torch.device): where the lecture runs.
-    Returns:
-        tuple: the config, its batch, the sweep's keyword arguments and the sweep's batch.
-    """
-    if torch.device(device).type != "cuda":
-        return _CPU_SIZES
-    gpu = live_gpu()
-    config = GPTConfig(vocab_size=8192, seq_len=1024, d_model=512, n_heads=8, n_layers=12,
-                       attention="explicit")
-    sweep = dict(vocab_size=128, seq_len=1024, d_model=128, n_heads=2)
-
-    def largest(c, share):
-        fits = [b for b in (1, 2, 4, 8, 16, 32)
-                if predict(Step(c, b, gpu=gpu)).total <= gpu.capacity // share]
-        return max(fits, default=1)
-
-    return config, largest(config, 3), sweep, largest(GPTConfig(**sweep, n_layers=64), 2)
 
 
 def plot_timelines(ax, timelines: dict[str, Timeline]) -> None:
@@ -78,24 +48,8 @@ def plot_timelines(ax, timelines: dict[str, Timeline]) -> None:
     ax.legend(fontsize=9, loc="upper right")
 
 
-def loglog_slope(depths, values) -> float:
-    """The fitted slope of ``log(values)`` against ``log(depths)``: ``p`` of ``values ~ n^p``.
-
-    Args:
-        depths (sequence of int): at least two positive depths.
-        values (sequence of float): one positive value per depth.
-    Returns:
-        float: the fitted exponent.
-    Raises:
-        ValueError: naming ``depths`` or ``values``.
-    """
-    depths, values = ([number(name, v, above=0.0) for v in items(
-        name, seq.tolist() if isinstance(seq, np.ndarray) else seq, max_len=10_000)]
-        for name, seq in (("depths", depths), ("values", values)))
-    if len(depths) < 2:
-        raise ValueError(f"depths must hold at least two positive numbers, got {depths!r}")
-    if len(values) != len(depths):
-        raise ValueError(f"values must hold one positive number per depth, got {values!r}")
+def _slope(depths, values) -> float:
+    """``p`` of ``values ~ depths^p``, fitted on log-log axes."""
     return float(np.polyfit(np.log(depths), np.log(values), 1)[0])
 
 
@@ -109,14 +63,18 @@ def plot_depths(ax, depths, measured: dict, predicted: dict | None = None) -> No
     Raises:
         ValueError: naming ``depths``, ``measured`` or ``predicted``.
     """
-    if not isinstance(measured, dict) or not measured:
-        raise ValueError(f"measured must be a non-empty dict of bytes per depth, got {measured!r}")
+    if len(depths) < 2 or min(depths) <= 0:
+        raise ValueError(f"depths must hold at least two positive numbers, got {depths!r}")
+    if not isinstance(measured, dict) or not measured or any(
+            len(v) != len(depths) or min(v) <= 0 for v in measured.values()):
+        raise ValueError(f"measured must be a non-empty dict of positive bytes per depth, got "
+                         f"{measured!r}")
     if predicted is not None and (not isinstance(predicted, dict) or set(predicted) - set(measured)):
         raise ValueError("predicted must be a dict with the labels of measured, or None")
     for i, (name, values) in enumerate(measured.items()):
-        deep = loglog_slope(depths[-2:], values[-2:])
+        deep = _slope(depths[-2:], values[-2:])
         ax.loglog(depths, np.array(values) / MiB, "o-", color=_COLORS.get(name, f"C{i}"), ms=4, lw=2.5,
-                  label=f"{name}: slope {loglog_slope(depths, values):.2f}, "
+                  label=f"{name}: slope {_slope(depths, values):.2f}, "
                         f"{deep:.2f} at {depths[-2]}-{depths[-1]}")
     for name, values in (predicted or {}).items():
         ax.loglog(depths, np.array(values) / MiB, "--", color="k", lw=0.9,

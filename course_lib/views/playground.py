@@ -31,7 +31,7 @@ from course_lib.validation import (
 MAX_SAMPLES = MAX_BATCH  # the most samples a playground trains on
 
 
-def effective_batch(micro_batch_size: int, accumulation_steps: int) -> int:
+def _effective_batch(micro_batch_size: int, accumulation_steps: int) -> int:
     """Samples per optimizer step: ``micro_batch_size * accumulation_steps``, each checked."""
     return positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH) * positive_int(
         "accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
@@ -42,7 +42,7 @@ PLAYGROUND_MODES = ("none", "blocks")
 
 
 @dataclass(frozen=True)
-class Run:
+class _Run:
     """One cached run: settings, losses, a steady-state step's measured and predicted bytes."""
 
     micro_batch_size: int
@@ -83,7 +83,7 @@ class Playground:
         self._gpu = resolve_gpu("cuda") if self.device.type == "cuda" else None
         self.data = markov_tokens(samples, self.config.seq_len, self.config.vocab_size,
                                   seed=seed, device=self.device)
-        self.cache: dict[tuple[int, int, bool], Run] = {}
+        self.cache: dict[tuple[int, int, bool], _Run] = {}
 
     def predict_peak(self, micro_batch_size: int, accumulation_steps: int,
                      mode: str = "none") -> int:
@@ -102,24 +102,24 @@ class Playground:
                             gpu=self._gpu)).total
 
     def cached(self, micro_batch_size: int, accumulation_steps: int,
-               mode: str = "none") -> Run | None:
-        """The :class:`Run` with these settings if it has been trained, else None.
+               mode: str = "none") -> _Run | None:
+        """The :class:`_Run` with these settings if it has been trained, else None.
 
         Args:
             micro_batch_size, accumulation_steps (int): b and K.
             mode (str): one of :data:`PLAYGROUND_MODES` (``"blocks"``: every block checkpointed).
         Returns:
-            Run or None: the cached run.
+            _Run or None: the cached run.
         Raises:
             ValueError: naming the argument, for a bad value.
         """
-        effective_batch(micro_batch_size, accumulation_steps)
+        _effective_batch(micro_batch_size, accumulation_steps)
         choice("mode", mode, PLAYGROUND_MODES)
         return self.cache.get((micro_batch_size, accumulation_steps, mode))
 
     def run(self, micro_batch_size: int, accumulation_steps: int, mode: str = "none", *,
-            on_step: Callable[[int, float], None] | None = None) -> Run:
-        """Train (or fetch from the cache) the :class:`Run` with these settings (at least two
+            on_step: Callable[[int, float], None] | None = None) -> _Run:
+        """Train (or fetch from the cache) the :class:`_Run` with these settings (at least two
         optimizer steps in ``samples``), calling ``on_step(step, loss)`` after each step.
 
         Args:
@@ -127,11 +127,11 @@ class Playground:
             mode (str): one of :data:`PLAYGROUND_MODES` (``"blocks"``: every block checkpointed).
             on_step (callable, optional): called after every optimizer step of a new run.
         Returns:
-            Run: the run, cached under its settings.
+            _Run: the run, cached under its settings.
         Raises:
             ValueError: naming the argument, for a bad value or fewer than two optimizer steps.
         """
-        b = effective_batch(micro_batch_size, accumulation_steps)
+        b = _effective_batch(micro_batch_size, accumulation_steps)
         choice("mode", mode, PLAYGROUND_MODES)
         function("on_step", on_step, optional=True)
         key = (micro_batch_size, accumulation_steps, mode)
@@ -156,8 +156,8 @@ class Playground:
         measured = resident_bytes(model, opt) + peak_memory(
             lambda: train(model, opt, batches[1:2], log=log, **kw))
         train(model, opt, batches[2:], log=log, **kw)
-        self.cache[key] = Run(*key, b, steps, measured, self.predict_peak(*key),
-                              tuple(b * (i + 1) for i in range(log.steps)), tuple(log.losses))
+        self.cache[key] = _Run(*key, b, steps, measured, self.predict_peak(*key),
+                               tuple(b * (i + 1) for i in range(log.steps)), tuple(log.losses))
         return self.cache[key]
 
 

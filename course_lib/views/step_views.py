@@ -14,9 +14,7 @@ from dataclasses import dataclass, replace
 import ipywidgets as widgets
 import torch
 from matplotlib import cbook
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
-from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from course_lib.device import GPUS, resolve_gpu
@@ -45,7 +43,7 @@ from course_lib.views.playground import (
     measure_step_cost,
 )
 from course_lib.views.widgets import (
-    check_figsize,
+    agg_figure,
     chosen_values,
     live_plot,
     nice_ceiling,
@@ -53,20 +51,9 @@ from course_lib.views.widgets import (
 )
 
 
-def format_duration(seconds: float) -> str:
-    """Seconds as people read them: three digits up to a minute, then minutes, then hours.
-
-    Args:
-        seconds (float): a finite number of seconds, at least 0.
-    Returns:
-        str: the duration with its unit.
-    Raises:
-        ValueError: naming ``seconds``, for a negative or non-finite value.
-    Example:
-        >>> format_duration(1860.0), format_duration(0.0421)
-        ('31.0 min', '42.1 ms')
-    """
-    seconds = number("seconds", seconds, minimum=0.0)
+def _format_duration(seconds: float) -> str:
+    """Seconds (at least 0) as people read them: three digits up to a minute, then minutes, then
+    hours (``"42.1 ms"``, ``"31.0 min"``)."""
     if seconds / 60 >= 59.95:  # what would print as "60.0 min"
         return f"{seconds / 3600:.1f} h"
     if seconds >= 59.95:  # what would print as "60.0 s"
@@ -80,10 +67,10 @@ def format_duration(seconds: float) -> str:
 
 
 def _duration_tick(seconds: float, _=None) -> str:
-    """A time axis's tick: :func:`format_duration` without trailing zeros (``"2 s"``, ``"0"``)."""
+    """A time axis's tick: :func:`_format_duration` without trailing zeros (``"2 s"``, ``"0"``)."""
     if seconds <= 0:
         return "0"
-    value, unit = format_duration(seconds).split(" ")
+    value, unit = _format_duration(seconds).split(" ")
     return f"{value.rstrip('0').rstrip('.') if '.' in value else value} {unit}"
 
 
@@ -253,9 +240,9 @@ def _draw_tradeoff(a: dict, t: _Tradeoff, measured: MeasuredStep | None, what: s
             bottom[i] += height
     for i, cost in enumerate((plain, step)):
         ratio = "" if i == 0 else f" (x{step.seconds / plain.seconds:.2f})"
-        extra = f"\nmeasured {format_duration(measured.seconds)}" if measured and i else ""
+        extra = f"\nmeasured {_format_duration(measured.seconds)}" if measured and i else ""
         _on_top(a["time_labels"][i], i, cost.seconds, time_top,
-                format_duration(cost.seconds) + ratio + extra)
+                _format_duration(cost.seconds) + ratio + extra)
     a["time_measured"].set_ydata([measured.seconds if measured else math.nan])
 
 
@@ -271,8 +258,7 @@ def tradeoff_figure(t: _Tradeoff, what: str, *, figsize: tuple = (8.6, 3.7)):
     """
     if not isinstance(t, _Tradeoff):
         raise WrongTypeError(f"t must be a Tradeoff (tradeoff(...)), got {type(t).__name__}")
-    fig = Figure(figsize=check_figsize(figsize))
-    FigureCanvasAgg(fig)
+    fig = agg_figure(figsize)
     top = _rounded(int(1.25 * t.capacity if t.capacity is not None else
                        1.3 * max(t.accumulated.total, t.plain.total)))
     _draw_tradeoff(_setup_tradeoff(fig, animated=False), t, None, what, top)
@@ -308,8 +294,8 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     boolean("checkpointing_menu", checkpointing_menu)
     device = as_device("device", device)
     if not isinstance(speed, DeviceSpeed):
-        raise ValueError(f"speed must be a DeviceSpeed (measure_device_speed), got "
-                         f"{type(speed).__name__}")
+        raise WrongTypeError(f"speed must be a DeviceSpeed (time_model.device_speed), got "
+                             f"{type(speed).__name__}")
     here = speed.name if device.type == "cpu" else f"{speed.name} (here)"
     # each card decoded once (a live card's free memory read now): the menu's label -> GPU
     targets = {**GPUS, here: resolve_gpu("cuda") if device.type == "cuda" else None}
@@ -403,10 +389,10 @@ def _measure_within_limit(controls, here, settings, device, measured) -> bool:
     t, key = settings(values)
     model_name, p = values["model"], t.accumulated
     step, config = p.step, p.step.config
-    predicted = format_duration(p.seconds)
+    predicted = _format_duration(p.seconds)
     if _MEASURED_STEPS * p.seconds > MEASURE_LIMIT_SECONDS:
         print(f"not measured: {model_name} would take about "
-              f"{format_duration(_MEASURED_STEPS * p.seconds)} here (predicted {predicted} "
+              f"{_format_duration(_MEASURED_STEPS * p.seconds)} here (predicted {predicted} "
               f"per step); choose a smaller model")
         return False
     start = time.perf_counter()
@@ -423,23 +409,23 @@ def _measure_within_limit(controls, here, settings, device, measured) -> bool:
         _, first = within_seconds(one_step, limit, what="the first step")
     except TimeLimitExceeded:
         print(f"not measured: the first step of {model_name} took more than "
-              f"{format_duration(limit)} here (predicted {predicted} per step): this machine is "
+              f"{_format_duration(limit)} here (predicted {predicted} per step): this machine is "
               f"slower than predicted, or busy; stopped after "
-              f"{format_duration(time.perf_counter() - start)}")
+              f"{_format_duration(time.perf_counter() - start)}")
         return False
     second = time.perf_counter()
     one_step()
     plain = time.perf_counter() - second
     need = 2 * first + 4 * plain
     if time.perf_counter() - start + need > MEASURE_LIMIT_SECONDS:
-        print(f"not measured: one step of {model_name} took {format_duration(plain)} here "
+        print(f"not measured: one step of {model_name} took {_format_duration(plain)} here "
               f"(predicted {predicted}), so the measurement would take about "
-              f"{format_duration(need)} more; choose a smaller model")
+              f"{_format_duration(need)} more; choose a smaller model")
         return False
     m = measured[key] = measure_step_cost(step, device=device)
     print(f"measured here: peak {format_bytes(m.peak_bytes)} (predicted "
-          f"{format_bytes(p.total)}), {format_duration(m.seconds)} per step "
-          f"(predicted {predicted}); took {format_duration(time.perf_counter() - start)}")
+          f"{format_bytes(p.total)}), {_format_duration(m.seconds)} per step "
+          f"(predicted {predicted}); took {_format_duration(time.perf_counter() - start)}")
     return True
 
 
@@ -795,7 +781,7 @@ def playground_view(playground: Playground, *, sizes: tuple = (1, 2, 4, 8, 16),
 
             playground.run(b, K, "blocks" if values.get("every_block") else "none",
                            on_step=progress)
-            status.value += f" (trained in {format_duration(time.perf_counter() - start)})"
+            status.value += f" (trained in {_format_duration(time.perf_counter() - start)})"
         except Exception as exc:
             status.value = f"⚠ {exc}" if isinstance(exc, ValueError) else \
                 f"⚠ {type(exc).__name__}: {exc}"

@@ -27,7 +27,7 @@ from course_lib.validation import number
 MAX_INCHES = 50
 
 
-def check_figsize(figsize) -> tuple[float, float]:
+def _check_figsize(figsize) -> tuple[float, float]:
     """``(width, height)`` as floats, if ``figsize`` is two positive inches up to MAX_INCHES."""
     try:
         ok = isinstance(figsize, tuple | list) and len(figsize) == 2 and all(
@@ -61,7 +61,7 @@ def check_figure(name: str, fig) -> Figure:
 
 def agg_figure(figsize) -> Figure:
     """A Figure of ``figsize`` inches (checked) on its own Agg canvas, without pyplot."""
-    fig = Figure(figsize=check_figsize(figsize))
+    fig = Figure(figsize=_check_figsize(figsize))
     FigureCanvasAgg(fig)
     return fig
 
@@ -208,7 +208,7 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
         raise ValueError("controls must name at least one widget")
     if layout is not None and layout not in ("constrained", "tight"):
         raise ValueError(f"layout must be None, 'constrained' or 'tight', got {layout!r}")
-    figsize = check_figsize(figsize)
+    figsize = _check_figsize(figsize)
     if not isinstance(columns, int) or isinstance(columns, bool) or not 1 <= columns <= 12:
         raise ValueError(f"columns must be an int from 1 to 12, got {columns!r}")
     if setup is not None and not callable(setup):
