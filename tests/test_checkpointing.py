@@ -202,13 +202,13 @@ def test_engine_predicts_a_later_micro_batch_and_the_timeline_sees_its_peak(mode
         model(x, y)[1].backward()
 
     measured = peak_memory(step)
-    # The engine's second micro-batch: the whole gradient already there, the pass's new weight
-    # gradients bounded from above as if they were all kept (they are added in and freed).
+    # The engine's second micro-batch: the whole gradient already there, each new weight
+    # gradient added into it and freed.
     later = predict(Step(config, 2, 2, mode=mode, first_step=True)).moments["backward 2+"]
     predicted = later.activations + later.transient
     timeline = track_timeline(step)
     assert timeline.peak == measured and timeline.allocated[0] > 0 and timeline.unit == "event"
-    assert measured <= predicted <= measured + later.gradients
+    assert abs(predicted - measured) <= 64, (predicted, measured)
 
 
 def test_timeline_from_a_synthetic_snapshot():

@@ -98,13 +98,18 @@ _GRAD, _ACT, _TMP = "gradients", "activations", "transient"
 
 
 class _Replay:
-    """Live bytes per category while the backward pass is replayed node by node."""
+    """Live bytes per category while the backward pass is replayed node by node.
 
-    def __init__(self, live: dict):
+    ``accumulating``: a micro-batch after the first, whose ``.grad`` tensors exist: each new
+    gradient is transient, added in place (``AccumulateGrad``) and freed as soon as it is made.
+    """
+
+    def __init__(self, live: dict, accumulating: bool = False):
         self.live = dict(live)
         self.best = dict(live)
         self.moment = "end of forward"
         self.pending = None
+        self.accumulating = accumulating
 
     def node(self, label: str, allocs, frees=()) -> None:
         if self.pending and label.startswith(self.pending[2]):
@@ -113,6 +118,10 @@ class _Replay:
         self._node(label, allocs, frees)
 
     def _node(self, label, allocs, frees) -> None:
+        if self.accumulating:
+            added = [n for c, n in allocs if c == _GRAD]
+            allocs = [(_TMP if c == _GRAD else c, n) for c, n in allocs]
+            frees = [*frees, *((_TMP, n) for n in added)]
         for category, nbytes in allocs:
             if nbytes:
                 self.live[category] += nbytes
@@ -122,9 +131,9 @@ class _Replay:
             self.live[category] -= nbytes
 
     @classmethod
-    def effect(cls, replay) -> _Effect:
+    def effect(cls, replay, accumulating: bool) -> _Effect:
         """Run ``replay(r)`` from nothing: the :class:`_Effect` of that stretch of one block."""
-        r = cls(dict.fromkeys((_GRAD, _ACT, _TMP), 0))
+        r = cls(dict.fromkeys((_GRAD, _ACT, _TMP), 0), accumulating)
         r.best = dict.fromkeys(r.live, -(1 << 62))  # any node beats the start
         replay(r)
         return _Effect(dict(r.best), r.moment, dict(r.live), 0, 1)
@@ -166,8 +175,13 @@ class _Effect:
 class _Backward:
     """The backward pass of the course GPT, node by node, in bytes as the device allocates them."""
 
-    def __init__(self, config: GPTConfig, b: int, s: int, t):
+    def __init__(self, config: GPTConfig, b: int, s: int, t, accumulating: bool = False):
         self.config, self.b, self.s, self.t, self.params = config, b, s, t, t.spec.params
+        self.accumulating = accumulating
+        #: The tied head's weight gradient waits in autograd's input buffer for the embedding's,
+        #: so it is never freed at once: a gradient in the first micro-batch, transient after.
+        self.tied = _TMP if accumulating else _GRAD
+        self.sum_in_place = False  # the plain head's weight gradient is still referenced
         #: Replaying a checkpointed region: ``torch.utils.checkpoint`` drops a recomputed tensor
         #: from its store as the backward pass unpacks it, so a saved input goes with its last
         #: use (before a linear's bias gradient) rather than when its node is done.
@@ -188,11 +202,11 @@ class _Backward:
         r.node(label, [(_TMP, dtype_out_bytes)], [(_TMP, dtype_in_bytes)])
 
     def linear(self, r: _Replay, label: str, n_in: int, n_out: int, grad_in: int, frees,
-               bias: bool | None = None) -> None:
+               bias: bool | None = None, category: str = _GRAD) -> None:
         """A linear's backward: input, weight (and bias) gradients; under autocast via 16 bit."""
         bias = self.config.bias if bias is None else bias
         w, bb = n_in * n_out, n_out * bias
-        w_grad, b_grad = (_GRAD, self.bytes(w, self.params)), (_GRAD, self.bytes(bb, self.params))
+        w_grad, b_grad = (category, self.bytes(w, self.params)), (_GRAD, self.bytes(bb, self.params))
         if self.t.autocast:
             w16, b16 = self.bytes(w, self.t.compute), self.bytes(bb, self.t.compute)
             r.node(label, [(_TMP, grad_in), (_TMP, w16), (_TMP, b16)], [*frees, (_ACT, w16)])
@@ -216,7 +230,7 @@ class _Backward:
             g = self.bytes(b * s * V, self.t.compute)
             self._cast(r, "logits.float() backward", logits4, g)
         self.linear(r, "lm_head backward", h, V, self.x_compute,
-                    [(_TMP, g), (_ACT, self.x_compute)], bias=False)
+                    [(_TMP, g), (_ACT, self.x_compute)], bias=False, category=self.tied)
         self.layernorm(r, "ln_f backward")
 
     def chunked_head(self, r: _Replay, chunk: int) -> None:
@@ -227,7 +241,10 @@ class _Backward:
         four = self.bytes(1, _F32)
         r.node("loss.backward(): d loss = 1", [(_TMP, four)])
         r.node("chunked loss backward: gradients allocated",
-               [(_TMP, self.x_compute), (_GRAD, self.bytes(V * h, self.params)), (_TMP, four)])
+               [(_TMP, self.x_compute), (self.tied, self.bytes(V * h, self.params)), (_TMP, four)])
+        # Its weight gradient, back from Python, is referenced by nothing else, except under a
+        # Python dispatch mode (the CPU's LiveTensorTracker): a GPU step sums in place.
+        self.sum_in_place = t.gpu is not None
         z = self.bytes(n * V, _F32)
         if t.compute == _F32:
             # the chunk's logits; the target indices (int64) and the -1s of the one-hot
@@ -258,8 +275,16 @@ class _Backward:
         r.node("pos_emb backward: gradient summed over the batch", [(_TMP, pos)])
         r.node("pos_emb backward", [(_GRAD, self.bytes(c.seq_len * h, self.params))],
                [(_TMP, pos), (_ACT, self.bytes(s, torch.int64))])
-        r.node("tok_emb backward", [(_TMP, self.bytes(V * h, self.params))],
-               [(_TMP, self.bytes(V * h, self.params) + x_stream)])
+        # Autograd adds the tied weight's two gradients in place only into a tensor nothing else
+        # references, then accumulates the sum into .grad.
+        emb = self.bytes(V * h, self.params)
+        if self.sum_in_place:
+            r.node("tok_emb backward", [(_TMP, emb)],
+                   [(_TMP, emb + x_stream), *([(self.tied, emb)] if self.accumulating else ())])
+        else:
+            r.node("tok_emb backward", [(_TMP, emb)], [(_TMP, x_stream)])
+            r.node("tied weight: its two gradients summed", [(_GRAD, emb)],
+                   [(self.tied, emb), (_TMP, emb)])
 
     def layernorm(self, r: _Replay, label: str) -> None:
         if self.t.autocast:  # the linear's 16-bit input gradient, back to the fp32 stream
@@ -542,9 +567,9 @@ def _rerun_core_scratch(one: GPTConfig, b: int, s: int, t) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _block_effect(one: GPTConfig, b: int, s: int, t, mode: str, rerun: int | None,
-                  released: bool, left: int) -> _Effect:
+                  released: bool, left: int, accumulating: bool) -> _Effect:
     """One block's backward pass, after its region's recomputation, before its release."""
-    bw = _Backward(one, b, s, t)
+    bw = _Backward(one, b, s, t, accumulating)
     bw.in_region = rerun is not None and mode in ("blocks", "sqrt", *ckpt.SELECTIVE_MODES)
 
     # With dropout a selective policy caches the MLP's projection output for a rerun of the
@@ -582,17 +607,18 @@ def _block_effect(one: GPTConfig, b: int, s: int, t, mode: str, rerun: int | Non
         if released and (mode == "attention" or held):  # what its checkpoint still held
             r.node("block {i}: region released", [], [(_ACT, held or left)])
 
-    return _Replay.effect(one_block)
+    return _Replay.effect(one_block, accumulating)
 
 
 def _backward_moment(config: GPTConfig, b: int, s: int, t, mode: str, every: int,
-                     segments: int | None, loss_chunk: int | None) -> dict:
-    """``{"live": ..., "moment": ...}`` at the worst moment of one micro-batch's backward pass."""
+                     segments: int | None, loss_chunk: int | None, grads: int = 0) -> dict:
+    """``{"live": ..., "moment": ...}`` at the worst moment of one micro-batch's backward pass;
+    ``grads``: the bytes of the ``.grad`` tensors earlier micro-batches left (none: the first)."""
     kept = _kept_bytes(config, b, s, t, mode, every, segments)
     if loss_chunk is not None:
         kept += _chunked_kept(config, b, s, t)
-    bw = _Backward(config, b, s, t)
-    r = _Replay({_GRAD: 0, _ACT: kept, _TMP: bw.bytes(1, _F32)})  # the loss
+    bw = _Backward(config, b, s, t, accumulating=grads > 0)
+    r = _Replay({_GRAD: grads, _ACT: kept, _TMP: bw.bytes(1, _F32)}, bw.accumulating)  # the loss
     if loss_chunk is None:
         bw.head(r)
     else:
@@ -614,7 +640,7 @@ def _backward_moment(config: GPTConfig, b: int, s: int, t, mode: str, every: int
             itertools.groupby(reversed(range(config.n_layers)), key=kind_of)]
 
     def run_effect(kind, n) -> _Effect:
-        return _block_effect(one, b, s, t, mode, *kind, left).repeat(n)
+        return _block_effect(one, b, s, t, mode, *kind, left, bw.accumulating).repeat(n)
 
     top, i = config.n_layers - 1, 0
     while i < len(runs):
@@ -811,10 +837,16 @@ def _moments(config: GPTConfig, b: int, K: int, precision: str, mode: str, every
         out[name] = StepMemory(f"{name}, micro-batch 1: {found['moment']}", **resident,
                                gradients=live[_GRAD], activations=live[_ACT],
                                transient=live[_TMP])
-        if K > 1:  # the accumulated gradient is live; the pass's new ones count as transient (bound)
+        if K > 1 and name == "forward":  # the .grad tensors exist; the forward adds no gradient
             out[name + " 2+"] = StepMemory(f"{name}, micro-batch 2+: {found['moment']}", **resident,
                                            gradients=P, activations=live[_ACT],
                                            transient=live[_TMP] + live[_GRAD])
+        elif K > 1:  # replayed with the .grad tensors there: each new gradient is transient
+            again = _backward_moment(config, b, s, t, mode, every, segments, loss_chunk, P)
+            live = again["live"]
+            out[name + " 2+"] = StepMemory(f"{name}, micro-batch 2+: {again['moment']}",
+                                           **resident, gradients=live[_GRAD],
+                                           activations=live[_ACT], transient=live[_TMP])
     out["optimizer"] = _optimizer_moment(config, precision, gpu, foreach, first_step)
     return out
 

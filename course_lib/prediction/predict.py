@@ -65,7 +65,7 @@ def predict(step: Step, speed: DeviceSpeed | None = None) -> Prediction:
 
     ``speed`` (None: the step's GPU's datasheet, or this device measured) prices the time. On the
     CPU one micro-batch in fp32 or pure 16-bit is exact to the byte under every checkpointing
-    mode; under autocast within 5 %; more micro-batches an upper bound.
+    mode and with accumulation; under autocast within 5 %.
     Args:
         step (Step): the training step to predict.
         speed (DeviceSpeed, optional): the device's speeds (None: as above).
