@@ -182,27 +182,3 @@ def available_device(name: str, value):
                          f"one of {have}")
     return dev
 
-
-def fields(record, **kinds) -> None:
-    """The fields of a result record (a dataclass) checked where it is built: each keyword names a
-    field and ``int`` (>= 0), ``float`` (finite, >= 0), a tuple of allowed strings, or a class."""
-    for name, kind in kinds.items():
-        value, where = getattr(record, name), f"{type(record).__name__}.{name}"
-        if kind is int or kind is float:
-            what = "an int" if kind is int else "a number"
-            as_int = _as_int(value)
-            if as_int is not None and as_int is not value:  # a numpy int: exact from here on
-                object.__setattr__(record, name, as_int)
-            elif as_int is None and (kind is int or isinstance(value, bool)
-                                     or not isinstance(value, numbers.Real)):
-                raise WrongTypeError(f"{where} must be {what}, got {type(value).__name__}")
-            value = value if as_int is None else as_int
-            if not 0 <= value < math.inf:
-                raise ValueError(f"{where} must be {what} of at least 0, finite, got {value!r}")
-        elif isinstance(kind, tuple):
-            if not isinstance(value, str):
-                raise WrongTypeError(f"{where} must be a str, got {type(value).__name__}")
-            if value not in kind:
-                raise ValueError(f"{where} must be one of {kind}, got {value!r}")
-        elif not isinstance(value, kind):
-            raise WrongTypeError(f"{where} must be a {kind.__name__}, got {type(value).__name__}")

@@ -17,6 +17,12 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session")
+def count_parameters():
+    """Parameters of a module as ``model.parameters()`` lists them (a tied weight once)."""
+    return lambda model: sum(p.numel() for p in model.parameters())
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

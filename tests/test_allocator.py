@@ -21,11 +21,9 @@ def reading(**kw):
 
 # --------------------------------------------------------------------------- pure helpers
 
-def test_reading_derives_what_smi_shows_and_what_is_cached():
+def test_reading_derives_what_is_cached():
     r = reading(peak_allocated=12 * MiB, peak_reserved=16 * MiB)
-    assert r.used == 600 * MiB             # total - free: nvidia-smi's Memory-Usage
     assert r.cached == 4 * MiB             # reserved - allocated
-    assert r.outside_allocator == 586 * MiB
 
 
 def test_context_bytes_is_free_memory_taken_beyond_the_reserved():
@@ -132,7 +130,7 @@ def test_read_on_cuda():
     after = al._read()
     assert after.peak_allocated >= before.allocated + 4 * MiB  # the product
     assert after.peak_reserved >= after.peak_allocated
-    assert after.used >= after.reserved
+    assert after.total - after.free >= after.reserved  # nvidia-smi's Memory-Usage
 
 
 @pytest.mark.gpu

@@ -65,7 +65,9 @@ def test_states_figure_rejects_what_it_cannot_draw():
 
 
 def test_labels_of_close_cards_spread_even_when_every_line_is_at_the_bottom():
-    fig = calc._calculator_figure(1000.0)  # 16 TB: every GPU line sits near zero
+    view = calc.calculator().view
+    view.controls["billions"].value = 1000.0  # 16 TB: every GPU line sits near zero
+    fig = view.figure
     boxes = _label_boxes(fig)
     assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     assert "fit on none of these GPUs" in fig.texts[0].get_text()
@@ -80,16 +82,15 @@ def test_spread_keeps_labels_a_gap_apart_in_order(fractions):
 
 
 def test_zero_figure_draws_each_stage_against_the_formula():
-    sizes = [1, 8, 64]
-    fig = calc.zero_figure(P7, world_sizes=sizes, gpus=["T4", "A100 80GB"])
+    fig = calc.zero_figure(P7)
+    sizes = calc.WORLD_SIZES
     lines = [line for line in fig.axes[0].get_lines() if len(line.get_xdata()) == len(sizes)]
+    assert len(lines) == 4
     for stage, line in enumerate(lines):
         assert list(line.get_ydata()) == pytest.approx([training_memory(
             P7, precision="bf16-mixed", zero_stage=stage, world_size=n).total / GiB
             for n in sizes])
-    assert len(_label_boxes(fig)) == 2
-    with pytest.raises(ValueError, match="world_sizes"):
-        calc.zero_figure(P7, world_sizes=[8])
+    assert len(_label_boxes(fig)) == len(GPUS)
     with pytest.raises(ValueError, match="n_params"):
         calc.zero_figure(0)
 
@@ -139,8 +140,6 @@ def test_calculator_turns_the_lines_of_fitting_gpus_green_and_follows_its_menus(
     assert view.output.outputs == ()
 
 
-def test_calculator_rejects_an_unknown_model_and_precision():
+def test_calculator_rejects_an_unknown_model():
     with pytest.raises(ValueError, match="preset must be one of"):
         calc.calculator("Llama 9")
-    with pytest.raises(ValueError, match="precision must be one of"):
-        calc._calculator_figure(7.0, precision="int8")

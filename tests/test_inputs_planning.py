@@ -388,7 +388,6 @@ CASES = {
     "LlamaConfig.rope_base": (_llama_with("rope_base"), "rope_base",
                               st.one_of(not_a_number(0.0, zoo.MAX_ROPE_BASE), st.just(0.0))),
     "LlamaConfig.tie_embeddings": (_llama_with("tie_embeddings"), "tie_embeddings", NOT_A_BOOL),
-    "Llama.config": (lambda v: zoo._Llama(v), "config", NOT_A_CONFIG),
     "build_model.config": (lambda v: zoo.build_model(v), "config", OTHERS),
     "build_model.device": (lambda v: zoo.build_model(CFG, device=v), "device",
                            NOT_A_DEVICE),

@@ -23,11 +23,6 @@ from course_lib.prediction.formulas import (
 from course_lib.training.mixed_precision import MasterWeightAdamW
 from course_lib.units import storage_bytes
 
-
-def count_parameters(model):
-    return sum(p.numel() for p in model.parameters())
-
-
 GB = 10**9
 SMALL = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_layers=2)
 
@@ -142,7 +137,7 @@ def _step(model, optimizer):
     ("adamw", lambda p: torch.optim.AdamW(p)),
 ])
 @pytest.mark.parametrize("dtype,precision", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
-def test_measured_step_equals_analytic(name, make, dtype, precision):
+def test_measured_step_equals_analytic(name, make, dtype, precision, count_parameters):
     model = GPT(SMALL).to(dtype)
     optimizer = make(model.parameters())
     _step(model, optimizer)
@@ -157,7 +152,7 @@ def test_measured_step_equals_analytic(name, make, dtype, precision):
 
 @pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "bf16-mixed"),
                                              (torch.float16, "fp16-mixed")])
-def test_master_weight_recipe_measured(dtype, precision):
+def test_master_weight_recipe_measured(dtype, precision, count_parameters):
     model16 = GPT(SMALL).to(dtype)
     optimizer = MasterWeightAdamW(model16.parameters())
     P = count_parameters(model16)
@@ -179,7 +174,7 @@ def test_master_weight_recipe_measured(dtype, precision):
         P, precision="bf16-mixed", fp32_grad_buffer=True)
 
 
-def test_autocast_keeps_fp32_model_states():
+def test_autocast_keeps_fp32_model_states(count_parameters):
     model = GPT(SMALL)
     optimizer = torch.optim.AdamW(model.parameters())
     x, y = random_tokens(SMALL, 2)
@@ -224,7 +219,7 @@ def test_precision_table_gives_the_bytes_of_each_model_state():
         precision_of("fp16", name="precisions")
 
 
-def test_tied_weights_and_views_count_once():
+def test_tied_weights_and_views_count_once(count_parameters):
     model = GPT(SMALL)  # lm_head is tied to the token embedding
     assert model_state_bytes(model).parameters == 4 * count_parameters(model)
     base = torch.zeros(100)
@@ -234,7 +229,7 @@ def test_tied_weights_and_views_count_once():
 
 
 @pytest.mark.gpu
-def test_cuda_allocator_holds_at_least_the_analytic_bytes():
+def test_cuda_allocator_holds_at_least_the_analytic_bytes(count_parameters):
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     model = GPT(SMALL).cuda()

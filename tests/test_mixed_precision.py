@@ -10,11 +10,6 @@ from course_lib.model.gpt import GPT, GPTConfig, random_tokens
 from course_lib.training.loop import make_grad_scaler, train
 from course_lib.training.mixed_precision import MasterWeightAdamW
 
-
-def count_parameters(model):
-    return sum(p.numel() for p in model.parameters())
-
-
 SMALL = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_layers=2)
 
 
@@ -33,7 +28,7 @@ def test_it_is_an_adamw_whose_parameters_are_the_fp32_master_weights():
     assert optimizer.defaults["foreach"] is None  # PyTorch's choice, which the engine predicts
 
 
-def test_step_breakdown_files_the_master_weights_and_their_gradients():
+def test_step_breakdown_files_the_master_weights_and_their_gradients(count_parameters):
     model, optimizer = _mixed()
     x, y = random_tokens(SMALL, 2)
     P = count_parameters(model)

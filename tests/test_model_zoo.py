@@ -13,10 +13,6 @@ from course_lib.model.zoo import (
 )
 
 
-def count_parameters(model):
-    return sum(p.numel() for p in model.parameters())
-
-
 def llama_param_count(config) -> int:
     """Closed form: ``V*h*(1 or 2) + L*(2h^2 + 2h*kv + 3h*f + 2h) + h``, ``kv = n_kv_heads * d_head``."""
     h, kv, f = config.d_model, config.n_kv_heads * config.d_head, config.d_ff
@@ -42,7 +38,7 @@ PUBLISHED = {
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
-def test_presets_match_published_counts_on_meta(name):
+def test_presets_match_published_counts_on_meta(name, count_parameters):
     preset = PRESETS[name]
     model = build_model(preset.config)
     assert all(p.device.type == "meta" for p in model.parameters())
@@ -73,7 +69,8 @@ def test_build_model_dtype_and_device():
 @given(heads=st.sampled_from([(4, 1), (4, 2), (4, 4), (8, 2)]), head_dim=st.sampled_from([2, 8]),
        n_layers=st.integers(1, 3), d_ff=st.integers(1, 50), vocab=st.integers(1, 40),
        tie=st.booleans())
-def test_closed_form_equals_module_count(heads, head_dim, n_layers, d_ff, vocab, tie):
+def test_closed_form_equals_module_count(heads, head_dim, n_layers, d_ff, vocab, tie,
+                                         count_parameters):
     n_heads, n_kv = heads
     config = LlamaConfig(vocab_size=vocab, d_model=n_heads * head_dim, n_layers=n_layers,
                          n_heads=n_heads, n_kv_heads=n_kv, d_ff=d_ff, tie_embeddings=tie)
@@ -112,7 +109,7 @@ def test_tied_llama_counts_the_embedding_once():
     ("n_layers", 2.0, "n_layers must be a positive int"),
     ("n_heads", 3, "d_model must be n_heads times an even head size"),
     ("n_kv_heads", 3, "n_kv_heads must divide n_heads"),
-    ("tie_embeddings", "yes", "tie_embeddings must be a bool"),
+    ("tie_embeddings", "yes", "tie_embeddings must be True or False"),
 ])
 def test_llama_config_validation(field, value, match):
     with pytest.raises(ValueError, match=match):

@@ -14,10 +14,6 @@ from course_lib.model.gpt import (
 )
 
 
-def count_parameters(model):
-    return sum(p.numel() for p in model.parameters())
-
-
 def test_config_is_frozen_hashable_and_replaced_not_changed():
     config = GPTConfig(n_layers=2)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -43,7 +39,7 @@ def test_check_config_returns_a_config_and_names_the_parameter():
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("attention", ["explicit", "sdpa"])
-def test_closed_forms_match_the_built_model(bias, attention):
+def test_closed_forms_match_the_built_model(bias, attention, count_parameters):
     config = GPTConfig(vocab_size=97, seq_len=16, d_model=24, n_heads=3, n_layers=3,
                        bias=bias, attention=attention)
     model = GPT(config)
@@ -51,7 +47,7 @@ def test_closed_forms_match_the_built_model(bias, attention):
     assert count_parameters(model) == gpt_param_count(config) == sum(param_numels(config))
 
 
-def test_gpt2_small_has_its_published_parameter_count():
+def test_gpt2_small_has_its_published_parameter_count(count_parameters):
     # nanoGPT: "number of parameters: 124.44M" including position embeddings, head tied.
     config = GPTConfig(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
     with torch.device("meta"):

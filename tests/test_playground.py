@@ -10,11 +10,6 @@ from course_lib.prediction.predict import Step, predict
 from course_lib.training.loop import train
 from course_lib.views import playground as pgm
 
-
-def count_parameters(model):
-    return sum(p.numel() for p in model.parameters())
-
-
 CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=2)
 
 
@@ -29,7 +24,7 @@ def test_effective_batch_and_steps():
         pgm._effective_batch(4, 0)
 
 
-def test_resident_bytes_counts_weights_and_adam_state_once():
+def test_resident_bytes_counts_weights_and_adam_state_once(count_parameters):
     model = GPT(CFG)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     P = count_parameters(model)
@@ -53,13 +48,13 @@ def test_same_effective_batch_gives_the_same_curve_and_less_memory(playground):
     assert playground.cached(2, 2) is None
 
 
-def test_memory_is_flat_in_k_and_predicted_by_the_engine(playground):
+def test_memory_is_flat_in_k_and_predicted_by_the_engine(playground, count_parameters):
     one, two, four = playground.run(2, 1), playground.run(2, 2), playground.run(2, 4)
     assert two.measured_peak == four.measured_peak
     assert playground.predict_peak(2, 2) == playground.predict_peak(2, 4)
     assert one.predicted_peak == one.measured_peak               # one micro-batch: to the byte
-    # from K = 2 on the engine bounds the pass's new gradients from above: a few bytes here
-    assert 0 <= four.predicted_peak - four.measured_peak <= 0.005 * four.measured_peak
+    # from K = 2 on too, to the loop's Python scalars
+    assert abs(four.predicted_peak - four.measured_peak) <= 64
     # independent floor: 16 bytes per parameter of weights, gradients and AdamW's m and v
     assert four.measured_peak > 16 * count_parameters(GPT(CFG))
 
@@ -68,7 +63,7 @@ def test_checkpointing_lowers_the_peak_and_keeps_the_curve(playground):
     plain, ckpt = playground.run(4, 2), playground.run(4, 2, "blocks")
     assert ckpt.measured_peak < plain.measured_peak
     assert playground.predict_peak(4, 2, "blocks") < playground.predict_peak(4, 2)
-    assert ckpt.measured_peak <= ckpt.predicted_peak              # an upper bound from K = 2 on
+    assert abs(ckpt.measured_peak - ckpt.predicted_peak) <= 64  # a later micro-batch replayed
     assert max(abs(u - v) for u, v in zip(plain.losses, ckpt.losses)) < 1e-5
 
 

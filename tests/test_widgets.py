@@ -65,16 +65,8 @@ def test_a_bad_value_shows_its_message_instead_of_the_figure(capsys):
     assert box.image.layout.display is None
 
 
-def test_layout_engines_apply_to_the_widgets_figure():
-    box, *_ = _box(layout="constrained")
-    assert type(box.figure.get_layout_engine()).__name__ == "ConstrainedLayoutEngine"
-    box.redraw()  # clearing the figure keeps its engine
-    assert type(box.figure.get_layout_engine()).__name__ == "ConstrainedLayoutEngine"
-
-
 @pytest.mark.parametrize("kwargs, message", [
     ({"controls": {}}, "controls must name at least one widget"),
-    ({"layout": "compressed-ish"}, "layout must be None, 'constrained' or 'tight'"),
     ({"figsize": (0, 3)}, "figsize must be two positive numbers"),
     ({"figsize": (4,)}, "figsize must be two positive numbers"),
     ({"figsize": 5}, "figsize must be two positive numbers"),
@@ -155,7 +147,7 @@ def test_animated_artists_are_drawn_over_the_kept_background():
             artist.set_animated(True)
         assert blitted.shape == full.shape
         assert np.abs(blitted - full).mean() < 0.5  # the same picture, to antialiasing
-    assert len(box.backgrounds.saved) == 2  # two states of the axes, each drawn in full once
+    assert len(box.backgrounds) == 2  # two states of the axes, each drawn in full once
 
 
 def test_nice_ceiling_moves_in_few_steps():

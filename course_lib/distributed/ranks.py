@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from course_lib.validation import number, positive_int
+from course_lib.validation import function, number, positive_int
 
 #: The process group's backend (CPU ranks talk over gloo), and the most ranks launched.
 BACKEND = "gloo"
@@ -42,8 +42,7 @@ def _free_port() -> int:
 
 def _check_importable(worker) -> tuple[str, str]:
     """``(module, name)`` of a module-level function the ranks can import by name."""
-    if not callable(worker):
-        raise ValueError(f"worker must be a function, got {worker!r}")
+    function("worker", worker)
     module, name = getattr(worker, "__module__", None), getattr(worker, "__qualname__", "")
     if (module in (None, "__main__") or "<" in name
             or getattr(sys.modules.get(module), name, None) is not worker):

@@ -4,7 +4,6 @@ cached blocks, the CUDA context, cuBLAS' workspace, fragmentation (PyTorch's "CU
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -16,7 +15,7 @@ import torch
 
 from course_lib import validation
 from course_lib.units import MiB, format_bytes
-from course_lib.validation import boolean, integer, number
+from course_lib.validation import boolean, integer, items, number
 
 #: The largest request :func:`probe` makes, in MiB (1 TiB), and the longest it waits, in seconds.
 MAX_PROBE_MIB = 2**20
@@ -75,19 +74,9 @@ class _Reading:
     peak_reserved: int = 0
 
     @property
-    def used(self) -> int:
-        """``total - free``: nvidia-smi's "Memory-Usage" (all processes)."""
-        return self.total - self.free
-
-    @property
     def cached(self) -> int:
         """``reserved - allocated``: held by the allocator, not by any tensor."""
         return self.reserved - self.allocated
-
-    @property
-    def outside_allocator(self) -> int:
-        """``used - reserved``: the CUDA context, loaded kernels' code, and other processes."""
-        return self.used - self.reserved
 
 
 def _read(device: torch.device | str | int | None = None) -> _Reading | _NotOnCUDA:
@@ -212,17 +201,17 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
         RuntimeError: if the probing process fails.
     """
     boolean("expandable_segments", expandable_segments)
-    if not isinstance(device, int) or isinstance(device, bool) or device < 0:
-        raise ValueError(f"device must be a CUDA device index (an int >= 0), got {device!r}")
-    sizes = _check_sizes(sizes_mib)
+    device = integer("device", device, minimum=0)
+    sizes = [integer("sizes_mib", s, minimum=1, maximum=MAX_PROBE_MIB)
+             for s in items("sizes_mib", sizes_mib, min_len=1, max_len=1024)]
     number("timeout", timeout, above=0.0, maximum=MAX_PROBE_SECONDS)
     if (missing := _not_on_cuda(device)) is not None:
         return missing
     # Read before the child starts: this process must not allocate meanwhile (it waits).
     free_before, _ = torch.cuda.mem_get_info(device)
-    command = [sys.executable, "-m", "course_lib.measurement.allocator", "--free-before-init",
-               str(int(free_before)), "--device", str(device), "--sizes-mib",
-               ",".join(map(str, sizes))]
+    code = ("import json, sys; from course_lib.measurement.allocator import _measure; "
+            "print(json.dumps(_measure(*json.loads(sys.argv[1]))))")
+    command = [sys.executable, "-c", code, json.dumps([int(free_before), device, sizes])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                           env=_alloc_conf_env(os.environ, expandable_segments))
     if done.returncode != 0:
@@ -231,15 +220,6 @@ def probe(expandable_segments: bool = False, *, device: int = 0,
     if not data.get("available", False):
         return _NotOnCUDA(data.get("reason", "not on CUDA"))
     return _Probe.from_dict(data)
-
-
-def _check_sizes(sizes_mib) -> tuple[int, ...]:
-    if (isinstance(sizes_mib, str) or not isinstance(sizes_mib, Sequence) or not sizes_mib
-            or len(sizes_mib) > 1024 or any(not isinstance(s, int) or isinstance(s, bool)
-                                            or not 1 <= s <= MAX_PROBE_MIB for s in sizes_mib)):
-        raise ValueError(f"sizes_mib must be a non-empty sequence of at most 1024 positive ints "
-                         f"of at most {MAX_PROBE_MIB:,} (MiB), got {sizes_mib!r}")
-    return tuple(sizes_mib)
 
 
 def _measure(free_before_init: int, device: int, sizes_mib: Sequence[int]) -> dict:
@@ -270,20 +250,3 @@ def _measure(free_before_init: int, device: int, sizes_mib: Sequence[int]) -> di
     stage("empty_cache")
     return {"available": True, "free_before_init": free_before_init,
             "expandable_segments": _expandable_segments_enabled(os.environ), "stages": stages}
-
-
-def _main(argv: Sequence[str] | None = None) -> int:
-    """The probing process's command line; prints its JSON object."""
-    parser = argparse.ArgumentParser(description="Measure the CUDA context, the cuBLAS workspace "
-                                     "and fragmentation in this fresh process; print JSON.")
-    parser.add_argument("--free-before-init", type=int, required=True)
-    parser.add_argument("--device", type=int, default=0)
-    parser.add_argument("--sizes-mib", default=",".join(map(str, FRAGMENTING_SIZES_MIB)))
-    args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes_mib.split(",")]  # checked by probe(), which runs this
-    print(json.dumps(_measure(args.free_before_init, args.device, sizes)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())

@@ -25,7 +25,6 @@ from course_lib.validation import (
     WrongTypeError,
     available_device,
     device as as_device,
-    fields,
     function,
     integer,
     positive_int,
@@ -468,16 +467,6 @@ class StepBreakdown:
     phase_peaks: dict
     events: list = field(repr=False)
     series: dict = field(repr=False)
-
-    def __post_init__(self):
-        fields(self, at_peak=dict, baseline=dict, peak=int, peak_phase=str, phase_peaks=dict,
-               events=list, series=dict)
-        for name in ("at_peak", "baseline"):
-            by_category = getattr(self, name)
-            if set(by_category) != set(CATEGORIES) or not all(
-                    type(n) is int and n >= 0 for n in by_category.values()):
-                raise ValueError(f"StepBreakdown.{name} must map each of {CATEGORIES} to bytes "
-                                 f"(an int >= 0), got {by_category!r:.120}")
 
     @property
     def total(self) -> int:

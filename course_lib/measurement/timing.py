@@ -4,7 +4,6 @@ interleaved, on the wall clock (which sees a GPU's work) and CPU time (steadier 
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import time
@@ -18,7 +17,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from course_lib.validation import (
     available_device as as_device,
     choice,
-    fields,
     function,
     integer,
     number,
@@ -179,25 +177,11 @@ def _kernel_class(name: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class TimeSplit:
-    """One step's seconds by kernel class (matmul, attention, fused kernel, other pointwise,
-    optimizer), on the ``"cpu"`` or ``"device"`` clock (:func:`profile_step`)."""
+class _TimeSplit:
+    """One step's seconds by kernel class, on the ``"cpu"`` or ``"device"`` clock."""
 
     seconds: dict
     clock: str
-
-    def __post_init__(self):
-        fields(self, seconds=dict, clock=("cpu", "device"))
-        for name, seconds in self.seconds.items():
-            if name not in _KERNEL_CLASSES:
-                raise ValueError(f"TimeSplit.seconds must have keys of {_KERNEL_CLASSES}, got "
-                                 f"{name!r}")
-            if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-                raise TypeError(f"TimeSplit.seconds[{name!r}] must be a number, got "
-                                f"{type(seconds).__name__}")
-            if not 0 <= seconds < math.inf:
-                raise ValueError(f"TimeSplit.seconds[{name!r}] must be a finite number of at "
-                                 f"least 0, got {seconds!r}")
 
     @property
     def total(self) -> float:
@@ -210,7 +194,7 @@ class TimeSplit:
         return {name: (t / total if total else 0.0) for name, t in self.seconds.items()}
 
 
-def _split_by_class(events: Iterable, *, device_time: bool = False) -> TimeSplit:
+def _split_by_class(events: Iterable, *, device_time: bool = False) -> _TimeSplit:
     """Profiler events' self time, each under its outermost ancestor's kernel class."""
     seconds = Counter()
     attribute = "self_device_time_total" if device_time else "self_cpu_time_total"
@@ -220,17 +204,17 @@ def _split_by_class(events: Iterable, *, device_time: bool = False) -> TimeSplit
             outermost = _kernel_class(node.name) or outermost
             node = node.cpu_parent
         seconds[outermost] += getattr(event, attribute, 0) / 1e6  # µs
-    return TimeSplit({c: seconds[c] for c in _KERNEL_CLASSES}, "device" if device_time else "cpu")
+    return _TimeSplit({c: seconds[c] for c in _KERNEL_CLASSES}, "device" if device_time else "cpu")
 
 
-def profile_step(step: Callable[[], object], *, device: str | torch.device = "cpu") -> TimeSplit:
+def profile_step(step: Callable[[], object], *, device: str | torch.device = "cpu") -> _TimeSplit:
     """Run ``step()`` (warmed up) under ``torch.profiler``: each op's own time by its outermost
     op's kernel class (the kernels' device time on CUDA, the ops' CPU time elsewhere).
     Args:
         step (callable): the step, without arguments; warm it up with a run before.
         device (torch.device or str): where it runs.
     Returns:
-        TimeSplit: the seconds by kernel class (``total``, ``shares()``).
+        the seconds by kernel class (``total``, ``shares()``).
     Raises:
         ValueError: naming ``step`` or ``device``, for one of the wrong kind.
     """

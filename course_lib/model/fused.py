@@ -21,8 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from course_lib.units import as_dtype
-from course_lib.validation import available_device as as_device
+from course_lib.validation import available_device as as_device, choice
 
 # Triton is imported on the first launch only (:func:`_kernels`): importing it costs a lecture
 # that never runs the kernel a fifth of a second, and the learner's runtime may lack it.
@@ -164,8 +163,7 @@ def source(kernel: str = "forward") -> str:
     Raises:
         ValueError: for another ``kernel``.
     """
-    if kernel not in _SOURCES:
-        raise ValueError(f"kernel must be one of {_SOURCES}, got {kernel!r}")
+    choice("kernel", kernel, _SOURCES)
     if kernel == "registration":
         text = inspect.getsource(inspect.getmodule(source))
         start = text.index('\n@torch.library.custom_op("course::bias_dropout_add"') + 1
@@ -238,10 +236,6 @@ def _reference(x: Tensor, bias: Tensor) -> Tensor:
 
 def _example(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list:
     """Seeded inputs of :func:`bias_gelu` requiring grad: ``x`` ``(2, 8, 64)`` and a bias of 64."""
-    device = as_device("device", device)
-    dtype = as_dtype(dtype)
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 8, 64, generator=generator).to(device=device, dtype=dtype)
     bias = (0.1 * torch.randn(64, generator=generator)).to(device=device, dtype=dtype)

@@ -291,9 +291,6 @@ def check_batch(model, inputs, targets, *, names: tuple = ("inputs", "targets"),
     that shape, ids in ``[0, vocab_size)`` (``ignore_index`` among targets; read only on the
     CPU). Any other module: two tensors with the same leading dimension.
     """
-    if not (isinstance(names, tuple | list) and len(names) == 2
-            and all(isinstance(n, str) for n in names)):
-        raise ValueError(f"names must be two str, got {names!r:.80}")
     x_name, y_name = names
     ignore_index = integer("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)
     tensor(x_name, inputs)

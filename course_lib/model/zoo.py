@@ -19,6 +19,7 @@ from course_lib.model.gpt import CONFIG_MAXIMUM, GPT, GPTConfig
 from course_lib.validation import (
     WrongTypeError,
     available_device as as_device,
+    boolean,
     number,
     positive_int,
     tensor,
@@ -54,8 +55,7 @@ class _LlamaConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads must divide n_heads, got n_kv_heads={self.n_kv_heads}, "
                              f"n_heads={self.n_heads}")
-        if not isinstance(self.tie_embeddings, bool):
-            raise WrongTypeError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
+        boolean("tie_embeddings", self.tie_embeddings)
         number("rope_base", self.rope_base, above=0.0, maximum=MAX_ROPE_BASE)
 
     @property
@@ -112,8 +112,6 @@ class _Llama(nn.Module):
 
     def __init__(self, config: _LlamaConfig):
         super().__init__()
-        if not isinstance(config, _LlamaConfig):
-            raise WrongTypeError(f"config must be a LlamaConfig, got {config!r}")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(_LlamaBlock(config) for _ in range(config.n_layers))

@@ -3,7 +3,7 @@ and its out-of-memory widget over :func:`oom_threshold`, whose result draws the 
 
 from __future__ import annotations
 
-import io
+import bisect
 import math
 from dataclasses import dataclass, replace
 
@@ -19,14 +19,15 @@ from course_lib.prediction import engine
 from course_lib.prediction.engine import StepMemory
 from course_lib.prediction.predict import Step, predict
 from course_lib.units import MEMORY_CATEGORIES, GiB, MiB, format_bytes
-from course_lib.validation import MAX_BATCH, WrongTypeError, choice, positive_int
-from course_lib.views.widgets import agg_figure, check_figure, live_plot
+from course_lib.validation import MAX_BATCH, WrongTypeError, choice, positive_int, text
+from course_lib.views.widgets import agg_figure, check_figure, live_plot, render_png
 
 # the widget's model widths: label -> (d_model, heads), GPT-2's sizes (50,257 tokens)
 _WIDTHS = {"768 (GPT-2 small)": (768, 12), "1024 (GPT-2 medium)": (1024, 16),
           "1280 (GPT-2 large)": (1280, 20), "1600 (GPT-2 XL)": (1600, 25),
           "2560 (2.7B-wide)": (2560, 32)}
 _MAX_SHOWN = 128
+_THRESHOLD_FIGSIZE = (9.5, 3.6)  # inches, the widget's and the figure's
 
 
 def show(fig: Figure):
@@ -39,10 +40,7 @@ def show(fig: Figure):
     """
     from IPython.display import Image
 
-    check_figure("fig", fig)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return Image(buffer.getvalue())
+    return Image(render_png(check_figure("fig", fig)))
 
 
 def _series(name: str, values, length: int | None = None) -> list[float]:
@@ -56,15 +54,13 @@ def _series(name: str, values, length: int | None = None) -> list[float]:
     return [v / MiB for v in values]
 
 
-def scaling_figure(batches, gradients, activations, seq_lens, curves: dict, *,
-                   figsize: tuple = (9.5, 3.2)) -> Figure:
+def scaling_figure(batches, gradients, activations, seq_lens, curves: dict) -> Figure:
     """Measured bytes: gradients and saved activations per batch size; activations per sequence.
 
     Args:
         batches, seq_lens (list of int): the batch sizes and the sequence lengths measured.
         gradients, activations (list of int): the bytes at each batch size.
         curves (dict): label -> saved activation bytes, one per sequence length.
-        figsize (tuple): inches.
     Returns:
         matplotlib.figure.Figure: with an Agg canvas (:func:`show` displays it).
     Raises:
@@ -76,7 +72,7 @@ def scaling_figure(batches, gradients, activations, seq_lens, curves: dict, *,
     seqs = _series("seq_lens", seq_lens)
     if not isinstance(curves, dict) or not curves:
         raise ValueError(f"curves must be a non-empty dict of label -> bytes, got {curves!r}")
-    fig = agg_figure(figsize)
+    fig = agg_figure((9.5, 3.2))
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.88, wspace=0.22)
     left, right = fig.subplots(1, 2)
     left.plot(batches, grads, "o-", color=MEMORY_CATEGORIES["gradients"].colour, label="gradients")
@@ -93,12 +89,11 @@ def scaling_figure(batches, gradients, activations, seq_lens, curves: dict, *,
     return fig
 
 
-def step_figure(steps: dict, *, figsize: tuple = (9.5, 3.2)) -> Figure:
+def step_figure(steps: dict) -> Figure:
     """One panel per training step: the bytes live after each allocation or free, by category.
 
     Args:
         steps (dict): panel title -> :class:`course_lib.measurement.memory.StepBreakdown`.
-        figsize (tuple): inches.
     Returns:
         matplotlib.figure.Figure: with an Agg canvas (:func:`show` displays it).
     Raises:
@@ -107,7 +102,7 @@ def step_figure(steps: dict, *, figsize: tuple = (9.5, 3.2)) -> Figure:
     if not isinstance(steps, dict) or not steps or not all(
             isinstance(s, StepBreakdown) for s in steps.values()):
         raise ValueError(f"steps must be a non-empty dict of title -> StepBreakdown, got {steps!r}")
-    fig = agg_figure(figsize)
+    fig = agg_figure((9.5, 3.2))
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.27, top=0.9, wspace=0.12)
     axes = fig.subplots(1, len(steps), sharey=True, squeeze=False)[0]
     top = max(max(map(sum, zip(*s.series.values()))) for s in steps.values()) / MiB
@@ -155,14 +150,12 @@ class _Threshold:
         return {"activations": m.activations, "in flight": m.transient,
                 "model states": m.model_states}
 
-    def figure(self, *, title: str | None = None, figsize: tuple = (9.5, 3.6)) -> Figure:
+    def figure(self, *, title: str | None = None) -> Figure:
         """The widget's picture of this threshold, the step's batch outlined; ``title`` is the
         first line (default: the setting, as the widget shows it). :func:`show` displays it."""
-        if title is not None and not isinstance(title, str):
-            raise WrongTypeError(f"title must be a str or None, got {title!r}")
-        fig = agg_figure(figsize)
-        _draw_threshold(_setup_threshold(fig, animated=False), self,
-                        _title(self) if title is None else title)
+        title = _title(self) if title is None else text("title", title)
+        fig = agg_figure(_THRESHOLD_FIGSIZE)
+        _draw_threshold(_setup_threshold(fig, animated=False), self, title)
         return fig
 
 
@@ -196,16 +189,11 @@ def oom_threshold(step: Step) -> _Threshold:
     def fits(b: int) -> bool:
         return peak(b).total <= step.gpu.capacity
 
-    largest = 0
-    if fits(1):
-        lo, hi = 1, 2  # fits(lo); doubling until hi does not fit
-        while hi <= MAX_BATCH and fits(hi):
-            lo, hi = hi, 2 * hi
-        hi = min(hi, MAX_BATCH + 1)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        largest = lo
+    hi = 1  # doubling until hi does not fit, then bisection between hi / 2 and hi
+    while hi <= MAX_BATCH and fits(hi):
+        hi *= 2
+    above = range(hi // 2 + 1, min(hi, MAX_BATCH + 1))
+    largest = hi // 2 + bisect.bisect_left(above, True, key=lambda b: not fits(b))
     shown = _shown(step.micro_batch_size, largest + 1)
     return _Threshold(step, tuple(peak(b) for b in range(1, shown + 1)), largest)
 
@@ -227,8 +215,7 @@ def _setup_threshold(fig: Figure, animated: bool = True) -> dict:
                         label="chosen batch")[0]
     a["title"] = fig.text(0.075, 0.97, "", fontsize=9, va="top")
     a["verdict"] = fig.text(0.075, 0.905, "", fontsize=9, va="top", weight="bold")
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("GiB")
+    ax.set(xlabel="batch size", ylabel="GiB")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     for artist in (*a["parts"], a["capacity"], a["capacity_label"], a["oom"], a["oom_label"],
                    a["batch"], a["title"], a["verdict"]):
@@ -338,4 +325,4 @@ def oom_widget(*, gpu: str = "T4", precision: str = "fp16-mixed", batch: int = 8
                                foreach=foreach))
         _draw_threshold(a, t, _title(t))
 
-    return live_plot(draw, controls, figsize=(9.5, 3.6), columns=4, setup=_setup_threshold)
+    return live_plot(draw, controls, figsize=_THRESHOLD_FIGSIZE, columns=4, setup=_setup_threshold)

@@ -12,7 +12,7 @@ from course_lib.device import GPU, GPUS
 from course_lib.model.zoo import PRESETS
 from course_lib.prediction.formulas import MAX_PARAMS, OPTIMIZERS, TrainingMemory, training_memory
 from course_lib.units import GB, MEMORY_CATEGORIES, GiB, MiB, format_bytes
-from course_lib.validation import choice, items, number, positive_int, text
+from course_lib.validation import choice, items, positive_int, text
 from course_lib.views.widgets import agg_figure, live_plot, nice_ceiling, render_png
 
 _PARTS = {name: c for name, c in MEMORY_CATEGORIES.items()  # the four model states
@@ -47,14 +47,6 @@ def _spread(fractions: list[float], gap: float) -> list[float]:
     return placed
 
 
-def _bars(name: str, bars) -> dict:
-    if not (isinstance(bars, dict) and 1 <= len(bars) <= 6 and all(
-            isinstance(k, str) and isinstance(v, TrainingMemory) for k, v in bars.items())):
-        raise ValueError(f"{name} must be a dict of one to six labels to TrainingMemory, "
-                         f"got {bars!r:.200}")
-    return bars
-
-
 def _new_figure(figsize) -> Figure:
     """A Figure on its own Agg canvas, which a notebook shows as a PNG when a cell returns it."""
     fig = agg_figure(figsize)
@@ -66,7 +58,8 @@ def _new_figure(figsize) -> Figure:
 
 def _setup_lines(fig, ax, cards: list[GPU], animated: bool) -> dict:
     """A line per GPU and its label right of the axes; only the lines are ever animated."""
-    lines = [ax.axhline(g.capacity / GiB, color=_SHORT, ls="--", lw=1) for g in cards]
+    lines = [ax.axhline(g.capacity / GiB, color=_SHORT, ls="--", lw=1, animated=animated)
+             for g in cards]
     labels = [ax.annotate(g.capacity_label.replace(" (", "\n(", 1), xy=(1.0, g.capacity / GiB),
                           xycoords=("axes fraction", "data"), xytext=(_LABEL_X, 0.5),
                           textcoords="axes fraction", va="center", fontsize=_LABEL_PT,
@@ -74,8 +67,6 @@ def _setup_lines(fig, ax, cards: list[GPU], animated: bool) -> dict:
                           arrowprops=dict(arrowstyle="-", color=_SHORT, lw=0.6,
                                           shrinkA=0, shrinkB=2, relpos=(0, 0.5)))
               for g in cards]
-    for line in lines:
-        line.set_animated(animated)
     return {"cards": cards, "lines": lines, "labels": labels}
 
 
@@ -103,8 +94,7 @@ def _setup_bars(fig, names: list[str], animated: bool, rect: tuple = _AXES) -> d
     bars = {part: ax.bar(x, [0] * len(names), width=0.55, color=colour, label=label)
             for part, (label, colour) in _PARTS.items()}
     ax.set_xticks(list(x), names, fontsize=9)
-    ax.set_xlim(-0.6, len(names) - 0.4)
-    ax.set_ylabel("GiB per GPU")
+    ax.set(xlim=(-0.6, len(names) - 0.4), ylabel="GiB per GPU")
     ax.tick_params(axis="y", labelsize=8)
     legend = fig.legend(loc="lower left", bbox_to_anchor=(rect[0] - 0.01, 0.765), ncol=2,
                         fontsize=8, frameon=False, handlelength=1.2, columnspacing=1.2)
@@ -151,33 +141,36 @@ def states_figure(bars: dict, *, gpus=None, per_param: int | None = None, title:
         >>> [label.get_text() for label in fig.axes[0].texts]  # above each bar
         ['16 bytes', '16 bytes', '8 bytes']
     """
-    _bars("bars", bars)
+    if not (isinstance(bars, dict) and 1 <= len(bars) <= 6 and all(
+            isinstance(k, str) and isinstance(v, TrainingMemory) for k, v in bars.items())):
+        raise ValueError(f"bars must be a dict of one to six labels to TrainingMemory, "
+                         f"got {bars!r:.200}")
+    scale = GiB
     if per_param is not None:
-        n = positive_int("per_param", per_param, maximum=MAX_PARAMS)
+        scale = positive_int("per_param", per_param, maximum=MAX_PARAMS)
         if gpus is not None:
             raise ValueError("gpus must be None with per_param: bytes per parameter have no GPU lines")
-        fig = _new_figure(figsize)
-        a = _setup_bars(fig, list(bars), animated=False, rect=(0.1, 0.13, 0.86, 0.62))
-        top = _set_bars(a, list(bars.values()), scale=n)
-        for i, m in enumerate(bars.values()):
-            a["ax"].text(i, m.total / n, f"{m.total / n:g} bytes", ha="center", va="bottom",
-                         fontsize=8)
-        a["ax"].set_ylim(0, 1.2 * top)
-        a["ax"].set_ylabel("bytes per parameter", fontsize=9)
-        a["title"].set_text(text("title", title))
-        return fig
-    cards = _gpus(gpus)
+    cards = _gpus(gpus) if per_param is None else []
     fig = _new_figure(figsize)
-    a = _setup_bars(fig, list(bars), animated=False)
-    a |= _setup_lines(fig, a["ax"], cards, animated=False)
-    top = _set_bars(a, list(bars.values()))
-    if len(bars) > 1:  # the parts' sizes differ per bar: the labels above the bars say totals
-        for i, m in enumerate(bars.values()):
+    a = _setup_bars(fig, list(bars), animated=False,
+                    rect=_AXES if cards else (0.1, 0.13, 0.86, 0.62))
+    if cards:
+        a |= _setup_lines(fig, a["ax"], cards, animated=False)
+    top = _set_bars(a, list(bars.values()), scale=scale)
+    for i, m in enumerate(bars.values()):
+        if not cards:
+            a["ax"].text(i, m.total / scale, f"{m.total / scale:g} bytes", ha="center",
+                         va="bottom", fontsize=8)
+        elif len(bars) > 1:  # the parts' sizes differ per bar: the labels above say totals
             a["ax"].text(i, m.total / GiB, f"{m.total / GiB:,.1f} GiB\n= {m.total / GB:,.1f} GB",
                          ha="center", va="bottom", fontsize=8, linespacing=1.1,
                          bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none"))
-    a["ax"].set_ylim(0, nice_ceiling(1.1 * max(top, cards[-1].capacity / GiB)))
     a["title"].set_text(text("title", title))
+    if not cards:
+        a["ax"].set_ylim(0, 1.2 * top)
+        a["ax"].set_ylabel("bytes per parameter", fontsize=9)
+        return fig
+    a["ax"].set_ylim(0, nice_ceiling(1.1 * max(top, cards[-1].capacity / GiB)))
     _place_labels(fig, a["ax"], a)
     return fig
 
@@ -186,14 +179,13 @@ _DTYPE_COLOURS = {"float32": "#4c72b0", "bfloat16": "#55a868", "float16": "#dd84
                  "int64": "#8c8c8c"}
 
 
-def activations_figure(saved: dict, *, title: str = "", figsize: tuple = (8.4, 2.8)) -> Figure:
+def activations_figure(saved: dict, *, title: str = "") -> Figure:
     """What autograd keeps for the backward pass, by dtype: a bar per recipe, its total and its
     ratio to the first.
 
     Args:
         saved (dict): label -> ``{dtype name: bytes}``, one to six, the first the reference.
         title (str): the figure's title.
-        figsize (tuple): inches.
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
     Raises:
@@ -205,7 +197,7 @@ def activations_figure(saved: dict, *, title: str = "", figsize: tuple = (8.4, 2
             for k, v in saved.items())):
         raise ValueError(f"saved must be a dict of one to six labels to {{dtype name: bytes}}, "
                          f"got {saved!r:.200}")
-    fig = _new_figure(figsize)
+    fig = _new_figure((8.4, 2.8))
     ax = fig.add_axes((0.16, 0.2, 0.62, 0.62))
     names = list(saved)[::-1]  # the first recipe on top
     reference = sum(next(iter(saved.values())).values())
@@ -231,40 +223,33 @@ def activations_figure(saved: dict, *, title: str = "", figsize: tuple = (8.4, 2
     return fig
 
 
-def zero_figure(n_params: int, *, precision: str = "bf16-mixed", optimizer: str = "adamw",
-                world_sizes=WORLD_SIZES, gpus=None, title: str = "",
-                figsize: tuple = (8.4, 4.4)) -> Figure:
+def zero_figure(n_params: int, *, title: str = "") -> Figure:
     """Model states per GPU under ZeRO stages 0-3 (Rajbhandari et al. 2020) against the number
-    of data-parallel GPUs, log-log: stage 3 falls as ``1/N``; stages 1 and 2 level off.
+    of data-parallel GPUs (:data:`WORLD_SIZES`), log-log, with mixed-precision AdamW, against
+    every GPU: stage 3 falls as ``1/N``; stages 1 and 2 level off.
 
     Args:
         n_params (int): parameters, as for ``training_memory``.
-        precision, optimizer (str): as for ``training_memory``.
-        world_sizes (list of int): the numbers of GPUs on the x axis, at least two.
-        gpus (list, optional): as for :func:`states_figure`.
         title (str): the figure's title.
-        figsize (tuple): inches.
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
     Raises:
         ValueError: naming the argument, for a bad value.
     Example:
-        >>> fig = zero_figure(6_738_415_616, gpus=["T4", "A100 80GB"])  # Llama 2 7B
+        >>> fig = zero_figure(6_738_415_616)  # Llama 2 7B
         >>> [f"{line.get_ydata()[-1]:.1f}" for line in fig.axes[0].lines[:4]]  # GiB, 1024 GPUs
         ['100.4', '25.2', '12.6', '0.1']
     """
-    sizes = sorted(positive_int("world_sizes", n, maximum=2**24)
-                   for n in items("world_sizes", world_sizes, min_len=2, max_len=64))
-    per_stage = {stage: [training_memory(n_params, optimizer=optimizer, precision=precision,
-                                         zero_stage=stage, world_size=n).total / GiB
-                         for n in sizes] for stage in range(4)}
-    cards = _gpus(gpus)
-    fig = _new_figure(figsize)
+    per_stage = {stage: [training_memory(n_params, precision="bf16-mixed", zero_stage=stage,
+                                         world_size=n).total / GiB
+                         for n in WORLD_SIZES] for stage in range(4)}
+    cards = _gpus(None)
+    fig = _new_figure((8.4, 4.4))
     ax = fig.add_axes((_AXES[0], _AXES[1], _AXES[2], 0.76))
     for stage, values in per_stage.items():
-        ax.plot(sizes, values, marker="o", ms=3, label=f"stage {stage}")
+        ax.plot(WORLD_SIZES, values, marker="o", ms=3, label=f"stage {stage}")
     ax.set(xscale="log", yscale="log")
-    ax.set_xticks(sizes, [str(n) for n in sizes], fontsize=8)
+    ax.set_xticks(WORLD_SIZES, [str(n) for n in WORLD_SIZES], fontsize=8)
     ax.minorticks_off()
     ax.tick_params(axis="y", labelsize=8)
     ax.set_xlabel("data-parallel GPUs N", fontsize=9)
@@ -279,17 +264,15 @@ def zero_figure(n_params: int, *, precision: str = "bf16-mixed", optimizer: str 
     return fig
 
 
-def _setup_calculator(fig, animated: bool = True) -> dict:
-    a = _setup_bars(fig, ["per GPU"], animated)
-    return a | _setup_lines(fig, a["ax"], _gpus(None), animated)
+def _setup_calculator(fig) -> dict:
+    a = _setup_bars(fig, ["per GPU"], animated=True)
+    return a | _setup_lines(fig, a["ax"], _gpus(None), animated=True)
 
 
 def _draw_calculator(a: dict, billions: float, optimizer: str, precision: str, zero_stage: int,
                      world_size: int) -> None:
-    billions = number("billions", billions, above=0.0, maximum=MAX_PARAMS / 1e9)
-    n = positive_int("billions", round(billions * 1e9), maximum=MAX_PARAMS)
-    m = training_memory(n, optimizer=optimizer, precision=precision, zero_stage=zero_stage,
-                        world_size=world_size)
+    m = training_memory(round(billions * 1e9), optimizer=optimizer, precision=precision,
+                        zero_stage=zero_stage, world_size=world_size)
     top = _set_bars(a, [m])
     a["ax"].set_ylim(0, nice_ceiling(1.1 * max(top, a["cards"][-1].capacity / GiB)))
     _place_labels(a["fig"], a["ax"], a, fits=lambda card: m.total <= card.capacity)
@@ -304,28 +287,18 @@ def _draw_calculator(a: dict, billions: float, optimizer: str, precision: str, z
            else f"fit on {', '.join(fitting)}" if fitting else "fit on none of these GPUs"))
 
 
-def _calculator_figure(billions: float, *, optimizer: str = "adamw",
-                       precision: str = "bf16-mixed", zero_stage: int = 0, world_size: int = 1,
-                       figsize: tuple = (8.4, 4.4)) -> Figure:
-    """The calculator's picture of one setting, as a static figure."""
-    choice("precision", precision, tuple(_PRECISIONS.values()))
-    fig = _new_figure(figsize)
-    _draw_calculator(_setup_calculator(fig, animated=False), billions, optimizer, precision,
-                     zero_stage, world_size)
-    return fig
+def _labelled(description: str, pixels: int) -> dict:
+    """A control's label, shown whole, and its width."""
+    return dict(description=description, style={"description_width": "initial"},
+                layout=widgets.Layout(width=f"{pixels}px"))
 
 
-def _width(pixels: int) -> widgets.Layout:
-    return widgets.Layout(width=f"{pixels}px")
-
-
-def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> widgets.VBox:
+def calculator(preset: str = "Llama 2 7B") -> widgets.VBox:
     """Lecture 01's calculator: ``training_memory`` per GPU for a model size (0.1 to 1000
     billion), optimizer, precision, ZeRO stage and GPUs, against every GPU (green: it fits).
 
     Args:
         preset (str): the model shown first, a name of :data:`course_lib.model.zoo.PRESETS`.
-        figsize (tuple): inches.
     Returns:
         ipywidgets.VBox: the preset menu above the view (``box.view``, a ``live_plot`` box).
     Raises:
@@ -342,13 +315,11 @@ def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> wi
     sizes = {f"{10 ** (e / 20):.3g}": 10 ** (e / 20) for e in range(-20, 61)}
     sizes.update({f"{p.published_params / 1e9:.4g} ({name})": p.published_params / 1e9
                   for name, p in PRESETS.items()})
-    wide = {"description_width": "initial"}
     size = widgets.SelectionSlider(options=sorted(sizes.items(), key=lambda item: item[1]),
-                                   value=start, description="parameters (billions)",
-                                   style=wide, layout=_width(480))
+                                   value=start, **_labelled("parameters (billions)", 480))
     menu = widgets.Dropdown(options=[("custom size", None)] + [
         (name, p.published_params / 1e9) for name, p in PRESETS.items()],
-        value=start, description="model", style=wide, layout=_width(260))
+        value=start, **_labelled("model", 260))
 
     def use_preset(change):
         if change["new"] is not None:
@@ -363,16 +334,14 @@ def calculator(preset: str = "Llama 2 7B", *, figsize: tuple = (8.4, 4.4)) -> wi
     view = live_plot(_draw_calculator, {
         "billions": size,
         "optimizer": widgets.Dropdown(options=list(OPTIMIZERS), value="adamw",
-                                      description="optimizer", style=wide, layout=_width(220)),
-        "precision": widgets.Dropdown(options=list(_PRECISIONS.items()),
-                                      value="bf16-mixed", description="precision", style=wide,
-                                      layout=_width(300)),
-        "zero_stage": widgets.Dropdown(options=[0, 1, 2, 3], value=0, description="ZeRO stage",
-                                       style=wide, layout=_width(160)),
+                                      **_labelled("optimizer", 220)),
+        "precision": widgets.Dropdown(options=list(_PRECISIONS.items()), value="bf16-mixed",
+                                      **_labelled("precision", 300)),
+        "zero_stage": widgets.Dropdown(options=[0, 1, 2, 3], value=0,
+                                       **_labelled("ZeRO stage", 160)),
         "world_size": widgets.Dropdown(options=list(WORLD_SIZES), value=1,
-                                       description="data-parallel GPUs", style=wide,
-                                       layout=_width(220)),
-    }, setup=_setup_calculator, figsize=figsize, columns=2)
+                                       **_labelled("data-parallel GPUs", 220)),
+    }, setup=_setup_calculator, figsize=(8.4, 4.4), columns=2)
     box = widgets.VBox([menu, view])
     box.view = view
     return box

@@ -15,7 +15,7 @@ from course_lib.prediction import checkpointed, engine
 from course_lib.prediction.predict import Prediction, Step, predict
 from course_lib.training import checkpointing as ckpt
 from course_lib.units import MEMORY_CATEGORIES, GiB, MiB, format_bytes
-from course_lib.validation import MAX_BATCH, choice, integer, positive_int
+from course_lib.validation import choice, integer
 from course_lib.views.widgets import live_plot
 
 # The explorer's checkpointing modes (of enable_checkpointing) -> how its menu names them.
@@ -53,15 +53,15 @@ def _slope(depths, values) -> float:
     return float(np.polyfit(np.log(depths), np.log(values), 1)[0])
 
 
-def plot_depths(ax, depths, measured: dict, predicted: dict | None = None) -> None:
-    """Peak bytes against depth (log-log) per label, the engine's dashed; slopes in the legend.
+def plot_depths(ax, depths, measured: dict) -> None:
+    """Measured peak bytes against depth (log-log) per label; slopes in the legend.
 
     Args:
         ax (matplotlib.axes.Axes): where to draw.
         depths (sequence of int): the layers measured.
-        measured, predicted (dict): label -> bytes per depth (``predicted`` optional, dashed).
+        measured (dict): label -> bytes per depth.
     Raises:
-        ValueError: naming ``depths``, ``measured`` or ``predicted``.
+        ValueError: naming ``depths`` or ``measured``.
     """
     if len(depths) < 2 or min(depths) <= 0:
         raise ValueError(f"depths must hold at least two positive numbers, got {depths!r}")
@@ -69,20 +69,15 @@ def plot_depths(ax, depths, measured: dict, predicted: dict | None = None) -> No
             len(v) != len(depths) or min(v) <= 0 for v in measured.values()):
         raise ValueError(f"measured must be a non-empty dict of positive bytes per depth, got "
                          f"{measured!r}")
-    if predicted is not None and (not isinstance(predicted, dict) or set(predicted) - set(measured)):
-        raise ValueError("predicted must be a dict with the labels of measured, or None")
     for i, (name, values) in enumerate(measured.items()):
         deep = _slope(depths[-2:], values[-2:])
         ax.loglog(depths, np.array(values) / MiB, "o-", color=_COLORS.get(name, f"C{i}"), ms=4, lw=2.5,
                   label=f"{name}: slope {_slope(depths, values):.2f}, "
                         f"{deep:.2f} at {depths[-2]}-{depths[-1]}")
-    for name, values in (predicted or {}).items():
-        ax.loglog(depths, np.array(values) / MiB, "--", color="k", lw=0.9,
-                  label="the memory engine" if name == next(iter(predicted)) else None)
     low = min(min(v) for v in measured.values()) / MiB
     high = max(max(v) for v in measured.values()) / MiB
-    ticks = [t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
-                         10000, 20000, 50000) if low / 1.5 <= t <= high * 1.5]
+    ticks = [t for t in (m * 10.0**e for e in range(-1, 5) for m in (1, 2, 5))  # 1-2-5 MiB
+             if low / 1.5 <= t <= high * 1.5]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax.set_xticks(list(depths), [str(n) for n in depths])
     ax.minorticks_off()
@@ -97,28 +92,16 @@ class _Setting:
 
     gpu: GPU
     precision: str
-    layers: int
-    mode: str
     segments: int | None
     best_segments: int
     memory: Prediction
     plain: Prediction
     flop_ratio: float
 
-    @property
-    def fits(self) -> bool:
-        """Whether the step's peak fits in the card's capacity."""
-        return self.memory.total <= self.gpu.capacity
-
 
 def _explore(gpu: str = "T4", layers: int = 48, mode: str = "blocks",
              segments: int = 8, batch_size: int = 6) -> _Setting:
     """Predict one AdamW step of the explorer's model under autocast in the card's dtype."""
-    choice("gpu", gpu, tuple(GPUS))
-    layers = positive_int("layers", layers, maximum=_MAX_LAYERS)
-    choice("mode", mode, tuple(_CHOICES))
-    segments = positive_int("segments", segments, maximum=_MAX_LAYERS)
-    batch_size = positive_int("batch_size", batch_size, maximum=MAX_BATCH)
     card = GPUS[gpu]
     precision = "autocast-bf16" if pick_dtype(card) == torch.bfloat16 else "autocast-fp16"
     config = GPTConfig(**_GPT2_SMALL, n_layers=layers)
@@ -128,8 +111,7 @@ def _explore(gpu: str = "T4", layers: int = 48, mode: str = "blocks",
     memory = predict(replace(plain, mode=mode, segments=k))
     cost = checkpointed.checkpoint_cost(config, batch_size, mode, segments=k, **kernel)
     best = ckpt.best_segments(layers, checkpointed.block_ratio(config, batch_size, **kernel))
-    return _Setting(card, precision, layers, mode, k, best, memory, predict(plain),
-                    cost.flop_ratio)
+    return _Setting(card, precision, k, best, memory, predict(plain), cost.flop_ratio)
 
 
 def _setup(fig) -> dict:
@@ -142,9 +124,8 @@ def _setup(fig) -> dict:
     a["labels"] = [mem.text(i, 0, "", ha="center", va="bottom", fontsize=9) for i in (0, 1)]
     a["card"] = mem.axhline(0, color="k", ls="--", lw=1)
     a["card_text"] = mem.text(3.15, 0, "", ha="right", va="bottom", fontsize=8.5)
-    mem.set_xlim(-0.5, 3.2)
+    mem.set(xlim=(-0.5, 3.2), ylabel="GiB at the step's peak")
     mem.set_xticks([0, 1], ["no checkpointing", "this setting"], fontsize=9)
-    mem.set_ylabel("GiB at the step's peak")
     mem.tick_params(labelsize=8.5)
     fig.legend(handles=list(a["parts"].values()), loc="upper center", ncol=6, fontsize=8.5,
                frameon=False, bbox_to_anchor=(0.5, 0.89))
@@ -152,10 +133,8 @@ def _setup(fig) -> dict:
     a["flops"] = flops.bar([1], [0], width=0.6, color="#dd8452")[0]
     a["flops_labels"] = [flops.text(i, 0, "", ha="center", va="bottom", fontsize=9)
                          for i in (0, 1)]
-    flops.set_xlim(-0.5, 1.5)
-    flops.set_ylim(0, 1.6)
+    flops.set(xlim=(-0.5, 1.5), ylim=(0, 1.6), ylabel="compute, x no checkpointing")
     flops.set_xticks([0, 1], ["none", "this"], fontsize=9)
-    flops.set_ylabel("compute, x no checkpointing")
     flops.tick_params(labelsize=8.5)
     flops.set_title("time if compute-bound", fontsize=9)
     for artist in (a["plain"], *a["parts"].values(), *a["labels"], a["card"], a["card_text"],
@@ -189,7 +168,7 @@ def _draw(a: dict, gpu: str, layers: int, mode: str, segments: int,
         text.set_text(f"x{ratio:.2f}")
     how = {"none": "no checkpointing", "blocks": "every block checkpointed",
            "sqrt": f"{s.segments} segments"}[mode]
-    verdict = "fits" if s.fits else "does NOT fit"
+    verdict = "fits" if s.memory.total <= s.gpu.capacity else "does NOT fit"
     a["title"].set_text(
         f"{layers} layers, batch {batch_size}, {s.precision} on the {gpu}, {how}: "
         f"peak {format_bytes(s.memory.total)}, {verdict}\n"
@@ -211,8 +190,10 @@ def explorer(*, gpu: str = "T4", layers: int = 48, mode: str = "blocks",
     Raises:
         ValueError: naming the argument, for a value outside the sliders' ranges.
     """
-    _explore(gpu, layers, mode, segments, batch_size)  # checks the arguments
+    choice("gpu", gpu, tuple(GPUS))
+    choice("mode", mode, tuple(_CHOICES))
     for name, value, low, high in (("layers", layers, 4, _MAX_LAYERS),
+                                   ("segments", segments, 1, _MAX_LAYERS),
                                    ("batch_size", batch_size, 1, 32)):
         integer(name, value, minimum=low, maximum=high)  # the slider's range
     style = {"description_width": "initial"}

@@ -12,7 +12,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from course_lib.device import GPUS
-from course_lib.model.gpt import GPTConfig, check_config
+from course_lib.model.gpt import GPTConfig
 from course_lib.planning import fit_ladder
 from course_lib.prediction.engine import StepMemory
 from course_lib.units import MEMORY_CATEGORIES, GiB, MiB, format_bytes
@@ -38,15 +38,14 @@ _FREE, _PAID, _NOTHING, _PLAIN = "#55a868", "#dd8452", "#c8c8c8", "0.45"
 _LADDER_FIGSIZE = (9.5, 4.2)  # inches: the widget, its controls and its climb in one screen
 
 
-def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | None = None,
-                      figsize: tuple = (9.5, 2.9)) -> Figure:
+def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *,
+                      fig: Figure | None = None) -> Figure:
     """One bar per job (label -> ``predict(step).peak``, at most 4) by part, against ``gpu``.
 
     Args:
         jobs (dict): a label per job -> its ``predict(step).peak``, at most 4 jobs.
         gpu (str): the preset whose memory the dashed line shows.
         fig (Figure, optional): an empty figure to draw on; None makes one with an Agg canvas.
-        figsize (tuple): inches, for a figure made here.
     Returns:
         matplotlib.figure.Figure: the figure drawn on.
     Raises:
@@ -57,7 +56,7 @@ def peak_parts_figure(jobs: dict[str, StepMemory], gpu: str, *, fig: Figure | No
         raise ValueError(f"jobs must map 1 to 4 labels to StepMemory peaks, got {jobs!r:.80}")
     card = GPUS[choice("gpu", gpu, tuple(GPUS))]
     budget = card.capacity
-    fig = agg_figure(figsize) if fig is None else check_figure("fig", fig)
+    fig = agg_figure((9.5, 2.9)) if fig is None else check_figure("fig", fig)
     ax = fig.subplots()
     fig.subplots_adjust(left=0.2, right=0.97, top=0.9, bottom=0.42)
     rows = list(jobs.items())
@@ -93,14 +92,12 @@ def _curves(name: str, value, length: int | None = None) -> dict[str, list[float
     return out
 
 
-def chunked_loss_figure(vocabs, measured: dict, predicted: dict, *,
-                        figsize: tuple = (6.5, 2.8)) -> Figure:
+def chunked_loss_figure(vocabs, measured: dict, predicted: dict) -> Figure:
     """A step's peak against the vocabulary (log x), per loss: measured dots, predicted lines.
 
     Args:
         vocabs (list of int): the vocabulary sizes, the x axis.
         measured, predicted (dict): each loss's label -> bytes per vocabulary.
-        figsize (tuple): inches.
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
     Raises:
@@ -118,7 +115,7 @@ def chunked_loss_figure(vocabs, measured: dict, predicted: dict, *,
     if set(predicted) != set(measured):
         raise ValueError(f"predicted must have measured's labels {sorted(measured)}, "
                          f"got {sorted(predicted)}")
-    fig = agg_figure(figsize)
+    fig = agg_figure((6.5, 2.8))
     ax = fig.subplots()
     fig.subplots_adjust(left=0.11, right=0.97, top=0.95, bottom=0.19)
     for i, name in enumerate(measured):
@@ -134,17 +131,16 @@ def chunked_loss_figure(vocabs, measured: dict, predicted: dict, *,
     return fig
 
 
-def offload_price_figure(seconds: dict, *, figsize: tuple = (6.5, 2.1)) -> Figure:
+def offload_price_figure(seconds: dict) -> Figure:
     """Per card, one step's predicted seconds: plain, plus what activation offloading adds;
     each card's link to the host (:attr:`course_lib.device.GPU.host_link`) under its name.
 
     Args:
         seconds (dict): one to six presets -> ``(plain, offloaded)`` seconds of one step.
-        figsize (tuple): inches.
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
     Raises:
-        ValueError: naming ``seconds`` or ``figsize``, for a bad value.
+        ValueError: naming ``seconds``, for a bad value.
     Example:
         >>> fig = offload_price_figure({"T4": (5.5, 8.8), "H100 80GB": (0.66, 1.5)})
         >>> [label.get_text() for label in fig.axes[0].texts]  # after each bar: the price
@@ -162,7 +158,7 @@ def offload_price_figure(seconds: dict, *, figsize: tuple = (6.5, 2.1)) -> Figur
             raise ValueError(f"seconds[{gpu!r}] must not be faster with offloading, got "
                              f"{plain} then {offloaded}")
         rows.append((f"{gpu}\n{GPUS[gpu].host_link / 1e9:.0f} GB/s to the host", plain, offloaded))
-    fig = agg_figure(figsize)
+    fig = agg_figure((6.5, 2.1))
     ax = fig.subplots()
     fig.subplots_adjust(left=0.22, right=0.97, top=0.97, bottom=0.36)
     y = range(len(rows))
@@ -179,17 +175,16 @@ def offload_price_figure(seconds: dict, *, figsize: tuple = (6.5, 2.1)) -> Figur
     return fig
 
 
-def loss_curves_figure(curves: dict, floor: float, *, figsize: tuple = (6.5, 3.6)) -> Figure:
+def loss_curves_figure(curves: dict, floor: float) -> Figure:
     """Loss curves of one to six runs (label -> loss per step) over ``floor``, the best possible.
 
     Args:
         curves (dict): each run's label -> its loss per optimizer step.
         floor (float): the best possible loss (the toy language's entropy), dotted.
-        figsize (tuple): inches.
     Returns:
         matplotlib.figure.Figure: with an Agg canvas.
     Raises:
-        ValueError: naming ``curves``, ``floor`` or ``figsize``, for a bad value.
+        ValueError: naming ``curves`` or ``floor``, for a bad value.
     Example:
         >>> fig = loss_curves_figure({"fp32 AdamW": [2.0, 1.2, 0.9]}, floor=0.69)
         >>> fig.axes[0].get_legend_handles_labels()[1]
@@ -197,7 +192,7 @@ def loss_curves_figure(curves: dict, floor: float, *, figsize: tuple = (6.5, 3.6
     """
     curves = _curves("curves", curves)
     floor = number("floor", floor, minimum=0.0)
-    fig = agg_figure(figsize)
+    fig = agg_figure((6.5, 3.6))
     ax = fig.subplots()
     # The legend sits under the axes: the curves meet near the floor, where it would cover them.
     fig.subplots_adjust(left=0.1, right=0.97, top=0.96, bottom=0.42)
@@ -332,33 +327,30 @@ def climb_text(result: fit_ladder.Ladder) -> str:
     return "\n".join(lines)
 
 
-def ladder_figure(result: fit_ladder.Ladder, model: str = "", *, fig: Figure | None = None,
-                  figsize: tuple = _LADDER_FIGSIZE) -> Figure:
+def ladder_figure(result: fit_ladder.Ladder, model: str = "", *,
+                  fig: Figure | None = None) -> Figure:
     """The explorer's chart of one ladder as a static figure, ``model`` named in its title.
 
     Args:
         result (Ladder): what :func:`course_lib.planning.fit_ladder.ladder` returned.
         model (str): the model's name in the title.
         fig (Figure, optional): an empty figure to draw on; None makes one with an Agg canvas.
-        figsize (tuple): inches, for a figure made here.
     Returns:
         matplotlib.figure.Figure: the figure drawn on.
     """
     _check_ladder(result)
-    fig = agg_figure(figsize) if fig is None else check_figure("fig", fig)
+    fig = agg_figure(_LADDER_FIGSIZE) if fig is None else check_figure("fig", fig)
     _draw(_setup(fig, animated=False), result, model or "the model")
     return fig
 
 
-def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
-                    model: str = "GPT-2 medium (350M)", gpu: str = "T4", seq_len: int = 1024,
+def ladder_explorer(*, model: str = "GPT-2 medium (350M)", gpu: str = "T4", seq_len: int = 1024,
                     batch_size: int = 16) -> widgets.VBox:
     """Lecture 08's widget: :func:`ladder_figure` and :func:`climb_text` for the chosen setting.
 
     Args:
-        models (dict, optional): name -> ``GPTConfig`` allowing ``seq_len`` 8192 (default
-            :data:`LADDER_MODELS`).
-        model, gpu (str): the model and the preset first shown.
+        model (str): the model first shown, a name of :data:`LADDER_MODELS`.
+        gpu (str): the preset first shown.
         seq_len (int): tokens per sequence first shown, a power of two, 512 to 8192.
         batch_size (int): sequences per optimizer step first shown, a power of two, 1 to 64.
     Returns:
@@ -366,15 +358,7 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
     Raises:
         ValueError: naming the argument, for a choice that is not offered.
     """
-    models = LADDER_MODELS if models is None else models
-    if not isinstance(models, dict) or not models:
-        raise ValueError(f"models must map at least one name to a GPTConfig, got {models!r:.80}")
-    for name, config in models.items():
-        check_config(config, f"models[{name!r}]")
-        if config.seq_len < max(_SEQ_LENS):  # the slider offers every length to every model
-            raise ValueError(f"models[{name!r}] must allow seq_len {max(_SEQ_LENS)} (the slider's "
-                             f"longest), got config.seq_len={config.seq_len}")
-    choice("model", model, tuple(models))
+    choice("model", model, tuple(LADDER_MODELS))
     choice("gpu", gpu, tuple(GPUS))
     for name, value, options in (("seq_len", seq_len, _SEQ_LENS),
                                  ("batch_size", batch_size, _BATCHES)):
@@ -383,12 +367,13 @@ def ladder_explorer(models: dict[str, GPTConfig] | None = None, *,
     wide = {"description_width": "initial"}
 
     def draw(artists, model, gpu, seq_len, batch_size):
-        result = fit_ladder.ladder(models[model], gpu, batch_size=batch_size, seq_len=seq_len)
+        result = fit_ladder.ladder(LADDER_MODELS[model], gpu, batch_size=batch_size,
+                                   seq_len=seq_len)
         _draw(artists, result, model)
         print(climb_text(result))
 
     controls = {
-        "model": widgets.Dropdown(options=list(models), value=model, description="model",
+        "model": widgets.Dropdown(options=list(LADDER_MODELS), value=model, description="model",
                                   style=wide),
         "gpu": widgets.Dropdown(options=list(GPUS), value=gpu, description="GPU", style=wide),
         "seq_len": widgets.SelectionSlider(options=list(_SEQ_LENS), value=seq_len,

@@ -11,7 +11,6 @@ from matplotlib.transforms import Bbox
 
 from course_lib.planning import planner
 from course_lib.units import format_bytes
-from course_lib.validation import integer
 from course_lib.views.widgets import live_plot, unit_of
 
 _FONT = 8  # points: readable at 1280 px with the sidebar open
@@ -24,9 +23,8 @@ _OFFSETS = [(6, 3), (-6, 3), (6, -11), (-6, -11), (0, 9), (0, -17), (10, 12), (-
 
 def _overlap(a, b) -> float:
     """The area two display boxes share (0 if they are apart)."""
-    w = min(a.x1, b.x1) - max(a.x0, b.x0)
-    h = min(a.y1, b.y1) - max(a.y0, b.y0)
-    return w * h if w > 0 and h > 0 else 0.0
+    both = Bbox.intersection(a, b)
+    return both.width * both.height if both is not None else 0.0
 
 
 def _obstacles(ax: Axes, renderer, pad: float) -> tuple[list, np.ndarray]:
@@ -175,18 +173,14 @@ def draw_frontier(ax: Axes, points, front_labels) -> None:
     _place_labels(ax, [(p[0] / unit, p[1]) for p in points], [p[2] for p in points])
 
 
-def planner_widget(step, *, percent: int = 60) -> widgets.VBox:
-    """The planner's pick for a budget, ``percent`` of the peak without checkpointing at first.
+def planner_widget(step) -> widgets.VBox:
+    """The planner's pick for a budget, set in % of the peak without checkpointing (60 at first).
 
     Args:
         step (Step): the step to plan.
-        percent (int): the budget shown first, from 10 to 100.
     Returns:
         ipywidgets.VBox: :func:`course_lib.views.widgets.live_plot`'s box.
-    Raises:
-        ValueError: naming ``percent``, for a value out of range.
     """
-    percent = integer("percent", percent, minimum=10, maximum=100)
     options = planner.candidates(step)
     shown = planner.choices(options)
     none = next(c for c in options if c.step.mode == "none")
@@ -234,7 +228,7 @@ def planner_widget(step, *, percent: int = 60) -> widgets.VBox:
         note.set_x(x)
         note.set_horizontalalignment("right" if budget > 70 else "left")
 
-    slider = widgets.IntSlider(value=percent, min=10, max=100, step=1,
+    slider = widgets.IntSlider(value=60, min=10, max=100, step=1,
                                description="budget, % of the peak without checkpointing",
                                style={"description_width": "initial"},
                                layout=widgets.Layout(width="560px"))

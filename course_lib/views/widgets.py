@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from course_lib.units import GiB, MiB
-from course_lib.validation import number
+from course_lib.validation import function, integer, number
 
 #: The widest or tallest figure ``live_plot`` draws, in inches.
 MAX_INCHES = 50
@@ -30,14 +30,11 @@ MAX_INCHES = 50
 def _check_figsize(figsize) -> tuple[float, float]:
     """``(width, height)`` as floats, if ``figsize`` is two positive inches up to MAX_INCHES."""
     try:
-        ok = isinstance(figsize, tuple | list) and len(figsize) == 2 and all(
-            number("figsize", x, above=0.0, maximum=MAX_INCHES) for x in figsize)
-    except ValueError:
-        ok = False
-    if not ok:
+        width, height = (number("figsize", x, above=0.0, maximum=MAX_INCHES) for x in figsize)
+    except (TypeError, ValueError):
         raise ValueError(f"figsize must be two positive numbers, at most {MAX_INCHES} (inches), "
-                         f"got {figsize!r:.80}")
-    return float(figsize[0]), float(figsize[1])
+                         f"got {figsize!r:.80}") from None
+    return width, height
 
 
 def chosen_values(controls: dict) -> dict:
@@ -62,7 +59,7 @@ def check_figure(name: str, fig) -> Figure:
 def agg_figure(figsize) -> Figure:
     """A Figure of ``figsize`` inches (checked) on its own Agg canvas, without pyplot."""
     fig = Figure(figsize=_check_figsize(figsize))
-    FigureCanvasAgg(fig)
+    FigureCanvasAgg(fig)  # one canvas, one renderer: its text-metric cache outlives a redraw
     return fig
 
 
@@ -77,11 +74,18 @@ def show_error(exc: Exception) -> None:
     print(f"⚠ {kind}{exc}")
 
 
-class _Backgrounds:
+def _legend_texts(legend) -> tuple:
+    """The texts of a legend in the background (none for no legend or an animated one)."""
+    still = legend is not None and not legend.get_animated()
+    return tuple(t.get_text() for t in legend.get_texts()) if still else ()
+
+
+class _Backgrounds(OrderedDict):
     """The still (not animated) part of a figure, rendered, for its last ``size`` states."""
 
     def __init__(self, size: int = 8):
-        self.size, self.saved = size, OrderedDict()
+        super().__init__()
+        self.size = size
 
     @staticmethod
     def key(fig: Figure) -> tuple:
@@ -92,36 +96,16 @@ class _Backgrounds:
             parts += [ax.viewLim.bounds, ax.get_xscale(), ax.get_yscale(),
                       *(t.get_text() for t in texts if not t.get_animated()),
                       tuple(ax.get_xticks()), tuple(ax.get_yticks())]
-            for axis in (ax.xaxis, ax.yaxis):
-                formatter = axis.get_major_formatter()
-                parts.append(tuple(getattr(formatter, "seq", ())))
+            parts += [tuple(getattr(axis.get_major_formatter(), "seq", ()))
+                      for axis in (ax.xaxis, ax.yaxis)]
             parts += [(t.get_text(), t.get_position(), str(t.get_color()), getattr(t, "xy", None))
                       for t in ax.texts if not t.get_animated()]
             parts += [(line.get_xydata().tobytes(), str(line.get_color()), line.get_linestyle(),
                        line.get_linewidth()) for line in ax.lines if not line.get_animated()]
-            parts.append(_Backgrounds._legend_texts(ax.get_legend()))
+            parts.append(_legend_texts(ax.get_legend()))
         parts += [t.get_text() for t in fig.texts if not t.get_animated()]
-        parts += [_Backgrounds._legend_texts(legend) for legend in fig.legends]
+        parts += [_legend_texts(legend) for legend in fig.legends]
         return tuple(parts)
-
-    @staticmethod
-    def _legend_texts(legend) -> tuple:
-        """The texts of a legend in the background (none for no legend or an animated one)."""
-        if legend is None or legend.get_animated():
-            return ()
-        return tuple(t.get_text() for t in legend.get_texts())
-
-    def get(self, key):
-        """The background saved under ``key`` (now the most recently used), or None."""
-        if key in self.saved:
-            self.saved.move_to_end(key)
-        return self.saved.get(key)
-
-    def put(self, key, region) -> None:
-        """Save ``region`` under ``key``, dropping the least recently used beyond ``size``."""
-        self.saved[key] = region
-        while len(self.saved) > self.size:
-            self.saved.popitem(last=False)
 
 
 def nice_ceiling(x: float) -> float:
@@ -141,12 +125,14 @@ def render_png(fig: Figure, backgrounds: _Backgrounds | None = None) -> bytes:
         return buffer.getvalue()
     canvas = fig.canvas
     key = backgrounds.key(fig)
-    region = backgrounds.get(key)
-    if region is None:
-        canvas.draw()  # everything but the animated artists
-        backgrounds.put(key, canvas.copy_from_bbox(fig.bbox))
+    if key in backgrounds:
+        backgrounds.move_to_end(key)  # now the most recently used
+        canvas.restore_region(backgrounds[key])
     else:
-        canvas.restore_region(region)
+        canvas.draw()  # everything but the animated artists
+        backgrounds[key] = canvas.copy_from_bbox(fig.bbox)
+        if len(backgrounds) > backgrounds.size:
+            backgrounds.popitem(last=False)  # the least recently used
     for artist in sorted(animated, key=lambda a: a.get_zorder()):
         fig.draw_artist(artist)
     return _png_bytes(np.asarray(canvas.buffer_rgba()))
@@ -167,21 +153,20 @@ def _png_bytes(rgba: np.ndarray) -> bytes:
 
 
 def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
-              figsize: tuple[float, float] = (7.0, 3.5), layout: str | None = None,
-              columns: int = 3, setup: Callable | None = None) -> widgets.VBox:
+              figsize: tuple[float, float] = (7.0, 3.5), columns: int = 3,
+              setup: Callable | None = None) -> widgets.VBox:
     """Controls over a figure that ``draw(fig, **values)`` redraws on every change.
 
     ``draw`` draws on the cleared ``fig`` it is given (``fig.subplots()``), never through pyplot;
     an exception shows its message in place of the figure. With ``setup(fig) -> artists``, called
     once, ``draw(artists, **values)`` only sets their data, and the artists marked
     ``set_animated(True)`` are drawn over a kept picture of the rest (blitting; see
-    ``benchmarks/widget_latency.py``). ``layout=None`` is fastest (``fig.subplots_adjust``).
+    ``benchmarks/widget_latency.py``); place the axes with ``fig.subplots_adjust``.
 
     Args:
         draw (callable): ``draw(fig, **values)``; with ``setup``, ``draw(artists, **values)``.
         controls (dict): each keyword of ``draw`` -> the widget that sets it.
         figsize (tuple): inches.
-        layout (str, optional): ``None``, ``"constrained"`` or ``"tight"``.
         columns (int): controls per row.
         setup (callable, optional): ``setup(fig) -> artists``.
     Returns:
@@ -199,22 +184,15 @@ def live_plot(draw: Callable[..., None], controls: dict[str, widgets.Widget], *,
         >>> box.artists[0].get_height()
         3
     """
-    if not callable(draw):
-        raise ValueError(f"draw must be a function draw(fig, **values), got {draw!r}")
+    function("draw", draw)
     if not isinstance(controls, dict) or not all(
             isinstance(k, str) and isinstance(w, widgets.Widget) for k, w in controls.items()):
         raise ValueError(f"controls must be a dict of widgets by keyword, got {controls!r}")
     if not controls:
         raise ValueError("controls must name at least one widget")
-    if layout is not None and layout not in ("constrained", "tight"):
-        raise ValueError(f"layout must be None, 'constrained' or 'tight', got {layout!r}")
-    figsize = _check_figsize(figsize)
-    if not isinstance(columns, int) or isinstance(columns, bool) or not 1 <= columns <= 12:
-        raise ValueError(f"columns must be an int from 1 to 12, got {columns!r}")
-    if setup is not None and not callable(setup):
-        raise ValueError(f"setup must be callable or None, got {setup!r}")
-    fig = Figure(figsize=figsize, layout=layout)
-    FigureCanvasAgg(fig)  # one canvas, one renderer: its text-metric cache outlives a redraw
+    columns = integer("columns", columns, minimum=1, maximum=12)
+    function("setup", setup, optional=True)
+    fig = agg_figure(figsize)
     image = widgets.Image(format="png")
     out = widgets.Output()
     artists = setup(fig) if setup is not None else None
