@@ -106,7 +106,7 @@ def test_fit_model_trains_its_model_with_the_fastest_fitting_setting():
                              depths=range(1, 9), head_size=16, aspect_ratio=None)
     for budget in (3 * MiB, 5 * MiB):
         f = fit.fit_model(budget, space=space, effective_batch=EFFECTIVE, precisions=("bf16",),
-                          gpu="T4", speed=SPEEDS["T4"])
+                          gpu="T4")
         fastest = _brute_force(f.step.config, budget, "bf16", "T4")
         assert (f.step.mode, f.step.every, f.step.micro_batch_size) == fastest[0]
         assert f.prediction.time.basis == "from the datasheet"

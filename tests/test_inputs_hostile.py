@@ -323,7 +323,7 @@ def test_the_playground_button_shows_any_failure_as_a_message(monkeypatch):
     assert box.status.value == "⚠ RuntimeError: out of memory"
 
 
-# --- the fit's search space: bounded in size, its cache in bytes ----------------------------------
+# --- the fit's search space: bounded in size, its cache in spaces ---------------------------------
 
 def test_a_search_space_of_1024_by_1024_is_refused_before_it_is_built():
     start = time.perf_counter()
@@ -337,14 +337,13 @@ def test_a_search_space_of_1024_by_1024_is_refused_before_it_is_built():
     assert time.perf_counter() - start < 1.0
 
 
-def test_the_search_space_cache_holds_at_most_its_bytes(monkeypatch):
-    monkeypatch.setattr(fit, "_SPACES", type(fit._SPACES)())
-    monkeypatch.setattr(fit, "MAX_CACHE_BYTES", 3000 * fit.CONFIG_BYTES)
+def test_the_search_space_cache_holds_a_few_spaces():
+    fit._build_space.cache_clear()
     for first in range(64, 64 * 11, 64):  # ten spaces of 1,000 configurations each
         space = fit.search_space(widths=[first, 64 * 40], depths=list(range(1, 501)),
                                  aspect_ratio=None)
         assert len(space) == 1000
-    assert sum(len(v) for v in fit._SPACES.values()) <= 3000 and len(fit._SPACES) == 3
+    assert fit._build_space.cache_info().currsize == 8  # each at most MAX_SEARCH_PAIRS configs
     again = fit.search_space(widths=[64 * 10, 64 * 40], depths=list(range(1, 501)),
                              aspect_ratio=None)  # the most recent: from the cache
     assert [c.d_model for c in again] == [c.d_model for c in space]

@@ -234,8 +234,6 @@ CASES = {
                            st.one_of(OTHERS, NOT_A_CONFIG)),
     "largest_batch.budget_bytes": (lambda v: fit.largest_batch(Step(CFG), v), "budget_bytes",
                                    not_an_int(1, MAX_BYTES)),
-    "largest_batch.max_batch": (lambda v: fit.largest_batch(Step(CFG), 10**6, max_batch=v),
-                                "max_batch", not_an_int(1, MAX_BATCH)),
     "largest_batch.policies": (
         lambda v: fit.largest_batch(Step(CFG), 10**6, policies=v), "policies",
         st.one_of(BOOLS, st.integers(), st.none(), st.text(max_size=3), st.just(()),
@@ -563,7 +561,7 @@ def test_fit_model_takes_a_large_effective_batch(effective_batch):
     lambda: planner.plan_checkpointing(Step(CFG, 1), MAX_BYTES),
     lambda: predict(Step(CFG, 1, MAX_BATCH, every=MAX_COUNT, loss_chunk=MAX_COUNT, gpu="H200",
                          lora_rank=CFG.d_model, zero_stage=3, world_size=MAX_WORLD_SIZE)).seconds,
-    lambda: fit.largest_batch(Step(CFG), MAX_BYTES, max_batch=MAX_BATCH),
+    lambda: fit.largest_batch(Step(CFG), MAX_BYTES),
     lambda: step_setup.build(CFG, lr=0, seed=MAX_SEED),
     lambda: playground._effective_batch(MAX_BATCH, 1),
     lambda: device.GPU("big", MAX_BYTES, (99, 99), free_memory=MAX_BYTES),

@@ -509,3 +509,13 @@ def test_ladder_validates():
         fit_ladder.ladder(GPT2, "T4", utilization=0)
     with pytest.raises(ValueError, match="lora_rank"):
         fit_ladder.ladder(GPT2, "T4", lora_rank=GPT2.d_model + 1)
+
+
+def test_the_chunked_loss_reads_nothing_off_the_device():
+    """On the meta device any read of a value (int(), .item(), a boolean mask) raises: the
+    forward and backward passes run through, so a GPU step never waits for the device here."""
+    h = torch.empty(6, 4, device="meta", requires_grad=True)
+    w = torch.empty(10, 4, device="meta", requires_grad=True)
+    t = torch.empty(6, dtype=torch.long, device="meta")
+    levers.chunked_cross_entropy(h, w, t, 4).backward()
+    assert h.grad.shape == h.shape and w.grad.shape == w.shape

@@ -39,8 +39,7 @@ def test_resident_bytes_counts_weights_and_adam_state_once(count_parameters):
 def test_same_effective_batch_gives_the_same_curve_and_less_memory(playground):
     big = playground.run(4, 1)
     pieces = playground.run(1, 4)
-    assert big.effective_batch == pieces.effective_batch == 4
-    assert big.optimizer_steps == pieces.optimizer_steps == 8 == len(big.losses)
+    assert len(big.losses) == len(pieces.losses) == 8
     assert big.samples_seen == tuple(range(4, 33, 4))
     assert max(abs(u - v) for u, v in zip(big.losses, pieces.losses)) < 1e-4
     assert pieces.measured_peak < big.measured_peak
@@ -74,15 +73,9 @@ def test_on_step_reports_every_optimizer_step():
     assert tuple(loss for _, loss in seen) == run.losses
 
 
-def test_bad_settings(playground):
+def test_a_run_needs_two_optimizer_steps(playground):  # other bad input: test_inputs_planning
     with pytest.raises(ValueError, match="two optimizer steps"):
         playground.run(16, 2)
-    with pytest.raises(ValueError, match="micro_batch_size"):
-        playground.run(0, 2)
-    with pytest.raises(ValueError, match="config"):
-        pgm.Playground({"d_model": 8})
-    with pytest.raises(ValueError, match="lr"):
-        pgm.Playground(CFG, lr=0)
 
 
 # --------------------------------------------------------------------------- the trade-off

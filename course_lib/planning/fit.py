@@ -6,7 +6,6 @@ setting (:func:`course_lib.prediction.predict.predict`) once the engine's floor 
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -49,21 +48,16 @@ MAX_EFFECTIVE_BATCH = MAX_BATCH
 #: The most widths, and the most depths, of a search space; the most (width, depth) pairs.
 MAX_SEARCH_VALUES = 1024
 MAX_SEARCH_PAIRS = 2**15
-#: An upper estimate of one search-space ``GPTConfig``'s bytes (measured: 234), and the most
-#: bytes the cache of search spaces holds.
-CONFIG_BYTES = 256
-MAX_CACHE_BYTES = 32 * 2**20
 
 
 def _check_policies(policies) -> tuple:
     """``policies`` checked: a non-empty sequence of ``(mode, every)`` pairs."""
-    modes = ckpt.MODES
     if (isinstance(policies, str) or not isinstance(policies, Sequence) or not policies or any(
             not isinstance(p, tuple) or len(p) != 2 or not isinstance(p[0], str)
-            or p[0] not in modes or not isinstance(p[1], int) or isinstance(p[1], bool)
+            or p[0] not in ckpt.MODES or not isinstance(p[1], int) or isinstance(p[1], bool)
             or not 1 <= p[1] <= MAX_COUNT for p in policies)):
         raise ValueError(f"policies must be a non-empty sequence of (mode, every) pairs with mode "
-                         f"in {modes}, got {policies!r}")
+                         f"in {ckpt.MODES}, got {policies!r}")
     return tuple(policies)
 
 
@@ -78,13 +72,6 @@ def _check_step(step) -> Step:
                          "loss_chunk or lecture 08's levers): the searches replace its model, "
                          "batch, precision and checkpointing only")
     return step
-
-
-def _check_speed(speed) -> DeviceSpeed | None:
-    """``speed`` checked: a DeviceSpeed or None."""
-    if speed is None or isinstance(speed, DeviceSpeed):
-        return speed
-    raise WrongTypeError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
 
 
 def _fits(step: Step, budget: int) -> bool:
@@ -122,30 +109,27 @@ class _BatchFit:
 
 
 def largest_batch(step: Step, budget_bytes: int, *,
-                  policies: Sequence[tuple[str, int]] = FIT_POLICIES,
-                  max_batch: int = 1 << 16) -> list[_BatchFit]:
+                  policies: Sequence[tuple[str, int]] = FIT_POLICIES) -> list[_BatchFit]:
     """For each checkpointing policy, the largest micro-batch of ``step`` that fits ``budget_bytes``.
 
-    Predicted peak memory grows with the micro-batch: bisection over ``1 .. max_batch``. Returns one record per policy (``mode``, ``every``, ``label``,
-    ``micro_batch_size``, ``memory``: the peak moment, ``recompute_fraction``).
+    Predicted peak memory grows with the micro-batch: bisection over 1 to 65,536.
     Args:
         step (Step): a plain steady step; its micro-batch and policy are replaced.
-        budget_bytes, max_batch (int): bytes available; the largest micro-batch tried.
+        budget_bytes (int): bytes available.
         policies (Sequence[tuple[str, int]]): the ``(mode, every)`` policies to try.
     Returns:
-        list: one record per policy, in the order of ``policies``.
+        list: one record per policy, in the order of ``policies``: ``mode``, ``every``,
+        ``label``, ``micro_batch_size``, ``memory`` (the peak moment), ``recompute_fraction``.
     Raises:
         ValueError: naming the parameter, for a bad value.
     """
     step = _check_step(step)
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
-    max_batch = positive_int("max_batch", max_batch, maximum=MAX_BATCH)
     out = []
     for mode, every in _check_policies(policies):
         policy = replace(step, mode=mode, every=every)
-
         b = _largest(lambda b, policy=policy: _fits(replace(policy, micro_batch_size=b), budget),
-                     range(1, max_batch + 1))
+                     range(1, 2**16 + 1))
         out.append(_BatchFit(mode, every, b,
                              predict(replace(policy, micro_batch_size=b)).peak if b else None,
                              recompute_fraction(policy)))
@@ -193,8 +177,7 @@ class Fit:
 
     def summary(self) -> str:
         """Six lines: model, precision, batch, checkpointing, predicted time and peak."""
-        s, c = self.step, self.step.config
-        seconds = self.seconds
+        s, c, seconds = self.step, self.step.config, self.seconds
         return "\n".join([
             f"model      : {self.n_params / 1e6:,.2f}M parameters: d_model={c.d_model}, "
             f"n_layers={c.n_layers}, n_heads={c.n_heads}, seq_len={c.seq_len}, vocab={c.vocab_size}",
@@ -249,17 +232,16 @@ def _settings(step: Step, budget: int, policies: tuple, max_accumulation_steps: 
 
 def settings(step: Step, budget_bytes: int, *,
              policies: Sequence[tuple[str, int]] = FIT_POLICIES,
-             max_accumulation_steps: int | None = None,
              speed: DeviceSpeed | None = None) -> list[Fit]:
     """Every setting of ``step``'s model, batch and precision that fits ``budget_bytes``, fastest first.
 
     A setting is a policy of ``policies`` and a micro-batch ``b`` dividing ``step.batch_size``
-    (``step.batch_size // b`` accumulation steps, at most ``max_accumulation_steps``), predicted
-    by :func:`~course_lib.prediction.predict.predict` with ``speed`` (None: the step's GPU's
-    figures). Ties go to the least recompute, then the largest micro-batch. Empty if none fits.
+    (``step.batch_size // b`` accumulation steps), predicted by
+    :func:`~course_lib.prediction.predict.predict`. Ties go to the least recompute, then the
+    largest micro-batch. Empty if none fits.
     Args:
         step (Step): a plain steady step: its model, batch and precision.
-        budget_bytes, max_accumulation_steps (int): bytes available; the most accumulation steps.
+        budget_bytes (int): bytes available.
         policies (Sequence[tuple[str, int]]): the ``(mode, every)`` policies to try.
         speed (DeviceSpeed, optional): the device's figures (None: the step's GPU's).
     Returns:
@@ -269,10 +251,9 @@ def settings(step: Step, budget_bytes: int, *,
     """
     step = _check_step(step)
     budget = positive_int("budget_bytes", budget_bytes, maximum=MAX_BYTES)
-    max_accumulation_steps = optional_positive_int(
-        "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
-    return _settings(step, budget, _check_policies(policies), max_accumulation_steps,
-                     _check_speed(speed))
+    if speed is not None and not isinstance(speed, DeviceSpeed):
+        raise WrongTypeError(f"speed must be a DeviceSpeed or None, got {type(speed).__name__}")
+    return _settings(step, budget, _check_policies(policies), None, speed)
 
 
 @step_setup.keeps_rng
@@ -301,10 +282,9 @@ def measure_seconds(fits: Sequence[Fit], *, device: str | torch.device = "cpu",
         s = f.step
         model, optimizer = step_setup.build(s.config, precision=s.precision, mode=s.mode,
                                             every=s.every, device=device)
-        x, y = random_tokens(s.config, s.batch_size, device=device)
         steps[str(i)] = functools.partial(
-            train, model, optimizer, [(x, y)], micro_batch_size=s.micro_batch_size,
-            accumulation_steps=s.accumulation_steps,
+            train, model, optimizer, [random_tokens(s.config, s.batch_size, device=device)],
+            micro_batch_size=s.micro_batch_size, accumulation_steps=s.accumulation_steps,
             **step_setup.train_options(s.precision, device))
     medians = timing.step_times(steps, repeats=repeats, device=device).median()
     return [medians[str(i)] for i in range(len(fits))]
@@ -356,29 +336,17 @@ def search_space(*, widths: Sequence[int] = _WIDTHS, depths: Sequence[int] = _DE
         [4, 3, 2]
     """
     _check_space(widths, depths, head_size, aspect_ratio, seq_len, vocab_size)
-    return list(_search_space(tuple(int(w) for w in widths), tuple(int(d) for d in depths),
-                              int(head_size), None if aspect_ratio is None else tuple(aspect_ratio),
-                              int(seq_len), int(vocab_size)))
+    return list(_build_space(tuple(int(w) for w in widths), tuple(int(d) for d in depths),
+                             int(head_size), None if aspect_ratio is None else tuple(aspect_ratio),
+                             int(seq_len), int(vocab_size)))
 
 
-_SPACES: collections.OrderedDict = collections.OrderedDict()  # arguments -> configs, LRU first
-
-
-def _search_space(*key) -> tuple:
-    """:func:`search_space` of checked arguments, cached within :data:`MAX_CACHE_BYTES`."""
-    if key in _SPACES:
-        _SPACES.move_to_end(key)
-        return _SPACES[key]
-    space = _SPACES[key] = _build_space(*key)
-    while sum(len(v) for v in _SPACES.values()) * CONFIG_BYTES > MAX_CACHE_BYTES \
-            and len(_SPACES) > 1:
-        _SPACES.popitem(last=False)
-    return space
-
-
+# the explorer's six sequence lengths and two more, each at most MAX_SEARCH_PAIRS configs of
+# about 234 bytes: under 64 MiB in all
+@functools.lru_cache(maxsize=8)
 def _build_space(widths: tuple, depths: tuple, head_size: int, aspect_ratio: tuple | None,
                  seq_len: int, vocab_size: int) -> tuple:
-    """The configurations of a search space, most parameters first (then the shallowest)."""
+    """:func:`search_space` of checked arguments, most parameters first (then the shallowest)."""
     low, high = aspect_ratio or (0, float("inf"))
     sized = []  # (-parameters, depth, config)
     for w in widths:
@@ -480,8 +448,7 @@ def _largest_model(space: Sequence[GPTConfig], within_bound: Callable[[GPTConfig
 def fit_model(budget_bytes: int, *, space: Sequence[GPTConfig] | None = None,
               effective_batch: int = 32, precisions: Sequence[str] = ("bf16-mixed", "fp32"),
               policies: Sequence[tuple[str, int]] = FIT_POLICIES,
-              max_accumulation_steps: int | None = None, gpu=None,
-              speed: DeviceSpeed | None = None) -> Fit:
+              max_accumulation_steps: int | None = None, gpu=None) -> Fit:
     """The largest GPT of ``space`` (most parameters) that trains within ``budget_bytes``, and how.
 
     A model fits if one setting's predicted peak is within the budget: a precision of
@@ -489,16 +456,14 @@ def fit_model(budget_bytes: int, *, space: Sequence[GPTConfig] | None = None,
     (as :func:`settings`). For the largest model that fits, the first precision of
     ``precisions`` that fits (an order of preference: precisions train differently), then its
     fastest setting (:func:`settings`). Memory grows with depth and with width, so each width's
-    deepest fitting model is found by bisection. ``space`` defaults to :func:`search_space`'s;
-    ``gpu`` is as :class:`~course_lib.prediction.step.Step` takes it. Raises ``ValueError`` if
-    nothing fits.
+    deepest fitting model is found by bisection.
     Args:
         budget_bytes, effective_batch (int): bytes available; sequences per optimizer step.
-        space (Sequence[GPTConfig], optional): the models to choose from.
+        space (Sequence[GPTConfig], optional): the models to choose from (:func:`search_space`'s).
         precisions (Sequence[str]): the precisions to try, preferred first.
         policies (Sequence[tuple[str, int]]): the ``(mode, every)`` policies to try.
         max_accumulation_steps (int, optional): the most accumulation steps (None: any).
-        gpu, speed: as :class:`~course_lib.prediction.step.Step` and :func:`settings` take them.
+        gpu: as :class:`~course_lib.prediction.step.Step` takes it.
     Returns:
         Fit: the largest model that fits, in its fastest setting.
     Raises:
@@ -516,13 +481,12 @@ def fit_model(budget_bytes: int, *, space: Sequence[GPTConfig] | None = None,
     policies = _check_policies(policies)
     max_accumulation_steps = optional_positive_int(
         "max_accumulation_steps", max_accumulation_steps, maximum=MAX_EFFECTIVE_BATCH)
-    speed = _check_speed(speed)
     base = Step(space[0], effective_batch, gpu=gpu)  # checked once: every other replaces it
     best = _largest_model(space, *_model_tests(base, budget, precisions, policies,
                                                max_accumulation_steps))
     for precision in precisions if best is not None else ():
         found = _settings(replace(base, config=best, precision=precision), budget, policies,
-                          max_accumulation_steps, speed)
+                          max_accumulation_steps, None)
         if found:
             return found[0]
     smallest = min(space, key=gpt_param_count)

@@ -87,7 +87,7 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
     ``fn`` creates all it trains, so that all of its memory counts. On CUDA
     ``torch.cuda.set_per_process_memory_fraction(budget / total memory)`` caps the caching
     allocator; elsewhere a :class:`BudgetTracker` counts live tensors. After a failure the memory
-    is freed and the kernel goes on. Returns ``ok``, ``peak_bytes``, ``message`` and ``result``.
+    is freed and the kernel goes on.
     Args:
         fn (Callable[[], object]): the work; it creates all it trains.
         budget_bytes (int): the most device bytes allowed.
@@ -103,9 +103,8 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
     text("what", what)
     device = as_device("device", device if device is not None
                        else "cuda" if torch.cuda.is_available() else "cpu")
-    kind = device.type
     failure = None
-    if kind == "cuda":
+    if device.type == "cuda":
         gc.collect()  # blocks cached from earlier work would count against the fraction
         torch.cuda.empty_cache()
         # set_per_process_memory_fraction wants an index: "cuda" alone is refused
@@ -142,7 +141,7 @@ def run_within_budget(fn: Callable[[], object], budget_bytes: int, *, what: str 
     if failure is not None:
         result.clear()
         gc.collect()
-        if kind == "cuda":
+        if device.type == "cuda":
             torch.cuda.empty_cache()
         return _Trial(False, None, f"✗ {what} ran out of memory under a budget of "
                       f"{format_bytes(budget)}; memory freed, the kernel goes on\n  {failure}",

@@ -257,9 +257,9 @@ class _Backward:
                    [(_TMP, zc)])
             r.node("chunked loss backward: the chunk's gradient cast back", [(_TMP, zc)],
                    [(_TMP, zc + z)])
-        # Returning frees the incoming gradient, the saved hidden states and log-sum-exps.
-        r.node("chunked loss backward: done", [],
-               [(_TMP, four), (_ACT, self.x_compute + self.bytes(N, _F32))])
+        # Returning frees the incoming gradient, the saved hidden states, log-sum-exps and count.
+        saved = self.x_compute + self.bytes(N, _F32) + self.bytes(1, torch.int64)
+        r.node("chunked loss backward: done", [], [(_TMP, four), (_ACT, saved)])
         self.layernorm(r, "ln_f backward")
 
     def embeddings(self, r: _Replay) -> None:
@@ -496,10 +496,11 @@ def _block_terms(config: GPTConfig, b: int, s: int, t, mode: str) -> tuple[int, 
 
 
 def _chunked_kept(config: GPTConfig, b: int, s: int, t) -> int:
-    """What the chunked loss keeps minus what the plain one keeps (log-sum-exps for log-softmax)."""
+    """What the chunked loss keeps minus what the plain one keeps (log-sum-exps and the int64
+    target count for log-softmax and its fp32 total weight)."""
     n = b * s
-    return (kernels.allocated(4 * n, t.gpu) - kernels.allocated(4 * n * config.vocab_size, t.gpu)
-            - kernels.allocated(4, t.gpu))
+    return (kernels.allocated(4 * n, t.gpu) + kernels.allocated(8, t.gpu)
+            - kernels.allocated(4 * n * config.vocab_size, t.gpu) - kernels.allocated(4, t.gpu))
 
 
 @functools.lru_cache(maxsize=1024)

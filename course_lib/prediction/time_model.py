@@ -372,6 +372,12 @@ def step_time(step: Step, speed: DeviceSpeed | None = None) -> _StepTime:
 
 
 @functools.lru_cache(maxsize=1024)
+def _kept_bytes(config, b, mode, every, gpu, **kw) -> int:
+    """:func:`checkpointed.predict_kept_bytes`, cached: a ladder's rungs share their model's."""
+    return checkpointed.predict_kept_bytes(config, b, mode, every, gpu=gpu, **kw)
+
+
+@functools.lru_cache(maxsize=1024)
 def _step_time(step: Step, speed: DeviceSpeed) -> _StepTime:
     """:func:`step_time`, cached: widgets call it on every slider move."""
     config, b, K, mode, every = (step.config, step.micro_batch_size, step.accumulation_steps,
@@ -391,9 +397,8 @@ def _step_time(step: Step, speed: DeviceSpeed) -> _StepTime:
     flops, recomputed = checkpointed.step_flops(config, b, mode, every, gpu=card, **kw)
     flops = K * flops + extra
     # (F + B) A + F (A - A_mode): passes over a plain step's saved bytes, plus the rerun
-    plain = checkpointed.predict_kept_bytes(config, b, "none", 1, gpu=gpu, **kw)
-    kept = plain if mode == "none" else checkpointed.predict_kept_bytes(config, b, mode, every,
-                                                                        gpu=gpu, **kw)
+    plain = _kept_bytes(config, b, "none", 1, gpu, **kw)
+    kept = plain if mode == "none" else _kept_bytes(config, b, mode, every, gpu, **kw)
     moved = K * ((_FORWARD_PASSES + _BACKWARD_PASSES) * plain
                  + _FORWARD_PASSES * max(0, plain - kept))
     # operators: every block runs the same ones, so a mode checkpointing some blocks reruns

@@ -35,7 +35,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, chunk, ignore_index):
         n, wide = hidden.size(0), torch.promote_types(hidden.dtype, torch.float32)
         valid = targets != ignore_index
-        count = int(valid.sum())
+        count = valid.sum()  # a tensor: int() would make a GPU step wait for the device
         lse = torch.empty(n, dtype=wide, device=hidden.device)
         total = torch.zeros((), dtype=wide, device=hidden.device)
         for i in range(0, n, chunk):
@@ -47,17 +47,17 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             del z
             lse[i:i + chunk] = rows
             total += ((rows - picked) * v).sum()
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.chunk, ctx.ignore_index, ctx.count = chunk, ignore_index, count
+        ctx.save_for_backward(hidden, weight, targets, lse, count)
+        ctx.chunk, ctx.ignore_index = chunk, ignore_index
         return total / count  # 0/0 = nan when every target is ignored, as F.cross_entropy
 
     @staticmethod
     def backward(ctx, grad_loss):
-        hidden, weight, targets, lse = ctx.saved_tensors
+        hidden, weight, targets, lse, count = ctx.saved_tensors
         chunk, n = ctx.chunk, hidden.size(0)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
-        scale = grad_loss / ctx.count
+        scale = grad_loss / count
         for i in range(0, n, chunk):
             h, t = hidden[i:i + chunk], targets[i:i + chunk]
             z = (h @ weight.t()).to(lse.dtype)

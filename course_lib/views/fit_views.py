@@ -63,10 +63,9 @@ def draw_steps(ax, steps: Mapping[str, StepMemory], *, budget: int | None = None
         positive_int("measured", value, maximum=MAX_BYTES)
     top = max([m.total for m in steps.values()] + [budget or 0] + list(measured.values()))
     scale, unit = unit_of(top)
-    labels = list(steps)
-    rows = range(len(labels))[::-1]  # the first label on top
+    rows = range(len(steps))[::-1]  # the first label on top
     drawn = set()
-    for row, label in zip(rows, labels, strict=True):
+    for row, label in zip(rows, steps, strict=True):
         left = 0.0
         for name, value in engine.breakdown_rows(steps[label]):
             ax.barh(row, value / scale, left=left, color=_COLORS[name], height=0.6,
@@ -79,7 +78,7 @@ def draw_steps(ax, steps: Mapping[str, StepMemory], *, budget: int | None = None
             drawn.add("measured")
     if budget is not None:
         ax.axvline(budget / scale, color="k", ls="--", lw=1.2, label=budget_label)
-    ax.set_yticks(list(rows), labels, fontsize=9)
+    ax.set_yticks(list(rows), list(steps), fontsize=9)
     ax.set_xlabel(unit)
     ax.set_xlim(0, 1.08 * top / scale)
     ax.tick_params(axis="x", labelsize=9)

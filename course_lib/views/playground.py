@@ -19,7 +19,6 @@ from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.training.loop import batches_of, train
 from course_lib.validation import (
     MAX_BATCH,
-    WrongTypeError,
     available_device as as_device,
     choice,
     function,
@@ -48,8 +47,6 @@ class _Run:
     micro_batch_size: int
     accumulation_steps: int
     mode: str
-    effective_batch: int
-    optimizer_steps: int
     measured_peak: int
     predicted_peak: int
     samples_seen: tuple[int, ...]
@@ -77,12 +74,12 @@ class Playground:
         self.config = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=4, n_layers=4) \
             if config is None else check_config(config)
         self.samples = positive_int("samples", samples, maximum=MAX_SAMPLES)
-        lr = number("lr", lr, above=0.0)
-        seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
-        self.lr, self.seed, self.device = lr, seed, as_device("device", device)
+        self.lr = number("lr", lr, above=0.0)
+        self.seed = integer("seed", seed, minimum=0, maximum=MAX_SEED)
+        self.device = as_device("device", device)
         self._gpu = resolve_gpu("cuda") if self.device.type == "cuda" else None
         self.data = markov_tokens(samples, self.config.seq_len, self.config.vocab_size,
-                                  seed=seed, device=self.device)
+                                  seed=self.seed, device=self.device)
         self.cache: dict[tuple[int, int, bool], _Run] = {}
 
     def predict_peak(self, micro_batch_size: int, accumulation_steps: int,
@@ -137,8 +134,7 @@ class Playground:
         key = (micro_batch_size, accumulation_steps, mode)
         if key in self.cache:
             return self.cache[key]
-        steps = self.samples // b
-        if steps < 2:
+        if self.samples // b < 2:
             raise ValueError(f"micro_batch_size * accumulation_steps must be at most "
                              f"{self.samples // 2} (two optimizer steps in {self.samples} "
                              f"samples), got {b}")
@@ -156,18 +152,17 @@ class Playground:
         measured = resident_bytes(model, opt) + peak_memory(
             lambda: train(model, opt, batches[1:2], log=log, **kw))
         train(model, opt, batches[2:], log=log, **kw)
-        self.cache[key] = _Run(*key, b, steps, measured, self.predict_peak(*key),
+        self.cache[key] = _Run(*key, measured, self.predict_peak(*key),
                                tuple(b * (i + 1) for i in range(log.steps)), tuple(log.losses))
         return self.cache[key]
 
 
 @dataclass(frozen=True)
 class MeasuredStep:
-    """One optimizer step measured on ``device``: its peak bytes and fastest seconds."""
+    """One optimizer step measured: its peak bytes and fastest seconds."""
 
     peak_bytes: int
     seconds: float
-    device: str
 
 
 def measure_step_cost(step: Step, *, device: torch.device | str = "cpu", steps: int = 3,
@@ -187,14 +182,11 @@ def measure_step_cost(step: Step, *, device: torch.device | str = "cpu", steps: 
     Raises:
         ValueError: naming the argument, for a bad value or a lever that cannot be measured.
     """
-    if not isinstance(step, Step):
-        raise WrongTypeError(f"step must be a course_lib.prediction.step.Step, got "
-                             f"{type(step).__name__}")
     steps = positive_int("steps", steps, maximum=MAX_RUNS)
     choice("clock", clock, CLOCKS)
+    peak = measure_step_memory(step, device=device)  # which checks step and device
     device = as_device("device", device)
     config, b, K = step.config, step.micro_batch_size, step.accumulation_steps
-    peak = measure_step_memory(step, device=device)
     model, optimizer = build(config, precision=step.precision, mode=step.mode, every=step.every,
                              segments=step.segments, foreach=step.foreach, device=device)
     x, y = markov_tokens(b * K, config.seq_len, config.vocab_size, device=device)
@@ -202,4 +194,4 @@ def measure_step_cost(step: Step, *, device: torch.device | str = "cpu", steps: 
                                             accumulation_steps=K,
                                             **train_options(step.precision, device))},
                        repeats=steps, device=device)
-    return MeasuredStep(peak, timed.best(clock)["fn"], str(device))
+    return MeasuredStep(peak, timed.best(clock)["fn"])

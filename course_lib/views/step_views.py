@@ -147,10 +147,7 @@ def tradeoff(step: Step, speed: DeviceSpeed | None = None) -> _Tradeoff:
         >>> t.plain.step.micro_batch_size, t.fits
         (32, True)
     """
-    if not isinstance(step, Step):
-        raise WrongTypeError(f"step must be a course_lib.prediction.step.Step, got "
-                             f"{type(step).__name__}")
-    accumulated = predict(step, speed)
+    accumulated = predict(step, speed)  # which checks step and speed
     plain = predict(replace(step, micro_batch_size=step.batch_size, accumulation_steps=1,
                             mode="none", every=1, segments=None), speed)
     if step.gpu is None:
@@ -301,9 +298,8 @@ def tradeoff_explorer(models: dict[str, GPTConfig], *, speed: DeviceSpeed,
     targets = {**GPUS, here: resolve_gpu("cuda") if device.type == "cuda" else None}
     model = next(iter(models)) if model is None else model
     gpu = here if gpu is None else gpu
-    micro_batch_size = positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)
-    accumulation_steps = positive_int("accumulation_steps", accumulation_steps,
-                                      maximum=MAX_BATCH)
+    positive_int("micro_batch_size", micro_batch_size, maximum=MAX_BATCH)  # TypeError for 1.5
+    positive_int("accumulation_steps", accumulation_steps, maximum=MAX_BATCH)
     for label, value, options in (("model", model, models), ("gpu", gpu, targets),
                                   ("precision", precision, ("fp32", "mixed")),
                                   ("micro_batch_size", micro_batch_size, SIZES),
@@ -396,12 +392,11 @@ def _measure_within_limit(controls, here, settings, device, measured) -> bool:
               f"per step); choose a smaller model")
         return False
     start = time.perf_counter()
-    b, K = step.micro_batch_size, step.accumulation_steps
 
     def one_step() -> None:  # what the measurement repeats: build, then one optimizer step
         model, optimizer = build(config, precision=step.precision, mode=step.mode, device=device)
-        x, y = random_tokens(config, b * K, device=device)
-        train(model, optimizer, [(x, y)], micro_batch_size=b, accumulation_steps=K,
+        train(model, optimizer, [random_tokens(config, step.batch_size, device=device)],
+              micro_batch_size=step.micro_batch_size, accumulation_steps=step.accumulation_steps,
               **train_options(step.precision, device))
 
     limit = MEASURE_LIMIT_SECONDS / 3
