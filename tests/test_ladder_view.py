@@ -148,6 +148,17 @@ def test_the_chunked_loss_figure_draws_measured_dots_and_predicted_lines():
         ladder_view.chunked_loss_figure([16384], {"plain": [1]}, {"chunked": [1]})
 
 
+def test_the_state_bytes_figure_draws_each_run_over_fp32s_eight_bytes():
+    fig = ladder_view.state_bytes_figure([1024, 4096], {"8-bit": [8.0, 2.53], "4-bit": [8.0, 1.3]})
+    ax = fig.axes[0]
+    assert [list(line.get_ydata()) for line in ax.lines] == [[8.0, 2.53], [8.0, 1.3], [8, 8]]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1,024", "4,096"]
+    with pytest.raises(ValueError, match="per_element"):
+        ladder_view.state_bytes_figure([1024, 4096], {"8-bit": [8.0]})
+    with pytest.raises(ValueError, match="sizes"):
+        ladder_view.state_bytes_figure([0, 4096], {"8-bit": [8.0, 2.5]})
+
+
 def test_the_loss_curves_legend_sits_below_the_curves():
     fig = ladder_view.loss_curves_figure({"fp32": [3.0, 1.0, 0.8], "8-bit": [3.1, 1.1, 0.8]},
                                          floor=0.693)

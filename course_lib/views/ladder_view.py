@@ -205,6 +205,36 @@ def loss_curves_figure(curves: dict, floor: float) -> Figure:
     return fig
 
 
+def state_bytes_figure(sizes, per_element: dict) -> Figure:
+    """Optimizer state bytes per element against the parameter tensor's size, one line per run
+    (label -> bytes per element at each of ``sizes``), over fp32 AdamW's 8 bytes (dotted).
+
+    Args:
+        sizes (Sequence[int]): the tensors' elements, the x ticks.
+        per_element (dict): each run's label -> its state bytes per element at each size.
+    Returns:
+        matplotlib.figure.Figure: with an Agg canvas.
+    Raises:
+        ValueError: naming ``sizes`` or ``per_element``, for a bad value.
+    Example:
+        >>> fig = state_bytes_figure([1024, 4096], {"8-bit AdamW": [8.0, 2.53]})
+        >>> [t.get_text() for t in fig.axes[0].get_xticklabels()]
+        ['1,024', '4,096']
+    """
+    sizes = [positive_int("sizes", n) for n in items("sizes", sizes, min_len=1)]
+    per_element = _curves("per_element", per_element, len(sizes))
+    fig = agg_figure((7, 2.8))
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.95, bottom=0.22)
+    for label, values in per_element.items():
+        ax.plot(values, "o-", label=label)
+    ax.axhline(8, color="0.5", ls=":", label="fp32 AdamW: 8 bytes")
+    ax.set_xticks(range(len(sizes)), [f"{n:,}" for n in sizes], fontsize=8)
+    ax.set(xlabel="elements of the parameter tensor", ylabel="state bytes per element")
+    ax.legend(fontsize=8)
+    return fig
+
+
 # --------------------------------------------------------------------------- the ladder
 
 
