@@ -317,14 +317,15 @@ class _Deadline:
     """A time limit of one sandbox: its cgroup's CPU seconds where it has a cgroup (load from
     elsewhere does not count), with a wall-clock backstop of :data:`WALL_BACKSTOP` times the
     limit; wall-clock seconds where it has none, unless ``counted``: the sandbox counts its own
-    CPU time (the judge does), and gets the backstop."""
+    CPU time (the judge does), and gets the backstop. ``grace`` is added to both, unmultiplied:
+    it is the wall-clock time an interrupted cell gets to answer, not CPU time of the learner's."""
 
-    def __init__(self, proc, seconds: float, counted: bool = False):
+    def __init__(self, proc, seconds: float, grace: float = 0.0, counted: bool = False):
         self.cgroup = getattr(proc, "cgroup", None)
-        self.seconds, self.start_wall = seconds, time.monotonic()
+        self.seconds, self.start_wall = seconds + grace, time.monotonic()
         self.start_cpu = self.cgroup.cpu_seconds() if self.cgroup is not None else 0.0
         backstop = self.cgroup is not None or counted
-        self.wall = self.start_wall + seconds * (WALL_BACKSTOP if backstop else 1)
+        self.wall = self.start_wall + seconds * (WALL_BACKSTOP if backstop else 1) + grace
 
     def expired(self) -> bool:
         if time.monotonic() >= self.wall:
@@ -447,7 +448,7 @@ class _Run:
                     cell_deadline = deadline
                 elif event == "cell":
                     current = index
-                    cell_deadline = _Deadline(proc, self.cell_timeout + INTERRUPT_GRACE)
+                    cell_deadline = _Deadline(proc, self.cell_timeout, INTERRUPT_GRACE)
                 elif event == "cell_done":
                     current, cell_deadline = None, deadline
                     if message.get("timed_out") is True:
@@ -516,9 +517,9 @@ class _Run:
                 elif event == "end":
                     break
                 if event == "program":  # the learner's cells, once, within --timeout
-                    deadline = _Deadline(proc, self.timeout + INTERRUPT_GRACE, counted=True)
+                    deadline = _Deadline(proc, self.timeout, INTERRUPT_GRACE, counted=True)
                 elif event in ("ready", "check", "checks", "program_done"):
-                    deadline = _Deadline(proc, self.cell_timeout + INTERRUPT_GRACE, counted=True)
+                    deadline = _Deadline(proc, self.cell_timeout, INTERRUPT_GRACE, counted=True)
         finally:
             kill(proc)
             channel.close()

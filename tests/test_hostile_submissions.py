@@ -114,6 +114,11 @@ def test_grader_finishes_in_time_with_a_row_for_everyone(graded):
     assert graded["elapsed"] < per_submission * len(ATTACKS) / JOBS
     for row in graded["rows"].values():
         assert float(row["seconds"]) < per_submission, row
+    # A stopped kernel uses no CPU: the wall-clock backstop ends its cell, the interrupt's
+    # grace added once (not multiplied with the limit), then its checks run (15 s at most).
+    stopped = grade.WALL_BACKSTOP * CELL_TIMEOUT + grade.INTERRUPT_GRACE
+    row = graded["rows"][_key(ATTACKS["sigstop_grader"])]
+    assert float(row["seconds"]) < stopped + 15, row
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
