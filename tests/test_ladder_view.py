@@ -111,7 +111,7 @@ def test_climb_text_names_each_rung_and_fits_the_page():
         ladder_view.ladder_figure(result.step)
 
 
-def test_the_explorer_redraws_for_every_control_and_refuses_bad_choices():
+def test_the_explorer_redraws_for_every_control_and_refuses_bad_choices(capsys):
     box = ladder_view.ladder_explorer()
     first = box.image.value
     for name, value in (("gpu", "H200"), ("batch_size", 1), ("seq_len", 8192),
@@ -120,6 +120,9 @@ def test_the_explorer_redraws_for_every_control_and_refuses_bad_choices():
         assert box.image.layout.display is None, name
     assert box.image.value != first
     assert "H200" in " ".join(t.get_text() for t in box.artists["ax"].texts)
+    # the setting is printed over the climb, not drawn: no glyphs to rasterise on each change
+    last = capsys.readouterr().out.split("1.2B, 128k vocabulary, ")[-1]
+    assert last.startswith("1 x 8,192 tokens per step on a H200: each lever alone\nthe plain step")
     for kwargs, name in (({"model": "GPT-5"}, "model"), ({"gpu": "V100"}, "gpu"),
                          ({"seq_len": 100}, "seq_len"), ({"batch_size": 3}, "batch_size")):
         with pytest.raises(ValueError, match=name):

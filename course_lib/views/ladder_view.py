@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.transforms import offset_copy
 
 from course_lib.device import GPUS
 from course_lib.model.gpt import GPTConfig
@@ -241,20 +242,25 @@ def state_bytes_figure(sizes, per_element: dict) -> Figure:
 def _setup(fig, animated: bool = True) -> dict:
     """The ladder chart's axes and artists, made once: a bar and a label per row."""
     ax = fig.subplots()
-    fig.subplots_adjust(left=0.31, right=0.97, bottom=0.175, top=0.885)
+    fig.subplots_adjust(left=0.31, right=0.97, bottom=0.175, top=0.93 if animated else 0.885)
     # the plain step, then every rung (a batch of 2 or more has them all)
     rows = 1 + len(fit_ladder.ladder(LADDER_MODELS["GPT-2 small (124M)"], "T4", batch_size=2,
                                      seq_len=512).listed)
     a = {"ax": ax, "rows": rows,
          "bars": ax.barh(range(rows), [0] * rows, height=0.7),
          "labels": [ax.text(0, i, "", va="center", fontsize=8) for i in range(rows)],
+         # a label's gap from its bar end: an offset, as spaces would be glyphs drawn each time
+         "after": offset_copy(ax.transData, fig, x=4, units="points"),
+         "before": offset_copy(ax.transData, fig, x=-4, units="points"),
          "budget": ax.axvline(1, color="k", ls="--", lw=1),
          "budget_text": ax.text(0, -0.8, "", fontsize=8.5, va="center", ha="left"),
-         "title": fig.text(0.02, 0.98, "", fontsize=9.5, va="top")}
-    # Every glyph of an animated text is rasterised again on each change: the words that do not
-    # change with the setting stay in the kept picture (the budget's label changes with the card
-    # only, and the card's memory is part of the kept picture's key through its line).
-    fig.text(0.02, 0.935, "#rank on the ladder (bytes saved per time paid), time paid against "
+         # Every glyph of an animated text is rasterised again on each change (about 0.1 ms a
+         # glyph): the widget prints the setting's title instead of drawing it.
+         "title": None if animated else fig.text(0.02, 0.98, "", fontsize=9.5, va="top")}
+    # The words that do not change with the setting stay in the kept picture (the budget's
+    # label changes with the card only, and the card's memory is part of the kept picture's key
+    # through its line).
+    fig.text(0.02, 0.98 if animated else 0.935, "#rank on the ladder (bytes saved per time paid), time paid against "
              "the plain step (predicted)", fontsize=9.5, va="top")
     # A log axis: peaks run from a few GiB to terabytes, and the card's line must stay readable.
     ax.set_xlim(1, 10)  # positive before the log scale; each drawing sets its own
@@ -272,7 +278,7 @@ def _setup(fig, animated: bool = True) -> dict:
                               label="the card's memory, as PyTorch reports it")],
               loc="upper center", bbox_to_anchor=(0.288, -0.115), ncol=5, fontsize=8,
               frameon=False, handlelength=1.6, columnspacing=1.2)
-    for artist in (*a["bars"], *a["labels"], a["title"]):
+    for artist in (*a["bars"], *a["labels"]):
         artist.set_animated(animated)
     return a
 
@@ -312,7 +318,8 @@ def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
             x, inside = budget, False
         else:
             x, inside = budget if b >= width else peaks[i], True
-        label.set_text(f"{words}  " if inside else f"  {words}")
+        label.set_text(words)
+        label.set_transform(a["before"] if inside else a["after"])
         label.set_x(x)
         label.set_horizontalalignment("right" if inside else "left")
         label.set_color("white" if inside else "black")
@@ -329,8 +336,13 @@ def _draw(a: dict, result: fit_ladder.Ladder, model: str) -> None:
     a["budget_text"].set_x(budget)
     a["budget_text"].set_horizontalalignment("left" if beside else "right")
     a["budget_text"].set_text(f" {words}" if beside else f"{words} ")
-    a["title"].set_text(f"{model}, {result.batch_size} x {result.seq_len:,} tokens per step on a "
-                        f"{result.gpu}: each lever alone")
+    if a["title"] is not None:
+        a["title"].set_text(_title(result, model))
+
+
+def _title(result: fit_ladder.Ladder, model: str) -> str:
+    return (f"{model}, {result.batch_size} x {result.seq_len:,} tokens per step on a "
+            f"{result.gpu}: each lever alone")
 
 
 def _check_ladder(result) -> None:
@@ -400,6 +412,7 @@ def ladder_explorer(*, model: str = "GPT-2 medium (350M)", gpu: str = "T4", seq_
         result = fit_ladder.ladder(LADDER_MODELS[model], gpu, batch_size=batch_size,
                                    seq_len=seq_len)
         _draw(artists, result, model)
+        print(_title(result, model))
         print(climb_text(result))
 
     controls = {
