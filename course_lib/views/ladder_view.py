@@ -254,7 +254,7 @@ def _setup(fig, animated: bool = True) -> dict:
          "before": offset_copy(ax.transData, fig, x=-4, units="points"),
          "budget": ax.axvline(1, color="k", ls="--", lw=1),
          "budget_text": ax.text(0, -0.8, "", fontsize=8.5, va="center", ha="left"),
-         # Every glyph of an animated text is rasterised again on each change (about 0.1 ms a
+         # Every glyph of an animated text is rasterised again on each change (about 0.07 ms a
          # glyph): the widget prints the setting's title instead of drawing it.
          "title": None if animated else fig.text(0.02, 0.98, "", fontsize=9.5, va="top")}
     # The words that do not change with the setting stay in the kept picture (the budget's
