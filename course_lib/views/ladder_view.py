@@ -260,8 +260,8 @@ def _setup(fig, animated: bool = True) -> dict:
     # The words that do not change with the setting stay in the kept picture (the budget's
     # label changes with the card only, and the card's memory is part of the kept picture's key
     # through its line).
-    fig.text(0.02, 0.98 if animated else 0.935, "#rank on the ladder (bytes saved per time paid), time paid against "
-             "the plain step (predicted)", fontsize=9.5, va="top")
+    fig.text(0.02, 0.98 if animated else 0.935, "#rank on the ladder (bytes saved per time "
+             "paid), time paid against the plain step (predicted)", fontsize=9.5, va="top")
     # A log axis: peaks run from a few GiB to terabytes, and the card's line must stay readable.
     ax.set_xlim(1, 10)  # positive before the log scale; each drawing sets its own
     ax.set_xscale("log")
