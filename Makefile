@@ -29,8 +29,9 @@ test: $(STAMP) lint unit notebooks
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# The 20 slowest tests are listed at the end: where the suite's minutes go.
 unit: $(STAMP)
-	$(PYTEST) tests
+	$(PYTEST) --durations=20 tests
 
 # Lectures and solutions: deterministic outputs compared against the committed ones.
 # Exercises: run (lax), since they are committed without outputs.
