@@ -236,14 +236,19 @@ def low_bit_adamw(bits: int):
     """
     if not isinstance(bits, int) or isinstance(bits, bool) or bits not in (8, 4):
         raise ValueError(f"bits must be 8 or 4, got {bits!r}")
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
+    # what torchao logs of the CUDA-only extensions it cannot load, and torch of an Enum it
+    # registers: quiet for this import only, and nothing else's logging with them
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
     try:
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             from torchao.optim import AdamW4bit, AdamW8bit
     finally:
-        logging.disable(previous)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
     return AdamW8bit if bits == 8 else AdamW4bit
 
 
