@@ -317,8 +317,8 @@ class _Deadline:
     """A time limit of one sandbox: its cgroup's CPU seconds where it has a cgroup (load from
     elsewhere does not count), with a wall-clock backstop of :data:`WALL_BACKSTOP` times the
     limit; wall-clock seconds where it has none, unless ``counted``: the sandbox counts its own
-    CPU time (the judge does), and gets the backstop. ``grace`` is added to both, unmultiplied:
-    it is the wall-clock time an interrupted cell gets to answer, not CPU time of the learner's."""
+    CPU time (the judge does), and gets the backstop. ``grace``, the time an interrupted cell
+    gets to answer, is added once to both limits: the backstop does not multiply it."""
 
     def __init__(self, proc, seconds: float, grace: float = 0.0, counted: bool = False):
         self.cgroup = getattr(proc, "cgroup", None)
